@@ -1,0 +1,179 @@
+//! Attention-side reductions of the CPU backend: sparse attention with sink (attention.md 4.5)
+//! and compressor pooling (attention.md 5.1 / 5.2).
+//!
+//! Sparse attention, per query t and head h over its entries e_i (key = value):
+//! `ℓ_i = (q·e_i)·scale`, `o = Σ_i exp(ℓ_i - m) e_i / (Σ_i exp(ℓ_i - m) + exp(σ_h - m))`.
+//! The sink σ_h is unscaled and has no value. `m` is the max over the logits AND the sink —
+//! mathematically the same softmax as REF (which leaves the sink out of the max), but it cannot
+//! overflow when a sink logit dominates. f32 throughout; REF's bf16 rounding of P before P·V is
+//! deliberately not reproduced (this is the un-quantised reference). Parallel over (query, head).
+//!
+//! Pooling: per row and channel a softmax over the slots' gate logits weights the slot values;
+//! slots with logit -inf (CSA row 0's missing previous window) get weight exactly 0.
+
+use super::linalg::{axpy, dot};
+use crate::backend::{AttentionBatch, AttentionProbs};
+use rayon::prelude::*;
+
+/// One (query, head): writes `out [head_dim]`, and the probabilities when `probs` is given
+/// (`[entries]`), returning the sink probability.
+fn attend_one_head(
+    q: &[f32],
+    entries: &[&[f32]],
+    scale: f32,
+    sink: f32,
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+) -> f32 {
+    let mut logits: Vec<f32> = entries.iter().map(|e| dot(q, e) * scale).collect();
+    let max = logits.iter().fold(sink, |m, &v| m.max(v));
+    let mut denom = 0.0f32;
+    for l in logits.iter_mut() {
+        *l = (*l - max).exp();
+        denom += *l;
+    }
+    let sink_weight = (sink - max).exp();
+    denom += sink_weight;
+    out.fill(0.0);
+    for (w, e) in logits.iter().zip(entries) {
+        axpy(out, *w, e);
+    }
+    let inv = 1.0 / denom;
+    out.iter_mut().for_each(|v| *v *= inv);
+    if let Some(p) = probs {
+        for (pi, w) in p.iter_mut().zip(&logits) {
+            *pi = w * inv;
+        }
+    }
+    sink_weight * inv
+}
+
+pub fn sparse_attention(
+    batch: &AttentionBatch<'_>,
+    out: &mut [f32],
+    probs: &mut [Option<AttentionProbs>],
+) {
+    let (h, d) = (batch.heads, batch.head_dim);
+    let tokens = batch.entries.len();
+    assert_eq!(
+        batch.queries.len(),
+        tokens * h * d,
+        "attention: queries not [T, H, d]"
+    );
+    assert_eq!(out.len(), tokens * h * d, "attention: out not [T, H, d]");
+    assert_eq!(probs.len(), tokens, "attention: one probs slot per query");
+    assert_eq!(batch.sinks.len(), h, "attention: one sink per head");
+    // Per (query, head) results: probabilities (when wanted) and sink share.
+    let per_head: Vec<(Vec<f32>, f32)> = out
+        .par_chunks_mut(d)
+        .enumerate()
+        .map(|(i, o)| {
+            let (t, head) = (i / h, i % h);
+            let entries = &batch.entries[t];
+            let q = &batch.queries[i * d..(i + 1) * d];
+            let mut p = if batch.want_probs[t] {
+                vec![0.0f32; entries.len()]
+            } else {
+                Vec::new()
+            };
+            let probs_out = if batch.want_probs[t] {
+                Some(p.as_mut_slice())
+            } else {
+                None
+            };
+            let sink = attend_one_head(q, entries, batch.scale, batch.sinks[head], o, probs_out);
+            (p, sink)
+        })
+        .collect();
+    for (t, slot) in probs.iter_mut().enumerate() {
+        if !batch.want_probs[t] {
+            *slot = None;
+            continue;
+        }
+        let mut record = AttentionProbs {
+            probs: Vec::with_capacity(h * batch.entries[t].len()),
+            sink: Vec::with_capacity(h),
+        };
+        for (p, sink) in &per_head[t * h..(t + 1) * h] {
+            record.probs.extend_from_slice(p);
+            record.sink.push(*sink);
+        }
+        *slot = Some(record);
+    }
+}
+
+pub fn compressor_pool(
+    values: &[f32],
+    logits: &[f32],
+    slots: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let rows = out.len() / width;
+    assert_eq!(
+        values.len(),
+        rows * slots * width,
+        "pool: values not [rows, slots, c]"
+    );
+    assert_eq!(
+        logits.len(),
+        values.len(),
+        "pool: logits not [rows, slots, c]"
+    );
+    out.par_chunks_mut(width).enumerate().for_each(|(r, o)| {
+        let base = r * slots * width;
+        for (c, oc) in o.iter_mut().enumerate() {
+            let at = |s: usize| base + s * width + c;
+            let max = (0..slots).fold(f32::NEG_INFINITY, |m, s| m.max(logits[at(s)]));
+            let (mut num, mut den) = (0.0f32, 0.0f32);
+            for s in 0..slots {
+                let w = (logits[at(s)] - max).exp();
+                den += w;
+                num += w * values[at(s)];
+            }
+            *oc = num / den;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_only_enters_the_denominator() {
+        let e0 = [1.0f32, 0.0];
+        let e1 = [0.0f32, 1.0];
+        let entries = vec![vec![&e0[..], &e1[..]]];
+        let q = [1.0f32, 0.0];
+        let batch = AttentionBatch {
+            heads: 1,
+            head_dim: 2,
+            scale: 1.0,
+            sinks: &[0.5],
+            queries: &q,
+            entries: &entries,
+            want_probs: &[true],
+        };
+        let mut out = vec![0.0; 2];
+        let mut probs = vec![None];
+        sparse_attention(&batch, &mut out, &mut probs);
+        let (a, b, s) = (1f32.exp(), 1.0f32, 0.5f32.exp());
+        let den = a + b + s;
+        assert!((out[0] - a / den).abs() < 1e-6 && (out[1] - b / den).abs() < 1e-6);
+        let p = probs[0].as_ref().unwrap();
+        let total: f32 = p.probs.iter().sum::<f32>() + p.sink[0];
+        assert!((total - 1.0).abs() < 1e-6, "{p:?}");
+        assert!((p.sink[0] - s / den).abs() < 1e-6);
+    }
+
+    #[test]
+    fn pooling_ignores_minus_infinity_slots() {
+        // 1 row, 3 slots, 1 channel: slot 0 masked.
+        let values = [100.0, 1.0, 3.0];
+        let logits = [f32::NEG_INFINITY, 0.0, 0.0];
+        let mut out = [0.0];
+        compressor_pool(&values, &logits, 3, 1, &mut out);
+        assert_eq!(out[0], 2.0);
+    }
+}

@@ -1,0 +1,287 @@
+//! The CPU backend: the numerical reference implementation of [`Backend`].
+//!
+//! f32 compute throughout, rayon across rows / heads / experts, the `gemm` crate for every
+//! matrix product. The pieces live in sibling files by op family:
+//! [`linalg`] (resident weights, GEMM, grouped GEMM, dot), [`hyper`] (mHC),
+//! [`attention`] (sparse attention with sink, compressor pooling), [`selection`] (indexer
+//! scoring through `numerics::profiles`, top-k) and [`experts`] (router, SwiGLU, MoE).
+//! RMS norm and RoPE are here.
+//!
+//! RMS norm accumulates the mean square in f64 (one rounding to f32 at the end) so the result is
+//! independent of summation order; RoPE evaluates cos / sin per position in f64 (see
+//! `model::rope`).
+
+pub mod attention;
+pub mod experts;
+pub mod hyper;
+pub mod linalg;
+pub mod selection;
+
+pub use linalg::CpuMatrix;
+
+use crate::backend::{
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, Routes,
+};
+use crate::model::rope::{rotate_pairs, RopeTable};
+use crate::numerics::profiles::{self, IndexProfile, PreparedQuery};
+use crate::numerics::quant;
+use rayon::prelude::*;
+
+/// The CPU reference backend. Uses rayon's global pool.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+/// In-place RMS norm of every `dim`-long vector of `x`.
+pub fn rms_norm(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
+    assert_eq!(x.len() % dim, 0, "rms_norm: length not a multiple of dim");
+    if let Some(w) = weight {
+        assert_eq!(w.len(), dim, "rms_norm: weight length");
+    }
+    let norm_one = |v: &mut [f32]| {
+        let mean_sq = v.iter().map(|&a| (a as f64) * (a as f64)).sum::<f64>() / dim as f64;
+        let r = (1.0 / (mean_sq + eps as f64).sqrt()) as f32;
+        match weight {
+            Some(w) => v.iter_mut().zip(w).for_each(|(a, &wi)| *a = *a * r * wi),
+            None => v.iter_mut().for_each(|a| *a *= r),
+        }
+    };
+    if x.len() >= 1 << 14 {
+        x.par_chunks_mut(dim).for_each(norm_one);
+    } else {
+        x.chunks_mut(dim).for_each(norm_one);
+    }
+}
+
+/// In-place RoPE, see [`Backend::rope`].
+pub fn rope(table: &RopeTable, x: &mut [f32], vec_len: usize, positions: &[usize], inverse: bool) {
+    if positions.is_empty() {
+        return;
+    }
+    let per_pos = x.len() / positions.len();
+    assert_eq!(
+        per_pos * positions.len(),
+        x.len(),
+        "rope: x not [P, vecs, len]"
+    );
+    assert_eq!(
+        per_pos % vec_len,
+        0,
+        "rope: row not a whole number of vectors"
+    );
+    let d_r = table.rope_dim();
+    assert!(d_r <= vec_len, "rope: rope dims exceed the vector");
+    x.par_chunks_mut(per_pos)
+        .zip(positions.par_iter())
+        .for_each(|(row, &pos)| {
+            let (mut cos, mut sin) = (vec![0.0f32; d_r / 2], vec![0.0f32; d_r / 2]);
+            table.cos_sin(pos, &mut cos, &mut sin);
+            for v in row.chunks_exact_mut(vec_len) {
+                rotate_pairs(&mut v[vec_len - d_r..], &cos, &sin, inverse);
+            }
+        });
+}
+
+impl Backend for CpuBackend {
+    type Matrix = CpuMatrix;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> CpuMatrix {
+        CpuMatrix::new(data, rows, cols)
+    }
+
+    fn matrix_shape(&self, m: &CpuMatrix) -> (usize, usize) {
+        (m.rows(), m.cols())
+    }
+
+    fn gather_rows(&self, table: &CpuMatrix, rows: &[usize], out: &mut [f32]) {
+        linalg::gather_rows(table, rows, out)
+    }
+
+    fn matmul(&self, x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
+        linalg::matmul(x, w, y)
+    }
+
+    fn matmul_grouped(&self, x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
+        linalg::matmul_grouped(x, groups, w, y)
+    }
+
+    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
+        rms_norm(x, dim, weight, eps)
+    }
+
+    fn rope(
+        &self,
+        table: &RopeTable,
+        x: &mut [f32],
+        vec_len: usize,
+        positions: &[usize],
+        inverse: bool,
+    ) {
+        rope(table, x, vec_len, positions, inverse)
+    }
+
+    fn hc_pre(
+        &self,
+        streams: &[f32],
+        site: &HcWeights<'_, CpuMatrix>,
+        params: &HcParams,
+        input: &mut [f32],
+        post: &mut [f32],
+        comb: &mut [f32],
+    ) {
+        hyper::hc_pre(streams, site, params, input, post, comb)
+    }
+
+    fn hc_post(&self, streams: &mut [f32], y: &[f32], post: &[f32], comb: &[f32], n: usize) {
+        hyper::hc_post(streams, y, post, comb, n)
+    }
+
+    fn hc_head(
+        &self,
+        streams: &[f32],
+        site: &HcWeights<'_, CpuMatrix>,
+        params: &HcParams,
+        out: &mut [f32],
+    ) {
+        hyper::hc_head(streams, site, params, out)
+    }
+
+    fn compressor_pool(
+        &self,
+        values: &[f32],
+        logits: &[f32],
+        slots: usize,
+        width: usize,
+        out: &mut [f32],
+    ) {
+        attention::compressor_pool(values, logits, slots, width, out)
+    }
+
+    fn kv_fp8_sim(&self, rows: &mut [f32], row_len: usize, nope_dims: usize) {
+        rows.par_chunks_mut(row_len)
+            .for_each(|r| quant::kv_fp8_sim(r, nope_dims));
+    }
+
+    fn index_prepare_keys(
+        &self,
+        profile: IndexProfile,
+        raw: &[f32],
+        dim: usize,
+        prepared: &mut [f32],
+        scales: &mut [f32],
+    ) {
+        selection::index_prepare_keys(profile, raw, dim, prepared, scales)
+    }
+
+    fn index_prepare_query(
+        &self,
+        profile: IndexProfile,
+        q_raw: &[f32],
+        weights_raw: &[f32],
+        heads: usize,
+        dim: usize,
+    ) -> PreparedQuery {
+        profiles::prepare_query(profile, q_raw, weights_raw, heads, dim)
+    }
+
+    fn index_scores(
+        &self,
+        profile: IndexProfile,
+        query: &PreparedQuery,
+        keys: &[f32],
+        key_scales: &[f32],
+        dim: usize,
+        out: &mut [f32],
+    ) {
+        selection::index_scores(profile, query, keys, key_scales, dim, out)
+    }
+
+    fn topk(&self, scores: &[f32], out: &mut [i32]) {
+        selection::topk(scores, out)
+    }
+
+    fn sparse_attention(
+        &self,
+        batch: &AttentionBatch<'_>,
+        out: &mut [f32],
+        probs: &mut [Option<AttentionProbs>],
+    ) {
+        attention::sparse_attention(batch, out, probs)
+    }
+
+    fn router_scores(&self, u: &[f32], gate: &CpuMatrix, out: &mut [f32]) {
+        experts::router_scores(u, gate, out)
+    }
+
+    fn moe_experts(
+        &self,
+        u: &[f32],
+        routes: &Routes<'_>,
+        experts: &[FfnWeights<CpuMatrix>],
+        swiglu_limit: f32,
+        out: &mut [f32],
+    ) {
+        experts::moe_experts(u, routes, experts, swiglu_limit, out)
+    }
+
+    fn ffn(&self, u: &[f32], ffn: &FfnWeights<CpuMatrix>, swiglu_limit: f32, out: &mut [f32]) {
+        experts::ffn(u, ffn, swiglu_limit, out)
+    }
+
+    fn swiglu(&self, gate: &mut [f32], up: &[f32], limit: f32) {
+        experts::swiglu(gate, up, limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_weighted_and_unweighted() {
+        let mut x = vec![3.0f32, 4.0, 0.0, 0.0];
+        rms_norm(&mut x, 2, None, 1e-20);
+        let r = (12.5f32).sqrt();
+        assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 4.0 / r).abs() < 1e-6);
+        assert_eq!(&x[2..], &[0.0, 0.0]);
+        let mut y = vec![3.0f32, 4.0];
+        rms_norm(&mut y, 2, Some(&[2.0, 0.5]), 0.0);
+        assert!((y[0] - 6.0 / r).abs() < 1e-6 && (y[1] - 2.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_touches_only_the_trailing_dims_of_each_vector() {
+        let table = RopeTable::plain(4, 10000.0);
+        // 2 positions x 2 vectors of length 6.
+        let orig: Vec<f32> = (0..24).map(|i| i as f32 + 1.0).collect();
+        let mut x = orig.clone();
+        rope(&table, &mut x, 6, &[0, 5], false);
+        assert_eq!(&x[..12], &orig[..12], "position 0 is the identity");
+        for v in 2..4 {
+            let base = v * 6;
+            assert_eq!(
+                &x[base..base + 2],
+                &orig[base..base + 2],
+                "nope dims untouched"
+            );
+            assert_ne!(&x[base + 2..base + 4], &orig[base + 2..base + 4]);
+        }
+        // Pair 0 at position 5 uses angle 5·1.
+        let (c, s) = (5f64.cos() as f32, 5f64.sin() as f32);
+        let (a, b) = (orig[14], orig[15]);
+        assert!((x[14] - (a * c - b * s)).abs() < 1e-5 && (x[15] - (a * s + b * c)).abs() < 1e-5);
+        rope(&table, &mut x, 6, &[0, 5], true);
+        for (p, q) in x.iter().zip(&orig) {
+            assert!((p - q).abs() < 1e-4);
+        }
+    }
+}

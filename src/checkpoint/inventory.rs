@@ -1,0 +1,405 @@
+//! The exact tensor list of a DeepSeek-V4 release, computed from `config.json` alone
+//! (spec/model.md section 3). The diff of a checkpoint against it is in `audit.rs`.
+//!
+//! Two levels:
+//! - [`logical_inventory`]: what the model holds, format-free. Linears appear once, by module
+//!   name (`layers.3.attn.wq_a`), with their logical `[out, in]` shape and a [`Role`] that says
+//!   how each format stores them; every other tensor appears by its full name.
+//! - [`expected_inventory`]: the logical list expanded into stored tensors for one
+//!   [`WeightFormat`] (`.weight` plus `.scale` / `.weight_scale` / `.weight_scale_2` /
+//!   `.input_scale` siblings, packed FP4 halving the last dimension).
+//!
+//! Order: `embed.weight`, layers 0..L in order, the root head tensors, then `mtp.{i}.` — the
+//! order of the official shards, which `synth` follows. Within a layer: the common tensors in
+//! the order of spec table 3.2, the router extra, then compressor and indexer extras.
+//!
+//! Storage rules (spec 2.4-2.5): `Bf16` stores every linear as BF16 [out, in] with no scales.
+//! `Official`: FP8 set (`wq_a wq_b wkv wo_a wo_b`, `indexer.wq_b`, shared experts, MTP
+//! `e_proj`/`h_proj`) as F8_E4M3 + E8M0 `.scale` [ceil(o/bo), ceil(i/bi)]; routed experts by
+//! `expert_dtype` (fp4: I8 [o, i/2] + E8M0 `.scale` [o, ceil(i/32)]; fp8 or absent: like the FP8
+//! set; bf16: BF16). `Nvfp4`: as `Official` except main-layer routed experts, which are U8
+//! [o, i/2] + F8_E4M3 `weight_scale` [o, ceil(i/16)] + F32 `weight_scale_2` [] + F32
+//! `input_scale` []; MTP experts stay MXFP4 unless the checkpoint shows otherwise.
+
+use super::dtype::{numel, Dtype, WeightFormat};
+use crate::config::{LayerKind, ModelConfig, RouterKind};
+
+/// Group size of the MXFP4-like official expert scales.
+pub const FP4_GROUP: usize = 32;
+/// Group size of NVFP4 expert scales.
+pub const NVFP4_GROUP: usize = 16;
+
+/// What a tensor is, which decides both its storage and its synthetic values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// `embed.weight` [vocab, hidden], BF16.
+    Embed,
+    /// A linear stored BF16 in every format (`head`, router `gate`, compressor `wkv`/`wgate`,
+    /// indexer `weights_proj`).
+    PlainLinear,
+    /// A linear of the FP8 set.
+    QuantLinear,
+    /// A routed expert's `w1`/`w2`/`w3`; `mtp` marks the MTP namespace.
+    RoutedExpert { mtp: bool },
+    /// An RMSNorm weight, BF16.
+    Norm,
+    /// `attn.attn_sink` [heads], F32.
+    AttnSink,
+    /// Compressor position bias `ape` [ratio, width], F32.
+    Ape,
+    /// mHC `hc_*_fn` [rows, hc * hidden], F32.
+    HcFn,
+    /// mHC `hc_*_base`, F32: [(2+hc)*hc] (pre, post, comb rows) or [hc] for the head.
+    HcBase,
+    /// mHC `hc_*_scale` [3] or [1], F32.
+    HcScale,
+    /// Router selection bias `ffn.gate.bias` [experts], F32.
+    GateBias,
+    /// Hash router table `ffn.gate.tid2eid` [vocab, experts_per_tok], I64.
+    Tid2eid,
+}
+
+impl Role {
+    pub fn is_linear(self) -> bool {
+        matches!(
+            self,
+            Role::PlainLinear | Role::QuantLinear | Role::RoutedExpert { .. }
+        )
+    }
+}
+
+/// One format-free tensor: a linear module (name without `.weight`) or a plain tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogicalTensor {
+    pub name: String,
+    pub role: Role,
+    /// Logical shape (`[out, in]` for linears, unpacked).
+    pub shape: Vec<usize>,
+}
+
+/// How one linear is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearStorage {
+    Bf16,
+    Fp8Block { block: (usize, usize) },
+    Fp4Group,
+    Nvfp4,
+}
+
+/// One stored tensor as a release should hold it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ExpectedTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl ExpectedTensor {
+    pub(crate) fn new(name: String, dtype: Dtype, shape: Vec<usize>) -> Self {
+        ExpectedTensor { name, dtype, shape }
+    }
+    /// Payload bytes.
+    pub fn bytes(&self) -> u64 {
+        (numel(&self.shape) * self.dtype.size()) as u64
+    }
+}
+
+/// Choices beyond the format that only a checkpoint can settle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InventoryOptions {
+    pub format: WeightFormat,
+    /// NVFP4 only: MTP routed experts are NVFP4 too (spec 2.5 says likely MXFP4; UNKNOWN).
+    pub mtp_experts_nvfp4: bool,
+}
+
+impl From<WeightFormat> for InventoryOptions {
+    fn from(format: WeightFormat) -> Self {
+        InventoryOptions {
+            format,
+            mtp_experts_nvfp4: false,
+        }
+    }
+}
+
+/// The logical tensor list of a release described by `cfg`.
+pub fn logical_inventory(cfg: &ModelConfig) -> Vec<LogicalTensor> {
+    let mut out = Vec::new();
+    let (d, hc) = (cfg.hidden_size, cfg.hc_mult);
+    let push = |out: &mut Vec<LogicalTensor>, name: String, role: Role, shape: Vec<usize>| {
+        out.push(LogicalTensor { name, role, shape })
+    };
+    push(
+        &mut out,
+        "embed.weight".into(),
+        Role::Embed,
+        vec![cfg.vocab_size, d],
+    );
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("layers.{l}.");
+        layer(
+            cfg,
+            &p,
+            cfg.layer_kind(l),
+            cfg.router_kind(l),
+            false,
+            &mut out,
+        );
+    }
+    push(
+        &mut out,
+        "head".into(),
+        Role::PlainLinear,
+        vec![cfg.vocab_size, d],
+    );
+    push(&mut out, "norm.weight".into(), Role::Norm, vec![d]);
+    hc_head(&mut out, "", hc, d);
+    for i in 0..cfg.num_nextn_predict_layers {
+        let p = format!("mtp.{i}.");
+        layer(
+            cfg,
+            &p,
+            cfg.mtp_layer_kind(i),
+            RouterKind::Score,
+            true,
+            &mut out,
+        );
+        push(
+            &mut out,
+            format!("{p}e_proj"),
+            Role::QuantLinear,
+            vec![d, d],
+        );
+        push(
+            &mut out,
+            format!("{p}h_proj"),
+            Role::QuantLinear,
+            vec![d, d],
+        );
+        for n in ["enorm", "hnorm", "norm"] {
+            push(&mut out, format!("{p}{n}.weight"), Role::Norm, vec![d]);
+        }
+        hc_head(&mut out, &p, hc, d);
+    }
+    out
+}
+
+fn hc_head(out: &mut Vec<LogicalTensor>, p: &str, hc: usize, d: usize) {
+    let t = |n: &str, role, shape| LogicalTensor {
+        name: format!("{p}{n}"),
+        role,
+        shape,
+    };
+    out.push(t("hc_head_fn", Role::HcFn, vec![hc, hc * d]));
+    out.push(t("hc_head_base", Role::HcBase, vec![hc]));
+    out.push(t("hc_head_scale", Role::HcScale, vec![1]));
+}
+
+/// One decoder layer (main or MTP) under prefix `p`.
+fn layer(
+    cfg: &ModelConfig,
+    p: &str,
+    kind: LayerKind,
+    router: RouterKind,
+    mtp: bool,
+    out: &mut Vec<LogicalTensor>,
+) {
+    let (d, hc, h, hd) = (
+        cfg.hidden_size,
+        cfg.hc_mult,
+        cfg.num_attention_heads,
+        cfg.head_dim,
+    );
+    let (ql, og, ol) = (cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank);
+    let (e, inter) = (cfg.n_routed_experts, cfg.moe_intermediate_size);
+    let mut t = |n: String, role: Role, shape: Vec<usize>| {
+        out.push(LogicalTensor {
+            name: format!("{p}{n}"),
+            role,
+            shape,
+        })
+    };
+    let hc_rows = (2 + hc) * hc;
+    t("attn_norm.weight".into(), Role::Norm, vec![d]);
+    t("ffn_norm.weight".into(), Role::Norm, vec![d]);
+    t("hc_attn_fn".into(), Role::HcFn, vec![hc_rows, hc * d]);
+    t("hc_ffn_fn".into(), Role::HcFn, vec![hc_rows, hc * d]);
+    t("hc_attn_base".into(), Role::HcBase, vec![hc_rows]);
+    t("hc_ffn_base".into(), Role::HcBase, vec![hc_rows]);
+    t("hc_attn_scale".into(), Role::HcScale, vec![3]);
+    t("hc_ffn_scale".into(), Role::HcScale, vec![3]);
+    t("attn.attn_sink".into(), Role::AttnSink, vec![h]);
+    t("attn.wq_a".into(), Role::QuantLinear, vec![ql, d]);
+    t("attn.q_norm.weight".into(), Role::Norm, vec![ql]);
+    t("attn.wq_b".into(), Role::QuantLinear, vec![h * hd, ql]);
+    t("attn.wkv".into(), Role::QuantLinear, vec![hd, d]);
+    t("attn.kv_norm.weight".into(), Role::Norm, vec![hd]);
+    t(
+        "attn.wo_a".into(),
+        Role::QuantLinear,
+        vec![og * ol, h * hd / og],
+    );
+    t("attn.wo_b".into(), Role::QuantLinear, vec![d, og * ol]);
+    t("ffn.gate".into(), Role::PlainLinear, vec![e, d]);
+    let expert = Role::RoutedExpert { mtp };
+    for x in 0..e {
+        t(format!("ffn.experts.{x}.w1"), expert, vec![inter, d]);
+        t(format!("ffn.experts.{x}.w3"), expert, vec![inter, d]);
+        t(format!("ffn.experts.{x}.w2"), expert, vec![d, inter]);
+    }
+    if cfg.n_shared_experts > 0 {
+        let si = inter * cfg.n_shared_experts;
+        t(
+            "ffn.shared_experts.w1".into(),
+            Role::QuantLinear,
+            vec![si, d],
+        );
+        t(
+            "ffn.shared_experts.w3".into(),
+            Role::QuantLinear,
+            vec![si, d],
+        );
+        t(
+            "ffn.shared_experts.w2".into(),
+            Role::QuantLinear,
+            vec![d, si],
+        );
+    }
+    match router {
+        RouterKind::Hash => t(
+            "ffn.gate.tid2eid".into(),
+            Role::Tid2eid,
+            vec![cfg.vocab_size, cfg.num_experts_per_tok],
+        ),
+        RouterKind::Score => t("ffn.gate.bias".into(), Role::GateBias, vec![e]),
+    }
+    if kind == LayerKind::Swa {
+        return;
+    }
+    let ratio = kind.ratio();
+    let c = if kind == LayerKind::Csa { 2 } else { 1 };
+    t("attn.compressor.ape".into(), Role::Ape, vec![ratio, c * hd]);
+    t(
+        "attn.compressor.wkv".into(),
+        Role::PlainLinear,
+        vec![c * hd, d],
+    );
+    t(
+        "attn.compressor.wgate".into(),
+        Role::PlainLinear,
+        vec![c * hd, d],
+    );
+    t("attn.compressor.norm.weight".into(), Role::Norm, vec![hd]);
+    if kind == LayerKind::Csa {
+        let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
+        t(
+            "attn.indexer.wq_b".into(),
+            Role::QuantLinear,
+            vec![ih * ihd, ql],
+        );
+        t(
+            "attn.indexer.weights_proj".into(),
+            Role::PlainLinear,
+            vec![ih, d],
+        );
+        t(
+            "attn.indexer.compressor.ape".into(),
+            Role::Ape,
+            vec![ratio, 2 * ihd],
+        );
+        t(
+            "attn.indexer.compressor.wkv".into(),
+            Role::PlainLinear,
+            vec![2 * ihd, d],
+        );
+        t(
+            "attn.indexer.compressor.wgate".into(),
+            Role::PlainLinear,
+            vec![2 * ihd, d],
+        );
+        t(
+            "attn.indexer.compressor.norm.weight".into(),
+            Role::Norm,
+            vec![ihd],
+        );
+    }
+}
+
+/// How a linear of `role` is stored under `opts` (non-linear roles: `None`).
+pub fn linear_storage(
+    cfg: &ModelConfig,
+    opts: InventoryOptions,
+    role: Role,
+) -> Option<LinearStorage> {
+    let fp8 = LinearStorage::Fp8Block {
+        block: cfg.weight_block(),
+    };
+    let official_expert = match cfg.expert_dtype.as_deref() {
+        Some("fp4") => LinearStorage::Fp4Group,
+        Some("bf16") => LinearStorage::Bf16,
+        _ => fp8,
+    };
+    Some(match (role, opts.format) {
+        (Role::PlainLinear, _) => LinearStorage::Bf16,
+        (r, WeightFormat::Bf16) if r.is_linear() => LinearStorage::Bf16,
+        (Role::QuantLinear, _) => fp8,
+        (Role::RoutedExpert { mtp }, WeightFormat::Nvfp4) if !mtp || opts.mtp_experts_nvfp4 => {
+            LinearStorage::Nvfp4
+        }
+        (Role::RoutedExpert { .. }, _) => official_expert,
+        _ => return None,
+    })
+}
+
+/// The stored tensors of one logical tensor under `opts`.
+pub fn expand(
+    cfg: &ModelConfig,
+    opts: InventoryOptions,
+    lt: &LogicalTensor,
+) -> Vec<ExpectedTensor> {
+    let n = &lt.name;
+    let plain = |dtype| vec![ExpectedTensor::new(n.clone(), dtype, lt.shape.clone())];
+    let Some(storage) = linear_storage(cfg, opts, lt.role) else {
+        return match lt.role {
+            Role::Embed | Role::Norm => plain(Dtype::BF16),
+            Role::Tid2eid => plain(Dtype::I64),
+            _ => plain(Dtype::F32),
+        };
+    };
+    let (o, i) = (lt.shape[0], lt.shape[1]);
+    let w = |dtype, shape| ExpectedTensor::new(format!("{n}.weight"), dtype, shape);
+    let s = |suffix: &str, dtype, shape| ExpectedTensor::new(format!("{n}.{suffix}"), dtype, shape);
+    match storage {
+        LinearStorage::Bf16 => vec![w(Dtype::BF16, vec![o, i])],
+        LinearStorage::Fp8Block { block: (bo, bi) } => vec![
+            w(Dtype::F8E4M3, vec![o, i]),
+            s("scale", Dtype::F8E8M0, vec![o.div_ceil(bo), i.div_ceil(bi)]),
+        ],
+        LinearStorage::Fp4Group => vec![
+            w(Dtype::I8, vec![o, i / 2]),
+            s("scale", Dtype::F8E8M0, vec![o, i.div_ceil(FP4_GROUP)]),
+        ],
+        LinearStorage::Nvfp4 => vec![
+            w(Dtype::U8, vec![o, i / 2]),
+            s(
+                "weight_scale",
+                Dtype::F8E4M3,
+                vec![o, i.div_ceil(NVFP4_GROUP)],
+            ),
+            s("weight_scale_2", Dtype::F32, vec![]),
+            s("input_scale", Dtype::F32, vec![]),
+        ],
+    }
+}
+
+/// Every stored tensor of a release described by `cfg` in `format`, in shard order.
+pub fn expected_inventory(cfg: &ModelConfig, format: WeightFormat) -> Vec<ExpectedTensor> {
+    expected_inventory_with(cfg, format.into())
+}
+
+/// [`expected_inventory`] with the options only a checkpoint can settle.
+pub fn expected_inventory_with(cfg: &ModelConfig, opts: InventoryOptions) -> Vec<ExpectedTensor> {
+    logical_inventory(cfg)
+        .iter()
+        .flat_map(|lt| expand(cfg, opts, lt))
+        .collect()
+}

@@ -1,0 +1,374 @@
+//! [`Checkpoint`]: a model directory opened for reading, shards memory-mapped, nothing read
+//! eagerly beyond the JSON headers (the official release is 160 GB in 46 shards).
+//!
+//! Which files: `model.safetensors.index.json` if present (its `weight_map` names the shard of
+//! every tensor; each named shard must exist and contain the tensors mapped to it), else
+//! `model.safetensors`, else every `*.safetensors` in the directory (sorted). A tensor found in
+//! two shards is an error. `config.json` is read and validated through [`ModelConfig::load`].
+//!
+//! The [`WeightFormat`] is detected from the tensors: any `*.weight_scale_2` means NVFP4; else
+//! any F8_E4M3 or I8 tensor means the official FP8/FP4 format; else bf16.
+//!
+//! Typed readers copy out of the mmap: `f32_tensor` (BF16, F16, F32, F64 -> f32) and
+//! `i64_tensor` (I64, I32 -> i64), each checking the caller's expected shape. `raw_bytes` is the
+//! zero-copy view. Linears go through [`Checkpoint::linear`] (see `linear.rs`).
+
+use super::audit::options_for;
+use super::dtype::{Dtype, WeightFormat};
+use super::header::parse_header;
+use super::inventory::{expected_inventory_with, ExpectedTensor};
+use super::CheckpointError;
+use crate::config::ModelConfig;
+use crate::numerics::formats::{
+    bf16_bytes_to_f32, f32_bytes_to_f32, i32_bytes_to_i32, i64_bytes_to_i64,
+};
+use memmap2::Mmap;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Where one tensor lives and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub file: PathBuf,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in `file`.
+    pub data_offsets: Range<usize>,
+    pub(crate) shard: usize,
+}
+
+struct Shard {
+    mmap: Mmap,
+}
+
+/// An opened checkpoint directory.
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: ModelConfig,
+    shard_paths: Vec<PathBuf>,
+    shards: Vec<Shard>,
+    tensors: BTreeMap<String, TensorInfo>,
+    format: WeightFormat,
+    expected: OnceLock<HashMap<String, ExpectedTensor>>,
+}
+
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+impl Checkpoint {
+    /// Opens `dir`: config, shard list, mmaps and headers (see the module doc).
+    pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+        let config = ModelConfig::load(&dir.join("config.json"))?;
+        let index_path = dir.join(INDEX_FILE);
+        let (files, weight_map) = if index_path.is_file() {
+            let wm = read_index(&index_path)?;
+            let mut files: Vec<String> = wm.values().cloned().collect();
+            files.sort();
+            files.dedup();
+            for f in &files {
+                if !dir.join(f).is_file() {
+                    let tensor = wm.iter().find(|(_, v)| *v == f).map(|(k, _)| k.clone());
+                    return Err(CheckpointError::MissingShard {
+                        index: index_path,
+                        dir: dir.to_path_buf(),
+                        shard: f.clone(),
+                        tensor: tensor.unwrap_or_default(),
+                    });
+                }
+            }
+            (files.iter().map(|f| dir.join(f)).collect(), Some(wm))
+        } else if dir.join(SINGLE_FILE).is_file() {
+            (vec![dir.join(SINGLE_FILE)], None)
+        } else {
+            (list_safetensors(dir)?, None)
+        };
+        let mut ckpt = Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            shard_paths: Vec::new(),
+            shards: Vec::new(),
+            tensors: BTreeMap::new(),
+            format: WeightFormat::Bf16,
+            expected: OnceLock::new(),
+        };
+        for path in files {
+            ckpt.add_shard(path)?;
+        }
+        if let Some(wm) = weight_map {
+            for (tensor, shard) in wm {
+                let shard_path = dir.join(&shard);
+                if ckpt.tensors.get(&tensor).map(|t| &t.file) != Some(&shard_path) {
+                    return Err(CheckpointError::NotInShard {
+                        index: index_path,
+                        shard: shard_path,
+                        tensor,
+                    });
+                }
+            }
+        }
+        ckpt.format = detect_format(&ckpt.tensors);
+        Ok(ckpt)
+    }
+
+    fn add_shard(&mut self, path: PathBuf) -> Result<(), CheckpointError> {
+        let file = File::open(&path).map_err(|e| CheckpointError::io(&path, e))?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| CheckpointError::io(&path, e))?
+            .len();
+        if file_len < 8 {
+            return Err(CheckpointError::TooShort {
+                file: path,
+                file_len,
+            });
+        }
+        // SAFETY: the map is read-only and lives as long as `self`. Like every mmap-based
+        // loader we rely on nobody truncating or rewriting the checkpoint while it is open.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError::io(&path, e))?;
+        let header = parse_header(&path, &mmap)?;
+        let shard = self.shards.len();
+        for e in header.entries {
+            if let Some(prev) = self.tensors.get(&e.name) {
+                return Err(CheckpointError::DuplicateTensor {
+                    tensor: e.name,
+                    first: prev.file.clone(),
+                    second: path,
+                });
+            }
+            let info = TensorInfo {
+                name: e.name.clone(),
+                file: path.clone(),
+                dtype: e.dtype,
+                shape: e.shape,
+                data_offsets: e.data_offsets,
+                shard,
+            };
+            self.tensors.insert(e.name, info);
+        }
+        self.shards.push(Shard { mmap });
+        self.shard_paths.push(path);
+        Ok(())
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The shard files, in the order they were opened.
+    pub fn shard_paths(&self) -> &[PathBuf] {
+        &self.shard_paths
+    }
+
+    /// Tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Sum of all tensors' payload bytes.
+    pub fn payload_bytes(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|t| t.data_offsets.len() as u64)
+            .sum()
+    }
+
+    pub fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// The tensor `name` or an error naming the directory and the tensor.
+    pub fn require(&self, name: &str) -> Result<&TensorInfo, CheckpointError> {
+        self.info(name)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                dir: self.dir.clone(),
+                tensor: name.to_string(),
+            })
+    }
+
+    /// The stored bytes of `name`, borrowed from the mmap.
+    pub fn raw_bytes(&self, name: &str) -> Result<&[u8], CheckpointError> {
+        Ok(self.bytes_of(self.require(name)?))
+    }
+
+    pub(crate) fn bytes_of(&self, info: &TensorInfo) -> &[u8] {
+        // Offsets were checked against this shard's length by `parse_header`.
+        &self.shards[info.shard].mmap[info.data_offsets.clone()]
+    }
+
+    /// The expected tensor of this name under the checkpoint's config and format, if any.
+    pub(crate) fn expected(&self, name: &str) -> Option<&ExpectedTensor> {
+        self.expected
+            .get_or_init(|| {
+                expected_inventory_with(&self.config, options_for(self))
+                    .into_iter()
+                    .map(|t| (t.name.clone(), t))
+                    .collect()
+            })
+            .get(name)
+    }
+
+    /// Checks that `info` has `expected` shape; `why` is appended to the expectation.
+    pub(crate) fn check_shape(
+        &self,
+        info: &TensorInfo,
+        expected: &[usize],
+        why: &str,
+    ) -> Result<(), CheckpointError> {
+        if info.shape == expected {
+            return Ok(());
+        }
+        Err(CheckpointError::WrongShape {
+            file: info.file.clone(),
+            tensor: info.name.clone(),
+            expected: expected.to_vec(),
+            found: info.shape.clone(),
+            why: why.to_string(),
+        })
+    }
+
+    /// A BF16, F16, F32 or F64 tensor as f32, after checking its shape.
+    pub fn f32_tensor(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+    ) -> Result<Vec<f32>, CheckpointError> {
+        let info = self.require(name)?;
+        self.check_shape(info, expected_shape, "")?;
+        let bytes = self.bytes_of(info);
+        let decode = |r: Result<Vec<f32>, _>| {
+            r.map_err(|source| CheckpointError::Decode {
+                tensor: name.to_string(),
+                source,
+            })
+        };
+        match info.dtype {
+            Dtype::BF16 => decode(bf16_bytes_to_f32(bytes)),
+            Dtype::F32 => decode(f32_bytes_to_f32(bytes)),
+            Dtype::F16 => Ok(bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect()),
+            Dtype::F64 => Ok(bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+                .collect()),
+            found => Err(wrong_dtype(info, "BF16, F16, F32 or F64", found)),
+        }
+    }
+
+    /// An I64 or I32 tensor as i64, after checking its shape.
+    pub fn i64_tensor(
+        &self,
+        name: &str,
+        expected_shape: &[usize],
+    ) -> Result<Vec<i64>, CheckpointError> {
+        let info = self.require(name)?;
+        self.check_shape(info, expected_shape, "")?;
+        let bytes = self.bytes_of(info);
+        let r = match info.dtype {
+            Dtype::I64 => i64_bytes_to_i64(bytes),
+            Dtype::I32 => i32_bytes_to_i32(bytes).map(|v| v.into_iter().map(i64::from).collect()),
+            found => return Err(wrong_dtype(info, "I64 or I32", found)),
+        };
+        r.map_err(|source| CheckpointError::Decode {
+            tensor: name.to_string(),
+            source,
+        })
+    }
+}
+
+pub(crate) fn wrong_dtype(info: &TensorInfo, expected: &str, found: Dtype) -> CheckpointError {
+    CheckpointError::WrongDtype {
+        file: info.file.clone(),
+        tensor: info.name.clone(),
+        expected: expected.to_string(),
+        found,
+    }
+}
+
+fn detect_format(tensors: &BTreeMap<String, TensorInfo>) -> WeightFormat {
+    if tensors.keys().any(|n| n.ends_with(".weight_scale_2")) {
+        WeightFormat::Nvfp4
+    } else if tensors
+        .values()
+        .any(|t| t.dtype == Dtype::F8E4M3 || t.dtype == Dtype::I8)
+    {
+        WeightFormat::Official
+    } else {
+        WeightFormat::Bf16
+    }
+}
+
+/// Reads `weight_map` (tensor -> shard file name) of an index file.
+fn read_index(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> {
+    let text = std::fs::read_to_string(path).map_err(|e| CheckpointError::io(path, e))?;
+    let bad = |expected: &str, found: String| CheckpointError::IndexFormat {
+        index: path.to_path_buf(),
+        expected: expected.to_string(),
+        found,
+    };
+    let v: Value = serde_json::from_str(&text).map_err(|e| {
+        bad(
+            "a JSON object with a \"weight_map\"",
+            format!("invalid JSON ({e})"),
+        )
+    })?;
+    let Some(Value::Object(wm)) = v.get("weight_map") else {
+        return Err(bad(
+            "a \"weight_map\" object mapping tensor names to shard files",
+            match v.get("weight_map") {
+                None => "no \"weight_map\" key".into(),
+                Some(other) => format!("\"weight_map\": {other}"),
+            },
+        ));
+    };
+    wm.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            other => Err(bad(
+                "shard file names as strings in \"weight_map\"",
+                format!("{k}: {other}"),
+            )),
+        })
+        .collect()
+}
+
+/// Every `*.safetensors` file in `dir`, sorted; an error if there is none.
+fn list_safetensors(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    let mut files = Vec::new();
+    for entry in rd {
+        let p = entry.map_err(|e| CheckpointError::io(dir, e))?.path();
+        if p.is_file() && p.extension().is_some_and(|x| x == "safetensors") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(CheckpointError::NoWeights {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(files)
+}

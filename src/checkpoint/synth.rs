@@ -1,0 +1,408 @@
+//! `synth`: deterministic synthetic checkpoints in the official tensor names and formats
+//! (design.md section 7), so the real loader is what tests and demos exercise.
+//!
+//! Config: `ModelConfig::tiny()` or `flash()`, then `--layers N` (the first N entries of the
+//! preset's schedule, MTP entries kept, `num_hash_layers` capped at N) and `--experts E`
+//! (`n_routed_experts = E`, `num_experts_per_tok = min(preset's k, E)`, i.e. min(6, E) on
+//! Flash). Official and NVFP4 outputs carry the official `quantization_config` and
+//! `expert_dtype: "fp4"`; bf16 outputs carry neither. `planted` is reserved (an error for now).
+//!
+//! Tensors: exactly `expected_inventory(cfg, format)`, values from `values.rs`, stored bytes
+//! produced by the `numerics::formats` encoders, so the reader decodes each quantised weight to
+//! `dequant(quant(generated))` and each plain one to the generated value rounded to its dtype.
+//! NVFP4 `input_scale` is written as 1.0 (it is ignored by every reader here).
+//!
+//! Files: one `model.safetensors`, or `shards` files `model-0000K-of-0000N.safetensors` plus
+//! `model.safetensors.index.json`; shards are cut at logical-tensor bounds (a weight and its
+//! scales share a shard) balancing payload bytes; then `config.json` and, if given,
+//! `tokenizer.json`. Stale files of ours from an earlier run in the same directory are removed
+//! first. Writing streams: big plain tensors are generated and written in 1M-element pieces,
+//! quantised ones a window of ~32M elements at a time (encoded in parallel, written in order),
+//! so memory stays well under 1 GB even for `--preset flash` with all 256 experts.
+
+use super::dtype::{Dtype, WeightFormat};
+use super::inventory::{
+    expand, linear_storage, logical_inventory, ExpectedTensor, LinearStorage, LogicalTensor,
+    FP4_GROUP,
+};
+use super::prng::CHUNK;
+use super::reader::INDEX_FILE;
+use super::values::{fill_f32, generate, Values};
+use super::writer::{assign_shards, remove_stale, shard_file_name, SafetensorsWriter};
+use super::CheckpointError;
+use crate::config::{ModelConfig, QuantizationConfig};
+use crate::numerics::formats::{
+    f32_to_bf16_bytes, f32_to_f32_bytes, i64_to_bytes, quant_fp4_group, quant_fp8_block,
+    quant_nvfp4,
+};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Instant;
+
+/// Which synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    Tiny,
+    Flash,
+    /// The demo model with a planted needle (reserved).
+    Planted,
+}
+
+impl FromStr for Preset {
+    type Err = CheckpointError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "tiny" => Ok(Preset::Tiny),
+            "flash" => Ok(Preset::Flash),
+            "planted" => Ok(Preset::Planted),
+            _ => Err(CheckpointError::SynthOption {
+                field: "preset",
+                expected: "one of tiny, planted, flash".into(),
+                found: format!("{s:?}"),
+            }),
+        }
+    }
+}
+
+/// Everything `synth` needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    pub format: WeightFormat,
+    pub seed: u64,
+    pub shards: usize,
+    pub layers: Option<usize>,
+    pub experts: Option<usize>,
+    pub out: PathBuf,
+}
+
+impl SynthOptions {
+    /// Seed 0, one file, the preset's full layer and expert counts.
+    pub fn new(preset: Preset, format: WeightFormat, out: impl Into<PathBuf>) -> Self {
+        SynthOptions {
+            preset,
+            format,
+            seed: 0,
+            shards: 1,
+            layers: None,
+            experts: None,
+            out: out.into(),
+        }
+    }
+}
+
+/// What `synth` wrote.
+#[derive(Clone, Debug)]
+pub struct SynthSummary {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub format: WeightFormat,
+    pub tensors: usize,
+    pub payload_bytes: u64,
+    /// The safetensors files, in shard order.
+    pub files: Vec<PathBuf>,
+    pub seconds: f64,
+}
+
+impl SynthSummary {
+    /// Payload throughput in MB/s (10^6 bytes).
+    pub fn mb_per_s(&self) -> f64 {
+        self.payload_bytes as f64 / 1e6 / self.seconds.max(1e-9)
+    }
+}
+
+/// The config `synth` writes for `opts` (validated).
+pub fn synth_config(opts: &SynthOptions) -> Result<ModelConfig, CheckpointError> {
+    let mut cfg = match opts.preset {
+        Preset::Tiny => ModelConfig::tiny(),
+        Preset::Flash => ModelConfig::flash(),
+        Preset::Planted => {
+            return Err(CheckpointError::NotImplemented {
+                what: "synth --preset planted (the demo model with a planted needle)".into(),
+            })
+        }
+    };
+    if let Some(n) = opts.layers {
+        if n == 0 || n > cfg.num_hidden_layers {
+            return Err(CheckpointError::SynthOption {
+                field: "layers",
+                expected: format!("1..={} for this preset", cfg.num_hidden_layers),
+                found: n.to_string(),
+            });
+        }
+        let mtp = cfg.compress_ratios[cfg.num_hidden_layers..].to_vec();
+        cfg.compress_ratios.truncate(n);
+        cfg.compress_ratios.extend(mtp);
+        cfg.num_hidden_layers = n;
+        cfg.num_hash_layers = cfg.num_hash_layers.min(n);
+    }
+    if let Some(e) = opts.experts {
+        if e == 0 {
+            return Err(CheckpointError::SynthOption {
+                field: "experts",
+                expected: "at least 1".into(),
+                found: "0".into(),
+            });
+        }
+        cfg.n_routed_experts = e;
+        cfg.num_experts_per_tok = cfg.num_experts_per_tok.min(e);
+    }
+    match opts.format {
+        WeightFormat::Bf16 => {
+            cfg.quantization_config = None;
+            cfg.expert_dtype = None;
+        }
+        WeightFormat::Official | WeightFormat::Nvfp4 => {
+            cfg.quantization_config = Some(QuantizationConfig {
+                activation_scheme: Some("dynamic".into()),
+                fmt: Some("e4m3".into()),
+                quant_method: Some("fp8".into()),
+                scale_fmt: Some("ue8m0".into()),
+                weight_block_size: Some(vec![128, 128]),
+            });
+            cfg.expert_dtype = Some("fp4".into());
+        }
+    }
+    cfg.validate(Path::new("<synth config>"))?;
+    Ok(cfg)
+}
+
+/// One logical tensor and the stored tensors it becomes.
+struct Group {
+    lt: LogicalTensor,
+    storage: Option<LinearStorage>,
+    stored: Vec<ExpectedTensor>,
+}
+
+impl Group {
+    fn bytes(&self) -> u64 {
+        self.stored.iter().map(|t| t.bytes()).sum()
+    }
+    fn numel(&self) -> usize {
+        self.lt.shape.iter().product()
+    }
+    /// Plain BF16/F32 tensors big enough to be written piece by piece.
+    fn streamed(&self) -> bool {
+        self.stored.len() == 1
+            && matches!(self.stored[0].dtype, Dtype::BF16 | Dtype::F32)
+            && self.numel() > STREAM_PIECE
+    }
+}
+
+const STREAM_PIECE: usize = 256 * CHUNK;
+const WINDOW_ELEMS: usize = 1 << 25;
+
+/// The stored bytes of one group, in `stored` order.
+fn encode(cfg: &ModelConfig, seed: u64, g: &Group) -> Result<Vec<Vec<u8>>, CheckpointError> {
+    let values = generate(cfg, seed, &g.lt);
+    let x = match values {
+        Values::I64(v) => return Ok(vec![i64_to_bytes(&v)]),
+        Values::F32(x) => x,
+    };
+    let err = |source| CheckpointError::Encode {
+        tensor: g.stored[0].name.clone(),
+        source,
+    };
+    let (o, i) = (
+        g.lt.shape.first().copied().unwrap_or(1),
+        g.lt.shape.get(1).copied().unwrap_or(1),
+    );
+    Ok(match g.storage {
+        None | Some(LinearStorage::Bf16) if g.stored[0].dtype == Dtype::F32 => {
+            vec![f32_to_f32_bytes(&x)]
+        }
+        None | Some(LinearStorage::Bf16) => vec![f32_to_bf16_bytes(&x)],
+        Some(LinearStorage::Fp8Block { block: (bo, bi) }) => {
+            if bo != bi {
+                return Err(CheckpointError::NotImplemented {
+                    what: format!("synth of non-square FP8 blocks {bo}x{bi}"),
+                });
+            }
+            let (w, s) = quant_fp8_block(&x, o, i, bo).map_err(err)?;
+            vec![w, s]
+        }
+        Some(LinearStorage::Fp4Group) => {
+            let (w, s) = quant_fp4_group(&x, o, i, FP4_GROUP).map_err(err)?;
+            vec![w, s]
+        }
+        Some(LinearStorage::Nvfp4) => {
+            let (w, s, s2) = quant_nvfp4(&x, o, i).map_err(err)?;
+            vec![
+                w,
+                s,
+                s2.to_le_bytes().to_vec(),
+                1.0f32.to_le_bytes().to_vec(),
+            ]
+        }
+    })
+}
+
+/// Writes a big plain tensor in pieces.
+fn write_streamed(
+    cfg: &ModelConfig,
+    seed: u64,
+    g: &Group,
+    w: &mut SafetensorsWriter,
+) -> Result<(), CheckpointError> {
+    let t = &g.stored[0];
+    let n = g.numel();
+    let mut buf = vec![0.0f32; STREAM_PIECE];
+    let mut start = 0;
+    while start < n {
+        let len = STREAM_PIECE.min(n - start);
+        fill_f32(cfg, seed, &g.lt, start, &mut buf[..len]);
+        let bytes = if t.dtype == Dtype::F32 {
+            f32_to_f32_bytes(&buf[..len])
+        } else {
+            f32_to_bf16_bytes(&buf[..len])
+        };
+        w.write(&t.name, &bytes)?;
+        start += len;
+    }
+    Ok(())
+}
+
+/// Writes the synthetic checkpoint described by `opts` (and `tokenizer.json` if given).
+pub fn synth(
+    opts: &SynthOptions,
+    tokenizer_json: Option<&[u8]>,
+) -> Result<SynthSummary, CheckpointError> {
+    let t0 = Instant::now();
+    let cfg = synth_config(opts)?;
+    let inv_opts = opts.format.into();
+    let groups: Vec<Group> = logical_inventory(&cfg)
+        .into_iter()
+        .map(|lt| Group {
+            storage: linear_storage(&cfg, inv_opts, lt.role),
+            stored: expand(&cfg, inv_opts, &lt),
+            lt,
+        })
+        .collect();
+    if opts.shards == 0 || opts.shards > groups.len() {
+        return Err(CheckpointError::SynthOption {
+            field: "shards",
+            expected: format!("1..={} for this config", groups.len()),
+            found: opts.shards.to_string(),
+        });
+    }
+    let dir = &opts.out;
+    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    remove_stale(dir)?;
+    let n = opts.shards;
+    let sizes: Vec<u64> = groups.iter().map(|g| g.bytes()).collect();
+    let shard_of = assign_shards(&sizes, n);
+    let file_name = |s: usize| shard_file_name(s, n);
+    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let mut files = Vec::with_capacity(n);
+    let mut weight_map = serde_json::Map::new();
+    let mut gi = 0;
+    for s in 0..n {
+        let end = shard_of.iter().rposition(|&x| x == s).map_or(gi, |e| e + 1);
+        let members = &groups[gi..end];
+        let specs: Vec<ExpectedTensor> = members.iter().flat_map(|g| g.stored.clone()).collect();
+        for t in &specs {
+            weight_map.insert(t.name.clone(), file_name(s).into());
+        }
+        let path = dir.join(file_name(s));
+        let mut w = SafetensorsWriter::create(&path, specs, &metadata)?;
+        let mut k = 0;
+        while k < members.len() {
+            if members[k].streamed() {
+                write_streamed(&cfg, opts.seed, &members[k], &mut w)?;
+                k += 1;
+                continue;
+            }
+            let mut j = k;
+            let mut elems = 0;
+            while j < members.len() && !members[j].streamed() && (j == k || elems < WINDOW_ELEMS) {
+                elems += members[j].numel();
+                j += 1;
+            }
+            let encoded: Vec<_> = members[k..j]
+                .par_iter()
+                .map(|g| encode(&cfg, opts.seed, g))
+                .collect();
+            for (g, bytes) in members[k..j].iter().zip(encoded) {
+                for (t, b) in g.stored.iter().zip(bytes?) {
+                    w.write(&t.name, &b)?;
+                }
+            }
+            k = j;
+        }
+        files.push(w.finish()?);
+        gi = end;
+    }
+    let payload_bytes: u64 = groups.iter().map(|g| g.bytes()).sum();
+    if n > 1 {
+        let index = serde_json::json!({
+            "metadata": {"total_size": payload_bytes},
+            "weight_map": weight_map,
+        });
+        write_file(
+            &dir.join(INDEX_FILE),
+            serde_json::to_string_pretty(&index)
+                .expect("json")
+                .as_bytes(),
+        )?;
+    }
+    write_file(&dir.join("config.json"), cfg.to_json_string().as_bytes())?;
+    if let Some(tok) = tokenizer_json {
+        write_file(&dir.join("tokenizer.json"), tok)?;
+    }
+    Ok(SynthSummary {
+        dir: dir.clone(),
+        format: opts.format,
+        tensors: groups.iter().map(|g| g.stored.len()).sum(),
+        payload_bytes,
+        files,
+        seconds: t0.elapsed().as_secs_f64(),
+        config: cfg,
+    })
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    std::fs::write(path, bytes).map_err(|e| CheckpointError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_and_experts_options_shape_the_config() {
+        let mut o = SynthOptions::new(Preset::Flash, WeightFormat::Official, "x");
+        o.layers = Some(4);
+        o.experts = Some(16);
+        let c = synth_config(&o).unwrap();
+        assert_eq!(c.num_hidden_layers, 4);
+        assert_eq!(c.compress_ratios, vec![0, 0, 4, 128, 0]);
+        assert_eq!(c.num_hash_layers, 3);
+        assert_eq!((c.n_routed_experts, c.num_experts_per_tok), (16, 6));
+        assert!(c.is_fp8() && c.experts_fp4());
+        o.format = WeightFormat::Bf16;
+        o.experts = Some(4);
+        let c = synth_config(&o).unwrap();
+        assert!(!c.is_fp8() && c.expert_dtype.is_none());
+        assert_eq!(c.num_experts_per_tok, 4);
+    }
+
+    #[test]
+    fn zero_layers_and_planted_are_clear_errors() {
+        let mut o = SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, "x");
+        o.layers = Some(0);
+        let msg = synth_config(&o).unwrap_err().to_string();
+        assert!(
+            msg.contains("layers") && msg.contains("1..=4") && msg.contains("found 0"),
+            "{msg}"
+        );
+        o.layers = None;
+        o.preset = Preset::Planted;
+        let msg = synth_config(&o).unwrap_err().to_string();
+        assert!(
+            msg.contains("planted") && msg.contains("not implemented yet"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! `needlescope sweep`: the grid lengths x depths x index profiles x top-k, one probe per cell,
+//! records appended and flushed to `cells.csv` / `layers.csv` / `attention.csv` so an
+//! interrupted sweep resumes by skipping finished cells (design.md 6).
+
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::values::{parse_positive, parse_token_count, DepthList};
+use super::{DeviceChoice, NotImplemented};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+
+#[derive(Args, Debug, Clone)]
+pub struct SweepArgs {
+    /// Model directory: config.json, safetensors, tokenizer.json
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+
+    /// Scenario: a built-in name (passkey, ...) or a scenario TOML file
+    #[arg(long, value_name = "NAME|FILE", default_value = "passkey")]
+    pub scenario: String,
+
+    /// Prompt lengths in tokens, comma list (k = 1024, m = 1048576)
+    #[arg(long, value_name = "TOKENS", value_delimiter = ',', value_parser = parse_token_count, default_value = "2k,4k,8k,16k,32k")]
+    pub lengths: Vec<usize>,
+
+    /// Needle depths in percent: a comma list (10,50,90) or start:stop:step (0:100:10)
+    #[arg(long, value_name = "PCTS", default_value = "0:100:10")]
+    pub depths: DepthList,
+
+    /// Driving index profiles, comma list: exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k
+    #[arg(
+        long,
+        value_name = "PROFILES",
+        value_delimiter = ',',
+        default_value = "fp8"
+    )]
+    pub index: Vec<IndexProfile>,
+
+    /// Top-k values, comma list [default: the config's index_topk]
+    #[arg(long, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
+    pub topk: Vec<usize>,
+
+    /// Main KV rounding: exact or fp8
+    #[arg(long, value_name = "MODE", default_value = "fp8")]
+    pub kv: KvMode,
+
+    /// Prompts per cell (different haystack seeds)
+    #[arg(long, value_name = "N", value_parser = parse_positive, default_value = "1")]
+    pub samples: usize,
+
+    /// Report directory (created; an existing one is resumed) [default: reports/<scenario>-<time>]
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// Prefill chunk in tokens
+    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    pub chunk: usize,
+
+    /// Backend
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    pub device: DeviceChoice,
+}
+
+pub fn run(_args: &SweepArgs, _out: &mut dyn Write) -> anyhow::Result<()> {
+    Err(NotImplemented {
+        command: "sweep",
+        why: "the forward engine, the probe and the report writer have not landed",
+    }
+    .into())
+}

@@ -1,0 +1,142 @@
+//! `needlescope synth`: writes a deterministic synthetic checkpoint in the official tensor
+//! names and formats (design.md 7) and prints what it wrote.
+
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::values::parse_positive;
+use super::{group_digits, human_bytes, NotImplemented};
+use crate::checkpoint::synth::{synth, Preset, SynthOptions};
+use crate::checkpoint::WeightFormat;
+
+/// Which synthetic model (`--preset`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PresetArg {
+    /// Every component of the architecture at toy size (a few MB)
+    Tiny,
+    /// The demo model: real vocabulary, the needle ranked high with a controlled margin
+    Planted,
+    /// Real DeepSeek-V4-Flash dimensions and formats (use --layers/--experts to shrink)
+    Flash,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SynthArgs {
+    /// Which synthetic model
+    #[arg(long, value_enum, default_value_t = PresetArg::Tiny)]
+    pub preset: PresetArg,
+
+    /// Weight format: bf16 (no scales), official (fp8 blocks + fp4 experts), nvfp4
+    #[arg(long, value_name = "bf16|official|nvfp4", default_value = "official")]
+    pub format: WeightFormat,
+
+    /// Output directory (created; our earlier files in it are replaced)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+
+    /// Seed of the portable PRNG (same seed, same bytes on every platform)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Number of safetensors shards (more than 1 adds model.safetensors.index.json)
+    #[arg(long, value_name = "N", value_parser = parse_positive, default_value = "1")]
+    pub shards: usize,
+
+    /// Keep only the first N main layers of the preset's schedule
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    pub layers: Option<usize>,
+
+    /// Routed experts per layer
+    #[arg(long, value_name = "N", value_parser = parse_positive)]
+    pub experts: Option<usize>,
+
+    /// planted only: score margin of the needle over the best distractor
+    #[arg(long, value_name = "X")]
+    pub margin: Option<f64>,
+}
+
+pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let preset = match args.preset {
+        PresetArg::Tiny => Preset::Tiny,
+        PresetArg::Flash => Preset::Flash,
+        PresetArg::Planted => {
+            return Err(NotImplemented {
+                command: "synth --preset planted",
+                why: "the planted demo model has not landed; --preset tiny and flash work",
+            }
+            .into())
+        }
+    };
+    if args.margin.is_some() {
+        anyhow::bail!("--margin applies to --preset planted only");
+    }
+    let opts = SynthOptions {
+        preset,
+        format: args.format,
+        seed: args.seed,
+        shards: args.shards,
+        layers: args.layers,
+        experts: args.experts,
+        out: args.out.clone(),
+    };
+    let s = synth(&opts, None)
+        .map_err(anyhow::Error::from)
+        .map_err(|e| e.context(format!("synth into {} failed", args.out.display())))?;
+    writeln!(
+        out,
+        "wrote {}: {} preset, {} format, seed {}",
+        s.dir.display(),
+        preset_name(args.preset),
+        s.format,
+        args.seed
+    )?;
+    writeln!(out, "  tensors   {}", group_digits(s.tensors as u64))?;
+    writeln!(
+        out,
+        "  bytes     {} payload ({})",
+        group_digits(s.payload_bytes),
+        human_bytes(s.payload_bytes)
+    )?;
+    let names: Vec<String> = s
+        .files
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| f.display().to_string())
+        })
+        .collect();
+    let shown = if names.len() > 4 {
+        format!("{}, ..., {}", names[..2].join(", "), names[names.len() - 1])
+    } else {
+        names.join(", ")
+    };
+    writeln!(
+        out,
+        "  files     {} safetensors ({shown}) + config.json{}",
+        names.len(),
+        if names.len() > 1 {
+            " + model.safetensors.index.json"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(
+        out,
+        "  time      {:.2} s ({:.1} MB/s)",
+        s.seconds,
+        s.mb_per_s()
+    )?;
+    writeln!(out, "  schedule  {}", s.config.schedule_summary())?;
+    writeln!(out, "next: needlescope inspect --model {}", s.dir.display())?;
+    Ok(())
+}
+
+fn preset_name(p: PresetArg) -> &'static str {
+    match p {
+        PresetArg::Tiny => "tiny",
+        PresetArg::Planted => "planted",
+        PresetArg::Flash => "flash",
+    }
+}

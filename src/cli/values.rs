@@ -1,0 +1,195 @@
+//! Flag value syntax shared by several subcommands: token counts (`16k`), depth lists
+//! (`0:100:10`), probed positions (`all|last|LIST`), GPU architectures (`sm_90`).
+//!
+//! Each parser returns `Err(String)` describing the expected form; clap prefixes it with the flag
+//! and the offending value ("invalid value '12q' for '--length <LENGTH>': expected ..."), and
+//! exits with the usage code 2.
+
+/// Token counts: a plain integer, or an integer with a binary suffix `k` (x1024) or `m`
+/// (x1048576), case-insensitive. `16k` = 16,384 and `1m` = 1,048,576, matching the powers of
+/// two that context lengths are quoted in (V4's 1m context is 1,048,576 positions).
+pub fn parse_token_count(s: &str) -> Result<usize, String> {
+    const FORM: &str =
+        "expected a token count such as 16000, 16k or 1m (k = 1024, m = 1048576; no fractions)";
+    let t = s.trim();
+    let (digits, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1024usize),
+        Some((i, 'm' | 'M')) => (&t[..i], 1024 * 1024),
+        _ => (t, 1),
+    };
+    let digits = digits.replace('_', "");
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(FORM.to_string());
+    }
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{FORM}; {t:?} is too large"))?;
+    let n = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{FORM}; {t:?} is too large"))?;
+    if n == 0 {
+        return Err(format!("{FORM}; it must be positive"));
+    }
+    Ok(n)
+}
+
+/// A positive integer (top-k values, sample counts, shard counts).
+pub fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("expected a positive integer, found 0".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("expected a positive integer such as 512".into()),
+    }
+}
+
+/// A needle depth in percent of the haystack, 0..=100 (fractions allowed: `12.5`).
+pub fn parse_depth(s: &str) -> Result<f64, String> {
+    const FORM: &str = "expected a depth in percent between 0 and 100, e.g. 40 or 12.5";
+    let v: f64 = s.trim().parse().map_err(|_| FORM.to_string())?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("{FORM}; found {v}"));
+    }
+    Ok(v)
+}
+
+/// `--depths`: a comma list of percentages (`10,50,90`) or an inclusive range
+/// `start:stop:step` (`0:100:10` = 0, 10, ..., 100).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DepthList(pub Vec<f64>);
+
+impl std::str::FromStr for DepthList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        const FORM: &str = "expected a comma list of percentages (10,50,90) or start:stop:step (0:100:10), each between 0 and 100";
+        let s = s.trim();
+        if s.contains(':') {
+            let parts: Vec<&str> = s.split(':').collect();
+            if parts.len() != 3 {
+                return Err(FORM.into());
+            }
+            let num = |p: &str| -> Result<f64, String> {
+                let v: f64 = p
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{FORM}; {p:?} is not a number"))?;
+                if !(0.0..=100.0).contains(&v) {
+                    return Err(format!("{FORM}; {v} is outside 0..100"));
+                }
+                Ok(v)
+            };
+            let (start, stop) = (num(parts[0])?, num(parts[1])?);
+            let step: f64 = parts[2]
+                .trim()
+                .parse()
+                .map_err(|_| format!("{FORM}; step {:?} is not a number", parts[2]))?;
+            if !(step > 0.0 && step.is_finite()) {
+                return Err(format!("{FORM}; the step must be positive"));
+            }
+            if stop < start {
+                return Err(format!("{FORM}; stop {stop} is below start {start}"));
+            }
+            let n = ((stop - start) / step + 1e-9).floor() as usize;
+            Ok(DepthList(
+                (0..=n).map(|i| start + step * i as f64).collect(),
+            ))
+        } else {
+            let v = s
+                .split(',')
+                .map(|p| parse_depth(p).map_err(|e| format!("{e} (in list {s:?})")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(DepthList(v))
+        }
+    }
+}
+
+/// `--positions` of `trace`: which query positions to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Positions {
+    /// Every token of the input.
+    All,
+    /// The last input token only.
+    Last,
+    /// Explicit 0-based positions, ascending, deduplicated.
+    List(Vec<usize>),
+}
+
+impl std::str::FromStr for Positions {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        const FORM: &str =
+            "expected `all`, `last` or a comma list of 0-based token positions such as 0,17,4095";
+        match s.trim() {
+            "all" => Ok(Positions::All),
+            "last" => Ok(Positions::Last),
+            list => {
+                let mut v = list
+                    .split(',')
+                    .map(|p| p.trim().parse::<usize>().map_err(|_| FORM.to_string()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                v.sort_unstable();
+                v.dedup();
+                Ok(Positions::List(v))
+            }
+        }
+    }
+}
+
+/// An NVRTC target architecture, `sm_XY` (`sm_90`, `sm_120`).
+pub fn parse_arch(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    match t.strip_prefix("sm_") {
+        Some(d) if !d.is_empty() && d.len() <= 3 && d.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(t.to_string())
+        }
+        _ => Err("expected a GPU architecture such as sm_90 or sm_120".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_counts_use_binary_suffixes() {
+        assert_eq!(parse_token_count("16000"), Ok(16000));
+        assert_eq!(parse_token_count("16k"), Ok(16384));
+        assert_eq!(parse_token_count("128K"), Ok(131072));
+        assert_eq!(parse_token_count("1m"), Ok(1 << 20));
+        assert!(parse_token_count("12q").unwrap_err().contains("16k"));
+        assert!(parse_token_count("k").is_err());
+        assert!(parse_token_count("0").is_err());
+        assert!(parse_token_count("1.5k").is_err());
+        assert!(parse_token_count("99999999999999999999m").is_err());
+    }
+
+    #[test]
+    fn depth_ranges_include_the_stop() {
+        let d: DepthList = "0:100:10".parse().unwrap();
+        assert_eq!(d.0.len(), 11);
+        assert_eq!(d.0[10], 100.0);
+        let d: DepthList = "10,50,90".parse().unwrap();
+        assert_eq!(d.0, vec![10.0, 50.0, 90.0]);
+        assert!("0:120:10".parse::<DepthList>().is_err());
+        assert!("0:100:0".parse::<DepthList>().is_err());
+        assert!("50:10:5".parse::<DepthList>().is_err());
+        assert!("1:2".parse::<DepthList>().is_err());
+    }
+
+    #[test]
+    fn positions_accept_all_last_and_lists() {
+        assert_eq!("all".parse::<Positions>(), Ok(Positions::All));
+        assert_eq!("last".parse::<Positions>(), Ok(Positions::Last));
+        assert_eq!(
+            "5,1,5".parse::<Positions>(),
+            Ok(Positions::List(vec![1, 5]))
+        );
+        assert!("first".parse::<Positions>().is_err());
+    }
+
+    #[test]
+    fn arches_look_like_sm_xy() {
+        assert_eq!(parse_arch("sm_90"), Ok("sm_90".into()));
+        assert!(parse_arch("sm90").is_err());
+        assert!(parse_arch("sm_").is_err());
+    }
+}

@@ -1,0 +1,726 @@
+//! `ModelConfig`: the DeepSeek-V4 architecture as read from a checkpoint's `config.json`,
+//! validated once at load (spec/model.md section 1).
+//!
+//! Accepts the HF-style config shipped with DeepSeek-V4-Flash (44-entry `compress_ratios` whose
+//! trailing entries belong to the MTP layer(s), top-level `expert_dtype`, `quantization_config`,
+//! `rope_scaling`, `compress_rope_theta`) and V4-Pro. Unknown keys are ignored (the 0731 release
+//! adds `dspark_*` keys). Every check names the field, the value found and what was expected.
+//! Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
+//! so there is one source of truth for the layer schedule.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Errors from reading or validating `config.json`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path} is not valid JSON for a DeepSeek-V4 config: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("config {path}: field `{field}` is {found}, expected {expected}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        found: String,
+        expected: String,
+    },
+}
+
+/// YaRN parameters (`rope_scaling`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeScaling {
+    #[serde(rename = "type", alias = "rope_type", default = "default_yarn")]
+    pub kind: String,
+    pub factor: f64,
+    pub original_max_position_embeddings: u64,
+    #[serde(default = "default_beta_fast")]
+    pub beta_fast: f64,
+    #[serde(default = "default_beta_slow")]
+    pub beta_slow: f64,
+}
+
+fn default_yarn() -> String {
+    "yarn".into()
+}
+fn default_beta_fast() -> f64 {
+    32.0
+}
+fn default_beta_slow() -> f64 {
+    1.0
+}
+
+/// `quantization_config` of the official FP8 release (absent for bf16 checkpoints).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuantizationConfig {
+    #[serde(default)]
+    pub activation_scheme: Option<String>,
+    #[serde(default)]
+    pub fmt: Option<String>,
+    #[serde(default)]
+    pub quant_method: Option<String>,
+    #[serde(default)]
+    pub scale_fmt: Option<String>,
+    #[serde(default)]
+    pub weight_block_size: Option<Vec<usize>>,
+}
+
+/// The attention type of one layer, from its compress ratio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LayerKind {
+    /// ratio 0: sliding window only.
+    Swa,
+    /// ratio 4: overlapping compressor + lightning indexer.
+    Csa,
+    /// ratio 128: non-overlapping compressor, every row visible.
+    Hca,
+}
+
+impl LayerKind {
+    pub fn from_ratio(ratio: usize) -> Option<Self> {
+        match ratio {
+            0 => Some(LayerKind::Swa),
+            4 => Some(LayerKind::Csa),
+            128 => Some(LayerKind::Hca),
+            _ => None,
+        }
+    }
+    pub fn ratio(self) -> usize {
+        match self {
+            LayerKind::Swa => 0,
+            LayerKind::Csa => 4,
+            LayerKind::Hca => 128,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Swa => "swa",
+            LayerKind::Csa => "csa",
+            LayerKind::Hca => "hca",
+        }
+    }
+}
+
+/// How the MoE of one layer picks its experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RouterKind {
+    /// Fixed experts per input token id (`ffn.gate.tid2eid`).
+    Hash,
+    /// Top-k of sqrtsoftplus scores plus a selection-only bias (`ffn.gate.bias`).
+    Score,
+}
+
+/// The validated model configuration. Field names follow config.json.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default = "one")]
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub index_n_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    pub n_routed_experts: usize,
+    pub num_experts_per_tok: usize,
+    #[serde(default = "one")]
+    pub n_shared_experts: usize,
+    pub moe_intermediate_size: usize,
+    pub num_hash_layers: usize,
+    #[serde(default)]
+    pub num_nextn_predict_layers: usize,
+    pub hc_mult: usize,
+    pub hc_sinkhorn_iters: usize,
+    pub hc_eps: f64,
+    pub rms_norm_eps: f64,
+    pub sliding_window: usize,
+    pub rope_theta: f64,
+    pub compress_rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub routed_scaling_factor: f64,
+    pub scoring_func: String,
+    pub swiglu_limit: f64,
+    #[serde(default = "yes")]
+    pub norm_topk_prob: bool,
+    #[serde(default)]
+    pub topk_method: Option<String>,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub bos_token_id: u32,
+    #[serde(default = "one_u32")]
+    pub eos_token_id: u32,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub expert_dtype: Option<String>,
+    #[serde(default)]
+    pub quantization_config: Option<QuantizationConfig>,
+    pub compress_ratios: Vec<usize>,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub torch_dtype: Option<String>,
+}
+
+fn default_model_type() -> String {
+    "deepseek_v4".into()
+}
+fn default_act() -> String {
+    "silu".into()
+}
+fn default_max_pos() -> usize {
+    1 << 20
+}
+fn one() -> usize {
+    1
+}
+fn one_u32() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+impl ModelConfig {
+    /// Reads `config.json` from a file or from a model directory, then validates it.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let path = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path.to_path_buf()
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Self::from_json_str(&text, &path)
+    }
+
+    /// Parses and validates config text; `path` is only used in error messages.
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: ModelConfig = serde_json::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Serialises back to pretty JSON (what `synth` writes).
+    pub fn to_json_string(&self) -> String {
+        serde_json::to_string_pretty(self).expect("config serialises")
+    }
+
+    /// Checks every structural assumption the engine makes.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |field: &str, found: String, expected: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            found,
+            expected: expected.to_string(),
+        };
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("head_dim", self.head_dim),
+            ("q_lora_rank", self.q_lora_rank),
+            ("o_groups", self.o_groups),
+            ("o_lora_rank", self.o_lora_rank),
+            ("index_n_heads", self.index_n_heads),
+            ("index_head_dim", self.index_head_dim),
+            ("index_topk", self.index_topk),
+            ("n_routed_experts", self.n_routed_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("hc_mult", self.hc_mult),
+            ("hc_sinkhorn_iters", self.hc_sinkhorn_iters),
+            ("sliding_window", self.sliding_window),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(bad(field, "0".into(), "a positive integer"));
+            }
+        }
+        if self.num_key_value_heads != 1 {
+            return Err(bad(
+                "num_key_value_heads",
+                self.num_key_value_heads.to_string(),
+                "1 (DeepSeek-V4 shares one KV head)",
+            ));
+        }
+        if self.qk_rope_head_dim == 0
+            || self.qk_rope_head_dim % 2 != 0
+            || self.qk_rope_head_dim > self.head_dim
+        {
+            return Err(bad(
+                "qk_rope_head_dim",
+                self.qk_rope_head_dim.to_string(),
+                &format!("an even number in 2..={} (head_dim)", self.head_dim),
+            ));
+        }
+        if self.qk_rope_head_dim >= self.index_head_dim {
+            return Err(bad(
+                "index_head_dim",
+                self.index_head_dim.to_string(),
+                &format!(
+                    "larger than qk_rope_head_dim = {} (the indexer ropes its last qk_rope_head_dim dims)",
+                    self.qk_rope_head_dim
+                ),
+            ));
+        }
+        if !self.index_head_dim.is_power_of_two() {
+            return Err(bad(
+                "index_head_dim",
+                self.index_head_dim.to_string(),
+                "a power of two (the Hadamard rotation spans the index head)",
+            ));
+        }
+        if self.num_attention_heads % self.o_groups != 0 {
+            return Err(bad(
+                "o_groups",
+                self.o_groups.to_string(),
+                &format!(
+                    "a divisor of num_attention_heads = {}",
+                    self.num_attention_heads
+                ),
+            ));
+        }
+        if self.num_experts_per_tok > self.n_routed_experts {
+            return Err(bad(
+                "num_experts_per_tok",
+                self.num_experts_per_tok.to_string(),
+                &format!("at most n_routed_experts = {}", self.n_routed_experts),
+            ));
+        }
+        if self.n_shared_experts > 1 {
+            return Err(bad(
+                "n_shared_experts",
+                self.n_shared_experts.to_string(),
+                "0 or 1",
+            ));
+        }
+        if self.num_hash_layers > self.num_hidden_layers {
+            return Err(bad(
+                "num_hash_layers",
+                self.num_hash_layers.to_string(),
+                &format!("at most num_hidden_layers = {}", self.num_hidden_layers),
+            ));
+        }
+        if self.hc_mult != 4 {
+            return Err(bad(
+                "hc_mult",
+                self.hc_mult.to_string(),
+                "4 (mHC with 4 residual streams; (2+n)*n = 24 coefficients)",
+            ));
+        }
+        if self.scoring_func != "sqrtsoftplus" {
+            return Err(bad(
+                "scoring_func",
+                format!("{:?}", self.scoring_func),
+                "\"sqrtsoftplus\"",
+            ));
+        }
+        if self.hidden_act != "silu" {
+            return Err(bad(
+                "hidden_act",
+                format!("{:?}", self.hidden_act),
+                "\"silu\"",
+            ));
+        }
+        if self.tie_word_embeddings {
+            return Err(bad(
+                "tie_word_embeddings",
+                "true".into(),
+                "false (V4 has separate embed and head)",
+            ));
+        }
+        let want = self.num_hidden_layers + self.num_nextn_predict_layers;
+        if self.compress_ratios.len() != want && self.compress_ratios.len() != self.num_hidden_layers
+        {
+            return Err(bad(
+                "compress_ratios",
+                format!("a list of {} entries", self.compress_ratios.len()),
+                &format!(
+                    "{} entries (num_hidden_layers {} + num_nextn_predict_layers {})",
+                    want, self.num_hidden_layers, self.num_nextn_predict_layers
+                ),
+            ));
+        }
+        for (i, &r) in self.compress_ratios.iter().enumerate() {
+            if LayerKind::from_ratio(r).is_none() {
+                return Err(bad(
+                    &format!("compress_ratios[{i}]"),
+                    r.to_string(),
+                    "one of 0, 4, 128",
+                ));
+            }
+        }
+        if let Some(ed) = &self.expert_dtype {
+            if ed != "fp4" && ed != "fp8" && ed != "bf16" {
+                return Err(bad(
+                    "expert_dtype",
+                    format!("{ed:?}"),
+                    "\"fp4\", \"fp8\" or \"bf16\"",
+                ));
+            }
+        }
+        if let Some(q) = &self.quantization_config {
+            if let Some(b) = &q.weight_block_size {
+                if b.len() != 2 || b[0] == 0 || b[1] == 0 {
+                    return Err(bad(
+                        "quantization_config.weight_block_size",
+                        format!("{b:?}"),
+                        "two positive integers, e.g. [128, 128]",
+                    ));
+                }
+            }
+        }
+        if let Some(rs) = &self.rope_scaling {
+            if rs.kind != "yarn" {
+                return Err(bad(
+                    "rope_scaling.type",
+                    format!("{:?}", rs.kind),
+                    "\"yarn\"",
+                ));
+            }
+            if rs.factor < 1.0 {
+                return Err(bad(
+                    "rope_scaling.factor",
+                    rs.factor.to_string(),
+                    "at least 1",
+                ));
+            }
+        }
+        for (field, v) in [
+            ("rope_theta", self.rope_theta),
+            ("compress_rope_theta", self.compress_rope_theta),
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("routed_scaling_factor", self.routed_scaling_factor),
+            ("swiglu_limit", self.swiglu_limit),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(field, v.to_string(), "a finite positive number"));
+            }
+        }
+        if !(self.hc_eps.is_finite() && self.hc_eps >= 0.0) {
+            return Err(bad("hc_eps", self.hc_eps.to_string(), "a finite number >= 0"));
+        }
+        Ok(())
+    }
+
+    /// Attention type of main layer `layer` (0-based).
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        LayerKind::from_ratio(self.compress_ratios[layer]).expect("validated")
+    }
+
+    /// Attention type of MTP layer `i`, if the config lists it (sliding otherwise).
+    pub fn mtp_layer_kind(&self, i: usize) -> LayerKind {
+        self.compress_ratios
+            .get(self.num_hidden_layers + i)
+            .and_then(|&r| LayerKind::from_ratio(r))
+            .unwrap_or(LayerKind::Swa)
+    }
+
+    pub fn router_kind(&self, layer: usize) -> RouterKind {
+        if layer < self.num_hash_layers {
+            RouterKind::Hash
+        } else {
+            RouterKind::Score
+        }
+    }
+
+    /// Main layers of a given kind, ascending.
+    pub fn layers_of_kind(&self, kind: LayerKind) -> Vec<usize> {
+        (0..self.num_hidden_layers)
+            .filter(|&l| self.layer_kind(l) == kind)
+            .collect()
+    }
+
+    /// Non-RoPE dims at the front of each main head (448 on Flash).
+    pub fn nope_head_dim(&self) -> usize {
+        self.head_dim - self.qk_rope_head_dim
+    }
+
+    /// Non-RoPE dims at the front of each index head (64 on Flash).
+    pub fn index_nope_dim(&self) -> usize {
+        self.index_head_dim - self.qk_rope_head_dim
+    }
+
+    /// Heads per output group of the grouped `wo_a` projection.
+    pub fn heads_per_group(&self) -> usize {
+        self.num_attention_heads / self.o_groups
+    }
+
+    /// Whether routed experts are stored as FP4 in the official format.
+    pub fn experts_fp4(&self) -> bool {
+        self.expert_dtype.as_deref() == Some("fp4")
+    }
+
+    /// Whether non-expert linears are FP8 block-quantised.
+    pub fn is_fp8(&self) -> bool {
+        self.quantization_config
+            .as_ref()
+            .and_then(|q| q.quant_method.as_deref())
+            == Some("fp8")
+    }
+
+    /// FP8 weight block size (128x128 on the official release).
+    pub fn weight_block(&self) -> (usize, usize) {
+        self.quantization_config
+            .as_ref()
+            .and_then(|q| q.weight_block_size.clone())
+            .map(|b| (b[0], b[1]))
+            .unwrap_or((128, 128))
+    }
+
+    /// A short human summary ("43 layers: 2 SWA, 21 CSA, 20 HCA; 3 hash + 40 score routers").
+    pub fn schedule_summary(&self) -> String {
+        let swa = self.layers_of_kind(LayerKind::Swa).len();
+        let csa = self.layers_of_kind(LayerKind::Csa).len();
+        let hca = self.layers_of_kind(LayerKind::Hca).len();
+        format!(
+            "{} layers: {} SWA, {} CSA, {} HCA; {} hash + {} score routers; {} MTP",
+            self.num_hidden_layers,
+            swa,
+            csa,
+            hca,
+            self.num_hash_layers,
+            self.num_hidden_layers - self.num_hash_layers,
+            self.num_nextn_predict_layers
+        )
+    }
+
+    /// SHA-256 of the canonical JSON of this config, to tie results to a model.
+    pub fn hash_hex(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(serde_json::to_vec(self).expect("config serialises"));
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The DeepSeek-V4-Flash config (spec/model.md 1.1), exactly as released.
+    pub fn flash() -> Self {
+        let mut ratios = vec![0, 0];
+        for _ in 0..20 {
+            ratios.extend([4, 128]);
+        }
+        ratios.extend([4, 0]);
+        ModelConfig {
+            architectures: vec!["DeepseekV4ForCausalLM".into()],
+            model_type: "deepseek_v4".into(),
+            vocab_size: 129280,
+            hidden_size: 4096,
+            num_hidden_layers: 43,
+            num_attention_heads: 64,
+            num_key_value_heads: 1,
+            head_dim: 512,
+            qk_rope_head_dim: 64,
+            q_lora_rank: 1024,
+            o_groups: 8,
+            o_lora_rank: 1024,
+            index_n_heads: 64,
+            index_head_dim: 128,
+            index_topk: 512,
+            n_routed_experts: 256,
+            num_experts_per_tok: 6,
+            n_shared_experts: 1,
+            moe_intermediate_size: 2048,
+            num_hash_layers: 3,
+            num_nextn_predict_layers: 1,
+            hc_mult: 4,
+            hc_sinkhorn_iters: 20,
+            hc_eps: 1e-6,
+            rms_norm_eps: 1e-6,
+            sliding_window: 128,
+            rope_theta: 10000.0,
+            compress_rope_theta: 160000.0,
+            rope_scaling: Some(RopeScaling {
+                kind: "yarn".into(),
+                factor: 16.0,
+                original_max_position_embeddings: 65536,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            }),
+            routed_scaling_factor: 1.5,
+            scoring_func: "sqrtsoftplus".into(),
+            swiglu_limit: 10.0,
+            norm_topk_prob: true,
+            topk_method: Some("noaux_tc".into()),
+            max_position_embeddings: 1048576,
+            bos_token_id: 0,
+            eos_token_id: 1,
+            tie_word_embeddings: false,
+            expert_dtype: Some("fp4".into()),
+            quantization_config: Some(QuantizationConfig {
+                activation_scheme: Some("dynamic".into()),
+                fmt: Some("e4m3".into()),
+                quant_method: Some("fp8".into()),
+                scale_fmt: Some("ue8m0".into()),
+                weight_block_size: Some(vec![128, 128]),
+            }),
+            compress_ratios: ratios,
+            hidden_act: "silu".into(),
+            torch_dtype: Some("bfloat16".into()),
+        }
+    }
+
+    /// The `tiny` synthetic architecture: every component at toy size (see design.md 7).
+    /// Layers: 0 SWA (hash router), 1 CSA (hash router), 2 HCA, 3 CSA (score routers) + 1 MTP.
+    /// Vocabulary 4096 (documented smaller than V4's 129,280 to keep the checkpoint at a few MB);
+    /// 16 index heads so exact top-k ties are rare; top-k 8 so selection matters early.
+    pub fn tiny() -> Self {
+        let mut c = Self::flash();
+        c.vocab_size = 4096;
+        c.hidden_size = 64;
+        c.num_hidden_layers = 4;
+        c.compress_ratios = vec![0, 4, 128, 4, 0];
+        c.num_nextn_predict_layers = 1;
+        c.num_attention_heads = 4;
+        c.head_dim = 64;
+        c.qk_rope_head_dim = 16;
+        c.q_lora_rank = 32;
+        c.o_groups = 2;
+        c.o_lora_rank = 32;
+        c.index_n_heads = 16;
+        c.index_head_dim = 32;
+        c.index_topk = 8;
+        c.n_routed_experts = 8;
+        c.num_experts_per_tok = 2;
+        c.moe_intermediate_size = 32;
+        c.num_hash_layers = 2;
+        c.expert_dtype = None;
+        c.quantization_config = None;
+        c
+    }
+}
+
+/// Test-only and synth helper: a config JSON value that callers may mutate to produce
+/// invalid inputs.
+pub fn flash_config_json() -> serde_json::Value {
+    serde_json::to_value(ModelConfig::flash()).expect("config serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flash_schedule_has_2_swa_21_csa_20_hca() {
+        let c = ModelConfig::flash();
+        c.validate(Path::new("flash")).unwrap();
+        assert_eq!(c.layers_of_kind(LayerKind::Swa), vec![0, 1]);
+        assert_eq!(c.layers_of_kind(LayerKind::Csa).len(), 21);
+        assert_eq!(c.layers_of_kind(LayerKind::Hca).len(), 20);
+        assert_eq!(c.layer_kind(2), LayerKind::Csa);
+        assert_eq!(c.layer_kind(3), LayerKind::Hca);
+        assert_eq!(c.layer_kind(42), LayerKind::Csa);
+        assert_eq!(c.mtp_layer_kind(0), LayerKind::Swa);
+        assert_eq!(c.router_kind(2), RouterKind::Hash);
+        assert_eq!(c.router_kind(3), RouterKind::Score);
+        assert_eq!(c.compress_ratios.len(), 44);
+    }
+
+    #[test]
+    fn tiny_has_every_layer_and_router_kind() {
+        let c = ModelConfig::tiny();
+        c.validate(Path::new("tiny")).unwrap();
+        let kinds: Vec<_> = (0..4).map(|l| c.layer_kind(l)).collect();
+        assert_eq!(
+            kinds,
+            vec![LayerKind::Swa, LayerKind::Csa, LayerKind::Hca, LayerKind::Csa]
+        );
+        assert_eq!(c.router_kind(1), RouterKind::Hash);
+        assert_eq!(c.router_kind(2), RouterKind::Score);
+        assert!(c.index_n_heads >= 16);
+    }
+
+    #[test]
+    fn config_round_trips_through_json() {
+        let c = ModelConfig::flash();
+        let back = ModelConfig::from_json_str(&c.to_json_string(), Path::new("x")).unwrap();
+        assert_eq!(c, back);
+    }
+
+    #[test]
+    fn bad_ratio_names_field_value_and_expectation() {
+        let mut v = flash_config_json();
+        v["compress_ratios"][5] = serde_json::json!(16);
+        let err = ModelConfig::from_json_str(&v.to_string(), Path::new("cfg.json")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("compress_ratios[5]"), "{msg}");
+        assert!(msg.contains("16"), "{msg}");
+        assert!(msg.contains("0, 4, 128"), "{msg}");
+        assert!(msg.contains("cfg.json"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_ratio_count_is_rejected() {
+        let mut v = flash_config_json();
+        v["compress_ratios"].as_array_mut().unwrap().pop();
+        v["compress_ratios"].as_array_mut().unwrap().pop();
+        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("compress_ratios") && msg.contains("42"), "{msg}");
+    }
+
+    #[test]
+    fn missing_field_is_a_parse_error_naming_it() {
+        let mut v = flash_config_json();
+        v.as_object_mut().unwrap().remove("index_topk");
+        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("index_topk"), "{msg}");
+    }
+
+    #[test]
+    fn rope_dim_larger_than_head_is_rejected() {
+        let mut v = flash_config_json();
+        v["qk_rope_head_dim"] = serde_json::json!(1024);
+        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("qk_rope_head_dim") && msg.contains("1024"), "{msg}");
+    }
+
+    #[test]
+    fn pro_like_config_validates() {
+        let mut c = ModelConfig::flash();
+        c.hidden_size = 7168;
+        c.num_hidden_layers = 61;
+        c.num_attention_heads = 128;
+        c.q_lora_rank = 1536;
+        c.o_groups = 16;
+        c.n_routed_experts = 384;
+        c.moe_intermediate_size = 3072;
+        c.routed_scaling_factor = 2.5;
+        c.index_topk = 1024;
+        let mut r = vec![128, 128];
+        for l in 2..61 {
+            r.push(if l % 2 == 0 { 4 } else { 128 });
+        }
+        r.push(0);
+        c.compress_ratios = r;
+        c.validate(Path::new("pro")).unwrap();
+        assert_eq!(c.layers_of_kind(LayerKind::Csa).len(), 30);
+    }
+}

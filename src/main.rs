@@ -1,0 +1,21 @@
+//! The `needlescope` binary: parse the command line, hand it to the library, map the outcome to
+//! an exit code. Nothing else lives here (everything testable is in `needlescope::cli`).
+//!
+//! Exit codes: 0 success (also when stdout is a closed pipe, e.g. `| head`), 1 any error (the
+//! whole error chain is printed to stderr), 2 a usage error (clap's default: unknown flag, bad
+//! flag value, missing argument).
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = needlescope::cli::Cli::parse();
+    match needlescope::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if needlescope::cli::is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}

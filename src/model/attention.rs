@@ -1,0 +1,264 @@
+//! The attention block of one layer (attention.md 4, 7): SWA, CSA or HCA.
+//!
+//! For the chunk's attention input `x [T, D]` (the attn_norm output) at positions `p0..p0+T`:
+//! 1. query: `qr = q_norm(wq_a · x)` `[T, q_lora]`; `q = wq_b · qr` `[T, H, d]`; per-head RMS
+//!    norm without weight; RoPE on the last `d_r` dims at t;
+//! 2. window KV: `kv = kv_norm(wkv · x)` `[T, d]`, RoPE at t, optional `--kv fp8` rounding of the
+//!    nope dims; key = value (MQA, one KV head);
+//! 3. compressed entries: CSA / HCA rows from the main compressor (`--kv fp8` rounding too);
+//!    CSA picks rows with the indexer, HCA attends every visible row;
+//! 4. one softmax per head over window tokens `[max(0, t-W+1), t]` (chronological) then the
+//!    compressed rows (CSA: indexer order; HCA: ascending), with the sink in the denominator
+//!    only; logit scale `head_dim^-0.5`;
+//! 5. inverse RoPE on the output's last `d_r` dims at the QUERY position t;
+//! 6. grouped `wo_a` (`o_groups` groups of consecutive heads → `o_lora_rank` each), then `wo_b`
+//!    → `[T, D]`.
+//!
+//! Within a chunk every query only sees window tokens `<= t` and rows visible at t, so a chunk
+//! computes exactly what token-by-token decode would.
+
+use super::compressor::{visible_rows, Compressor};
+use super::indexer::{Indexer, IndexerRun};
+use super::observer::{AttentionObservation, Observer};
+use super::rope::RopeTable;
+use super::state::LayerState;
+use super::{load_matrix, EngineError};
+use crate::backend::{AttentionBatch, AttentionProbs, Backend};
+use crate::checkpoint::Checkpoint;
+use crate::config::{LayerKind, ModelConfig};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+
+/// Run-time switches of one attention call and the observer.
+pub struct AttentionRun<'a> {
+    pub layer: usize,
+    pub profile: IndexProfile,
+    pub kv: KvMode,
+    pub topk: usize,
+    pub observer: &'a mut dyn Observer,
+}
+
+/// One layer's attention weights.
+pub struct Attention<M> {
+    kind: LayerKind,
+    wq_a: M,
+    q_norm: Vec<f32>,
+    wq_b: M,
+    wkv: M,
+    kv_norm: Vec<f32>,
+    wo_a: M,
+    wo_b: M,
+    sinks: Vec<f32>,
+    compressor: Option<Compressor<M>>,
+    indexer: Option<Indexer<M>>,
+    rope: RopeTable,
+    heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    groups: usize,
+    window: usize,
+    eps: f32,
+}
+
+impl<M> Attention<M> {
+    /// Loads `layers.{layer}.attn.*`.
+    pub fn load<B: Backend<Matrix = M>>(
+        backend: &B,
+        ckpt: &Checkpoint,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
+        let kind = cfg.layer_kind(layer);
+        let p = format!("layers.{layer}.attn");
+        let (d, h, ql) = (cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank);
+        let hd = cfg.head_dim;
+        let (g, ro) = (cfg.o_groups, cfg.o_lora_rank);
+        let lin = |name: &str, out: usize, inp: usize| {
+            load_matrix(backend, ckpt, &format!("{p}.{name}"), out, inp)
+        };
+        let compressor = match kind {
+            LayerKind::Swa => None,
+            _ => Some(Compressor::load(
+                backend,
+                ckpt,
+                cfg,
+                &format!("{p}.compressor"),
+                kind.ratio(),
+                hd,
+            )?),
+        };
+        let indexer = match kind {
+            LayerKind::Csa => Some(Indexer::load(backend, ckpt, cfg, layer)?),
+            _ => None,
+        };
+        Ok(Attention {
+            kind,
+            wq_a: lin("wq_a", ql, d)?,
+            q_norm: ckpt.f32_tensor(&format!("{p}.q_norm.weight"), &[ql])?,
+            wq_b: lin("wq_b", h * hd, ql)?,
+            wkv: lin("wkv", hd, d)?,
+            kv_norm: ckpt.f32_tensor(&format!("{p}.kv_norm.weight"), &[hd])?,
+            wo_a: lin("wo_a", g * ro, h * hd / g)?,
+            wo_b: lin("wo_b", d, g * ro)?,
+            sinks: ckpt.f32_tensor(&format!("{p}.attn_sink"), &[h])?,
+            compressor,
+            indexer,
+            rope: RopeTable::for_layer(cfg, kind),
+            heads: h,
+            head_dim: hd,
+            rope_dim: cfg.qk_rope_head_dim,
+            groups: g,
+            window: cfg.sliding_window,
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// The attention output `[T, D]` for the chunk `x [T, D]` at positions `first_pos..`.
+    pub fn forward<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        x: &[f32],
+        first_pos: usize,
+        state: &mut LayerState,
+        run: &mut AttentionRun<'_>,
+    ) -> Vec<f32> {
+        let (h, hd) = (self.heads, self.head_dim);
+        let ql = backend.matrix_shape(&self.wq_a).0;
+        let tokens = x.len() / backend.matrix_shape(&self.wq_a).1;
+        let positions: Vec<usize> = (first_pos..first_pos + tokens).collect();
+
+        let mut qr = vec![0.0f32; tokens * ql];
+        backend.matmul(x, &self.wq_a, &mut qr);
+        backend.rms_norm(&mut qr, ql, Some(&self.q_norm), self.eps);
+        let mut q = vec![0.0f32; tokens * h * hd];
+        backend.matmul(&qr, &self.wq_b, &mut q);
+        backend.rms_norm(&mut q, hd, None, self.eps);
+        backend.rope(&self.rope, &mut q, hd, &positions, false);
+
+        let mut kv = vec![0.0f32; tokens * hd];
+        backend.matmul(x, &self.wkv, &mut kv);
+        backend.rms_norm(&mut kv, hd, Some(&self.kv_norm), self.eps);
+        backend.rope(&self.rope, &mut kv, hd, &positions, false);
+        self.round_kv(backend, &mut kv, run.kv);
+        debug_assert_eq!(state.window.end(), first_pos, "window cache out of step");
+        state.window.append(&kv);
+
+        if let Some(comp) = &self.compressor {
+            let cs = state
+                .compressor
+                .as_mut()
+                .expect("compressed layer has compressor state");
+            let mut emitted = comp.feed(backend, x, first_pos, cs, &self.rope);
+            self.round_kv(backend, &mut emitted.rows, run.kv);
+            state.compressed.extend_from_slice(&emitted.rows);
+        }
+        let selected = self.indexer.as_ref().map(|ix| {
+            let store = state
+                .indexer
+                .as_mut()
+                .expect("CSA layer has index key state");
+            let mut ir = IndexerRun {
+                layer: run.layer,
+                profile: run.profile,
+                topk: run.topk,
+                observer: &mut *run.observer,
+            };
+            ix.select(backend, x, &qr, first_pos, store, &self.rope, &mut ir)
+        });
+
+        let mut o = self.attend(backend, &q, first_pos, state, selected.as_deref(), run);
+        backend.rope(&self.rope, &mut o, hd, &positions, true);
+        let (ro_total, _) = backend.matrix_shape(&self.wo_a);
+        let mut z = vec![0.0f32; tokens * ro_total];
+        backend.matmul_grouped(&o, self.groups, &self.wo_a, &mut z);
+        let d = backend.matrix_shape(&self.wo_b).0;
+        let mut out = vec![0.0f32; tokens * d];
+        backend.matmul(&z, &self.wo_b, &mut out);
+
+        state
+            .window
+            .forget_before((first_pos + tokens + 1).saturating_sub(self.window));
+        out
+    }
+
+    fn round_kv<B: Backend<Matrix = M>>(&self, backend: &B, rows: &mut [f32], kv: KvMode) {
+        if kv == KvMode::Fp8 && !rows.is_empty() {
+            backend.kv_fp8_sim(rows, self.head_dim, self.head_dim - self.rope_dim);
+        }
+    }
+
+    /// Builds every query's entry list, runs the sparse attention and reports observed
+    /// positions. Returns `o [T, H, d]` (before the inverse RoPE).
+    fn attend<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        q: &[f32],
+        first_pos: usize,
+        state: &LayerState,
+        selected: Option<&[i32]>,
+        run: &mut AttentionRun<'_>,
+    ) -> Vec<f32> {
+        let hd = self.head_dim;
+        let tokens = q.len() / (self.heads * hd);
+        let ratio = self.kind.ratio();
+        let k = run.topk;
+        let mut windows = Vec::with_capacity(tokens);
+        let mut rows_per_query = Vec::with_capacity(tokens);
+        for i in 0..tokens {
+            let t = first_pos + i;
+            windows.push(((t + 1).saturating_sub(self.window)..=t).collect::<Vec<usize>>());
+            let rows: Vec<usize> = match (self.kind, selected) {
+                (LayerKind::Swa, _) => Vec::new(),
+                (LayerKind::Csa, Some(sel)) => sel[i * k..(i + 1) * k]
+                    .iter()
+                    .filter(|&&r| r >= 0)
+                    .map(|&r| r as usize)
+                    .collect(),
+                _ => (0..visible_rows(t, ratio)).collect(),
+            };
+            rows_per_query.push(rows);
+        }
+        let entries: Vec<Vec<&[f32]>> = windows
+            .iter()
+            .zip(&rows_per_query)
+            .map(|(win, rows)| {
+                let mut e: Vec<&[f32]> = win.iter().map(|&p| state.window.row(p)).collect();
+                e.extend(
+                    rows.iter()
+                        .map(|&r| &state.compressed[r * hd..(r + 1) * hd]),
+                );
+                e
+            })
+            .collect();
+        let want: Vec<bool> = (0..tokens)
+            .map(|i| run.observer.wants_position(first_pos + i))
+            .collect();
+        let batch = AttentionBatch {
+            heads: self.heads,
+            head_dim: hd,
+            scale: (1.0 / (hd as f64).sqrt()) as f32,
+            sinks: &self.sinks,
+            queries: q,
+            entries: &entries,
+            want_probs: &want,
+        };
+        let mut o = vec![0.0f32; q.len()];
+        let mut probs: Vec<Option<AttentionProbs>> = vec![None; tokens];
+        backend.sparse_attention(&batch, &mut o, &mut probs);
+        for (i, p) in probs.iter().enumerate() {
+            if let Some(p) = p {
+                run.observer.attention(&AttentionObservation {
+                    layer: run.layer,
+                    kind: self.kind,
+                    query_pos: first_pos + i,
+                    heads: self.heads,
+                    window_positions: &windows[i],
+                    compressed_rows: &rows_per_query[i],
+                    ratio,
+                    probs: &p.probs,
+                    sink_probs: &p.sink,
+                });
+            }
+        }
+        o
+    }
+}

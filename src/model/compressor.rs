@@ -1,0 +1,348 @@
+//! The KV compressor (attention.md 5): pools token projections into compressed rows, streaming.
+//!
+//! One compressor of ratio m and output width c (c = head_dim for the main KV, index_head_dim
+//! for the indexer), overlap factor κ = 2 when m = 4 else 1:
+//! - per token j: `a_j = wkv · x_j`, `g_j = wgate · x_j + ape[j mod m]`, both `[κ·c]`, f32;
+//! - HCA (m = 128): row w pools tokens `[128w, 128w+127]`, softmax over the 128 tokens per
+//!   channel;
+//! - CSA (m = 4, overlap): row w pools 8 slots per channel: the previous window's tokens
+//!   `4w-4..4w-1` through their FIRST half (`a[0..c]`, `g[0..c]`) and the current window's tokens
+//!   `4w..4w+3` through their SECOND half (`a[c..2c]`, `g[c..2c]`); row 0 has no previous window
+//!   (logit -inf, weight 0). So row w depends on tokens `[4w-4, 4w+3]`.
+//! - post-processing: RMSNorm(`norm`) then RoPE on the last rope dims at position `m·w`. REF
+//!   rounds the pooled row to bf16 first; this f32 reference does not. Callers apply the
+//!   main-KV fp8 simulation or the index-key preparation afterwards.
+//!
+//! Row w is emitted when token `m·w + m - 1` arrives, with the same value whatever the chunking;
+//! query t sees it iff `w < floor((t+1)/m)` ([`visible_rows`]).
+//!
+//! Shapes: `feed` takes the chunk's attention input `x [T, D]` at positions `first_pos..` and
+//! returns the rows it completed, `[rows, c]`, starting at row index `first_row`.
+
+use super::rope::RopeTable;
+use super::state::CompressorState;
+use super::{load_matrix, EngineError};
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+
+/// Number of compressed rows of ratio `ratio` that query position `t` may see.
+pub fn visible_rows(t: usize, ratio: usize) -> usize {
+    (t + 1) / ratio
+}
+
+/// Tokens `[first, last]` (inclusive) pooled into row `w` of a ratio-`ratio` compressor.
+pub fn row_token_span(w: usize, ratio: usize) -> (usize, usize) {
+    let first = if ratio == 4 {
+        (4 * w).saturating_sub(4)
+    } else {
+        ratio * w
+    };
+    (first, ratio * w + ratio - 1)
+}
+
+/// The position whose arrival emits row `w`.
+pub fn emission_position(w: usize, ratio: usize) -> usize {
+    ratio * w + ratio - 1
+}
+
+/// Rows completed by one `feed`.
+pub struct EmittedRows {
+    pub first_row: usize,
+    /// `[rows, c]`.
+    pub rows: Vec<f32>,
+}
+
+impl EmittedRows {
+    pub fn count(&self, c: usize) -> usize {
+        self.rows.len() / c
+    }
+}
+
+/// One compressor's weights.
+pub struct Compressor<M> {
+    wkv: M,
+    wgate: M,
+    /// `[ratio, κ·c]`.
+    ape: Vec<f32>,
+    /// `[c]`.
+    norm: Vec<f32>,
+    ratio: usize,
+    c: usize,
+    norm_eps: f32,
+}
+
+impl<M> Compressor<M> {
+    /// Loads `{prefix}.{wkv,wgate,ape,norm}` for ratio `ratio` and output width `c`.
+    pub fn load<B: Backend<Matrix = M>>(
+        backend: &B,
+        ckpt: &Checkpoint,
+        cfg: &ModelConfig,
+        prefix: &str,
+        ratio: usize,
+        c: usize,
+    ) -> Result<Self, EngineError> {
+        let width = if ratio == 4 { 2 * c } else { c };
+        let d = cfg.hidden_size;
+        Ok(Compressor {
+            wkv: load_matrix(backend, ckpt, &format!("{prefix}.wkv"), width, d)?,
+            wgate: load_matrix(backend, ckpt, &format!("{prefix}.wgate"), width, d)?,
+            ape: ckpt.f32_tensor(&format!("{prefix}.ape"), &[ratio, width])?,
+            norm: ckpt.f32_tensor(&format!("{prefix}.norm.weight"), &[c])?,
+            ratio,
+            c,
+            norm_eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    pub fn ratio(&self) -> usize {
+        self.ratio
+    }
+
+    /// Output width c.
+    pub fn width(&self) -> usize {
+        self.c
+    }
+
+    fn overlap(&self) -> bool {
+        self.ratio == 4
+    }
+
+    /// Feeds the chunk `x [T, D]` at positions `first_pos..`, updating `state`, and returns the
+    /// post-processed rows (norm + RoPE at m·w) it completed.
+    pub fn feed<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        x: &[f32],
+        first_pos: usize,
+        state: &mut CompressorState,
+        rope: &RopeTable,
+    ) -> EmittedRows {
+        let (m, c) = (self.ratio, self.c);
+        let width = state.width;
+        let tokens = x.len() / backend.matrix_shape(&self.wkv).1;
+        debug_assert_eq!(state.ratio, m, "compressor state of another ratio");
+        debug_assert_eq!(
+            state.filled(),
+            first_pos % m,
+            "compressor state out of step"
+        );
+        let mut values = vec![0.0f32; tokens * width];
+        let mut logits = vec![0.0f32; tokens * width];
+        backend.matmul(x, &self.wkv, &mut values);
+        backend.matmul(x, &self.wgate, &mut logits);
+        for (i, g) in logits.chunks_exact_mut(width).enumerate() {
+            let ape = &self.ape[((first_pos + i) % m) * width..][..width];
+            g.iter_mut().zip(ape).for_each(|(v, a)| *v += a);
+        }
+
+        let slots = if self.overlap() { 2 * m } else { m };
+        let first_row = state.rows_emitted;
+        let (mut slot_values, mut slot_logits) = (Vec::new(), Vec::new());
+        for i in 0..tokens {
+            state
+                .current_values
+                .extend_from_slice(&values[i * width..(i + 1) * width]);
+            state
+                .current_logits
+                .extend_from_slice(&logits[i * width..(i + 1) * width]);
+            if state.filled() < m {
+                continue;
+            }
+            if self.overlap() {
+                self.gather_overlap_slots(state, &mut slot_values, &mut slot_logits);
+                state.previous_values = std::mem::take(&mut state.current_values);
+                state.previous_logits = std::mem::take(&mut state.current_logits);
+            } else {
+                slot_values.append(&mut state.current_values);
+                slot_logits.append(&mut state.current_logits);
+            }
+            state.rows_emitted += 1;
+        }
+
+        let count = state.rows_emitted - first_row;
+        let mut rows = vec![0.0f32; count * c];
+        if count > 0 {
+            backend.compressor_pool(&slot_values, &slot_logits, slots, c, &mut rows);
+            backend.rms_norm(&mut rows, c, Some(&self.norm), self.norm_eps);
+            let positions: Vec<usize> = (first_row..first_row + count).map(|w| m * w).collect();
+            backend.rope(rope, &mut rows, c, &positions, false);
+        }
+        EmittedRows { first_row, rows }
+    }
+
+    /// Appends the 2m slots `[2m, c]` of the row completed by the current window.
+    fn gather_overlap_slots(
+        &self,
+        state: &CompressorState,
+        values: &mut Vec<f32>,
+        logits: &mut Vec<f32>,
+    ) {
+        let (m, c, width) = (self.ratio, self.c, state.width);
+        for r in 0..m {
+            if state.previous_values.is_empty() {
+                values.extend(std::iter::repeat_n(0.0, c));
+                logits.extend(std::iter::repeat_n(f32::NEG_INFINITY, c));
+            } else {
+                values.extend_from_slice(&state.previous_values[r * width..r * width + c]);
+                logits.extend_from_slice(&state.previous_logits[r * width..r * width + c]);
+            }
+        }
+        for r in 0..m {
+            values.extend_from_slice(&state.current_values[r * width + c..(r + 1) * width]);
+            logits.extend_from_slice(&state.current_logits[r * width + c..(r + 1) * width]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::{self, CpuBackend, CpuMatrix};
+
+    const D: usize = 3;
+    const C: usize = 4;
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104729) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    fn compressor(ratio: usize) -> Compressor<CpuMatrix> {
+        let width = if ratio == 4 { 2 * C } else { C };
+        Compressor {
+            wkv: CpuMatrix::new(values(width * D, 1), width, D),
+            wgate: CpuMatrix::new(values(width * D, 2), width, D),
+            ape: values(ratio * width, 3),
+            norm: values(C, 4).iter().map(|v| 1.0 + 0.1 * v).collect(),
+            ratio,
+            c: C,
+            norm_eps: 1e-6,
+        }
+    }
+
+    /// Row w computed straight from attention.md 5.1 / 5.2 and 5.3.
+    fn reference_row(
+        comp: &Compressor<CpuMatrix>,
+        x: &[f32],
+        w: usize,
+        rope: &RopeTable,
+    ) -> Vec<f32> {
+        let (m, width) = (comp.ratio, comp.wkv.rows());
+        let proj = |mat: &CpuMatrix, j: usize, ch: usize| -> f32 {
+            (0..D).map(|i| mat.row(ch)[i] * x[j * D + i]).sum()
+        };
+        let mut slots: Vec<(usize, usize)> = Vec::new(); // (token, channel offset)
+        if m == 4 {
+            if w > 0 {
+                slots.extend((0..4).map(|r| (4 * w - 4 + r, 0)));
+            }
+            slots.extend((0..4).map(|r| (4 * w + r, C)));
+        } else {
+            slots.extend((0..m).map(|r| (m * w + r, 0)));
+        }
+        let mut row: Vec<f32> = (0..C)
+            .map(|k| {
+                let logit = |&(j, off): &(usize, usize)| {
+                    proj(&comp.wgate, j, off + k) + comp.ape[(j % m) * width + off + k]
+                };
+                let max = slots.iter().map(logit).fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = slots.iter().map(|s| (logit(s) - max).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                slots
+                    .iter()
+                    .zip(&weights)
+                    .map(|(&(j, off), wt)| wt / total * proj(&comp.wkv, j, off + k))
+                    .sum()
+            })
+            .collect();
+        cpu::rms_norm(&mut row, C, Some(&comp.norm), 1e-6);
+        cpu::rope(rope, &mut row, C, &[m * w], false);
+        row
+    }
+
+    fn feed_in_chunks(
+        comp: &Compressor<CpuMatrix>,
+        x: &[f32],
+        chunks: &[usize],
+        rope: &RopeTable,
+    ) -> (Vec<f32>, CompressorState) {
+        let mut state = CompressorState::new(comp.ratio, C);
+        let (mut pos, mut rows) = (0, Vec::new());
+        for &n in chunks {
+            let out = comp.feed(
+                &CpuBackend,
+                &x[pos * D..(pos + n) * D],
+                pos,
+                &mut state,
+                rope,
+            );
+            assert_eq!(out.first_row, rows.len() / C);
+            rows.extend(out.rows);
+            pos += n;
+        }
+        (rows, state)
+    }
+
+    #[test]
+    fn csa_rows_match_the_formula_whatever_the_chunking() {
+        let (comp, rope) = (compressor(4), RopeTable::plain(2, 10000.0));
+        let x = values(13 * D, 5);
+        let want: Vec<f32> = (0..3)
+            .flat_map(|w| reference_row(&comp, &x, w, &rope))
+            .collect();
+        for chunks in [vec![13], vec![1; 13], vec![5, 8], vec![3, 3, 3, 4]] {
+            let (rows, state) = feed_in_chunks(&comp, &x, &chunks, &rope);
+            assert_eq!(
+                rows.len(),
+                3 * C,
+                "rows 0..2 emitted by tokens 3, 7, 11 ({chunks:?})"
+            );
+            for (g, w) in rows.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{chunks:?}: {g} vs {w}");
+            }
+            assert_eq!(state.filled(), 1, "token 12 stays buffered");
+        }
+    }
+
+    #[test]
+    fn hca_rows_pool_128_tokens_without_overlap() {
+        let (comp, rope) = (compressor(128), RopeTable::plain(2, 160000.0));
+        let x = values(300 * D, 6);
+        let want: Vec<f32> = (0..2)
+            .flat_map(|w| reference_row(&comp, &x, w, &rope))
+            .collect();
+        for chunks in [vec![300], vec![100, 28, 1, 171]] {
+            let (rows, state) = feed_in_chunks(&comp, &x, &chunks, &rope);
+            assert_eq!(rows.len(), 2 * C);
+            for (g, w) in rows.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{chunks:?}: {g} vs {w}");
+            }
+            assert_eq!(state.filled(), 300 - 256);
+        }
+    }
+
+    #[test]
+    fn csa_row_w_pools_tokens_4w_minus_4_to_4w_plus_3() {
+        assert_eq!(row_token_span(0, 4), (0, 3));
+        assert_eq!(row_token_span(1, 4), (0, 7));
+        assert_eq!(row_token_span(250, 4), (996, 1003));
+        assert_eq!(row_token_span(253, 4), (1008, 1015));
+        assert_eq!(row_token_span(7, 128), (896, 1023));
+    }
+
+    #[test]
+    fn rows_are_emitted_by_their_last_token_and_visible_from_it() {
+        assert_eq!(emission_position(250, 4), 1003);
+        assert_eq!(emission_position(7, 128), 1023);
+        for w in [0usize, 1, 250, 253] {
+            let t = emission_position(w, 4);
+            assert!(visible_rows(t, 4) > w, "row {w} visible at its emission");
+            assert!(visible_rows(t - 1, 4) <= w, "row {w} invisible before");
+        }
+        assert_eq!(visible_rows(1022, 128), 7);
+        assert_eq!(visible_rows(1023, 128), 8);
+        assert_eq!(visible_rows(2, 4), 0);
+    }
+}

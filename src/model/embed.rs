@@ -1,0 +1,69 @@
+//! Token embedding and stream expansion (model.md 4.1).
+//!
+//! `e_t = embed.weight[token_t]` (no scaling); the residual state of a token starts as `hc_mult`
+//! identical copies of `e_t`. Input: token ids `[T]` (validated against the vocabulary before
+//! any state changes: an id `>= vocab_size` is an error, never a panic). Output: streams
+//! `[T, n, D]`.
+
+use super::EngineError;
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+
+/// The embedding table `[V, D]`.
+pub struct Embedding<M> {
+    table: M,
+    vocab: usize,
+    dim: usize,
+    streams: usize,
+}
+
+impl<M> Embedding<M> {
+    /// Loads `embed.weight`.
+    pub fn load<B: Backend<Matrix = M>>(
+        backend: &B,
+        ckpt: &Checkpoint,
+        cfg: &ModelConfig,
+    ) -> Result<Self, EngineError> {
+        let (v, d) = (cfg.vocab_size, cfg.hidden_size);
+        let data = ckpt.f32_tensor("embed.weight", &[v, d])?;
+        Ok(Embedding {
+            table: backend.upload_matrix(data, v, d),
+            vocab: v,
+            dim: d,
+            streams: cfg.hc_mult,
+        })
+    }
+
+    /// Checks every id of `tokens` (at positions `first_pos..`) against the vocabulary.
+    pub fn validate(&self, tokens: &[u32], first_pos: usize) -> Result<(), EngineError> {
+        match tokens.iter().position(|&t| t as usize >= self.vocab) {
+            None => Ok(()),
+            Some(i) => Err(EngineError::TokenOutOfRange {
+                token: tokens[i],
+                position: first_pos + i,
+                vocab: self.vocab,
+            }),
+        }
+    }
+
+    /// Embeddings `[T, D]` of validated `tokens`.
+    pub fn lookup<B: Backend<Matrix = M>>(&self, backend: &B, tokens: &[u32]) -> Vec<f32> {
+        let rows: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
+        let mut e = vec![0.0f32; rows.len() * self.dim];
+        backend.gather_rows(&self.table, &rows, &mut e);
+        e
+    }
+
+    /// Initial residual streams `[T, n, D]`: each embedding repeated `n` times.
+    pub fn expand(&self, e: &[f32]) -> Vec<f32> {
+        let d = self.dim;
+        let mut streams = Vec::with_capacity(e.len() * self.streams);
+        for row in e.chunks_exact(d) {
+            for _ in 0..self.streams {
+                streams.extend_from_slice(row);
+            }
+        }
+        streams
+    }
+}

@@ -1,0 +1,312 @@
+//! The engine: loads a checkpoint, runs the forward pass over a sequence in chunks, and reports
+//! to the observer.
+//!
+//! One state machine serves every use (attention.md 8): `forward` appends `tokens` at positions
+//! `state.len()..` in chunks of `opts.chunk` tokens; a one-shot prefill, a chunked prefill and
+//! single-token decode steps are the same code path and give the same results (up to f32
+//! summation-order effects of different GEMM shapes).
+//!
+//! Numerics policy — this is the un-quantised reference (it must match HF transformers run in
+//! float32): f32 storage and arithmetic everywhere. We deliberately skip REF's bf16 residual
+//! stream / bf16 activations, its FP8 activation quantisation in front of every FP8 linear and
+//! its bf16 rounding of attention probabilities and compressor outputs; weights are decoded
+//! exactly (FP8 / FP4 / NVFP4 → f32) at load. The ONLY rounding steps are the selected
+//! switches: the index profile (`opts.index`, applied to index queries and keys inside
+//! `numerics::profiles`) and `--kv fp8` (`opts.kv`: `numerics::quant::kv_fp8_sim` on the main
+//! KV of window tokens and compressed rows, nope dims).
+//!
+//! Observer calls per chunk: `indexer` at every CSA layer and `attention` at every layer for
+//! positions the observer `wants_position`; intermediates when `wants_intermediate`:
+//! `embed` `[T, D]`, the per-layer names of `layer.rs` (`layers.L.hidden` `[T, n, D]`, ...)
+//! and `indexer.rs` (`layers.L.indexer.scores` `[T, rows]` with -inf where not visible — `rows`
+//! = rows emitted by the end of the chunk, so consumers pad to a common width —,
+//! `layers.L.indexer.topk` `[T, k]` as f32 with -1 padding, `layers.L.indexer.q`,
+//! `layers.L.indexer.weights`), and `logits` `[1, V]` for every position whose logits are
+//! computed (the request plus probed positions when `logits` is wanted).
+//!
+//! Memory: all layers are decoded to f32 at load (fine for tiny / planted / a few flash
+//! layers). Streaming per layer — load, run all chunks through it, drop — is the next step for
+//! larger-than-RAM models; `Layer::load` and the per-layer state already allow it.
+
+use super::embed::Embedding;
+use super::head::Head;
+use super::hyper::hc_params;
+use super::layer::{emit, Layer, LayerSwitches};
+use super::observer::Observer;
+use super::state::SequenceState;
+use super::EngineError;
+use crate::backend::{Backend, CpuBackend, HcParams};
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::numerics::profiles::{IndexProfile, KvMode};
+
+/// How the engine runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineOptions {
+    /// Driving index profile: decides the real CSA selection.
+    pub index: IndexProfile,
+    /// Main-KV rounding.
+    pub kv: KvMode,
+    /// Indexer top-k override (`index_topk` of the config when `None`).
+    pub topk: Option<usize>,
+    /// Tokens per chunk (any size >= 1).
+    pub chunk: usize,
+}
+
+impl Default for EngineOptions {
+    /// The reference setting: `exact` index, `exact` KV, the config's top-k, chunks of 256.
+    fn default() -> Self {
+        EngineOptions {
+            index: IndexProfile::Exact,
+            kv: KvMode::Exact,
+            topk: None,
+            chunk: 256,
+        }
+    }
+}
+
+/// Which positions' logits `forward` returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogitsRequest {
+    None,
+    /// The last token of this call.
+    Last,
+    /// Every token of this call.
+    All,
+    /// Absolute positions, each inside this call.
+    Positions(Vec<usize>),
+}
+
+/// What `forward` returns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ForwardOutput {
+    /// `(position, logits [V])`, ascending positions.
+    pub logits: Vec<(usize, Vec<f32>)>,
+}
+
+/// A loaded model on a backend.
+pub struct Engine<B: Backend = CpuBackend> {
+    backend: B,
+    cfg: ModelConfig,
+    opts: EngineOptions,
+    topk: usize,
+    hc: HcParams,
+    embed: Embedding<B::Matrix>,
+    layers: Vec<Layer<B::Matrix>>,
+    head: Head<B::Matrix>,
+}
+
+impl Engine<CpuBackend> {
+    /// Loads every main layer (MTP is ignored) onto the CPU reference backend.
+    pub fn load(ckpt: &Checkpoint, opts: EngineOptions) -> Result<Self, EngineError> {
+        Self::load_with(CpuBackend, ckpt, opts)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Loads onto the given backend.
+    pub fn load_with(
+        backend: B,
+        ckpt: &Checkpoint,
+        opts: EngineOptions,
+    ) -> Result<Self, EngineError> {
+        let cfg = ckpt.config().clone();
+        let topk = Self::checked_topk(&cfg, &opts)?;
+        let embed = Embedding::load(&backend, ckpt, &cfg)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| Layer::load(&backend, ckpt, &cfg, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let head = Head::load(&backend, ckpt, &cfg)?;
+        Ok(Engine {
+            hc: hc_params(&cfg),
+            backend,
+            cfg,
+            opts,
+            topk,
+            embed,
+            layers,
+            head,
+        })
+    }
+
+    /// Checks `opts` against `cfg`, returning the top-k in force.
+    fn checked_topk(cfg: &ModelConfig, opts: &EngineOptions) -> Result<usize, EngineError> {
+        if opts.chunk == 0 {
+            return Err(EngineError::BadOption {
+                option: "chunk",
+                found: "0".into(),
+                expected: "at least 1 token".into(),
+            });
+        }
+        let topk = opts.topk.unwrap_or(cfg.index_topk);
+        if topk == 0 {
+            return Err(EngineError::BadOption {
+                option: "topk",
+                found: "0".into(),
+                expected: "at least 1 row".into(),
+            });
+        }
+        if let Err(e) = opts.index.check_dim(cfg.index_head_dim) {
+            return Err(EngineError::BadOption {
+                option: "index",
+                found: opts.index.name().into(),
+                expected: format!(
+                    "a profile valid at index_head_dim {}: {e}",
+                    cfg.index_head_dim
+                ),
+            });
+        }
+        Ok(topk)
+    }
+
+    /// Switches profile / kv mode / top-k / chunk without reloading weights. Sequences started
+    /// under other options must not be continued under the new ones (their cached rows were
+    /// rounded the old way); start new sequences.
+    pub fn set_options(&mut self, opts: EngineOptions) -> Result<(), EngineError> {
+        self.topk = Self::checked_topk(&self.cfg, &opts)?;
+        self.opts = opts;
+        Ok(())
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// The indexer top-k in force.
+    pub fn topk(&self) -> usize {
+        self.topk
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// A fresh, empty sequence.
+    pub fn new_sequence(&self) -> SequenceState {
+        SequenceState::new(&self.cfg)
+    }
+
+    /// Appends `tokens` to the sequence at positions `state.len()..`, returning the requested
+    /// logits. Invalid token ids or logit positions are errors and leave `state` untouched.
+    pub fn forward(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        observer: &mut dyn Observer,
+        logits: LogitsRequest,
+    ) -> Result<ForwardOutput, EngineError> {
+        let first = state.len();
+        let end = first + tokens.len();
+        self.embed.validate(tokens, first)?;
+        if state.layers.len() != self.layers.len() {
+            return Err(EngineError::BadOption {
+                option: "state",
+                found: format!("a sequence state for {} layers", state.layers.len()),
+                expected: format!("one from this engine ({} layers)", self.layers.len()),
+            });
+        }
+        let rounding = (self.opts.index, self.opts.kv);
+        if !state.is_empty() && state.rounding != Some(rounding) {
+            return Err(EngineError::BadOption {
+                option: "index / kv",
+                found: format!("{} / {} for this engine", rounding.0, rounding.1),
+                expected: "the options the sequence was started with (start a new sequence)".into(),
+            });
+        }
+        let requested = requested_positions(&logits, first, end)?;
+        state.rounding = Some(rounding);
+        let switches = LayerSwitches {
+            profile: self.opts.index,
+            kv: self.opts.kv,
+            topk: self.topk,
+        };
+        let mut out = ForwardOutput::default();
+        for (c, chunk) in tokens.chunks(self.opts.chunk).enumerate() {
+            let p0 = first + c * self.opts.chunk;
+            let d = self.cfg.hidden_size;
+            let e = self.embed.lookup(&self.backend, chunk);
+            emit(observer, "embed", p0, &[chunk.len(), d], &e);
+            let mut streams = self.embed.expand(&e);
+            for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+                layer.forward(
+                    &self.backend,
+                    &mut streams,
+                    chunk,
+                    p0,
+                    ls,
+                    &self.hc,
+                    switches,
+                    observer,
+                );
+            }
+            state.len = p0 + chunk.len();
+            self.chunk_logits(&streams, p0, chunk.len(), &requested, observer, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// Computes the logits of the chunk's requested / probed positions.
+    fn chunk_logits(
+        &self,
+        streams: &[f32],
+        p0: usize,
+        len: usize,
+        requested: &[usize],
+        observer: &mut dyn Observer,
+        out: &mut ForwardOutput,
+    ) {
+        let observe = observer.wants_intermediate("logits");
+        let positions: Vec<usize> = (p0..p0 + len)
+            .filter(|p| {
+                requested.binary_search(p).is_ok() || (observe && observer.wants_position(*p))
+            })
+            .collect();
+        if positions.is_empty() {
+            return;
+        }
+        let row = self.hc.streams * self.cfg.hidden_size;
+        let mut rows = Vec::with_capacity(positions.len() * row);
+        for &p in &positions {
+            rows.extend_from_slice(&streams[(p - p0) * row..(p - p0 + 1) * row]);
+        }
+        let logits = self.head.logits(&self.backend, &rows, &self.hc);
+        let v = self.cfg.vocab_size;
+        for (i, &p) in positions.iter().enumerate() {
+            let l = &logits[i * v..(i + 1) * v];
+            if observe {
+                observer.intermediate("logits", p, &[1, v], l);
+            }
+            if requested.binary_search(&p).is_ok() {
+                out.logits.push((p, l.to_vec()));
+            }
+        }
+    }
+}
+
+/// Sorted, deduplicated absolute positions of a request for a call covering `first..end`.
+fn requested_positions(
+    req: &LogitsRequest,
+    first: usize,
+    end: usize,
+) -> Result<Vec<usize>, EngineError> {
+    let mut p = match req {
+        LogitsRequest::None => Vec::new(),
+        LogitsRequest::Last => (first < end).then(|| end - 1).into_iter().collect(),
+        LogitsRequest::All => (first..end).collect(),
+        LogitsRequest::Positions(v) => v.clone(),
+    };
+    if let Some(&bad) = p.iter().find(|&&x| x < first || x >= end) {
+        return Err(EngineError::LogitsPosition {
+            position: bad,
+            first,
+            end,
+        });
+    }
+    p.sort_unstable();
+    p.dedup();
+    Ok(p)
+}

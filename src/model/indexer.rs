@@ -1,0 +1,221 @@
+//! The lightning indexer of CSA layers (attention.md 6): picks which compressed rows each query
+//! attends.
+//!
+//! - Keys: the indexer's own ratio-4 overlapping compressor (width `index_head_dim`) → norm →
+//!   RoPE at 4w ("raw" keys, kept for the observer), then prepared ONCE, when the row is
+//!   emitted, under the driving index profile (Hadamard / rounding live in
+//!   `numerics::profiles`).
+//! - Query of token t: `indexer.wq_b · qr_t` (qr = the q_norm output of the attention), viewed
+//!   as `[index_n_heads, index_head_dim]`, RoPE on the last rope dims at position t; no
+//!   per-head norm. Head weights: `weights_proj · x_t` (raw, before the 2^-6.5-style scale,
+//!   which the profile applies).
+//! - Score of row w: the profile's `Σ_h w_h · ReLU(q_h · k_w)`, for the visible rows
+//!   `w < n_t = floor((t+1)/4)` only, streamed per query (never a `[tokens, rows, heads]`
+//!   tensor).
+//! - Selection: top-min(k, n_t) by score, ties to the lower row, `-1` padding to k
+//!   (k = `index_topk` or the `--topk` override). For `n_t <= k` every visible row is selected.
+//!
+//! Output: `[T, k]` selected rows per query, in descending score order.
+
+use super::compressor::{visible_rows, Compressor};
+use super::observer::{IndexerObservation, Observer};
+use super::rope::RopeTable;
+use super::state::IndexKeyStore;
+use super::{load_matrix, EngineError};
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::numerics::profiles::IndexProfile;
+use rayon::prelude::*;
+
+/// How one call scores and selects, and who watches.
+pub struct IndexerRun<'a> {
+    pub layer: usize,
+    pub profile: IndexProfile,
+    pub topk: usize,
+    pub observer: &'a mut dyn Observer,
+}
+
+/// One CSA layer's indexer weights.
+pub struct Indexer<M> {
+    wq_b: M,
+    weights_proj: M,
+    compressor: Compressor<M>,
+    heads: usize,
+    dim: usize,
+}
+
+impl<M> Indexer<M> {
+    /// Loads `layers.{layer}.attn.indexer.*`.
+    pub fn load<B: Backend<Matrix = M>>(
+        backend: &B,
+        ckpt: &Checkpoint,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
+        let p = format!("layers.{layer}.attn.indexer");
+        let (heads, dim) = (cfg.index_n_heads, cfg.index_head_dim);
+        Ok(Indexer {
+            wq_b: load_matrix(
+                backend,
+                ckpt,
+                &format!("{p}.wq_b"),
+                heads * dim,
+                cfg.q_lora_rank,
+            )?,
+            weights_proj: load_matrix(
+                backend,
+                ckpt,
+                &format!("{p}.weights_proj"),
+                heads,
+                cfg.hidden_size,
+            )?,
+            compressor: Compressor::load(backend, ckpt, cfg, &format!("{p}.compressor"), 4, dim)?,
+            heads,
+            dim,
+        })
+    }
+
+    /// Runs the indexer for the chunk: `x [T, D]` (attention input), `qr [T, q_lora]` (q_norm
+    /// output) at positions `first_pos..`. Returns the selected rows `[T, k]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn select<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        x: &[f32],
+        qr: &[f32],
+        first_pos: usize,
+        store: &mut IndexKeyStore,
+        rope: &RopeTable,
+        run: &mut IndexerRun<'_>,
+    ) -> Vec<i32> {
+        let (heads, dim, k) = (self.heads, self.dim, run.topk);
+        let tokens = qr.len() / backend.matrix_shape(&self.wq_b).1;
+        self.emit_keys(backend, x, first_pos, store, rope, run.profile);
+
+        let mut q = vec![0.0f32; tokens * heads * dim];
+        backend.matmul(qr, &self.wq_b, &mut q);
+        let positions: Vec<usize> = (first_pos..first_pos + tokens).collect();
+        backend.rope(rope, &mut q, dim, &positions, false);
+        let mut w = vec![0.0f32; tokens * heads];
+        backend.matmul(x, &self.weights_proj, &mut w);
+
+        let store_ref = &*store;
+        let profile = run.profile;
+        let per_token: Vec<(Vec<f32>, Vec<i32>)> = (0..tokens)
+            .into_par_iter()
+            .map(|i| {
+                let n_t = visible_rows(first_pos + i, 4);
+                let query = backend.index_prepare_query(
+                    profile,
+                    &q[i * heads * dim..(i + 1) * heads * dim],
+                    &w[i * heads..(i + 1) * heads],
+                    heads,
+                    dim,
+                );
+                let mut scores = vec![0.0f32; n_t];
+                backend.index_scores(
+                    profile,
+                    &query,
+                    &store_ref.prepared[..n_t * dim],
+                    &store_ref.scales[..n_t],
+                    dim,
+                    &mut scores,
+                );
+                let mut selected = vec![-1i32; k];
+                backend.topk(&scores, &mut selected);
+                (scores, selected)
+            })
+            .collect();
+
+        self.observe(&q, &w, first_pos, store, &per_token, run);
+        per_token.into_iter().flat_map(|(_, s)| s).collect()
+    }
+
+    /// Feeds the indexer compressor and stores the new key rows, raw and prepared.
+    fn emit_keys<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        x: &[f32],
+        first_pos: usize,
+        store: &mut IndexKeyStore,
+        rope: &RopeTable,
+        profile: IndexProfile,
+    ) {
+        let emitted = self
+            .compressor
+            .feed(backend, x, first_pos, &mut store.compressor, rope);
+        let rows = emitted.count(self.dim);
+        if rows == 0 {
+            return;
+        }
+        debug_assert_eq!(emitted.first_row, store.rows());
+        debug_assert_eq!(store.dim, self.dim);
+        let mut prepared = vec![0.0f32; emitted.rows.len()];
+        let mut scales = vec![0.0f32; rows];
+        backend.index_prepare_keys(profile, &emitted.rows, self.dim, &mut prepared, &mut scales);
+        store.raw.extend_from_slice(&emitted.rows);
+        store.prepared.extend_from_slice(&prepared);
+        store.scales.extend_from_slice(&scales);
+    }
+
+    /// Observer calls: per probed position, and the chunk-wide intermediates when wanted.
+    fn observe(
+        &self,
+        q: &[f32],
+        w: &[f32],
+        first_pos: usize,
+        store: &IndexKeyStore,
+        per_token: &[(Vec<f32>, Vec<i32>)],
+        run: &mut IndexerRun<'_>,
+    ) {
+        let (heads, dim, layer) = (self.heads, self.dim, run.layer);
+        let obs = &mut *run.observer;
+        for (i, (scores, selected)) in per_token.iter().enumerate() {
+            let pos = first_pos + i;
+            if !obs.wants_position(pos) {
+                continue;
+            }
+            let n_t = scores.len();
+            obs.indexer(&IndexerObservation {
+                layer,
+                query_pos: pos,
+                heads,
+                head_dim: dim,
+                q_raw: &q[i * heads * dim..(i + 1) * heads * dim],
+                weights_raw: &w[i * heads..(i + 1) * heads],
+                keys_raw: &store.raw[..n_t * dim],
+                visible_rows: n_t,
+                scores,
+                selected,
+            });
+        }
+        let tokens = per_token.len();
+        let name = format!("layers.{layer}.indexer.scores");
+        if obs.wants_intermediate(&name) {
+            let rows = store.rows();
+            let mut dense = vec![f32::NEG_INFINITY; tokens * rows];
+            for (i, (scores, _)) in per_token.iter().enumerate() {
+                dense[i * rows..i * rows + scores.len()].copy_from_slice(scores);
+            }
+            obs.intermediate(&name, first_pos, &[tokens, rows], &dense);
+        }
+        let name = format!("layers.{layer}.indexer.topk");
+        if obs.wants_intermediate(&name) {
+            let k = run.topk;
+            let flat: Vec<f32> = per_token
+                .iter()
+                .flat_map(|(_, s)| s.iter().map(|&r| r as f32))
+                .collect();
+            obs.intermediate(&name, first_pos, &[tokens, k], &flat);
+        }
+        let name = format!("layers.{layer}.indexer.q");
+        if obs.wants_intermediate(&name) {
+            obs.intermediate(&name, first_pos, &[tokens, heads, dim], q);
+        }
+        let name = format!("layers.{layer}.indexer.weights");
+        if obs.wants_intermediate(&name) {
+            obs.intermediate(&name, first_pos, &[tokens, heads], w);
+        }
+    }
+}

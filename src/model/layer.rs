@@ -1,0 +1,166 @@
+//! One decoder layer (model.md 4.3): `X ← HC_attn(X, Attention)`, then `X ← HC_ffn(X, MoE)`.
+//!
+//! Each site: `(h, post, comb) = hc_pre(X)`, `y = F(RMSNorm_w(h))`,
+//! `X'_k = post_k·y + Σ_j comb[j][k]·X_j`. There is no other residual add.
+//! Streams `[T, n, D]` are updated in place. Named intermediates (emitted only when the
+//! observer wants them): `layers.L.attn.input` / `layers.L.ffn.input` `[T, D]` (the normed
+//! block inputs), `layers.L.attn.output` / `layers.L.ffn.output` `[T, D]` (block outputs before
+//! the post-mix) and `layers.L.hidden` `[T, n, D]` (the streams after the layer).
+
+use super::attention::{Attention, AttentionRun};
+use super::hyper::HcSite;
+use super::moe::Moe;
+use super::observer::Observer;
+use super::state::LayerState;
+use super::EngineError;
+use crate::backend::{Backend, HcParams};
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::numerics::profiles::{IndexProfile, KvMode};
+
+/// Run-time switches shared by every layer of one forward call.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerSwitches {
+    pub profile: IndexProfile,
+    pub kv: KvMode,
+    pub topk: usize,
+}
+
+/// One decoder layer's weights.
+pub struct Layer<M> {
+    index: usize,
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    hc_attn: HcSite<M>,
+    hc_ffn: HcSite<M>,
+    attention: Attention<M>,
+    moe: Moe<M>,
+    dim: usize,
+    eps: f32,
+}
+
+impl<M> Layer<M> {
+    /// Loads every tensor of `layers.{layer}.` (decoded to f32, uploaded to the backend).
+    pub fn load<B: Backend<Matrix = M>>(
+        backend: &B,
+        ckpt: &Checkpoint,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
+        let p = format!("layers.{layer}");
+        let d = cfg.hidden_size;
+        Ok(Layer {
+            index: layer,
+            attn_norm: ckpt.f32_tensor(&format!("{p}.attn_norm.weight"), &[d])?,
+            ffn_norm: ckpt.f32_tensor(&format!("{p}.ffn_norm.weight"), &[d])?,
+            hc_attn: HcSite::load(backend, ckpt, cfg, &format!("{p}.hc_attn"), false)?,
+            hc_ffn: HcSite::load(backend, ckpt, cfg, &format!("{p}.hc_ffn"), false)?,
+            attention: Attention::load(backend, ckpt, cfg, layer)?,
+            moe: Moe::load(backend, ckpt, cfg, layer)?,
+            dim: d,
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// Runs the layer on the chunk's streams `[T, n, D]` (positions `first_pos..`, input ids
+    /// `tokens`), updating `state` and the streams in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        streams: &mut [f32],
+        tokens: &[u32],
+        first_pos: usize,
+        state: &mut LayerState,
+        hc: &HcParams,
+        switches: LayerSwitches,
+        observer: &mut dyn Observer,
+    ) {
+        let (l, d, n, t) = (self.index, self.dim, hc.streams, tokens.len());
+        let mut h = vec![0.0f32; t * d];
+        let mut post = vec![0.0f32; t * n];
+        let mut comb = vec![0.0f32; t * n * n];
+
+        backend.hc_pre(
+            streams,
+            &self.hc_attn.weights(),
+            hc,
+            &mut h,
+            &mut post,
+            &mut comb,
+        );
+        backend.rms_norm(&mut h, d, Some(&self.attn_norm), self.eps);
+        emit(
+            observer,
+            &format!("layers.{l}.attn.input"),
+            first_pos,
+            &[t, d],
+            &h,
+        );
+        let mut run = AttentionRun {
+            layer: l,
+            profile: switches.profile,
+            kv: switches.kv,
+            topk: switches.topk,
+            observer: &mut *observer,
+        };
+        let y = self
+            .attention
+            .forward(backend, &h, first_pos, state, &mut run);
+        emit(
+            observer,
+            &format!("layers.{l}.attn.output"),
+            first_pos,
+            &[t, d],
+            &y,
+        );
+        backend.hc_post(streams, &y, &post, &comb, n);
+
+        backend.hc_pre(
+            streams,
+            &self.hc_ffn.weights(),
+            hc,
+            &mut h,
+            &mut post,
+            &mut comb,
+        );
+        backend.rms_norm(&mut h, d, Some(&self.ffn_norm), self.eps);
+        emit(
+            observer,
+            &format!("layers.{l}.ffn.input"),
+            first_pos,
+            &[t, d],
+            &h,
+        );
+        let y = self.moe.forward(backend, &h, tokens);
+        emit(
+            observer,
+            &format!("layers.{l}.ffn.output"),
+            first_pos,
+            &[t, d],
+            &y,
+        );
+        backend.hc_post(streams, &y, &post, &comb, n);
+
+        emit(
+            observer,
+            &format!("layers.{l}.hidden"),
+            first_pos,
+            &[t, n, d],
+            streams,
+        );
+    }
+}
+
+/// Hands a named intermediate to the observer if it wants it.
+pub fn emit(
+    observer: &mut dyn Observer,
+    name: &str,
+    first_pos: usize,
+    shape: &[usize],
+    data: &[f32],
+) {
+    if observer.wants_intermediate(name) {
+        observer.intermediate(name, first_pos, shape, data);
+    }
+}

@@ -1,0 +1,208 @@
+//! The MoE block of one layer (model.md 5): router, routed experts, shared expert.
+//!
+//! Input `u [T, D]` (the ffn_norm output), output `[T, D]`:
+//! - scores `s = sqrtsoftplus(u · gateᵀ)` `[T, E]` (f32, as REF);
+//! - hash layers (`layer < num_hash_layers`): the experts are `tid2eid[token]`, independent of
+//!   the hidden state; score layers: top-k of `s + bias` (bias for selection only; ties to the
+//!   lower expert index — torch.topk leaves them unspecified);
+//! - weights: `w_i = s_i / Σ_{chosen} s × routed_scaling_factor` (bias never included; REF
+//!   renormalises whenever the score function is not softmax, so `norm_topk_prob` is not
+//!   consulted);
+//! - `out = Σ_i w_i · Expert_i(u) + Shared(u)`, SwiGLU clamped at `swiglu_limit` in both.
+
+use super::{load_matrix, EngineError};
+use crate::backend::{Backend, FfnWeights, Routes};
+use crate::checkpoint::Checkpoint;
+use crate::config::{ModelConfig, RouterKind};
+
+/// One layer's MoE weights.
+pub struct Moe<M> {
+    gate: M,
+    /// Score routers: `[E]` selection bias.
+    bias: Option<Vec<f32>>,
+    /// Hash routers: `[V, k]` expert ids per token id.
+    tid2eid: Option<Vec<usize>>,
+    experts: Vec<FfnWeights<M>>,
+    shared: Option<FfnWeights<M>>,
+    top_k: usize,
+    n_experts: usize,
+    scaling: f32,
+    limit: f32,
+}
+
+fn load_ffn<B: Backend>(
+    backend: &B,
+    ckpt: &Checkpoint,
+    prefix: &str,
+    d: usize,
+    inter: usize,
+) -> Result<FfnWeights<B::Matrix>, EngineError> {
+    Ok(FfnWeights {
+        w1: load_matrix(backend, ckpt, &format!("{prefix}.w1"), inter, d)?,
+        w2: load_matrix(backend, ckpt, &format!("{prefix}.w2"), d, inter)?,
+        w3: load_matrix(backend, ckpt, &format!("{prefix}.w3"), inter, d)?,
+    })
+}
+
+impl<M> Moe<M> {
+    /// Loads `layers.{layer}.ffn.*`; checks every `tid2eid` entry names an expert.
+    pub fn load<B: Backend<Matrix = M>>(
+        backend: &B,
+        ckpt: &Checkpoint,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<Self, EngineError> {
+        let p = format!("layers.{layer}.ffn");
+        let (d, inter, e, k) = (
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+            cfg.n_routed_experts,
+            cfg.num_experts_per_tok,
+        );
+        let (bias, tid2eid) = match cfg.router_kind(layer) {
+            RouterKind::Score => (
+                Some(ckpt.f32_tensor(&format!("{p}.gate.bias"), &[e])?),
+                None,
+            ),
+            RouterKind::Hash => {
+                let name = format!("{p}.gate.tid2eid");
+                let raw = ckpt.i64_tensor(&name, &[cfg.vocab_size, k])?;
+                let ids = raw
+                    .iter()
+                    .map(|&v| usize::try_from(v).ok().filter(|&u| u < e))
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or_else(|| EngineError::BadTensor {
+                        tensor: name.clone(),
+                        problem: format!("expected expert ids in 0..{e}, found one outside"),
+                    })?;
+                (None, Some(ids))
+            }
+        };
+        let experts = (0..e)
+            .map(|i| load_ffn(backend, ckpt, &format!("{p}.experts.{i}"), d, inter))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shared = if cfg.n_shared_experts > 0 {
+            Some(load_ffn(
+                backend,
+                ckpt,
+                &format!("{p}.shared_experts"),
+                d,
+                inter,
+            )?)
+        } else {
+            None
+        };
+        Ok(Moe {
+            gate: load_matrix(backend, ckpt, &format!("{p}.gate"), e, d)?,
+            bias,
+            tid2eid,
+            experts,
+            shared,
+            top_k: k,
+            n_experts: e,
+            scaling: cfg.routed_scaling_factor as f32,
+            limit: cfg.swiglu_limit as f32,
+        })
+    }
+
+    /// MoE output `[T, D]` for `u [T, D]` whose input token ids are `tokens [T]`.
+    pub fn forward<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        u: &[f32],
+        tokens: &[u32],
+    ) -> Vec<f32> {
+        let t = tokens.len();
+        let mut scores = vec![0.0f32; t * self.n_experts];
+        backend.router_scores(u, &self.gate, &mut scores);
+        let (experts, weights) = self.route(&scores, tokens);
+        let routes = Routes {
+            per_token: self.top_k,
+            experts: &experts,
+            weights: &weights,
+        };
+        let mut out = vec![0.0f32; u.len()];
+        backend.moe_experts(u, &routes, &self.experts, self.limit, &mut out);
+        if let Some(shared) = &self.shared {
+            let mut s = vec![0.0f32; u.len()];
+            backend.ffn(u, shared, self.limit, &mut s);
+            out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
+        }
+        out
+    }
+
+    /// Chosen experts and weights `[T, k]` from the router scores `[T, E]`.
+    pub fn route(&self, scores: &[f32], tokens: &[u32]) -> (Vec<usize>, Vec<f32>) {
+        let (e, k) = (self.n_experts, self.top_k);
+        let mut experts = Vec::with_capacity(tokens.len() * k);
+        let mut weights = Vec::with_capacity(tokens.len() * k);
+        for (i, &tok) in tokens.iter().enumerate() {
+            let s = &scores[i * e..(i + 1) * e];
+            let chosen = match (&self.tid2eid, &self.bias) {
+                (Some(table), _) => table[tok as usize * k..(tok as usize + 1) * k].to_vec(),
+                (None, Some(bias)) => top_k_biased(s, bias, k),
+                (None, None) => top_k_biased(s, &vec![0.0; e], k),
+            };
+            let sum: f32 = chosen.iter().map(|&x| s[x]).sum();
+            for &x in &chosen {
+                experts.push(x);
+                weights.push(s[x] / sum * self.scaling);
+            }
+        }
+        (experts, weights)
+    }
+}
+
+/// Indices of the k largest `scores + bias`, descending, ties to the lower index.
+pub fn top_k_biased(scores: &[f32], bias: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    let key = |i: usize| scores[i] + bias[i];
+    idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bias_only_selects_and_ties_go_to_the_lower_expert() {
+        let s = [0.5, 0.9, 0.7, 0.7];
+        assert_eq!(top_k_biased(&s, &[0.0; 4], 2), vec![1, 2]);
+        assert_eq!(top_k_biased(&s, &[1.0, 0.0, 0.0, 0.0], 2), vec![0, 1]);
+    }
+
+    fn router(bias: Option<Vec<f32>>, tid2eid: Option<Vec<usize>>) -> Moe<()> {
+        Moe {
+            gate: (),
+            bias,
+            tid2eid,
+            experts: Vec::new(),
+            shared: None,
+            top_k: 2,
+            n_experts: 4,
+            scaling: 1.5,
+            limit: 10.0,
+        }
+    }
+
+    #[test]
+    fn weights_renormalise_unbiased_scores_over_the_chosen_experts() {
+        let scores = [0.5, 0.9, 0.7, 0.2];
+        let moe = router(Some(vec![0.0, 0.0, 0.0, 1.0]), None);
+        let (e, w) = moe.route(&scores, &[0]);
+        assert_eq!(e, vec![3, 1]);
+        assert!((w[0] - 0.2 / 1.1 * 1.5).abs() < 1e-6 && (w[1] - 0.9 / 1.1 * 1.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn hash_routing_follows_the_token_id() {
+        let moe = router(None, Some(vec![0, 1, 2, 3, 3, 0]));
+        let scores = [1.0, 1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 3.0];
+        let (e, w) = moe.route(&scores, &[1, 2]);
+        assert_eq!(e, vec![2, 3, 3, 0]);
+        assert!((w[0] - 0.375).abs() < 1e-6 && (w[1] - 1.125).abs() < 1e-6);
+        assert!((w[2] - 1.125).abs() < 1e-6 && (w[3] - 0.375).abs() < 1e-6);
+    }
+}

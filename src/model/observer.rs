@@ -1,0 +1,80 @@
+//! The engine's observation hook: what the forward pass hands to whoever wants to look inside.
+//!
+//! The engine knows nothing about needles; the probe knows nothing about backends. This trait is
+//! the only contact between them (design.md section 3):
+//! - at every CSA layer and every probed query position, [`IndexerObservation`]: the raw index
+//!   query of that position (after RoPE, before any Hadamard or rounding), the raw head weights
+//!   (the `weights_proj` output before the 2^-6.5 scale), a *view* of the raw index keys of all
+//!   visible rows (after norm and RoPE, before any Hadamard or rounding; never a per-position
+//!   copy of the cache), the driving profile's scores and the rows actually selected;
+//! - at every layer (SWA, CSA, HCA) and probed position, [`AttentionObservation`]: the softmax
+//!   probabilities of each head over the entries it attended (window tokens, compressed rows)
+//!   and the sink's share of the denominator;
+//! - named intermediates (`layers.L.hidden`, `logits`, ...) for traces and golden tests.
+//!
+//! Observation costs nothing when off: the engine asks `wants_position` / `wants_intermediate`
+//! before building anything.
+
+use crate::config::LayerKind;
+
+/// One CSA layer's indexer state for one probed query position.
+pub struct IndexerObservation<'a> {
+    pub layer: usize,
+    /// Absolute token position of the query (0-based, BOS included).
+    pub query_pos: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Raw index query, `[heads * head_dim]`, after RoPE, before Hadamard or rounding.
+    pub q_raw: &'a [f32],
+    /// Raw head weights, `[heads]`: `weights_proj(x)` before the 2^-6.5 scale, un-rounded.
+    pub weights_raw: &'a [f32],
+    /// Raw index keys of the visible rows, `[visible_rows * head_dim]` (row w at `w*head_dim`).
+    pub keys_raw: &'a [f32],
+    /// n_t = floor((t+1)/4).
+    pub visible_rows: usize,
+    /// Scores of the visible rows under the driving profile, `[visible_rows]`.
+    pub scores: &'a [f32],
+    /// Rows the engine selected, `[topk]`, descending score, ties to the lower row, -1 padding.
+    pub selected: &'a [i32],
+}
+
+/// One layer's attention for one probed query position.
+pub struct AttentionObservation<'a> {
+    pub layer: usize,
+    pub kind: LayerKind,
+    pub query_pos: usize,
+    pub heads: usize,
+    /// Token positions of the raw window entries, chronological.
+    pub window_positions: &'a [usize],
+    /// Compressed row indices attended (selected CSA rows or all visible HCA rows).
+    pub compressed_rows: &'a [usize],
+    /// Compression ratio of `compressed_rows` (4 or 128; 0 on SWA layers).
+    pub ratio: usize,
+    /// `[heads * (window_positions.len() + compressed_rows.len())]`, head-major: head h's
+    /// probabilities over the window entries then the compressed entries. Each head's
+    /// probabilities plus its sink share sum to 1.
+    pub probs: &'a [f32],
+    /// `[heads]`: the sink's share of each head's softmax denominator.
+    pub sink_probs: &'a [f32],
+}
+
+/// Receives observations during a forward pass. All methods have no-op defaults.
+pub trait Observer {
+    /// Whether query position `pos` is probed (indexer and attention observations).
+    fn wants_position(&self, _pos: usize) -> bool {
+        false
+    }
+    /// Whether a named intermediate is wanted (e.g. `layers.3.hidden`, `logits`).
+    fn wants_intermediate(&self, _name: &str) -> bool {
+        false
+    }
+    fn indexer(&mut self, _obs: &IndexerObservation<'_>) {}
+    fn attention(&mut self, _obs: &AttentionObservation<'_>) {}
+    /// A named intermediate for consecutive positions `first_pos..first_pos + shape[0]`,
+    /// row-major `data` of `shape`.
+    fn intermediate(&mut self, _name: &str, _first_pos: usize, _shape: &[usize], _data: &[f32]) {}
+}
+
+/// An observer that wants nothing.
+pub struct NoObserver;
+impl Observer for NoObserver {}

@@ -1,0 +1,292 @@
+//! Per-sequence state: everything a layer must remember between chunks / decode steps
+//! (attention.md section 8). One [`SequenceState`] per sequence, created by
+//! `Engine::new_sequence` and reset (or dropped) between sequences — never shared.
+//!
+//! Per layer ([`LayerState`]):
+//! - [`WindowCache`]: the main KV rows (after norm, RoPE and the optional `--kv fp8` rounding) of
+//!   the last `sliding_window - 1` tokens before the next chunk, plus the chunk itself while it
+//!   runs. Row p is token p's key = value.
+//! - CSA / HCA: the main compressor's [`CompressorState`] and the emitted compressed rows
+//!   (`[rows, head_dim]`, post-processed, `--kv fp8`-rounded when on).
+//! - CSA: the indexer's own [`CompressorState`] and its emitted key rows, both raw (after norm
+//!   and RoPE, before any Hadamard or rounding; what the observer sees) and prepared under the
+//!   driving profile, with one score multiplier per row ([`IndexKeyStore`]).
+//!
+//! [`CompressorState`] holds the gate logits (ape already added) and values of the tokens of the
+//! current, incomplete window and — for the overlapping ratio-4 compressor — the previous full
+//! window (both halves, as REF keeps them). A fresh state has no previous window, which is the
+//! "-inf logits, zero values" initial state REF needs but never resets.
+
+use crate::config::{LayerKind, ModelConfig};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+
+/// The state of one sequence across all main layers.
+#[derive(Clone, Debug)]
+pub struct SequenceState {
+    pub(crate) len: usize,
+    pub(crate) layers: Vec<LayerState>,
+    /// The (index profile, kv mode) its cached rows were rounded under, once it has tokens.
+    pub(crate) rounding: Option<(IndexProfile, KvMode)>,
+}
+
+impl SequenceState {
+    /// An empty sequence for a model of `cfg`.
+    pub fn new(cfg: &ModelConfig) -> Self {
+        SequenceState {
+            len: 0,
+            layers: (0..cfg.num_hidden_layers)
+                .map(|l| LayerState::new(cfg, cfg.layer_kind(l)))
+                .collect(),
+            rounding: None,
+        }
+    }
+
+    /// Tokens processed so far (= the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets everything (start of a new sequence).
+    pub fn reset(&mut self) {
+        self.len = 0;
+        self.rounding = None;
+        for layer in &mut self.layers {
+            layer.reset();
+        }
+    }
+
+    /// Bytes held by the caches (for memory reports).
+    pub fn memory_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(LayerState::memory_bytes)
+            .sum::<usize>()
+    }
+}
+
+/// One layer's state.
+#[derive(Clone, Debug)]
+pub struct LayerState {
+    pub(crate) window: WindowCache,
+    pub(crate) compressor: Option<CompressorState>,
+    /// Emitted main compressed rows `[rows, head_dim]`.
+    pub(crate) compressed: Vec<f32>,
+    pub(crate) indexer: Option<IndexKeyStore>,
+}
+
+impl LayerState {
+    fn new(cfg: &ModelConfig, kind: LayerKind) -> Self {
+        let ratio = kind.ratio();
+        LayerState {
+            window: WindowCache::new(cfg.head_dim),
+            compressor: (ratio != 0).then(|| CompressorState::new(ratio, cfg.head_dim)),
+            compressed: Vec::new(),
+            indexer: (kind == LayerKind::Csa).then(|| IndexKeyStore::new(cfg.index_head_dim)),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.window.reset();
+        if let Some(c) = &mut self.compressor {
+            c.reset();
+        }
+        self.compressed.clear();
+        if let Some(i) = &mut self.indexer {
+            i.reset();
+        }
+    }
+
+    fn memory_bytes(&self) -> usize {
+        let floats = self.window.rows.len()
+            + self.compressor.as_ref().map_or(0, CompressorState::floats)
+            + self.compressed.len()
+            + self.indexer.as_ref().map_or(0, IndexKeyStore::floats);
+        floats * std::mem::size_of::<f32>()
+    }
+}
+
+/// The raw window KV rows of consecutive positions `first_pos..first_pos + len`.
+#[derive(Clone, Debug)]
+pub struct WindowCache {
+    pub(crate) dim: usize,
+    pub(crate) first_pos: usize,
+    pub(crate) rows: Vec<f32>,
+}
+
+impl WindowCache {
+    fn new(dim: usize) -> Self {
+        WindowCache {
+            dim,
+            first_pos: 0,
+            rows: Vec::new(),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.first_pos = 0;
+        self.rows.clear();
+    }
+
+    /// Positions held: `first_pos..end()`.
+    pub fn end(&self) -> usize {
+        self.first_pos + self.rows.len() / self.dim
+    }
+
+    /// Appends rows for positions `end()..`.
+    pub fn append(&mut self, rows: &[f32]) {
+        self.rows.extend_from_slice(rows);
+    }
+
+    /// Token `pos`'s row; `pos` must be held.
+    pub fn row(&self, pos: usize) -> &[f32] {
+        debug_assert!(
+            pos >= self.first_pos && pos < self.end(),
+            "window row {pos} not held"
+        );
+        let i = pos - self.first_pos;
+        &self.rows[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Drops rows of positions before `pos`.
+    pub fn forget_before(&mut self, pos: usize) {
+        if pos <= self.first_pos {
+            return;
+        }
+        let drop = (pos - self.first_pos).min(self.rows.len() / self.dim);
+        self.rows.drain(..drop * self.dim);
+        self.first_pos += drop;
+    }
+}
+
+/// A compressor's buffers between chunks. `width` is the per-token projection width (κ·c).
+#[derive(Clone, Debug)]
+pub struct CompressorState {
+    pub(crate) ratio: usize,
+    pub(crate) width: usize,
+    /// Tokens of the current window so far, `[filled, width]` each.
+    pub(crate) current_values: Vec<f32>,
+    pub(crate) current_logits: Vec<f32>,
+    /// The previous full window `[ratio, width]` (overlap only); empty before the first one.
+    pub(crate) previous_values: Vec<f32>,
+    pub(crate) previous_logits: Vec<f32>,
+    /// Rows emitted so far (= index of the next row).
+    pub(crate) rows_emitted: usize,
+}
+
+impl CompressorState {
+    /// State of a ratio-`ratio` compressor of output width `c` (κ = 2 when ratio is 4).
+    pub fn new(ratio: usize, c: usize) -> Self {
+        let overlap = if ratio == 4 { 2 } else { 1 };
+        CompressorState {
+            ratio,
+            width: overlap * c,
+            current_values: Vec::new(),
+            current_logits: Vec::new(),
+            previous_values: Vec::new(),
+            previous_logits: Vec::new(),
+            rows_emitted: 0,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.current_values.clear();
+        self.current_logits.clear();
+        self.previous_values.clear();
+        self.previous_logits.clear();
+        self.rows_emitted = 0;
+    }
+
+    /// Tokens buffered in the current window.
+    pub fn filled(&self) -> usize {
+        self.current_values.len() / self.width
+    }
+
+    fn floats(&self) -> usize {
+        self.current_values.len()
+            + self.current_logits.len()
+            + self.previous_values.len()
+            + self.previous_logits.len()
+    }
+}
+
+/// The indexer's compressor state and its emitted key rows.
+#[derive(Clone, Debug)]
+pub struct IndexKeyStore {
+    pub(crate) dim: usize,
+    pub(crate) compressor: CompressorState,
+    /// `[rows, dim]` after norm and RoPE, before any Hadamard or rounding.
+    pub(crate) raw: Vec<f32>,
+    /// `[rows, dim]` prepared under the driving profile.
+    pub(crate) prepared: Vec<f32>,
+    /// `[rows]` score multipliers of the prepared rows.
+    pub(crate) scales: Vec<f32>,
+}
+
+impl IndexKeyStore {
+    fn new(dim: usize) -> Self {
+        IndexKeyStore {
+            dim,
+            compressor: CompressorState::new(4, dim),
+            raw: Vec::new(),
+            prepared: Vec::new(),
+            scales: Vec::new(),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.compressor.reset();
+        self.raw.clear();
+        self.prepared.clear();
+        self.scales.clear();
+    }
+
+    /// Key rows emitted so far.
+    pub fn rows(&self) -> usize {
+        self.scales.len()
+    }
+
+    fn floats(&self) -> usize {
+        self.compressor.floats() + self.raw.len() + self.prepared.len() + self.scales.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_cache_forgets_old_positions() {
+        let mut w = WindowCache::new(2);
+        w.append(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+        assert_eq!(w.end(), 3);
+        w.forget_before(2);
+        assert_eq!((w.first_pos, w.end()), (2, 3));
+        assert_eq!(w.row(2), &[2.0, 2.5]);
+        w.forget_before(1);
+        assert_eq!(w.first_pos, 2);
+    }
+
+    #[test]
+    fn tiny_state_has_compressors_where_the_schedule_says() {
+        let cfg = ModelConfig::tiny();
+        let s = SequenceState::new(&cfg);
+        let has: Vec<(bool, bool)> = s
+            .layers
+            .iter()
+            .map(|l| (l.compressor.is_some(), l.indexer.is_some()))
+            .collect();
+        assert_eq!(
+            has,
+            vec![(false, false), (true, true), (true, false), (true, true)]
+        );
+        assert_eq!(
+            s.layers[1].compressor.as_ref().unwrap().width,
+            2 * cfg.head_dim
+        );
+        assert_eq!(s.layers[2].compressor.as_ref().unwrap().width, cfg.head_dim);
+    }
+}

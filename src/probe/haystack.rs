@@ -1,0 +1,417 @@
+//! Haystack generators: the text the needle hides in, as a seeded stream of *units*.
+//!
+//! A unit is one sentence (layout [`Layout::Prose`]: `noise`, `file`) or one line ending in
+//! `\n` (layout [`Layout::Lines`]: `kv`, `tools`), stored with the whitespace that precedes it
+//! (`sep`, dropped when the unit opens the haystack). The needle is inserted *between* units,
+//! so it always sits at a sentence or line boundary, and the boundaries are tokenisation-stable
+//! for the V4 pre-tokenizer: a sentence ends in punctuation and the next begins with a space and
+//! a letter (`.` | ` The`), a line ends in `\n`, which the pre-tokenizer glues to the preceding
+//! punctuation (`.\n`), never to the next line's first word.
+//!
+//! - `noise`: sentences from 40 templates x own word lists (`words.rs`), no digits.
+//! - `kv`: distractor lines rendered from the scenario's own needle template with other keys and
+//!   values (never the needle's key or value), so every line looks like the needle.
+//! - `tools`: one JSON-schema-like function definition per line (agentic system prompts), with
+//!   varied names, parameters, enums and path defaults.
+//! - `file`: the user's text split into sentences (whitespace kept), cycled if too short.
+//!
+//! Fillers (for exact prompt length) are word prefixes of noise sentences (tool-documentation
+//! notes for `tools`), see `prompt.rs`.
+
+use std::path::{Path, PathBuf};
+
+use super::rng::Rng;
+use super::scenario::{HaystackKind, Scenario, ScenarioError, ValueSpec};
+use super::tokenizer::{ASSISTANT, BOS, EOS, THINK_END, THINK_START, USER};
+use super::words::*;
+
+/// How units are joined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Sentences separated by whitespace (usually one space).
+    Prose,
+    /// Lines, each ending in `\n`, concatenated.
+    Lines,
+}
+
+/// One haystack unit: `sep` (whitespace written before it unless it opens the haystack) and
+/// its text (a line unit includes its trailing `\n`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub sep: String,
+    pub text: String,
+}
+
+/// A seeded, endless stream of haystack units for one scenario.
+pub struct HaystackGen {
+    rng: Rng,
+    filler_rng: Rng,
+    kind: GenKind,
+}
+
+enum GenKind {
+    Noise,
+    Kv {
+        template: String,
+        key: Option<ValueSpec>,
+        value: ValueSpec,
+        needle_key: String,
+        needle_value: String,
+    },
+    Tools,
+    File {
+        units: Vec<Unit>,
+        next: usize,
+    },
+}
+
+impl HaystackGen {
+    /// A generator for `sc` whose distractors avoid `needle_key` / `needle_value`.
+    pub fn new(
+        sc: &Scenario,
+        seed: u64,
+        needle_key: &str,
+        needle_value: &str,
+    ) -> Result<Self, ScenarioError> {
+        let kind = match &sc.haystack {
+            HaystackKind::Noise => GenKind::Noise,
+            HaystackKind::Tools => GenKind::Tools,
+            HaystackKind::Kv => GenKind::Kv {
+                template: sc.needle.clone(),
+                key: sc.key.clone(),
+                value: sc.value.clone(),
+                needle_key: needle_key.to_string(),
+                needle_value: needle_value.to_string(),
+            },
+            HaystackKind::File(path) => {
+                let path = path
+                    .as_ref()
+                    .ok_or_else(|| ScenarioError::MissingHaystackFile {
+                        scenario: sc.name.clone(),
+                    })?;
+                let units = read_file_units(path)?;
+                GenKind::File { units, next: 0 }
+            }
+        };
+        Ok(Self {
+            rng: Rng::stream(seed, "haystack"),
+            filler_rng: Rng::stream(seed, "filler"),
+            kind,
+        })
+    }
+
+    pub fn layout(&self) -> Layout {
+        match self.kind {
+            GenKind::Noise | GenKind::File { .. } => Layout::Prose,
+            GenKind::Kv { .. } | GenKind::Tools => Layout::Lines,
+        }
+    }
+
+    /// The next unit of the stream.
+    pub fn next_unit(&mut self) -> Unit {
+        match &mut self.kind {
+            GenKind::Noise => Unit {
+                sep: " ".into(),
+                text: noise_sentence(&mut self.rng),
+            },
+            GenKind::Tools => Unit {
+                sep: String::new(),
+                text: tool_line(&mut self.rng),
+            },
+            GenKind::Kv {
+                template,
+                key,
+                value,
+                needle_key,
+                needle_value,
+            } => {
+                // Distinct from the needle's key and value; give up on distinctness only for
+                // degenerate generators (e.g. one-word lists), after many tries.
+                let mut line = String::new();
+                for _ in 0..64 {
+                    let k = key.as_ref().map(|s| s.generate(&mut self.rng));
+                    let v = value.generate(&mut self.rng);
+                    let k_ok = k.as_deref().map_or(true, |k| k != needle_key.as_str());
+                    line = fill(template, k.as_deref().unwrap_or(""), &v);
+                    if k_ok && v != *needle_value {
+                        break;
+                    }
+                }
+                line.push('\n');
+                Unit {
+                    sep: String::new(),
+                    text: line,
+                }
+            }
+            GenKind::File { units, next, .. } => {
+                let mut u = units[*next % units.len()].clone();
+                if *next > 0 && *next % units.len() == 0 {
+                    u.sep = "\n\n".into();
+                } else if u.sep.is_empty() {
+                    // The file's first sentence: it may follow the needle, so it needs a
+                    // separator (a sentence never glues to the needle's last word).
+                    u.sep = " ".into();
+                }
+                *next += 1;
+                u
+            }
+        }
+    }
+
+    /// Words of a fresh filler sentence (no final punctuation), for exact-length padding:
+    /// documentation-like notes for tool lists, noise prose for everything else (also for
+    /// `file` haystacks: generated words are almost all one token, so any count is reachable).
+    pub fn filler_words(&mut self) -> Vec<String> {
+        let sentence = match &self.kind {
+            GenKind::Tools => {
+                let a = self.filler_rng.pick(TOOL_PURPOSES);
+                let b = self.filler_rng.pick(PARAM_PURPOSES);
+                format!("{b}. {a}")
+            }
+            _ => noise_sentence(&mut self.filler_rng),
+        };
+        sentence
+            .split_whitespace()
+            .map(|w| w.trim_end_matches(['.', '!', '?']).to_string())
+            .filter(|w| !w.is_empty())
+            .collect()
+    }
+}
+
+/// Substitutes `{key}` and `{value}` in a template.
+pub fn fill(template: &str, key: &str, value: &str) -> String {
+    template.replace("{key}", key).replace("{value}", value)
+}
+
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// One noise sentence: a template with its slots filled, first letter capitalised.
+pub fn noise_sentence(rng: &mut Rng) -> String {
+    let template = *rng.pick(TEMPLATES);
+    let mut out = String::with_capacity(template.len() + 40);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
+        let slot = &rest[open + 1..open + close];
+        out.push_str(&slot_text(slot, rng));
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    capitalise(&out)
+}
+
+fn noun_phrase(rng: &mut Rng) -> String {
+    let article = if rng.chance(0.5) { "the" } else { "an old" };
+    if rng.chance(0.6) {
+        format!("the {} {}", rng.pick(ADJECTIVES), rng.pick(NOUNS))
+    } else {
+        format!("{article} {}", rng.pick(NOUNS))
+    }
+}
+
+fn slot_text(slot: &str, rng: &mut Rng) -> String {
+    match slot.trim_end_matches('2') {
+        "np" => noun_phrase(rng),
+        "name" => rng.pick(NAMES).to_string(),
+        "place" => rng.pick(PLACES).to_string(),
+        "time" => rng.pick(TIMES).to_string(),
+        "adv" => rng.pick(ADVERBS).to_string(),
+        "adj" => rng.pick(ADJECTIVES).to_string(),
+        "noun" => rng.pick(NOUNS).to_string(),
+        "nouns" => rng.pick(PLURALS).to_string(),
+        "vi" => rng.pick(VERBS_INTRANSITIVE).to_string(),
+        "vt" => rng.pick(VERBS_TRANSITIVE).to_string(),
+        "unit" => rng.pick(TIME_UNITS).to_string(),
+        "thing" => rng.pick(ABSTRACT).to_string(),
+        _ => String::new(),
+    }
+}
+
+/// One tool definition as a single JSON-like line ending in `\n`.
+pub fn tool_line(rng: &mut Rng) -> String {
+    let verb = *rng.pick(TOOL_VERBS);
+    let object = *rng.pick(TOOL_OBJECTS);
+    let name = if rng.chance(0.3) {
+        format!(
+            "{verb}_{object}_{}",
+            rng.pick(&["batch", "details", "history", "status"])
+        )
+    } else {
+        format!("{verb}_{object}")
+    };
+    let readable = object.replace('_', " ");
+    let mut desc = format!(
+        "{} {} {}.",
+        capitalise(verb),
+        rng.pick(&["one or more", "the selected", "every matching", "a single"]),
+        if readable.ends_with('s') {
+            readable.clone()
+        } else {
+            format!("{readable} entries")
+        }
+    );
+    for _ in 0..rng.range(1, 3) {
+        desc.push(' ');
+        desc.push_str(*rng.pick(TOOL_PURPOSES));
+    }
+    let n_params = rng.range(2, 6);
+    let mut props = Vec::with_capacity(n_params);
+    let mut required = Vec::new();
+    let mut used: Vec<&str> = Vec::new();
+    for _ in 0..n_params {
+        let p = *rng.pick(PARAM_NAMES);
+        if used.contains(&p) {
+            continue;
+        }
+        used.push(p);
+        let ty = *rng.pick(PARAM_TYPES);
+        let mut body = format!(
+            "\"type\": \"{ty}\", \"description\": \"{}.\"",
+            rng.pick(PARAM_PURPOSES)
+        );
+        if ty == "string" && rng.chance(0.3) {
+            let a = rng.pick(ENUM_VALUES);
+            let b = rng.pick(ENUM_VALUES);
+            body.push_str(&format!(", \"enum\": [\"{a}\", \"{b}\"]"));
+        } else if p == "path" || (ty == "string" && rng.chance(0.2)) {
+            body.push_str(&format!(
+                ", \"default\": \"/{}/{}/{}\"",
+                rng.pick(PATH_PARTS),
+                rng.pick(PATH_PARTS),
+                rng.pick(VALUE_WORDS)
+            ));
+        }
+        props.push(format!("\"{p}\": {{{body}}}"));
+        if rng.chance(0.4) {
+            required.push(format!("\"{p}\""));
+        }
+    }
+    format!(
+        "{{\"type\": \"function\", \"function\": {{\"name\": \"{name}\", \"description\": \"{desc}\", \"parameters\": {{\"type\": \"object\", \"properties\": {{{}}}, \"required\": [{}]}}}}}}\n",
+        props.join(", "),
+        required.join(", ")
+    )
+}
+
+/// Chat-format markers that must not appear inside user-supplied haystack text (they would be
+/// tokenised as special tokens and break the prompt format).
+pub const FORBIDDEN_MARKERS: &[&str] = &[BOS, EOS, USER, ASSISTANT, THINK_START, THINK_END];
+
+/// Reads a haystack text file and splits it into sentence units (whitespace preserved).
+pub fn read_file_units(path: &Path) -> Result<Vec<Unit>, ScenarioError> {
+    let bytes = std::fs::read(path).map_err(|e| ScenarioError::HaystackFile {
+        path: path.to_path_buf(),
+        problem: e.to_string(),
+    })?;
+    let text = String::from_utf8(bytes).map_err(|e| ScenarioError::HaystackFile {
+        path: path.to_path_buf(),
+        problem: format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        ),
+    })?;
+    file_units(&text, path)
+}
+
+/// Splits text into sentence units; `path` only names the source in errors.
+pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
+    let err = |problem: String| ScenarioError::HaystackFile {
+        path: PathBuf::from(path),
+        problem,
+    };
+    if let Some(m) = FORBIDDEN_MARKERS.iter().find(|m| text.contains(**m)) {
+        return Err(err(format!(
+            "contains the chat marker {m}, which would break the prompt format"
+        )));
+    }
+    let text = text.replace("\r\n", "\n");
+    let mut units = Vec::new();
+    let mut sep = String::new();
+    let mut cur = String::new();
+    let mut words_in_cur = 0usize;
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_whitespace() {
+            // Whitespace ends a unit after sentence punctuation or a long run of words.
+            let prev = cur
+                .trim_end_matches(['"', '\'', ')', ']', '”', '’'])
+                .chars()
+                .last();
+            let ends =
+                matches!(prev, Some('.' | '!' | '?' | '。' | '！' | '？')) || words_in_cur >= 80;
+            let mut ws = String::new();
+            while i < chars.len() && chars[i].is_whitespace() {
+                ws.push(chars[i]);
+                i += 1;
+            }
+            if cur.is_empty() {
+                sep.push_str(&ws);
+            } else if ends || ws.contains("\n\n") {
+                units.push(Unit {
+                    sep: std::mem::take(&mut sep),
+                    text: std::mem::take(&mut cur),
+                });
+                words_in_cur = 0;
+                sep = ws;
+            } else {
+                cur.push_str(&ws);
+                words_in_cur += 1;
+            }
+            continue;
+        }
+        cur.push(c);
+        i += 1;
+    }
+    if !cur.is_empty() {
+        units.push(Unit { sep, text: cur });
+    }
+    if units.is_empty() {
+        return Err(err("contains no text".into()));
+    }
+    // A unit may not start a word that merges with its predecessor: sep is never empty
+    // after the first unit because units are split at whitespace.
+    Ok(units)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn noise_sentences_vary_and_carry_no_digits() {
+        let mut rng = Rng::new(3);
+        let s: Vec<String> = (0..200).map(|_| noise_sentence(&mut rng)).collect();
+        let distinct: std::collections::HashSet<&String> = s.iter().collect();
+        assert!(
+            distinct.len() > 190,
+            "only {} distinct sentences",
+            distinct.len()
+        );
+        assert!(s.iter().all(|x| !x.chars().any(|c| c.is_ascii_digit())));
+        assert!(s.iter().all(|x| x.ends_with('.') && !x.contains('{')));
+    }
+
+    #[test]
+    fn file_units_reassemble_the_text() {
+        let text = "First one. Second, longer sentence!\n\nNew paragraph here? Tail";
+        let units = file_units(text, Path::new("t.txt")).unwrap();
+        let mut joined = String::new();
+        for u in &units {
+            joined.push_str(&u.sep);
+            joined.push_str(&u.text);
+        }
+        assert_eq!(joined, text);
+        assert_eq!(units.len(), 4);
+    }
+}

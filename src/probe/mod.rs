@@ -1,0 +1,32 @@
+//! The needle side of needlescope: scenarios, prompt building, needle spans, row mapping, ranks
+//! and the observer that turns engine observations into records (design.md sections 3 and 4).
+//!
+//! - [`tokenizer`]: the DeepSeek-V4 tokenizer (shipped offline) and byte offsets of tokens.
+//! - [`scenario`]: what a needle test is (needle template, value generator, question, answer
+//!   check, haystack kind); built-in scenarios from `scenarios/*.toml` or a user's file.
+//! - [`haystack`]: seeded text generators for the haystack kinds (noise, kv, tools, file);
+//!   [`words`] holds their own word lists and templates, [`rng`] the portable PRNG.
+//! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans.
+//! - [`rows`]: CSA/HCA row mapping and visibility (design.md section 4, normative).
+//! - [`rank`]: needle rank, ties, k-th score, margin, selection; the `LayerRecord`.
+//! - [`observe`]: `NeedleObserver`, the `model::observer::Observer` of a probe run.
+//!
+//! The probe knows nothing about backends: it only sees `IndexerObservation` and
+//! `AttentionObservation` values.
+
+pub mod haystack;
+pub mod observe;
+pub mod prompt;
+pub mod rank;
+pub mod rng;
+pub mod rows;
+pub mod scenario;
+pub mod tokenizer;
+pub mod words;
+
+pub use observe::{AttentionRecord, CellTopk, NeedleObserver, NeedleObserverConfig};
+pub use prompt::{build_prompt, NeedlePrompt, PromptError};
+pub use rank::{LayerRecord, NeedleRank};
+pub use rows::RowKind;
+pub use scenario::{Scenario, ScenarioError};
+pub use tokenizer::{TokenizerError, V4Tokenizer};

@@ -1,0 +1,379 @@
+//! `NeedleObserver`: the probe's [`Observer`], turning engine observations into records.
+//!
+//! At every CSA layer and probed position ([`IndexerObservation`]) it ranks the needle rows
+//! (`rows.rs`, `rank.rs`) under
+//! - the driving profile, using the engine's own scores (`obs.scores`), and
+//! - each `--compare` profile, re-scoring the raw keys (`obs.keys_raw`) from the raw query and
+//!   head weights with `numerics::profiles` - visible rows only, one key row at a time into a
+//!   per-thread scratch buffer, never a per-position copy of the cache,
+//!
+//! giving one [`LayerRecord`] per (cell, profile). Cells are `(cell_id, top-k)` pairs: the FIRST
+//! is the engine's own run (its k is the one `obs.selected` was made with, and it labels the
+//! attention records); further cells are counterfactual k on the same hidden states.
+//!
+//! It also checks the engine: the needle is among `obs.selected` iff its driving rank <= the
+//! engine's k (= `obs.selected.len()`), except when the needle's tie group straddles the k-th
+//! place (tie order is engine-defined). Each check and disagreement is counted; shape
+//! mismatches (e.g. `visible_rows != floor((t+1)/4)`) are recorded as [`ObservationError`]s
+//! instead of panicking, since observer methods cannot return errors.
+//!
+//! At every layer ([`AttentionObservation`]) it records the needle attention mass: per head,
+//! the probability on window tokens inside the needle span plus compressed rows that pool a
+//! needle token; mean over heads and the max head; whether any needle token is in the raw
+//! window; and the mean sink share ([`AttentionRecord`], the attention.csv fields).
+
+use std::collections::BTreeSet;
+
+use rayon::prelude::*;
+
+use super::rank::{kth_scores, rank_needle, LayerRecord, NeedleRank, RecordMeta};
+use super::rows::RowKind;
+use crate::model::observer::{AttentionObservation, IndexerObservation, Observer};
+use crate::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
+
+/// One row of attention.csv (design.md section 6), exactly these fields in this order.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AttentionRecord {
+    pub cell_id: String,
+    pub layer: usize,
+    /// "swa", "csa" or "hca".
+    pub layer_type: String,
+    pub query_pos: usize,
+    pub phase: String,
+    pub needle_mass_mean: f32,
+    pub needle_mass_max_head: f32,
+    pub needle_in_window: bool,
+    pub sink_mass_mean: f32,
+}
+
+/// A cell scored by the observer: its id and top-k.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CellTopk {
+    pub cell_id: String,
+    pub topk: usize,
+}
+
+/// What to observe.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NeedleObserverConfig {
+    /// Needle token span `[a, b)`.
+    pub needle: (usize, usize),
+    /// Answer token span `[a, b)` (kept for reports; ranks use the needle span).
+    pub answer: (usize, usize),
+    /// Prompt length: positions below it are phase "prompt", position `prompt_len - 1 + s` is
+    /// decode step `s`.
+    pub prompt_len: usize,
+    /// Probed positions inside the prompt (default: the last prompt token).
+    pub prompt_positions: Vec<usize>,
+    /// Also probe every decode position (`>= prompt_len`).
+    pub probe_decode: bool,
+    pub driving: IndexProfile,
+    /// Comparison profiles (the driving profile is skipped if listed).
+    pub compare: Vec<IndexProfile>,
+    /// The engine's cell first, then counterfactual top-k cells.
+    pub cells: Vec<CellTopk>,
+}
+
+/// An observation the probe could not use; names layer, position and field.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("layer {layer}, query position {query_pos}: {field}: expected {expected}, found {found}")]
+pub struct ObservationError {
+    pub layer: usize,
+    pub query_pos: usize,
+    pub field: &'static str,
+    pub expected: String,
+    pub found: String,
+}
+
+/// Where the engine's selection and the driving rank disagree (outside straddling ties).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SelectionDisagreement {
+    pub layer: usize,
+    pub query_pos: usize,
+    pub topk: usize,
+    pub needle_rank: Option<usize>,
+    pub rank_ties: usize,
+    pub engine_selected_needle: bool,
+}
+
+/// Collects layer and attention records during a forward pass.
+pub struct NeedleObserver {
+    cfg: NeedleObserverConfig,
+    prompt_positions: BTreeSet<usize>,
+    pub layer_records: Vec<LayerRecord>,
+    pub attention_records: Vec<AttentionRecord>,
+    /// Number of (layer, position) selection checks made.
+    pub selection_checks: usize,
+    pub disagreements: Vec<SelectionDisagreement>,
+    pub errors: Vec<ObservationError>,
+}
+
+impl NeedleObserver {
+    pub fn new(cfg: NeedleObserverConfig) -> Self {
+        let prompt_positions = cfg.prompt_positions.iter().copied().collect();
+        Self {
+            cfg,
+            prompt_positions,
+            layer_records: Vec::new(),
+            attention_records: Vec::new(),
+            selection_checks: 0,
+            disagreements: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &NeedleObserverConfig {
+        &self.cfg
+    }
+
+    /// "prompt" or the decode step number.
+    pub fn phase(&self, pos: usize) -> String {
+        phase_label(pos, self.cfg.prompt_len)
+    }
+
+    fn error(
+        &mut self,
+        layer: usize,
+        pos: usize,
+        field: &'static str,
+        expected: String,
+        found: String,
+    ) {
+        self.errors.push(ObservationError {
+            layer,
+            query_pos: pos,
+            field,
+            expected,
+            found,
+        });
+    }
+
+    fn push_records(
+        &mut self,
+        obs: &IndexerObservation<'_>,
+        profile: IndexProfile,
+        rank: &NeedleRank,
+        scores: &[f32],
+    ) {
+        let ks: Vec<usize> = self.cfg.cells.iter().map(|c| c.topk).collect();
+        let kth = kth_scores(scores, &ks);
+        let phase = self.phase(obs.query_pos);
+        for (cell, kth) in self.cfg.cells.iter().zip(kth) {
+            let meta = RecordMeta {
+                cell_id: &cell.cell_id,
+                layer: obs.layer,
+                query_pos: obs.query_pos,
+                phase: &phase,
+                profile: profile.name(),
+                driving: profile == self.cfg.driving,
+            };
+            self.layer_records
+                .push(LayerRecord::new(&meta, rank, kth, cell.topk));
+        }
+    }
+
+    /// Checks shapes; records an error and returns false when the observation is unusable.
+    fn check_indexer(&mut self, obs: &IndexerObservation<'_>) -> bool {
+        let (l, t) = (obs.layer, obs.query_pos);
+        let n_t = RowKind::Csa.visible_rows(t);
+        let checks: [(&'static str, usize, usize); 5] = [
+            ("visible_rows (floor((t+1)/4))", n_t, obs.visible_rows),
+            (
+                "q_raw length (heads*head_dim)",
+                obs.heads * obs.head_dim,
+                obs.q_raw.len(),
+            ),
+            (
+                "weights_raw length (heads)",
+                obs.heads,
+                obs.weights_raw.len(),
+            ),
+            (
+                "keys_raw length (visible_rows*head_dim)",
+                obs.visible_rows * obs.head_dim,
+                obs.keys_raw.len(),
+            ),
+            (
+                "scores length (visible_rows)",
+                obs.visible_rows,
+                obs.scores.len(),
+            ),
+        ];
+        let mut ok = true;
+        for (field, expected, found) in checks {
+            if expected != found {
+                self.error(l, t, field, expected.to_string(), found.to_string());
+                ok = false;
+            }
+        }
+        if let Some(&w) = obs.selected.iter().find(|&&w| w >= obs.visible_rows as i32) {
+            self.error(
+                l,
+                t,
+                "selected",
+                format!("rows < {} or -1", obs.visible_rows),
+                w.to_string(),
+            );
+        }
+        ok
+    }
+}
+
+/// "prompt" for positions inside the prompt, else the decode step number (1 = the position of
+/// the first generated token).
+pub fn phase_label(pos: usize, prompt_len: usize) -> String {
+    if pos < prompt_len {
+        "prompt".into()
+    } else {
+        (pos + 1 - prompt_len).to_string()
+    }
+}
+
+/// Scores every visible key row under `profile`, streaming through a per-thread scratch row.
+pub fn rescore(profile: IndexProfile, obs: &IndexerObservation<'_>) -> Vec<f32> {
+    let dim = obs.head_dim;
+    let q = prepare_query(profile, obs.q_raw, obs.weights_raw, obs.heads, dim);
+    obs.keys_raw
+        .par_chunks(dim.max(1))
+        .with_min_len(256)
+        .map_init(
+            || vec![0.0f32; dim],
+            |buf, row| {
+                let s = prepare_key_row(profile, row, buf);
+                score(profile, &q, buf, s)
+            },
+        )
+        .collect()
+}
+
+impl Observer for NeedleObserver {
+    fn wants_position(&self, pos: usize) -> bool {
+        self.prompt_positions.contains(&pos)
+            || (self.cfg.probe_decode && pos >= self.cfg.prompt_len)
+    }
+
+    fn indexer(&mut self, obs: &IndexerObservation<'_>) {
+        if !self.wants_position(obs.query_pos) || !self.check_indexer(obs) {
+            return;
+        }
+        let rows = RowKind::Csa.span_rows(self.cfg.needle);
+        let driving = self.cfg.driving;
+        let rank = rank_needle(obs.scores, rows.clone());
+        self.push_records(obs, driving, &rank, obs.scores);
+
+        // The engine's selection against the driving rank.
+        let engine_k = obs.selected.len();
+        let engine_has = obs
+            .selected
+            .iter()
+            .any(|&w| w >= 0 && rows.contains(&(w as usize)) && (w as usize) < obs.visible_rows);
+        self.selection_checks += 1;
+        if engine_has != rank.selected(engine_k) && !rank.ties_straddle(engine_k) {
+            self.disagreements.push(SelectionDisagreement {
+                layer: obs.layer,
+                query_pos: obs.query_pos,
+                topk: engine_k,
+                needle_rank: rank.needle_rank,
+                rank_ties: rank.rank_ties,
+                engine_selected_needle: engine_has,
+            });
+        }
+
+        let mut done = vec![driving];
+        for profile in self.cfg.compare.clone() {
+            if done.contains(&profile) {
+                continue;
+            }
+            done.push(profile);
+            if let Err(e) = profile.check_dim(obs.head_dim) {
+                self.error(
+                    obs.layer,
+                    obs.query_pos,
+                    "head_dim",
+                    format!("a dim usable by {profile}"),
+                    e.to_string(),
+                );
+                continue;
+            }
+            let scores = rescore(profile, obs);
+            let rank = rank_needle(&scores, rows.clone());
+            self.push_records(obs, profile, &rank, &scores);
+        }
+    }
+
+    fn attention(&mut self, obs: &AttentionObservation<'_>) {
+        if !self.wants_position(obs.query_pos) {
+            return;
+        }
+        let (l, t) = (obs.layer, obs.query_pos);
+        let per_head = obs.window_positions.len() + obs.compressed_rows.len();
+        if obs.probs.len() != obs.heads * per_head {
+            let expected = format!("heads*(window+compressed) = {}", obs.heads * per_head);
+            self.error(l, t, "probs length", expected, obs.probs.len().to_string());
+            return;
+        }
+        if obs.sink_probs.len() != obs.heads {
+            self.error(
+                l,
+                t,
+                "sink_probs length (heads)",
+                obs.heads.to_string(),
+                obs.sink_probs.len().to_string(),
+            );
+            return;
+        }
+        let (a, b) = self.cfg.needle;
+        let in_needle = |p: usize| p >= a && p < b;
+        let kind = RowKind::from_ratio(obs.ratio);
+        if kind.is_none() && !obs.compressed_rows.is_empty() {
+            self.error(
+                l,
+                t,
+                "ratio",
+                "4 or 128 with compressed rows".into(),
+                obs.ratio.to_string(),
+            );
+            return;
+        }
+        let mask: Vec<bool> = obs
+            .window_positions
+            .iter()
+            .map(|&p| in_needle(p))
+            .chain(
+                obs.compressed_rows
+                    .iter()
+                    .map(|&w| kind.is_some_and(|k| k.row_touches(w, (a, b)))),
+            )
+            .collect();
+        let masses: Vec<f32> = obs
+            .probs
+            .chunks(per_head.max(1))
+            .take(obs.heads)
+            .map(|p| {
+                p.iter()
+                    .zip(&mask)
+                    .filter(|(_, &m)| m)
+                    .map(|(x, _)| *x)
+                    .sum()
+            })
+            .collect();
+        let heads = obs.heads.max(1) as f32;
+        let record = AttentionRecord {
+            cell_id: self
+                .cfg
+                .cells
+                .first()
+                .map(|c| c.cell_id.clone())
+                .unwrap_or_default(),
+            layer: l,
+            layer_type: obs.kind.name().to_string(),
+            query_pos: t,
+            phase: self.phase(t),
+            needle_mass_mean: masses.iter().sum::<f32>() / heads,
+            needle_mass_max_head: masses.iter().copied().fold(0.0, f32::max),
+            needle_in_window: obs.window_positions.iter().any(|&p| in_needle(p)),
+            sink_mass_mean: obs.sink_probs.iter().sum::<f32>() / heads,
+        };
+        self.attention_records.push(record);
+    }
+}

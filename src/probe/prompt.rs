@@ -1,0 +1,496 @@
+//! The needle prompt: the V4 chat prompt of EXACTLY the requested token count, with the needle
+//! at the requested depth and the exact token spans of the needle and of the answer value.
+//!
+//! Format (model.md 7.2, no Jinja; BOS written as text and recognised as a special token):
+//! `<｜begin▁of▁sentence｜>{system}<｜User｜>{haystack with needle}\n\n{question}<｜Assistant｜></think>`
+//! (`<think>` instead of `</think>` in thinking mode). Trailing whitespace of the haystack is
+//! dropped before the `\n\n`.
+//!
+//! Placement: the haystack is a list of units (sentences or lines, `haystack.rs`); the needle is
+//! inserted at the unit boundary whose haystack token count is nearest `depth_pct` (0 = first
+//! thing after `<｜User｜>`, 100 = last thing before the question). A prose needle is preceded by
+//! one space (none at the very start), a line needle ends in `\n`.
+//!
+//! Exact length: units are counted one by one, then a *filler* (a word prefix of fresh noise
+//! sentences, about one token per word) at the haystack end FAR from the needle (the end for
+//! depth <= 50, the start otherwise) absorbs the rest. Because token counts are not exactly
+//! additive (e.g. `.` + `\n\n` is one token), the whole prompt is re-encoded and the filler (or
+//! the number of far-end units) re-sized until the count is exact; repeated states drop a unit,
+//! so the loop cannot oscillate. Nothing near the needle changes while sizing.
+//!
+//! Span convention (precise): spans come from the byte offsets of the final encoding. The needle
+//! span `[a, b)` is the smallest token range covering the needle text's bytes;
+//! `decode(tokens[a..b]) == ws1 + needle_text + ws2` where `ws1`, `ws2` are whitespace only:
+//! `ws1` is the single space BPE glues to the first word (`" The"`), `ws2` the newlines glued to
+//! the final punctuation (`".\n"`, `".\n\n"`). The answer span likewise covers the value's bytes
+//! (digits come in 1-3 digit groups: all of them). Any token that straddles a span edge with a
+//! non-whitespace character is an error, never a silently wrong span; the decode of each span is
+//! re-checked against the prompt text.
+
+use super::haystack::{fill, HaystackGen, Layout, Unit};
+use super::scenario::{Scenario, ScenarioError};
+use super::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
+
+/// A rendered needle prompt.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct NeedlePrompt {
+    /// Prompt token ids, BOS first; `tokens.len()` is the requested length.
+    pub tokens: Vec<u32>,
+    /// Needle token span `[a, b)`.
+    pub needle: (usize, usize),
+    /// Answer value token span `[a, b)`, inside the needle span.
+    pub answer: (usize, usize),
+    /// The needle sentence (value and key substituted), no surrounding whitespace.
+    pub needle_text: String,
+    /// The value the model must reproduce.
+    pub answer_value: String,
+    /// The kv key asked for ("" when the scenario has none).
+    pub key: String,
+    /// The question as asked.
+    pub question: String,
+    /// Requested depth in percent.
+    pub depth_pct: f64,
+    /// Achieved depth: haystack tokens before the needle / all haystack tokens, in percent.
+    pub actual_depth_pct: f64,
+    /// `decode(tokens[needle])`: `needle_text` plus glued whitespace (module docs).
+    pub needle_span_text: String,
+    /// `decode(tokens[answer])`: the value plus glued whitespace.
+    pub answer_span_text: String,
+    /// The full prompt text (its encoding is `tokens`).
+    pub prompt_text: String,
+}
+
+/// Errors building a prompt; each names the flag or scenario concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    #[error("--depth: expected a percentage in 0..=100, found {found}")]
+    Depth { found: f64 },
+    #[error("--length {target}: too short for scenario {scenario}: the chat template, needle and question alone take {minimum} tokens (minimum length {minimum})")]
+    TooShort {
+        target: usize,
+        scenario: String,
+        minimum: usize,
+    },
+    #[error("--length {target}: over the model's max_position_embeddings ({max_positions})")]
+    TooLong { target: usize, max_positions: usize },
+    #[error("--length {target}: could not size scenario {scenario}'s haystack to exactly {target} tokens (closest {closest}); try another --seed")]
+    LengthNotReached {
+        target: usize,
+        scenario: String,
+        closest: usize,
+    },
+    #[error("scenario {scenario}: the {what} does not start and end on token boundaries: expected span text {expected:?} (up to glued whitespace), found {found:?}; put a space or punctuation around {{value}} in the needle")]
+    SpanNotExact {
+        scenario: String,
+        what: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("scenario {scenario}: the value {value:?} occurs {count} times in the prompt, expected exactly once; try another --seed")]
+    ValueNotUnique {
+        scenario: String,
+        value: String,
+        count: usize,
+    },
+}
+
+/// Where the filler goes: the haystack end far from the needle.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum FarEnd {
+    Start,
+    End,
+}
+
+/// Whole units are added at the far end while the filler would exceed this many tokens.
+const FILLER_MAX: usize = 96;
+const MAX_ROUNDS: usize = 40;
+/// Units tried after the first that does not fit, before the filler takes over.
+const MAX_MISSES: usize = 8;
+
+struct Rendered {
+    text: String,
+    needle_bytes: (usize, usize),
+    value_bytes: (usize, usize),
+    body_bytes: (usize, usize),
+}
+
+/// Builds the prompt for `sc` of exactly `target_tokens` tokens with the needle at `depth_pct`.
+pub fn build_prompt(
+    tok: &V4Tokenizer,
+    sc: &Scenario,
+    target_tokens: usize,
+    depth_pct: f64,
+    seed: u64,
+    max_positions: usize,
+) -> Result<NeedlePrompt, PromptError> {
+    if !(0.0..=100.0).contains(&depth_pct) {
+        return Err(PromptError::Depth { found: depth_pct });
+    }
+    if target_tokens > max_positions {
+        return Err(PromptError::TooLong {
+            target: target_tokens,
+            max_positions,
+        });
+    }
+    let (value, key) = sc.generate_value(seed);
+    let needle_text = fill(&sc.needle, &key, &value);
+    let value_offset = fill(sc.needle.split("{value}").next().unwrap_or(""), &key, "").len();
+    let question = fill(&sc.question, &key, "");
+    let mut gen = HaystackGen::new(sc, seed, &key, &value)?;
+    let layout = gen.layout();
+    let needle_unit = Unit {
+        sep: if layout == Layout::Prose {
+            " ".into()
+        } else {
+            String::new()
+        },
+        text: if layout == Layout::Lines {
+            format!("{needle_text}\n")
+        } else {
+            needle_text.clone()
+        },
+    };
+    let prefix = format!("{BOS}{}{USER}", sc.system.as_deref().unwrap_or(""));
+    let suffix = format!(
+        "\n\n{question}{ASSISTANT}{}",
+        if sc.thinking { THINK_START } else { THINK_END }
+    );
+    let render = |before: &[Unit], after: &[Unit], filler: &Option<Unit>, far: FarEnd| {
+        let mut body = String::new();
+        let mut needle_at = 0;
+        let items = filler
+            .iter()
+            .filter(|_| far == FarEnd::Start)
+            .chain(before)
+            .chain(std::iter::once(&needle_unit))
+            .chain(after)
+            .chain(filler.iter().filter(|_| far == FarEnd::End));
+        for u in items {
+            if !body.is_empty() {
+                body.push_str(&u.sep);
+            }
+            if std::ptr::eq(u, &needle_unit) {
+                needle_at = body.len();
+            }
+            body.push_str(&u.text);
+        }
+        let body = body.trim_end();
+        let n0 = prefix.len() + needle_at;
+        let text = format!("{prefix}{body}{suffix}");
+        Rendered {
+            needle_bytes: (n0, n0 + needle_text.len()),
+            value_bytes: (n0 + value_offset, n0 + value_offset + value.len()),
+            body_bytes: (prefix.len(), prefix.len() + body.len()),
+            text,
+        }
+    };
+    let count = |s: &str| tok.encode(s).map(|v| v.len());
+
+    let minimum = count(&render(&[], &[], &None, FarEnd::End).text)?;
+    if target_tokens < minimum {
+        return Err(PromptError::TooShort {
+            target: target_tokens,
+            scenario: sc.name.clone(),
+            minimum,
+        });
+    }
+    // Whole units while they fit the budget, counted one by one.
+    let budget = target_tokens - minimum;
+    let mut units: Vec<(Unit, usize)> = Vec::new();
+    let mut used = 0usize;
+    let mut misses = 0;
+    let mut pending: Option<(Unit, usize)> = None;
+    while misses < MAX_MISSES {
+        let u = gen.next_unit();
+        let c = count(&format!("{}{}", u.sep, u.text))?;
+        if used + c > budget {
+            // Long units (tool definitions): try a few more that may still fit, so the filler
+            // stays small.
+            misses += 1;
+            pending = Some((u, c));
+            continue;
+        }
+        used += c;
+        units.push((u, c));
+    }
+    // Needle boundary nearest the requested depth.
+    let goal = depth_pct / 100.0 * used as f64;
+    let (mut split, mut acc, mut best) = (0, 0usize, f64::INFINITY);
+    for j in 0..=units.len() {
+        let d = (acc as f64 - goal).abs();
+        if d < best {
+            (best, split) = (d, j);
+        }
+        if j < units.len() {
+            acc += units[j].1;
+        }
+    }
+    let mut after: Vec<(Unit, usize)> = units.split_off(split);
+    let mut before = units;
+    let mut far = if depth_pct <= 50.0 {
+        FarEnd::End
+    } else {
+        FarEnd::Start
+    };
+    let mut r = (budget - used) as i64;
+    let mut seen = std::collections::HashSet::new();
+    let mut closest = minimum;
+    // Once a unit had to be dropped to break a cycle, units are never added again, so the
+    // filler (which can take any size) absorbs the rest and the loop terminates.
+    let mut frozen = false;
+    for _ in 0..MAX_ROUNDS {
+        // Keep the filler's share small and non-negative by moving whole far-end units.
+        while r < 0 {
+            let Some((_, c)) = take_far(&mut before, &mut after, far) else {
+                break;
+            };
+            r += c as i64;
+        }
+        while !frozen && r as usize > FILLER_MAX {
+            let (u, c) = match pending.take() {
+                Some(p) => p,
+                None => {
+                    let u = gen.next_unit();
+                    let c = count(&format!("{}{}", u.sep, u.text))?;
+                    (u, c)
+                }
+            };
+            if c as i64 > r {
+                pending = Some((u, c));
+                break;
+            }
+            r -= c as i64;
+            match far {
+                FarEnd::End => after.push((u, c)),
+                FarEnd::Start => before.insert(0, (u, c)),
+            }
+        }
+        if r < 0 {
+            break;
+        }
+        let filler = if seen.insert((before.len(), after.len(), r, far)) {
+            make_filler(tok, &mut gen, r as usize, far, layout)?
+        } else {
+            None
+        };
+        let Some(filler) = filler else {
+            // A cycle (e.g. `.` + `\n\n` merging only without a filler) or no exact filler:
+            // give the filler one more far-end unit's worth of room, or use the other end
+            // when this one has nothing left.
+            frozen = true;
+            match take_far(&mut before, &mut after, far) {
+                Some((_, c)) => r += c as i64,
+                None if far == FarEnd::Start => far = FarEnd::End,
+                None => far = FarEnd::Start,
+            }
+            continue;
+        };
+        let b: Vec<Unit> = before.iter().map(|(u, _)| u.clone()).collect();
+        let a: Vec<Unit> = after.iter().map(|(u, _)| u.clone()).collect();
+        let rendered = render(&b, &a, &filler, far);
+        let (ids, offsets) = tok.encode_with_offsets(&rendered.text)?;
+        if ids.len().abs_diff(target_tokens) < closest.abs_diff(target_tokens) {
+            closest = ids.len();
+        }
+        if ids.len() == target_tokens {
+            return finish(
+                tok,
+                sc,
+                rendered,
+                ids,
+                offsets,
+                needle_text,
+                value,
+                key,
+                question,
+                depth_pct,
+            );
+        }
+        r += target_tokens as i64 - ids.len() as i64;
+    }
+    Err(PromptError::LengthNotReached {
+        target: target_tokens,
+        scenario: sc.name.clone(),
+        closest,
+    })
+}
+
+/// Removes the unit at the far end (the other end's outermost unit when that side is empty).
+fn take_far(
+    before: &mut Vec<(Unit, usize)>,
+    after: &mut Vec<(Unit, usize)>,
+    far: FarEnd,
+) -> Option<(Unit, usize)> {
+    let front = |v: &mut Vec<(Unit, usize)>| (!v.is_empty()).then(|| v.remove(0));
+    match far {
+        FarEnd::End => after.pop().or_else(|| front(before)),
+        FarEnd::Start => front(before).or_else(|| after.pop()),
+    }
+}
+
+/// A filler unit whose standalone token count (as rendered at `far`) is exactly `r`.
+fn make_filler(
+    tok: &V4Tokenizer,
+    gen: &mut HaystackGen,
+    r: usize,
+    far: FarEnd,
+    layout: Layout,
+) -> Result<Option<Option<Unit>>, TokenizerError> {
+    if r == 0 {
+        return Ok(Some(None));
+    }
+    // Rendered form: prose gets a leading space except at the very start; a line filler at
+    // the start ends in `\n` (the next line must not glue to it); at the end the haystack's
+    // trailing whitespace is trimmed anyway.
+    let lead = if far == FarEnd::End && layout == Layout::Prose {
+        " "
+    } else {
+        ""
+    };
+    let tail = if far == FarEnd::Start && layout == Layout::Lines {
+        "\n"
+    } else {
+        ""
+    };
+    let count = |s: &str| tok.encode(&format!("{lead}{s}{tail}")).map(|v| v.len());
+    for _ in 0..24 {
+        // A stream of filler words long enough for r tokens (sentence ends keep their `.`).
+        let mut words: Vec<String> = Vec::new();
+        while words.len() < r + 8 {
+            let mut w = gen.filler_words();
+            if let Some(last) = w.last_mut() {
+                last.push('.');
+            }
+            words.extend(w);
+        }
+        // The first k words without trailing punctuation (which could glue to a following
+        // `\n\n`): the count never decreases with k, so a binary search finds the k whose
+        // count is r, if there is one.
+        let candidate = |k: usize| {
+            let s = words[..k].join(" ");
+            s.trim_end_matches(|c: char| c.is_ascii_punctuation())
+                .to_string()
+        };
+        let (mut lo, mut hi) = (1usize, words.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if count(&candidate(mid))? < r {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let text = candidate(lo);
+        if !text.is_empty() && count(&text)? == r {
+            let sep = if layout == Layout::Prose { " " } else { "" };
+            return Ok(Some(Some(Unit {
+                sep: sep.into(),
+                text: format!("{text}{tail}"),
+            })));
+        }
+    }
+    Ok(None)
+}
+
+/// Smallest token range covering `bytes`; checks that only whitespace is glued on.
+fn span_of(
+    text: &str,
+    offsets: &[(usize, usize)],
+    bytes: (usize, usize),
+) -> Option<(usize, usize, String)> {
+    let a = offsets.iter().position(|o| o.1 > bytes.0)?;
+    let b = offsets.iter().rposition(|o| o.0 < bytes.1)? + 1;
+    if b <= a {
+        return None;
+    }
+    let (s, e) = (offsets[a].0.min(bytes.0), offsets[b - 1].1.max(bytes.1));
+    let covered = text.get(s..e)?.to_string();
+    let glued_ok = text.get(s..bytes.0)?.chars().all(char::is_whitespace)
+        && text.get(bytes.1..e)?.chars().all(char::is_whitespace);
+    glued_ok.then_some((a, b, covered))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    tok: &V4Tokenizer,
+    sc: &Scenario,
+    r: Rendered,
+    ids: Vec<u32>,
+    offsets: Vec<(usize, usize)>,
+    needle_text: String,
+    value: String,
+    key: String,
+    question: String,
+    depth_pct: f64,
+) -> Result<NeedlePrompt, PromptError> {
+    let count = r.text.matches(value.as_str()).count();
+    if count != 1 {
+        return Err(PromptError::ValueNotUnique {
+            scenario: sc.name.clone(),
+            value,
+            count,
+        });
+    }
+    let mut spans = [(0, 0, String::new()), (0, 0, String::new())];
+    for (i, (what, bytes, expected)) in [
+        ("needle", r.needle_bytes, &needle_text),
+        ("answer value", r.value_bytes, &value),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let not_exact = |found: String| PromptError::SpanNotExact {
+            scenario: sc.name.clone(),
+            what,
+            expected: expected.clone(),
+            found,
+        };
+        let (a, b, covered) = span_of(&r.text, &offsets, bytes).ok_or_else(|| {
+            let lo = offsets.iter().position(|o| o.1 > bytes.0).unwrap_or(0);
+            let hi = offsets
+                .iter()
+                .rposition(|o| o.0 < bytes.1)
+                .map_or(lo, |h| h + 1);
+            not_exact(tok.decode(&ids[lo..hi.max(lo)]).unwrap_or_default())
+        })?;
+        let decoded = tok.decode(&ids[a..b])?;
+        if decoded != covered || decoded.trim() != expected.as_str() {
+            return Err(not_exact(decoded));
+        }
+        spans[i] = (a, b, decoded);
+    }
+    let [(na, nb, needle_span_text), (aa, ab, answer_span_text)] = spans;
+    // Haystack token range: tokens whose bytes lie in the body.
+    let h0 = offsets
+        .iter()
+        .position(|o| o.0 >= r.body_bytes.0)
+        .unwrap_or(0);
+    let h1 = offsets
+        .iter()
+        .position(|o| o.0 >= r.body_bytes.1)
+        .unwrap_or(offsets.len());
+    let others = (h1 - h0).saturating_sub(nb - na);
+    let actual_depth_pct = if others == 0 {
+        depth_pct
+    } else {
+        100.0 * na.saturating_sub(h0) as f64 / others as f64
+    };
+    Ok(NeedlePrompt {
+        tokens: ids,
+        needle: (na, nb),
+        answer: (aa, ab),
+        needle_text,
+        answer_value: value,
+        key,
+        question,
+        depth_pct,
+        actual_depth_pct,
+        needle_span_text,
+        answer_span_text,
+        prompt_text: r.text,
+    })
+}

@@ -1,0 +1,521 @@
+//! Scenarios: what one needle test is, loaded from TOML (built-in `scenarios/*.toml`, embedded
+//! with `include_str!`, or a user's file passed as `--scenario FILE`).
+//!
+//! ```toml
+//! name = "passkey"
+//! description = "..."
+//! needle = "The pass key is {value}."       # exactly one {value}; optional {key}
+//! question = "What is the pass key?"         # may use {key}, never {value}
+//! system = "..."                             # optional system prompt (after BOS)
+//! thinking = false                           # prompt ends with <think> instead of </think>
+//! [value]     kind = "digits" | "words" | "uuid";  n = 7;  sep = "-";  words = [..]
+//! [key]       same fields as [value]; required iff the needle uses {key}
+//! [answer]    check = "substring" | "regex";  pattern = "\\b{value}\\b"   (regex only)
+//! [haystack]  kind = "noise" | "kv" | "tools" | "file";  file = "essay.txt"  (file only)
+//! ```
+//! Relative `haystack.file` paths resolve against the scenario file's directory. Every error
+//! names the scenario source and the field, with what was expected and what was found. Values
+//! come from the portable PRNG (`rng.rs`), so a seed gives the same needle everywhere. Digit
+//! values never start with 0 (a leading zero invites "answer" checks to fail on formatting).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::rng::Rng;
+use super::words::VALUE_WORDS;
+
+/// Built-in scenarios: (name, TOML text).
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("passkey", include_str!("../../scenarios/passkey.toml")),
+    (
+        "kv-retrieval",
+        include_str!("../../scenarios/kv-retrieval.toml"),
+    ),
+    ("code-cwd", include_str!("../../scenarios/code-cwd.toml")),
+    ("essay", include_str!("../../scenarios/essay.toml")),
+];
+
+/// Errors loading or validating a scenario.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("unknown scenario {name:?}: not a built-in ({builtins}) and no such file")]
+    Unknown { name: String, builtins: String },
+    #[error("scenario file {path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("scenario {file}: invalid TOML: {message}")]
+    Toml { file: String, message: String },
+    #[error("scenario {file}: field `{field}`: expected {expected}, found {found}")]
+    Field {
+        file: String,
+        field: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("scenario {scenario}: haystack kind `file` needs a text file (pass --haystack-file FILE or set haystack.file in the scenario)")]
+    MissingHaystackFile { scenario: String },
+    #[error(
+        "scenario {scenario}: --haystack-file given, but its haystack kind is `{kind}`, not `file`"
+    )]
+    HaystackFileNotUsed { scenario: String, kind: String },
+    #[error("haystack file {path}: {problem}")]
+    HaystackFile { path: PathBuf, problem: String },
+}
+
+/// How a needle value (or a kv key) is generated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValueSpec {
+    /// `n` decimal digits, the first non-zero.
+    Digits { n: usize },
+    /// `n` words from `list`, joined by `sep`.
+    Words {
+        n: usize,
+        sep: String,
+        list: Vec<String>,
+    },
+    /// A lowercase version-4-shaped UUID (8-4-4-4-12 hex).
+    Uuid,
+}
+
+impl ValueSpec {
+    pub fn generate(&self, rng: &mut Rng) -> String {
+        match self {
+            ValueSpec::Digits { n } => {
+                let mut s = String::with_capacity(*n);
+                for i in 0..*n {
+                    let d = if i == 0 {
+                        rng.range(1, 9)
+                    } else {
+                        rng.below(10)
+                    };
+                    s.push(char::from(b'0' + d as u8));
+                }
+                s
+            }
+            ValueSpec::Words { n, sep, list } => {
+                let words: Vec<&str> = (0..*n).map(|_| rng.pick(list).as_str()).collect();
+                words.join(sep)
+            }
+            ValueSpec::Uuid => {
+                let hex = |rng: &mut Rng, k: usize| -> String {
+                    (0..k)
+                        .map(|_| char::from_digit(rng.below(16) as u32, 16).unwrap_or('0'))
+                        .collect()
+                };
+                let variant = char::from_digit(8 + rng.below(4) as u32, 16).unwrap_or('8');
+                format!(
+                    "{}-{}-4{}-{}{}-{}",
+                    hex(rng, 8),
+                    hex(rng, 4),
+                    hex(rng, 3),
+                    variant,
+                    hex(rng, 3),
+                    hex(rng, 12)
+                )
+            }
+        }
+    }
+}
+
+/// How the generated answer is judged.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AnswerCheck {
+    /// The generated text contains the value.
+    Substring,
+    /// The pattern (with `{value}` replaced by the escaped value) matches the generated text.
+    Regex(String),
+}
+
+/// What the haystack is made of (see `haystack.rs`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum HaystackKind {
+    Noise,
+    Kv,
+    Tools,
+    File(Option<PathBuf>),
+}
+
+impl HaystackKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            HaystackKind::Noise => "noise",
+            HaystackKind::Kv => "kv",
+            HaystackKind::Tools => "tools",
+            HaystackKind::File(_) => "file",
+        }
+    }
+}
+
+/// A validated scenario.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    /// Needle template, trimmed, with exactly one `{value}` and at most one `{key}`.
+    pub needle: String,
+    /// Question template (may contain `{key}`).
+    pub question: String,
+    pub system: Option<String>,
+    pub thinking: bool,
+    pub value: ValueSpec,
+    pub key: Option<ValueSpec>,
+    pub answer: AnswerCheck,
+    pub haystack: HaystackKind,
+    /// "builtin:NAME" or the file path, for messages and reports.
+    pub source: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: String,
+    #[serde(default)]
+    description: String,
+    needle: String,
+    question: String,
+    system: Option<String>,
+    #[serde(default)]
+    thinking: bool,
+    value: RawValue,
+    key: Option<RawValue>,
+    answer: Option<RawAnswer>,
+    haystack: RawHaystack,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawValue {
+    kind: String,
+    n: Option<i64>,
+    sep: Option<String>,
+    words: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAnswer {
+    check: String,
+    pattern: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHaystack {
+    kind: String,
+    file: Option<PathBuf>,
+}
+
+/// Chat markers that may not appear in scenario text.
+const MARKERS: &[&str] = super::haystack::FORBIDDEN_MARKERS;
+
+impl Scenario {
+    /// Names of the built-in scenarios.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A built-in scenario by name, else a TOML file at that path.
+    pub fn load(name_or_path: &str) -> Result<Self, ScenarioError> {
+        if let Some((name, text)) = BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
+            return Self::from_toml_str(text, &format!("builtin:{name}"), None);
+        }
+        let path = Path::new(name_or_path);
+        if !path.is_file() {
+            return Err(ScenarioError::Unknown {
+                name: name_or_path.to_string(),
+                builtins: Self::builtin_names().join(", "),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string(), path.parent())
+    }
+
+    /// Parses and validates TOML; `source` names it in errors; relative `haystack.file` paths
+    /// resolve against `base_dir`.
+    pub fn from_toml_str(
+        text: &str,
+        source: &str,
+        base_dir: Option<&Path>,
+    ) -> Result<Self, ScenarioError> {
+        let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError::Toml {
+            file: source.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let field = |field: &'static str, expected: &str, found: String| ScenarioError::Field {
+            file: source.to_string(),
+            field,
+            expected: expected.to_string(),
+            found,
+        };
+        let needle = raw.needle.trim().to_string();
+        let question = raw.question.trim().to_string();
+        if raw.name.trim().is_empty() {
+            return Err(field("name", "a non-empty name", format!("{:?}", raw.name)));
+        }
+        let n_value = needle.matches("{value}").count();
+        if n_value != 1 {
+            return Err(field(
+                "needle",
+                "exactly one {value} slot",
+                format!("{n_value}"),
+            ));
+        }
+        let n_key = needle.matches("{key}").count();
+        if n_key > 1 {
+            return Err(field(
+                "needle",
+                "at most one {key} slot",
+                format!("{n_key}"),
+            ));
+        }
+        let stripped = needle.replace("{value}", "").replace("{key}", "");
+        if let Some(pos) = stripped.find('{').filter(|&p| stripped[p..].contains('}')) {
+            let slot: String = stripped[pos..].chars().take_while(|&c| c != '}').collect();
+            return Err(field(
+                "needle",
+                "only the slots {value} and {key}",
+                format!("{slot}}}"),
+            ));
+        }
+        if question.is_empty() {
+            return Err(field("question", "a non-empty question", "\"\"".into()));
+        }
+        if question.contains("{value}") {
+            return Err(field(
+                "question",
+                "no {value} slot (it would give the answer away)",
+                "{value}".into(),
+            ));
+        }
+        let q_key = question.contains("{key}");
+        if q_key && n_key == 0 {
+            return Err(field(
+                "question",
+                "{key} only when the needle has {key}",
+                "{key}".into(),
+            ));
+        }
+        for (name, text) in [("needle", &needle), ("question", &question)]
+            .into_iter()
+            .chain(raw.system.as_ref().map(|s| ("system", s)))
+        {
+            if let Some(m) = MARKERS.iter().find(|m| text.contains(**m)) {
+                return Err(field(
+                    name,
+                    "plain text without chat markers",
+                    m.to_string(),
+                ));
+            }
+        }
+        let value = parse_value(&raw.value, "value", source)?;
+        let key = match (&raw.key, n_key) {
+            (Some(k), 1) => Some(parse_value(k, "key", source)?),
+            (None, 1) => {
+                return Err(field(
+                    "key",
+                    "a [key] table because the needle uses {key}",
+                    "none".into(),
+                ))
+            }
+            (Some(_), _) => {
+                return Err(field(
+                    "key",
+                    "no [key] table unless the needle uses {key}",
+                    "[key]".into(),
+                ))
+            }
+            (None, _) => None,
+        };
+        let answer = match raw.answer {
+            None => AnswerCheck::Substring,
+            Some(a) => match (a.check.as_str(), a.pattern) {
+                ("substring", None) => AnswerCheck::Substring,
+                ("substring", Some(_)) => {
+                    return Err(field(
+                        "answer.pattern",
+                        "no pattern with check = \"substring\"",
+                        "a pattern".into(),
+                    ))
+                }
+                ("regex", Some(p)) => {
+                    let probe = p.replace("{value}", &regex::escape("12345"));
+                    regex::Regex::new(&probe)
+                        .map_err(|e| field("answer.pattern", "a valid regex", e.to_string()))?;
+                    AnswerCheck::Regex(p)
+                }
+                ("regex", None) => {
+                    return Err(field(
+                        "answer.pattern",
+                        "a pattern with check = \"regex\"",
+                        "none".into(),
+                    ))
+                }
+                (other, _) => {
+                    return Err(field(
+                        "answer.check",
+                        "\"substring\" or \"regex\"",
+                        format!("{other:?}"),
+                    ))
+                }
+            },
+        };
+        let haystack = match (raw.haystack.kind.as_str(), raw.haystack.file) {
+            ("noise", None) => HaystackKind::Noise,
+            ("kv", None) => HaystackKind::Kv,
+            ("tools", None) => HaystackKind::Tools,
+            ("file", f) => HaystackKind::File(f.map(|f| match base_dir {
+                Some(d) if f.is_relative() => d.join(f),
+                _ => f,
+            })),
+            ("noise" | "kv" | "tools", Some(_)) => {
+                return Err(field(
+                    "haystack.file",
+                    "a file only with kind = \"file\"",
+                    "a file".into(),
+                ))
+            }
+            (other, _) => {
+                return Err(field(
+                    "haystack.kind",
+                    "\"noise\", \"kv\", \"tools\" or \"file\"",
+                    format!("{other:?}"),
+                ))
+            }
+        };
+        if haystack == HaystackKind::Kv && !(n_key == 1 && q_key) {
+            return Err(field(
+                "needle",
+                "{key} in both needle and question for a kv haystack (the question asks one key)",
+                "no {key}".into(),
+            ));
+        }
+        Ok(Scenario {
+            name: raw.name.trim().to_string(),
+            description: raw.description.trim().to_string(),
+            needle,
+            question,
+            system: raw.system.filter(|s| !s.is_empty()),
+            thinking: raw.thinking,
+            value,
+            key,
+            answer,
+            haystack,
+            source: source.to_string(),
+        })
+    }
+
+    /// Uses `path` as the haystack text (`--haystack-file`); only for kind `file`.
+    pub fn with_haystack_file(mut self, path: &Path) -> Result<Self, ScenarioError> {
+        match self.haystack {
+            HaystackKind::File(_) => {
+                self.haystack = HaystackKind::File(Some(path.to_path_buf()));
+                Ok(self)
+            }
+            ref other => Err(ScenarioError::HaystackFileNotUsed {
+                scenario: self.name.clone(),
+                kind: other.name().to_string(),
+            }),
+        }
+    }
+
+    /// Needle value and key (empty when the needle has no `{key}`) for a seed.
+    pub fn generate_value(&self, seed: u64) -> (String, String) {
+        let value = self.value.generate(&mut Rng::stream(seed, "value"));
+        let key = self
+            .key
+            .as_ref()
+            .map(|k| k.generate(&mut Rng::stream(seed, "key")))
+            .unwrap_or_default();
+        (value, key)
+    }
+
+    /// Whether `generated` answers correctly for the expected `value`.
+    pub fn check_answer(&self, generated: &str, value: &str) -> bool {
+        match &self.answer {
+            AnswerCheck::Substring => generated.contains(value),
+            AnswerCheck::Regex(p) => {
+                regex::Regex::new(&p.replace("{value}", &regex::escape(value)))
+                    .map(|re| re.is_match(generated))
+                    .unwrap_or(false)
+            }
+        }
+    }
+}
+
+fn parse_value(
+    raw: &RawValue,
+    table: &'static str,
+    source: &str,
+) -> Result<ValueSpec, ScenarioError> {
+    let field = |field: &'static str, expected: &str, found: String| ScenarioError::Field {
+        file: source.to_string(),
+        field,
+        expected: expected.to_string(),
+        found,
+    };
+    let (f_n, f_kind, f_words, f_sep) = if table == "key" {
+        ("key.n", "key.kind", "key.words", "key.sep")
+    } else {
+        ("value.n", "value.kind", "value.words", "value.sep")
+    };
+    let n_in = |lo: i64, hi: i64| -> Result<usize, ScenarioError> {
+        match raw.n {
+            Some(n) if (lo..=hi).contains(&n) => Ok(n as usize),
+            Some(n) => Err(field(
+                f_n,
+                &format!("an integer in {lo}..={hi}"),
+                n.to_string(),
+            )),
+            None => Err(field(
+                f_n,
+                &format!("an integer in {lo}..={hi}"),
+                "none".into(),
+            )),
+        }
+    };
+    match raw.kind.as_str() {
+        "digits" => Ok(ValueSpec::Digits { n: n_in(1, 64)? }),
+        "words" => {
+            let list: Vec<String> = match &raw.words {
+                Some(w) => w.iter().map(|s| s.trim().to_string()).collect(),
+                None => VALUE_WORDS.iter().map(|s| s.to_string()).collect(),
+            };
+            if list.is_empty()
+                || list
+                    .iter()
+                    .any(|w| w.is_empty() || w.chars().any(char::is_whitespace))
+            {
+                return Err(field(
+                    f_words,
+                    "a non-empty list of single words",
+                    format!("{list:?}"),
+                ));
+            }
+            let sep = raw.sep.clone().unwrap_or_else(|| "-".into());
+            if sep.chars().any(|c| c == '{' || c == '}') {
+                return Err(field(
+                    f_sep,
+                    "a separator without braces",
+                    format!("{sep:?}"),
+                ));
+            }
+            Ok(ValueSpec::Words {
+                n: n_in(1, 16)?,
+                sep,
+                list,
+            })
+        }
+        "uuid" => Ok(ValueSpec::Uuid),
+        other => Err(field(
+            f_kind,
+            "\"digits\", \"words\" or \"uuid\"",
+            format!("{other:?}"),
+        )),
+    }
+}

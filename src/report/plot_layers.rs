@@ -1,0 +1,194 @@
+//! `layers_<cell_id>.png`: the needle rank on every CSA layer for one cell, at the answer
+//! position (the last prompt token, phase "prompt"; if the cell has no row there, the last
+//! probed prompt position it has). One line per scored profile (the driving one first and
+//! marked), rank 1 at the BOTTOM of a log axis. Dashed horizontal lines: every top-k of the run
+//! (the cell's own k drawn darker); dotted: the number of visible rows n_t (no rank can exceed
+//! it; a top-k at or above it makes the layer trivial). Cells without layers.csv rows get no
+//! plot.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use super::error::Result;
+use super::plots::{
+    canvas, plot_err, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX, PALETTE,
+};
+use super::records::{format_tokens, CellRecord, IndexProfile, LayerRecord};
+use super::store::RunRecords;
+
+/// A profile's colour: fixed by its position in design.md's list, so fp8 has the same colour in
+/// every plot.
+pub(crate) fn profile_colour(name: &str) -> RGBColor {
+    let i = IndexProfile::ALL
+        .iter()
+        .position(|p| p.name() == name)
+        .unwrap_or(PALETTE.len() - 1);
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Draws the plot for `cell` into `path`; `None` when the cell has no layers.csv rows.
+pub(crate) fn render(
+    records: &RunRecords,
+    cell: &CellRecord,
+    path: &Path,
+) -> Result<Option<PathBuf>> {
+    let rows: Vec<&LayerRecord> = records
+        .layers
+        .iter()
+        .filter(|r| r.cell_id == cell.cell_id && r.phase == "prompt")
+        .collect();
+    let answer_pos = cell.answer_position();
+    let pos = if rows.iter().any(|r| r.query_pos == answer_pos) {
+        answer_pos
+    } else {
+        match rows.iter().map(|r| r.query_pos).max() {
+            Some(p) => p,
+            None => return Ok(None),
+        }
+    };
+    let rows: Vec<&LayerRecord> = rows.into_iter().filter(|r| r.query_pos == pos).collect();
+
+    // Profiles: driving first, then in design.md order.
+    let mut profiles: Vec<(bool, String)> = rows
+        .iter()
+        .map(|r| (r.driving, r.profile.clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    profiles.sort_by_key(|(driving, name)| {
+        let order = IndexProfile::ALL.iter().position(|p| p.name() == name);
+        (!driving, order.unwrap_or(usize::MAX), name.clone())
+    });
+    profiles.dedup_by(|a, b| a.1 == b.1);
+
+    let layers: BTreeSet<usize> = rows.iter().map(|r| r.layer).collect();
+    let (lo, hi) = (
+        *layers.first().expect("rows are not empty") as f64,
+        *layers.last().expect("rows are not empty") as f64,
+    );
+    let topks: BTreeSet<usize> = records.cells.iter().map(|c| c.topk).collect();
+    let visible = rows.iter().map(|r| r.visible_rows).max().unwrap_or(0);
+    let max_rank = rows.iter().filter_map(|r| r.needle_rank).max().unwrap_or(1);
+    let top = rank_axis_top(
+        (max_rank.max(visible).max(*topks.last().unwrap_or(&1))) as f64,
+    );
+
+    let title = format!(
+        "Needle rank per CSA layer: {} tokens, depth {}%",
+        format_tokens(cell.target_tokens),
+        cell.depth_pct
+    );
+    let sub = subtitle(
+        &records.info,
+        &[
+            format!("index {} (driving)", cell.index),
+            format!("top-k {}", cell.topk),
+            format!("cell {}", cell.cell_id),
+        ],
+    );
+    let (root, body) = canvas(path, &title, &sub)?;
+    let err = plot_err(path);
+    let mut chart = ChartBuilder::on(&body)
+        .margin(14)
+        .margin_right(30)
+        .x_label_area_size(64)
+        .y_label_area_size(96)
+        .build_cartesian_2d((lo - 0.5)..(hi + 0.5), (0.7f64..top).log_scale())
+        .map_err(&err)?;
+    let span = (hi - lo) as usize + 1;
+    chart
+        .configure_mesh()
+        .x_labels(span.min(16))
+        .x_label_formatter(&|v: &f64| {
+            if (v - v.round()).abs() < 1e-6 {
+                format!("{}", v.round() as i64)
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&rank_label)
+        .x_desc(format!(
+            "layer index (CSA layers only; query position {pos} = last prompt token)"
+        ))
+        .y_desc("needle rank (log scale, 1 = best, at bottom)")
+        .label_style((FONT, LABEL_PX))
+        .axis_desc_style((FONT, AXIS_PX))
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(&err)?;
+
+    let x_range = [lo - 0.5, hi + 0.5];
+    for &k in &topks {
+        let own = k == cell.topk;
+        let colour = if own { RGBColor(40, 40, 40) } else { RGBColor(150, 150, 150) };
+        chart
+            .draw_series(DashedLineSeries::new(
+                x_range.iter().map(|&x| (x, k as f64)),
+                10,
+                6,
+                colour.stroke_width(2),
+            ))
+            .map_err(&err)?
+            .label(format!("top-k {k}{}", if own { " (this cell)" } else { "" }))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(2))
+            });
+    }
+    if visible > 0 {
+        let grey = RGBColor(120, 120, 120);
+        chart
+            .draw_series(DashedLineSeries::new(
+                x_range.iter().map(|&x| (x, visible as f64)),
+                2,
+                5,
+                grey.stroke_width(2),
+            ))
+            .map_err(&err)?
+            .label(format!("visible rows n_t = {visible}"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], grey.stroke_width(2))
+            });
+    }
+
+    for (driving, name) in &profiles {
+        let colour = profile_colour(name);
+        let mut points: Vec<(f64, f64)> = Vec::new();
+        for &l in &layers {
+            let rank = rows
+                .iter()
+                .find(|r| r.layer == l && &r.profile == name)
+                .and_then(|r| r.needle_rank);
+            if let Some(rank) = rank {
+                points.push((l as f64, rank as f64));
+            }
+        }
+        let width = if *driving { 3 } else { 2 };
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(width)))
+            .map_err(&err)?
+            .label(format!("{name}{}", if *driving { " (driving)" } else { "" }))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(width))
+            });
+        chart
+            .draw_series(
+                points
+                    .iter()
+                    .map(|&p| Circle::new(p, if *driving { 5 } else { 4 }, colour.filled())),
+            )
+            .map_err(&err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .label_font((FONT, 16))
+        .draw()
+        .map_err(&err)?;
+    root.present().map_err(&err)?;
+    Ok(Some(path.to_path_buf()))
+}

@@ -1,0 +1,178 @@
+//! `rank_vs_length.png`: the median (solid) and worst (dashed) `min_needle_rank` over depths and
+//! samples against context length, one colour per (index profile, top-k) (and kv when a run
+//! mixes kv modes). Both axes are log scale: x in powers of two labelled "2k", "4k", ...; rank 1
+//! at the bottom. The run's top-k values are grey dotted horizontal lines. The numbers are those
+//! of [`super::summary::summarize`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::error::Result;
+use super::plots::{
+    canvas, plot_err, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX, PALETTE,
+};
+use super::records::format_tokens;
+use super::store::RunRecords;
+use super::summary::{summarize, GroupSummary};
+
+pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
+    let groups = summarize(&records.cells);
+    let kvs: BTreeSet<&str> = groups.iter().map(|g| g.kv.name()).collect();
+    // Series in summary order: (profile, kv, topk) as first met while lengths ascend.
+    let mut series: BTreeMap<(String, usize), Vec<&GroupSummary>> = BTreeMap::new();
+    let mut order: Vec<(String, usize)> = Vec::new();
+    for g in &groups {
+        let name = if kvs.len() > 1 {
+            format!("{} kv {}", g.index, g.kv)
+        } else {
+            g.index.to_string()
+        };
+        let key = (name, g.topk);
+        if !series.contains_key(&key) {
+            order.push(key.clone());
+        }
+        series.entry(key).or_default().push(g);
+    }
+    order.sort_by_key(|(name, k)| {
+        let first = &series[&(name.clone(), *k)][0];
+        (
+            super::records::IndexProfile::ALL
+                .iter()
+                .position(|p| *p == first.index),
+            first.kv.name(),
+            *k,
+        )
+    });
+
+    let lengths: BTreeSet<usize> = groups.iter().map(|g| g.target_tokens).collect();
+    let x = |n: usize| (n.max(1) as f64).log2();
+    let (xlo, xhi) = (
+        x(*lengths.first().unwrap_or(&1)),
+        x(*lengths.last().unwrap_or(&1)),
+    );
+    let pad = if xhi - xlo < 1.0 { 0.5 } else { 0.25 };
+    let topks: BTreeSet<usize> = groups.iter().map(|g| g.topk).collect();
+    let worst = groups.iter().filter_map(|g| g.worst_rank).max().unwrap_or(1);
+    let top = rank_axis_top(worst.max(*topks.last().unwrap_or(&1)) as f64);
+
+    let profiles: BTreeSet<String> = groups.iter().map(|g| g.index.to_string()).collect();
+    let ks: Vec<String> = topks.iter().map(|k| k.to_string()).collect();
+    let sub = subtitle(
+        &records.info,
+        &[
+            format!(
+                "index {}",
+                profiles.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+            format!("top-k {}", ks.join(", ")),
+        ],
+    );
+    let (root, body) = canvas(path, "Needle rank against context length", &sub)?;
+    let err = plot_err(path);
+    let mut chart = ChartBuilder::on(&body)
+        .margin(14)
+        .margin_right(30)
+        .x_label_area_size(64)
+        .y_label_area_size(96)
+        .build_cartesian_2d((xlo - pad)..(xhi + pad), (0.7f64..top).log_scale())
+        .map_err(&err)?;
+    let span = (xhi - xlo + 2.0 * pad).ceil() as usize + 1;
+    chart
+        .configure_mesh()
+        .x_labels(span.min(14))
+        .x_label_formatter(&|v: &f64| {
+            if (v - v.round()).abs() < 1e-6 && *v >= 0.0 {
+                format_tokens(1usize << (v.round() as u32).min(40))
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&rank_label)
+        .x_desc("context length (tokens, log scale)")
+        .y_desc("min needle rank over CSA layers (log, 1 = best)")
+        .label_style((FONT, LABEL_PX))
+        .axis_desc_style((FONT, AXIS_PX))
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(&err)?;
+
+    let x_range = [xlo - pad, xhi + pad];
+    for &k in &topks {
+        let grey = RGBColor(140, 140, 140);
+        chart
+            .draw_series(DashedLineSeries::new(
+                x_range.iter().map(|&v| (v, k as f64)),
+                3,
+                5,
+                grey.stroke_width(2),
+            ))
+            .map_err(&err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!("top-k {k}"),
+                (xhi + pad, k as f64),
+                (FONT, 16)
+                    .into_font()
+                    .color(&grey)
+                    .pos(Pos::new(HPos::Right, VPos::Bottom)),
+            )))
+            .map_err(&err)?;
+    }
+
+    for (i, key) in order.iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        let gs = &series[key];
+        let median: Vec<(f64, f64)> = gs
+            .iter()
+            .filter_map(|g| g.median_rank.map(|m| (x(g.target_tokens), m.max(1.0))))
+            .collect();
+        let worst: Vec<(f64, f64)> = gs
+            .iter()
+            .filter_map(|g| g.worst_rank.map(|w| (x(g.target_tokens), w.max(1) as f64)))
+            .collect();
+        let label = format!("{} k={}", key.0, key.1);
+        chart
+            .draw_series(LineSeries::new(median.clone(), colour.stroke_width(3)))
+            .map_err(&err)?
+            .label(format!("{label} median"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
+            });
+        chart
+            .draw_series(median.iter().map(|&p| Circle::new(p, 5, colour.filled())))
+            .map_err(&err)?;
+        chart
+            .draw_series(DashedLineSeries::new(
+                worst.clone(),
+                9,
+                6,
+                colour.stroke_width(2),
+            ))
+            .map_err(&err)?
+            .label(format!("{label} worst"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 9, y)], colour.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                worst
+                    .iter()
+                    .map(|&p| TriangleMarker::new(p, 6, colour.filled())),
+            )
+            .map_err(&err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .label_font((FONT, 16))
+        .draw()
+        .map_err(&err)?;
+    root.present().map_err(&err)?;
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! PNG plots of a report directory (design.md section 6), drawn with plotters' bitmap backend.
+//!
+//! Text goes through ONE embedded font: DejaVu Sans (assets/fonts/DejaVuSans.ttf, Bitstream
+//! Vera licence, see DejaVuSans-LICENSE.txt next to it), registered once as family
+//! `sans-serif` ([`ensure_font`]); no system font is ever looked up, so the PNGs are the same
+//! on every machine.
+//!
+//! - `heatmap_<index>_<topk>.png` ([`super::plot_heatmap`]): context length x depth, colour =
+//!   verdict, worst `min_needle_rank` over the samples written in each cell.
+//! - `layers_<cell_id>.png` ([`super::plot_layers`]): needle rank per CSA layer at the answer
+//!   position, one line per scored profile, the run's top-k values as horizontal lines.
+//! - `rank_vs_length.png` ([`super::plot_ranks`]): median and worst `min_needle_rank` against
+//!   context length per (profile, top-k).
+//!
+//! Every plot is 1000 x 700 px with a two-line header (what is plotted; model, scenario,
+//! profile, top-k, "synthetic model" when run.json says so) and text of at least 16 px.
+//! Plots only read records ([`RunRecords`]); the aggregates they show are those of
+//! [`super::summary`].
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::{register_font, FontStyle};
+use rayon::prelude::*;
+
+use super::error::{ReportError, Result};
+use super::records::{file_stem, RunInfo};
+use super::store::RunRecords;
+
+/// The embedded font.
+const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+/// The family every text style uses.
+pub const FONT: &str = "sans-serif";
+/// Size of every PNG.
+pub const SIZE: (u32, u32) = (1000, 700);
+/// Text sizes in pixels.
+pub(crate) const TITLE_PX: u32 = 24;
+pub(crate) const SUBTITLE_PX: u32 = 17;
+pub(crate) const LABEL_PX: u32 = 17;
+pub(crate) const AXIS_PX: u32 = 19;
+/// Height of the header band.
+pub(crate) const HEADER_PX: u32 = 72;
+
+/// Registers the embedded DejaVu Sans as `sans-serif` (once per process).
+pub fn ensure_font() -> Result<()> {
+    static DONE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        register_font(FONT, FontStyle::Normal, FONT_BYTES)
+            .map_err(|_| "the embedded font does not parse".to_string())
+    })
+    .clone()
+    .map_err(|message| ReportError::Plot {
+        path: PathBuf::from("assets/fonts/DejaVuSans.ttf"),
+        message,
+    })
+}
+
+/// Reads the records of `run_dir` and writes every PNG into it; returns their paths
+/// (heatmaps, then per-cell layer plots, then rank_vs_length.png).
+pub fn render_all(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let records = RunRecords::read(run_dir)?;
+    render_records(&records, run_dir)
+}
+
+/// Writes every PNG for `records` into `out_dir`.
+pub fn render_records(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    ensure_font()?;
+    let mut written = super::plot_heatmap::render(records, out_dir)?;
+    let layer_plots: Vec<Option<PathBuf>> = records
+        .cells
+        .par_iter()
+        .map(|cell| {
+            let path = out_dir.join(format!("layers_{}.png", file_stem(&cell.cell_id)));
+            super::plot_layers::render(records, cell, &path)
+        })
+        .collect::<Result<_>>()?;
+    written.extend(layer_plots.into_iter().flatten());
+    if !records.cells.is_empty() {
+        let path = out_dir.join("rank_vs_length.png");
+        super::plot_ranks::render(records, &path)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Maps any drawing error onto the PNG it was for.
+pub(crate) fn plot_err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> ReportError + '_ {
+    move |e| ReportError::Plot {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// The subtitle shared by all plots: model, scenario, and what else the caller adds.
+pub(crate) fn subtitle(info: &RunInfo, parts: &[String]) -> String {
+    let mut s = format!("model {} · scenario {}", info.model_name(), info.scenario);
+    for p in parts {
+        s.push_str(" · ");
+        s.push_str(p);
+    }
+    if info.synthetic {
+        s.push_str(" (synthetic model)");
+    }
+    s
+}
+
+/// Opens a bitmap of [`SIZE`], paints it white, draws the two header lines and returns the
+/// area below them.
+pub(crate) fn canvas<'a>(
+    path: &'a Path,
+    title: &str,
+    subtitle: &str,
+) -> Result<(
+    DrawingArea<BitMapBackend<'a>, Shift>,
+    DrawingArea<BitMapBackend<'a>, Shift>,
+)> {
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err(path))?;
+    let (head, body) = root.split_vertically(HEADER_PX);
+    let centre = Pos::new(HPos::Center, VPos::Top);
+    let x = SIZE.0 as i32 / 2;
+    head.draw(&Text::new(
+        title.to_string(),
+        (x, 10),
+        (FONT, TITLE_PX).into_font().color(&BLACK).pos(centre),
+    ))
+    .map_err(plot_err(path))?;
+    head.draw(&Text::new(
+        subtitle.to_string(),
+        (x, 14 + TITLE_PX as i32),
+        (FONT, SUBTITLE_PX)
+            .into_font()
+            .color(&RGBColor(60, 60, 60))
+            .pos(centre),
+    ))
+    .map_err(plot_err(path))?;
+    Ok((root, body))
+}
+
+/// Ten distinguishable line colours (colour-blind-friendly Tableau order).
+pub(crate) const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+/// Rank-axis labels: integers (`1`, `10`, `1000`), nothing for fractional ticks.
+pub(crate) fn rank_label(v: &f64) -> String {
+    if *v >= 1.0 && (v - v.round()).abs() < 1e-6 {
+        format!("{}", v.round() as u64)
+    } else {
+        String::new()
+    }
+}
+
+/// Upper end of a log rank axis holding `max`, with head room for labels.
+pub(crate) fn rank_axis_top(max: f64) -> f64 {
+    (max.max(2.0) * 2.5).max(10.0)
+}

@@ -1,0 +1,289 @@
+//! The records of a report directory (design.md section 6, normative): [`CellRecord`] (one
+//! cells.csv row), the probe's [`LayerRecord`] (layers.csv) and [`AttentionRecord`]
+//! (attention.csv), re-exported from `crate::probe` rather than redefined, and [`RunInfo`]
+//! (run.json). The `*_COLUMNS` constants are the CSV headers in design.md order; the serde field
+//! order of each record must equal them (a test checks it).
+//!
+//! Everything the tables and plots show is read from these records; the few accessors on
+//! [`CellRecord`] only combine its own fields (e.g. layers lost = non-trivial - selected).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use crate::numerics::modes::{IndexProfile, KvMode};
+pub use crate::probe::{AttentionRecord, LayerRecord};
+
+/// cells.csv columns, in order.
+pub const CELLS_COLUMNS: [&str; 17] = [
+    "cell_id",
+    "target_tokens",
+    "prompt_tokens",
+    "depth_pct",
+    "needle_start",
+    "needle_end",
+    "answer_start",
+    "answer_end",
+    "index",
+    "kv",
+    "topk",
+    "answer_text",
+    "answer_correct",
+    "min_needle_rank",
+    "csa_layers_selected",
+    "csa_layers_nontrivial",
+    "wall_seconds",
+];
+
+/// layers.csv columns, in order.
+pub const LAYERS_COLUMNS: [&str; 15] = [
+    "cell_id",
+    "layer",
+    "query_pos",
+    "phase",
+    "profile",
+    "driving",
+    "visible_rows",
+    "needle_rows",
+    "needle_rank",
+    "rank_ties",
+    "needle_score",
+    "kth_score",
+    "margin",
+    "selected",
+    "trivial",
+];
+
+/// attention.csv columns, in order.
+pub const ATTENTION_COLUMNS: [&str; 9] = [
+    "cell_id",
+    "layer",
+    "layer_type",
+    "query_pos",
+    "phase",
+    "needle_mass_mean",
+    "needle_mass_max_head",
+    "needle_in_window",
+    "sink_mass_mean",
+];
+
+/// One cells.csv row: one probe of one (length, depth, index profile, top-k) grid cell (one
+/// sample of it when the sweep runs several prompts per cell).
+///
+/// The CSA-layer counts are taken at the answer position (the last prompt token, which produces
+/// the first answer token) under the driving profile at this cell's `topk`:
+/// `csa_layers_nontrivial` counts CSA layers with n_t > k, `csa_layers_selected` counts those
+/// NON-TRIVIAL layers on which the needle was selected (so it never exceeds the former).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CellRecord {
+    /// Unique within a run; also names `layers_<cell_id>.png`.
+    pub cell_id: String,
+    pub target_tokens: usize,
+    pub prompt_tokens: usize,
+    pub depth_pct: f64,
+    pub needle_start: usize,
+    pub needle_end: usize,
+    pub answer_start: usize,
+    pub answer_end: usize,
+    /// Driving index profile.
+    pub index: IndexProfile,
+    pub kv: KvMode,
+    pub topk: usize,
+    /// What the model generated (may be empty, may hold commas, quotes or newlines).
+    pub answer_text: String,
+    /// Whether the generated answer holds the expected value; empty (`None`) when the run judges
+    /// by indexer recall only (a synthetic model whose LM path cannot answer).
+    pub answer_correct: Option<bool>,
+    /// Best needle rank over the CSA layers at the answer position (driving profile); empty when
+    /// no needle row was visible.
+    pub min_needle_rank: Option<usize>,
+    pub csa_layers_selected: usize,
+    pub csa_layers_nontrivial: usize,
+    pub wall_seconds: f64,
+}
+
+/// How a cell's success is judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Judge {
+    /// `answer_correct` is present.
+    Answer,
+    /// `answer_correct` is empty: selected on every non-trivial CSA layer.
+    Indexer,
+}
+
+impl CellRecord {
+    /// Indexer recall: the needle was selected on every non-trivial CSA layer at the answer
+    /// position (vacuously true when every layer is trivial; see [`Self::all_trivial`]).
+    pub fn indexer_recall(&self) -> bool {
+        self.csa_layers_selected >= self.csa_layers_nontrivial
+    }
+
+    /// The verdict: `answer_correct` when present, else indexer recall.
+    pub fn recalled(&self) -> bool {
+        self.answer_correct.unwrap_or_else(|| self.indexer_recall())
+    }
+
+    pub fn judge(&self) -> Judge {
+        match self.answer_correct {
+            Some(_) => Judge::Answer,
+            None => Judge::Indexer,
+        }
+    }
+
+    /// CSA layers that lost the needle: non-trivial and not selected.
+    pub fn layers_lost(&self) -> usize {
+        self.csa_layers_nontrivial
+            .saturating_sub(self.csa_layers_selected)
+    }
+
+    /// Every CSA layer was trivial (n_t <= k): the indexer could not lose the needle, so the
+    /// cell is no evidence either way.
+    pub fn all_trivial(&self) -> bool {
+        self.csa_layers_nontrivial == 0
+    }
+
+    /// The answer position: the last prompt token.
+    pub fn answer_position(&self) -> usize {
+        self.prompt_tokens.saturating_sub(1)
+    }
+}
+
+/// run.json: what was run, on what, when; the resume check compares `sweep_args`,
+/// `model_config_hash`, `scenario` and `synthetic` (see [`RunInfo::resume_differences`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// argv as given (program name first).
+    pub command_line: Vec<String>,
+    pub model_path: String,
+    /// [`config_hash`] of the model's config.json.
+    pub model_config_hash: String,
+    pub needlescope_version: String,
+    /// RFC 3339, UTC, seconds ([`rfc3339_utc`]).
+    pub start_time: String,
+    pub scenario: String,
+    /// The model is synthetic (`synth`): every plot title says so.
+    pub synthetic: bool,
+    /// Every argument that determines the results (lengths, depths, profiles, top-k, kv,
+    /// samples, seeds...), as the sweep chooses to serialise them; compared key by key on
+    /// resume. Leave out what does not change results (output directory, device, chunk size).
+    pub sweep_args: serde_json::Value,
+}
+
+impl RunInfo {
+    /// A run starting now, with this crate's version and the process's command line.
+    pub fn new(
+        model_path: impl Into<String>,
+        model_config_hash: impl Into<String>,
+        scenario: impl Into<String>,
+        synthetic: bool,
+        sweep_args: serde_json::Value,
+    ) -> Self {
+        RunInfo {
+            command_line: std::env::args().collect(),
+            model_path: model_path.into(),
+            model_config_hash: model_config_hash.into(),
+            needlescope_version: env!("CARGO_PKG_VERSION").to_string(),
+            start_time: rfc3339_utc(SystemTime::now()),
+            scenario: scenario.into(),
+            synthetic,
+            sweep_args,
+        }
+    }
+
+    /// The short model name for plot titles: the last component of `model_path`.
+    pub fn model_name(&self) -> &str {
+        let p = self.model_path.trim_end_matches(['/', '\\']);
+        p.rsplit(['/', '\\']).next().filter(|s| !s.is_empty()).unwrap_or(p)
+    }
+
+    /// Fields in which `now` (the run being started) differs from `self` (run.json): the
+    /// model config hash, scenario, synthetic flag and each differing key of `sweep_args`.
+    pub fn resume_differences(&self, now: &RunInfo) -> Vec<crate::report::FieldDifference> {
+        use crate::report::FieldDifference;
+        let mut out = Vec::new();
+        let mut cmp = |field: String, a: serde_json::Value, b: serde_json::Value| {
+            if a != b {
+                out.push(FieldDifference {
+                    field,
+                    expected: a.to_string(),
+                    found: b.to_string(),
+                });
+            }
+        };
+        cmp(
+            "model_config_hash".into(),
+            self.model_config_hash.clone().into(),
+            now.model_config_hash.clone().into(),
+        );
+        cmp("scenario".into(), self.scenario.clone().into(), now.scenario.clone().into());
+        cmp("synthetic".into(), self.synthetic.into(), now.synthetic.into());
+        match (&self.sweep_args, &now.sweep_args) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                for k in keys {
+                    let get = |m: &serde_json::Map<String, serde_json::Value>| {
+                        m.get(k).cloned().unwrap_or(serde_json::Value::Null)
+                    };
+                    cmp(format!("sweep_args.{k}"), get(a), get(b));
+                }
+            }
+            (a, b) => cmp("sweep_args".into(), a.clone(), b.clone()),
+        }
+        out
+    }
+}
+
+/// `sha256:<hex>` of a config.json's bytes (the `model_config_hash` of run.json).
+pub fn config_hash(config_json: &[u8]) -> String {
+    let digest = Sha256::digest(config_json);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// RFC 3339 UTC timestamp with whole seconds, e.g. `2025-11-29T17:23:05Z`, from std only
+/// (days-to-civil conversion of the proleptic Gregorian calendar). Times before 1970 clamp.
+pub fn rfc3339_utc(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // H. Hinnant's civil_from_days, shifted so eras start on 0000-03-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z")
+}
+
+/// Token counts as users write them: `2048` -> `2k`, `1048576` -> `1m`, `3000` -> `3000`.
+pub fn format_tokens(n: usize) -> String {
+    const M: usize = 1 << 20;
+    if n >= M && n % M == 0 {
+        format!("{}m", n / M)
+    } else if n >= 1024 && n % 1024 == 0 {
+        format!("{}k", n / 1024)
+    } else {
+        n.to_string()
+    }
+}
+
+/// A cell id made safe as part of a file name: characters outside `[A-Za-z0-9._-]` become `_`.
+pub fn file_stem(cell_id: &str) -> String {
+    cell_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,302 @@
+//! The report directory on disk (design.md section 6): [`RunDir`] writes it cell by cell and
+//! resumes it; [`RunRecords`] reads it back for `needlescope report`.
+//!
+//! Files: `run.json` ([`RunInfo`]), `cells.csv`, `layers.csv`, `attention.csv` (headers written
+//! once, rows appended), `summary.json` (rewritten after every cell).
+//!
+//! Commit protocol: "a kill at any moment loses at most the cell in flight".
+//! 1. [`RunDir::append_cell`] writes the cell's layers.csv rows, flushes and `sync_data`s, then
+//!    its attention.csv rows (flush, sync), and LAST its one cells.csv row (flush, sync). A
+//!    cells.csv row is the commit marker: a cell is finished iff its row is complete.
+//! 2. summary.json is then replaced atomically (temporary file + rename); it is derived data
+//!    and is rebuilt on resume anyway.
+//! 3. On resume, each CSV is cut back to its last complete record (a torn tail from a kill is
+//!    truncated). Then layers.csv and attention.csv rows whose cell_id is not in cells.csv (the
+//!    cell in flight) are dropped by REWRITING the file: the header and the kept rows' original
+//!    bytes go to a temporary file that is synced and renamed over the old one. Rewriting (not
+//!    truncating to a byte offset) keeps cells.csv to its normative columns and removes orphans
+//!    wherever they sit; a kill during the rewrite leaves the old file, which the next resume
+//!    cleans again. Files are rewritten only when they hold an orphan.
+//!
+//! run.json is written once, atomically, when the directory is created; a resume checks it
+//! against the new run ([`RunInfo::resume_differences`]) and refuses on any difference.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::csvio::{
+    atomic_write, csv_err, flush_sync, open_append, read_json, read_tolerant, truncate,
+    write_json, ParsedCsv,
+};
+use super::error::{ReportError, Result};
+use super::records::{
+    AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
+    LAYERS_COLUMNS,
+};
+use super::summary::SummaryJson;
+
+pub const RUN_JSON: &str = "run.json";
+pub const CELLS_CSV: &str = "cells.csv";
+pub const LAYERS_CSV: &str = "layers.csv";
+pub const ATTENTION_CSV: &str = "attention.csv";
+pub const SUMMARY_JSON: &str = "summary.json";
+
+/// A report directory open for appending finished cells.
+pub struct RunDir {
+    dir: PathBuf,
+    info: RunInfo,
+    cells: Vec<CellRecord>,
+    finished: HashSet<String>,
+    cells_w: csv::Writer<File>,
+    layers_w: csv::Writer<File>,
+    attention_w: csv::Writer<File>,
+}
+
+impl RunDir {
+    /// Creates `dir` for `info`, or resumes it when it already holds a run.json that records the
+    /// same run. Returns the store and the cells already finished (in file order); the caller
+    /// skips those. Refuses ([`ReportError::ResumeMismatch`], naming every differing field) when
+    /// run.json records other arguments, model hash or scenario.
+    pub fn create_or_resume(dir: &Path, info: RunInfo) -> Result<(RunDir, Vec<CellRecord>)> {
+        std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
+        let run_json = dir.join(RUN_JSON);
+        let info = if run_json.exists() {
+            let on_disk: RunInfo = read_json(&run_json)?;
+            let differences = on_disk.resume_differences(&info);
+            if !differences.is_empty() {
+                return Err(ReportError::ResumeMismatch {
+                    path: run_json,
+                    differences,
+                });
+            }
+            on_disk
+        } else {
+            for name in [CELLS_CSV, LAYERS_CSV, ATTENTION_CSV] {
+                let p = dir.join(name);
+                if p.metadata().is_ok_and(|m| m.len() > 0) {
+                    return Err(ReportError::NotARunDir {
+                        path: dir.to_path_buf(),
+                        found: format!("{name} without run.json; refusing to append to it"),
+                    });
+                }
+            }
+            write_json(&run_json, &info)?;
+            info
+        };
+
+        let cells_path = dir.join(CELLS_CSV);
+        let cells_csv: ParsedCsv<CellRecord> = read_tolerant(&cells_path, &CELLS_COLUMNS)?;
+        repair(&cells_path, &cells_csv, &CELLS_COLUMNS, |_| true)?;
+        let mut finished = HashSet::new();
+        let mut cells = Vec::with_capacity(cells_csv.records.len());
+        for (cell, _) in cells_csv.records {
+            if !finished.insert(cell.cell_id.clone()) {
+                return Err(ReportError::Mismatch {
+                    path: cells_path,
+                    what: format!("cell_id {}", cell.cell_id),
+                    expected: "one row per cell".into(),
+                    found: "a second row".into(),
+                });
+            }
+            cells.push(cell);
+        }
+        let layers_path = dir.join(LAYERS_CSV);
+        let layers: ParsedCsv<LayerRecord> = read_tolerant(&layers_path, &LAYERS_COLUMNS)?;
+        repair(&layers_path, &layers, &LAYERS_COLUMNS, |r| {
+            finished.contains(&r.cell_id)
+        })?;
+        let att_path = dir.join(ATTENTION_CSV);
+        let attention: ParsedCsv<AttentionRecord> =
+            read_tolerant(&att_path, &ATTENTION_COLUMNS)?;
+        repair(&att_path, &attention, &ATTENTION_COLUMNS, |r| {
+            finished.contains(&r.cell_id)
+        })?;
+
+        let run = RunDir {
+            cells_w: open_append(&cells_path)?,
+            layers_w: open_append(&layers_path)?,
+            attention_w: open_append(&att_path)?,
+            dir: dir.to_path_buf(),
+            info,
+            cells: cells.clone(),
+            finished,
+        };
+        run.write_summary()?;
+        Ok((run, cells))
+    }
+
+    /// Records one finished cell: its layers.csv rows, then attention.csv rows, then (the commit
+    /// marker) its cells.csv row, each file flushed and synced; then summary.json. Every layer
+    /// and attention record must carry `cell.cell_id`, and the cell must not be finished yet.
+    pub fn append_cell(
+        &mut self,
+        cell: &CellRecord,
+        layers: &[LayerRecord],
+        attention: &[AttentionRecord],
+    ) -> Result<()> {
+        let cells_path = self.dir.join(CELLS_CSV);
+        if self.finished.contains(&cell.cell_id) {
+            return Err(ReportError::Mismatch {
+                path: cells_path,
+                what: format!("cell_id {}", cell.cell_id),
+                expected: "a cell not yet finished".into(),
+                found: "a cell already in cells.csv".into(),
+            });
+        }
+        let layers_path = self.dir.join(LAYERS_CSV);
+        let att_path = self.dir.join(ATTENTION_CSV);
+        same_cell(&layers_path, &cell.cell_id, layers.iter().map(|r| r.cell_id.as_str()))?;
+        same_cell(&att_path, &cell.cell_id, attention.iter().map(|r| r.cell_id.as_str()))?;
+
+        append(&mut self.layers_w, &layers_path, layers)?;
+        append(&mut self.attention_w, &att_path, attention)?;
+        append(&mut self.cells_w, &cells_path, std::slice::from_ref(cell))?;
+        self.finished.insert(cell.cell_id.clone());
+        self.cells.push(cell.clone());
+        self.write_summary()
+    }
+
+    /// Whether `cell_id` is finished (its cells.csv row is on disk).
+    pub fn is_finished(&self, cell_id: &str) -> bool {
+        self.finished.contains(cell_id)
+    }
+
+    /// Every finished cell, in file order.
+    pub fn cells(&self) -> &[CellRecord] {
+        &self.cells
+    }
+
+    /// The run as recorded in run.json (on resume: the original start time and command line).
+    pub fn info(&self) -> &RunInfo {
+        &self.info
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn write_summary(&self) -> Result<()> {
+        write_json(
+            &self.dir.join(SUMMARY_JSON),
+            &SummaryJson::new(&self.info, &self.cells),
+        )
+    }
+}
+
+/// Every record handed in with a cell must carry its cell_id.
+fn same_cell<'a>(
+    path: &Path,
+    cell_id: &str,
+    mut ids: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    match ids.find(|id| *id != cell_id) {
+        Some(other) => Err(ReportError::Mismatch {
+            path: path.to_path_buf(),
+            what: "cell_id of a record appended with a cell".into(),
+            expected: cell_id.to_string(),
+            found: other.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Serialises `rows`, flushes and syncs.
+fn append<T: Serialize>(w: &mut csv::Writer<File>, path: &Path, rows: &[T]) -> Result<()> {
+    for r in rows {
+        w.serialize(r).map_err(csv_err(path))?;
+    }
+    flush_sync(w, path)
+}
+
+/// Brings a CSV back to "header + complete rows that `keep` accepts": writes the header into an
+/// empty or headerless file, truncates a torn tail, rewrites the file without rejected rows.
+fn repair<T>(
+    path: &Path,
+    csv: &ParsedCsv<T>,
+    columns: &[&str],
+    keep: impl Fn(&T) -> bool,
+) -> Result<()> {
+    if !csv.has_header {
+        // Missing, empty, or killed while writing the header: nothing else can be in it.
+        let mut line = columns.join(",");
+        line.push('\n');
+        return atomic_write(path, line.as_bytes());
+    }
+    if csv.records.iter().all(|(r, _)| keep(r)) {
+        if csv.torn() {
+            truncate(path, csv.good_len)?;
+        }
+        return Ok(());
+    }
+    let bytes = std::fs::read(path).map_err(ReportError::io(path))?;
+    let mut out = bytes[..csv.header_end as usize].to_vec();
+    for (r, range) in &csv.records {
+        if keep(r) {
+            out.extend_from_slice(&bytes[range.start as usize..range.end as usize]);
+        }
+    }
+    atomic_write(path, &out)
+}
+
+/// Everything a report directory holds, read without modifying it (for `needlescope report`).
+#[derive(Clone, Debug)]
+pub struct RunRecords {
+    pub dir: PathBuf,
+    pub info: RunInfo,
+    /// Finished cells (complete cells.csv rows), in file order.
+    pub cells: Vec<CellRecord>,
+    /// layers.csv rows of finished cells (orphans of a cell in flight are skipped).
+    pub layers: Vec<LayerRecord>,
+    /// attention.csv rows of finished cells.
+    pub attention: Vec<AttentionRecord>,
+}
+
+impl RunRecords {
+    /// Reads `dir`; torn tails and rows of unfinished cells are ignored, files are not touched.
+    /// A missing layers.csv or attention.csv reads as empty; a missing run.json is an error.
+    pub fn read(dir: &Path) -> Result<RunRecords> {
+        let run_json = dir.join(RUN_JSON);
+        if !run_json.exists() {
+            let found = match std::fs::read_dir(dir) {
+                Ok(entries) => {
+                    let mut names: Vec<String> = entries
+                        .filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect();
+                    names.sort();
+                    names.truncate(8);
+                    format!("[{}]", names.join(", "))
+                }
+                Err(e) => e.to_string(),
+            };
+            return Err(ReportError::NotARunDir {
+                path: dir.to_path_buf(),
+                found,
+            });
+        }
+        let info: RunInfo = read_json(&run_json)?;
+        let cells: Vec<CellRecord> = rows(&dir.join(CELLS_CSV), &CELLS_COLUMNS)?;
+        let finished: HashSet<&str> = cells.iter().map(|c| c.cell_id.as_str()).collect();
+        let mut layers: Vec<LayerRecord> = rows(&dir.join(LAYERS_CSV), &LAYERS_COLUMNS)?;
+        layers.retain(|r| finished.contains(r.cell_id.as_str()));
+        let mut attention: Vec<AttentionRecord> =
+            rows(&dir.join(ATTENTION_CSV), &ATTENTION_COLUMNS)?;
+        attention.retain(|r| finished.contains(r.cell_id.as_str()));
+        Ok(RunRecords {
+            dir: dir.to_path_buf(),
+            info,
+            cells,
+            layers,
+            attention,
+        })
+    }
+}
+
+fn rows<T: DeserializeOwned>(path: &Path, columns: &[&str]) -> Result<Vec<T>> {
+    let csv: ParsedCsv<T> = read_tolerant(path, columns)?;
+    Ok(csv.records.into_iter().map(|(r, _)| r).collect())
+}

@@ -1,0 +1,238 @@
+//! Summaries of finished cells: per (target length, index profile, kv, top-k) group the recall
+//! rate, the median and worst `min_needle_rank`, and the CSA layers lost. Rendered as a plain
+//! aligned terminal table ([`render_table`]) and as summary.json ([`SummaryJson`]).
+//!
+//! Definitions (all from [`CellRecord`] fields, nothing recomputed from layers):
+//! - a cell is recalled when `answer_correct` is true, or, when it is empty, when the needle was
+//!   selected on every non-trivial CSA layer at the answer position (indexer recall);
+//! - median / worst rank: median / maximum of the cells' `min_needle_rank` (cells without one
+//!   are left out); the median of an even count is the mean of the two middle values;
+//! - layers lost per cell = `csa_layers_nontrivial - csa_layers_selected`; the group reports
+//!   the worst cell (and its non-trivial count) and the sum over cells;
+//! - a trivial cell has no non-trivial CSA layer: shown, never evidence.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+
+use super::records::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
+
+/// One group of cells: a target length under one (index, kv, top-k).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GroupSummary {
+    pub target_tokens: usize,
+    pub index: IndexProfile,
+    pub kv: KvMode,
+    pub topk: usize,
+    /// Finished cells (depths x samples).
+    pub cells: usize,
+    pub recalled: usize,
+    pub recall_rate: f64,
+    /// "answer", "indexer" or "mixed": how the cells were judged.
+    pub judged_by: &'static str,
+    pub median_rank: Option<f64>,
+    pub worst_rank: Option<usize>,
+    /// Cells whose every CSA layer was trivial (n_t <= k).
+    pub trivial_cells: usize,
+    /// Most CSA layers lost in one cell, and that cell's non-trivial CSA layer count.
+    pub layers_lost_worst: usize,
+    pub layers_nontrivial_of_worst: usize,
+    /// CSA layers lost, summed over the cells.
+    pub layers_lost_total: usize,
+}
+
+fn profile_order(p: IndexProfile) -> usize {
+    IndexProfile::ALL.iter().position(|q| *q == p).unwrap_or(usize::MAX)
+}
+
+/// Median of ascending `v` (mean of the two middle values for an even count).
+pub fn median(sorted: &[usize]) -> Option<f64> {
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2] as f64),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) as f64 / 2.0),
+    }
+}
+
+/// Groups `cells` by (target_tokens, index, kv, topk), ordered by length, then profile in
+/// design.md order, then kv, then top-k.
+pub fn summarize(cells: &[CellRecord]) -> Vec<GroupSummary> {
+    let mut groups: BTreeMap<(usize, usize, &str, usize), Vec<&CellRecord>> = BTreeMap::new();
+    for c in cells {
+        groups
+            .entry((c.target_tokens, profile_order(c.index), c.kv.name(), c.topk))
+            .or_default()
+            .push(c);
+    }
+    groups
+        .into_values()
+        .map(|cs| {
+            let first = cs[0];
+            let recalled = cs.iter().filter(|c| c.recalled()).count();
+            let answers = cs.iter().filter(|c| c.answer_correct.is_some()).count();
+            let mut ranks: Vec<usize> = cs.iter().filter_map(|c| c.min_needle_rank).collect();
+            ranks.sort_unstable();
+            let worst_cell = cs
+                .iter()
+                .max_by_key(|c| (c.layers_lost(), c.csa_layers_nontrivial))
+                .expect("groups are never empty");
+            GroupSummary {
+                target_tokens: first.target_tokens,
+                index: first.index,
+                kv: first.kv,
+                topk: first.topk,
+                cells: cs.len(),
+                recalled,
+                recall_rate: recalled as f64 / cs.len() as f64,
+                judged_by: match answers {
+                    0 => "indexer",
+                    n if n == cs.len() => "answer",
+                    _ => "mixed",
+                },
+                median_rank: median(&ranks),
+                worst_rank: ranks.last().copied(),
+                trivial_cells: cs.iter().filter(|c| c.all_trivial()).count(),
+                layers_lost_worst: worst_cell.layers_lost(),
+                layers_nontrivial_of_worst: worst_cell.csa_layers_nontrivial,
+                layers_lost_total: cs.iter().map(|c| c.layers_lost()).sum(),
+            }
+        })
+        .collect()
+}
+
+/// summary.json: the run's identity and the group summaries.
+#[derive(Clone, Debug, Serialize)]
+pub struct SummaryJson {
+    pub model: String,
+    pub scenario: String,
+    pub synthetic: bool,
+    pub cells_finished: usize,
+    pub groups: Vec<GroupSummary>,
+}
+
+impl SummaryJson {
+    pub fn new(info: &RunInfo, cells: &[CellRecord]) -> Self {
+        SummaryJson {
+            model: info.model_name().to_string(),
+            scenario: info.scenario.clone(),
+            synthetic: info.synthetic,
+            cells_finished: cells.len(),
+            groups: summarize(cells),
+        }
+    }
+}
+
+/// Whether stdout should get colour: a terminal, and `NO_COLOR` unset.
+pub fn stdout_wants_colour() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+const GREEN: &str = "\x1b[32m";
+const RED: &str = "\x1b[31m";
+const YELLOW: &str = "\x1b[33m";
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+/// The aligned table (columns padded by their plain-text width; colour codes, when asked for,
+/// wrap the padded cell so alignment holds), followed by a short legend.
+pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
+    const HEAD: [&str; 10] = [
+        "length", "index", "kv", "top-k", "cells", "recall", "median rank", "worst rank",
+        "CSA lost (worst cell)", "CSA lost (sum)",
+    ];
+    let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
+    for g in groups {
+        let recall = format!(
+            "{}/{} {:>3.0}%{}",
+            g.recalled,
+            g.cells,
+            g.recall_rate * 100.0,
+            match g.judged_by {
+                "answer" => "",
+                "indexer" => " idx",
+                _ => " mix",
+            }
+        );
+        let tone = if g.trivial_cells == g.cells {
+            Some(DIM)
+        } else if g.recalled == g.cells {
+            Some(GREEN)
+        } else if g.recalled == 0 {
+            Some(RED)
+        } else {
+            Some(YELLOW)
+        };
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        let mut lost = format!("{}/{}", g.layers_lost_worst, g.layers_nontrivial_of_worst);
+        if g.trivial_cells == g.cells {
+            lost = "trivial".into();
+        }
+        rows.push((
+            vec![
+                format_tokens(g.target_tokens),
+                g.index.to_string(),
+                g.kv.to_string(),
+                g.topk.to_string(),
+                g.cells.to_string(),
+                recall,
+                opt(g.median_rank.map(|m| {
+                    if m.fract() == 0.0 {
+                        format!("{m:.0}")
+                    } else {
+                        format!("{m:.1}")
+                    }
+                })),
+                opt(g.worst_rank.map(|w| w.to_string())),
+                lost,
+                g.layers_lost_total.to_string(),
+            ],
+            tone,
+        ));
+    }
+    let mut width: Vec<usize> = HEAD.iter().map(|h| h.chars().count()).collect();
+    for (r, _) in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    // Text columns left-aligned, numbers right-aligned.
+    let left = |i: usize| i == 1 || i == 2;
+    let pad = |i: usize, s: &str| {
+        if left(i) {
+            format!("{s:<w$}", w = width[i])
+        } else {
+            format!("{s:>w$}", w = width[i])
+        }
+    };
+    let mut out = String::new();
+    let head: Vec<String> = HEAD.iter().enumerate().map(|(i, h)| pad(i, h)).collect();
+    out.push_str(head.join("  ").trim_end());
+    out.push('\n');
+    let rule: Vec<String> = width.iter().map(|w| "-".repeat(*w)).collect();
+    out.push_str(&rule.join("  "));
+    out.push('\n');
+    for (r, tone) in &rows {
+        let cells: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let p = pad(i, c);
+                match tone {
+                    Some(t) if colour && i == 5 => format!("{t}{p}{RESET}"),
+                    _ => p,
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str(
+        "recall: answer correct; \"idx\": no answer verdict, judged by indexer recall (needle \
+         selected on every non-trivial CSA layer at the answer position).\n\
+         rank: min_needle_rank (best rank over CSA layers), median and worst over cells.\n\
+         CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle; \
+         trivial: n_t <= k on every CSA layer (no evidence).\n",
+    );
+    out
+}

@@ -1,0 +1,263 @@
+//! synth -> Checkpoint round trips: every tensor of a tiny synthetic checkpoint has the dtype and
+//! shape of the inventory and decodes, through the reader, to exactly what the generator made
+//! after the format's own rounding (recomputed here with the numerics encoders, not with synth's
+//! code path). Also: sharding changes nothing, the same seed gives the same bytes.
+
+use needlescope::checkpoint::inventory::{
+    expected_inventory, linear_storage, logical_inventory, LinearStorage, Role, FP4_GROUP,
+};
+use needlescope::checkpoint::values::{generate, Values};
+use needlescope::checkpoint::{
+    audit, compare, synth, Checkpoint, Preset, SynthOptions, SynthSummary, WeightFormat,
+};
+use needlescope::numerics::codecs::bf16_round;
+use needlescope::numerics::formats::{
+    dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, quant_fp4_group, quant_fp8_block,
+    quant_nvfp4,
+};
+use std::path::Path;
+
+fn tiny(dir: &Path, format: WeightFormat, shards: usize, seed: u64) -> SynthSummary {
+    let mut o = SynthOptions::new(Preset::Tiny, format, dir);
+    o.shards = shards;
+    o.seed = seed;
+    synth(&o, None).unwrap()
+}
+
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}: first difference at {i}: read {} expected {}",
+            got[i], want[i]
+        );
+    }
+}
+
+/// What the reader must return for `x` stored as `storage` ([out, in] = `o`, `i`).
+fn rounded(storage: LinearStorage, x: &[f32], o: usize, i: usize) -> Vec<f32> {
+    match storage {
+        LinearStorage::Bf16 => x.iter().map(|&v| bf16_round(v)).collect(),
+        LinearStorage::Fp8Block { block: (b, _) } => {
+            let (w, s) = quant_fp8_block(x, o, i, b).unwrap();
+            dequant_fp8_block(&w, &s, o, i, b).unwrap()
+        }
+        LinearStorage::Fp4Group => {
+            let (w, s) = quant_fp4_group(x, o, i, FP4_GROUP).unwrap();
+            dequant_fp4_group(&w, &s, o, i, FP4_GROUP).unwrap()
+        }
+        LinearStorage::Nvfp4 => {
+            let (w, s, s2) = quant_nvfp4(x, o, i).unwrap();
+            dequant_nvfp4(&w, &s, s2, o, i).unwrap()
+        }
+    }
+}
+
+fn check_every_tensor_decodes_to_the_generator(format: WeightFormat) {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = tiny(dir.path(), format, 1, 42);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    assert_eq!(ckpt.format(), format);
+    let cfg = ckpt.config().clone();
+    assert_eq!(cfg, summary.config);
+    let diff = compare(&ckpt, &expected_inventory(&cfg, format));
+    assert!(diff.is_clean(), "{}", diff.summary(10));
+    assert!(audit(&ckpt).is_clean());
+    assert_eq!(ckpt.len(), summary.tensors);
+    assert_eq!(ckpt.payload_bytes(), summary.payload_bytes);
+    let mut kinds = std::collections::BTreeSet::new();
+    for lt in logical_inventory(&cfg) {
+        let values = generate(&cfg, 42, &lt);
+        match (values, linear_storage(&cfg, format.into(), lt.role)) {
+            (Values::I64(want), _) => {
+                assert_eq!(
+                    ckpt.i64_tensor(&lt.name, &lt.shape).unwrap(),
+                    want,
+                    "{}",
+                    lt.name
+                )
+            }
+            (Values::F32(x), None) => {
+                let got = ckpt.f32_tensor(&lt.name, &lt.shape).unwrap();
+                let bf16 = matches!(lt.role, Role::Embed | Role::Norm);
+                let want: Vec<f32> = if bf16 {
+                    x.iter().map(|&v| bf16_round(v)).collect()
+                } else {
+                    x
+                };
+                assert_same_bits(&got, &want, &lt.name);
+            }
+            (Values::F32(x), Some(storage)) => {
+                let (o, i) = (lt.shape[0], lt.shape[1]);
+                let q = ckpt.linear(&lt.name, o, i).unwrap();
+                kinds.insert(q.kind());
+                assert_eq!((q.rows(), q.cols()), (o, i));
+                let got = ckpt.linear_f32(&lt.name, o, i).unwrap();
+                assert_same_bits(&got, &rounded(storage, &x, o, i), &lt.name);
+            }
+        }
+    }
+    let want: &[&str] = match format {
+        WeightFormat::Bf16 => &["bf16"],
+        WeightFormat::Official => &["bf16", "fp4-group", "fp8-block"],
+        WeightFormat::Nvfp4 => &["bf16", "fp4-group", "fp8-block", "nvfp4"],
+    };
+    assert_eq!(kinds.into_iter().collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn bf16_tiny_round_trips_every_tensor() {
+    check_every_tensor_decodes_to_the_generator(WeightFormat::Bf16);
+}
+
+#[test]
+fn official_tiny_round_trips_every_tensor() {
+    check_every_tensor_decodes_to_the_generator(WeightFormat::Official);
+}
+
+#[test]
+fn nvfp4_tiny_round_trips_every_tensor() {
+    check_every_tensor_decodes_to_the_generator(WeightFormat::Nvfp4);
+}
+
+#[test]
+fn quantised_weights_are_close_to_the_generator() {
+    // A guard against a self-consistent but wrong encoder: decoded FP8 stays within e4m3's
+    // relative step of the generated value (plus the block's subnormal floor).
+    let dir = tempfile::tempdir().unwrap();
+    tiny(dir.path(), WeightFormat::Official, 1, 1);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let cfg = ckpt.config().clone();
+    let lt = logical_inventory(&cfg)
+        .into_iter()
+        .find(|t| t.name == "layers.1.attn.wq_b")
+        .unwrap();
+    let Values::F32(x) = generate(&cfg, 1, &lt) else {
+        panic!()
+    };
+    let got = ckpt.linear_f32(&lt.name, lt.shape[0], lt.shape[1]).unwrap();
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (g, w) in got.iter().zip(&x) {
+        assert!(
+            (g - w).abs() <= w.abs() / 16.0 + amax / 448.0 / 8.0,
+            "{g} vs {w}"
+        );
+    }
+}
+
+#[test]
+fn sharded_checkpoint_reads_the_same_as_a_single_file() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let one = tiny(a.path(), WeightFormat::Official, 1, 3);
+    let three = tiny(b.path(), WeightFormat::Official, 3, 3);
+    assert_eq!(one.files.len(), 1);
+    assert_eq!(three.files.len(), 3);
+    assert!(b.path().join("model.safetensors.index.json").is_file());
+    assert!(b.path().join("model-00002-of-00003.safetensors").is_file());
+    let (ca, cb) = (
+        Checkpoint::open(a.path()).unwrap(),
+        Checkpoint::open(b.path()).unwrap(),
+    );
+    assert_eq!(cb.shard_paths().len(), 3);
+    assert_eq!(
+        ca.names().collect::<Vec<_>>(),
+        cb.names().collect::<Vec<_>>()
+    );
+    for name in ca.names() {
+        assert_eq!(
+            ca.raw_bytes(name).unwrap(),
+            cb.raw_bytes(name).unwrap(),
+            "{name}"
+        );
+    }
+    let (o, i) = (cb.config().q_lora_rank, cb.config().hidden_size);
+    assert_eq!(
+        ca.linear_f32("layers.2.attn.wq_a", o, i).unwrap(),
+        cb.linear_f32("layers.2.attn.wq_a", o, i).unwrap()
+    );
+    // A weight and its scale always share a shard.
+    let w = cb.info("layers.2.attn.wq_a.weight").unwrap();
+    let s = cb.info("layers.2.attn.wq_a.scale").unwrap();
+    assert_eq!(w.file, s.file);
+    // Re-synth into the same directory as one file: the stale shards and index disappear.
+    tiny(b.path(), WeightFormat::Official, 1, 3);
+    assert!(!b.path().join("model.safetensors.index.json").exists());
+    assert!(!b.path().join("model-00002-of-00003.safetensors").exists());
+    assert_eq!(Checkpoint::open(b.path()).unwrap().shard_paths().len(), 1);
+}
+
+fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn same_seed_gives_byte_identical_files_and_another_seed_does_not() {
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    tiny(a.path(), WeightFormat::Nvfp4, 2, 7);
+    tiny(b.path(), WeightFormat::Nvfp4, 2, 7);
+    tiny(c.path(), WeightFormat::Nvfp4, 2, 8);
+    let (fa, fb, fc) = (
+        dir_files(a.path()),
+        dir_files(b.path()),
+        dir_files(c.path()),
+    );
+    assert_eq!(fa.len(), 4, "2 shards, index, config");
+    for ((na, ba), (nb, bb)) in fa.iter().zip(&fb) {
+        assert_eq!(na, nb);
+        assert!(ba == bb, "{na} differs between two runs with seed 7");
+    }
+    for ((na, ba), (_, bc)) in fa.iter().zip(&fc) {
+        if na.ends_with(".safetensors") {
+            assert!(ba != bc, "{na} is the same under seeds 7 and 8");
+        }
+    }
+}
+
+#[test]
+fn tiny_is_a_few_megabytes_and_copies_the_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path());
+    o.seed = 1;
+    let s = synth(&o, Some(b"{\"model\": {}}")).unwrap();
+    assert!(
+        (1_000_000..10_000_000).contains(&s.payload_bytes),
+        "tiny bf16 is {} bytes",
+        s.payload_bytes
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("tokenizer.json")).unwrap(),
+        b"{\"model\": {}}"
+    );
+    let cfg = needlescope::config::ModelConfig::load(dir.path()).unwrap();
+    assert!(cfg.quantization_config.is_none() && cfg.expert_dtype.is_none());
+}
+
+#[test]
+fn reduced_flash_config_is_written_with_quantization_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = SynthOptions::new(Preset::Flash, WeightFormat::Official, dir.path());
+    o.layers = Some(1);
+    o.experts = Some(2);
+    // Only the config is checked here (the flash embed alone is 1 GB); synth_config is what
+    // synth writes.
+    let cfg = needlescope::checkpoint::synth::synth_config(&o).unwrap();
+    assert_eq!(cfg.compress_ratios, vec![0, 0]);
+    assert_eq!(cfg.num_hash_layers, 1);
+    assert_eq!((cfg.n_routed_experts, cfg.num_experts_per_tok), (2, 2));
+    assert!(cfg.is_fp8() && cfg.experts_fp4());
+}

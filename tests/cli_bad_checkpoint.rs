@@ -1,0 +1,257 @@
+//! Corrupt checkpoints through the binary: `inspect --model` on each kind of damage exits
+//! non-zero without panicking, with a message naming the file and the tensor (or config field)
+//! and saying what was expected and what was found. Each case starts from a fresh
+//! `synth --preset tiny --format official` checkpoint.
+
+mod cli_support;
+use cli_support::{edit_header, inspect_model, rebuild, synth_tiny, Run};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+/// A fresh tiny checkpoint in a temp dir (kept alive by the returned guard).
+fn tiny(extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    synth_tiny(&dir, extra);
+    (tmp, dir)
+}
+
+fn broken(dir: &Path) -> Run {
+    let r = inspect_model(dir).fails();
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+    r
+}
+
+#[test]
+fn missing_shard_names_the_index_the_shard_and_a_tensor() {
+    let (_t, dir) = tiny(&["--shards", "3"]);
+    let shard = dir.join("model-00002-of-00003.safetensors");
+    std::fs::remove_file(&shard).unwrap();
+    broken(&dir).stderr_has(&[
+        "model.safetensors.index.json",
+        "model-00002-of-00003.safetensors",
+        "tensor layers.",
+        "found no such file",
+    ]);
+}
+
+#[test]
+fn index_naming_an_absent_file_is_reported() {
+    let (_t, dir) = tiny(&["--shards", "2"]);
+    let index = dir.join("model.safetensors.index.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    v["weight_map"]["layers.1.attn.wkv.weight"] = json!("model-00009-of-00009.safetensors");
+    std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+    broken(&dir).stderr_has(&[
+        "model.safetensors.index.json",
+        "model-00009-of-00009.safetensors",
+        "layers.1.attn.wkv.weight",
+        "expected",
+        "found",
+    ]);
+}
+
+#[test]
+fn truncated_shard_names_the_file_and_a_tensor() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(len - 100).unwrap();
+    broken(&dir).stderr_has(&[
+        "model.safetensors",
+        "tensor ",
+        "expected",
+        "found",
+        "truncated",
+    ]);
+}
+
+#[test]
+fn file_cut_inside_its_header_is_reported() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(100).unwrap();
+    broken(&dir).stderr_has(&[
+        "model.safetensors",
+        "header length field says",
+        "only 92 bytes follow",
+        "truncated",
+    ]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(3)
+        .unwrap();
+    broken(&dir).stderr_has(&["model.safetensors", "3 bytes", "expected at least 8"]);
+}
+
+#[test]
+fn lying_header_offsets_name_the_tensor_and_both_sizes() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    edit_header(&file, |h| {
+        let off = h["layers.0.attn_norm.weight"]["data_offsets"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let (a, b) = (off[0].as_u64().unwrap(), off[1].as_u64().unwrap());
+        h["layers.0.attn_norm.weight"]["data_offsets"] = json!([a, b - 2]);
+    });
+    broken(&dir).stderr_has(&[
+        "model.safetensors",
+        "layers.0.attn_norm.weight",
+        "expected 128 bytes",
+        "hold 126",
+    ]);
+}
+
+#[test]
+fn lying_header_shape_is_caught_against_the_offsets() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    edit_header(&file, |h| {
+        h["layers.0.ffn_norm.weight"]["shape"] = json!([65])
+    });
+    broken(&dir).stderr_has(&[
+        "model.safetensors",
+        "layers.0.ffn_norm.weight",
+        "[65]",
+        "expected 130 bytes",
+        "hold 128",
+    ]);
+}
+
+#[test]
+fn wrong_dtype_is_a_mismatch_naming_file_tensor_expected_and_found() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    rebuild(&file, |list| {
+        let e = list
+            .iter_mut()
+            .find(|e| e.name == "layers.0.attn_norm.weight")
+            .unwrap();
+        e.dtype = "F32".into();
+        e.shape = vec![32];
+    });
+    let r = broken(&dir).stderr_has(&[
+        "layers.0.attn_norm.weight",
+        "model.safetensors",
+        "expected BF16 [64], found F32 [32]",
+        "1 mismatched",
+    ]);
+    assert!(r.stdout.contains("MISMATCH"), "{}", r.dump());
+}
+
+#[test]
+fn wrong_shape_is_a_mismatch_naming_file_tensor_expected_and_found() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    rebuild(&file, |list| {
+        let e = list
+            .iter_mut()
+            .find(|e| e.name == "layers.2.ffn_norm.weight")
+            .unwrap();
+        e.shape = vec![8, 8];
+    });
+    broken(&dir).stderr_has(&[
+        "layers.2.ffn_norm.weight",
+        "model.safetensors",
+        "expected BF16 [64], found BF16 [8, 8]",
+    ]);
+}
+
+#[test]
+fn missing_scale_is_named_with_its_expected_dtype_and_shape() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    rebuild(&file, |list| {
+        list.retain(|e| e.name != "layers.0.attn.wq_a.scale")
+    });
+    let r = broken(&dir).stderr_has(&[
+        dir.to_str().unwrap(),
+        "1 missing",
+        "layers.0.attn.wq_a.scale: expected F8_E8M0",
+        "found no such tensor",
+    ]);
+    assert!(
+        r.stdout.contains("missing    layers.0.attn.wq_a.scale"),
+        "{}",
+        r.dump()
+    );
+}
+
+#[test]
+fn extra_tensor_is_named_with_its_file() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    rebuild(&file, |list| {
+        list.push(cli_support::Entry {
+            name: "layers.0.attn.surprise".into(),
+            dtype: "F32".into(),
+            shape: vec![2],
+            bytes: vec![0; 8],
+        })
+    });
+    broken(&dir).stderr_has(&[
+        "1 extra",
+        "layers.0.attn.surprise in",
+        "model.safetensors",
+        "found F32 [2]",
+    ]);
+}
+
+#[test]
+fn unknown_dtype_names_file_tensor_and_the_dtype() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    edit_header(&file, |h| {
+        h["layers.1.attn.wkv.scale"]["dtype"] = json!("F9")
+    });
+    broken(&dir).stderr_has(&[
+        "model.safetensors",
+        "layers.1.attn.wkv.scale",
+        "\"F9\"",
+        "expected",
+    ]);
+}
+
+#[test]
+fn header_that_is_not_json_is_reported() {
+    let (_t, dir) = tiny(&[]);
+    let file = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[8] = b'#';
+    std::fs::write(&file, bytes).unwrap();
+    broken(&dir).stderr_has(&["model.safetensors", "JSON"]);
+}
+
+#[test]
+fn invalid_config_value_names_the_field_found_and_expected() {
+    let (_t, dir) = tiny(&[]);
+    let cfg = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["compress_ratios"][1] = json!(16);
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    broken(&dir).stderr_has(&[
+        "config.json",
+        "compress_ratios[1]",
+        "16",
+        "one of 0, 4, 128",
+    ]);
+}
+
+#[test]
+fn missing_config_is_named() {
+    let (_t, dir) = tiny(&[]);
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    broken(&dir).stderr_has(&["config.json"]);
+}
+
+#[test]
+fn model_path_that_is_a_file_is_explained() {
+    let (_t, dir) = tiny(&[]);
+    broken(&dir.join("model.safetensors")).stderr_has(&["model.safetensors", "directory"]);
+}

@@ -1,0 +1,233 @@
+//! The command-line surface: every subcommand and flag is listed, unfinished subcommands fail
+//! cleanly, bad flag values are usage errors naming the flag and the expected form.
+
+mod cli_support;
+use cli_support::run;
+
+const SUBCOMMANDS: [&str; 9] = [
+    "demo", "inspect", "probe", "sweep", "report", "trace", "synth", "doctor", "bench",
+];
+
+#[test]
+fn help_lists_every_subcommand() {
+    let r = run(&["--help"]).ok();
+    for s in SUBCOMMANDS {
+        assert!(
+            r.stdout.lines().any(|l| l.trim_start().starts_with(s)),
+            "--help lacks {s}\n{}",
+            r.dump()
+        );
+    }
+}
+
+#[test]
+fn each_subcommand_help_lists_its_flags() {
+    let table: [(&str, &[&str]); 9] = [
+        ("demo", &["--out"]),
+        (
+            "inspect",
+            &[
+                "--model",
+                "--config",
+                "--format",
+                "--devices",
+                "--context",
+                "--chunk",
+                "--json",
+            ],
+        ),
+        (
+            "probe",
+            &[
+                "--model",
+                "--scenario",
+                "--length",
+                "--depth",
+                "--index",
+                "--compare",
+                "--topk",
+                "--kv",
+                "--generate",
+                "--chunk",
+                "--device",
+                "--probe",
+                "--json",
+                "--out",
+                "--seed",
+            ],
+        ),
+        (
+            "sweep",
+            &[
+                "--model",
+                "--scenario",
+                "--lengths",
+                "--depths",
+                "--index",
+                "--topk",
+                "--kv",
+                "--samples",
+                "--out",
+                "--chunk",
+                "--device",
+            ],
+        ),
+        ("report", &["<DIR>"]),
+        (
+            "trace",
+            &[
+                "--model",
+                "--tokens",
+                "--positions",
+                "--index",
+                "--kv",
+                "--topk",
+                "--chunk",
+                "--out",
+                "--dump-indexer-inputs",
+            ],
+        ),
+        (
+            "synth",
+            &[
+                "--preset",
+                "--format",
+                "--out",
+                "--seed",
+                "--shards",
+                "--layers",
+                "--experts",
+                "--margin",
+            ],
+        ),
+        ("doctor", &["--compile-kernels"]),
+        ("bench", &["--model", "--lengths", "--device"]),
+    ];
+    for (sub, flags) in table {
+        let r = run(&[sub, "--help"]).ok();
+        for f in flags {
+            assert!(
+                r.stdout.contains(f),
+                "`{sub} --help` lacks {f}\n{}",
+                r.dump()
+            );
+        }
+    }
+}
+
+#[test]
+fn unimplemented_subcommands_fail_with_a_clear_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().display().to_string();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["demo".into()],
+        vec!["probe".into(), "--model".into(), t.clone()],
+        vec!["sweep".into(), "--model".into(), t.clone()],
+        vec!["report".into(), t.clone()],
+        vec![
+            "trace".into(),
+            "--model".into(),
+            t.clone(),
+            "--tokens".into(),
+            "ids.txt".into(),
+            "--out".into(),
+            "t.safetensors".into(),
+        ],
+        vec!["bench".into(), "--model".into(), t.clone()],
+        vec![
+            "synth".into(),
+            "--preset".into(),
+            "planted".into(),
+            "--out".into(),
+            t.clone(),
+        ],
+        vec![
+            "doctor".into(),
+            "--compile-kernels".into(),
+            "sm_90,sm_120".into(),
+        ],
+    ];
+    for args in cases {
+        let r = run(&args).fails().stderr_has(&["not implemented yet"]);
+        assert_eq!(r.code, Some(1), "{args:?}\n{}", r.dump());
+    }
+}
+
+#[test]
+fn bad_flag_values_name_the_flag_and_the_expected_form() {
+    let cases: [(&[&str], &[&str]); 8] = [
+        (
+            &["probe", "--model", "m", "--length", "12q"],
+            &["--length", "12q", "16k"],
+        ),
+        (
+            &["probe", "--model", "m", "--index", "fp9"],
+            &["--index", "fp9", "fp8", "bf16"],
+        ),
+        (
+            &["probe", "--model", "m", "--depth", "140"],
+            &["--depth", "between 0 and 100"],
+        ),
+        (
+            &["probe", "--model", "m", "--topk", "512,0"],
+            &["--topk", "positive"],
+        ),
+        (
+            &["inspect", "--config", "c.json", "--devices", "8x"],
+            &["--devices", "8x96G"],
+        ),
+        (
+            &["sweep", "--model", "m", "--depths", "0:200:10"],
+            &["--depths", "start:stop:step"],
+        ),
+        (
+            &[
+                "trace",
+                "--model",
+                "m",
+                "--tokens",
+                "t",
+                "--out",
+                "o",
+                "--positions",
+                "first",
+            ],
+            &["--positions", "all", "last"],
+        ),
+        (
+            &["doctor", "--compile-kernels", "90"],
+            &["--compile-kernels", "sm_90"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let r = run(args).fails().stderr_has(needles);
+        assert_eq!(
+            r.code,
+            Some(2),
+            "usage errors exit 2: {args:?}\n{}",
+            r.dump()
+        );
+    }
+}
+
+#[test]
+fn inspect_needs_exactly_one_source() {
+    run(&["inspect"])
+        .fails()
+        .stderr_has(&["--model", "--config"]);
+    run(&["inspect", "--model", "a", "--config", "b"]).fails();
+}
+
+#[test]
+fn doctor_reports_the_environment_and_succeeds_without_a_gpu() {
+    run(&["doctor"])
+        .ok()
+        .stdout_has(&["cpu", "cuda driver", "nvrtc"]);
+}
+
+#[test]
+fn version_is_printed() {
+    run(&["--version"])
+        .ok()
+        .stdout_has(&[env!("CARGO_PKG_VERSION")]);
+}

@@ -1,0 +1,220 @@
+//! `synth` and `inspect` through the real binary: tiny checkpoints round-trip, the Flash config
+//! reproduces the published byte totals, the memory plan fits or refuses with a shortfall.
+
+mod cli_support;
+use cli_support::{flash_config, inspect_model, run, synth_tiny};
+use std::io::Read;
+use std::process::Stdio;
+
+#[test]
+fn synth_tiny_then_inspect_prints_the_schedule_and_a_clean_inventory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    synth_tiny(&dir, &[]).stdout_has(&["tensors", "bytes", "files", "time", "schedule"]);
+    inspect_model(&dir).ok().stdout_has(&[
+        "schedule    4 layers: 1 SWA, 2 CSA, 1 HCA",
+        "map       SCHC",
+        "CSA         2 layers: 1, 3",
+        "hash moe    2 layers: 0-1",
+        "routed experts",
+        "F8_E8M0",
+        "inventory   OK",
+    ]);
+}
+
+#[test]
+fn sharded_and_bf16_and_nvfp4_checkpoints_inspect_clean() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sharded = tmp.path().join("sharded");
+    synth_tiny(&sharded, &["--shards", "3"]).stdout_has(&["3 safetensors", "index.json"]);
+    inspect_model(&sharded)
+        .ok()
+        .stdout_has(&["3 shard files", "inventory   OK"]);
+    for format in ["bf16", "nvfp4"] {
+        let dir = tmp.path().join(format);
+        run(&[
+            "synth",
+            "--preset",
+            "tiny",
+            "--format",
+            format,
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .ok();
+        inspect_model(&dir)
+            .ok()
+            .stdout_has(&[&format!("format      {format}"), "inventory   OK"]);
+    }
+}
+
+#[test]
+fn flash_config_reproduces_the_published_byte_totals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    run(&["inspect", "--config", cfg.to_str().unwrap()])
+        .ok()
+        .stdout_has(&[
+            "43 layers: 2 SWA, 21 CSA, 20 HCA; 3 hash + 40 score routers",
+            "CSA        21 layers: 2-42/2",
+            // total including MTP, main model without it, tensor count (spec/model.md 8)
+            "159,609,485,896",
+            "156,015,698,140",
+            "69,187",
+            "284,332,230,231",
+            "147,169,738,752",
+        ]);
+}
+
+#[test]
+fn flash_fits_8x96g_at_128k() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let r = run(&[
+        "inspect",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--devices",
+        "8x96G",
+        "--context",
+        "128k",
+    ])
+    .ok()
+    .stdout_has(&[
+        "memory plan 8x96G at context 131,072 tokens",
+        "fits (balanced)",
+        "0-",
+    ]);
+    assert!(
+        r.stdout.contains("embed") && r.stdout.contains("head"),
+        "{}",
+        r.dump()
+    );
+}
+
+#[test]
+fn flash_is_refused_on_1x96g_with_a_shortfall() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let args = [
+        "inspect",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--devices",
+        "1x96G",
+        "--context",
+        "128k",
+    ];
+    let r = run(&args)
+        .fails()
+        .stdout_has(&["REFUSED", "shortfall   device 0"])
+        .stderr_has(&["memory plan refused", "1x96G"]);
+    assert_eq!(r.code, Some(1));
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let r = run(&json_args).fails();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("--json prints JSON");
+    let short = v["plan"]["shortfall"].as_u64().unwrap();
+    assert!(
+        (50_000_000_000..70_000_000_000).contains(&short),
+        "shortfall {short} is not roughly 60 GB"
+    );
+    assert_eq!(v["plan"]["fits"], false);
+}
+
+#[test]
+fn inspect_json_is_one_object_with_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let r = run(&[
+        "inspect",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--devices",
+        "8x96G",
+        "--json",
+    ])
+    .ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("valid JSON");
+    assert_eq!(v["footprint"]["total"]["bytes"], 159_609_485_896u64);
+    assert_eq!(v["footprint"]["main"]["bytes"], 156_015_698_140u64);
+    assert_eq!(v["footprint"]["mtp"]["tensors"], 1575);
+    assert_eq!(v["schedule"].as_array().unwrap().len(), 43);
+    assert_eq!(v["schedule"][2]["kind"], "csa");
+    assert_eq!(v["schedule"][2]["router"], "hash");
+    assert_eq!(v["plan"]["fits"], true);
+    assert_eq!(v["plan"]["devices"].as_array().unwrap().len(), 8);
+    assert_eq!(v["source"]["format"], "official");
+    assert!(v["inventory"].is_null());
+
+    let dir = tmp.path().join("tiny");
+    synth_tiny(&dir, &[]);
+    let r = run(&["inspect", "--model", dir.to_str().unwrap(), "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("valid JSON");
+    assert_eq!(v["inventory"]["clean"], true);
+    assert_eq!(v["source"]["kind"], "checkpoint");
+}
+
+#[test]
+fn nvfp4_config_weighs_more_than_official() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let bytes = |format: &str| {
+        let r = run(&[
+            "inspect",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--format",
+            format,
+            "--json",
+        ])
+        .ok();
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+        v["footprint"]["total"]["bytes"].as_u64().unwrap()
+    };
+    assert!(bytes("nvfp4") > bytes("official"));
+    assert!(bytes("bf16") > bytes("nvfp4"));
+}
+
+#[test]
+fn missing_model_dir_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-model");
+    let r = inspect_model(&missing).fails();
+    assert!(r.stderr.contains(missing.to_str().unwrap()), "{}", r.dump());
+    assert_eq!(r.code, Some(1));
+    let cfg = tmp.path().join("no-such-config.json");
+    run(&["inspect", "--config", cfg.to_str().unwrap()])
+        .fails()
+        .stderr_has(&[cfg.to_str().unwrap()]);
+}
+
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let mut child = cli_support::bin()
+        .args([
+            "inspect",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--devices",
+            "8x96G",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

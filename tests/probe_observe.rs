@@ -1,0 +1,339 @@
+//! NeedleObserver on synthetic observations: records per (cell, profile), compare profiles
+//! re-scored from raw keys, the engine-selection check, shape errors without panics, and the
+//! needle attention mass.
+
+use needlescope::config::LayerKind;
+use needlescope::model::observer::{AttentionObservation, IndexerObservation, Observer};
+use needlescope::numerics::profiles::{prepare_keys, prepare_query, score_rows, IndexProfile};
+use needlescope::probe::observe::{
+    phase_label, rescore, CellTopk, NeedleObserver, NeedleObserverConfig,
+};
+use needlescope::probe::rank::rank_needle;
+
+const HEADS: usize = 2;
+const DIM: usize = 8;
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as f32 + 1.0) * (seed as f32 * 0.37 + 0.11)).sin())
+        .collect()
+}
+
+fn config(
+    needle: (usize, usize),
+    compare: Vec<IndexProfile>,
+    ks: &[usize],
+) -> NeedleObserverConfig {
+    NeedleObserverConfig {
+        needle,
+        answer: (needle.0 + 1, needle.1),
+        prompt_len: 64,
+        prompt_positions: vec![63],
+        probe_decode: true,
+        driving: IndexProfile::SglangFp8,
+        compare,
+        cells: ks
+            .iter()
+            .map(|&k| CellTopk {
+                cell_id: format!("k{k}"),
+                topk: k,
+            })
+            .collect(),
+    }
+}
+
+struct Inputs {
+    q: Vec<f32>,
+    w: Vec<f32>,
+    keys: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+fn inputs(t: usize) -> Inputs {
+    let n_t = (t + 1) / 4;
+    let q = values(HEADS * DIM, 1);
+    let w = vec![1.0, 0.5];
+    let keys = values(n_t * DIM, 2);
+    let obs = IndexerObservation {
+        layer: 2,
+        query_pos: t,
+        heads: HEADS,
+        head_dim: DIM,
+        q_raw: &q,
+        weights_raw: &w,
+        keys_raw: &keys,
+        visible_rows: n_t,
+        scores: &[],
+        selected: &[],
+    };
+    let scores = rescore(IndexProfile::SglangFp8, &obs);
+    Inputs { q, w, keys, scores }
+}
+
+fn observe(o: &mut NeedleObserver, x: &Inputs, t: usize, selected: &[i32]) {
+    let obs = IndexerObservation {
+        layer: 2,
+        query_pos: t,
+        heads: HEADS,
+        head_dim: DIM,
+        q_raw: &x.q,
+        weights_raw: &x.w,
+        keys_raw: &x.keys,
+        visible_rows: (t + 1) / 4,
+        scores: &x.scores,
+        selected,
+    };
+    o.indexer(&obs);
+}
+
+/// The engine's selection: top-k by score, ties to the lower row, -1 padding.
+fn engine_topk(scores: &[f32], k: usize) -> Vec<i32> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    (0..k)
+        .map(|i| idx.get(i).map_or(-1, |&w| w as i32))
+        .collect()
+}
+
+#[test]
+fn probed_positions_are_the_last_prompt_token_and_decode_steps() {
+    let o = NeedleObserver::new(config((10, 20), vec![], &[4]));
+    assert!(o.wants_position(63) && o.wants_position(64) && o.wants_position(70));
+    assert!(!o.wants_position(62) && !o.wants_position(0));
+    assert_eq!(phase_label(63, 64), "prompt");
+    assert_eq!(phase_label(64, 64), "1");
+    assert_eq!(phase_label(66, 64), "3");
+}
+
+#[test]
+fn one_record_per_cell_and_profile_with_driving_ranks_from_engine_scores() {
+    let t = 63;
+    let x = inputs(t);
+    let cfg = config(
+        (10, 20),
+        vec![
+            IndexProfile::Exact,
+            IndexProfile::SglangFp8,
+            IndexProfile::Bf16Qk,
+        ],
+        &[4, 8],
+    );
+    let mut o = NeedleObserver::new(cfg);
+    observe(&mut o, &x, t, &engine_topk(&x.scores, 4));
+    assert!(o.errors.is_empty(), "{:?}", o.errors);
+    // 2 cells x 3 profiles (the driving profile listed in --compare is not scored twice).
+    assert_eq!(o.layer_records.len(), 6);
+    let expected = rank_needle(&x.scores, 2..6);
+    let driving: Vec<_> = o.layer_records.iter().filter(|r| r.driving).collect();
+    assert_eq!(driving.len(), 2);
+    for r in &driving {
+        assert_eq!(
+            (r.profile.as_str(), r.layer, r.query_pos, r.phase.as_str()),
+            ("fp8", 2, 63, "prompt")
+        );
+        assert_eq!((r.visible_rows, r.needle_rows), (16, 4));
+        assert_eq!(r.needle_rank, expected.needle_rank);
+        assert_eq!(r.needle_score, expected.needle_score);
+    }
+    assert_eq!(driving[0].cell_id, "k4");
+    assert_eq!(driving[1].cell_id, "k8");
+    assert_eq!(o.selection_checks, 1);
+    assert!(o.disagreements.is_empty(), "{:?}", o.disagreements);
+}
+
+#[test]
+fn compare_profiles_are_rescored_from_raw_keys_like_the_numerics_reference() {
+    let t = 63;
+    let x = inputs(t);
+    let mut o = NeedleObserver::new(config(
+        (30, 34),
+        vec![IndexProfile::Bf16Qk, IndexProfile::OfficialFp4],
+        &[4],
+    ));
+    observe(&mut o, &x, t, &engine_topk(&x.scores, 4));
+    for profile in [IndexProfile::Bf16Qk, IndexProfile::OfficialFp4] {
+        let q = prepare_query(profile, &x.q, &x.w, HEADS, DIM);
+        let keys = prepare_keys(profile, &x.keys, DIM);
+        let mut reference = vec![0.0; 16];
+        score_rows(profile, &q, &keys, &mut reference);
+        let expected = rank_needle(&reference, 7..10);
+        let rec = o
+            .layer_records
+            .iter()
+            .find(|r| r.profile == profile.name())
+            .unwrap();
+        assert!(!rec.driving);
+        assert_eq!(rec.needle_rank, expected.needle_rank, "{profile}");
+        assert_eq!(rec.needle_score, expected.needle_score, "{profile}");
+    }
+}
+
+#[test]
+fn engine_selection_that_contradicts_the_rank_is_counted_as_a_disagreement() {
+    let t = 63;
+    let x = inputs(t);
+    let needle = (10, 20);
+    let rank = rank_needle(&x.scores, 2..6);
+    let k = rank.needle_rank.unwrap(); // the needle is exactly inside the top-k
+    let mut o = NeedleObserver::new(config(needle, vec![], &[k]));
+    let honest = engine_topk(&x.scores, k);
+    observe(&mut o, &x, t, &honest);
+    assert!(o.disagreements.is_empty());
+    // An engine that drops every needle row although one ranks inside the top-k.
+    let mut wrong: Vec<i32> = (0..16).filter(|w| !(2..6).contains(w)).take(k).collect();
+    wrong.resize(k, -1);
+    observe(&mut o, &x, t, &wrong);
+    assert_eq!(o.selection_checks, 2);
+    assert_eq!(o.disagreements.len(), 1);
+    assert!(!o.disagreements[0].engine_selected_needle);
+    assert_eq!(o.disagreements[0].topk, k);
+}
+
+#[test]
+fn ties_straddling_the_cutoff_are_not_disagreements() {
+    let t = 15; // 4 visible rows
+    let mut x = inputs(t);
+    x.scores = vec![0.9, 0.5, 0.5, 0.1]; // the needle row 2 ties row 1 at places 2-3
+    let mut cfg = config((8, 9), vec![], &[2]);
+    cfg.prompt_positions = vec![t];
+    let mut o = NeedleObserver::new(cfg);
+    // Needle rows are 2..4; the engine kept row 1 at the tie (ties to the lower row).
+    observe(&mut o, &x, t, &[0, 1]);
+    assert_eq!(o.selection_checks, 1);
+    assert!(o.disagreements.is_empty(), "{:?}", o.disagreements);
+    let rec = &o.layer_records[0];
+    assert_eq!(
+        (rec.needle_rank, rec.rank_ties, rec.selected, rec.margin),
+        (Some(2), 1, true, Some(0.0))
+    );
+}
+
+#[test]
+fn malformed_observations_are_recorded_errors_not_panics() {
+    let t = 63;
+    let x = inputs(t);
+    let mut o = NeedleObserver::new(config((10, 20), vec![IndexProfile::Exact], &[4]));
+    let bad = IndexerObservation {
+        layer: 5,
+        query_pos: t,
+        heads: HEADS,
+        head_dim: DIM,
+        q_raw: &x.q[1..],
+        weights_raw: &x.w,
+        keys_raw: &x.keys,
+        visible_rows: 15,
+        scores: &x.scores,
+        selected: &[40],
+    };
+    o.indexer(&bad);
+    assert!(o.layer_records.is_empty());
+    let text: Vec<String> = o.errors.iter().map(|e| e.to_string()).collect();
+    assert!(
+        text.iter().any(|e| e.contains("layer 5")
+            && e.contains("visible_rows")
+            && e.contains("expected 16, found 15")),
+        "{text:?}"
+    );
+    assert!(text.iter().any(|e| e.contains("q_raw length")), "{text:?}");
+}
+
+#[test]
+fn attention_mass_counts_needle_window_tokens_and_rows_that_pool_needle_tokens() {
+    let mut o = NeedleObserver::new(config((10, 14), vec![], &[4]));
+    // Window tokens 12..16 (two needle tokens), CSA rows 1 (tokens 0-7: no needle), 2 (4-11: yes).
+    let window = [12usize, 13, 14, 15];
+    let rows = [1usize, 2];
+    #[rustfmt::skip]
+    let probs = [
+        0.1, 0.1, 0.1, 0.1, 0.2, 0.3, // head 0: needle = 0.1 + 0.1 + 0.3 = 0.5
+        0.0, 0.2, 0.0, 0.0, 0.5, 0.1, // head 1: needle = 0.2 + 0.1 = 0.3
+    ];
+    let sinks = [0.1, 0.2];
+    o.attention(&AttentionObservation {
+        layer: 3,
+        kind: LayerKind::Csa,
+        query_pos: 64,
+        heads: 2,
+        window_positions: &window,
+        compressed_rows: &rows,
+        ratio: 4,
+        probs: &probs,
+        sink_probs: &sinks,
+    });
+    assert!(o.errors.is_empty(), "{:?}", o.errors);
+    let r = &o.attention_records[0];
+    assert_eq!(
+        (
+            r.cell_id.as_str(),
+            r.layer,
+            r.layer_type.as_str(),
+            r.query_pos,
+            r.phase.as_str()
+        ),
+        ("k4", 3, "csa", 64, "1")
+    );
+    assert!(
+        (r.needle_mass_mean - 0.4).abs() < 1e-6,
+        "{}",
+        r.needle_mass_mean
+    );
+    assert!((r.needle_mass_max_head - 0.5).abs() < 1e-6);
+    assert!(r.needle_in_window);
+    assert!((r.sink_mass_mean - 0.15).abs() < 1e-6);
+
+    // HCA row 0 pools tokens 0-127: the whole needle; the window has moved past it.
+    o.attention(&AttentionObservation {
+        layer: 4,
+        kind: LayerKind::Hca,
+        query_pos: 300,
+        heads: 1,
+        window_positions: &[299],
+        compressed_rows: &[0, 1],
+        ratio: 128,
+        probs: &[0.2, 0.7, 0.05],
+        sink_probs: &[0.05],
+    });
+    let r = &o.attention_records[1];
+    assert_eq!(r.layer_type, "hca");
+    assert!(!r.needle_in_window);
+    assert!((r.needle_mass_mean - 0.7).abs() < 1e-6);
+
+    // Wrong probability count: an error, no record.
+    o.attention(&AttentionObservation {
+        layer: 5,
+        kind: LayerKind::Swa,
+        query_pos: 300,
+        heads: 2,
+        window_positions: &[299],
+        compressed_rows: &[],
+        ratio: 0,
+        probs: &[1.0],
+        sink_probs: &[0.0, 0.0],
+    });
+    assert_eq!(o.attention_records.len(), 2);
+    assert!(o.errors[0].to_string().contains("probs length"));
+}
+
+#[test]
+fn attention_record_serialises_with_exactly_the_attention_csv_fields() {
+    let mut o = NeedleObserver::new(config((0, 4), vec![], &[4]));
+    o.attention(&AttentionObservation {
+        layer: 0,
+        kind: LayerKind::Swa,
+        query_pos: 63,
+        heads: 1,
+        window_positions: &[2, 63],
+        compressed_rows: &[],
+        ratio: 0,
+        probs: &[0.25, 0.5],
+        sink_probs: &[0.25],
+    });
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.serialize(&o.attention_records[0]).unwrap();
+    let text = String::from_utf8(w.into_inner().unwrap()).unwrap();
+    assert_eq!(
+        text,
+        "cell_id,layer,layer_type,query_pos,phase,needle_mass_mean,needle_mass_max_head,needle_in_window,sink_mass_mean\n\
+         k4,0,swa,63,prompt,0.25,0.25,true,0.25\n"
+    );
+}

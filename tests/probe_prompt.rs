@@ -1,0 +1,404 @@
+//! Needle prompts on the REAL tokenizer: exact length, exact needle and answer spans (decoded
+//! back), the V4 chat format, placement by depth, determinism and clear errors.
+
+use needlescope::probe::prompt::{build_prompt, NeedlePrompt, PromptError};
+use needlescope::probe::scenario::Scenario;
+use needlescope::probe::tokenizer::V4Tokenizer;
+
+const MAX: usize = 1 << 20;
+
+fn tok() -> V4Tokenizer {
+    V4Tokenizer::builtin().expect("built-in tokenizer loads")
+}
+
+fn essay_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("essay.txt");
+    let text =
+        "Rivers were the first roads. They carried grain, stone and news long before anyone \
+                paved a path!\n\nA town grew wherever a ford met a market. Some of those towns \
+                are cities now; others are a name on an old map. \"Why?\" a child once asked.\n";
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn scenario(name: &str, dir: &tempfile::TempDir) -> Scenario {
+    let sc = Scenario::load(name).unwrap();
+    if name == "essay" {
+        sc.with_haystack_file(&essay_file(dir)).unwrap()
+    } else {
+        sc
+    }
+}
+
+fn custom(needle: &str, value: &str) -> Scenario {
+    let text = format!(
+        "name = \"custom\"\nneedle = \"{needle}\"\nquestion = \"What is it?\"\n{value}\n[haystack]\nkind = \"noise\"\n"
+    );
+    Scenario::from_toml_str(&text, "test.toml", None).unwrap()
+}
+
+/// Every invariant a prompt promises, with messages that show the first difference.
+fn check_prompt(t: &V4Tokenizer, p: &NeedlePrompt, target: usize, thinking: bool) {
+    assert_eq!(p.tokens.len(), target, "prompt length");
+    assert_eq!(
+        t.encode(&p.prompt_text).unwrap(),
+        p.tokens,
+        "tokens re-encode from prompt_text"
+    );
+    assert_eq!(t.decode(&p.tokens).unwrap(), p.prompt_text);
+    assert_eq!(p.tokens[0], 0, "BOS first");
+    let last = if thinking { 128821 } else { 128822 };
+    assert_eq!(
+        &p.tokens[target - 2..],
+        &[128804, last],
+        "ends with <｜Assistant｜> and the think marker"
+    );
+
+    let (a, b) = p.needle;
+    assert!(a < b && b <= target);
+    let needle = t.decode(&p.tokens[a..b]).unwrap();
+    assert_eq!(needle, p.needle_span_text);
+    assert_eq!(
+        needle.trim(),
+        p.needle_text,
+        "needle span decodes to the needle text"
+    );
+    let lead = &needle[..needle.len() - needle.trim_start().len()];
+    assert!(lead.is_empty() || lead == " ", "glued lead {lead:?}");
+    assert!(
+        needle.trim_start().trim_end_matches('\n') == p.needle_text,
+        "only newlines glued after: {needle:?}"
+    );
+    // One token less on either side loses needle text.
+    assert_ne!(t.decode(&p.tokens[a + 1..b]).unwrap().trim(), p.needle_text);
+    assert_ne!(t.decode(&p.tokens[a..b - 1]).unwrap().trim(), p.needle_text);
+
+    let (aa, ab) = p.answer;
+    assert!(
+        a <= aa && aa < ab && ab <= b,
+        "answer span {:?} inside needle {:?}",
+        p.answer,
+        p.needle
+    );
+    let answer = t.decode(&p.tokens[aa..ab]).unwrap();
+    assert_eq!(answer, p.answer_span_text);
+    assert_eq!(
+        answer.trim(),
+        p.answer_value,
+        "answer span decodes to the value"
+    );
+    assert_eq!(
+        p.prompt_text.matches(&p.answer_value).count(),
+        1,
+        "value occurs once"
+    );
+}
+
+#[test]
+fn needle_and_answer_spans_are_exact_at_depth_0_50_100_for_every_scenario() {
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    for name in Scenario::builtin_names() {
+        let sc = scenario(name, &dir);
+        for depth in [0.0, 50.0, 100.0] {
+            let p = build_prompt(&t, &sc, 1500, depth, 11, MAX)
+                .unwrap_or_else(|e| panic!("{name} depth {depth}: {e}"));
+            check_prompt(&t, &p, 1500, sc.thinking);
+            assert!(
+                (p.actual_depth_pct - depth).abs() <= 15.0,
+                "{name}: depth {depth} placed at {}",
+                p.actual_depth_pct
+            );
+        }
+    }
+}
+
+#[test]
+fn depth_0_puts_the_needle_right_after_the_user_marker_and_100_right_before_the_question() {
+    let t = tok();
+    let sc = Scenario::load("passkey").unwrap();
+    let p0 = build_prompt(&t, &sc, 1200, 0.0, 3, MAX).unwrap();
+    assert_eq!(
+        p0.tokens[p0.needle.0 - 1],
+        128803,
+        "token before the needle is <｜User｜>"
+    );
+    assert_eq!(p0.actual_depth_pct, 0.0);
+    let p100 = build_prompt(&t, &sc, 1200, 100.0, 3, MAX).unwrap();
+    let after = t.decode(&p100.tokens[p100.needle.1..]).unwrap();
+    assert!(after.starts_with("What is the pass key?"), "{after:?}");
+    assert_eq!(p100.actual_depth_pct, 100.0);
+}
+
+#[test]
+fn a_mid_depth_needle_sits_at_a_sentence_boundary() {
+    let t = tok();
+    let p = build_prompt(&t, &Scenario::load("passkey").unwrap(), 3000, 40.0, 8, MAX).unwrap();
+    let before = t.decode(&p.tokens[p.needle.0 - 1..p.needle.0]).unwrap();
+    assert!(before.ends_with('.'), "token before the needle: {before:?}");
+    assert!(
+        p.needle_span_text.starts_with(' '),
+        "{:?}",
+        p.needle_span_text
+    );
+}
+
+#[test]
+fn seven_and_ten_digit_values_cover_every_one_to_three_digit_group() {
+    let t = tok();
+    for (n, groups) in [(7, 3), (10, 4), (1, 1), (3, 1), (4, 2)] {
+        let sc = custom(
+            "The code is {value}.",
+            &format!("[value]\nkind = \"digits\"\nn = {n}"),
+        );
+        let p = build_prompt(&t, &sc, 600, 50.0, 5, MAX).unwrap();
+        check_prompt(&t, &p, 600, false);
+        assert_eq!(p.answer_value.len(), n);
+        assert_eq!(
+            p.answer.1 - p.answer.0,
+            groups,
+            "{n} digits -> {groups} tokens: {:?}",
+            p.answer_span_text
+        );
+        for id in &p.tokens[p.answer.0..p.answer.1] {
+            let piece = t.decode(&[*id]).unwrap();
+            assert!(
+                (1..=3).contains(&piece.len()) && piece.chars().all(|c| c.is_ascii_digit()),
+                "{piece:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn unicode_values_with_accents_and_cjk_give_exact_spans() {
+    let t = tok();
+    let lists = [
+        "words = [\"café\", \"montréal\", \"naïve\", \"façade\"]\nsep = \"-\"",
+        "words = [\"北京\", \"花园\", \"東京\", \"大阪\"]\nsep = \"\"",
+        "words = [\"Ångström\", \"smörgåsbord\", \"jalapeño\"]\nsep = \" \"",
+    ];
+    for list in lists {
+        let sc = custom(
+            "The secret phrase is {value}.",
+            &format!("[value]\nkind = \"words\"\nn = 2\n{list}"),
+        );
+        for depth in [0.0, 60.0, 100.0] {
+            let p = build_prompt(&t, &sc, 700, depth, 21, MAX)
+                .unwrap_or_else(|e| panic!("{list}: {e}"));
+            check_prompt(&t, &p, 700, false);
+            assert!(!p.answer_value.is_ascii(), "{}", p.answer_value);
+        }
+    }
+}
+
+#[test]
+fn uuid_values_and_key_value_needles_give_exact_spans() {
+    let t = tok();
+    let sc = custom(
+        "Ticket {value} is the one to reopen.",
+        "[value]\nkind = \"uuid\"",
+    );
+    let p = build_prompt(&t, &sc, 900, 30.0, 2, MAX).unwrap();
+    check_prompt(&t, &p, 900, false);
+    assert_eq!(p.answer_value.len(), 36);
+
+    let kv = Scenario::load("kv-retrieval").unwrap();
+    let p = build_prompt(&t, &kv, 2500, 65.0, 4, MAX).unwrap();
+    check_prompt(&t, &p, 2500, false);
+    assert!(p.question.contains(&p.key) && !p.key.is_empty());
+    assert_eq!(
+        p.prompt_text.matches(&p.key).count(),
+        2,
+        "key in the needle and the question only"
+    );
+}
+
+#[test]
+fn prompts_have_exactly_the_requested_token_count() {
+    let t = tok();
+    let sc = Scenario::load("passkey").unwrap();
+    for (target, depth) in [
+        (300, 10.0),
+        (1000, 90.0),
+        (4097, 50.0),
+        (8000, 25.0),
+        (8001, 75.0),
+    ] {
+        let p = build_prompt(&t, &sc, target, depth, target as u64, MAX).unwrap();
+        check_prompt(&t, &p, target, false);
+    }
+}
+
+#[test]
+fn lengths_near_the_minimum_are_exact_or_a_clear_error() {
+    let t = tok();
+    let sc = Scenario::load("passkey").unwrap();
+    let min = match build_prompt(&t, &sc, 10, 50.0, 1, MAX) {
+        Err(PromptError::TooShort {
+            minimum, target, ..
+        }) => {
+            assert_eq!(target, 10);
+            minimum
+        }
+        other => panic!("expected TooShort, got {other:?}"),
+    };
+    let msg = build_prompt(&t, &sc, min - 1, 50.0, 1, MAX)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(&format!("minimum length {min}")) && msg.contains("--length"),
+        "{msg}"
+    );
+    for target in min..min + 12 {
+        for depth in [0.0, 100.0] {
+            let p = build_prompt(&t, &sc, target, depth, 1, MAX)
+                .unwrap_or_else(|e| panic!("{target}: {e}"));
+            check_prompt(&t, &p, target, false);
+        }
+    }
+}
+
+#[test]
+fn over_max_positions_and_bad_depths_are_errors_naming_the_flag() {
+    let t = tok();
+    let sc = Scenario::load("passkey").unwrap();
+    let msg = build_prompt(&t, &sc, 5000, 50.0, 1, 4096)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("--length 5000") && msg.contains("max_position_embeddings (4096)"),
+        "{msg}"
+    );
+    for depth in [-1.0, 100.5, f64::NAN] {
+        let msg = build_prompt(&t, &sc, 500, depth, 1, MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("--depth"), "{msg}");
+    }
+}
+
+#[test]
+fn every_builtin_scenario_builds_at_2000_tokens() {
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    for name in Scenario::builtin_names() {
+        let sc = scenario(name, &dir);
+        let p =
+            build_prompt(&t, &sc, 2000, 40.0, 99, MAX).unwrap_or_else(|e| panic!("{name}: {e}"));
+        check_prompt(&t, &p, 2000, sc.thinking);
+        if let Some(system) = &sc.system {
+            assert!(p
+                .prompt_text
+                .starts_with(&format!("<｜begin▁of▁sentence｜>{system}<｜User｜>")));
+        }
+    }
+}
+
+#[test]
+fn a_sixteen_thousand_token_prompt_is_exact() {
+    let t = tok();
+    let p = build_prompt(
+        &t,
+        &Scenario::load("code-cwd").unwrap(),
+        16384,
+        40.0,
+        7,
+        MAX,
+    )
+    .unwrap();
+    check_prompt(&t, &p, 16384, false);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_ids_and_another_seed_another_needle() {
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    for name in Scenario::builtin_names() {
+        let sc = scenario(name, &dir);
+        let a = build_prompt(&t, &sc, 1800, 35.0, 1234, MAX).unwrap();
+        let b = build_prompt(&t, &sc, 1800, 35.0, 1234, MAX).unwrap();
+        assert_eq!(a, b, "{name}");
+        let c = build_prompt(&t, &sc, 1800, 35.0, 1235, MAX).unwrap();
+        assert_ne!(a.answer_value, c.answer_value, "{name}");
+    }
+}
+
+#[test]
+fn generated_haystacks_are_not_one_sentence_repeated() {
+    let t = tok();
+    let p = build_prompt(&t, &Scenario::load("passkey").unwrap(), 4000, 50.0, 5, MAX).unwrap();
+    let sentences: Vec<&str> = p.prompt_text.split(". ").collect();
+    let distinct: std::collections::HashSet<&&str> = sentences.iter().collect();
+    assert!(
+        distinct.len() * 10 >= sentences.len() * 9,
+        "{} of {}",
+        distinct.len(),
+        sentences.len()
+    );
+}
+
+#[test]
+fn thinking_mode_ends_the_prompt_with_think() {
+    let t = tok();
+    let mut sc = Scenario::load("passkey").unwrap();
+    sc.thinking = true;
+    let p = build_prompt(&t, &sc, 800, 50.0, 1, MAX).unwrap();
+    check_prompt(&t, &p, 800, true);
+    assert!(p.prompt_text.ends_with("<｜Assistant｜><think>"));
+}
+
+#[test]
+fn essay_needs_a_haystack_file_and_rejects_chat_markers_in_it() {
+    let t = tok();
+    let msg = build_prompt(&t, &Scenario::load("essay").unwrap(), 800, 50.0, 1, MAX)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("--haystack-file") && msg.contains("essay"),
+        "{msg}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, "Some text. <｜User｜> more text.").unwrap();
+    let sc = Scenario::load("essay")
+        .unwrap()
+        .with_haystack_file(&bad)
+        .unwrap();
+    let msg = build_prompt(&t, &sc, 800, 50.0, 1, MAX)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("bad.txt") && msg.contains("<｜User｜>"),
+        "{msg}"
+    );
+
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, " \n ").unwrap();
+    let sc = Scenario::load("essay")
+        .unwrap()
+        .with_haystack_file(&empty)
+        .unwrap();
+    let msg = build_prompt(&t, &sc, 800, 50.0, 1, MAX)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("empty.txt") && msg.contains("no text"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_short_essay_file_is_repeated_to_reach_the_length() {
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    let p = build_prompt(&t, &scenario("essay", &dir), 3000, 50.0, 1, MAX).unwrap();
+    check_prompt(&t, &p, 3000, false);
+    assert!(
+        p.prompt_text
+            .matches("Rivers were the first roads.")
+            .count()
+            > 5
+    );
+}

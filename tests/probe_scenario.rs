@@ -1,0 +1,191 @@
+//! Scenario files: built-ins load, user files resolve, and every invalid field is an error that
+//! names the file and the field with expected vs found.
+
+use needlescope::probe::scenario::{AnswerCheck, HaystackKind, Scenario, ValueSpec};
+
+fn parse(text: &str) -> Result<Scenario, String> {
+    Scenario::from_toml_str(text, "my.toml", None).map_err(|e| e.to_string())
+}
+
+const BASE: &str = r#"
+name = "t"
+needle = "The code is {value}."
+question = "What is the code?"
+[value]
+kind = "digits"
+n = 5
+[haystack]
+kind = "noise"
+"#;
+
+#[test]
+fn builtin_scenarios_load_with_their_documented_shapes() {
+    assert_eq!(
+        Scenario::builtin_names(),
+        vec!["passkey", "kv-retrieval", "code-cwd", "essay"]
+    );
+    let p = Scenario::load("passkey").unwrap();
+    assert_eq!(p.haystack, HaystackKind::Noise);
+    assert_eq!(p.value, ValueSpec::Digits { n: 7 });
+    assert_eq!(p.source, "builtin:passkey");
+    let kv = Scenario::load("kv-retrieval").unwrap();
+    assert_eq!(kv.haystack, HaystackKind::Kv);
+    assert!(kv.needle.contains("{key}") && kv.question.contains("{key}"));
+    let cwd = Scenario::load("code-cwd").unwrap();
+    assert_eq!(cwd.haystack, HaystackKind::Tools);
+    assert!(cwd
+        .needle
+        .starts_with("The current working directory is /srv/build/{value}"));
+    assert_eq!(
+        Scenario::load("essay").unwrap().haystack,
+        HaystackKind::File(None)
+    );
+}
+
+#[test]
+fn unknown_names_list_the_builtins() {
+    let msg = Scenario::load("no-such-scenario").unwrap_err().to_string();
+    assert!(
+        msg.contains("no-such-scenario") && msg.contains("passkey, kv-retrieval"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_user_file_loads_and_its_haystack_path_resolves_next_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mine.toml");
+    let text = BASE.replace("kind = \"noise\"", "kind = \"file\"\nfile = \"text.txt\"");
+    std::fs::write(&path, text).unwrap();
+    let sc = Scenario::load(path.to_str().unwrap()).unwrap();
+    assert_eq!(
+        sc.haystack,
+        HaystackKind::File(Some(dir.path().join("text.txt")))
+    );
+    assert_eq!(sc.source, path.display().to_string());
+}
+
+#[test]
+fn invalid_fields_name_the_file_field_expected_and_found() {
+    let cases: Vec<(String, &str)> = vec![
+        (
+            BASE.replace("{value}.", "."),
+            "`needle`: expected exactly one {value} slot, found 0",
+        ),
+        (
+            BASE.replace("{value}.", "{value} {value}."),
+            "`needle`: expected exactly one {value} slot, found 2",
+        ),
+        (
+            BASE.replace("{value}.", "{value} {colour}."),
+            "only the slots {value} and {key}, found {colour}",
+        ),
+        (
+            BASE.replace("What is the code?", "Is it {value}?"),
+            "`question`: expected no {value} slot",
+        ),
+        (
+            BASE.replace("kind = \"digits\"", "kind = \"letters\""),
+            "`value.kind`: expected \"digits\", \"words\" or \"uuid\", found \"letters\"",
+        ),
+        (
+            BASE.replace("n = 5", "n = 0"),
+            "`value.n`: expected an integer in 1..=64, found 0",
+        ),
+        (
+            BASE.replace("kind = \"noise\"", "kind = \"web\""),
+            "`haystack.kind`",
+        ),
+        (
+            BASE.replace("kind = \"noise\"", "kind = \"kv\""),
+            "{key} in both needle and question",
+        ),
+        (
+            BASE.replace("{value}.", "{value} for {key}."),
+            "`key`: expected a [key] table",
+        ),
+        (
+            format!("{BASE}[answer]\ncheck = \"regex\"\npattern = \"(unclosed\"\n"),
+            "`answer.pattern`: expected a valid regex",
+        ),
+        (
+            format!("{BASE}[answer]\ncheck = \"regex\"\n"),
+            "`answer.pattern`: expected a pattern",
+        ),
+        (
+            format!("{BASE}[answer]\ncheck = \"exact\"\n"),
+            "`answer.check`",
+        ),
+        (
+            BASE.replace("What is the code?", "<｜User｜>What?"),
+            "`question`: expected plain text without chat markers",
+        ),
+        (format!("{BASE}colour = \"red\"\n"), "invalid TOML"),
+        (
+            BASE.replace(
+                "kind = \"digits\"\nn = 5",
+                "kind = \"words\"\nn = 2\nwords = []",
+            ),
+            "`value.words`",
+        ),
+    ];
+    for (text, expected) in cases {
+        let msg = parse(&text).unwrap_err();
+        assert!(msg.starts_with("scenario my.toml"), "{msg}");
+        assert!(msg.contains(expected), "expected {expected:?} in {msg:?}");
+    }
+}
+
+#[test]
+fn haystack_file_only_applies_to_file_scenarios() {
+    let msg = Scenario::load("passkey")
+        .unwrap()
+        .with_haystack_file(std::path::Path::new("x.txt"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("--haystack-file") && msg.contains("`noise`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn answer_checks_use_the_expected_value() {
+    let sc = parse(BASE).unwrap();
+    assert_eq!(sc.answer, AnswerCheck::Substring);
+    assert!(sc.check_answer("The code is 12345.", "12345"));
+    assert!(!sc.check_answer("The code is 1234.", "12345"));
+    let kv = Scenario::load("kv-retrieval").unwrap();
+    assert!(kv.check_answer("12345678", "12345678"));
+    assert!(kv.check_answer("It is 12345678.", "12345678"));
+    assert!(
+        !kv.check_answer("912345678", "12345678"),
+        "regex demands digit boundaries"
+    );
+    let re = parse(&format!(
+        "{BASE}[answer]\ncheck = \"regex\"\npattern = \"^\\\\s*{{value}}\\\\b\"\n"
+    ))
+    .unwrap();
+    assert!(re.check_answer(" 42.", "42") && !re.check_answer("x 42", "42"));
+    assert!(re.check_answer("a+b", "a+b"), "the value is regex-escaped");
+}
+
+#[test]
+fn generated_values_are_seeded_and_well_formed() {
+    let digits = parse(BASE).unwrap();
+    let (v, k) = digits.generate_value(7);
+    assert_eq!((v.len(), k.as_str()), (5, ""));
+    assert!(!v.starts_with('0') && v.chars().all(|c| c.is_ascii_digit()));
+    assert_eq!(digits.generate_value(7), (v, k));
+
+    let uuid = parse(&BASE.replace("kind = \"digits\"\nn = 5", "kind = \"uuid\"")).unwrap();
+    let (u, _) = uuid.generate_value(1);
+    let parts: Vec<usize> = u.split('-').map(str::len).collect();
+    assert_eq!(parts, vec![8, 4, 4, 4, 12], "{u}");
+    assert!(u.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
+
+    let kv = Scenario::load("kv-retrieval").unwrap();
+    let (value, key) = kv.generate_value(3);
+    assert_eq!(value.len(), 8);
+    assert_eq!(key.split('-').count(), 2, "{key}");
+}

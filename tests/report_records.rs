@@ -1,0 +1,174 @@
+//! The record formats of a report directory: CSV headers exactly as design.md section 6 lists
+//! them (names and order), every field type surviving a write/read round trip (including
+//! empty optionals, commas, quotes and newlines in answer_text, infinities), and the small
+//! helpers (RFC 3339 time, config hash, token counts).
+
+mod report_support;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use needlescope::report::{
+    config_hash, format_tokens, rfc3339_utc, RunDir, RunRecords, ATTENTION_COLUMNS,
+    CELLS_COLUMNS, LAYERS_COLUMNS,
+};
+use report_support::*;
+
+/// design.md section 6, copied verbatim (the normative lists).
+const DESIGN_CELLS: &str = "cell_id, target_tokens, prompt_tokens, depth_pct, needle_start, \
+    needle_end, answer_start, answer_end, index, kv, topk, answer_text, answer_correct, \
+    min_needle_rank, csa_layers_selected, csa_layers_nontrivial, wall_seconds";
+const DESIGN_LAYERS: &str = "cell_id, layer, query_pos, phase, profile, driving, visible_rows, \
+    needle_rows, needle_rank, rank_ties, needle_score, kth_score, margin, selected, trivial";
+const DESIGN_ATTENTION: &str = "cell_id, layer, layer_type, query_pos, phase, needle_mass_mean, \
+    needle_mass_max_head, needle_in_window, sink_mass_mean";
+
+fn design(list: &str) -> Vec<String> {
+    list.split(',').map(|s| s.trim().to_string()).collect()
+}
+
+/// The header line serde writes for a record type (its field order).
+fn serde_header<T: serde::Serialize>(record: &T) -> String {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.serialize(record).unwrap();
+    let bytes = w.into_inner().unwrap();
+    String::from_utf8(bytes).unwrap().lines().next().unwrap().to_string()
+}
+
+#[test]
+fn column_constants_are_design_md_section_6_in_order() {
+    assert_eq!(CELLS_COLUMNS.to_vec(), design(DESIGN_CELLS));
+    assert_eq!(LAYERS_COLUMNS.to_vec(), design(DESIGN_LAYERS));
+    assert_eq!(ATTENTION_COLUMNS.to_vec(), design(DESIGN_ATTENTION));
+}
+
+#[test]
+fn record_field_order_equals_the_column_constants() {
+    let c = cell("c0", 2048, 10.0, needlescope::numerics::modes::IndexProfile::SglangFp8, 512);
+    assert_eq!(serde_header(&c), CELLS_COLUMNS.join(","));
+    assert_eq!(serde_header(&layer("c0", 2, "fp8", true, 4)), LAYERS_COLUMNS.join(","));
+    assert_eq!(serde_header(&attention("c0", 2)), ATTENTION_COLUMNS.join(","));
+}
+
+#[test]
+fn written_files_start_with_the_design_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let (_store, done) = RunDir::create_or_resume(&run, run_info(false)).unwrap();
+    assert!(done.is_empty());
+    for (name, cols) in [
+        ("cells.csv", CELLS_COLUMNS.to_vec()),
+        ("layers.csv", LAYERS_COLUMNS.to_vec()),
+        ("attention.csv", ATTENTION_COLUMNS.to_vec()),
+    ] {
+        let text = std::fs::read_to_string(run.join(name)).unwrap();
+        assert_eq!(text, format!("{}\n", cols.join(",")), "{name}");
+    }
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    for key in [
+        "command_line",
+        "model_path",
+        "model_config_hash",
+        "needlescope_version",
+        "start_time",
+        "scenario",
+        "synthetic",
+        "sweep_args",
+    ] {
+        assert!(info.get(key).is_some(), "run.json lacks {key}: {info}");
+    }
+}
+
+#[test]
+fn every_field_type_round_trips_through_the_files() {
+    use needlescope::numerics::modes::{IndexProfile, KvMode};
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = RunDir::create_or_resume(dir.path(), run_info(true)).unwrap();
+
+    let mut a = cell("16k/d40,fp8", 16384, 37.5, IndexProfile::OfficialFp4, 1024);
+    a.kv = KvMode::Exact;
+    a.answer_text = "comma, \"quote\"\nnewline and ünïcode".into();
+    a.answer_correct = None;
+    a.min_needle_rank = None;
+    a.wall_seconds = 0.1 + 0.2; // not exactly representable in short decimal
+    let mut la = layer(&a.cell_id, 7, "fp8-no-hadamard-k", false, 1);
+    la.needle_rank = None;
+    la.needle_score = Some(f32::NEG_INFINITY);
+    la.kth_score = None;
+    la.margin = Some(1.0e-7);
+    la.phase = "3".into();
+    let mut aa = attention(&a.cell_id, 7);
+    aa.layer_type = "hca".into();
+    aa.needle_mass_mean = 1.0 / 3.0;
+    aa.needle_in_window = true;
+    store.append_cell(&a, &[la.clone()], &[aa.clone()]).unwrap();
+
+    let mut b = cell("b", 2048, 0.0, IndexProfile::SglangBf16Keys, 512);
+    b.answer_correct = Some(false);
+    b.answer_text = String::new();
+    store.append_cell(&b, &[], &[]).unwrap();
+    drop(store);
+
+    let back = RunRecords::read(dir.path()).unwrap();
+    assert_eq!(back.cells, vec![a.clone(), b.clone()]);
+    assert_eq!(back.layers, vec![la]);
+    assert_eq!(back.attention, vec![aa]);
+    assert_eq!(back.info.sweep_args, run_info(true).sweep_args);
+    assert!(back.info.synthetic);
+
+    // Resuming returns the same records.
+    let (_store, done) = RunDir::create_or_resume(dir.path(), run_info(true)).unwrap();
+    assert_eq!(done, vec![a, b]);
+}
+
+#[test]
+fn nan_scores_round_trip_as_nan() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
+    let c = cell("nan", 2048, 50.0, needlescope::numerics::modes::IndexProfile::Exact, 512);
+    let mut l = layer("nan", 2, "exact", true, 1);
+    l.needle_score = Some(f32::NAN);
+    l.margin = Some(f32::NAN);
+    store.append_cell(&c, &[l], &[]).unwrap();
+    let back = RunRecords::read(dir.path()).unwrap();
+    assert!(back.layers[0].needle_score.unwrap().is_nan());
+    assert!(back.layers[0].margin.unwrap().is_nan());
+}
+
+#[test]
+fn rfc3339_utc_matches_known_instants() {
+    for (secs, want) in [
+        (0u64, "1970-01-01T00:00:00Z"),
+        (951_782_400, "2000-02-29T00:00:00Z"),
+        (1_709_164_800, "2024-02-29T00:00:00Z"),
+        (1_732_900_985, "2024-11-29T17:23:05Z"),
+        (4_107_542_400, "2100-03-01T00:00:00Z"),
+    ] {
+        assert_eq!(rfc3339_utc(UNIX_EPOCH + Duration::from_secs(secs)), want, "{secs}");
+    }
+}
+
+#[test]
+fn config_hash_is_sha256_hex() {
+    assert_eq!(
+        config_hash(b""),
+        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+}
+
+#[test]
+fn token_counts_print_as_users_write_them() {
+    assert_eq!(format_tokens(2048), "2k");
+    assert_eq!(format_tokens(16384), "16k");
+    assert_eq!(format_tokens(1 << 20), "1m");
+    assert_eq!(format_tokens(3000), "3000");
+    assert_eq!(format_tokens(1536), "1536");
+}
+
+#[test]
+fn model_name_is_the_last_path_component() {
+    let mut info = run_info(false);
+    assert_eq!(info.model_name(), "DeepSeek-V4-Flash");
+    info.model_path = "/models/x/".into();
+    assert_eq!(info.model_name(), "x");
+}
