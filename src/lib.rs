@@ -18,3 +18,4 @@ pub mod backend;
 pub mod model;
 pub mod cli;
 pub mod report;
+pub mod trace;

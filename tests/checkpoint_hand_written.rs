@@ -29,15 +29,16 @@ fn code(r: usize, c: usize) -> u8 {
 fn fp8_block_scales_apply_per_128x128_tile_on_odd_shapes() {
     let dir = tempfile::tempdir().unwrap();
     with_config(dir.path());
-    let (rows, cols) = (130usize, 200usize);
+    // [130, 300]: a [2, 3] grid of 128x128 tiles, the last row and column of tiles partial.
+    let (rows, cols) = (130usize, 300usize);
     let w: Vec<u8> = (0..rows * cols).map(|i| code(i / cols, i % cols)).collect();
-    // Row-major [2, 2] grid: tile (0,0) 2^-7, (0,1) 2^-5, (1,0) 2^1, (1,1) 2^3.
-    let scale = [120u8, 122, 128, 130];
+    // Row-major [2, 3] grid, a distinct power of two per tile.
+    let scale = [120u8, 122, 124, 128, 130, 133];
     write_safetensors(
         &dir.path().join("model.safetensors"),
         &[
             ("probe.proj.weight", Dtype::F8E4M3, &[rows, cols], &w),
-            ("probe.proj.scale", Dtype::F8E8M0, &[2, 2], &scale),
+            ("probe.proj.scale", Dtype::F8E8M0, &[2, 3], &scale),
         ],
     )
     .unwrap();
@@ -50,7 +51,7 @@ fn fp8_block_scales_apply_per_128x128_tile_on_odd_shapes() {
             ..
         }
     ));
-    assert_eq!(q.stored_bytes(), rows * cols + 4);
+    assert_eq!(q.stored_bytes(), rows * cols + 6);
     let got = q.decode_f32().unwrap();
     let corners = [
         (0, 0, 0),
@@ -58,11 +59,15 @@ fn fp8_block_scales_apply_per_128x128_tile_on_odd_shapes() {
         (127, 0, 0),
         (127, 127, 0),
         (0, 128, 1),
-        (127, 199, 1),
-        (128, 0, 2),
-        (129, 127, 2),
-        (128, 128, 3),
-        (129, 199, 3),
+        (127, 255, 1),
+        (0, 256, 2),
+        (127, 299, 2),
+        (128, 0, 3),
+        (129, 127, 3),
+        (128, 128, 4),
+        (129, 255, 4),
+        (128, 256, 5),
+        (129, 299, 5),
     ];
     for (r, c, tile) in corners {
         let want = E4M3_TO_F32[code(r, c) as usize] * e8m0_to_f32(scale[tile]);
@@ -74,21 +79,22 @@ fn fp8_block_scales_apply_per_128x128_tile_on_odd_shapes() {
 fn fp8_scale_of_the_wrong_grid_is_rejected_with_both_shapes() {
     let dir = tempfile::tempdir().unwrap();
     with_config(dir.path());
-    let w = vec![0x38u8; 130 * 200];
+    let w = vec![0x38u8; 130 * 300];
     write_safetensors(
         &dir.path().join("model.safetensors"),
         &[
-            ("probe.proj.weight", Dtype::F8E4M3, &[130, 200], &w),
-            ("probe.proj.scale", Dtype::F8E8M0, &[1, 2], &[127, 127]),
+            ("probe.proj.weight", Dtype::F8E4M3, &[130, 300], &w),
+            // The transposed grid: same element count, wrong layout.
+            ("probe.proj.scale", Dtype::F8E8M0, &[3, 2], &[127; 6]),
         ],
     )
     .unwrap();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let msg = ckpt.linear("probe.proj", 130, 200).unwrap_err().to_string();
+    let msg = ckpt.linear("probe.proj", 130, 300).unwrap_err().to_string();
     assert!(msg.contains("model.safetensors"), "{msg}");
     assert!(msg.contains("probe.proj.scale"), "{msg}");
     assert!(
-        msg.contains("expected shape [2, 2]") && msg.contains("found [1, 2]"),
+        msg.contains("expected shape [2, 3]") && msg.contains("found [3, 2]"),
         "{msg}"
     );
 }

@@ -105,7 +105,10 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Max |a-b| over max |b| of two equal-length slices, with the index of the largest difference.
 fn normalised_error(ours: &[f64], reference: &[f64]) -> (f64, usize) {
-    let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    let scale = reference
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs()))
+        .max(1e-30);
     let mut worst = (0.0, 0);
     for (i, (a, b)) in ours.iter().zip(reference).enumerate() {
         let d = (a - b).abs();
@@ -208,8 +211,10 @@ fn engine_matches_transformers_float32_on_tiny() {
                     continue;
                 }
                 let mut mine: Vec<i64> = ours_topk[&t].iter().map(|&v| v as i64).collect();
-                let mut theirs: Vec<i64> =
-                    ref_topk[t * k..(t + 1) * k].iter().map(|&v| v as i64).collect();
+                let mut theirs: Vec<i64> = ref_topk[t * k..(t + 1) * k]
+                    .iter()
+                    .map(|&v| v as i64)
+                    .collect();
                 mine.sort_unstable();
                 theirs.sort_unstable();
                 assert_eq!(
@@ -220,7 +225,10 @@ fn engine_matches_transformers_float32_on_tiny() {
                 );
                 compared += 1;
             }
-            assert!(compared > t_len / 2, "too few positions compared: {compared}");
+            assert!(
+                compared > t_len / 2,
+                "too few positions compared: {compared}"
+            );
         }
 
         let hidden_name = format!("layers.{layer}.hidden");

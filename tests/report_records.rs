@@ -8,8 +8,8 @@ mod report_support;
 use std::time::{Duration, UNIX_EPOCH};
 
 use needlescope::report::{
-    config_hash, format_tokens, rfc3339_utc, RunDir, RunRecords, ATTENTION_COLUMNS,
-    CELLS_COLUMNS, LAYERS_COLUMNS,
+    config_hash, format_tokens, rfc3339_utc, RunDir, RunRecords, ATTENTION_COLUMNS, CELLS_COLUMNS,
+    LAYERS_COLUMNS,
 };
 use report_support::*;
 
@@ -31,7 +31,12 @@ fn serde_header<T: serde::Serialize>(record: &T) -> String {
     let mut w = csv::Writer::from_writer(Vec::new());
     w.serialize(record).unwrap();
     let bytes = w.into_inner().unwrap();
-    String::from_utf8(bytes).unwrap().lines().next().unwrap().to_string()
+    String::from_utf8(bytes)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -43,10 +48,22 @@ fn column_constants_are_design_md_section_6_in_order() {
 
 #[test]
 fn record_field_order_equals_the_column_constants() {
-    let c = cell("c0", 2048, 10.0, needlescope::numerics::modes::IndexProfile::SglangFp8, 512);
+    let c = cell(
+        "c0",
+        2048,
+        10.0,
+        needlescope::numerics::modes::IndexProfile::SglangFp8,
+        512,
+    );
     assert_eq!(serde_header(&c), CELLS_COLUMNS.join(","));
-    assert_eq!(serde_header(&layer("c0", 2, "fp8", true, 4)), LAYERS_COLUMNS.join(","));
-    assert_eq!(serde_header(&attention("c0", 2)), ATTENTION_COLUMNS.join(","));
+    assert_eq!(
+        serde_header(&layer("c0", 2, "fp8", true, 4)),
+        LAYERS_COLUMNS.join(",")
+    );
+    assert_eq!(
+        serde_header(&attention("c0", 2)),
+        ATTENTION_COLUMNS.join(",")
+    );
 }
 
 #[test]
@@ -125,7 +142,13 @@ fn every_field_type_round_trips_through_the_files() {
 fn nan_scores_round_trip_as_nan() {
     let dir = tempfile::tempdir().unwrap();
     let (mut store, _) = RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
-    let c = cell("nan", 2048, 50.0, needlescope::numerics::modes::IndexProfile::Exact, 512);
+    let c = cell(
+        "nan",
+        2048,
+        50.0,
+        needlescope::numerics::modes::IndexProfile::Exact,
+        512,
+    );
     let mut l = layer("nan", 2, "exact", true, 1);
     l.needle_score = Some(f32::NAN);
     l.margin = Some(f32::NAN);
@@ -144,7 +167,11 @@ fn rfc3339_utc_matches_known_instants() {
         (1_732_900_985, "2024-11-29T17:23:05Z"),
         (4_107_542_400, "2100-03-01T00:00:00Z"),
     ] {
-        assert_eq!(rfc3339_utc(UNIX_EPOCH + Duration::from_secs(secs)), want, "{secs}");
+        assert_eq!(
+            rfc3339_utc(UNIX_EPOCH + Duration::from_secs(secs)),
+            want,
+            "{secs}"
+        );
     }
 }
 

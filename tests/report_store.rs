@@ -36,14 +36,20 @@ fn append_bytes(path: &Path, bytes: &[u8]) {
 /// Strict parse: header + records, every record deserialises, file ends with a newline.
 fn strict<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
     let text = std::fs::read_to_string(path).unwrap();
-    assert!(text.ends_with('\n'), "{} does not end with a newline", path.display());
+    assert!(
+        text.ends_with('\n'),
+        "{} does not end with a newline",
+        path.display()
+    );
     let mut r = csv::Reader::from_reader(text.as_bytes());
     r.deserialize().map(|x| x.unwrap()).collect()
 }
 
 /// One CSV line of `record` (no header).
 fn csv_line<T: serde::Serialize>(record: &T) -> Vec<u8> {
-    let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(Vec::new());
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
     w.serialize(record).unwrap();
     w.into_inner().unwrap()
 }
@@ -63,8 +69,14 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
     // The kill: cell3's layer rows and half an attention row were written, and half its
     // cells.csv row (plus an orphan layers row of another unfinished cell).
     let c3 = cell("cell3", 65536, 10.0, IndexProfile::SglangFp8, 512);
-    append_bytes(&run.join("layers.csv"), &csv_line(&layer("cell3", 2, "fp8", true, 9)));
-    append_bytes(&run.join("layers.csv"), &csv_line(&layer("ghost", 4, "fp8", true, 9)));
+    append_bytes(
+        &run.join("layers.csv"),
+        &csv_line(&layer("cell3", 2, "fp8", true, 9)),
+    );
+    append_bytes(
+        &run.join("layers.csv"),
+        &csv_line(&layer("ghost", 4, "fp8", true, 9)),
+    );
     let att = csv_line(&attention("cell3", 2));
     append_bytes(&run.join("attention.csv"), &att[..att.len() / 2]);
     let row = csv_line(&c3);
@@ -74,8 +86,14 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
     let len_before = std::fs::metadata(run.join("layers.csv")).unwrap().len();
     let read = RunRecords::read(run).unwrap();
     assert_eq!(read.cells.len(), 3);
-    assert!(read.layers.iter().all(|r| r.cell_id != "cell3" && r.cell_id != "ghost"));
-    assert_eq!(std::fs::metadata(run.join("layers.csv")).unwrap().len(), len_before);
+    assert!(read
+        .layers
+        .iter()
+        .all(|r| r.cell_id != "cell3" && r.cell_id != "ghost"));
+    assert_eq!(
+        std::fs::metadata(run.join("layers.csv")).unwrap().len(),
+        len_before
+    );
 
     let (mut store, done) = RunDir::create_or_resume(run, run_info(false)).unwrap();
     let want: Vec<CellRecord> = cells.iter().map(|c| c.0.clone()).collect();
@@ -97,7 +115,10 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
     drop(store);
     let back = RunRecords::read(run).unwrap();
     assert_eq!(back.cells.len(), 4);
-    assert_eq!(back.layers.iter().filter(|r| r.cell_id == "cell3").count(), 1);
+    assert_eq!(
+        back.layers.iter().filter(|r| r.cell_id == "cell3").count(),
+        1
+    );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["cells_finished"], 4);
@@ -127,7 +148,9 @@ fn corruption_before_the_last_line_is_an_error_with_its_line() {
     let broken = text.replacen("cell1,4096", "cell1,lots", 1);
     assert_ne!(broken, text);
     std::fs::write(&path, broken).unwrap();
-    let err = RunDir::create_or_resume(dir.path(), run_info(false)).err().unwrap();
+    let err = RunDir::create_or_resume(dir.path(), run_info(false))
+        .err()
+        .unwrap();
     let msg = err.to_string();
     assert!(msg.contains("cells.csv") && msg.contains("line 3"), "{msg}");
 }
@@ -137,10 +160,15 @@ fn a_wrong_header_is_refused_naming_expected_and_found() {
     let dir = tempfile::tempdir().unwrap();
     RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
     std::fs::write(dir.path().join("layers.csv"), b"cell_id,layer,rank\n").unwrap();
-    let err = RunDir::create_or_resume(dir.path(), run_info(false)).err().unwrap();
+    let err = RunDir::create_or_resume(dir.path(), run_info(false))
+        .err()
+        .unwrap();
     assert!(matches!(err, ReportError::Header { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("layers.csv") && msg.contains("expected `cell_id,layer,query_pos"), "{msg}");
+    assert!(
+        msg.contains("layers.csv") && msg.contains("expected `cell_id,layer,query_pos"),
+        "{msg}"
+    );
     assert!(msg.contains("found `cell_id,layer,rank`"), "{msg}");
 }
 
@@ -154,7 +182,10 @@ fn resume_with_other_arguments_is_refused_naming_the_field() {
     let err = RunDir::create_or_resume(dir.path(), other).err().unwrap();
     let msg = err.to_string();
     assert!(msg.contains("run.json"), "{msg}");
-    assert!(msg.contains("sweep_args.topk: expected [512,1024] (run.json), found [512]"), "{msg}");
+    assert!(
+        msg.contains("sweep_args.topk: expected [512,1024] (run.json), found [512]"),
+        "{msg}"
+    );
     assert!(msg.contains("sweep_args.seed: expected null"), "{msg}");
     assert!(!msg.contains("sweep_args.lengths"), "{msg}");
     let ReportError::ResumeMismatch { differences, .. } = err else {
@@ -169,9 +200,15 @@ fn resume_with_another_model_is_refused_naming_the_hash() {
     RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
     let mut other = run_info(false);
     other.model_config_hash = "sha256:ffff".into();
-    let msg = RunDir::create_or_resume(dir.path(), other).err().unwrap().to_string();
+    let msg = RunDir::create_or_resume(dir.path(), other)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(msg.contains("model_config_hash"), "{msg}");
-    assert!(msg.contains("\"sha256:0123abcd\"") && msg.contains("\"sha256:ffff\""), "{msg}");
+    assert!(
+        msg.contains("\"sha256:0123abcd\"") && msg.contains("\"sha256:ffff\""),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -192,12 +229,21 @@ fn records_of_another_cell_or_a_finished_cell_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let (mut store, _) = RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
     let c = cell("a", 2048, 0.0, IndexProfile::SglangFp8, 512);
-    let err = store.append_cell(&c, &[layer("b", 2, "fp8", true, 1)], &[]).err().unwrap();
+    let err = store
+        .append_cell(&c, &[layer("b", 2, "fp8", true, 1)], &[])
+        .err()
+        .unwrap();
     let msg = err.to_string();
-    assert!(msg.contains("layers.csv") && msg.contains("expected a, found b"), "{msg}");
+    assert!(
+        msg.contains("layers.csv") && msg.contains("expected a, found b"),
+        "{msg}"
+    );
     store.append_cell(&c, &[], &[]).unwrap();
     let msg = store.append_cell(&c, &[], &[]).err().unwrap().to_string();
-    assert!(msg.contains("cells.csv") && msg.contains("cell_id a"), "{msg}");
+    assert!(
+        msg.contains("cells.csv") && msg.contains("cell_id a"),
+        "{msg}"
+    );
     assert_eq!(store.cells().len(), 1);
 }
 
@@ -205,8 +251,14 @@ fn records_of_another_cell_or_a_finished_cell_are_rejected() {
 fn csv_files_without_run_json_are_not_appended_to() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cells.csv"), b"something\n").unwrap();
-    let msg = RunDir::create_or_resume(dir.path(), run_info(false)).err().unwrap().to_string();
-    assert!(msg.contains("run.json") && msg.contains("cells.csv"), "{msg}");
+    let msg = RunDir::create_or_resume(dir.path(), run_info(false))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("run.json") && msg.contains("cells.csv"),
+        "{msg}"
+    );
     let msg = RunRecords::read(dir.path()).err().unwrap().to_string();
     assert!(msg.contains("not a report directory"), "{msg}");
 }

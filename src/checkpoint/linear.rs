@@ -209,7 +209,7 @@ impl Checkpoint {
                     module,
                     "scale",
                     Dtype::F8E8M0,
-                    &[rows.div_ceil(bo), cols.div_ceil(bi)],
+                    &[cols.div_ceil(bi), rows.div_ceil(bo)],
                     &why,
                 )?;
                 Ok(QuantWeight::Fp8Block {

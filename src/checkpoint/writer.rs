@@ -41,7 +41,7 @@ pub fn header_bytes(tensors: &[ExpectedTensor], metadata: &BTreeMap<String, Stri
         off = end;
     }
     let mut bytes = serde_json::to_vec(&Value::Object(map)).expect("header serialises");
-    while bytes.len() % 8 != 0 {
+    while !bytes.len().is_multiple_of(8) {
         bytes.push(b' ');
     }
     bytes

@@ -7,8 +7,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::values::{parse_positive, parse_token_count, Positions};
-use super::NotImplemented;
+use crate::checkpoint::Checkpoint;
+use crate::model::forward::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::trace;
+use std::collections::BTreeMap;
 
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
@@ -49,10 +52,45 @@ pub struct TraceArgs {
     pub dump_indexer_inputs: bool,
 }
 
-pub fn run(_args: &TraceArgs, _out: &mut dyn Write) -> anyhow::Result<()> {
-    Err(NotImplemented {
-        command: "trace",
-        why: "the forward engine has not landed",
-    }
-    .into())
+pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let ckpt = Checkpoint::open(&args.model)?;
+    let cfg = ckpt.config().clone();
+    let tokens = trace::parse_token_file(&args.tokens, cfg.vocab_size)?;
+    let positions: Vec<usize> = match &args.positions {
+        Positions::All => (0..tokens.len()).collect(),
+        Positions::Last => vec![tokens.len() - 1],
+        Positions::List(v) => v.clone(),
+    };
+    let opts = EngineOptions {
+        index: args.index,
+        kv: args.kv,
+        topk: args.topk,
+        chunk: args.chunk,
+    };
+    let started = std::time::Instant::now();
+    let result = trace::run_trace(&ckpt, opts, &tokens, &positions, args.dump_indexer_inputs)?;
+    let mut metadata = BTreeMap::new();
+    metadata.insert("profile".to_string(), args.index.name().to_string());
+    metadata.insert("kv".to_string(), args.kv.name().to_string());
+    metadata.insert("topk".to_string(), result.topk.to_string());
+    metadata.insert("model".to_string(), args.model.display().to_string());
+    metadata.insert("model_config_sha256".to_string(), cfg.hash_hex());
+    metadata.insert(
+        "needlescope_version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    trace::write_trace(&args.out, &result, metadata)?;
+    writeln!(
+        out,
+        "traced {} tokens, {} positions, {} CSA layers (index {}, kv {}, top-k {}) in {:.2} s -> {}",
+        tokens.len(),
+        positions.len(),
+        result.indexer.len(),
+        args.index,
+        args.kv,
+        result.topk,
+        started.elapsed().as_secs_f64(),
+        args.out.display()
+    )?;
+    Ok(())
 }

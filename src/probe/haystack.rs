@@ -13,7 +13,8 @@
 //!   values (never the needle's key or value), so every line looks like the needle.
 //! - `tools`: one JSON-schema-like function definition per line (agentic system prompts), with
 //!   varied names, parameters, enums and path defaults.
-//! - `file`: the user's text split into sentences (whitespace kept), cycled if too short.
+//! - `file`: the user's text split into sentences (whitespace kept; runs of 80 words without
+//!   sentence punctuation are cut at a space), cycled if too short; chat markers are refused.
 //!
 //! Fillers (for exact prompt length) are word prefixes of noise sentences (tool-documentation
 //! notes for `tools`), see `prompt.rs`.
@@ -131,7 +132,7 @@ impl HaystackGen {
                 for _ in 0..64 {
                     let k = key.as_ref().map(|s| s.generate(&mut self.rng));
                     let v = value.generate(&mut self.rng);
-                    let k_ok = k.as_deref().map_or(true, |k| k != needle_key.as_str());
+                    let k_ok = k.as_deref() != Some(needle_key.as_str());
                     line = fill(template, k.as_deref().unwrap_or(""), &v);
                     if k_ok && v != *needle_value {
                         break;
@@ -261,7 +262,8 @@ pub fn tool_line(rng: &mut Rng) -> String {
     );
     for _ in 0..rng.range(1, 3) {
         desc.push(' ');
-        desc.push_str(*rng.pick(TOOL_PURPOSES));
+        let purpose: &str = rng.pick::<&str>(TOOL_PURPOSES);
+        desc.push_str(purpose);
     }
     let n_params = rng.range(2, 6);
     let mut props = Vec::with_capacity(n_params);

@@ -6,6 +6,7 @@
 //!   check, haystack kind); built-in scenarios from `scenarios/*.toml` or a user's file.
 //! - [`haystack`]: seeded text generators for the haystack kinds (noise, kv, tools, file);
 //!   [`words`] holds their own word lists and templates, [`rng`] the portable PRNG.
+//! - [`value`]: needle value / kv key generators (`[value]`, `[key]` tables).
 //! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans.
 //! - [`rows`]: CSA/HCA row mapping and visibility (design.md section 4, normative).
 //! - [`rank`]: needle rank, ties, k-th score, margin, selection; the `LayerRecord`.
@@ -22,6 +23,7 @@ pub mod rng;
 pub mod rows;
 pub mod scenario;
 pub mod tokenizer;
+pub mod value;
 pub mod words;
 
 pub use observe::{AttentionRecord, CellTopk, NeedleObserver, NeedleObserverConfig};

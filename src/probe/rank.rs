@@ -78,7 +78,7 @@ pub fn rank_needle(scores: &[f32], rows: Range<usize>) -> NeedleRank {
     let mut best: Option<(usize, f32)> = None;
     for w in rows.clone() {
         let s = scores[w];
-        if best.map_or(true, |(_, b)| greater(s, b)) {
+        if best.is_none_or(|(_, b)| greater(s, b)) {
             best = Some((w, s));
         }
     }

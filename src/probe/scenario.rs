@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::rng::Rng;
-use super::words::VALUE_WORDS;
+pub use super::value::ValueSpec;
+use super::value::{parse_value, RawValue};
 
 /// Built-in scenarios: (name, TOML text).
 pub const BUILTIN: &[(&str, &str)] = &[
@@ -63,61 +64,6 @@ pub enum ScenarioError {
     HaystackFileNotUsed { scenario: String, kind: String },
     #[error("haystack file {path}: {problem}")]
     HaystackFile { path: PathBuf, problem: String },
-}
-
-/// How a needle value (or a kv key) is generated.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ValueSpec {
-    /// `n` decimal digits, the first non-zero.
-    Digits { n: usize },
-    /// `n` words from `list`, joined by `sep`.
-    Words {
-        n: usize,
-        sep: String,
-        list: Vec<String>,
-    },
-    /// A lowercase version-4-shaped UUID (8-4-4-4-12 hex).
-    Uuid,
-}
-
-impl ValueSpec {
-    pub fn generate(&self, rng: &mut Rng) -> String {
-        match self {
-            ValueSpec::Digits { n } => {
-                let mut s = String::with_capacity(*n);
-                for i in 0..*n {
-                    let d = if i == 0 {
-                        rng.range(1, 9)
-                    } else {
-                        rng.below(10)
-                    };
-                    s.push(char::from(b'0' + d as u8));
-                }
-                s
-            }
-            ValueSpec::Words { n, sep, list } => {
-                let words: Vec<&str> = (0..*n).map(|_| rng.pick(list).as_str()).collect();
-                words.join(sep)
-            }
-            ValueSpec::Uuid => {
-                let hex = |rng: &mut Rng, k: usize| -> String {
-                    (0..k)
-                        .map(|_| char::from_digit(rng.below(16) as u32, 16).unwrap_or('0'))
-                        .collect()
-                };
-                let variant = char::from_digit(8 + rng.below(4) as u32, 16).unwrap_or('8');
-                format!(
-                    "{}-{}-4{}-{}{}-{}",
-                    hex(rng, 8),
-                    hex(rng, 4),
-                    hex(rng, 3),
-                    variant,
-                    hex(rng, 3),
-                    hex(rng, 12)
-                )
-            }
-        }
-    }
 }
 
 /// How the generated answer is judged.
@@ -183,15 +129,6 @@ struct RawScenario {
     key: Option<RawValue>,
     answer: Option<RawAnswer>,
     haystack: RawHaystack,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawValue {
-    kind: String,
-    n: Option<i64>,
-    sep: Option<String>,
-    words: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -445,77 +382,5 @@ impl Scenario {
                     .unwrap_or(false)
             }
         }
-    }
-}
-
-fn parse_value(
-    raw: &RawValue,
-    table: &'static str,
-    source: &str,
-) -> Result<ValueSpec, ScenarioError> {
-    let field = |field: &'static str, expected: &str, found: String| ScenarioError::Field {
-        file: source.to_string(),
-        field,
-        expected: expected.to_string(),
-        found,
-    };
-    let (f_n, f_kind, f_words, f_sep) = if table == "key" {
-        ("key.n", "key.kind", "key.words", "key.sep")
-    } else {
-        ("value.n", "value.kind", "value.words", "value.sep")
-    };
-    let n_in = |lo: i64, hi: i64| -> Result<usize, ScenarioError> {
-        match raw.n {
-            Some(n) if (lo..=hi).contains(&n) => Ok(n as usize),
-            Some(n) => Err(field(
-                f_n,
-                &format!("an integer in {lo}..={hi}"),
-                n.to_string(),
-            )),
-            None => Err(field(
-                f_n,
-                &format!("an integer in {lo}..={hi}"),
-                "none".into(),
-            )),
-        }
-    };
-    match raw.kind.as_str() {
-        "digits" => Ok(ValueSpec::Digits { n: n_in(1, 64)? }),
-        "words" => {
-            let list: Vec<String> = match &raw.words {
-                Some(w) => w.iter().map(|s| s.trim().to_string()).collect(),
-                None => VALUE_WORDS.iter().map(|s| s.to_string()).collect(),
-            };
-            if list.is_empty()
-                || list
-                    .iter()
-                    .any(|w| w.is_empty() || w.chars().any(char::is_whitespace))
-            {
-                return Err(field(
-                    f_words,
-                    "a non-empty list of single words",
-                    format!("{list:?}"),
-                ));
-            }
-            let sep = raw.sep.clone().unwrap_or_else(|| "-".into());
-            if sep.chars().any(|c| c == '{' || c == '}') {
-                return Err(field(
-                    f_sep,
-                    "a separator without braces",
-                    format!("{sep:?}"),
-                ));
-            }
-            Ok(ValueSpec::Words {
-                n: n_in(1, 16)?,
-                sep,
-                list,
-            })
-        }
-        "uuid" => Ok(ValueSpec::Uuid),
-        other => Err(field(
-            f_kind,
-            "\"digits\", \"words\" or \"uuid\"",
-            format!("{other:?}"),
-        )),
     }
 }

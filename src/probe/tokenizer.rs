@@ -110,6 +110,9 @@ fn builtin_json() -> Result<&'static [u8], TokenizerError> {
     }
 }
 
+/// Token ids and each token's byte range `[start, end)` in the encoded text.
+pub type Encoded = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A loaded DeepSeek-V4 tokenizer.
 #[derive(Clone)]
 pub struct V4Tokenizer {
@@ -196,10 +199,7 @@ impl V4Tokenizer {
     }
 
     /// Token ids of `text` and each token's byte range `[start, end)` in `text`.
-    pub fn encode_with_offsets(
-        &self,
-        text: &str,
-    ) -> Result<(Vec<u32>, Vec<(usize, usize)>), TokenizerError> {
+    pub fn encode_with_offsets(&self, text: &str) -> Result<Encoded, TokenizerError> {
         let enc = self
             .inner
             .encode(text, false)

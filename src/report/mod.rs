@@ -30,3 +30,13 @@ pub use records::{
 };
 pub use store::{RunDir, RunRecords};
 pub use summary::{render_table, stdout_wants_colour, summarize, GroupSummary, SummaryJson};
+
+/// What `needlescope report DIR` does, without the model: reads the records, rewrites
+/// summary.json, renders every PNG, and returns the terminal table (with ANSI colour when
+/// `colour`) and the files written (summary.json first).
+pub fn rerender(dir: &std::path::Path, colour: bool) -> Result<(String, Vec<std::path::PathBuf>)> {
+    let records = RunRecords::read(dir)?;
+    let mut written = vec![records.write_summary()?];
+    written.extend(render_records(&records, dir)?);
+    Ok((render_table(&summarize(&records.cells), colour), written))
+}

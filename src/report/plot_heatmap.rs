@@ -24,7 +24,7 @@ const GREEN: RGBColor = RGBColor(122, 198, 126);
 const RED: RGBColor = RGBColor(236, 112, 99);
 const AMBER: RGBColor = RGBColor(247, 190, 85);
 const GREY: RGBColor = RGBColor(205, 205, 205);
-const LEGEND_PX: u32 = 44;
+const LEGEND_PX: u32 = 64;
 
 /// Writes one heatmap per (index, kv, top-k) present in the cells.
 pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
@@ -42,7 +42,11 @@ pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf
             .iter()
             .filter(|c| c.index == index && c.kv.name() == kv && c.topk == topk)
             .collect();
-        let suffix = if kvs.len() > 1 { format!("_{kv}") } else { String::new() };
+        let suffix = if kvs.len() > 1 {
+            format!("_{kv}")
+        } else {
+            String::new()
+        };
         let path = out_dir.join(format!("heatmap_{index}_{topk}{suffix}.png"));
         draw(records, &cells, index, cells[0].kv, topk, &path)?;
         out.push(path);
@@ -58,7 +62,7 @@ fn depth_label(d: f64) -> String {
     if d.fract() == 0.0 {
         format!("{d:.0}%")
     } else {
-        format!("{d}%")
+        format!("{d:.1}%")
     }
 }
 
@@ -131,7 +135,7 @@ fn draw(
             format!("kv {kv}"),
         ],
     );
-    let (root, body) = canvas(path, title, &sub)?;
+    let (root, body) = canvas(path, &records.info, title, &sub)?;
     let err = plot_err(path);
     let (_, body_h) = body.dim_in_pixel();
     let (plot_area, legend) = body.split_vertically(body_h - LEGEND_PX);
@@ -154,7 +158,9 @@ fn draw(
         _ => String::new(),
     };
     let y_fmt = |v: &SegmentValue<i32>| match v {
-        SegmentValue::CenterOf(r) if (*r as usize) < ny => depth_label(depths[ny - 1 - *r as usize]),
+        SegmentValue::CenterOf(r) if (*r as usize) < ny => {
+            depth_label(depths[ny - 1 - *r as usize])
+        }
         _ => String::new(),
     };
     chart
@@ -222,7 +228,7 @@ fn draw(
             (GREEN, "selected on every non-trivial CSA layer"),
             (RED, "lost on a CSA layer"),
             (AMBER, "some samples lost"),
-            (GREY, "trivial (n_t <= k)"),
+            (GREY, "trivial: n_t <= k everywhere"),
         ]
     };
     draw_legend(&legend, &entries, path)?;
@@ -243,14 +249,20 @@ fn draw_legend<DB: DrawingBackend>(
     for (colour, label) in entries {
         area.draw(&Rectangle::new([(x, y), (x + 18, y + 18)], colour.filled()))
             .map_err(&err)?;
-        area.draw(&Text::new(label.to_string(), (x + 24, y + 1), style.clone()))
-            .map_err(&err)?;
+        area.draw(&Text::new(
+            label.to_string(),
+            (x + 24, y + 1),
+            style.clone(),
+        ))
+        .map_err(&err)?;
         let (w, _) = area.estimate_text_size(label, &style).map_err(&err)?;
-        x += 24 + w as i32 + 22;
+        x += 24 + w as i32 + 26;
     }
     area.draw(&Text::new(
-        "number = worst needle rank".to_string(),
-        (x, y + 1),
+        "number in a cell: min_needle_rank (best rank over the CSA layers at the answer \
+         position), worst over samples"
+            .to_string(),
+        (20, y + 28),
         style.clone(),
     ))
     .map_err(&err)?;

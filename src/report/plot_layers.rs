@@ -3,8 +3,8 @@
 //! probed prompt position it has). One line per scored profile (the driving one first and
 //! marked), rank 1 at the BOTTOM of a log axis. Dashed horizontal lines: every top-k of the run
 //! (the cell's own k drawn darker); dotted: the number of visible rows n_t (no rank can exceed
-//! it; a top-k at or above it makes the layer trivial). Cells without layers.csv rows get no
-//! plot.
+//! it; a top-k at or above it makes the layer trivial). The legend sits in a column right of
+//! the plot, never over the data. Cells without layers.csv rows get no plot.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,8 @@ use plotters::prelude::*;
 
 use super::error::Result;
 use super::plots::{
-    canvas, plot_err, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX, PALETTE,
+    canvas, draw_keys, plot_err, rank_axis_top, rank_label, subtitle, Key, Mark, Stroke, AXIS_PX,
+    FONT, LABEL_PX, LEGEND_W, PALETTE, SIZE,
 };
 use super::records::{format_tokens, CellRecord, IndexProfile, LayerRecord};
 use super::store::RunRecords;
@@ -71,9 +72,7 @@ pub(crate) fn render(
     let topks: BTreeSet<usize> = records.cells.iter().map(|c| c.topk).collect();
     let visible = rows.iter().map(|r| r.visible_rows).max().unwrap_or(0);
     let max_rank = rows.iter().filter_map(|r| r.needle_rank).max().unwrap_or(1);
-    let top = rank_axis_top(
-        (max_rank.max(visible).max(*topks.last().unwrap_or(&1))) as f64,
-    );
+    let top = rank_axis_top((max_rank.max(visible).max(*topks.last().unwrap_or(&1))) as f64);
 
     let title = format!(
         "Needle rank per CSA layer: {} tokens, depth {}%",
@@ -88,11 +87,12 @@ pub(crate) fn render(
             format!("cell {}", cell.cell_id),
         ],
     );
-    let (root, body) = canvas(path, &title, &sub)?;
+    let (root, body) = canvas(path, &records.info, &title, &sub)?;
     let err = plot_err(path);
-    let mut chart = ChartBuilder::on(&body)
+    let (plot_area, legend_area) = body.split_horizontally(SIZE.0 - LEGEND_W);
+    let mut chart = ChartBuilder::on(&plot_area)
         .margin(14)
-        .margin_right(30)
+        .margin_right(10)
         .x_label_area_size(64)
         .y_label_area_size(96)
         .build_cartesian_2d((lo - 0.5)..(hi + 0.5), (0.7f64..top).log_scale())
@@ -100,7 +100,7 @@ pub(crate) fn render(
     let span = (hi - lo) as usize + 1;
     chart
         .configure_mesh()
-        .x_labels(span.min(16))
+        .x_labels(span.min(12))
         .x_label_formatter(&|v: &f64| {
             if (v - v.round()).abs() < 1e-6 {
                 format!("{}", v.round() as i64)
@@ -110,7 +110,7 @@ pub(crate) fn render(
         })
         .y_label_formatter(&rank_label)
         .x_desc(format!(
-            "layer index (CSA layers only; query position {pos} = last prompt token)"
+            "CSA layer index (query position {pos}, the last prompt token)"
         ))
         .y_desc("needle rank (log scale, 1 = best, at bottom)")
         .label_style((FONT, LABEL_PX))
@@ -120,37 +120,49 @@ pub(crate) fn render(
         .draw()
         .map_err(&err)?;
 
+    let mut keys = Vec::new();
     let x_range = [lo - 0.5, hi + 0.5];
-    for &k in &topks {
-        let own = k == cell.topk;
-        let colour = if own { RGBColor(40, 40, 40) } else { RGBColor(150, 150, 150) };
+    let mut hline = |y: f64, colour: RGBColor, stroke: Stroke, label: String| -> Result<()> {
+        let (dash, gap) = if stroke == Stroke::Dotted {
+            (2, 5)
+        } else {
+            (10, 6)
+        };
         chart
             .draw_series(DashedLineSeries::new(
-                x_range.iter().map(|&x| (x, k as f64)),
-                10,
-                6,
+                x_range.iter().map(|&x| (x, y)),
+                dash,
+                gap,
                 colour.stroke_width(2),
             ))
-            .map_err(&err)?
-            .label(format!("top-k {k}{}", if own { " (this cell)" } else { "" }))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(2))
-            });
+            .map_err(&err)?;
+        keys.push(Key {
+            colour,
+            width: 2,
+            stroke,
+            mark: Mark::None,
+            label,
+        });
+        Ok(())
+    };
+    for &k in &topks {
+        let own = k == cell.topk;
+        let colour = if own {
+            RGBColor(40, 40, 40)
+        } else {
+            RGBColor(150, 150, 150)
+        };
+        let label = format!("top-k {k}{}", if own { " (this cell)" } else { "" });
+        hline(k as f64, colour, Stroke::Dashed, label)?;
     }
     if visible > 0 {
-        let grey = RGBColor(120, 120, 120);
-        chart
-            .draw_series(DashedLineSeries::new(
-                x_range.iter().map(|&x| (x, visible as f64)),
-                2,
-                5,
-                grey.stroke_width(2),
-            ))
-            .map_err(&err)?
-            .label(format!("visible rows n_t = {visible}"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], grey.stroke_width(2))
-            });
+        let label = format!("visible rows n_t = {visible}");
+        hline(
+            visible as f64,
+            RGBColor(110, 110, 110),
+            Stroke::Dotted,
+            label,
+        )?;
     }
 
     for (driving, name) in &profiles {
@@ -168,11 +180,7 @@ pub(crate) fn render(
         let width = if *driving { 3 } else { 2 };
         chart
             .draw_series(LineSeries::new(points.clone(), colour.stroke_width(width)))
-            .map_err(&err)?
-            .label(format!("{name}{}", if *driving { " (driving)" } else { "" }))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(width))
-            });
+            .map_err(&err)?;
         chart
             .draw_series(
                 points
@@ -180,15 +188,20 @@ pub(crate) fn render(
                     .map(|&p| Circle::new(p, if *driving { 5 } else { 4 }, colour.filled())),
             )
             .map_err(&err)?;
+        keys.push(Key {
+            colour,
+            width,
+            stroke: Stroke::Solid,
+            mark: Mark::Circle,
+            label: format!("{name}{}", if *driving { " (driving)" } else { "" }),
+        });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font((FONT, 16))
-        .draw()
-        .map_err(&err)?;
+    let notes: &[&str] = if visible > 0 && visible <= cell.topk {
+        &["n_t <= k: every visible row", "is selected (trivial cell)"]
+    } else {
+        &[]
+    };
+    draw_keys(&legend_area, &keys, notes, path)?;
     root.present().map_err(&err)?;
     Ok(Some(path.to_path_buf()))
 }

@@ -1,7 +1,8 @@
 //! `rank_vs_length.png`: the median (solid) and worst (dashed) `min_needle_rank` over depths and
 //! samples against context length, one colour per (index profile, top-k) (and kv when a run
 //! mixes kv modes). Both axes are log scale: x in powers of two labelled "2k", "4k", ...; rank 1
-//! at the bottom. The run's top-k values are grey dotted horizontal lines. The numbers are those
+//! at the bottom. The run's top-k values are grey dotted horizontal lines; the legend sits in a
+//! column right of the plot. The numbers are those
 //! of [`super::summary::summarize`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,7 +13,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::error::Result;
 use super::plots::{
-    canvas, plot_err, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX, PALETTE,
+    canvas, draw_keys, plot_err, rank_axis_top, rank_label, subtitle, Key, Mark, Stroke, AXIS_PX,
+    FONT, LABEL_PX, LEGEND_W, PALETTE, SIZE,
 };
 use super::records::format_tokens;
 use super::store::RunRecords;
@@ -55,7 +57,11 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     );
     let pad = if xhi - xlo < 1.0 { 0.5 } else { 0.25 };
     let topks: BTreeSet<usize> = groups.iter().map(|g| g.topk).collect();
-    let worst = groups.iter().filter_map(|g| g.worst_rank).max().unwrap_or(1);
+    let worst = groups
+        .iter()
+        .filter_map(|g| g.worst_rank)
+        .max()
+        .unwrap_or(1);
     let top = rank_axis_top(worst.max(*topks.last().unwrap_or(&1)) as f64);
 
     let profiles: BTreeSet<String> = groups.iter().map(|g| g.index.to_string()).collect();
@@ -70,11 +76,17 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
             format!("top-k {}", ks.join(", ")),
         ],
     );
-    let (root, body) = canvas(path, "Needle rank against context length", &sub)?;
+    let (root, body) = canvas(
+        path,
+        &records.info,
+        "Needle rank against context length",
+        &sub,
+    )?;
     let err = plot_err(path);
-    let mut chart = ChartBuilder::on(&body)
+    let (plot_area, legend_area) = body.split_horizontally(SIZE.0 - LEGEND_W);
+    let mut chart = ChartBuilder::on(&plot_area)
         .margin(14)
-        .margin_right(30)
+        .margin_right(10)
         .x_label_area_size(64)
         .y_label_area_size(96)
         .build_cartesian_2d((xlo - pad)..(xhi + pad), (0.7f64..top).log_scale())
@@ -82,7 +94,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     let span = (xhi - xlo + 2.0 * pad).ceil() as usize + 1;
     chart
         .configure_mesh()
-        .x_labels(span.min(14))
+        .x_labels(span.min(12))
         .x_label_formatter(&|v: &f64| {
             if (v - v.round()).abs() < 1e-6 && *v >= 0.0 {
                 format_tokens(1usize << (v.round() as u32).min(40))
@@ -101,8 +113,8 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         .map_err(&err)?;
 
     let x_range = [xlo - pad, xhi + pad];
+    let grey = RGBColor(130, 130, 130);
     for &k in &topks {
-        let grey = RGBColor(140, 140, 140);
         chart
             .draw_series(DashedLineSeries::new(
                 x_range.iter().map(|&v| (v, k as f64)),
@@ -114,15 +126,16 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         chart
             .draw_series(std::iter::once(Text::new(
                 format!("top-k {k}"),
-                (xhi + pad, k as f64),
+                (xlo - pad, k as f64),
                 (FONT, 16)
                     .into_font()
                     .color(&grey)
-                    .pos(Pos::new(HPos::Right, VPos::Bottom)),
+                    .pos(Pos::new(HPos::Left, VPos::Bottom)),
             )))
             .map_err(&err)?;
     }
 
+    let mut keys = Vec::new();
     for (i, key) in order.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
         let gs = &series[key];
@@ -134,14 +147,9 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
             .iter()
             .filter_map(|g| g.worst_rank.map(|w| (x(g.target_tokens), w.max(1) as f64)))
             .collect();
-        let label = format!("{} k={}", key.0, key.1);
         chart
             .draw_series(LineSeries::new(median.clone(), colour.stroke_width(3)))
-            .map_err(&err)?
-            .label(format!("{label} median"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
-            });
+            .map_err(&err)?;
         chart
             .draw_series(median.iter().map(|&p| Circle::new(p, 5, colour.filled())))
             .map_err(&err)?;
@@ -152,11 +160,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
                 6,
                 colour.stroke_width(2),
             ))
-            .map_err(&err)?
-            .label(format!("{label} worst"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 9, y)], colour.stroke_width(2))
-            });
+            .map_err(&err)?;
         chart
             .draw_series(
                 worst
@@ -164,15 +168,30 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
                     .map(|&p| TriangleMarker::new(p, 6, colour.filled())),
             )
             .map_err(&err)?;
+        let label = format!("{} k={}", key.0, key.1);
+        keys.push(Key {
+            colour,
+            width: 3,
+            stroke: Stroke::Solid,
+            mark: Mark::Circle,
+            label: format!("{label} median"),
+        });
+        keys.push(Key {
+            colour,
+            width: 2,
+            stroke: Stroke::Dashed,
+            mark: Mark::Triangle,
+            label: format!("{label} worst"),
+        });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font((FONT, 16))
-        .draw()
-        .map_err(&err)?;
+    keys.push(Key {
+        colour: grey,
+        width: 2,
+        stroke: Stroke::Dotted,
+        mark: Mark::None,
+        label: "top-k of the run".into(),
+    });
+    draw_keys(&legend_area, &keys, &[], path)?;
     root.present().map_err(&err)?;
     Ok(())
 }

@@ -101,16 +101,14 @@ pub(crate) fn subtitle(info: &RunInfo, parts: &[String]) -> String {
         s.push_str(" · ");
         s.push_str(p);
     }
-    if info.synthetic {
-        s.push_str(" (synthetic model)");
-    }
     s
 }
 
-/// Opens a bitmap of [`SIZE`], paints it white, draws the two header lines and returns the
-/// area below them.
+/// Opens a bitmap of [`SIZE`], paints it white, draws the two header lines (the title gets a
+/// "(synthetic model)" suffix when run.json says so) and returns the root and the area below.
 pub(crate) fn canvas<'a>(
     path: &'a Path,
+    info: &RunInfo,
     title: &str,
     subtitle: &str,
 ) -> Result<(
@@ -122,8 +120,13 @@ pub(crate) fn canvas<'a>(
     let (head, body) = root.split_vertically(HEADER_PX);
     let centre = Pos::new(HPos::Center, VPos::Top);
     let x = SIZE.0 as i32 / 2;
+    let title = if info.synthetic {
+        format!("{title} (synthetic model)")
+    } else {
+        title.to_string()
+    };
     head.draw(&Text::new(
-        title.to_string(),
+        title,
         (x, 10),
         (FONT, TITLE_PX).into_font().color(&BLACK).pos(centre),
     ))
@@ -166,4 +169,81 @@ pub(crate) fn rank_label(v: &f64) -> String {
 /// Upper end of a log rank axis holding `max`, with head room for labels.
 pub(crate) fn rank_axis_top(max: f64) -> f64 {
     (max.max(2.0) * 2.5).max(10.0)
+}
+
+/// How a legend key's line is drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Stroke {
+    Solid,
+    Dashed,
+    Dotted,
+}
+
+/// The marker on a legend key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Mark {
+    None,
+    Circle,
+    Triangle,
+}
+
+/// One legend line: a line sample (with marker) and its label.
+pub(crate) struct Key {
+    pub colour: RGBColor,
+    pub width: u32,
+    pub stroke: Stroke,
+    pub mark: Mark,
+    pub label: String,
+}
+
+/// Width of the legend column to the right of line plots (never over the data).
+pub(crate) const LEGEND_W: u32 = 270;
+
+/// Draws `keys` top-down into `area` (the legend column), starting level with the plot's top,
+/// then `notes` (grey text lines) below them.
+pub(crate) fn draw_keys<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    keys: &[Key],
+    notes: &[&str],
+    path: &Path,
+) -> Result<()> {
+    let err = plot_err(path);
+    let style = (FONT, 16).into_font().color(&BLACK);
+    for (i, k) in keys.iter().enumerate() {
+        let y = 24 + 28 * i as i32;
+        let line = k.colour.stroke_width(k.width);
+        let (x0, x1) = (6i32, 44i32);
+        let dashes: Vec<(i32, i32)> = match k.stroke {
+            Stroke::Solid => vec![(x0, x1)],
+            Stroke::Dashed => (x0..x1).step_by(13).map(|a| (a, (a + 8).min(x1))).collect(),
+            Stroke::Dotted => (x0..x1).step_by(6).map(|a| (a, a + 2)).collect(),
+        };
+        for (a, b) in dashes {
+            area.draw(&PathElement::new(vec![(a, y), (b, y)], line))
+                .map_err(&err)?;
+        }
+        let c = ((x0 + x1) / 2, y);
+        match k.mark {
+            Mark::None => {}
+            Mark::Circle => area
+                .draw(&Circle::new(c, 5, k.colour.filled()))
+                .map_err(&err)?,
+            Mark::Triangle => area
+                .draw(&TriangleMarker::new(c, 6, k.colour.filled()))
+                .map_err(&err)?,
+        }
+        area.draw(&Text::new(
+            k.label.clone(),
+            (x1 + 10, y),
+            style.clone().pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(&err)?;
+    }
+    let grey = (FONT, 16).into_font().color(&RGBColor(90, 90, 90));
+    for (i, note) in notes.iter().enumerate() {
+        let y = 24 + 28 * keys.len() as i32 + 12 + 22 * i as i32;
+        area.draw(&Text::new(note.to_string(), (6, y), grey.clone()))
+            .map_err(&err)?;
+    }
+    Ok(())
 }

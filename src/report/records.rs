@@ -194,7 +194,10 @@ impl RunInfo {
     /// The short model name for plot titles: the last component of `model_path`.
     pub fn model_name(&self) -> &str {
         let p = self.model_path.trim_end_matches(['/', '\\']);
-        p.rsplit(['/', '\\']).next().filter(|s| !s.is_empty()).unwrap_or(p)
+        p.rsplit(['/', '\\'])
+            .next()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(p)
     }
 
     /// Fields in which `now` (the run being started) differs from `self` (run.json): the
@@ -216,8 +219,16 @@ impl RunInfo {
             self.model_config_hash.clone().into(),
             now.model_config_hash.clone().into(),
         );
-        cmp("scenario".into(), self.scenario.clone().into(), now.scenario.clone().into());
-        cmp("synthetic".into(), self.synthetic.into(), now.synthetic.into());
+        cmp(
+            "scenario".into(),
+            self.scenario.clone().into(),
+            now.scenario.clone().into(),
+        );
+        cmp(
+            "synthetic".into(),
+            self.synthetic.into(),
+            now.synthetic.into(),
+        );
         match (&self.sweep_args, &now.sweep_args) {
             (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
                 let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();

@@ -29,8 +29,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::csvio::{
-    atomic_write, csv_err, flush_sync, open_append, read_json, read_tolerant, truncate,
-    write_json, ParsedCsv,
+    atomic_write, csv_err, flush_sync, open_append, read_json, read_tolerant, truncate, write_json,
+    ParsedCsv,
 };
 use super::error::{ReportError, Result};
 use super::records::{
@@ -110,8 +110,7 @@ impl RunDir {
             finished.contains(&r.cell_id)
         })?;
         let att_path = dir.join(ATTENTION_CSV);
-        let attention: ParsedCsv<AttentionRecord> =
-            read_tolerant(&att_path, &ATTENTION_COLUMNS)?;
+        let attention: ParsedCsv<AttentionRecord> = read_tolerant(&att_path, &ATTENTION_COLUMNS)?;
         repair(&att_path, &attention, &ATTENTION_COLUMNS, |r| {
             finished.contains(&r.cell_id)
         })?;
@@ -149,8 +148,16 @@ impl RunDir {
         }
         let layers_path = self.dir.join(LAYERS_CSV);
         let att_path = self.dir.join(ATTENTION_CSV);
-        same_cell(&layers_path, &cell.cell_id, layers.iter().map(|r| r.cell_id.as_str()))?;
-        same_cell(&att_path, &cell.cell_id, attention.iter().map(|r| r.cell_id.as_str()))?;
+        same_cell(
+            &layers_path,
+            &cell.cell_id,
+            layers.iter().map(|r| r.cell_id.as_str()),
+        )?;
+        same_cell(
+            &att_path,
+            &cell.cell_id,
+            attention.iter().map(|r| r.cell_id.as_str()),
+        )?;
 
         append(&mut self.layers_w, &layers_path, layers)?;
         append(&mut self.attention_w, &att_path, attention)?;
@@ -188,11 +195,7 @@ impl RunDir {
 }
 
 /// Every record handed in with a cell must carry its cell_id.
-fn same_cell<'a>(
-    path: &Path,
-    cell_id: &str,
-    mut ids: impl Iterator<Item = &'a str>,
-) -> Result<()> {
+fn same_cell<'a>(path: &Path, cell_id: &str, mut ids: impl Iterator<Item = &'a str>) -> Result<()> {
     match ids.find(|id| *id != cell_id) {
         Some(other) => Err(ReportError::Mismatch {
             path: path.to_path_buf(),
@@ -293,6 +296,13 @@ impl RunRecords {
             layers,
             attention,
         })
+    }
+
+    /// Rewrites `<dir>/summary.json` from these records (atomically); returns its path.
+    pub fn write_summary(&self) -> Result<PathBuf> {
+        let path = self.dir.join(SUMMARY_JSON);
+        write_json(&path, &SummaryJson::new(&self.info, &self.cells))?;
+        Ok(path)
     }
 }
 

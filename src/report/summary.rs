@@ -42,7 +42,10 @@ pub struct GroupSummary {
 }
 
 fn profile_order(p: IndexProfile) -> usize {
-    IndexProfile::ALL.iter().position(|q| *q == p).unwrap_or(usize::MAX)
+    IndexProfile::ALL
+        .iter()
+        .position(|q| *q == p)
+        .unwrap_or(usize::MAX)
 }
 
 /// Median of ascending `v` (mean of the two middle values for an even count).
@@ -138,8 +141,16 @@ const RESET: &str = "\x1b[0m";
 /// wrap the padded cell so alignment holds), followed by a short legend.
 pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
     const HEAD: [&str; 10] = [
-        "length", "index", "kv", "top-k", "cells", "recall", "median rank", "worst rank",
-        "CSA lost (worst cell)", "CSA lost (sum)",
+        "length",
+        "index",
+        "kv",
+        "top-k",
+        "cells",
+        "recall",
+        "median rank",
+        "worst rank",
+        "CSA lost (worst cell)",
+        "CSA lost (sum)",
     ];
     let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
     for g in groups {

@@ -138,8 +138,8 @@ impl Observer for Recorder {
     fn intermediate(&mut self, name: &str, first_pos: usize, shape: &[usize], data: &[f32]) {
         let per = data.len() / shape[0].max(1);
         let map = self.rows.entry(name.to_string()).or_default();
-        for (i, row) in data.chunks(per.max(1)).enumerate() {
-            map.insert(first_pos + i, row.to_vec());
+        for i in 0..shape[0] {
+            map.insert(first_pos + i, data[i * per..(i + 1) * per].to_vec());
         }
     }
 }

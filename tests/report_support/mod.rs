@@ -11,18 +11,27 @@ pub struct Lcg(u64);
 
 impl Lcg {
     pub fn new(seed: u64) -> Self {
-        Lcg(seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407))
+        Lcg(seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407))
     }
     /// Uniform in [0, 1).
     pub fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
 pub fn run_info(synthetic: bool) -> RunInfo {
     let mut info = RunInfo::new(
-        if synthetic { "/tmp/models/planted" } else { "/models/DeepSeek-V4-Flash" },
+        if synthetic {
+            "/tmp/models/planted"
+        } else {
+            "/models/DeepSeek-V4-Flash"
+        },
         "sha256:0123abcd",
         "passkey",
         synthetic,
@@ -35,7 +44,12 @@ pub fn run_info(synthetic: bool) -> RunInfo {
             "samples": 1,
         }),
     );
-    info.command_line = vec!["needlescope".into(), "sweep".into(), "--model".into(), "X".into()];
+    info.command_line = vec![
+        "needlescope".into(),
+        "sweep".into(),
+        "--model".into(),
+        "X".into(),
+    ];
     info
 }
 
@@ -61,7 +75,13 @@ pub fn cell(id: &str, target: usize, depth: f64, index: IndexProfile, topk: usiz
     }
 }
 
-pub fn layer(cell_id: &str, layer: usize, profile: &str, driving: bool, rank: usize) -> LayerRecord {
+pub fn layer(
+    cell_id: &str,
+    layer: usize,
+    profile: &str,
+    driving: bool,
+    rank: usize,
+) -> LayerRecord {
     LayerRecord {
         cell_id: cell_id.to_string(),
         layer,
@@ -101,19 +121,27 @@ pub fn csa_layers() -> Vec<usize> {
 }
 
 /// A whole sample sweep: every (length, depth, driving profile, top-k) cell with its layer rows
-/// (profiles exact, fp8, bf16 at the last prompt token) and attention rows.
+/// (profiles exact, fp8, bf16 at the last prompt token) and attention rows; `samples` prompts
+/// per cell (ids get `-s<n>` when there are several).
 pub fn sample_sweep(
     lengths: &[usize],
     depths: &[f64],
     judge_by_answer: bool,
+    samples: usize,
 ) -> Vec<(CellRecord, Vec<LayerRecord>, Vec<AttentionRecord>)> {
     let mut rng = Lcg::new(7);
     let mut out = Vec::new();
     for &len in lengths {
         for &d in depths {
             for index in [IndexProfile::SglangFp8, IndexProfile::SglangBf16Keys] {
-                for topk in [512usize, 1024] {
-                    let id = format!("{}-d{d}-{}-k{topk}", len / 1024, index.name());
+                for (topk, sample) in [512usize, 1024]
+                    .into_iter()
+                    .flat_map(|k| (0..samples).map(move |s| (k, s)))
+                {
+                    let mut id = format!("{}-d{d}-{}-k{topk}", len / 1024, index.name());
+                    if samples > 1 {
+                        id.push_str(&format!("-s{sample}"));
+                    }
                     let pos = len - 1;
                     let visible = len / 4;
                     let mut layers = Vec::new();

@@ -1,0 +1,129 @@
+//! Plots render from records alone: every expected PNG is written and decodes as a 1000 x 700
+//! PNG (signature and IHDR checked byte by byte). Set NEEDLESCOPE_PLOT_DIR to keep the sample
+//! report there for looking at it.
+
+mod report_support;
+
+use std::path::{Path, PathBuf};
+
+use needlescope::report::{render_all, RunDir};
+use report_support::*;
+
+/// (width, height) from a PNG's signature and IHDR chunk.
+fn png_size(path: &Path) -> (u32, u32) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(
+        &b[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
+    assert_eq!(
+        &b[12..16],
+        b"IHDR",
+        "{}: first chunk is not IHDR",
+        path.display()
+    );
+    let be = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    assert!(b.len() > 2000, "{}: only {} bytes", path.display(), b.len());
+    (be(16), be(20))
+}
+
+fn out_dir(name: &str) -> (Option<tempfile::TempDir>, PathBuf) {
+    match std::env::var_os("NEEDLESCOPE_PLOT_DIR") {
+        Some(d) => {
+            let p = PathBuf::from(d).join(name);
+            let _ = std::fs::remove_dir_all(&p);
+            (None, p)
+        }
+        None => {
+            let t = tempfile::tempdir().unwrap();
+            let p = t.path().join(name);
+            (Some(t), p)
+        }
+    }
+}
+
+fn write_sample(
+    dir: &Path,
+    synthetic: bool,
+    lengths: &[usize],
+    depths: &[f64],
+    samples: usize,
+) -> usize {
+    let (mut store, _) = RunDir::create_or_resume(dir, run_info(synthetic)).unwrap();
+    let sweep = sample_sweep(lengths, depths, !synthetic, samples);
+    for (c, l, a) in &sweep {
+        store.append_cell(c, l, a).unwrap();
+    }
+    sweep.len()
+}
+
+#[test]
+fn every_png_is_written_at_1000_by_700() {
+    let (_keep, dir) = out_dir("answer");
+    let lengths = [2048, 4096, 8192, 16384, 32768];
+    let depths: Vec<f64> = (0..=10).map(|i| i as f64 * 10.0).collect();
+    let n = write_sample(&dir, false, &lengths, &depths, 1);
+    let written = render_all(&dir).unwrap();
+    let names: Vec<String> = written
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for want in [
+        "heatmap_fp8_512.png",
+        "heatmap_fp8_1024.png",
+        "heatmap_bf16_512.png",
+        "heatmap_bf16_1024.png",
+        "rank_vs_length.png",
+        "layers_16-d40-fp8-k512.png",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    assert_eq!(
+        written.len(),
+        4 + n + 1,
+        "4 heatmaps, one layer plot per cell, one rank plot"
+    );
+    for p in &written {
+        assert!(p.starts_with(&dir));
+        assert_eq!(png_size(p), (1000, 700), "{}", p.display());
+    }
+}
+
+#[test]
+fn synthetic_indexer_only_runs_render_too() {
+    let (_keep, dir) = out_dir("synthetic");
+    let n = write_sample(
+        &dir,
+        true,
+        &[1024, 4096, 8192, 16384],
+        &[0.0, 25.0, 50.0, 75.0, 100.0],
+        3,
+    );
+    let written = render_all(&dir).unwrap();
+    assert_eq!(written.len(), 4 + n + 1);
+    for p in &written {
+        assert_eq!(png_size(p), (1000, 700), "{}", p.display());
+    }
+}
+
+#[test]
+fn cells_without_layer_rows_get_no_layer_plot() {
+    let (_keep, dir) = out_dir("no-layers");
+    let (mut store, _) = RunDir::create_or_resume(&dir, run_info(false)).unwrap();
+    let c = cell(
+        "lonely",
+        4096,
+        50.0,
+        needlescope::numerics::modes::IndexProfile::SglangFp8,
+        512,
+    );
+    store.append_cell(&c, &[], &[]).unwrap();
+    let written = render_all(&dir).unwrap();
+    let names: Vec<String> = written
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["heatmap_fp8_512.png", "rank_vs_length.png"]);
+}

@@ -1,0 +1,115 @@
+//! Summary numbers on hand-made records: recall (answer verdict, or indexer recall when the
+//! verdict is empty), median and worst min_needle_rank, CSA layers lost, trivial cells; the
+//! terminal table is plain aligned text without colour codes when colour is off.
+
+mod report_support;
+
+use needlescope::numerics::modes::IndexProfile;
+use needlescope::report::{render_table, summarize, CellRecord};
+use report_support::*;
+
+fn with(id: &str, target: usize, rank: Option<usize>, correct: Option<bool>) -> CellRecord {
+    let mut c = cell(id, target, 50.0, IndexProfile::SglangFp8, 512);
+    c.min_needle_rank = rank;
+    c.answer_correct = correct;
+    c
+}
+
+#[test]
+fn median_worst_and_recall_by_answer() {
+    let cells = vec![
+        with("a", 4096, Some(3), Some(true)),
+        with("b", 4096, Some(100), Some(false)),
+        with("c", 4096, Some(7), Some(true)),
+        with("d", 4096, Some(10), Some(true)),
+        with("e", 4096, None, Some(true)),
+    ];
+    let g = summarize(&cells);
+    assert_eq!(g.len(), 1);
+    let g = &g[0];
+    assert_eq!((g.cells, g.recalled), (5, 4));
+    assert_eq!(g.recall_rate, 0.8);
+    assert_eq!(g.judged_by, "answer");
+    assert_eq!(g.median_rank, Some(8.5), "median of 3, 7, 10, 100");
+    assert_eq!(g.worst_rank, Some(100));
+}
+
+#[test]
+fn indexer_recall_and_layers_lost_when_there_is_no_verdict() {
+    let mut lost2 = with("a", 8192, Some(600), None);
+    lost2.csa_layers_nontrivial = 21;
+    lost2.csa_layers_selected = 19;
+    let mut kept = with("b", 8192, Some(5), None);
+    kept.csa_layers_nontrivial = 21;
+    kept.csa_layers_selected = 21;
+    let mut lost1 = with("c", 8192, Some(513), None);
+    lost1.csa_layers_nontrivial = 20;
+    lost1.csa_layers_selected = 19;
+    let g = &summarize(&[lost2, kept, lost1])[0];
+    assert_eq!(g.judged_by, "indexer");
+    assert_eq!((g.recalled, g.cells), (1, 3));
+    assert_eq!(g.median_rank, Some(513.0));
+    assert_eq!(g.worst_rank, Some(600));
+    assert_eq!((g.layers_lost_worst, g.layers_nontrivial_of_worst), (2, 21));
+    assert_eq!(g.layers_lost_total, 3);
+    assert_eq!(g.trivial_cells, 0);
+}
+
+#[test]
+fn groups_split_by_length_profile_and_topk_in_order() {
+    let mut cells = vec![
+        with("a", 8192, Some(1), Some(true)),
+        with("b", 2048, Some(1), Some(true)),
+    ];
+    let mut bf = with("c", 2048, Some(2), None);
+    bf.index = IndexProfile::SglangBf16Keys;
+    bf.csa_layers_nontrivial = 0;
+    bf.csa_layers_selected = 0;
+    cells.push(bf);
+    let mut k1024 = with("d", 2048, Some(4), Some(false));
+    k1024.topk = 1024;
+    cells.push(k1024);
+    let mixed = with("e", 2048, Some(9), None);
+    cells.push(mixed);
+    let g = summarize(&cells);
+    let keys: Vec<(usize, &str, usize)> = g
+        .iter()
+        .map(|g| (g.target_tokens, g.index.name(), g.topk))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            (2048, "fp8", 512),
+            (2048, "fp8", 1024),
+            (2048, "bf16", 512),
+            (8192, "fp8", 512)
+        ]
+    );
+    assert_eq!(g[0].judged_by, "mixed");
+    assert_eq!(g[0].median_rank, Some(5.0));
+    assert_eq!(g[2].trivial_cells, 1);
+    assert_eq!(g[1].recall_rate, 0.0);
+}
+
+#[test]
+fn table_is_aligned_plain_text_without_colour() {
+    let sweep = sample_sweep(&[2048, 8192], &[0.0, 50.0, 100.0], true, 1);
+    let cells: Vec<CellRecord> = sweep.into_iter().map(|c| c.0).collect();
+    let table = render_table(&summarize(&cells), false);
+    println!("{table}");
+    assert!(!table.contains('\x1b'), "colour codes in a plain table");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("length"));
+    assert!(lines[1].starts_with("------"));
+    // Header + rule + 8 groups, every data row as wide as the rule.
+    let width = lines[1].len();
+    for row in &lines[2..10] {
+        assert!(row.len() <= width, "{row}");
+        assert!(
+            row.starts_with("    2k") || row.starts_with("    8k"),
+            "{row}"
+        );
+    }
+    let coloured = render_table(&summarize(&cells), true);
+    assert!(coloured.contains("\x1b[3"));
+}

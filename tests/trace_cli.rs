@@ -1,0 +1,173 @@
+//! `needlescope trace` through the binary: the file layout of design.md section 6, scores that
+//! can be recomputed from the dumped raw inputs under any profile, and a top-k that agrees with
+//! the scores.
+
+use needlescope::checkpoint::{synth, Preset, SynthOptions, WeightFormat};
+use needlescope::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
+use safetensors::SafeTensors;
+use std::process::Command;
+
+fn f32s(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let v = st
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("trace lacks {name}"));
+    let data = v
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (v.shape().to_vec(), data)
+}
+
+fn i32s(st: &SafeTensors, name: &str) -> Vec<i32> {
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn run_trace(
+    model: &std::path::Path,
+    tokens: &std::path::Path,
+    profile: &str,
+    out: &std::path::Path,
+) {
+    let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["trace", "--model"])
+        .arg(model)
+        .arg("--tokens")
+        .arg(tokens)
+        .args([
+            "--positions",
+            "5,150,299",
+            "--index",
+            profile,
+            "--dump-indexer-inputs",
+            "--chunk",
+            "64",
+            "--out",
+        ])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "trace failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn trace_scores_recompute_from_dumped_inputs_under_each_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Official, &model),
+        None,
+    )
+    .unwrap();
+    let tokens_file = dir.path().join("ids.json");
+    let ids: Vec<String> = (0..300u32)
+        .map(|i| ((i.wrapping_mul(2654435761u32)) % 4093 + 3).to_string())
+        .collect();
+    std::fs::write(&tokens_file, format!("[{}]", ids.join(", "))).unwrap();
+
+    for profile in ["exact", "fp8", "official-fp4"] {
+        let out = dir.path().join(format!("trace-{profile}.safetensors"));
+        run_trace(&model, &tokens_file, profile, &out);
+        let bytes = std::fs::read(&out).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        let meta = meta.metadata().clone().unwrap();
+        let p: IndexProfile = profile.parse().unwrap();
+        assert_eq!(meta["profile"], p.name());
+        let positions: Vec<usize> = [5usize, 150, 299].to_vec();
+        for layer in [1usize, 3] {
+            let (sshape, scores) = f32s(&st, &format!("layers.{layer}.indexer.scores"));
+            assert_eq!(sshape, vec![3, 75]);
+            let (qshape, q) = f32s(&st, &format!("layers.{layer}.indexer.q"));
+            let (_, w) = f32s(&st, &format!("layers.{layer}.indexer.weights"));
+            let (kshape, keys) = f32s(&st, &format!("layers.{layer}.indexer.keys"));
+            let topk = i32s(&st, &format!("layers.{layer}.indexer.topk"));
+            let (heads, dim) = (qshape[1], qshape[2]);
+            assert_eq!(kshape, vec![75, dim]);
+            for (i, &t) in positions.iter().enumerate() {
+                let visible = (t + 1) / 4;
+                let pq = prepare_query(
+                    p,
+                    &q[i * heads * dim..(i + 1) * heads * dim],
+                    &w[i * heads..(i + 1) * heads],
+                    heads,
+                    dim,
+                );
+                let mut prepared = vec![0.0f32; dim];
+                for row in 0..75 {
+                    let got = scores[i * 75 + row];
+                    if row >= visible {
+                        assert_eq!(
+                            got,
+                            f32::NEG_INFINITY,
+                            "{profile} layer {layer} t {t} row {row} must be invisible"
+                        );
+                        continue;
+                    }
+                    let s = prepare_key_row(p, &keys[row * dim..(row + 1) * dim], &mut prepared);
+                    let want = score(p, &pq, &prepared, s);
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "{profile} layer {layer} t {t} row {row}: trace {got} vs recomputed {want}"
+                    );
+                }
+                // The selection is the top of the scores, ties to the lower row, -1 padding.
+                let mut order: Vec<usize> = (0..visible).collect();
+                order.sort_by(|&a, &b| {
+                    scores[i * 75 + b]
+                        .total_cmp(&scores[i * 75 + a])
+                        .then(a.cmp(&b))
+                });
+                let k = topk.len() / 3;
+                let want: Vec<i32> = (0..k)
+                    .map(|j| order.get(j).map_or(-1, |&r| r as i32))
+                    .collect();
+                assert_eq!(
+                    &topk[i * k..(i + 1) * k],
+                    &want[..],
+                    "{profile} layer {layer} t {t} top-k"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn trace_rejects_a_token_id_outside_the_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &model),
+        None,
+    )
+    .unwrap();
+    let tokens_file = dir.path().join("ids.txt");
+    std::fs::write(&tokens_file, "0 5 99999 7").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["trace", "--model"])
+        .arg(&model)
+        .arg("--tokens")
+        .arg(&tokens_file)
+        .arg("--out")
+        .arg(dir.path().join("t.safetensors"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("99999")
+            && stderr.contains("vocab_size 4096")
+            && stderr.contains("ids.txt"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
