@@ -124,6 +124,8 @@ fn from_file_loads_a_model_directorys_tokenizer_json() {
     let t = V4Tokenizer::from_file(&path).unwrap();
     assert_eq!(t.encode("Hello world").unwrap(), vec![19923, 2058]);
     assert_eq!(t.source_name(), path.display().to_string());
+    let from_dir = V4Tokenizer::from_file(dir.path()).unwrap();
+    assert_eq!(from_dir.source_name(), path.display().to_string());
 }
 
 #[test]

@@ -127,3 +127,18 @@ fn cells_without_layer_rows_get_no_layer_plot() {
         .collect();
     assert_eq!(names, vec!["heatmap_fp8_512.png", "rank_vs_length.png"]);
 }
+
+#[test]
+fn rerender_rewrites_summary_and_returns_the_table() {
+    let (_keep, dir) = out_dir("rerender");
+    write_sample(&dir, false, &[2048, 8192], &[0.0, 100.0], 1);
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+    let (table, written) = needlescope::report::rerender(&dir, false).unwrap();
+    assert_eq!(written[0], dir.join("summary.json"));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&written[0]).unwrap()).unwrap();
+    assert_eq!(summary["cells_finished"], 16);
+    assert_eq!(summary["groups"].as_array().unwrap().len(), 8);
+    assert!(table.starts_with("length"), "{table}");
+    assert!(written.iter().any(|p| p.ends_with("rank_vs_length.png")));
+}

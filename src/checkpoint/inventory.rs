@@ -32,7 +32,7 @@ pub const NVFP4_GROUP: usize = 16;
 /// What a tensor is, which decides both its storage and its synthetic values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// `embed.weight` [vocab, hidden], BF16.
+    /// `embed.weight` `[vocab, hidden]`, BF16.
     Embed,
     /// A linear stored BF16 in every format (`head`, router `gate`, compressor `wkv`/`wgate`,
     /// indexer `weights_proj`).
@@ -43,19 +43,19 @@ pub enum Role {
     RoutedExpert { mtp: bool },
     /// An RMSNorm weight, BF16.
     Norm,
-    /// `attn.attn_sink` [heads], F32.
+    /// `attn.attn_sink` `[heads]`, F32.
     AttnSink,
-    /// Compressor position bias `ape` [ratio, width], F32.
+    /// Compressor position bias `ape` `[ratio, width]`, F32.
     Ape,
-    /// mHC `hc_*_fn` [rows, hc * hidden], F32.
+    /// mHC `hc_*_fn` `[rows, hc * hidden]`, F32.
     HcFn,
-    /// mHC `hc_*_base`, F32: [(2+hc)*hc] (pre, post, comb rows) or [hc] for the head.
+    /// mHC `hc_*_base`, F32: `[(2+hc)*hc]` (pre, post, comb rows) or `[hc]` for the head.
     HcBase,
-    /// mHC `hc_*_scale` [3] or [1], F32.
+    /// mHC `hc_*_scale` `[3]` or `[1]`, F32.
     HcScale,
-    /// Router selection bias `ffn.gate.bias` [experts], F32.
+    /// Router selection bias `ffn.gate.bias` `[experts]`, F32.
     GateBias,
-    /// Hash router table `ffn.gate.tid2eid` [vocab, experts_per_tok], I64.
+    /// Hash router table `ffn.gate.tid2eid` `[vocab, experts_per_tok]`, I64.
     Tid2eid,
 }
 

@@ -209,7 +209,7 @@ impl Checkpoint {
                     module,
                     "scale",
                     Dtype::F8E8M0,
-                    &[cols.div_ceil(bi), rows.div_ceil(bo)],
+                    &[rows.div_ceil(bo), cols.div_ceil(bi)],
                     &why,
                 )?;
                 Ok(QuantWeight::Fp8Block {

@@ -8,8 +8,8 @@
 //! - [`linear`]: [`QuantWeight`], a borrowed view of one linear in whatever format it is stored,
 //!   checked against the config-implied shapes, and its decode to f32.
 //! - [`inventory`]: the exact tensor list of a release computed from the config alone
-//!   (spec/model.md section 3); `audit`: the diff of a checkpoint against it.
-//! - [`prng`], [`values`], [`writer`], [`synth`]: the deterministic synthetic checkpoints of
+//!   (spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
+//! - [`prng`], [`values`], [`writer`], [`synth`](mod@synth): the deterministic synthetic checkpoints of
 //!   design.md section 7.
 //!
 //! Every error names the file, the tensor (or field), what was expected and what was found;

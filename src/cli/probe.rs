@@ -8,7 +8,14 @@ use std::path::PathBuf;
 
 use super::values::{parse_depth, parse_positive, parse_token_count};
 use super::{DeviceChoice, NotImplemented};
+use crate::checkpoint::Checkpoint;
+use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::probe::rank::LayerRecord;
+use crate::report::records::CellRecord;
+use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress, ProbeRun};
+use crate::probe::{build_prompt, Scenario, V4Tokenizer};
+use std::path::Path;
 
 /// Which query positions are probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -87,10 +94,299 @@ pub struct ProbeArgs {
     pub seed: u64,
 }
 
-pub fn run(_args: &ProbeArgs, _out: &mut dyn Write) -> anyhow::Result<()> {
-    Err(NotImplemented {
-        command: "probe",
-        why: "the forward engine and the probe have not landed",
+pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if args.device == DeviceChoice::Cuda {
+        return Err(NotImplemented {
+            command: "probe --device cuda",
+            why: "the CUDA backend has not landed; use --device cpu",
+        }
+        .into());
     }
-    .into())
+    let ckpt = Checkpoint::open(&args.model)?;
+    let cfg = ckpt.config().clone();
+    let tok = load_tokenizer(&args.model, cfg.vocab_size)?;
+    let scenario = Scenario::load(&args.scenario)?;
+    let prompt = build_prompt(
+        &tok,
+        &scenario,
+        args.length,
+        args.depth,
+        args.seed,
+        cfg.max_position_embeddings,
+    )?;
+    let topks = if args.topk.is_empty() {
+        vec![cfg.index_topk]
+    } else {
+        args.topk.clone()
+    };
+    let opts = ProbeOptions {
+        indexes: args.index.clone(),
+        compare: args.compare.clone(),
+        topks,
+        kv: args.kv,
+        generate: args.generate,
+        chunk: args.chunk,
+        probe_question: args.probe == ProbeSet::Question,
+    };
+    let mut engine = Engine::load(&ckpt, EngineOptions::default())?;
+    let mut progress = BarProgress::new();
+    let runs = run_probe(&mut engine, &tok, &scenario, &prompt, &opts, "", &mut progress)?;
+    progress.finish();
+    let last = prompt.tokens.len() - 1;
+    if args.json {
+        let obj = serde_json::json!({
+            "model": args.model.display().to_string(),
+            "scenario": scenario.name,
+            "prompt": {
+                "tokens": prompt.tokens,
+                "length": prompt.tokens.len(),
+                "depth_pct": prompt.depth_pct,
+                "actual_depth_pct": prompt.actual_depth_pct,
+                "needle": [prompt.needle.0, prompt.needle.1],
+                "answer": [prompt.answer.0, prompt.answer.1],
+                "needle_text": prompt.needle_text,
+                "answer_value": prompt.answer_value,
+            },
+            "runs": runs.iter().map(|r| serde_json::json!({
+                "cell_id": r.cell_id,
+                "index": r.index,
+                "kv": r.kv,
+                "topk": r.topk,
+                "answer_text": r.answer_text,
+                "answer_correct": r.answer_correct,
+                "layers": r.layers,
+            })).collect::<Vec<_>>(),
+            "conclusion": conclusion(&runs, last),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
+    } else {
+        print_tables(out, &cfg, &scenario, &prompt, &runs, &opts)?;
+    }
+    if let Some(dir) = &args.out {
+        write_records(dir, &prompt, &runs, args)?;
+    }
+    for run in &runs {
+        if run.selection_disagreements > 0 {
+            anyhow::bail!(
+                "internal check failed: in run {} the engine's selection disagreed with the needle rank at {} of {} (layer, position) checks outside exact ties",
+                run.cell_id,
+                run.selection_disagreements,
+                run.selection_checks
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The model directory's tokenizer.json, else the built-in V4 tokenizer; its vocabulary must fit
+/// the model.
+pub fn load_tokenizer(model: &Path, vocab: usize) -> anyhow::Result<V4Tokenizer> {
+    let tok = if model.join("tokenizer.json").exists() {
+        V4Tokenizer::from_file(&model.join("tokenizer.json"))?
+    } else {
+        V4Tokenizer::builtin()?
+    };
+    if tok.vocab_size() > vocab {
+        anyhow::bail!(
+            "tokenizer {} has {} tokens but the model's vocab_size is {vocab}: needle prompts need a model with the real DeepSeek-V4 vocabulary (e.g. `synth --preset planted` or the official checkpoint)",
+            tok.source_name(),
+            tok.vocab_size()
+        );
+    }
+    Ok(tok)
+}
+
+fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("-".to_string(), |x| x.to_string())
+}
+
+fn print_tables(
+    out: &mut dyn Write,
+    cfg: &crate::config::ModelConfig,
+    scenario: &Scenario,
+    prompt: &crate::probe::NeedlePrompt,
+    runs: &[ProbeRun],
+    opts: &ProbeOptions,
+) -> anyhow::Result<()> {
+    let last = prompt.tokens.len() - 1;
+    writeln!(
+        out,
+        "scenario {} | {} tokens | needle at depth {:.1}% (tokens {}..{}) | answer value {:?}",
+        scenario.name,
+        prompt.tokens.len(),
+        prompt.actual_depth_pct,
+        prompt.needle.0,
+        prompt.needle.1,
+        prompt.answer_value
+    )?;
+    writeln!(
+        out,
+        "CSA layers: {:?}; ranks at the answer position (query {last}); rank 1 = best",
+        cfg.layers_of_kind(crate::config::LayerKind::Csa)
+    )?;
+    for run in runs {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "== index {} | kv {} | top-{} | answer {:?} -> {} ({:.1} s)",
+            run.index,
+            run.kv,
+            run.topk,
+            run.answer_text,
+            if run.answer_correct { "CORRECT" } else { "WRONG" },
+            run.wall_seconds
+        )?;
+        let mut profiles = vec![run.index.clone()];
+        profiles.extend(
+            opts.compare
+                .iter()
+                .map(|p| p.name().to_string())
+                .filter(|p| *p != run.index),
+        );
+        write!(out, "{:>5} {:>8} {:>7}", "layer", "visible", "needle")?;
+        for p in &profiles {
+            write!(out, " {:>14}", format!("rank[{p}]"))?;
+        }
+        writeln!(out, " {:>10} {:>9} {:>7}", "margin", "selected", "trivial")?;
+        let here: Vec<&LayerRecord> = run
+            .layers
+            .iter()
+            .filter(|r| r.query_pos == last)
+            .collect();
+        for driving in here.iter().filter(|r| r.driving) {
+            write!(
+                out,
+                "{:>5} {:>8} {:>7}",
+                driving.layer, driving.visible_rows, driving.needle_rows
+            )?;
+            for p in &profiles {
+                let rank = here
+                    .iter()
+                    .find(|r| r.layer == driving.layer && &r.profile == p)
+                    .and_then(|r| r.needle_rank);
+                write!(out, " {:>14}", fmt_opt(rank))?;
+            }
+            writeln!(
+                out,
+                " {:>10} {:>9} {:>7}",
+                driving.margin.map_or("-".into(), |m| format!("{m:+.4}")),
+                if driving.selected { "yes" } else { "NO" },
+                if driving.trivial { "yes" } else { "no" }
+            )?;
+        }
+    }
+    writeln!(out)?;
+    writeln!(out, "conclusion: {}", conclusion(runs, last))?;
+    Ok(())
+}
+
+fn write_records(
+    dir: &Path,
+    prompt: &crate::probe::NeedlePrompt,
+    runs: &[ProbeRun],
+    args: &ProbeArgs,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create --out directory {}: {e}", dir.display()))?;
+    let last = prompt.tokens.len() - 1;
+    append_csv(
+        &dir.join("cells.csv"),
+        runs.iter().map(|r| {
+            let recs = crate::probe::session::answer_position_records(r, last);
+            CellRecord {
+                cell_id: r.cell_id.clone(),
+                target_tokens: args.length,
+                prompt_tokens: prompt.tokens.len(),
+                depth_pct: prompt.depth_pct,
+                needle_start: prompt.needle.0,
+                needle_end: prompt.needle.1,
+                answer_start: prompt.answer.0,
+                answer_end: prompt.answer.1,
+                index: r.index.parse().expect("profile names round trip"),
+                kv: r.kv.parse().expect("kv names round trip"),
+                topk: r.topk,
+                answer_text: r.answer_text.clone(),
+                answer_correct: Some(r.answer_correct),
+                min_needle_rank: recs.iter().filter_map(|x| x.needle_rank).max(),
+                csa_layers_selected: recs.iter().filter(|x| x.selected && !x.trivial).count(),
+                csa_layers_nontrivial: recs.iter().filter(|x| !x.trivial).count(),
+                wall_seconds: r.wall_seconds,
+            }
+        }),
+    )?;
+    append_csv(
+        &dir.join("layers.csv"),
+        runs.iter().flat_map(|r| r.layers.iter().cloned()),
+    )?;
+    append_csv(
+        &dir.join("attention.csv"),
+        runs.iter().flat_map(|r| r.attention.iter().cloned()),
+    )?;
+    Ok(())
+}
+
+/// Appends serialised rows to a CSV file, writing the header only when the file is new; flushed.
+fn append_csv<T: serde::Serialize>(
+    path: &Path,
+    rows: impl Iterator<Item = T>,
+) -> anyhow::Result<()> {
+    let exists = path.exists() && std::fs::metadata(path)?.len() > 0;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(!exists)
+        .from_writer(file);
+    for row in rows {
+        w.serialize(row)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Prefill / generation progress on stderr (hidden when stderr is not a terminal).
+struct BarProgress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl BarProgress {
+    fn new() -> Self {
+        BarProgress { bar: None }
+    }
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+impl ProbeProgress for BarProgress {
+    fn run_started(&mut self, index: IndexProfile, topk: usize, prompt_tokens: usize) {
+        self.finish();
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(prompt_tokens as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {pos}/{len} tokens ({per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_message(format!("prefill {index} top-{topk}"));
+        self.bar = Some(bar);
+    }
+    fn prefill(&mut self, done: usize, _total: usize) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+        }
+    }
+    fn generated(&mut self, count: usize) {
+        if let Some(b) = &self.bar {
+            b.set_message(format!("generated {count} tokens"));
+        }
+    }
 }

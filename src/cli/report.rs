@@ -5,7 +5,6 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::NotImplemented;
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -14,10 +13,13 @@ pub struct ReportArgs {
     pub dir: PathBuf,
 }
 
-pub fn run(_args: &ReportArgs, _out: &mut dyn Write) -> anyhow::Result<()> {
-    Err(NotImplemented {
-        command: "report",
-        why: "the report renderer has not landed",
+pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let colour = crate::report::stdout_wants_colour();
+    let (table, files) = crate::report::rerender(&args.dir, colour)?;
+    write!(out, "{table}")?;
+    writeln!(out)?;
+    for f in &files {
+        writeln!(out, "wrote {}", f.display())?;
     }
-    .into())
+    Ok(())
 }

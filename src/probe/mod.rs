@@ -22,6 +22,7 @@ pub mod rank;
 pub mod rng;
 pub mod rows;
 pub mod scenario;
+pub mod session;
 pub mod tokenizer;
 pub mod value;
 pub mod words;

@@ -145,8 +145,15 @@ impl V4Tokenizer {
         })
     }
 
-    /// A model directory's `tokenizer.json` (or any tokenizer.json path).
+    /// A tokenizer.json file, or a model directory holding one.
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
+        let joined;
+        let path = if path.is_dir() {
+            joined = path.join("tokenizer.json");
+            joined.as_path()
+        } else {
+            path
+        };
         let bytes = std::fs::read(path).map_err(|source| TokenizerError::Read {
             path: path.to_path_buf(),
             source,

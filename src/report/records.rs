@@ -94,8 +94,10 @@ pub struct CellRecord {
     /// Whether the generated answer holds the expected value; empty (`None`) when the run judges
     /// by indexer recall only (a synthetic model whose LM path cannot answer).
     pub answer_correct: Option<bool>,
-    /// Best needle rank over the CSA layers at the answer position (driving profile); empty when
-    /// no needle row was visible.
+    /// The needle rank on the CSA layer where it ranked WORST at the answer position (driving
+    /// profile); each layer's needle rank is already the best over its needle rows (design.md 4),
+    /// so this is "min over needle rows, max over CSA layers": the layer most likely to lose the
+    /// needle, the number the heatmap writes in each cell. Empty when no needle row was visible.
     pub min_needle_rank: Option<usize>,
     pub csa_layers_selected: usize,
     pub csa_layers_nontrivial: usize,
@@ -276,9 +278,9 @@ pub fn rfc3339_utc(t: SystemTime) -> String {
 /// Token counts as users write them: `2048` -> `2k`, `1048576` -> `1m`, `3000` -> `3000`.
 pub fn format_tokens(n: usize) -> String {
     const M: usize = 1 << 20;
-    if n >= M && n % M == 0 {
+    if n >= M && n.is_multiple_of(M) {
         format!("{}m", n / M)
-    } else if n >= 1024 && n % 1024 == 0 {
+    } else if n >= 1024 && n.is_multiple_of(1024) {
         format!("{}k", n / 1024)
     } else {
         n.to_string()

@@ -1,0 +1,255 @@
+//! One probe: a needle prompt of exactly the requested length run through the engine once per
+//! (driving index profile, top-k) combination, with greedy generation of the answer.
+//!
+//! For each combination the engine's options are switched (weights stay loaded), a fresh
+//! sequence is prefilled chunk by chunk (so progress can be shown), then up to `generate`
+//! tokens are decoded greedily, stopping at EOS. The `NeedleObserver` probes the last prompt
+//! token (it produces the first answer token), every generated token's position and, with
+//! `probe_question`, every token of the question; `--compare` profiles are re-scored on the same
+//! hidden states for free. The scenario's check decides whether the answer is correct; the
+//! answer text is kept verbatim.
+//!
+//! Cell ids: `L{length}-d{depth}-{index}-k{topk}` (plus `-s{sample}` when a sweep asks).
+
+use super::observe::{AttentionRecord, CellTopk, NeedleObserver, NeedleObserverConfig};
+use super::prompt::NeedlePrompt;
+use super::rank::LayerRecord;
+use super::scenario::Scenario;
+use super::tokenizer::V4Tokenizer;
+use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+use std::time::Instant;
+
+/// What one probe runs.
+#[derive(Clone, Debug)]
+pub struct ProbeOptions {
+    pub indexes: Vec<IndexProfile>,
+    pub compare: Vec<IndexProfile>,
+    pub topks: Vec<usize>,
+    pub kv: KvMode,
+    /// Maximum generated tokens (0 = only the prefill).
+    pub generate: usize,
+    pub chunk: usize,
+    /// Also probe every token of the question.
+    pub probe_question: bool,
+}
+
+/// One (index profile, top-k) forward pass and its answer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProbeRun {
+    pub cell_id: String,
+    pub index: String,
+    pub kv: String,
+    pub topk: usize,
+    pub answer_text: String,
+    pub answer_correct: bool,
+    pub generated_ids: Vec<u32>,
+    pub layers: Vec<LayerRecord>,
+    #[serde(skip)]
+    pub attention: Vec<AttentionRecord>,
+    /// Positions where the engine's selection disagreed with the driving rank (ties aside).
+    pub selection_disagreements: usize,
+    pub selection_checks: usize,
+    pub wall_seconds: f64,
+}
+
+/// Progress callbacks: prefill tokens done of total, then each generated token.
+pub trait ProbeProgress {
+    fn run_started(&mut self, _index: IndexProfile, _topk: usize, _prompt_tokens: usize) {}
+    fn prefill(&mut self, _done: usize, _total: usize) {}
+    fn generated(&mut self, _count: usize) {}
+    fn run_finished(&mut self, _run: &ProbeRun) {}
+}
+
+/// No progress output.
+pub struct Quiet;
+impl ProbeProgress for Quiet {}
+
+/// Token positions of the question inside the prompt (tokens overlapping its bytes).
+pub fn question_positions(tok: &V4Tokenizer, prompt: &NeedlePrompt) -> Vec<usize> {
+    let Some(start) = prompt.prompt_text.rfind(&prompt.question) else {
+        return Vec::new();
+    };
+    let end = start + prompt.question.len();
+    let Ok((_, offsets)) = tok.encode_with_offsets(&prompt.prompt_text) else {
+        return Vec::new();
+    };
+    offsets
+        .iter()
+        .enumerate()
+        .filter(|(_, &(a, b))| a < end && b > start)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The cell id of one combination.
+pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> String {
+    format!(
+        "L{}-d{}-{}-k{}",
+        prompt.tokens.len(),
+        prompt.depth_pct,
+        index.name(),
+        topk
+    )
+}
+
+/// Runs every (index, top-k) combination of `opts` on `prompt`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_probe(
+    engine: &mut Engine,
+    tok: &V4Tokenizer,
+    scenario: &Scenario,
+    prompt: &NeedlePrompt,
+    opts: &ProbeOptions,
+    cell_suffix: &str,
+    progress: &mut dyn ProbeProgress,
+) -> anyhow::Result<Vec<ProbeRun>> {
+    let eos = engine.config().eos_token_id;
+    let last = prompt.tokens.len() - 1;
+    let mut prompt_positions = vec![last];
+    if opts.probe_question {
+        prompt_positions.extend(question_positions(tok, prompt));
+        prompt_positions.sort_unstable();
+        prompt_positions.dedup();
+    }
+    let mut runs = Vec::new();
+    for &index in &opts.indexes {
+        for &topk in &opts.topks {
+            engine.set_options(EngineOptions {
+                index,
+                kv: opts.kv,
+                topk: Some(topk),
+                chunk: opts.chunk,
+            })?;
+            let id = format!("{}{}", cell_id(prompt, index, topk), cell_suffix);
+            let compare: Vec<IndexProfile> =
+                opts.compare.iter().copied().filter(|&p| p != index).collect();
+            let mut observer = NeedleObserver::new(NeedleObserverConfig {
+                needle: prompt.needle,
+                answer: prompt.answer,
+                prompt_len: prompt.tokens.len(),
+                prompt_positions: prompt_positions.clone(),
+                probe_decode: true,
+                driving: index,
+                compare,
+                cells: vec![CellTopk {
+                    cell_id: id.clone(),
+                    topk,
+                }],
+            });
+            progress.run_started(index, topk, prompt.tokens.len());
+            let started = Instant::now();
+            let mut state = engine.new_sequence();
+            let total = prompt.tokens.len();
+            let mut logits = Vec::new();
+            let mut done = 0;
+            for piece in prompt.tokens.chunks(opts.chunk.max(1)) {
+                let want = if done + piece.len() == total {
+                    LogitsRequest::Last
+                } else {
+                    LogitsRequest::None
+                };
+                let out = engine.forward(&mut state, piece, &mut observer, want)?;
+                if let Some((_, l)) = out.logits.into_iter().last() {
+                    logits = l;
+                }
+                done += piece.len();
+                progress.prefill(done, total);
+            }
+            let mut generated = Vec::new();
+            while generated.len() < opts.generate && !logits.is_empty() {
+                let next = argmax(&logits);
+                generated.push(next);
+                progress.generated(generated.len());
+                if next == eos || generated.len() == opts.generate {
+                    break;
+                }
+                let out = engine.forward(&mut state, &[next], &mut observer, LogitsRequest::Last)?;
+                logits = out.logits.into_iter().last().map(|(_, l)| l).unwrap_or_default();
+            }
+            if let Some(err) = observer.errors.first() {
+                anyhow::bail!("the engine's observation was unusable: {err}");
+            }
+            let text_ids: Vec<u32> = generated.iter().copied().filter(|&t| t != eos).collect();
+            let answer_text = tok.decode(&text_ids)?;
+            let answer_correct = scenario.check_answer(&answer_text, &prompt.answer_value);
+            let run = ProbeRun {
+                cell_id: id,
+                index: index.name().to_string(),
+                kv: opts.kv.name().to_string(),
+                topk,
+                answer_text,
+                answer_correct,
+                generated_ids: generated,
+                layers: std::mem::take(&mut observer.layer_records),
+                attention: std::mem::take(&mut observer.attention_records),
+                selection_disagreements: observer.disagreements.len(),
+                selection_checks: observer.selection_checks,
+                wall_seconds: started.elapsed().as_secs_f64(),
+            };
+            progress.run_finished(&run);
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+/// Greedy choice: the highest logit, ties to the lower token id.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Driving-profile records of the answer position (the last prompt token) of one run.
+pub fn answer_position_records(run: &ProbeRun, last_prompt_pos: usize) -> Vec<&LayerRecord> {
+    run.layers
+        .iter()
+        .filter(|r| r.driving && r.query_pos == last_prompt_pos)
+        .collect()
+}
+
+/// Non-trivial CSA layers where the driving profile lost the needle at the answer position,
+/// and the number of non-trivial layers.
+pub fn layers_lost(run: &ProbeRun, last_prompt_pos: usize) -> (usize, usize, usize) {
+    let recs = answer_position_records(run, last_prompt_pos);
+    let nontrivial = recs.iter().filter(|r| !r.trivial).count();
+    let lost = recs.iter().filter(|r| !r.trivial && !r.selected).count();
+    (lost, nontrivial, recs.len())
+}
+
+/// The one-line conclusion, e.g. "needle lost on 7/21 CSA layers under fp8 at top-512; all
+/// kept with bf16 at top-512".
+pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
+    let mut parts = Vec::new();
+    for run in runs {
+        let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
+        let verdict = if run.answer_correct {
+            "answer correct"
+        } else {
+            "answer wrong"
+        };
+        let what = if nontrivial == 0 {
+            format!(
+                "needle trivially kept on all {total} CSA layers (every visible row selected) under {} at top-{}",
+                run.index, run.topk
+            )
+        } else if lost == 0 {
+            format!(
+                "needle kept on all {nontrivial} non-trivial CSA layers under {} at top-{}",
+                run.index, run.topk
+            )
+        } else {
+            format!(
+                "needle lost on {lost}/{total} CSA layers under {} at top-{}",
+                run.index, run.topk
+            )
+        };
+        parts.push(format!("{what} ({verdict})"));
+    }
+    parts.join("; ")
+}
