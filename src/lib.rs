@@ -19,3 +19,4 @@ pub mod model;
 pub mod cli;
 pub mod report;
 pub mod trace;
+pub mod sweep;

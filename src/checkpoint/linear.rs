@@ -17,6 +17,11 @@
 //! also be the one the config and detected format imply, so a checkpoint that stores `wq_a` as
 //! F32 fails here with a message instead of silently running another numerical path; modules
 //! outside the inventory accept any of the storages above.
+//!
+//! [`Checkpoint::shared_linear`] returns the same weight as a [`SharedLinear`], which holds a
+//! share of the shard's memory map instead of a borrow, so an engine can keep weights in their
+//! stored format and decode them (whole, or by row bands with [`QuantWeight::row_band`]) when
+//! it uses them, long after the `Checkpoint` is gone.
 
 use super::dtype::Dtype;
 use super::inventory::{FP4_GROUP, NVFP4_GROUP};
@@ -26,6 +31,9 @@ use crate::numerics::formats::{
     bf16_bytes_to_f32, dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, f32_bytes_to_f32,
 };
 use crate::numerics::FormatError;
+use memmap2::Mmap;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// A linear weight in its stored format (all slices borrow the checkpoint's mmap).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,6 +72,157 @@ pub enum QuantWeight<'a> {
         rows: usize,
         cols: usize,
     },
+}
+
+/// How a linear is stored, without its bytes: the variant of [`QuantWeight`] and its scale
+/// parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LinearForm {
+    Bf16,
+    F32,
+    Fp8Block { block: (usize, usize) },
+    Fp4Group { group: usize },
+    Nvfp4 { scale_2: f32 },
+}
+
+impl<'a> QuantWeight<'a> {
+    /// Assembles a weight from its form and bytes (`scale` is ignored by `Bf16` / `F32`).
+    pub fn from_parts(
+        form: LinearForm,
+        weight: &'a [u8],
+        scale: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Self {
+        match form {
+            LinearForm::Bf16 => QuantWeight::Bf16 {
+                data: weight,
+                rows,
+                cols,
+            },
+            LinearForm::F32 => QuantWeight::F32 {
+                data: weight,
+                rows,
+                cols,
+            },
+            LinearForm::Fp8Block { block } => QuantWeight::Fp8Block {
+                weight,
+                scale,
+                rows,
+                cols,
+                block,
+            },
+            LinearForm::Fp4Group { group } => QuantWeight::Fp4Group {
+                packed: weight,
+                scale,
+                rows,
+                cols,
+                group,
+            },
+            LinearForm::Nvfp4 { scale_2 } => QuantWeight::Nvfp4 {
+                packed: weight,
+                scale,
+                scale_2,
+                rows,
+                cols,
+            },
+        }
+    }
+
+    /// The form of this weight (its variant and scale parameters).
+    pub fn form(&self) -> LinearForm {
+        match *self {
+            QuantWeight::Bf16 { .. } => LinearForm::Bf16,
+            QuantWeight::F32 { .. } => LinearForm::F32,
+            QuantWeight::Fp8Block { block, .. } => LinearForm::Fp8Block { block },
+            QuantWeight::Fp4Group { group, .. } => LinearForm::Fp4Group { group },
+            QuantWeight::Nvfp4 { scale_2, .. } => LinearForm::Nvfp4 { scale_2 },
+        }
+    }
+
+    /// Output rows that share one scale along the output dimension: FP8 blocks span `block.0`
+    /// rows, every other format scales each row on its own (1). Row bands start on multiples.
+    pub fn row_alignment(&self) -> usize {
+        match *self {
+            QuantWeight::Fp8Block { block, .. } => block.0.max(1),
+            _ => 1,
+        }
+    }
+
+    /// Rows `band` of this weight as a weight of its own, borrowing the same bytes; decoding it
+    /// gives exactly those rows of [`QuantWeight::decode_f32`] (dequantisation is per element).
+    /// `band.start` must be a multiple of [`QuantWeight::row_alignment`], and `band.end` too
+    /// unless it is `rows()`; a band outside the weight or misaligned panics (a caller bug).
+    pub fn row_band(&self, band: Range<usize>) -> QuantWeight<'a> {
+        let (rows, cols, align) = (self.rows(), self.cols(), self.row_alignment());
+        assert!(
+            band.start <= band.end && band.end <= rows,
+            "row band {band:?} outside a weight of {rows} rows"
+        );
+        assert!(
+            band.start % align == 0 && (band.end % align == 0 || band.end == rows),
+            "row band {band:?} not aligned to {align}-row scale blocks"
+        );
+        let n = band.len();
+        let (r0, r1) = (band.start, band.end);
+        match *self {
+            QuantWeight::Bf16 { data, .. } => QuantWeight::Bf16 {
+                data: &data[r0 * cols * 2..r1 * cols * 2],
+                rows: n,
+                cols,
+            },
+            QuantWeight::F32 { data, .. } => QuantWeight::F32 {
+                data: &data[r0 * cols * 4..r1 * cols * 4],
+                rows: n,
+                cols,
+            },
+            QuantWeight::Fp8Block {
+                weight,
+                scale,
+                block,
+                ..
+            } => {
+                let sc = cols.div_ceil(block.1);
+                QuantWeight::Fp8Block {
+                    weight: &weight[r0 * cols..r1 * cols],
+                    scale: &scale[(r0 / align) * sc..r1.div_ceil(align) * sc],
+                    rows: n,
+                    cols,
+                    block,
+                }
+            }
+            QuantWeight::Fp4Group {
+                packed,
+                scale,
+                group,
+                ..
+            } => {
+                let sc = cols.div_ceil(group);
+                QuantWeight::Fp4Group {
+                    packed: &packed[r0 * cols / 2..r1 * cols / 2],
+                    scale: &scale[r0 * sc..r1 * sc],
+                    rows: n,
+                    cols,
+                    group,
+                }
+            }
+            QuantWeight::Nvfp4 {
+                packed,
+                scale,
+                scale_2,
+                ..
+            } => {
+                let sc = cols.div_ceil(NVFP4_GROUP);
+                QuantWeight::Nvfp4 {
+                    packed: &packed[r0 * cols / 2..r1 * cols / 2],
+                    scale: &scale[r0 * sc..r1 * sc],
+                    scale_2,
+                    rows: n,
+                    cols,
+                }
+            }
+        }
+    }
 }
 
 impl QuantWeight<'_> {
@@ -168,6 +327,97 @@ impl QuantWeight<'_> {
     }
 }
 
+/// Where a validated linear lives: its weight and scale tensors and its form.
+struct Located<'c> {
+    weight: &'c TensorInfo,
+    scale: Option<&'c TensorInfo>,
+    form: LinearForm,
+    rows: usize,
+    cols: usize,
+}
+
+/// One tensor's bytes inside a shard's memory map, keeping the map alive.
+#[derive(Clone)]
+struct MappedBytes {
+    map: Arc<Mmap>,
+    range: Range<usize>,
+}
+
+impl MappedBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+/// A linear weight in its stored format holding a share of the checkpoint's memory maps (not a
+/// borrow): what an engine keeps to decode the weight on use. [`SharedLinear::view`] is the
+/// same [`QuantWeight`] that [`Checkpoint::linear`] returns.
+#[derive(Clone)]
+pub struct SharedLinear {
+    module: String,
+    form: LinearForm,
+    rows: usize,
+    cols: usize,
+    weight: MappedBytes,
+    scale: Option<MappedBytes>,
+}
+
+impl SharedLinear {
+    /// The module name (`layers.3.attn.wq_a`).
+    pub fn module(&self) -> &str {
+        &self.module
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The weight as stored, borrowing the shared map.
+    pub fn view(&self) -> QuantWeight<'_> {
+        let scale = self.scale.as_ref().map_or(&[][..], MappedBytes::bytes);
+        QuantWeight::from_parts(
+            self.form,
+            self.weight.bytes(),
+            scale,
+            self.rows,
+            self.cols,
+        )
+    }
+
+    /// Decoded to f32 `[rows, cols]` (as [`Checkpoint::linear_f32`]).
+    pub fn decode_f32(&self) -> Result<Vec<f32>, CheckpointError> {
+        self.view()
+            .decode_f32()
+            .map_err(|e| name_decode_error(&self.module, e))
+    }
+}
+
+impl std::fmt::Debug for SharedLinear {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedLinear")
+            .field("module", &self.module)
+            .field("form", &self.form)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Prefixes a decode error's tensor description with the module's weight name.
+fn name_decode_error(module: &str, e: CheckpointError) -> CheckpointError {
+    match e {
+        CheckpointError::Decode { tensor, source } => CheckpointError::Decode {
+            tensor: format!("{module}.weight ({tensor})"),
+            source,
+        },
+        other => other,
+    }
+}
+
 impl Checkpoint {
     /// The weight of linear `module` (e.g. `layers.3.attn.wq_a`) with logical shape
     /// `[out_dim, in_dim]`, in whatever format it is stored (see the module doc).
@@ -177,6 +427,47 @@ impl Checkpoint {
         out_dim: usize,
         in_dim: usize,
     ) -> Result<QuantWeight<'_>, CheckpointError> {
+        let l = self.locate(module, out_dim, in_dim)?;
+        let scale = l.scale.map_or(&[][..], |s| self.bytes_of(s));
+        Ok(QuantWeight::from_parts(
+            l.form,
+            self.bytes_of(l.weight),
+            scale,
+            l.rows,
+            l.cols,
+        ))
+    }
+
+    /// [`Checkpoint::linear`] as a [`SharedLinear`], which keeps the shard maps alive on its
+    /// own (same checks, same bytes).
+    pub fn shared_linear(
+        &self,
+        module: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<SharedLinear, CheckpointError> {
+        let l = self.locate(module, out_dim, in_dim)?;
+        let mapped = |t: &TensorInfo| MappedBytes {
+            map: Arc::clone(self.shard_map(t)),
+            range: t.data_offsets.clone(),
+        };
+        Ok(SharedLinear {
+            module: module.to_string(),
+            form: l.form,
+            rows: l.rows,
+            cols: l.cols,
+            weight: mapped(l.weight),
+            scale: l.scale.map(mapped),
+        })
+    }
+
+    /// Finds and checks the tensors of linear `module` (see the module doc).
+    fn locate(
+        &self,
+        module: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Located<'_>, CheckpointError> {
         let wname = format!("{module}.weight");
         let w = self.require(&wname)?;
         if let Some(exp) = self.expected(&wname) {
@@ -190,15 +481,24 @@ impl Checkpoint {
             }
         }
         let (rows, cols) = (out_dim, in_dim);
-        let data = self.bytes_of(w);
+        let located = |scale: Option<&'_ TensorInfo>, form| Located {
+            weight: w,
+            scale,
+            form,
+            rows,
+            cols,
+        };
         match w.dtype {
             Dtype::BF16 | Dtype::F32 => {
                 self.check_shape(w, &[rows, cols], "")?;
-                Ok(if w.dtype == Dtype::BF16 {
-                    QuantWeight::Bf16 { data, rows, cols }
-                } else {
-                    QuantWeight::F32 { data, rows, cols }
-                })
+                Ok(located(
+                    None,
+                    if w.dtype == Dtype::BF16 {
+                        LinearForm::Bf16
+                    } else {
+                        LinearForm::F32
+                    },
+                ))
             }
             Dtype::F8E4M3 => {
                 self.check_shape(w, &[rows, cols], "")?;
@@ -212,13 +512,10 @@ impl Checkpoint {
                     &[rows.div_ceil(bo), cols.div_ceil(bi)],
                     &why,
                 )?;
-                Ok(QuantWeight::Fp8Block {
-                    weight: data,
-                    scale,
-                    rows,
-                    cols,
-                    block: (bo, bi),
-                })
+                Ok(located(
+                    Some(scale),
+                    LinearForm::Fp8Block { block: (bo, bi) },
+                ))
             }
             Dtype::I8 | Dtype::U8 => {
                 let why = format!(" (packed FP4 of a [{rows}, {cols}] weight, two codes per byte)");
@@ -243,13 +540,10 @@ impl Checkpoint {
                         &[rows, cols.div_ceil(FP4_GROUP)],
                         &why,
                     )?;
-                    return Ok(QuantWeight::Fp4Group {
-                        packed: data,
-                        scale,
-                        rows,
-                        cols,
-                        group: FP4_GROUP,
-                    });
+                    return Ok(located(
+                        Some(scale),
+                        LinearForm::Fp4Group { group: FP4_GROUP },
+                    ));
                 }
                 let why = format!(
                     "NVFP4 e4m3 scale per {NVFP4_GROUP} inputs of a [{rows}, {cols}] weight"
@@ -270,13 +564,13 @@ impl Checkpoint {
                     &[],
                     "NVFP4 global scale",
                 )?;
-                Ok(QuantWeight::Nvfp4 {
-                    packed: data,
-                    scale,
-                    scale_2: f32::from_le_bytes(s2.try_into().expect("one f32")),
-                    rows,
-                    cols,
-                })
+                let s2 = self.bytes_of(s2);
+                Ok(located(
+                    Some(scale),
+                    LinearForm::Nvfp4 {
+                        scale_2: f32::from_le_bytes(s2.try_into().expect("one f32")),
+                    },
+                ))
             }
             other => Err(CheckpointError::Unsupported {
                 file: w.file.clone(),
@@ -298,13 +592,7 @@ impl Checkpoint {
     ) -> Result<Vec<f32>, CheckpointError> {
         self.linear(module, out_dim, in_dim)?
             .decode_f32()
-            .map_err(|e| match e {
-                CheckpointError::Decode { tensor, source } => CheckpointError::Decode {
-                    tensor: format!("{module}.weight ({tensor})"),
-                    source,
-                },
-                other => other,
-            })
+            .map_err(|e| name_decode_error(module, e))
     }
 
     /// The scale sibling `<module>.<suffix>` of weight `w`, checked for dtype and shape
@@ -317,7 +605,7 @@ impl Checkpoint {
         dtype: Dtype,
         shape: &[usize],
         why: &str,
-    ) -> Result<&[u8], CheckpointError> {
+    ) -> Result<&TensorInfo, CheckpointError> {
         let name = format!("{module}.{suffix}");
         let Some(s) = self.info(&name) else {
             return Err(CheckpointError::MissingScale {
@@ -335,6 +623,6 @@ impl Checkpoint {
         if !scalar_ok {
             self.check_shape(s, shape, &format!(" ({why})"))?;
         }
-        Ok(self.bytes_of(s))
+        Ok(s)
     }
 }

@@ -20,6 +20,7 @@ pub mod dtype;
 pub mod header;
 pub mod inventory;
 pub mod linear;
+pub mod planted;
 pub mod prng;
 pub mod reader;
 pub mod synth;

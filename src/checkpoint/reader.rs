@@ -11,7 +11,8 @@
 //!
 //! Typed readers copy out of the mmap: `f32_tensor` (BF16, F16, F32, F64 -> f32) and
 //! `i64_tensor` (I64, I32 -> i64), each checking the caller's expected shape. `raw_bytes` is the
-//! zero-copy view. Linears go through [`Checkpoint::linear`] (see `linear.rs`).
+//! zero-copy view. Linears go through [`Checkpoint::linear`] (borrowing the mmap) or
+//! [`Checkpoint::shared_linear`] (sharing it, for weights decoded on use; see `linear.rs`).
 
 use super::audit::options_for;
 use super::dtype::{Dtype, WeightFormat};
@@ -28,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Where one tensor lives and what it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +44,9 @@ pub struct TensorInfo {
 }
 
 struct Shard {
-    mmap: Mmap,
+    /// Shared so that weights handed out by [`Checkpoint::shared_linear`] keep the map alive
+    /// after the `Checkpoint` is dropped (an engine decoding weights on use).
+    mmap: Arc<Mmap>,
 }
 
 /// An opened checkpoint directory.
@@ -150,7 +153,9 @@ impl Checkpoint {
             };
             self.tensors.insert(e.name, info);
         }
-        self.shards.push(Shard { mmap });
+        self.shards.push(Shard {
+            mmap: Arc::new(mmap),
+        });
         self.shard_paths.push(path);
         Ok(())
     }
@@ -209,6 +214,11 @@ impl Checkpoint {
     /// The stored bytes of `name`, borrowed from the mmap.
     pub fn raw_bytes(&self, name: &str) -> Result<&[u8], CheckpointError> {
         Ok(self.bytes_of(self.require(name)?))
+    }
+
+    /// The memory map of the shard holding `info` (shared, see [`Checkpoint::shared_linear`]).
+    pub(crate) fn shard_map(&self, info: &TensorInfo) -> &Arc<Mmap> {
+        &self.shards[info.shard].mmap
     }
 
     pub(crate) fn bytes_of(&self, info: &TensorInfo) -> &[u8] {

@@ -71,7 +71,9 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
         let tokens: Vec<u32> = (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 3 + ((s >> 33) % (cfg.vocab_size as u64 - 3)) as u32
             })
             .collect();

@@ -12,9 +12,9 @@ use crate::checkpoint::Checkpoint;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::rank::LayerRecord;
-use crate::report::records::CellRecord;
 use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress, ProbeRun};
 use crate::probe::{build_prompt, Scenario, V4Tokenizer};
+use crate::report::records::CellRecord;
 use std::path::Path;
 
 /// Which query positions are probed.
@@ -130,7 +130,15 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let mut engine = Engine::load(&ckpt, EngineOptions::default())?;
     let mut progress = BarProgress::new();
-    let runs = run_probe(&mut engine, &tok, &scenario, &prompt, &opts, "", &mut progress)?;
+    let runs = run_probe(
+        &mut engine,
+        &tok,
+        &scenario,
+        &prompt,
+        &opts,
+        "",
+        &mut progress,
+    )?;
     progress.finish();
     let last = prompt.tokens.len() - 1;
     if args.json {
@@ -233,7 +241,11 @@ fn print_tables(
             run.kv,
             run.topk,
             run.answer_text,
-            if run.answer_correct { "CORRECT" } else { "WRONG" },
+            if run.answer_correct {
+                "CORRECT"
+            } else {
+                "WRONG"
+            },
             run.wall_seconds
         )?;
         let mut profiles = vec![run.index.clone()];
@@ -248,11 +260,7 @@ fn print_tables(
             write!(out, " {:>14}", format!("rank[{p}]"))?;
         }
         writeln!(out, " {:>10} {:>9} {:>7}", "margin", "selected", "trivial")?;
-        let here: Vec<&LayerRecord> = run
-            .layers
-            .iter()
-            .filter(|r| r.query_pos == last)
-            .collect();
+        let here: Vec<&LayerRecord> = run.layers.iter().filter(|r| r.query_pos == last).collect();
         for driving in here.iter().filter(|r| r.driving) {
             write!(
                 out,

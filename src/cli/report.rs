@@ -5,7 +5,6 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
-
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
     /// Report directory written by `sweep` or `demo` (holds run.json and cells.csv)

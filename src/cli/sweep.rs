@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use super::values::{parse_positive, parse_token_count, DepthList};
 use super::{DeviceChoice, NotImplemented};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::sweep::{run_sweep, SweepPlan};
 
 #[derive(Args, Debug, Clone)]
 pub struct SweepArgs {
@@ -60,12 +61,61 @@ pub struct SweepArgs {
     /// Backend
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     pub device: DeviceChoice,
+
+    /// Seed of the needle values and haystacks (sample i uses seed + i)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Maximum generated tokens per cell (greedy, stops at EOS)
+    #[arg(long, value_name = "N", default_value_t = 24)]
+    pub generate: usize,
 }
 
-pub fn run(_args: &SweepArgs, _out: &mut dyn Write) -> anyhow::Result<()> {
-    Err(NotImplemented {
-        command: "sweep",
-        why: "the forward engine, the probe and the report writer have not landed",
+pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if args.device == DeviceChoice::Cuda {
+        return Err(NotImplemented {
+            command: "sweep --device cuda",
+            why: "the CUDA backend has not landed; use --device cpu",
+        }
+        .into());
     }
-    .into())
+    let cfg = crate::config::ModelConfig::load(&args.model)?;
+    let plan = SweepPlan {
+        scenario: args.scenario.clone(),
+        lengths: args.lengths.clone(),
+        depths: args.depths.0.clone(),
+        indexes: args.index.clone(),
+        topks: if args.topk.is_empty() {
+            vec![cfg.index_topk]
+        } else {
+            args.topk.clone()
+        },
+        kv: args.kv,
+        samples: args.samples,
+        seed: args.seed,
+        generate: args.generate,
+        chunk: args.chunk,
+    };
+    let dir = match &args.out {
+        Some(d) => d.clone(),
+        None => PathBuf::from("reports").join(format!(
+            "{}-{}",
+            args.scenario.replace(['/', '.'], "_"),
+            crate::report::records::rfc3339_utc(std::time::SystemTime::now()).replace(':', "")
+        )),
+    };
+    let outcome = run_sweep(&args.model, &plan, &dir, out)?;
+    writeln!(
+        out,
+        "{} cells run, {} already finished; records in {}",
+        outcome.cells_run,
+        outcome.cells_skipped,
+        dir.display()
+    )?;
+    let (table, files) = crate::report::rerender(&dir, crate::report::stdout_wants_colour())?;
+    write!(out, "{table}")?;
+    for f in files {
+        writeln!(out, "wrote {}", f.display())?;
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@
 //! - [`hadamard`]: the orthonormal Walsh-Hadamard rotation of the indexer.
 //! - [`modes`]: the names of the switches, [`IndexProfile`] (`--index`) and [`KvMode`] (`--kv`).
 //! - [`profiles`]: how index queries and keys are prepared and scored under each profile.
+//! - [`score_batch`]: the same scores for blocks of queries × key rows, dot products as GEMMs.
 //!
 //! Errors: functions that read tensors whose sizes come from a file return
 //! `Result<_, FormatError>`; they never panic on a size mismatch.
@@ -20,6 +21,7 @@ pub mod hadamard;
 pub mod modes;
 pub mod profiles;
 pub mod quant;
+pub mod score_batch;
 
 pub use hadamard::{hadamard_inplace, hadamard_rows};
 pub use profiles::{IndexProfile, KvMode, ParseNameError, PreparedKeys, PreparedQuery};

@@ -5,7 +5,10 @@
 //! Hadamard or rounding), head weights `w_raw` `[heads]` (the `weights_proj` output before the
 //! scale), key rows `k` `[rows, dim]` after norm and RoPE. [`prepare_query`] and
 //! [`prepare_key_row`] / [`prepare_keys`] apply a profile's rounding once; [`score`] /
-//! [`score_rows`] then give `I = s_k · Σ_h w'_h · ReLU(q'_h · k')` per key row.
+//! [`score_rows`] then give `I = s_k · Σ_h w'_h · ReLU(q'_h · k')` per key row. [`score`] is the
+//! reference for single rows; the engine scores whole blocks of queries × rows with
+//! [`score_batch`](super::score_batch::score_batch), the same arithmetic with each dot product
+//! from a GEMM (equal up to the f32 summation order of the dot).
 //!
 //! `S` is the indexer scale `dim^-0.5 · heads^-0.5` ([`weight_scale`]): exactly 2^-6.5 for the
 //! real 64 heads x 128 dims; synthetic models with other sizes get their own value, as REF and

@@ -122,8 +122,12 @@ pub fn run_probe(
                 chunk: opts.chunk,
             })?;
             let id = format!("{}{}", cell_id(prompt, index, topk), cell_suffix);
-            let compare: Vec<IndexProfile> =
-                opts.compare.iter().copied().filter(|&p| p != index).collect();
+            let compare: Vec<IndexProfile> = opts
+                .compare
+                .iter()
+                .copied()
+                .filter(|&p| p != index)
+                .collect();
             let mut observer = NeedleObserver::new(NeedleObserverConfig {
                 needle: prompt.needle,
                 answer: prompt.answer,
@@ -164,8 +168,14 @@ pub fn run_probe(
                 if next == eos || generated.len() == opts.generate {
                     break;
                 }
-                let out = engine.forward(&mut state, &[next], &mut observer, LogitsRequest::Last)?;
-                logits = out.logits.into_iter().last().map(|(_, l)| l).unwrap_or_default();
+                let out =
+                    engine.forward(&mut state, &[next], &mut observer, LogitsRequest::Last)?;
+                logits = out
+                    .logits
+                    .into_iter()
+                    .last()
+                    .map(|(_, l)| l)
+                    .unwrap_or_default();
             }
             if let Some(err) = observer.errors.first() {
                 anyhow::bail!("the engine's observation was unusable: {err}");

@@ -1,0 +1,293 @@
+//! `sweep`: the recall grid — context length x needle depth x index profile x top-k (x samples) —
+//! written record by record into a resumable run directory (design.md section 6).
+//!
+//! Work order: for each (length, depth, sample) the prompt is built once; then every (driving
+//! profile, top-k) combination is one real forward pass plus greedy generation, with every other
+//! listed profile scored on the same hidden states (free counterfactuals, rows in layers.csv).
+//! A cell = one (length, depth, profile, top-k, sample); cell ids are
+//! `L{prompt tokens}-d{depth}-{profile}-k{topk}-s{sample}`.
+//!
+//! Resume: `RunDir::create_or_resume` refuses when the model or any result-determining argument
+//! differs from run.json, returns the finished cells, and repairs a torn last line; finished
+//! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
+//! sample) whose cells are all finished is not even tokenised again.
+//!
+//! Judging: a model whose config.json carries `"needlescope_synthetic": {"answers": false}` (the
+//! planted demo model: its LM path is not built to answer) is judged by indexer recall
+//! (`answer_correct` empty); everything else by the scenario's answer check.
+
+use crate::checkpoint::Checkpoint;
+use crate::model::forward::{Engine, EngineOptions};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::probe::session::{
+    answer_position_records, run_probe, ProbeOptions, ProbeProgress, ProbeRun,
+};
+use crate::probe::{build_prompt, NeedlePrompt, Scenario};
+use crate::report::records::{config_hash, CellRecord, RunInfo};
+use crate::report::RunDir;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Everything that determines a sweep's results.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SweepPlan {
+    pub scenario: String,
+    pub lengths: Vec<usize>,
+    pub depths: Vec<f64>,
+    pub indexes: Vec<IndexProfile>,
+    pub topks: Vec<usize>,
+    pub kv: KvMode,
+    pub samples: usize,
+    pub seed: u64,
+    pub generate: usize,
+    /// Not part of the results (left out of the resume check).
+    #[serde(skip)]
+    pub chunk: usize,
+}
+
+/// What the model's config.json says about itself, beyond the architecture.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModelMarks {
+    /// Written by `synth`: every report says "synthetic model".
+    pub synthetic: bool,
+    /// False when the LM path is not built to answer (judge by indexer recall).
+    pub answers: bool,
+}
+
+/// Reads the `needlescope_synthetic` marker of a model directory's config.json.
+pub fn model_marks(model_dir: &Path) -> ModelMarks {
+    let raw = std::fs::read_to_string(model_dir.join("config.json")).unwrap_or_default();
+    let value: serde_json::Value = serde_json::from_str(&raw).unwrap_or_default();
+    match value.get("needlescope_synthetic") {
+        Some(mark) => ModelMarks {
+            synthetic: true,
+            answers: mark
+                .get("answers")
+                .and_then(|a| a.as_bool())
+                .unwrap_or(true),
+        },
+        None => ModelMarks {
+            synthetic: false,
+            answers: true,
+        },
+    }
+}
+
+/// The cells.csv record of one probe run.
+pub fn cell_record(
+    prompt: &NeedlePrompt,
+    target_tokens: usize,
+    run: &ProbeRun,
+    judge_by_answer: bool,
+) -> CellRecord {
+    let last = prompt.tokens.len() - 1;
+    let recs = answer_position_records(run, last);
+    CellRecord {
+        cell_id: run.cell_id.clone(),
+        target_tokens,
+        prompt_tokens: prompt.tokens.len(),
+        depth_pct: prompt.depth_pct,
+        needle_start: prompt.needle.0,
+        needle_end: prompt.needle.1,
+        answer_start: prompt.answer.0,
+        answer_end: prompt.answer.1,
+        index: run.index.parse().expect("profile names round trip"),
+        kv: run.kv.parse().expect("kv names round trip"),
+        topk: run.topk,
+        answer_text: run.answer_text.clone(),
+        answer_correct: judge_by_answer.then_some(run.answer_correct),
+        min_needle_rank: recs.iter().filter_map(|r| r.needle_rank).max(),
+        csa_layers_selected: recs.iter().filter(|r| r.selected && !r.trivial).count(),
+        csa_layers_nontrivial: recs.iter().filter(|r| !r.trivial).count(),
+        wall_seconds: run.wall_seconds,
+    }
+}
+
+/// Progress of a sweep: a bar over cells (with ETA) and one over the running prefill, both on
+/// stderr and hidden when stderr is not a terminal.
+struct SweepBars {
+    cells: indicatif::ProgressBar,
+    prefill: indicatif::ProgressBar,
+    _multi: indicatif::MultiProgress,
+}
+
+impl SweepBars {
+    fn new(total_cells: u64, done: u64) -> Self {
+        let multi =
+            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
+        let cells = multi.add(indicatif::ProgressBar::new(total_cells));
+        cells.set_style(
+            indicatif::ProgressStyle::with_template(
+                "cells   [{bar:30}] {pos}/{len} (eta {eta}) {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        cells.set_position(done);
+        let prefill = multi.add(indicatif::ProgressBar::new(0));
+        prefill.set_style(
+            indicatif::ProgressStyle::with_template(
+                "prefill [{bar:30}] {pos}/{len} tokens ({per_sec}) {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        SweepBars {
+            cells,
+            prefill,
+            _multi: multi,
+        }
+    }
+}
+
+impl ProbeProgress for SweepBars {
+    fn run_started(&mut self, index: IndexProfile, topk: usize, prompt_tokens: usize) {
+        self.prefill.set_length(prompt_tokens as u64);
+        self.prefill.set_position(0);
+        self.prefill.set_message(format!("{index} top-{topk}"));
+    }
+    fn prefill(&mut self, done: usize, _total: usize) {
+        self.prefill.set_position(done as u64);
+    }
+    fn generated(&mut self, count: usize) {
+        self.prefill.set_message(format!("generated {count}"));
+    }
+}
+
+/// What a sweep did.
+#[derive(Debug)]
+pub struct SweepOutcome {
+    pub dir: PathBuf,
+    pub cells_run: usize,
+    pub cells_skipped: usize,
+}
+
+/// Runs (or resumes) the sweep into `out_dir`; prints a line per finished cell to `out`.
+pub fn run_sweep(
+    model_dir: &Path,
+    plan: &SweepPlan,
+    out_dir: &Path,
+    out: &mut dyn Write,
+) -> anyhow::Result<SweepOutcome> {
+    let ckpt = Checkpoint::open(model_dir)?;
+    let cfg = ckpt.config().clone();
+    let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
+    let scenario = Scenario::load(&plan.scenario)?;
+    let marks = model_marks(model_dir);
+    let config_bytes = std::fs::read(model_dir.join("config.json")).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read {}: {e}",
+            model_dir.join("config.json").display()
+        )
+    })?;
+    let info = RunInfo::new(
+        model_dir.display().to_string(),
+        config_hash(&config_bytes),
+        scenario.name.clone(),
+        marks.synthetic,
+        serde_json::to_value(plan)?,
+    );
+    let (mut run_dir, finished) = RunDir::create_or_resume(out_dir, info)?;
+    let per_prompt = plan.indexes.len() * plan.topks.len();
+    let total = plan.lengths.len() * plan.depths.len() * plan.samples * per_prompt;
+    if !finished.is_empty() {
+        writeln!(
+            out,
+            "resuming {}: {} of {total} cells already finished",
+            out_dir.display(),
+            finished.len()
+        )?;
+    }
+    let mut bars = SweepBars::new(total as u64, finished.len() as u64);
+    let mut engine = Engine::load(&ckpt, EngineOptions::default())?;
+    let (mut run_count, mut skipped) = (0, 0);
+    for &length in &plan.lengths {
+        for &depth in &plan.depths {
+            for sample in 0..plan.samples {
+                let seed = plan.seed.wrapping_add(sample as u64);
+                let suffix = format!("-s{sample}");
+                // Which combinations of this prompt are still to do (ids need the prompt length,
+                // which is the target length by construction).
+                let todo: Vec<(IndexProfile, usize)> = plan
+                    .indexes
+                    .iter()
+                    .flat_map(|&i| plan.topks.iter().map(move |&k| (i, k)))
+                    .filter(|&(i, k)| {
+                        !run_dir
+                            .is_finished(&format!("L{length}-d{depth}-{}-k{k}{suffix}", i.name()))
+                    })
+                    .collect();
+                skipped += per_prompt - todo.len();
+                if todo.is_empty() {
+                    continue;
+                }
+                let prompt = build_prompt(
+                    &tok,
+                    &scenario,
+                    length,
+                    depth,
+                    seed,
+                    cfg.max_position_embeddings,
+                )?;
+                for (index, topk) in todo {
+                    let opts = ProbeOptions {
+                        indexes: vec![index],
+                        compare: plan.indexes.clone(),
+                        topks: vec![topk],
+                        kv: plan.kv,
+                        generate: plan.generate,
+                        chunk: plan.chunk,
+                        probe_question: false,
+                    };
+                    let runs = run_probe(
+                        &mut engine,
+                        &tok,
+                        &scenario,
+                        &prompt,
+                        &opts,
+                        &suffix,
+                        &mut bars,
+                    )?;
+                    for run in runs {
+                        let cell = cell_record(&prompt, length, &run, marks.answers);
+                        run_dir.append_cell(&cell, &run.layers, &run.attention)?;
+                        run_count += 1;
+                        bars.cells.inc(1);
+                        let verdict = match cell.answer_correct {
+                            Some(true) => "correct".to_string(),
+                            Some(false) => "WRONG".to_string(),
+                            None if cell.indexer_recall() => "recalled (indexer)".to_string(),
+                            None => "LOST (indexer)".to_string(),
+                        };
+                        let line = format!(
+                            "{:>7} tokens  depth {:>5.1}%  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s",
+                            cell.prompt_tokens,
+                            cell.depth_pct,
+                            cell.index.name(),
+                            cell.topk,
+                            verdict,
+                            cell.min_needle_rank.map_or("-".into(), |r| r.to_string()),
+                            cell.layers_lost(),
+                            cell.csa_layers_nontrivial,
+                            cell.wall_seconds
+                        );
+                        bars.cells.suspend(|| writeln!(out, "{line}"))?;
+                        for d in std::iter::once(run.selection_disagreements).filter(|&d| d > 0) {
+                            anyhow::bail!(
+                                "internal check failed in cell {}: the engine's selection disagreed with the needle rank at {d} checks",
+                                cell.cell_id
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    bars.prefill.finish_and_clear();
+    bars.cells.finish_and_clear();
+    Ok(SweepOutcome {
+        dir: out_dir.to_path_buf(),
+        cells_run: run_count,
+        cells_skipped: skipped,
+    })
+}
