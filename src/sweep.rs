@@ -12,9 +12,9 @@
 //! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
 //! sample) whose cells are all finished is not even tokenised again.
 //!
-//! Judging: a model whose config.json carries `"needlescope_synthetic": {"answers": false}` (the
-//! planted demo model: its LM path is not built to answer) is judged by indexer recall
-//! (`answer_correct` empty); everything else by the scenario's answer check.
+//! Judging: a planted checkpoint whose `planted.json` says its LM path does not copy the needle
+//! is judged by indexer recall (`answer_correct` empty); everything else by the scenario's
+//! answer check.
 
 use crate::checkpoint::Checkpoint;
 use crate::model::forward::{Engine, EngineOptions};
@@ -54,17 +54,14 @@ pub struct ModelMarks {
     pub answers: bool,
 }
 
-/// Reads the `needlescope_synthetic` marker of a model directory's config.json.
+/// What a model directory says about itself beyond the architecture: a planted checkpoint's
+/// `planted.json` (see `checkpoint::planted`) marks it synthetic and says whether its LM path
+/// answers.
 pub fn model_marks(model_dir: &Path) -> ModelMarks {
-    let raw = std::fs::read_to_string(model_dir.join("config.json")).unwrap_or_default();
-    let value: serde_json::Value = serde_json::from_str(&raw).unwrap_or_default();
-    match value.get("needlescope_synthetic") {
-        Some(mark) => ModelMarks {
-            synthetic: true,
-            answers: mark
-                .get("answers")
-                .and_then(|a| a.as_bool())
-                .unwrap_or(true),
+    match crate::checkpoint::planted::planted_info(model_dir) {
+        Some(info) => ModelMarks {
+            synthetic: info.synthetic,
+            answers: info.lm_copies_needle,
         },
         None => ModelMarks {
             synthetic: false,

@@ -5,6 +5,7 @@
 mod engine_support;
 
 use engine_support::*;
+use needlescope::backend::WeightResidency;
 use needlescope::model::{bench_prefill, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 
@@ -24,7 +25,7 @@ fn tiny_prefill_2k_tokens() {
                 topk: None,
                 chunk,
             };
-            let f = bench_prefill(&model.ckpt, opts, &toks).unwrap();
+            let f = bench_prefill(&model.ckpt, opts, WeightResidency::Auto, &toks).unwrap();
             eprintln!(
                 "tiny prefill {} tokens, index {index}, kv {kv}, chunk {chunk}: {:.3} s, {:.0} tokens/s (load {:.3} s)",
                 f.tokens, f.seconds, f.tokens_per_s, f.load_seconds

@@ -45,6 +45,7 @@ impl Observer for Probe {
     fn indexer(&mut self, obs: &IndexerObservation<'_>) {
         if self.inner.wants_position(obs.query_pos) {
             let rows = RowKind::Csa.span_rows(self.needle);
+            let rows2 = rows.clone();
             let hay: Vec<f64> = (0..obs.visible_rows)
                 .filter(|w| !rows.contains(w))
                 .map(|w| obs.scores[w] as f64)
@@ -57,6 +58,32 @@ impl Observer for Probe {
                 .map(|w| obs.scores[w] as f64)
                 .fold(f64::NEG_INFINITY, f64::max);
             self.z.push((obs.layer, (best - mean) / sd));
+            if std::env::var("PLANTED_KAPPA").is_ok() {
+                for prof in [IndexProfile::SglangFp8, IndexProfile::SglangBf16Keys] {
+                    let f = needlescope::probe::observe::rescore(prof, obs);
+                    let a: f64 = f.iter().map(|&v| v as f64).sum::<f64>()
+                        / obs.scores.iter().map(|&v| v as f64).sum::<f64>();
+                    let err: Vec<f64> = (0..obs.visible_rows)
+                        .map(|w| f[w] as f64 - a * obs.scores[w] as f64)
+                        .collect();
+                    let m = err.iter().sum::<f64>() / err.len() as f64;
+                    let e = (err.iter().map(|x| (x - m).powi(2)).sum::<f64>() / err.len() as f64)
+                        .sqrt();
+                    let nb: Vec<f64> = rows2
+                        .clone()
+                        .filter(|&w| w < obs.visible_rows)
+                        .map(|w| (err[w] - m) / (a * sd))
+                        .collect();
+                    eprintln!(
+                        "kappa L{} t{} {}: {:.2}  needle err/sd {:?}",
+                        obs.layer,
+                        obs.query_pos,
+                        prof.name(),
+                        e / (a * sd),
+                        nb.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>()
+                    );
+                }
+            }
         }
         self.inner.indexer(obs);
     }
@@ -176,6 +203,33 @@ fn kept(cells: &[Cell], length: usize, profile: &str, k: usize) -> f64 {
     v.iter().filter(|&&b| b).count() as f64 / v.len() as f64
 }
 
+/// Median needle rank of `profile` over the cells of `length` and every CSA layer.
+fn median_rank(cells: &[Cell], length: usize, profile: &str) -> f64 {
+    let mut v: Vec<usize> = cells
+        .iter()
+        .filter(|c| c.length == length)
+        .flat_map(|c| c.ranks.iter().filter(|((_, p), _)| *p == profile))
+        .map(|(_, &r)| r)
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2] as f64
+}
+
+/// Fraction of cells of `length` where `profile` keeps the needle on every CSA layer.
+fn kept_every_layer(cells: &[Cell], length: usize, profile: &str, k: usize) -> f64 {
+    let of_l: Vec<&Cell> = cells.iter().filter(|c| c.length == length).collect();
+    let ok = of_l
+        .iter()
+        .filter(|c| {
+            c.ranks
+                .iter()
+                .filter(|((_, p), _)| *p == profile)
+                .all(|(_, &r)| r <= k)
+        })
+        .count();
+    ok as f64 / of_l.len() as f64
+}
+
 fn print_table(cells: &[Cell], lengths: &[usize]) {
     eprintln!("mean needle rank over depths and CSA layers (rows visible = length/4):");
     eprint!("{:>8}", "length");
@@ -192,6 +246,34 @@ fn print_table(cells: &[Cell], lengths: &[usize]) {
         let z: Vec<f64> = of_l.iter().flat_map(|c| c.z.iter().map(|x| x.1)).collect();
         let sec = of_l.iter().map(|c| c.seconds).sum::<f64>() / of_l.len() as f64;
         eprintln!(" {:>8.2} {:>8.2}", z.iter().sum::<f64>() / z.len() as f64, sec);
+    }
+    eprintln!("median needle rank:");
+    for &l in lengths {
+        eprint!("{l:>8}");
+        for p in PROFILES {
+            eprint!(" {:>13.1}", median_rank(cells, l, p.name()));
+        }
+        let mut per_layer: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+        for c in cells.iter().filter(|c| c.length == l) {
+            for &(layer, z) in &c.z {
+                per_layer.entry(layer).or_default().push(z);
+            }
+        }
+        let z: Vec<String> = per_layer
+            .iter()
+            .map(|(l, v)| format!("L{l} z {:.2}", v.iter().sum::<f64>() / v.len() as f64))
+            .collect();
+        eprintln!("  {}", z.join(", "));
+    }
+    for k in KS {
+        eprintln!("fraction of cells keeping the needle in the top-{k} on every CSA layer:");
+        for &l in lengths {
+            eprint!("{l:>8}");
+            for p in PROFILES {
+                eprint!(" {:>13.2}", kept_every_layer(cells, l, p.name(), k));
+            }
+            eprintln!();
+        }
     }
     for k in KS {
         eprintln!("fraction of (cell, layer) keeping the needle in the top-{k}:");

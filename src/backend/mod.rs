@@ -7,8 +7,13 @@
 //! the same trait and is compared to the CPU one op by op (design.md section 8), so every method
 //! is one well-defined piece of math with plain shapes:
 //!
-//! - Weights are decoded to f32 `[out, in]` at load and handed to [`Backend::upload_matrix`],
-//!   which turns them into the backend's resident form ([`Backend::Matrix`]).
+//! - Linear weights reach the backend in their stored format ([`Backend::upload_linear`] takes
+//!   a [`SharedLinear`]: the checkpoint's bytes plus scale kind, sharing its memory map); the
+//!   backend decides their resident form ([`Backend::Matrix`]) under a [`WeightResidency`]:
+//!   decoded to f32 once at load, or kept as stored and decoded on use (a model larger than
+//!   RAM streams from the page cache; a device backend keeps the stored format on the device
+//!   and dequantises in its kernels). Small f32 tensors (mHC mixes) come decoded through
+//!   [`Backend::upload_matrix`]. Every op sees the same f32 values either way.
 //! - Activations are host `f32` slices, row-major, shapes given in each method's docs
 //!   (`T` = tokens of the chunk, `D` = hidden size, `n` = hc_mult streams, `H` = heads).
 //!   Keeping activations on the host is the simple, op-comparable choice for this revision; a
@@ -22,8 +27,54 @@ pub mod cpu;
 
 pub use cpu::CpuBackend;
 
+use crate::checkpoint::linear::SharedLinear;
+use crate::checkpoint::CheckpointError;
 use crate::model::rope::RopeTable;
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
+
+/// Where linear weights live between uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightResidency {
+    /// Decoded to f32 once, at load (fastest; needs ~4 bytes per parameter of RAM).
+    Decoded,
+    /// Kept in the stored format (the checkpoint's memory map) and decoded per use, a band of
+    /// rows at a time: memory stays near the stored size, paged in and out by the OS.
+    Streamed,
+    /// `Decoded` when the decoded model fits comfortably in memory, else `Streamed` (resolved
+    /// by the engine at load, see `model::forward`).
+    #[default]
+    Auto,
+}
+
+impl WeightResidency {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightResidency::Decoded => "decoded",
+            WeightResidency::Streamed => "streamed",
+            WeightResidency::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for WeightResidency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WeightResidency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "decoded" => Ok(WeightResidency::Decoded),
+            "streamed" => Ok(WeightResidency::Streamed),
+            "auto" => Ok(WeightResidency::Auto),
+            other => Err(format!(
+                "unknown weight residency {other:?}, expected decoded, streamed or auto"
+            )),
+        }
+    }
+}
 
 /// Scalars of the mHC sites (model.md 4.3): stream count, Sinkhorn iterations and epsilons.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,7 +146,7 @@ pub struct AttentionProbs {
 /// The operations of the DeepSeek-V4 forward pass. Shapes are in each method's docs; slices
 /// whose lengths disagree with them are a caller bug (methods may panic).
 pub trait Backend: Send + Sync {
-    /// A decoded weight matrix `[out, in]` in the backend's resident form.
+    /// A weight matrix `[out, in]` in the backend's resident form (decoded or stored).
     type Matrix: Send + Sync;
 
     /// Short name for reports (`cpu`, `cuda`).
@@ -103,6 +154,11 @@ pub trait Backend: Send + Sync {
 
     /// Takes ownership of a decoded f32 weight `[rows, cols]` row-major.
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> Self::Matrix;
+
+    /// Takes a linear weight `[out, in]` in its stored format and makes it resident under the
+    /// backend's [`WeightResidency`]. Errors are decode errors of the stored data, reported
+    /// here (at load) so that later uses cannot fail.
+    fn upload_linear(&self, w: SharedLinear) -> Result<Self::Matrix, CheckpointError>;
 
     /// `(rows, cols)` of a matrix.
     fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
@@ -208,6 +264,52 @@ pub trait Backend: Send + Sync {
         dim: usize,
         out: &mut [f32],
     );
+
+    /// Index scores of a block of T prepared queries, each against the rows it sees:
+    /// `queries [T, heads, dim]` and `weights [T, heads]` are the `values` / `weights` of T
+    /// [`PreparedQuery`]s one after the other, `keys [rows, dim]` / `key_scales [rows]` the
+    /// prepared key rows, `visible[t]` (<= rows) how many leading rows query t sees. `out` is
+    /// `[T, stride]`: `out[t·stride + r]` is the score of row r for `r < visible[t]`, `-inf`
+    /// for the rest. Per query the same values as [`Backend::index_scores`] up to the f32
+    /// summation order of each dot product. The default calls `index_scores` per query.
+    #[allow(clippy::too_many_arguments)]
+    fn index_scores_batch(
+        &self,
+        profile: IndexProfile,
+        queries: &[f32],
+        weights: &[f32],
+        heads: usize,
+        dim: usize,
+        keys: &[f32],
+        key_scales: &[f32],
+        visible: &[usize],
+        out: &mut [f32],
+    ) {
+        let tokens = visible.len();
+        if tokens == 0 {
+            return;
+        }
+        let stride = out.len() / tokens;
+        for (t, row) in out.chunks_mut(stride.max(1)).enumerate() {
+            let query = PreparedQuery {
+                values: queries[t * heads * dim..(t + 1) * heads * dim].to_vec(),
+                weights: weights[t * heads..(t + 1) * heads].to_vec(),
+                heads,
+                dim,
+            };
+            let n = visible[t];
+            let (seen, unseen) = row.split_at_mut(n);
+            self.index_scores(
+                profile,
+                &query,
+                &keys[..n * dim],
+                &key_scales[..n],
+                dim,
+                seen,
+            );
+            unseen.fill(f32::NEG_INFINITY);
+        }
+    }
 
     /// Top-k of `scores`: `out[k]` holds row indices by descending score, ties to the lower
     /// row, `-1` where fewer than k rows exist. NaN ranks below every number.

@@ -379,18 +379,26 @@ impl SharedLinear {
     /// The weight as stored, borrowing the shared map.
     pub fn view(&self) -> QuantWeight<'_> {
         let scale = self.scale.as_ref().map_or(&[][..], MappedBytes::bytes);
-        QuantWeight::from_parts(
-            self.form,
-            self.weight.bytes(),
-            scale,
-            self.rows,
-            self.cols,
-        )
+        QuantWeight::from_parts(self.form, self.weight.bytes(), scale, self.rows, self.cols)
     }
 
     /// Decoded to f32 `[rows, cols]` (as [`Checkpoint::linear_f32`]).
     pub fn decode_f32(&self) -> Result<Vec<f32>, CheckpointError> {
         self.view()
+            .decode_f32()
+            .map_err(|e| name_decode_error(&self.module, e))
+    }
+
+    /// See [`QuantWeight::row_alignment`].
+    pub fn row_alignment(&self) -> usize {
+        self.view().row_alignment()
+    }
+
+    /// Rows `band` decoded to f32 `[band.len(), cols]`: exactly those rows of
+    /// [`SharedLinear::decode_f32`]. Alignment as for [`QuantWeight::row_band`].
+    pub fn decode_rows(&self, band: Range<usize>) -> Result<Vec<f32>, CheckpointError> {
+        self.view()
+            .row_band(band)
             .decode_f32()
             .map_err(|e| name_decode_error(&self.module, e))
     }
@@ -481,7 +489,7 @@ impl Checkpoint {
             }
         }
         let (rows, cols) = (out_dim, in_dim);
-        let located = |scale: Option<&'_ TensorInfo>, form| Located {
+        let located = |scale, form| Located {
             weight: w,
             scale,
             form,

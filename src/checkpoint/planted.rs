@@ -23,6 +23,9 @@
 #[path = "planted_values.rs"]
 pub mod values;
 
+#[path = "planted_calib.rs"]
+pub mod calib;
+
 use super::dtype::{Dtype, WeightFormat};
 use super::inventory::{expand, linear_storage, logical_inventory, LinearStorage, FP4_GROUP};
 use super::reader::INDEX_FILE;
@@ -39,6 +42,7 @@ use crate::probe::tokenizer::{builtin_json_bytes, V4Tokenizer};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
+use calib::{calibrate, reference_tokens, LayerCalibration};
 use values::Recipe;
 
 /// Default `--margin`, in haystack standard deviations (see docs/planted.md for the grid it
@@ -74,6 +78,8 @@ pub struct PlantedInfo {
     pub title: String,
     /// Construction constants (values.rs), for the record.
     pub constants: BTreeMap<String, f64>,
+    /// Per CSA layer: the reference haystack's score mean and spread, and the needle increment.
+    pub calibration: Vec<LayerCalibration>,
 }
 
 /// Reads `planted.json` from a model directory, if it is a planted checkpoint.
@@ -198,10 +204,12 @@ pub fn synth_planted(
             tok.vocab_size().to_string(),
         ));
     }
-    let recipe = Recipe::new(&cfg, opts.seed, margin, digit_tokens(&tok)?);
+    let mut recipe = Recipe::new(&cfg, opts.seed, margin, digit_tokens(&tok)?);
+    let reference = reference_tokens(&tok, opts.seed, &recipe.digits)?;
+    let calibration = calibrate(&mut recipe, &reference);
     let summary = write_checkpoint(opts, &recipe)?;
     write_file(&opts.out.join("tokenizer.json"), &builtin_json_bytes())?;
-    let info = info(&recipe, opts.format);
+    let info = info(&recipe, opts.format, calibration);
     let json = serde_json::to_string_pretty(&info).expect("info serialises");
     write_file(&opts.out.join(INFO_FILE), json.as_bytes())?;
     Ok(SynthSummary {
@@ -210,7 +218,7 @@ pub fn synth_planted(
     })
 }
 
-fn info(r: &Recipe, format: WeightFormat) -> PlantedInfo {
+fn info(r: &Recipe, format: WeightFormat, calibration: Vec<LayerCalibration>) -> PlantedInfo {
     use values::*;
     let constants = [
         ("bias_value", BIAS_VALUE),
@@ -222,7 +230,6 @@ fn info(r: &Recipe, format: WeightFormat) -> PlantedInfo {
         ("query_scale", QUERY_SCALE),
         ("out_scale", OUT_SCALE as f64),
         ("hc_scale", HC_SCALE as f64),
-        ("needle_delta", r.delta),
     ];
     PlantedInfo {
         preset: "planted".into(),
@@ -240,6 +247,7 @@ fn info(r: &Recipe, format: WeightFormat) -> PlantedInfo {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
+        calibration,
     }
 }
 

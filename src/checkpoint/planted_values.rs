@@ -44,7 +44,7 @@ pub const OFFSET: f64 = 0.15;
 /// Pooled std of each relevant channel over haystack rows: the haystack score spread. Small
 /// against the key's unit rms, so fp8 key rounding (after the Hadamard) is a noise of about the
 /// same size, while bf16 rounding is ~16x smaller.
-pub const SPREAD: f64 = 0.02;
+pub const SPREAD: f64 = 0.022;
 /// Share of a key's squared norm in the per-row random irrelevant part (decorrelates the fp8
 /// rounding errors of neighbouring rows).
 pub const IRR_FRAC: f64 = 0.05;
@@ -52,13 +52,13 @@ pub const IRR_FRAC: f64 = 0.05;
 /// needle's own rounding error change with its position).
 pub const ROPE_FRAC: f64 = 0.36;
 /// RoPE pairs used by the constant part: rotation per CSA row (4 tokens) in this band.
-pub const ROPE_BAND: (f64, f64) = (5e-4, 0.06);
+pub const ROPE_BAND: (f64, f64) = (5e-4, 0.05);
 /// Gate logit gap of digit tokens over other tokens in the index compressor.
 pub const GATE_GAP: f64 = 30.0;
 /// Index query scale `Qc`.
 pub const QUERY_SCALE: f64 = 8.0;
 /// Scale of block outputs (`wo_b`, expert and shared `w2`) relative to the standard values.
-pub const OUT_SCALE: f32 = 0.02;
+pub const OUT_SCALE: f32 = 0.003;
 /// Scale of mHC `fn` mixes relative to the standard values (mixing logits move by ~0.01).
 pub const HC_SCALE: f32 = 0.04;
 /// Tokens pooled by one CSA row (overlapping windows of 2 x 4).
@@ -71,8 +71,10 @@ pub struct Recipe {
     pub margin: f64,
     /// `[vocab]`: token is a pure-digit token.
     pub digits: Vec<bool>,
-    /// Needle increment on each relevant channel (key units).
-    pub delta: f64,
+    /// The embedding `[vocab, D]` (f32, before the bf16 storage rounding).
+    pub embed: Vec<f32>,
+    /// Needle increment on each relevant channel (key units), per layer (CSA layers only).
+    pub deltas: Vec<f64>,
     /// Pooled std of each irrelevant random channel.
     pub irr_sd: f64,
     /// Norm² of the bulk part (`bulk_frac · d`).
@@ -84,7 +86,7 @@ pub struct Recipe {
 }
 
 /// The construction's fixed shapes: (heads H, key dim d, nope dims, hidden D).
-fn dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
+pub fn dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
     (
         cfg.index_n_heads,
         cfg.index_head_dim,
@@ -94,7 +96,8 @@ fn dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
 }
 
 impl Recipe {
-    /// Derives the constants; `digits` marks the pure-digit token ids.
+    /// Derives the constants; `digits` marks the pure-digit token ids. The needle increments
+    /// start at their i.i.d.-token value ([`needle_delta`]); `planted_calib` refines them.
     pub fn new(cfg: &ModelConfig, seed: u64, margin: f64, digits: Vec<bool>) -> Self {
         let (h, d, nope, _) = dims(cfg);
         let df = d as f64;
@@ -109,7 +112,7 @@ impl Recipe {
             .flat_map(|(i, _)| [nope + 2 * i, nope + 2 * i + 1])
             .collect();
         if rope_dims.is_empty() {
-            // No pair rotates in the band for this rope size: use the slowest non-static pair.
+            // No pair rotates in the band for this rope size: use the slowest pair.
             let i = freqs.len().saturating_sub(1);
             rope_dims = vec![nope + 2 * i, nope + 2 * i + 1];
         }
@@ -121,17 +124,25 @@ impl Recipe {
             })
             .collect();
         let delta = needle_delta(margin, &head_weights, bulk_norm2 + ROPE_FRAC * df, df);
-        Recipe {
+        let mut r = Recipe {
             cfg: cfg.clone(),
             seed,
             margin,
             digits,
-            delta,
+            embed: Vec::new(),
+            deltas: vec![delta; cfg.num_hidden_layers],
             irr_sd,
             bulk_norm2,
             rope_dims,
             head_weights,
-        }
+        };
+        r.embed = r.make_embed();
+        r
+    }
+
+    /// Squared norm of the needle key outside the relevant channels.
+    pub fn needle_c0(&self) -> f64 {
+        self.bulk_norm2 + ROPE_FRAC * self.cfg.index_head_dim as f64
     }
 
     fn normal(&self, name: &str, n: usize) -> Vec<f64> {
@@ -151,7 +162,7 @@ impl Recipe {
     }
 
     /// The embedding `[vocab, D]`.
-    fn embed(&self) -> Vec<f32> {
+    fn make_embed(&self) -> Vec<f32> {
         let d = self.cfg.hidden_size;
         let f = self.feature();
         let ts = tensor_seed(self.seed, "planted.embed");
@@ -179,23 +190,25 @@ impl Recipe {
         self.normal_with_norm(name, d - RANDOM0, tok_sd / per_dim)
     }
 
-    /// `layers.L.attn.indexer.compressor.wkv` `[2d, D]`: both halves identical.
-    fn index_wkv(&self, layer: usize) -> Vec<f32> {
+    /// One half of `layers.L.attn.indexer.compressor.wkv`, `[d, D]` in f64, without the needle
+    /// column (what a non-digit token sees).
+    pub fn index_half(&self, layer: usize) -> Vec<f64> {
         let (h, d, nope, dd) = dims(&self.cfg);
         let p = format!("planted.layers.{layer}.index_key");
         let bulk = self.normal_with_norm(&format!("{p}.bulk"), nope - h, self.bulk_norm2.sqrt());
-        let rope_all = self.normal_with_norm(
-            &format!("{p}.rope"),
-            self.rope_dims.len(),
-            (ROPE_FRAC * d as f64).sqrt(),
-        );
+        // Every pair in the band gets the same amplitude and a random phase, so the needle's
+        // rounding error is a function of several incommensurate angles of its position.
+        let pairs = self.rope_dims.len() / 2;
+        let amp = (ROPE_FRAC * d as f64 / pairs as f64).sqrt();
+        let rope_all: Vec<f64> = (0..pairs)
+            .flat_map(|i| self.normal_with_norm(&format!("{p}.rope.{i}"), 2, amp))
+            .collect();
         let tok = ROW_TOKENS.sqrt();
         let mut half = vec![0.0f64; d * dd];
         for c in 0..d {
             let row = &mut half[c * dd..(c + 1) * dd];
             if c < h {
                 row[BIAS] = OFFSET / BIAS_VALUE;
-                row[NEEDLE] = self.delta / self.feature();
                 let u = self.projection(&format!("{p}.relevant.{c}"), SPREAD * tok);
                 row[RANDOM0..].copy_from_slice(&u);
             } else if c < nope {
@@ -205,6 +218,17 @@ impl Recipe {
             } else if let Some(i) = self.rope_dims.iter().position(|&r| r == c) {
                 row[BIAS] = rope_all[i] / BIAS_VALUE;
             }
+        }
+        half
+    }
+
+    /// `layers.L.attn.indexer.compressor.wkv` `[2d, D]`: both halves identical; digits add
+    /// the layer's needle increment to the relevant channels through the needle dim.
+    fn index_wkv(&self, layer: usize) -> Vec<f32> {
+        let (h, _, _, dd) = dims(&self.cfg);
+        let mut half = self.index_half(layer);
+        for c in 0..h {
+            half[c * dd + NEEDLE] = self.deltas[layer] / self.feature();
         }
         half.iter().chain(half.iter()).map(|&v| v as f32).collect()
     }
@@ -242,7 +266,7 @@ impl Recipe {
     /// The values of one logical tensor.
     pub fn values(&self, lt: &LogicalTensor) -> Values {
         if lt.name == "embed.weight" {
-            return Values::F32(self.embed());
+            return Values::F32(self.embed.clone());
         }
         let (layer, rest) = match split_layer(&lt.name) {
             Some(x) => x,
@@ -300,18 +324,22 @@ fn split_layer(name: &str) -> Option<(usize, &str)> {
     Some((l.parse().ok()?, rest))
 }
 
-/// The needle increment on each relevant channel so that the needle rows' exact score sits
-/// `margin` haystack standard deviations above the haystack mean (docs/planted.md, "Margin").
-/// `c0` is the needle key's squared norm outside the relevant channels, `d` the key dim.
+/// The needle increment on each relevant channel for i.i.d. random haystack tokens: the needle
+/// rows' exact score sits `margin` haystack standard deviations above the haystack mean
+/// (docs/planted.md, "Margin"). `c0` is the needle key's squared norm outside the relevant
+/// channels, `d` the key dim.
 pub fn needle_delta(margin: f64, w: &[f64], c0: f64, d: f64) -> f64 {
-    let h = w.len() as f64;
     let sum_w: f64 = w.iter().sum();
     let norm_w = w.iter().map(|x| x * x).sum::<f64>().sqrt();
     // Haystack rows: ‖p‖² = d on average; score ∝ Σ_h w_h p_h / ‖p‖.
     let target = (OFFSET + margin * SPREAD * norm_w / sum_w) / d.sqrt();
-    // Needle rows: x / sqrt(c0 + H x²) = target with x = OFFSET + delta.
-    let x = target * c0.sqrt() / (1.0 - h * target * target).max(1e-12).sqrt();
-    x - OFFSET
+    needle_x(target, c0, w.len()) - OFFSET
+}
+
+/// Solves `x / sqrt(c0 + h·x²) = target` for x > 0: the relevant-channel value of a needle key
+/// whose normalised relevant channels equal `sqrt(d) · target`.
+pub fn needle_x(target: f64, c0: f64, h: usize) -> f64 {
+    target * c0.sqrt() / (1.0 - h as f64 * target * target).max(1e-12).sqrt()
 }
 
 #[cfg(test)]

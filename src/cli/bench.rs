@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::values::parse_token_count;
 use super::{DeviceChoice, NotImplemented};
+use crate::backend::WeightResidency;
 use crate::checkpoint::Checkpoint;
 use crate::model::{bench_prefill, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
@@ -37,6 +38,11 @@ pub struct BenchArgs {
     /// Prefill chunk in tokens
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
     pub chunk: usize,
+
+    /// Weights: decoded (f32 at load), streamed (stored format, decoded on use) or auto
+    /// (decoded when the f32 model fits in a quarter of RAM)
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    pub weights: WeightResidency,
 }
 
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -61,8 +67,8 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "{:>8} {:>10} {:>12} {:>10} {:>14}",
-        "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB"
+        "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
+        "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
     )?;
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
@@ -83,21 +89,22 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             topk: None,
             chunk: args.chunk,
         };
-        let f = bench_prefill(&ckpt, opts, &tokens)?;
+        let f = bench_prefill(&ckpt, opts, args.weights, &tokens)?;
         writeln!(
             out,
-            "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14}",
+            "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
             f.tokens,
             f.seconds,
             f.tokens_per_s,
             f.load_seconds,
-            peak_rss_mib().map_or("-".into(), |m| format!("{m:.0}"))
+            peak_rss_mib().map_or("-".into(), |m| format!("{m:.0}")),
+            f.weights
         )?;
         out.flush()?;
     }
     writeln!(
         out,
-        "peak RSS is the process high-water mark (VmHWM) after each length; lengths run in ascending order"
+        "peak RSS is the process high-water mark (VmHWM) after each length (streamed weights: it counts the mapped checkpoint pages, which the OS may drop); lengths run in ascending order"
     )?;
     Ok(())
 }

@@ -14,7 +14,6 @@ use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::rank::LayerRecord;
 use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress, ProbeRun};
 use crate::probe::{build_prompt, Scenario, V4Tokenizer};
-use crate::report::records::CellRecord;
 use std::path::Path;
 
 /// Which query positions are probed.
@@ -296,31 +295,10 @@ fn write_records(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow::anyhow!("cannot create --out directory {}: {e}", dir.display()))?;
-    let last = prompt.tokens.len() - 1;
     append_csv(
         &dir.join("cells.csv"),
-        runs.iter().map(|r| {
-            let recs = crate::probe::session::answer_position_records(r, last);
-            CellRecord {
-                cell_id: r.cell_id.clone(),
-                target_tokens: args.length,
-                prompt_tokens: prompt.tokens.len(),
-                depth_pct: prompt.depth_pct,
-                needle_start: prompt.needle.0,
-                needle_end: prompt.needle.1,
-                answer_start: prompt.answer.0,
-                answer_end: prompt.answer.1,
-                index: r.index.parse().expect("profile names round trip"),
-                kv: r.kv.parse().expect("kv names round trip"),
-                topk: r.topk,
-                answer_text: r.answer_text.clone(),
-                answer_correct: Some(r.answer_correct),
-                min_needle_rank: recs.iter().filter_map(|x| x.needle_rank).max(),
-                csa_layers_selected: recs.iter().filter(|x| x.selected && !x.trivial).count(),
-                csa_layers_nontrivial: recs.iter().filter(|x| !x.trivial).count(),
-                wall_seconds: r.wall_seconds,
-            }
-        }),
+        runs.iter()
+            .map(|r| crate::sweep::cell_record(prompt, args.length, r, true)),
     )?;
     append_csv(
         &dir.join("layers.csv"),

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::values::parse_positive;
-use super::{group_digits, human_bytes, NotImplemented};
+use super::{group_digits, human_bytes};
 use crate::checkpoint::synth::{synth, Preset, SynthOptions};
 use crate::checkpoint::WeightFormat;
 
@@ -60,15 +60,9 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let preset = match args.preset {
         PresetArg::Tiny => Preset::Tiny,
         PresetArg::Flash => Preset::Flash,
-        PresetArg::Planted => {
-            return Err(NotImplemented {
-                command: "synth --preset planted",
-                why: "the planted demo model has not landed; --preset tiny and flash work",
-            }
-            .into())
-        }
+        PresetArg::Planted => Preset::Planted,
     };
-    if args.margin.is_some() {
+    if args.margin.is_some() && preset != Preset::Planted {
         anyhow::bail!("--margin applies to --preset planted only");
     }
     let opts = SynthOptions {
@@ -80,7 +74,12 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         experts: args.experts,
         out: args.out.clone(),
     };
-    let s = synth(&opts, None)
+    let written = if preset == Preset::Planted {
+        crate::checkpoint::planted::synth_planted(&opts, args.margin)
+    } else {
+        synth(&opts, None)
+    };
+    let s = written
         .map_err(anyhow::Error::from)
         .map_err(|e| e.context(format!("synth into {} failed", args.out.display())))?;
     writeln!(

@@ -5,6 +5,7 @@
 use super::forward::{Engine, EngineOptions, LogitsRequest};
 use super::observer::NoObserver;
 use super::EngineError;
+use crate::backend::WeightResidency;
 use crate::checkpoint::Checkpoint;
 use std::time::Instant;
 
@@ -15,18 +16,22 @@ pub struct BenchFigures {
     /// Wall seconds of the prefill (loading excluded).
     pub seconds: f64,
     pub tokens_per_s: f64,
-    /// Wall seconds spent loading and decoding the weights.
+    /// Wall seconds spent loading (and, for `Decoded`, decoding) the weights.
     pub load_seconds: f64,
+    /// The weight residency in force (`Auto` resolved).
+    pub weights: WeightResidency,
 }
 
-/// Loads `ckpt` with `opts` on the CPU backend and times the prefill of `tokens`.
+/// Loads `ckpt` with `opts` and linears resident per `weights` on the CPU backend and times
+/// the prefill of `tokens`.
 pub fn bench_prefill(
     ckpt: &Checkpoint,
     opts: EngineOptions,
+    weights: WeightResidency,
     tokens: &[u32],
 ) -> Result<BenchFigures, EngineError> {
     let t_load = Instant::now();
-    let engine = Engine::load(ckpt, opts)?;
+    let engine = Engine::load_weights(ckpt, opts, weights)?;
     let load_seconds = t_load.elapsed().as_secs_f64();
     let mut state = engine.new_sequence();
     let t0 = Instant::now();
@@ -37,5 +42,6 @@ pub fn bench_prefill(
         seconds,
         tokens_per_s: tokens.len() as f64 / seconds.max(1e-12),
         load_seconds,
+        weights: engine.backend().weights(),
     })
 }

@@ -231,7 +231,9 @@ mod tests {
     ) -> Vec<f32> {
         let (m, width) = (comp.ratio, comp.wkv.rows());
         let proj = |mat: &CpuMatrix, j: usize, ch: usize| -> f32 {
-            (0..D).map(|i| mat.row(ch)[i] * x[j * D + i]).sum()
+            (0..D)
+                .map(|i| mat.to_f32()[ch * D + i] * x[j * D + i])
+                .sum()
         };
         let mut slots: Vec<(usize, usize)> = Vec::new(); // (token, channel offset)
         if m == 4 {
@@ -272,7 +274,7 @@ mod tests {
         let (mut pos, mut rows) = (0, Vec::new());
         for &n in chunks {
             let out = comp.feed(
-                &CpuBackend,
+                &CpuBackend::new(),
                 &x[pos * D..(pos + n) * D],
                 pos,
                 &mut state,

@@ -5,7 +5,7 @@
 //! any state changes: an id `>= vocab_size` is an error, never a panic). Output: streams
 //! `[T, n, D]`.
 
-use super::EngineError;
+use super::{load_matrix, EngineError};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -19,16 +19,16 @@ pub struct Embedding<M> {
 }
 
 impl<M> Embedding<M> {
-    /// Loads `embed.weight`.
+    /// Loads `embed.weight` (as a linear `[V, D]`, so a streamed backend decodes only the rows
+    /// of the chunk's tokens).
     pub fn load<B: Backend<Matrix = M>>(
         backend: &B,
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
     ) -> Result<Self, EngineError> {
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
-        let data = ckpt.f32_tensor("embed.weight", &[v, d])?;
         Ok(Embedding {
-            table: backend.upload_matrix(data, v, d),
+            table: load_matrix(backend, ckpt, "embed", v, d)?,
             vocab: v,
             dim: d,
             streams: cfg.hc_mult,

@@ -15,7 +15,7 @@
 //! float32): f32 storage and arithmetic everywhere. We deliberately skip REF's bf16 residual
 //! stream / bf16 activations, its FP8 activation quantisation in front of every FP8 linear and
 //! its bf16 rounding of attention probabilities and compressor outputs; weights are decoded
-//! exactly (FP8 / FP4 / NVFP4 → f32) at load. The ONLY rounding steps are the selected
+//! exactly (FP8 / FP4 / NVFP4 → f32), at load or on use. The ONLY rounding steps are the selected
 //! switches: the index profile (`opts.index`, applied to index queries and keys inside
 //! `numerics::profiles`) and `--kv fp8` (`opts.kv`: `numerics::quant::kv_fp8_sim` on the main
 //! KV of window tokens and compressed rows, nope dims).
@@ -29,9 +29,15 @@
 //! `layers.L.indexer.weights`), and `logits` `[1, V]` for every position whose logits are
 //! computed (the request plus probed positions when `logits` is wanted).
 //!
-//! Memory: all layers are decoded to f32 at load (fine for tiny / planted / a few flash
-//! layers). Streaming per layer — load, run all chunks through it, drop — is the next step for
-//! larger-than-RAM models; `Layer::load` and the per-layer state already allow it.
+//! Memory ([`WeightResidency`]): `Decoded` decodes every linear to f32 at load (4 bytes per
+//! parameter: tiny, planted, a few flash layers); `Streamed` keeps linears in their stored
+//! format, sharing the checkpoint's memory map, and decodes the band of rows each product needs
+//! right before it (routed experts only when a token of the chunk picks them), so resident
+//! memory is the stored bytes the OS keeps cached plus activations; `Auto` (the default of
+//! [`Engine::load`]) decodes when the decoded model takes at most a quarter of physical memory
+//! ([`auto_residency`]). Both give bit-identical results (same decode, same banded products).
+//! The engine holds shares of the memory maps, so it outlives the `Checkpoint` it was loaded
+//! from.
 
 use super::embed::Embedding;
 use super::head::Head;
@@ -40,8 +46,8 @@ use super::layer::{emit, Layer, LayerSwitches};
 use super::observer::Observer;
 use super::state::SequenceState;
 use super::EngineError;
-use crate::backend::{Backend, CpuBackend, HcParams};
-use crate::checkpoint::Checkpoint;
+use crate::backend::{Backend, CpuBackend, HcParams, WeightResidency};
+use crate::checkpoint::{Checkpoint, Dtype};
 use crate::config::ModelConfig;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 
@@ -102,10 +108,63 @@ pub struct Engine<B: Backend = CpuBackend> {
 }
 
 impl Engine<CpuBackend> {
-    /// Loads every main layer (MTP is ignored) onto the CPU reference backend.
+    /// Loads every main layer (MTP is ignored) onto the CPU reference backend, linears
+    /// resident per [`WeightResidency::Auto`].
     pub fn load(ckpt: &Checkpoint, opts: EngineOptions) -> Result<Self, EngineError> {
-        Self::load_with(CpuBackend, ckpt, opts)
+        Self::load_weights(ckpt, opts, WeightResidency::Auto)
     }
+
+    /// [`Engine::load`] with the given weight residency (`Auto` resolved by
+    /// [`auto_residency`]); `self.backend().weights()` tells which one is in force.
+    pub fn load_weights(
+        ckpt: &Checkpoint,
+        opts: EngineOptions,
+        weights: WeightResidency,
+    ) -> Result<Self, EngineError> {
+        let weights = match weights {
+            WeightResidency::Auto => auto_residency(ckpt),
+            w => w,
+        };
+        Self::load_with(CpuBackend::with_weights(weights), ckpt, opts)
+    }
+}
+
+/// `Decoded` when the decoded model ([`decoded_weight_bytes`]) takes at most a quarter of
+/// physical memory (`MemTotal`; 16 GiB assumed where /proc/meminfo is unreadable), else
+/// `Streamed`.
+pub fn auto_residency(ckpt: &Checkpoint) -> WeightResidency {
+    let budget = physical_memory_bytes().unwrap_or(16 << 30) / 4;
+    if decoded_weight_bytes(ckpt) <= budget {
+        WeightResidency::Decoded
+    } else {
+        WeightResidency::Streamed
+    }
+}
+
+/// Bytes of the main model's tensors decoded to f32 (packed FP4 holds two values per byte;
+/// `mtp.*` excluded, scales included: a slight overestimate).
+pub fn decoded_weight_bytes(ckpt: &Checkpoint) -> u64 {
+    ckpt.names()
+        .filter(|n| !n.starts_with("mtp."))
+        .filter_map(|n| ckpt.info(n))
+        .map(|t| {
+            let numel = t.shape.iter().product::<usize>() as u64;
+            let per_elem = if matches!(t.dtype, Dtype::I8 | Dtype::U8) {
+                2
+            } else {
+                1
+            };
+            numel * per_elem * 4
+        })
+        .sum()
+}
+
+/// `MemTotal` of /proc/meminfo in bytes.
+fn physical_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl<B: Backend> Engine<B> {

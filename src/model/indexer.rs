@@ -10,8 +10,9 @@
 //!   per-head norm. Head weights: `weights_proj · x_t` (raw, before the 2^-6.5-style scale,
 //!   which the profile applies).
 //! - Score of row w: the profile's `Σ_h w_h · ReLU(q_h · k_w)`, for the visible rows
-//!   `w < n_t = floor((t+1)/4)` only, streamed per query (never a `[tokens, rows, heads]`
-//!   tensor).
+//!   `w < n_t = floor((t+1)/4)` only, in blocks of 256 query tokens × their visible rows
+//!   ([`Backend::index_scores_batch`]: tiled GEMMs, never a `[tokens, rows, heads]` tensor).
+//!   Scores are kept past selection only for the positions the observer watches.
 //! - Selection: top-min(k, n_t) by score, ties to the lower row, `-1` padding to k
 //!   (k = `index_topk` or the `--topk` override). For `n_t <= k` every visible row is selected.
 //!
@@ -27,6 +28,9 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::numerics::profiles::IndexProfile;
 use rayon::prelude::*;
+
+/// Query tokens scored per batched call (bounds the `[tokens, rows]` score block).
+const TOKENS_PER_BLOCK: usize = 256;
 
 /// How one call scores and selects, and who watches.
 pub struct IndexerRun<'a> {
@@ -100,36 +104,73 @@ impl<M> Indexer<M> {
         let mut w = vec![0.0f32; tokens * heads];
         backend.matmul(x, &self.weights_proj, &mut w);
 
-        let store_ref = &*store;
         let profile = run.profile;
-        let per_token: Vec<(Vec<f32>, Vec<i32>)> = (0..tokens)
-            .into_par_iter()
-            .map(|i| {
-                let n_t = visible_rows(first_pos + i, 4);
+        let hd = heads * dim;
+        // Prepared queries of the chunk, token after token ([T, heads, dim] and [T, heads]).
+        let mut q_prep = vec![0.0f32; tokens * hd];
+        let mut w_prep = vec![0.0f32; tokens * heads];
+        q_prep
+            .par_chunks_mut(hd.max(1))
+            .zip(w_prep.par_chunks_mut(heads.max(1)))
+            .enumerate()
+            .for_each(|(i, (qo, wo))| {
                 let query = backend.index_prepare_query(
                     profile,
-                    &q[i * heads * dim..(i + 1) * heads * dim],
+                    &q[i * hd..(i + 1) * hd],
                     &w[i * heads..(i + 1) * heads],
                     heads,
                     dim,
                 );
-                let mut scores = vec![0.0f32; n_t];
-                backend.index_scores(
-                    profile,
-                    &query,
-                    &store_ref.prepared[..n_t * dim],
-                    &store_ref.scales[..n_t],
-                    dim,
-                    &mut scores,
-                );
-                let mut selected = vec![-1i32; k];
-                backend.topk(&scores, &mut selected);
-                (scores, selected)
-            })
-            .collect();
+                qo.copy_from_slice(&query.values);
+                wo.copy_from_slice(&query.weights);
+            });
 
-        self.observe(&q, &w, first_pos, store, &per_token, run);
-        per_token.into_iter().flat_map(|(_, s)| s).collect()
+        // Scores are kept only where the observer looks at them.
+        let obs = &*run.observer;
+        let keep_all = obs.wants_intermediate(&format!("layers.{}.indexer.scores", run.layer));
+        let keep: Vec<bool> = (0..tokens)
+            .map(|i| keep_all || obs.wants_position(first_pos + i))
+            .collect();
+        let mut kept: Vec<Option<Vec<f32>>> = vec![None; tokens];
+        let mut selected = vec![-1i32; tokens * k];
+        // [block tokens, stride] scores, reused: every element is written by the scorer.
+        let mut buf: Vec<f32> = Vec::new();
+        for b0 in (0..tokens).step_by(TOKENS_PER_BLOCK) {
+            let b1 = (b0 + TOKENS_PER_BLOCK).min(tokens);
+            let visible: Vec<usize> = (b0..b1).map(|i| visible_rows(first_pos + i, 4)).collect();
+            let stride = visible.iter().copied().max().unwrap_or(0);
+            let len = (b1 - b0) * stride;
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            let scores = &mut buf[..len];
+            backend.index_scores_batch(
+                profile,
+                &q_prep[b0 * hd..b1 * hd],
+                &w_prep[b0 * heads..b1 * heads],
+                heads,
+                dim,
+                &store.prepared[..stride * dim],
+                &store.scales[..stride],
+                &visible,
+                scores,
+            );
+            if k > 0 {
+                selected[b0 * k..b1 * k]
+                    .par_chunks_mut(k)
+                    .zip(scores.par_chunks(stride.max(1)))
+                    .zip(&visible)
+                    .for_each(|((sel, sc), &n)| backend.topk(&sc[..n], sel));
+            }
+            for (i, &n) in visible.iter().enumerate() {
+                if keep[b0 + i] {
+                    kept[b0 + i] = Some(scores[i * stride..i * stride + n].to_vec());
+                }
+            }
+        }
+
+        self.observe(&q, &w, first_pos, store, &kept, &selected, run);
+        selected
     }
 
     /// Feeds the indexer compressor and stores the new key rows, raw and prepared.
@@ -160,19 +201,23 @@ impl<M> Indexer<M> {
     }
 
     /// Observer calls: per probed position, and the chunk-wide intermediates when wanted.
+    /// `kept[i]` holds token i's scores wherever the observer wants them.
+    #[allow(clippy::too_many_arguments)]
     fn observe(
         &self,
         q: &[f32],
         w: &[f32],
         first_pos: usize,
         store: &IndexKeyStore,
-        per_token: &[(Vec<f32>, Vec<i32>)],
+        kept: &[Option<Vec<f32>>],
+        selected: &[i32],
         run: &mut IndexerRun<'_>,
     ) {
-        let (heads, dim, layer) = (self.heads, self.dim, run.layer);
+        let (heads, dim, layer, k) = (self.heads, self.dim, run.layer, run.topk);
         let obs = &mut *run.observer;
-        for (i, (scores, selected)) in per_token.iter().enumerate() {
+        for (i, scores) in kept.iter().enumerate() {
             let pos = first_pos + i;
+            let Some(scores) = scores else { continue };
             if !obs.wants_position(pos) {
                 continue;
             }
@@ -187,26 +232,23 @@ impl<M> Indexer<M> {
                 keys_raw: &store.raw[..n_t * dim],
                 visible_rows: n_t,
                 scores,
-                selected,
+                selected: &selected[i * k..(i + 1) * k],
             });
         }
-        let tokens = per_token.len();
+        let tokens = kept.len();
         let name = format!("layers.{layer}.indexer.scores");
         if obs.wants_intermediate(&name) {
             let rows = store.rows();
             let mut dense = vec![f32::NEG_INFINITY; tokens * rows];
-            for (i, (scores, _)) in per_token.iter().enumerate() {
+            for (i, scores) in kept.iter().enumerate() {
+                let scores = scores.as_deref().unwrap_or(&[]);
                 dense[i * rows..i * rows + scores.len()].copy_from_slice(scores);
             }
             obs.intermediate(&name, first_pos, &[tokens, rows], &dense);
         }
         let name = format!("layers.{layer}.indexer.topk");
         if obs.wants_intermediate(&name) {
-            let k = run.topk;
-            let flat: Vec<f32> = per_token
-                .iter()
-                .flat_map(|(_, s)| s.iter().map(|&r| r as f32))
-                .collect();
+            let flat: Vec<f32> = selected.iter().map(|&r| r as f32).collect();
             obs.intermediate(&name, first_pos, &[tokens, k], &flat);
         }
         let name = format!("layers.{layer}.indexer.q");

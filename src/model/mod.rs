@@ -6,8 +6,9 @@
 //! interface to the probe.
 //!
 //! Every op runs on a [`Backend`](crate::backend::Backend); the CPU backend is the reference.
-//! Weights are decoded to f32 at load, one layer at a time (`Layer::load`), so that streaming
-//! layers for models larger than RAM is a change to `Engine`'s loop, not to the components.
+//! Linear weights are handed to the backend in their stored format (`load_matrix`); it decodes
+//! them at load or on use (`backend::WeightResidency`), so a model larger than RAM runs from
+//! the checkpoint's memory map.
 
 pub mod attention;
 pub mod bench;
@@ -67,8 +68,8 @@ pub enum EngineError {
     },
 }
 
-/// Loads the linear `module` (`module.weight` plus its scales, any stored format) decoded to f32
-/// `[out, in]` and uploads it to the backend.
+/// Loads the linear `module` (`module.weight` plus its scales, any stored format) `[out, in]`
+/// onto the backend, which decodes it now or on use (its `WeightResidency`).
 pub(crate) fn load_matrix<B: Backend>(
     backend: &B,
     ckpt: &Checkpoint,
@@ -76,6 +77,5 @@ pub(crate) fn load_matrix<B: Backend>(
     out: usize,
     input: usize,
 ) -> Result<B::Matrix, CheckpointError> {
-    let data = ckpt.linear_f32(module, out, input)?;
-    Ok(backend.upload_matrix(data, out, input))
+    backend.upload_linear(ckpt.shared_linear(module, out, input)?)
 }

@@ -81,9 +81,13 @@ fn gemm_nt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, d: &mut [f32]) {
     }
 }
 
+/// Rows combined per register block of [`combine_heads`].
+const LANES: usize = 16;
+
 /// Combines the dot products of one token into scores: `d` is `[heads, n]` (row stride
 /// `d_rs`), `weights` `[heads]`, `scales` `[n]`, `out` `[n]`. The profile's arithmetic of
-/// [`score`](super::profiles::score), vectorised across rows.
+/// [`score`](super::profiles::score) (heads summed in order, from -0.0 as `Iterator::sum`),
+/// vectorised across rows: blocks of [`LANES`] rows accumulate in registers over the heads.
 pub fn combine_heads(
     profile: IndexProfile,
     d: &[f32],
@@ -95,31 +99,84 @@ pub fn combine_heads(
     let n = out.len();
     assert_eq!(scales.len(), n, "combine_heads: one scale per row");
     assert!(
-        weights.is_empty() || d.len() >= (weights.len() - 1) * d_rs + n,
+        weights.is_empty() || (d_rs >= n && d.len() >= (weights.len() - 1) * d_rs + n),
         "combine_heads: dot tile too short"
     );
-    // `Iterator::sum` over f32 starts from -0.0; so does this, so even zero signs agree.
-    out.fill(-0.0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above). The AVX2 build of the same code keeps
+        // every rounding: Rust never contracts a multiply and an add into an FMA.
+        unsafe { combine_heads_avx2(profile, d, d_rs, weights, scales, out) };
+        return;
+    }
+    combine_heads_body(profile, d, d_rs, weights, scales, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn combine_heads_avx2(
+    profile: IndexProfile,
+    d: &[f32],
+    d_rs: usize,
+    weights: &[f32],
+    scales: &[f32],
+    out: &mut [f32],
+) {
+    combine_heads_body(profile, d, d_rs, weights, scales, out)
+}
+
+#[inline(always)]
+fn combine_heads_body(
+    profile: IndexProfile,
+    d: &[f32],
+    d_rs: usize,
+    weights: &[f32],
+    scales: &[f32],
+    out: &mut [f32],
+) {
     if profile == IndexProfile::OfficialFp4 {
-        for (h, &w) in weights.iter().enumerate() {
-            let dh = &d[h * d_rs..h * d_rs + n];
-            for (o, &x) in out.iter_mut().zip(dh) {
-                *o += bf16_round(relu(bf16_round(x)) * w);
-            }
-        }
-        for (o, &s) in out.iter_mut().zip(scales) {
-            *o = bf16_round(*o) * s;
-        }
+        combine_rows(d, d_rs, weights, scales, out, |x, w| {
+            bf16_round(relu(bf16_round(x)) * w)
+        }, |sum, s| bf16_round(sum) * s)
     } else {
+        combine_rows(d, d_rs, weights, scales, out, |x, w| w * relu(x), |sum, s| s * sum)
+    }
+}
+
+/// `out[r] = finish(Σ_h term(d[h, r], w_h), scales[r])`, heads in order from -0.0.
+#[inline(always)]
+fn combine_rows(
+    d: &[f32],
+    d_rs: usize,
+    weights: &[f32],
+    scales: &[f32],
+    out: &mut [f32],
+    term: impl Fn(f32, f32) -> f32,
+    finish: impl Fn(f32, f32) -> f32,
+) {
+    let n = out.len();
+    let mut r0 = 0;
+    while r0 + LANES <= n {
+        let mut acc = [-0.0f32; LANES];
         for (h, &w) in weights.iter().enumerate() {
-            let dh = &d[h * d_rs..h * d_rs + n];
-            for (o, &x) in out.iter_mut().zip(dh) {
-                *o += w * relu(x);
+            let dh: &[f32; LANES] = d[h * d_rs + r0..h * d_rs + r0 + LANES].try_into().unwrap();
+            for j in 0..LANES {
+                acc[j] += term(dh[j], w);
             }
         }
-        for (o, &s) in out.iter_mut().zip(scales) {
-            *o *= s;
+        let o: &mut [f32; LANES] = (&mut out[r0..r0 + LANES]).try_into().unwrap();
+        let sc: &[f32; LANES] = scales[r0..r0 + LANES].try_into().unwrap();
+        for j in 0..LANES {
+            o[j] = finish(acc[j], sc[j]);
         }
+        r0 += LANES;
+    }
+    for r in r0..n {
+        let mut acc = -0.0f32;
+        for (h, &w) in weights.iter().enumerate() {
+            acc += term(d[h * d_rs + r], w);
+        }
+        out[r] = finish(acc, scales[r]);
     }
 }
 

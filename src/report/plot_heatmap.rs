@@ -259,7 +259,7 @@ fn draw_legend<DB: DrawingBackend>(
         x += 24 + w as i32 + 26;
     }
     area.draw(&Text::new(
-        "number in a cell: min_needle_rank (best rank over the CSA layers at the answer \
+        "number in a cell: min_needle_rank (needle rank on the worst CSA layer at the answer \
          position), worst over samples"
             .to_string(),
         (20, y + 28),

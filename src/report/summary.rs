@@ -241,7 +241,7 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
     out.push_str(
         "recall: answer correct; \"idx\": no answer verdict, judged by indexer recall (needle \
          selected on every non-trivial CSA layer at the answer position).\n\
-         rank: min_needle_rank (best rank over CSA layers), median and worst over cells.\n\
+         rank: min_needle_rank (the needle rank on the worst CSA layer of a cell), median and worst over cells.\n\
          CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
          lost/non-trivial in the worst cell and summed over cells;\n\
          trivial: n_t <= k on every CSA layer of every cell (no evidence).\n",

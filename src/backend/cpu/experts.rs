@@ -7,7 +7,8 @@
 //! - Routed experts: tokens are grouped by expert (one GEMM triple per expert, experts in
 //!   parallel); the route weight multiplies `a` before `w2` (as REF); each (token, slot) result
 //!   lands in its own buffer and a token's slots are summed in slot order, so the sum is
-//!   deterministic whatever the thread schedule or chunking.
+//!   deterministic whatever the thread schedule or chunking. Only experts that some token of
+//!   the chunk picked are multiplied, so a streamed expert is decoded only when it is routed.
 
 use super::linalg::{matmul, CpuMatrix};
 use crate::backend::{FfnWeights, Routes};

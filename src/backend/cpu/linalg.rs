@@ -6,37 +6,120 @@
 //! the m = 1 / n = 1 vector paths, which differ in the last bits; the chunk-invariance tests
 //! allow 1e-5 relative). Products large enough to amortise threads run with
 //! `Parallelism::Rayon`, tiny ones single-threaded.
+//!
+//! Weights ([`CpuMatrix`]) are decoded f32 (`Decoded` residency) or the stored bytes
+//! (`Streamed`), which decode the rows a product needs into a scratch buffer right before it,
+//! with the same per-element decode as a decoded matrix got at load. Every product runs in bands
+//! of [`BAND_ROWS`] weight rows (one `gemm` per band, the band split depending only on the
+//! shape), so a streamed matrix holds one band of f32 at a time and decoded and streamed weights
+//! give bit-identical results: the same `gemm` calls on the same values.
 
+use crate::checkpoint::linear::SharedLinear;
+use crate::checkpoint::CheckpointError;
 use gemm::Parallelism;
+use std::borrow::Cow;
+use std::ops::Range;
 
-/// A decoded weight `[rows, cols]`, row-major f32 (one row per output feature).
+/// Weight rows per product band: a multiple of the 128-row FP8 scale block (so a streamed FP8
+/// band decodes no extra rows), large enough that re-packing `x` per band is noise.
+pub const BAND_ROWS: usize = 256;
+
+/// A weight `[rows, cols]` (one row per output feature), decoded or in its stored format.
 pub struct CpuMatrix {
-    pub(crate) data: Vec<f32>,
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
+    rows: usize,
+    cols: usize,
+    store: Store,
+}
+
+enum Store {
+    /// Row-major f32.
+    Decoded(Vec<f32>),
+    /// The checkpoint's bytes (shared memory map), decoded band by band on use.
+    Streamed(SharedLinear),
 }
 
 impl CpuMatrix {
+    /// A decoded matrix.
     pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> Self {
         assert_eq!(
             data.len(),
             rows * cols,
             "matrix data does not match its shape"
         );
-        CpuMatrix { data, rows, cols }
+        CpuMatrix {
+            rows,
+            cols,
+            store: Store::Decoded(data),
+        }
     }
+
+    /// A matrix kept in its stored format. Decodes the first scale block of rows now, so that
+    /// format errors surface at load and decoding on use cannot fail (lengths were checked
+    /// against the shapes when the checkpoint was opened).
+    pub fn streamed(w: SharedLinear) -> Result<Self, CheckpointError> {
+        let probe = w.rows().min(w.row_alignment());
+        w.decode_rows(0..probe)?;
+        Ok(CpuMatrix {
+            rows: w.rows(),
+            cols: w.cols(),
+            store: Store::Streamed(w),
+        })
+    }
+
     pub fn rows(&self) -> usize {
         self.rows
     }
+
     pub fn cols(&self) -> usize {
         self.cols
     }
-    pub fn data(&self) -> &[f32] {
-        &self.data
+
+    /// Whether the matrix is kept in its stored format.
+    pub fn is_streamed(&self) -> bool {
+        matches!(self.store, Store::Streamed(_))
     }
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.cols..(r + 1) * self.cols]
+
+    /// Calls `f` with rows `band` as f32 `[band.len(), cols]`: a slice of the decoded data, or a
+    /// scratch buffer decoded from the stored format (rounded out to whole scale blocks).
+    pub fn with_rows<R>(&self, band: Range<usize>, f: impl FnOnce(&[f32]) -> R) -> R {
+        assert!(
+            band.start <= band.end && band.end <= self.rows,
+            "rows {band:?} outside a [{}, {}] matrix",
+            self.rows,
+            self.cols
+        );
+        let c = self.cols;
+        match &self.store {
+            Store::Decoded(data) => f(&data[band.start * c..band.end * c]),
+            Store::Streamed(w) => {
+                let align = w.row_alignment();
+                let first = band.start - band.start % align;
+                let end = (band.end.div_ceil(align) * align).min(self.rows);
+                let scratch = w
+                    .decode_rows(first..end)
+                    .expect("stored weight validated at load");
+                let skip = band.start - first;
+                f(&scratch[skip * c..(skip + band.len()) * c])
+            }
+        }
     }
+
+    /// The whole matrix as f32 (borrowed when decoded, decoded now when streamed).
+    pub fn to_f32(&self) -> Cow<'_, [f32]> {
+        match &self.store {
+            Store::Decoded(data) => Cow::Borrowed(data),
+            Store::Streamed(w) => {
+                Cow::Owned(w.decode_f32().expect("stored weight validated at load"))
+            }
+        }
+    }
+}
+
+/// The product bands of `rows` weight rows starting at row `first`.
+fn bands(first: usize, rows: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..rows)
+        .step_by(BAND_ROWS)
+        .map(move |b| first + b..first + (b + BAND_ROWS).min(rows))
 }
 
 /// Below this many multiply-adds a product runs on the calling thread.
@@ -103,13 +186,20 @@ pub fn matmul_strided(
     }
 }
 
-/// `y[T, out] = x[T, in] · Wᵀ`.
+/// `y[T, out] = x[T, in] · Wᵀ`, in bands of weight rows.
 pub fn matmul(x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
-    let k = w.cols;
+    let (n, k) = (w.rows, w.cols);
     assert_eq!(x.len() % k.max(1), 0, "matmul: x is not [T, {k}]");
     let m = x.len().checked_div(k).unwrap_or(0);
-    assert_eq!(y.len(), m * w.rows, "matmul: y is not [T, {}]", w.rows);
-    matmul_strided(x, k, &w.data, w.rows, k, y, w.rows, m);
+    assert_eq!(y.len(), m * n, "matmul: y is not [T, {n}]");
+    if m == 0 {
+        return;
+    }
+    for band in bands(0, n) {
+        w.with_rows(band.clone(), |wb| {
+            matmul_strided(x, k, wb, band.len(), k, &mut y[band.start..], n, m)
+        });
+    }
 }
 
 /// Grouped product: `x [T, G·in]`, `w [G·out, in]`, `y [T, G·out]`.
@@ -128,27 +218,33 @@ pub fn matmul_grouped(x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
         m * groups * out,
         "grouped matmul: y is not [T, G·out]"
     );
+    if m == 0 {
+        return;
+    }
     for g in 0..groups {
-        let wg = &w.data[g * out * k..(g + 1) * out * k];
-        matmul_strided(
-            &x[g * k..],
-            x_rs,
-            wg,
-            out,
-            k,
-            &mut y[g * out..],
-            groups * out,
-            m,
-        );
+        for band in bands(g * out, out) {
+            w.with_rows(band.clone(), |wb| {
+                matmul_strided(
+                    &x[g * k..],
+                    x_rs,
+                    wb,
+                    band.len(),
+                    k,
+                    &mut y[band.start..],
+                    groups * out,
+                    m,
+                )
+            });
+        }
     }
 }
 
-/// `out[i] = table.row(rows[i])`.
+/// `out[i] = table.row(rows[i])` (a streamed table decodes only the rows asked for).
 pub fn gather_rows(table: &CpuMatrix, rows: &[usize], out: &mut [f32]) {
     let d = table.cols;
     assert_eq!(out.len(), rows.len() * d, "gather: out is not [rows, D]");
     for (dst, &r) in out.chunks_exact_mut(d).zip(rows) {
-        dst.copy_from_slice(table.row(r));
+        table.with_rows(r..r + 1, |row| dst.copy_from_slice(row));
     }
 }
 
@@ -201,12 +297,13 @@ mod tests {
 
     #[test]
     fn matmul_matches_naive_for_small_and_threaded_shapes() {
-        for &(m, n, k) in &[(1, 3, 5), (7, 33, 17), (64, 256, 128)] {
+        // 600 rows: three bands, the last one partial.
+        for &(m, n, k) in &[(1, 3, 5), (7, 33, 17), (64, 256, 128), (5, 600, 40)] {
             let x = ramp(m * k, 0.37);
             let w = CpuMatrix::new(ramp(n * k, 0.11), n, k);
             let mut y = vec![0.0; m * n];
             matmul(&x, &w, &mut y);
-            let want = naive(&x, &w.data, n, k);
+            let want = naive(&x, &w.to_f32(), n, k);
             for (a, b) in y.iter().zip(&want) {
                 assert!(
                     (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
@@ -221,13 +318,14 @@ mod tests {
         let (m, g, k, out) = (3, 2, 4, 3);
         let x = ramp(m * g * k, 0.5);
         let w = CpuMatrix::new(ramp(g * out * k, 0.23), g * out, k);
+        let wf = w.to_f32();
         let mut y = vec![0.0; m * g * out];
         matmul_grouped(&x, g, &w, &mut y);
         for r in 0..m {
             for gi in 0..g {
                 let xs = &x[r * g * k + gi * k..r * g * k + gi * k + k];
                 for o in 0..out {
-                    let want = dot(xs, w.row(gi * out + o));
+                    let want = dot(xs, &wf[(gi * out + o) * k..(gi * out + o + 1) * k]);
                     let got = y[r * g * out + gi * out + o];
                     assert!((got - want).abs() < 1e-5, "row {r} group {gi} out {o}");
                 }

@@ -2,7 +2,7 @@
 //!
 //! f32 compute throughout, rayon across rows / heads / experts, the `gemm` crate for every
 //! matrix product. The pieces live in sibling files by op family:
-//! [`linalg`] (resident weights, GEMM, grouped GEMM, dot), [`hyper`] (mHC),
+//! [`linalg`] (resident weights, banded GEMM, grouped GEMM, dot), [`hyper`] (mHC),
 //! [`attention`] (sparse attention with sink, compressor pooling), [`selection`] (indexer
 //! scoring through `numerics::profiles`, top-k) and [`experts`] (router, SwiGLU, MoE).
 //! RMS norm and RoPE are here.
@@ -21,19 +21,40 @@ pub use linalg::CpuMatrix;
 
 use crate::backend::{
     AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, Routes,
+    WeightResidency,
 };
+use crate::checkpoint::linear::SharedLinear;
+use crate::checkpoint::CheckpointError;
 use crate::model::rope::{rotate_pairs, RopeTable};
 use crate::numerics::profiles::{self, IndexProfile, PreparedQuery};
 use crate::numerics::quant;
 use rayon::prelude::*;
 
-/// The CPU reference backend. Uses rayon's global pool.
+/// The CPU reference backend. Uses rayon's global pool. `weights` says how linears are kept:
+/// `Decoded` (f32 at load) or `Streamed` (stored format, decoded per use; see
+/// [`linalg::CpuMatrix`]); `Auto` is resolved by the engine before it builds the backend and
+/// means `Decoded` here.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    weights: WeightResidency,
+}
 
 impl CpuBackend {
+    /// A backend that decodes every weight at load.
     pub fn new() -> Self {
-        CpuBackend
+        Self::with_weights(WeightResidency::Decoded)
+    }
+
+    pub fn with_weights(weights: WeightResidency) -> Self {
+        CpuBackend { weights }
+    }
+
+    /// The residency of linears uploaded to this backend (`Decoded` or `Streamed`).
+    pub fn weights(&self) -> WeightResidency {
+        match self.weights {
+            WeightResidency::Streamed => WeightResidency::Streamed,
+            WeightResidency::Decoded | WeightResidency::Auto => WeightResidency::Decoded,
+        }
     }
 }
 
@@ -96,6 +117,16 @@ impl Backend for CpuBackend {
 
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> CpuMatrix {
         CpuMatrix::new(data, rows, cols)
+    }
+
+    fn upload_linear(&self, w: SharedLinear) -> Result<CpuMatrix, CheckpointError> {
+        match self.weights() {
+            WeightResidency::Streamed => CpuMatrix::streamed(w),
+            _ => {
+                let (rows, cols) = (w.rows(), w.cols());
+                Ok(CpuMatrix::new(w.decode_f32()?, rows, cols))
+            }
+        }
     }
 
     fn matrix_shape(&self, m: &CpuMatrix) -> (usize, usize) {
@@ -203,6 +234,23 @@ impl Backend for CpuBackend {
         out: &mut [f32],
     ) {
         selection::index_scores(profile, query, keys, key_scales, dim, out)
+    }
+
+    fn index_scores_batch(
+        &self,
+        profile: IndexProfile,
+        queries: &[f32],
+        weights: &[f32],
+        heads: usize,
+        dim: usize,
+        keys: &[f32],
+        key_scales: &[f32],
+        visible: &[usize],
+        out: &mut [f32],
+    ) {
+        selection::index_scores_batch(
+            profile, queries, weights, heads, dim, keys, key_scales, visible, out,
+        )
     }
 
     fn topk(&self, scores: &[f32], out: &mut [i32]) {
