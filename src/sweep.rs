@@ -58,15 +58,24 @@ pub struct ModelMarks {
 /// `planted.json` (see `checkpoint::planted`) marks it synthetic and says whether its LM path
 /// answers.
 pub fn model_marks(model_dir: &Path) -> ModelMarks {
-    match crate::checkpoint::planted::planted_info(model_dir) {
-        Some(info) => ModelMarks {
-            synthetic: info.synthetic,
-            answers: info.lm_copies_needle,
-        },
-        None => ModelMarks {
+    // Only the two fields needed, so a planted.json from another version still counts.
+    let path = model_dir.join(crate::checkpoint::planted::INFO_FILE);
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return ModelMarks {
             synthetic: false,
             answers: true,
-        },
+        };
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    ModelMarks {
+        synthetic: value
+            .get("synthetic")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true),
+        answers: value
+            .get("lm_copies_needle")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
     }
 }
 

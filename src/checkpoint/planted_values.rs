@@ -52,7 +52,7 @@ pub const IRR_FRAC: f64 = 0.05;
 /// needle's own rounding error change with its position).
 pub const ROPE_FRAC: f64 = 0.36;
 /// RoPE pairs used by the constant part: rotation per CSA row (4 tokens) in this band.
-pub const ROPE_BAND: (f64, f64) = (5e-4, 0.05);
+pub const ROPE_BAND: (f64, f64) = (5e-4, 0.01);
 /// Gate logit gap of digit tokens over other tokens in the index compressor.
 pub const GATE_GAP: f64 = 30.0;
 /// Index query scale `Qc`.

@@ -140,6 +140,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     progress.finish();
     let last = prompt.tokens.len() - 1;
+    let marks = crate::sweep::model_marks(&args.model);
     if args.json {
         let obj = serde_json::json!({
             "model": args.model.display().to_string(),
@@ -160,17 +161,17 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "kv": r.kv,
                 "topk": r.topk,
                 "answer_text": r.answer_text,
-                "answer_correct": r.answer_correct,
+                "answer_correct": marks.answers.then_some(r.answer_correct),
                 "layers": r.layers,
             })).collect::<Vec<_>>(),
-            "conclusion": conclusion(&runs, last),
+            "conclusion": conclusion(&runs, last, marks.answers),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     } else {
-        print_tables(out, &cfg, &scenario, &prompt, &runs, &opts)?;
+        print_tables(out, &cfg, &scenario, &prompt, &runs, &opts, marks.answers)?;
     }
     if let Some(dir) = &args.out {
-        write_records(dir, &prompt, &runs, args)?;
+        write_records(dir, &prompt, &runs, args, marks.answers)?;
     }
     for run in &runs {
         if run.selection_disagreements > 0 {
@@ -214,6 +215,7 @@ fn print_tables(
     prompt: &crate::probe::NeedlePrompt,
     runs: &[ProbeRun],
     opts: &ProbeOptions,
+    judge_answers: bool,
 ) -> anyhow::Result<()> {
     let last = prompt.tokens.len() - 1;
     writeln!(
@@ -240,10 +242,10 @@ fn print_tables(
             run.kv,
             run.topk,
             run.answer_text,
-            if run.answer_correct {
-                "CORRECT"
-            } else {
-                "WRONG"
+            match (judge_answers, run.answer_correct) {
+                (false, _) => "no verdict (synthetic model: its LM path does not answer)",
+                (true, true) => "CORRECT",
+                (true, false) => "WRONG",
             },
             run.wall_seconds
         )?;
@@ -282,8 +284,33 @@ fn print_tables(
             )?;
         }
     }
+    if let Some(run) = runs.first() {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "attention on the needle at the answer position (index {}, top-{}): share of the softmax on window tokens in the needle span plus compressed rows holding needle tokens",
+            run.index, run.topk
+        )?;
+        writeln!(
+            out,
+            "{:>5} {:>5} {:>12} {:>12} {:>10} {:>10}",
+            "layer", "type", "mass (mean)", "mass (max h)", "in window", "sink"
+        )?;
+        for a in run.attention.iter().filter(|a| a.query_pos == last) {
+            writeln!(
+                out,
+                "{:>5} {:>5} {:>12.4} {:>12.4} {:>10} {:>10.4}",
+                a.layer,
+                a.layer_type,
+                a.needle_mass_mean,
+                a.needle_mass_max_head,
+                if a.needle_in_window { "yes" } else { "no" },
+                a.sink_mass_mean
+            )?;
+        }
+    }
     writeln!(out)?;
-    writeln!(out, "conclusion: {}", conclusion(runs, last))?;
+    writeln!(out, "conclusion: {}", conclusion(runs, last, judge_answers))?;
     Ok(())
 }
 
@@ -292,13 +319,14 @@ fn write_records(
     prompt: &crate::probe::NeedlePrompt,
     runs: &[ProbeRun],
     args: &ProbeArgs,
+    judge_answers: bool,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow::anyhow!("cannot create --out directory {}: {e}", dir.display()))?;
     append_csv(
         &dir.join("cells.csv"),
         runs.iter()
-            .map(|r| crate::sweep::cell_record(prompt, args.length, r, true)),
+            .map(|r| crate::sweep::cell_record(prompt, args.length, r, judge_answers)),
     )?;
     append_csv(
         &dir.join("layers.csv"),

@@ -11,7 +11,7 @@
 //! for `official-fp4` the fp4 × fp4 products of one 32-block are exact, so its dots, and with them
 //! the bf16 roundings, usually agree bit for bit).
 //!
-//! Memory: one `[g·H, ROWS_PER_TILE]` tile per rayon worker (`g·H ≈ 256`, about 1 MiB), never a
+//! Memory: one `[g·H, ROWS_PER_TILE]` tile per rayon worker (`g·H ≈ 256`, 512 KiB), never a
 //! `[tokens, rows, heads]` tensor. Tiles (token group × row block) run in parallel with rayon.
 
 use super::codecs::bf16_round;
@@ -20,7 +20,7 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Key rows per tile (the GEMM's n).
-pub const ROWS_PER_TILE: usize = 1024;
+pub const ROWS_PER_TILE: usize = 512;
 
 /// Target GEMM rows (tokens × heads) per tile; a tile holds `max(1, this / heads)` tokens.
 pub const QUERY_ROWS_PER_TILE: usize = 256;
@@ -135,11 +135,25 @@ fn combine_heads_body(
     out: &mut [f32],
 ) {
     if profile == IndexProfile::OfficialFp4 {
-        combine_rows(d, d_rs, weights, scales, out, |x, w| {
-            bf16_round(relu(bf16_round(x)) * w)
-        }, |sum, s| bf16_round(sum) * s)
+        combine_rows(
+            d,
+            d_rs,
+            weights,
+            scales,
+            out,
+            |x, w| bf16_round(relu(bf16_round(x)) * w),
+            |sum, s| bf16_round(sum) * s,
+        )
     } else {
-        combine_rows(d, d_rs, weights, scales, out, |x, w| w * relu(x), |sum, s| s * sum)
+        combine_rows(
+            d,
+            d_rs,
+            weights,
+            scales,
+            out,
+            |x, w| w * relu(x),
+            |sum, s| s * sum,
+        )
     }
 }
 
@@ -213,6 +227,39 @@ pub fn score_batch(
     visible: &[usize],
     out: &mut [f32],
 ) {
+    let tile = TileShape {
+        tokens: tokens_per_tile(heads),
+        rows: ROWS_PER_TILE,
+    };
+    score_batch_tiled(
+        profile, queries, weights, heads, dim, keys, key_scales, visible, out, tile,
+    )
+}
+
+/// Tile sizes of [`score_batch_tiled`].
+#[derive(Clone, Copy, Debug)]
+pub struct TileShape {
+    /// Query tokens per tile (the GEMM's m is this times heads).
+    pub tokens: usize,
+    /// Key rows per tile (the GEMM's n).
+    pub rows: usize,
+}
+
+/// [`score_batch`] with explicit tile sizes (for tuning and tests; results do not depend on
+/// them beyond the dot products' f32 summation order inside `gemm`).
+#[allow(clippy::too_many_arguments)]
+pub fn score_batch_tiled(
+    profile: IndexProfile,
+    queries: &[f32],
+    weights: &[f32],
+    heads: usize,
+    dim: usize,
+    keys: &[f32],
+    key_scales: &[f32],
+    visible: &[usize],
+    out: &mut [f32],
+    tile: TileShape,
+) {
     let tokens = visible.len();
     assert_eq!(
         queries.len(),
@@ -233,11 +280,7 @@ pub fn score_batch(
         assert!(out.is_empty(), "score_batch: out not [T, stride]");
         return;
     }
-    assert_eq!(
-        out.len() % tokens,
-        0,
-        "score_batch: out not [T, stride]"
-    );
+    assert_eq!(out.len() % tokens, 0, "score_batch: out not [T, stride]");
     let stride = out.len() / tokens;
     if stride == 0 {
         assert!(
@@ -253,7 +296,11 @@ pub fn score_batch(
         key_scales.len()
     );
 
-    let g = tokens_per_tile(heads);
+    assert!(
+        tile.tokens > 0 && tile.rows > 0,
+        "score_batch: empty tile shape"
+    );
+    let (g, rows_per_tile) = (tile.tokens, tile.rows);
     // Tiles: token groups × row blocks up to the group's last visible row. Rows no token of the
     // group sees are set to -inf here, without a tile.
     let mut tiles = Vec::new();
@@ -265,7 +312,7 @@ pub fn score_batch(
         for row in group.chunks_mut(stride) {
             let (seen, unseen) = row.split_at_mut(group_visible);
             unseen.fill(f32::NEG_INFINITY);
-            for (b, piece) in seen.chunks_mut(ROWS_PER_TILE).enumerate() {
+            for (b, piece) in seen.chunks_mut(rows_per_tile).enumerate() {
                 if blocks.len() <= b {
                     blocks.push(Vec::with_capacity(n_tok));
                 }
@@ -275,7 +322,7 @@ pub fn score_batch(
         for (b, pieces) in blocks.into_iter().enumerate() {
             tiles.push(Tile {
                 t0,
-                r0: b * ROWS_PER_TILE,
+                r0: b * rows_per_tile,
                 pieces,
             });
         }

@@ -36,9 +36,18 @@ struct Case {
     visible: Vec<usize>,
 }
 
-fn case(p: IndexProfile, heads: usize, dim: usize, first_pos: usize, tokens: usize, seed: u64) -> Case {
+fn case(
+    p: IndexProfile,
+    heads: usize,
+    dim: usize,
+    first_pos: usize,
+    tokens: usize,
+    seed: u64,
+) -> Case {
     let mut rng = Rng(seed);
-    let visible: Vec<usize> = (first_pos..first_pos + tokens).map(|t| (t + 1) / 4).collect();
+    let visible: Vec<usize> = (first_pos..first_pos + tokens)
+        .map(|t| (t + 1) / 4)
+        .collect();
     let rows = *visible.iter().max().unwrap();
     // Row magnitudes vary, so per-row scales (fp8) differ.
     let mut k_raw = Vec::with_capacity(rows * dim);
@@ -68,15 +77,7 @@ fn case(p: IndexProfile, heads: usize, dim: usize, first_pos: usize, tokens: usi
 fn batched(p: IndexProfile, c: &Case, heads: usize, dim: usize, stride: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; c.visible.len() * stride];
     score_batch(
-        p,
-        &c.flat_q,
-        &c.flat_w,
-        heads,
-        dim,
-        &c.keys,
-        &c.scales,
-        &c.visible,
-        &mut out,
+        p, &c.flat_q, &c.flat_w, heads, dim, &c.keys, &c.scales, &c.visible, &mut out,
     );
     out
 }
@@ -98,13 +99,13 @@ fn batched_scores_match_the_scalar_reference_for_every_profile() {
             let (mut total, mut off, mut worst_ulps) = (0usize, 0usize, 0.0f32);
             for (t, q) in c.queries.iter().enumerate() {
                 let row = &got[t * stride..(t + 1) * stride];
-                for r in 0..stride {
+                for (r, &got) in row.iter().enumerate() {
                     if r >= c.visible[t] {
-                        assert_eq!(row[r], f32::NEG_INFINITY, "{p} {heads}x{dim}: t {t} r {r}");
+                        assert_eq!(got, f32::NEG_INFINITY, "{p} {heads}x{dim}: t {t} r {r}");
                         continue;
                     }
                     let want = score(p, q, &c.keys[r * dim..(r + 1) * dim], c.scales[r]);
-                    let diff = (row[r] - want).abs();
+                    let diff = (got - want).abs();
                     total += 1;
                     if diff <= 1e-5 * want.abs().max(1.0) {
                         continue;
@@ -112,8 +113,7 @@ fn batched_scores_match_the_scalar_reference_for_every_profile() {
                     assert_eq!(
                         p,
                         IndexProfile::OfficialFp4,
-                        "{heads}x{dim} t {t} r {r}: batched {} vs scalar {want}",
-                        row[r]
+                        "{heads}x{dim} t {t} r {r}: batched {got} vs scalar {want}"
                     );
                     off += 1;
                     worst_ulps = worst_ulps.max(diff / bf16_ulp(want));
@@ -124,7 +124,10 @@ fn batched_scores_match_the_scalar_reference_for_every_profile() {
                 off * 100 <= total,
                 "{p} {heads}x{dim}: {off} of {total} scores off"
             );
-            assert!(worst_ulps <= 1.0, "{p} {heads}x{dim}: {worst_ulps} bf16 ulps");
+            assert!(
+                worst_ulps <= 1.0,
+                "{p} {heads}x{dim}: {worst_ulps} bf16 ulps"
+            );
         }
     }
 }
@@ -183,5 +186,108 @@ fn empty_and_single_token_batches() {
     for (r, &g) in got.iter().enumerate() {
         let want = score(p, &c.queries[0], &c.keys[r * 32..(r + 1) * 32], c.scales[r]);
         assert!((g - want).abs() <= 1e-5 * want.abs().max(1.0), "r {r}");
+    }
+}
+
+#[test]
+fn tile_shapes_agree_within_summation_noise() {
+    let (heads, dim) = (16usize, 32usize);
+    for p in [IndexProfile::Exact, IndexProfile::OfficialFp4] {
+        let c = case(p, heads, dim, 2500, 33, 31);
+        let stride = c.visible[32];
+        let run = |tokens: usize, rows: usize| {
+            let mut out = vec![0.0f32; 33 * stride];
+            score_batch_tiled(
+                p,
+                &c.flat_q,
+                &c.flat_w,
+                heads,
+                dim,
+                &c.keys,
+                &c.scales,
+                &c.visible,
+                &mut out,
+                TileShape { tokens, rows },
+            );
+            out
+        };
+        let base = run(16, 1024);
+        for (tokens, rows) in [(1, 1), (3, 7), (33, 4096), (5, 100)] {
+            let got = run(tokens, rows);
+            for (i, (&a, &b)) in got.iter().zip(&base).enumerate() {
+                assert!(
+                    a == b || (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{p} tile {tokens}x{rows}: {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// Throughput of the batched scorer at the tiny model's and the real model's index shapes.
+/// `cargo test --release --lib -- --ignored score_batch_throughput --nocapture`
+#[test]
+#[ignore]
+fn score_batch_throughput() {
+    for (heads, dim, rows) in [(16usize, 32usize, 8192usize), (64, 128, 4096)] {
+        let p = IndexProfile::Exact;
+        let tokens = 256;
+        let first = 4 * rows - tokens;
+        let c = case(p, heads, dim, first, tokens, 1);
+        let stride = c.visible[tokens - 1];
+        let macs: usize = c.visible.iter().map(|&n| n * heads * dim).sum();
+        {
+            use rayon::prelude::*;
+            let mut out = vec![0.0f32; tokens * stride];
+            let t0 = std::time::Instant::now();
+            out.par_chunks_mut(stride)
+                .zip(&c.queries)
+                .for_each(|(o, q)| {
+                    for (r, v) in o.iter_mut().enumerate() {
+                        *v = score(p, q, &c.keys[r * dim..(r + 1) * dim], c.scales[r]);
+                    }
+                });
+            let s = t0.elapsed().as_secs_f64();
+            eprintln!(
+                "{heads}x{dim}, scalar `score` per row: {:.1} ms, {:.1} GMAC/s",
+                s * 1e3,
+                macs as f64 / s / 1e9
+            );
+        }
+        for (tt, rt) in [
+            (tokens_per_tile(heads), ROWS_PER_TILE),
+            (tokens_per_tile(heads), 512),
+            (tokens_per_tile(heads), 2048),
+            (tokens_per_tile(heads) * 2, 1024),
+            ((tokens_per_tile(heads) / 2).max(1), 1024),
+        ] {
+            let mut out = vec![0.0f32; tokens * stride];
+            let t0 = std::time::Instant::now();
+            let reps = 5;
+            for _ in 0..reps {
+                score_batch_tiled(
+                    p,
+                    &c.flat_q,
+                    &c.flat_w,
+                    heads,
+                    dim,
+                    &c.keys,
+                    &c.scales,
+                    &c.visible,
+                    &mut out,
+                    TileShape {
+                        tokens: tt,
+                        rows: rt,
+                    },
+                );
+            }
+            let s = t0.elapsed().as_secs_f64() / reps as f64;
+            eprintln!(
+                "{heads}x{dim}, {tokens} tokens x {stride} rows, tile {tt} tok x {rt} rows: \
+                 {:.1} ms, {:.1} GMAC/s",
+                s * 1e3,
+                macs as f64 / s / 1e9
+            );
+        }
     }
 }

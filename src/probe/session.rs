@@ -234,7 +234,9 @@ pub fn layers_lost(run: &ProbeRun, last_prompt_pos: usize) -> (usize, usize, usi
 
 /// The one-line conclusion, e.g. "needle lost on 7/21 CSA layers under fp8 at top-512; all
 /// kept with bf16 at top-512".
-pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
+/// `judge_answers` is false for a model whose LM path is not built to answer (the planted demo
+/// model): then the verdict part is left out.
+pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool) -> String {
     let mut parts = Vec::new();
     for run in runs {
         let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
@@ -259,7 +261,11 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
                 run.index, run.topk
             )
         };
-        parts.push(format!("{what} ({verdict})"));
+        if judge_answers {
+            parts.push(format!("{what} ({verdict})"));
+        } else {
+            parts.push(what);
+        }
     }
     parts.join("; ")
 }

@@ -196,7 +196,9 @@ mod tests {
                 .then(scores[a].is_nan().cmp(&scores[b].is_nan()))
                 .then(a.cmp(&b))
         });
-        (0..k).map(|i| idx.get(i).map_or(-1, |&r| r as i32)).collect()
+        (0..k)
+            .map(|i| idx.get(i).map_or(-1, |&r| r as i32))
+            .collect()
     }
 
     #[test]

@@ -1,0 +1,382 @@
+//! End to end through the binary on the planted synthetic model (real vocabulary and
+//! tokenizer): `probe` (JSON shape, ranks consistent with selection and with `trace` scores on
+//! the same prompt), `sweep` (resume after a kill gives the same records as an uninterrupted
+//! run; refusal to resume with other arguments) and `demo` on a reduced grid.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_needlescope"))
+}
+
+fn ok(out: Output, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed: {stderr}");
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One planted checkpoint shared by the tests of this file.
+fn planted() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("planted");
+        ok(
+            bin()
+                .args(["synth", "--preset", "planted", "--format", "bf16", "--out"])
+                .arg(&model)
+                .output()
+                .unwrap(),
+            "synth planted",
+        );
+        (dir, model)
+    })
+    .1
+}
+
+fn probe_json(extra: &[&str]) -> Value {
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--scenario",
+            "passkey",
+            "--kv",
+            "exact",
+            "--json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    serde_json::from_str(&ok(out, "probe")).expect("probe --json prints one JSON object")
+}
+
+#[test]
+fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
+    let v = probe_json(&[
+        "--length",
+        "2k",
+        "--depth",
+        "40",
+        "--index",
+        "fp8,bf16",
+        "--topk",
+        "64,128",
+        "--compare",
+        "exact",
+        "--generate",
+        "2",
+    ]);
+    let prompt = &v["prompt"];
+    assert_eq!(prompt["length"], 2048);
+    assert_eq!(prompt["tokens"].as_array().unwrap().len(), 2048);
+    let needle: Vec<u64> = serde_json::from_value(prompt["needle"].clone()).unwrap();
+    let answer: Vec<u64> = serde_json::from_value(prompt["answer"].clone()).unwrap();
+    assert!(
+        needle[0] <= answer[0] && answer[1] <= needle[1],
+        "answer inside needle"
+    );
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4, "one run per (index, top-k)");
+    let fields = [
+        "cell_id",
+        "layer",
+        "query_pos",
+        "phase",
+        "profile",
+        "driving",
+        "visible_rows",
+        "needle_rows",
+        "needle_rank",
+        "rank_ties",
+        "needle_score",
+        "kth_score",
+        "margin",
+        "selected",
+        "trivial",
+    ];
+    for run in runs {
+        assert!(
+            run["answer_correct"].is_null(),
+            "planted model: judged by the indexer"
+        );
+        let topk = run["topk"].as_u64().unwrap();
+        let layers = run["layers"].as_array().unwrap();
+        // Two CSA layers x (driving + exact) at the last prompt token at least.
+        let at_answer: Vec<&Value> = layers.iter().filter(|r| r["query_pos"] == 2047).collect();
+        assert_eq!(at_answer.len(), 4, "{run}");
+        for r in layers {
+            let obj = r.as_object().unwrap();
+            let keys: Vec<&str> = obj.keys().map(|k| k.as_str()).collect();
+            for f in fields {
+                assert!(keys.contains(&f), "layer record lacks {f}: {r}");
+            }
+            assert_eq!(
+                obj.len(),
+                fields.len(),
+                "exactly the layers.csv fields: {r}"
+            );
+            if let Some(rank) = r["needle_rank"].as_u64() {
+                let ties = r["rank_ties"].as_u64().unwrap();
+                let selected = r["selected"].as_bool().unwrap();
+                assert_eq!(selected, rank <= topk, "selected iff rank <= k: {r}");
+                if ties == 0 {
+                    let margin = r["margin"].as_f64().unwrap();
+                    assert_eq!(
+                        margin >= 0.0,
+                        selected,
+                        "margin sign matches selection: {r}"
+                    );
+                }
+            }
+            assert_eq!(
+                r["visible_rows"],
+                (r["query_pos"].as_u64().unwrap() + 1) / 4
+            );
+        }
+    }
+}
+
+#[test]
+fn probe_ranks_match_trace_scores_on_the_same_prompt() {
+    let v = probe_json(&[
+        "--length",
+        "1k",
+        "--depth",
+        "60",
+        "--index",
+        "exact",
+        "--topk",
+        "64",
+        "--generate",
+        "0",
+    ]);
+    let tokens: Vec<u64> = serde_json::from_value(v["prompt"]["tokens"].clone()).unwrap();
+    let needle: Vec<usize> = serde_json::from_value(v["prompt"]["needle"].clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("ids.txt");
+    std::fs::write(
+        &ids,
+        tokens
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+    .unwrap();
+    let trace = dir.path().join("trace.safetensors");
+    ok(
+        bin()
+            .arg("trace")
+            .arg("--model")
+            .arg(planted())
+            .arg("--tokens")
+            .arg(&ids)
+            .args([
+                "--positions",
+                "last",
+                "--index",
+                "exact",
+                "--topk",
+                "64",
+                "--out",
+            ])
+            .arg(&trace)
+            .output()
+            .unwrap(),
+        "trace",
+    );
+    let bytes = std::fs::read(&trace).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let last = tokens.len() - 1;
+    let visible = (last + 1) / 4;
+    let (a, b) = (needle[0], needle[1]);
+    let needle_rows: Vec<usize> = (a / 4..=(b - 1) / 4 + 1).filter(|&w| w < visible).collect();
+    let records = v["runs"][0]["layers"].as_array().unwrap();
+    let mut compared = 0;
+    for r in records
+        .iter()
+        .filter(|r| r["query_pos"] == last as u64 && r["driving"] == true)
+    {
+        let layer = r["layer"].as_u64().unwrap();
+        let scores: Vec<f32> = st
+            .tensor(&format!("layers.{layer}.indexer.scores"))
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let best = needle_rows
+            .iter()
+            .map(|&w| scores[w])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let rank = 1 + scores[..visible].iter().filter(|&&s| s > best).count();
+        assert_eq!(
+            r["needle_rank"].as_u64().unwrap() as usize,
+            rank,
+            "layer {layer}: probe vs trace"
+        );
+        assert_eq!(
+            r["needle_rows"].as_u64().unwrap() as usize,
+            needle_rows.len()
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 2, "both CSA layers compared");
+}
+
+fn sweep(out: &Path, topk: &str) -> Command {
+    let mut c = bin();
+    c.arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--lengths",
+            "512,1k",
+            "--depths",
+            "25,75",
+            "--index",
+            "fp8,bf16",
+            "--topk",
+            topk,
+        ])
+        .args(["--kv", "exact", "--generate", "0", "--out"])
+        .arg(out);
+    c
+}
+
+/// cells.csv without the wall-clock column, layers.csv and attention.csv as they are.
+fn records(dir: &Path) -> (Vec<String>, String, String) {
+    let cells = std::fs::read_to_string(dir.join("cells.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(cells.as_bytes());
+    let headers = rdr.headers().unwrap().clone();
+    let wall = headers.iter().position(|h| h == "wall_seconds").unwrap();
+    let mut rows: Vec<String> = rdr
+        .records()
+        .map(|r| {
+            let r = r.unwrap();
+            r.iter()
+                .enumerate()
+                .filter(|(i, _)| *i != wall)
+                .map(|(_, f)| f)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
+    rows.sort();
+    let read_sorted = |name: &str| {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort();
+        lines.join("\n")
+    };
+    (
+        rows,
+        read_sorted("layers.csv"),
+        read_sorted("attention.csv"),
+    )
+}
+
+#[test]
+fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    ok(sweep(&whole, "64").output().unwrap(), "uninterrupted sweep");
+
+    // Kill the second run once at least one cell (and maybe part of another) is on disk.
+    let killed = dir.path().join("killed");
+    let mut child = sweep(&killed, "64")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        let lines =
+            std::fs::read_to_string(killed.join("cells.csv")).map_or(0, |t| t.lines().count());
+        if lines >= 3 || started.elapsed().as_secs() > 120 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = ok(sweep(&killed, "64").output().unwrap(), "resumed sweep");
+    assert!(out.contains("already finished"), "{out}");
+
+    let (a_cells, a_layers, a_attn) = records(&whole);
+    let (b_cells, b_layers, b_attn) = records(&killed);
+    assert_eq!(a_cells.len(), 2 * 2 * 2, "every cell once");
+    assert_eq!(a_cells, b_cells, "cells.csv (wall time aside)");
+    assert_eq!(a_layers, b_layers, "layers.csv");
+    assert_eq!(a_attn, b_attn, "attention.csv");
+    for png in [
+        "heatmap_fp8_64.png",
+        "heatmap_bf16_64.png",
+        "rank_vs_length.png",
+    ] {
+        assert!(killed.join(png).exists(), "{png}");
+    }
+
+    // Same directory, different arguments: refused, naming what differs.
+    let refused = sweep(&killed, "128").output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("topk"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn demo_runs_end_to_end_on_a_reduced_grid() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo");
+    let cache = dir.path().join("cache");
+    let text = ok(
+        bin()
+            .arg("demo")
+            .arg("--out")
+            .arg(&out)
+            .arg("--cache")
+            .arg(&cache)
+            .args(["--lengths", "512,1k", "--depths", "50", "--index", "fp8"])
+            .output()
+            .unwrap(),
+        "demo",
+    );
+    assert!(text.contains("heatmap_fp8_64.png"), "{text}");
+    for f in [
+        "run.json",
+        "cells.csv",
+        "layers.csv",
+        "attention.csv",
+        "summary.json",
+        "heatmap_fp8_128.png",
+    ] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let run: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["synthetic"], true);
+    // The second run reuses the cached model and resumes the finished report.
+    let again = ok(
+        bin()
+            .arg("demo")
+            .arg("--out")
+            .arg(&out)
+            .arg("--cache")
+            .arg(&cache)
+            .args(["--lengths", "512,1k", "--depths", "50", "--index", "fp8"])
+            .output()
+            .unwrap(),
+        "demo again",
+    );
+    assert!(
+        again.contains("(cached)") && again.contains("already finished"),
+        "{again}"
+    );
+}
