@@ -117,29 +117,30 @@ fn each_subcommand_help_lists_its_flags() {
 
 #[test]
 fn unimplemented_subcommands_fail_with_a_clear_message() {
+    // What has not landed yet: the CUDA backend and its kernels.
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path().display().to_string();
     let cases: Vec<Vec<String>> = vec![
-        vec!["demo".into()],
-        vec!["probe".into(), "--model".into(), t.clone()],
-        vec!["sweep".into(), "--model".into(), t.clone()],
-        vec!["report".into(), t.clone()],
         vec![
-            "trace".into(),
+            "probe".into(),
             "--model".into(),
             t.clone(),
-            "--tokens".into(),
-            "ids.txt".into(),
-            "--out".into(),
-            "t.safetensors".into(),
+            "--device".into(),
+            "cuda".into(),
         ],
-        vec!["bench".into(), "--model".into(), t.clone()],
         vec![
-            "synth".into(),
-            "--preset".into(),
-            "planted".into(),
-            "--out".into(),
+            "sweep".into(),
+            "--model".into(),
             t.clone(),
+            "--device".into(),
+            "cuda".into(),
+        ],
+        vec![
+            "bench".into(),
+            "--model".into(),
+            t.clone(),
+            "--device".into(),
+            "cuda".into(),
         ],
         vec![
             "doctor".into(),
@@ -149,6 +150,31 @@ fn unimplemented_subcommands_fail_with_a_clear_message() {
     ];
     for args in cases {
         let r = run(&args).fails().stderr_has(&["not implemented yet"]);
+        assert_eq!(r.code, Some(1), "{args:?}\n{}", r.dump());
+    }
+}
+
+#[test]
+fn model_commands_on_a_missing_directory_name_the_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-model").display().to_string();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["probe".into(), "--model".into(), missing.clone()],
+        vec!["sweep".into(), "--model".into(), missing.clone()],
+        vec!["bench".into(), "--model".into(), missing.clone()],
+        vec![
+            "trace".into(),
+            "--model".into(),
+            missing.clone(),
+            "--tokens".into(),
+            "ids.txt".into(),
+            "--out".into(),
+            "t.safetensors".into(),
+        ],
+        vec!["report".into(), missing.clone()],
+    ];
+    for args in cases {
+        let r = run(&args).fails().stderr_has(&["no-such-model"]);
         assert_eq!(r.code, Some(1), "{args:?}\n{}", r.dump());
     }
 }

@@ -39,10 +39,10 @@ use crate::numerics::formats::{
     quant_nvfp4,
 };
 use crate::probe::tokenizer::{builtin_json_bytes, V4Tokenizer};
+use calib::{calibrate, reference_tokens, LayerCalibration};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
-use calib::{calibrate, reference_tokens, LayerCalibration};
 use values::Recipe;
 
 /// Default `--margin`, in haystack standard deviations (see docs/planted.md for the grid it
@@ -164,9 +164,9 @@ pub fn digit_tokens(tok: &V4Tokenizer) -> Result<Vec<bool>, CheckpointError> {
     for len in 1..=3u32 {
         for k in 0..10usize.pow(len) {
             let s = format!("{k:0width$}", width = len as usize);
-            let ids = tok
-                .encode(&s)
-                .map_err(|e| option_error("tokenizer", "the built-in tokenizer".into(), e.to_string()))?;
+            let ids = tok.encode(&s).map_err(|e| {
+                option_error("tokenizer", "the built-in tokenizer".into(), e.to_string())
+            })?;
             if let [id] = ids[..] {
                 mask[id as usize] = true;
             }
@@ -282,7 +282,12 @@ fn encode(
         }
         Some(LinearStorage::Nvfp4) => {
             let (w, s, s2) = quant_nvfp4(&x, o, i).map_err(err)?;
-            vec![w, s, s2.to_le_bytes().to_vec(), 1.0f32.to_le_bytes().to_vec()]
+            vec![
+                w,
+                s,
+                s2.to_le_bytes().to_vec(),
+                1.0f32.to_le_bytes().to_vec(),
+            ]
         }
     })
 }

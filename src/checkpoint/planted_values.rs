@@ -104,7 +104,9 @@ impl Recipe {
         let rel = h as f64 * (OFFSET * OFFSET + SPREAD * SPREAD);
         let irr_ch = (nope - h) as f64;
         let irr_sd = (IRR_FRAC * df / irr_ch).sqrt();
-        let freqs = RopeTable::for_layer(cfg, LayerKind::Csa).frequencies().to_vec();
+        let freqs = RopeTable::for_layer(cfg, LayerKind::Csa)
+            .frequencies()
+            .to_vec();
         let mut rope_dims: Vec<usize> = freqs
             .iter()
             .enumerate()
