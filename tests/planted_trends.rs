@@ -26,12 +26,13 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 const KS: [usize; 2] = [64, 128];
-const PROFILES: [IndexProfile; 5] = [
+const PROFILES: [IndexProfile; 6] = [
     IndexProfile::Exact,
     IndexProfile::SglangBf16Keys,
     IndexProfile::SglangFp8,
     IndexProfile::SglangFp4,
     IndexProfile::OfficialFp4,
+    IndexProfile::VllmFp8,
 ];
 
 /// The probe's observer plus the exact needle z-score per CSA layer.

@@ -5,6 +5,9 @@
 //! it: ranks, the loss of the needle with context, and the fp8 / bf16 / fp4 differences all come
 //! out of the ordinary forward pass (design.md 7; the construction is in `docs/planted.md`).
 //!
+//! - Margin: calibrated per CSA layer on reference passkey-haystack text (`planted_calib.rs`),
+//!   so `--margin 2` gives an exact needle z-score of ~2.0 on passkey prompts; the needle's rank
+//!   among n visible rows is then about `n · Q(margin)` (2.3% of the rows at 2.0).
 //! - Needle tokens: the 1,110 pure-digit tokens of the real tokenizer (`"0"`..`"999"`, digits
 //!   are split in runs of 1-3), so the passkey scenario's value is the needle and its haystack
 //!   (no digits) is not. Other scenarios whose haystacks hold digits get many "needles".
@@ -17,8 +20,9 @@
 //!   sees the last token's embedding plus small random block outputs, so generated answers are
 //!   wrong and reports must judge recall by the indexer (and say "synthetic model").
 //! - Files: `model.safetensors` (or shards), `config.json`, the real `tokenizer.json`, and
-//!   `planted.json` ([`PlantedInfo`]: preset, seed, margin, the construction constants), which
-//!   reports use to title their output ([`planted_info`]). Deterministic from the seed.
+//!   `planted.json` ([`PlantedInfo`]: preset, construction version, seed, margin, constants,
+//!   calibration), which reports use to title their output ([`planted_info`]). Deterministic
+//!   from the seed; about 34 MB (embed and head are 129,280 x 64 bf16).
 
 #[path = "planted_values.rs"]
 pub mod values;
@@ -58,12 +62,18 @@ pub const DEMO_TOPK: [usize; 2] = [64, 128];
 pub const INFO_FILE: &str = "planted.json";
 /// What every report on a planted checkpoint must say in its title.
 pub const TITLE_NOTE: &str = "synthetic model";
+/// Version of the construction: bumped whenever the same seed and margin give other weights,
+/// so caches of planted models (the demo's) can tell a stale one.
+pub const CONSTRUCTION_VERSION: u32 = 1;
 
 /// The contents of `planted.json`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PlantedInfo {
     /// Always "planted".
     pub preset: String,
+    /// [`CONSTRUCTION_VERSION`] of the writer (0: written before the field existed).
+    #[serde(default)]
+    pub construction: u32,
     /// Always true: reports must say "synthetic model" in their titles.
     pub synthetic: bool,
     pub seed: u64,
@@ -233,6 +243,7 @@ fn info(r: &Recipe, format: WeightFormat, calibration: Vec<LayerCalibration>) ->
     ];
     PlantedInfo {
         preset: "planted".into(),
+        construction: CONSTRUCTION_VERSION,
         synthetic: true,
         seed: r.seed,
         format: format.name().into(),

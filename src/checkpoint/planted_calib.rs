@@ -105,7 +105,7 @@ pub fn calibrate(r: &mut Recipe, tokens: &[u32]) -> Vec<LayerCalibration> {
     let mut out = Vec::new();
     for layer in r.cfg.layers_of_kind(LayerKind::Csa) {
         let (mean, std, rows) = haystack_stats(r, layer, tokens);
-        if rows < 16 || !(std > 0.0) {
+        if rows < 16 || std.is_nan() || std <= 0.0 {
             continue;
         }
         let target = (mean + r.margin * std) / (sum_w * (d as f64).sqrt());
