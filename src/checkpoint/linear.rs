@@ -160,7 +160,8 @@ impl<'a> QuantWeight<'a> {
             "row band {band:?} outside a weight of {rows} rows"
         );
         assert!(
-            band.start % align == 0 && (band.end % align == 0 || band.end == rows),
+            band.start.is_multiple_of(align)
+                && (band.end.is_multiple_of(align) || band.end == rows),
             "row band {band:?} not aligned to {align}-row scale blocks"
         );
         let n = band.len();

@@ -1,6 +1,6 @@
 //! The values of the `planted` checkpoint: which tensors are constructed and how (the math is
 //! in `docs/planted.md`; [`Recipe::new`] derives every constant from the config, the seed and
-//! the margin).
+//! the margin, and `planted_calib.rs` then sets the per-layer needle increments `deltas`).
 //!
 //! Embedding `e_t` `[D]` (rms exactly 1, so `x = RMSNorm(e)` equals `e` at every layer while
 //! the blocks add little): dim [`BIAS`] = β for every token; dim [`NEEDLE`] = `F = sqrt(D - β²)`

@@ -14,7 +14,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::values::{parse_token_count, DepthList};
-use crate::checkpoint::planted::{planted_info, synth_planted, DEFAULT_MARGIN, DEMO_TOPK};
+use crate::checkpoint::planted::{
+    planted_info, synth_planted, CONSTRUCTION_VERSION, DEFAULT_MARGIN, DEMO_TOPK,
+};
 use crate::checkpoint::{Preset, SynthOptions, WeightFormat};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::sweep::{run_sweep, SweepPlan};
@@ -69,8 +71,11 @@ fn model_dir(args: &DemoArgs) -> PathBuf {
 
 pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = model_dir(args);
-    let cached = planted_info(&dir)
-        .is_some_and(|info| info.margin == args.margin && dir.join("config.json").exists());
+    let cached = planted_info(&dir).is_some_and(|info| {
+        info.margin == args.margin
+            && info.construction == CONSTRUCTION_VERSION
+            && dir.join("config.json").exists()
+    });
     if cached {
         writeln!(out, "planted model: {} (cached)", dir.display())?;
     } else {

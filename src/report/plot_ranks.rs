@@ -104,7 +104,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         })
         .y_label_formatter(&rank_label)
         .x_desc("context length (tokens, log scale)")
-        .y_desc("min needle rank over CSA layers (log, 1 = best)")
+        .y_desc("needle rank on the worst CSA layer (log, 1 = best)")
         .label_style((FONT, LABEL_PX))
         .axis_desc_style((FONT, AXIS_PX))
         .light_line_style(RGBColor(238, 238, 238))
