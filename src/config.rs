@@ -268,7 +268,7 @@ impl ModelConfig {
             ));
         }
         if self.qk_rope_head_dim == 0
-            || self.qk_rope_head_dim % 2 != 0
+            || !self.qk_rope_head_dim.is_multiple_of(2)
             || self.qk_rope_head_dim > self.head_dim
         {
             return Err(bad(
@@ -294,7 +294,7 @@ impl ModelConfig {
                 "a power of two (the Hadamard rotation spans the index head)",
             ));
         }
-        if self.num_attention_heads % self.o_groups != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.o_groups) {
             return Err(bad(
                 "o_groups",
                 self.o_groups.to_string(),
@@ -354,7 +354,8 @@ impl ModelConfig {
             ));
         }
         let want = self.num_hidden_layers + self.num_nextn_predict_layers;
-        if self.compress_ratios.len() != want && self.compress_ratios.len() != self.num_hidden_layers
+        if self.compress_ratios.len() != want
+            && self.compress_ratios.len() != self.num_hidden_layers
         {
             return Err(bad(
                 "compress_ratios",
@@ -422,7 +423,11 @@ impl ModelConfig {
             }
         }
         if !(self.hc_eps.is_finite() && self.hc_eps >= 0.0) {
-            return Err(bad("hc_eps", self.hc_eps.to_string(), "a finite number >= 0"));
+            return Err(bad(
+                "hc_eps",
+                self.hc_eps.to_string(),
+                "a finite number >= 0",
+            ));
         }
         Ok(())
     }
@@ -645,7 +650,12 @@ mod tests {
         let kinds: Vec<_> = (0..4).map(|l| c.layer_kind(l)).collect();
         assert_eq!(
             kinds,
-            vec![LayerKind::Swa, LayerKind::Csa, LayerKind::Hca, LayerKind::Csa]
+            vec![
+                LayerKind::Swa,
+                LayerKind::Csa,
+                LayerKind::Hca,
+                LayerKind::Csa
+            ]
         );
         assert_eq!(c.router_kind(1), RouterKind::Hash);
         assert_eq!(c.router_kind(2), RouterKind::Score);
@@ -679,7 +689,10 @@ mod tests {
         let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
             .unwrap_err()
             .to_string();
-        assert!(msg.contains("compress_ratios") && msg.contains("42"), "{msg}");
+        assert!(
+            msg.contains("compress_ratios") && msg.contains("42"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -699,7 +712,10 @@ mod tests {
         let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
             .unwrap_err()
             .to_string();
-        assert!(msg.contains("qk_rope_head_dim") && msg.contains("1024"), "{msg}");
+        assert!(
+            msg.contains("qk_rope_head_dim") && msg.contains("1024"),
+            "{msg}"
+        );
     }
 
     #[test]

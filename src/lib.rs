@@ -8,15 +8,15 @@
 //! `probe` (scenarios, prompts, needle spans, ranks), `report` (records, CSV, tables, plots) and
 //! `cli` (one file per subcommand).
 
-pub mod config;
-pub mod numerics;
-pub mod probe;
-pub mod plan;
-pub mod cuda_probe;
-pub mod checkpoint;
 pub mod backend;
-pub mod model;
+pub mod checkpoint;
 pub mod cli;
+pub mod config;
+pub mod cuda_probe;
+pub mod model;
+pub mod numerics;
+pub mod plan;
+pub mod probe;
 pub mod report;
-pub mod trace;
 pub mod sweep;
+pub mod trace;

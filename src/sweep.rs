@@ -278,10 +278,11 @@ pub fn run_sweep(
                             cell.wall_seconds
                         );
                         bars.cells.suspend(|| writeln!(out, "{line}"))?;
-                        for d in std::iter::once(run.selection_disagreements).filter(|&d| d > 0) {
+                        if run.selection_disagreements > 0 {
                             anyhow::bail!(
-                                "internal check failed in cell {}: the engine's selection disagreed with the needle rank at {d} checks",
-                                cell.cell_id
+                                "internal check failed in cell {}: the engine's selection disagreed with the needle rank at {} checks",
+                                cell.cell_id,
+                                run.selection_disagreements
                             );
                         }
                     }

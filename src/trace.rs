@@ -27,6 +27,9 @@ use crate::model::{IndexerObservation, Observer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+/// Per CSA layer, per recorded position: a pair of vectors.
+pub type PerLayer<A, B> = BTreeMap<usize, Vec<(Vec<A>, Vec<B>)>>;
+
 /// What one trace recorded, in memory (also what the file holds).
 #[derive(Debug, Default)]
 pub struct TraceResult {
@@ -34,9 +37,9 @@ pub struct TraceResult {
     pub positions: Vec<usize>,
     pub topk: usize,
     /// CSA layer -> per recorded position: (scores of visible rows, selected rows).
-    pub indexer: BTreeMap<usize, Vec<(Vec<f32>, Vec<i32>)>>,
+    pub indexer: PerLayer<f32, i32>,
     /// CSA layer -> per recorded position: (raw q, raw weights).
-    pub inputs: BTreeMap<usize, Vec<(Vec<f32>, Vec<f32>)>>,
+    pub inputs: PerLayer<f32, f32>,
     /// CSA layer -> raw keys of every row visible to the last token `[rows * dim]`.
     pub keys: BTreeMap<usize, Vec<f32>>,
     pub index_heads: usize,

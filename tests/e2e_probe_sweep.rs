@@ -43,13 +43,7 @@ fn probe_json(extra: &[&str]) -> Value {
         .arg("probe")
         .arg("--model")
         .arg(planted())
-        .args([
-            "--scenario",
-            "passkey",
-            "--kv",
-            "exact",
-            "--json",
-        ])
+        .args(["--scenario", "passkey", "--kv", "exact", "--json"])
         .args(extra)
         .output()
         .unwrap();
