@@ -356,7 +356,7 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
     let run: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(run["synthetic"], true);
-    // The second run reuses the cached model and resumes the finished report.
+    // The second run reuses the cached model and runs the sweep afresh over the old report.
     let again = ok(
         bin()
             .arg("demo")
@@ -369,8 +369,15 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
             .unwrap(),
         "demo again",
     );
-    assert!(
-        again.contains("(cached)") && again.contains("already finished"),
-        "{again}"
+    assert!(again.contains("(cached)"), "{again}");
+    assert!(!again.contains("already finished"), "{again}");
+    assert!(again.contains("4 cells in"), "{again}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("cells.csv"))
+            .unwrap()
+            .lines()
+            .count(),
+        5,
+        "header + 4 cells (2 lengths x 2 top-k), no duplicates"
     );
 }

@@ -23,7 +23,7 @@ use crate::sweep::{run_sweep, SweepPlan};
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// Report directory (an existing one with the same grid is resumed)
+    /// Report directory (a previous demo report in it is replaced)
     #[arg(long, value_name = "DIR", default_value = "reports/demo")]
     pub out: PathBuf,
 
@@ -102,6 +102,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         generate: 0,
         chunk: 4096,
     };
+    clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();
     let outcome = run_sweep(&dir, &plan, &args.out, out)?;
     let (table, files) = crate::report::rerender(&args.out, crate::report::stdout_wants_colour())?;
@@ -109,10 +110,9 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     write!(out, "{table}")?;
     writeln!(
         out,
-        "\n{} cells in {:.0} s ({} resumed). Report in {}:",
+        "\n{} cells in {:.0} s. Report in {}:",
         outcome.cells_run,
         started.elapsed().as_secs_f64(),
-        outcome.cells_skipped,
         args.out.display()
     )?;
     for f in files {
@@ -123,5 +123,33 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "re-render any time with: needlescope report {}",
         args.out.display()
     )?;
+    Ok(())
+}
+
+/// The demo always runs its sweep afresh (only the model is cached): a previous report in
+/// `out` — recognised by its run.json, so no other directory is ever touched — is removed
+/// file by file (records, summary and PNGs).
+fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
+    if !out.join("run.json").exists() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(out)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let ours = matches!(
+            name.as_str(),
+            "run.json" | "cells.csv" | "layers.csv" | "attention.csv" | "summary.json"
+        ) || (name.ends_with(".png")
+            && (name.starts_with("heatmap_")
+                || name.starts_with("layers_")
+                || name == "rank_vs_length.png"));
+        if ours && path.is_file() {
+            std::fs::remove_file(&path)
+                .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))?;
+        }
+    }
     Ok(())
 }
