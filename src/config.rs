@@ -71,6 +71,19 @@ pub struct QuantizationConfig {
     pub weight_block_size: Option<Vec<usize>>,
 }
 
+impl QuantizationConfig {
+    /// The official release's block-FP8 settings (spec/model.md 1.1).
+    pub fn official() -> Self {
+        QuantizationConfig {
+            activation_scheme: Some("dynamic".into()),
+            fmt: Some("e4m3".into()),
+            quant_method: Some("fp8".into()),
+            scale_fmt: Some("ue8m0".into()),
+            weight_block_size: Some(vec![128, 128]),
+        }
+    }
+}
+
 /// The attention type of one layer, from its compress ratio.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LayerKind {
@@ -574,13 +587,7 @@ impl ModelConfig {
             eos_token_id: 1,
             tie_word_embeddings: false,
             expert_dtype: Some("fp4".into()),
-            quantization_config: Some(QuantizationConfig {
-                activation_scheme: Some("dynamic".into()),
-                fmt: Some("e4m3".into()),
-                quant_method: Some("fp8".into()),
-                scale_fmt: Some("ue8m0".into()),
-                weight_block_size: Some(vec![128, 128]),
-            }),
+            quantization_config: Some(QuantizationConfig::official()),
             compress_ratios: ratios,
             hidden_act: "silu".into(),
             torch_dtype: Some("bfloat16".into()),

@@ -33,11 +33,11 @@ pub mod calib;
 use super::dtype::{Dtype, WeightFormat};
 use super::inventory::{expand, linear_storage, logical_inventory, LinearStorage, FP4_GROUP};
 use super::reader::INDEX_FILE;
-use super::synth::{SynthOptions, SynthSummary};
+use super::synth::{set_weight_format, SynthOptions, SynthSummary};
 use super::values::Values;
 use super::writer::{assign_shards, remove_stale, shard_file_name, SafetensorsWriter};
 use super::CheckpointError;
-use crate::config::{ModelConfig, QuantizationConfig};
+use crate::config::ModelConfig;
 use crate::numerics::formats::{
     f32_to_bf16_bytes, f32_to_f32_bytes, i64_to_bytes, quant_fp4_group, quant_fp8_block,
     quant_nvfp4,
@@ -148,22 +148,7 @@ pub fn planted_config(
         c.n_routed_experts = e;
         c.num_experts_per_tok = c.num_experts_per_tok.min(e);
     }
-    match format {
-        WeightFormat::Bf16 => {
-            c.quantization_config = None;
-            c.expert_dtype = None;
-        }
-        WeightFormat::Official | WeightFormat::Nvfp4 => {
-            c.quantization_config = Some(QuantizationConfig {
-                activation_scheme: Some("dynamic".into()),
-                fmt: Some("e4m3".into()),
-                quant_method: Some("fp8".into()),
-                scale_fmt: Some("ue8m0".into()),
-                weight_block_size: Some(vec![128, 128]),
-            });
-            c.expert_dtype = Some("fp4".into());
-        }
-    }
+    set_weight_format(&mut c, format);
     c.validate(Path::new("<planted config>"))?;
     Ok(c)
 }

@@ -149,24 +149,24 @@ pub fn synth_config(opts: &SynthOptions) -> Result<ModelConfig, CheckpointError>
         cfg.n_routed_experts = e;
         cfg.num_experts_per_tok = cfg.num_experts_per_tok.min(e);
     }
-    match opts.format {
+    set_weight_format(&mut cfg, opts.format);
+    cfg.validate(Path::new("<synth config>"))?;
+    Ok(cfg)
+}
+
+/// Sets the config keys a checkpoint of `format` carries: none for bf16; the official
+/// `quantization_config` (fp8 e4m3, ue8m0, 128x128 blocks) and `expert_dtype: "fp4"` otherwise.
+pub fn set_weight_format(cfg: &mut ModelConfig, format: WeightFormat) {
+    match format {
         WeightFormat::Bf16 => {
             cfg.quantization_config = None;
             cfg.expert_dtype = None;
         }
         WeightFormat::Official | WeightFormat::Nvfp4 => {
-            cfg.quantization_config = Some(QuantizationConfig {
-                activation_scheme: Some("dynamic".into()),
-                fmt: Some("e4m3".into()),
-                quant_method: Some("fp8".into()),
-                scale_fmt: Some("ue8m0".into()),
-                weight_block_size: Some(vec![128, 128]),
-            });
+            cfg.quantization_config = Some(QuantizationConfig::official());
             cfg.expert_dtype = Some("fp4".into());
         }
     }
-    cfg.validate(Path::new("<synth config>"))?;
-    Ok(cfg)
 }
 
 /// One logical tensor and the stored tensors it becomes.
