@@ -127,7 +127,7 @@ fn query_driver() -> Result<((i32, i32), Vec<GpuInfo>), String> {
 }
 
 /// Runs `f`, turning a panic into an error string without printing the panic message.
-fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, String> {
+pub fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, String> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let out = std::panic::catch_unwind(f);

@@ -24,6 +24,7 @@
 //! are delegated to `crate::numerics`; no method here rounds on its own.
 
 pub mod cpu;
+pub mod gpu;
 
 pub use cpu::CpuBackend;
 
@@ -74,6 +75,17 @@ impl std::str::FromStr for WeightResidency {
             )),
         }
     }
+}
+
+/// A part of the model, for [`Backend::enter_site`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    /// The token embedding (placed with the first layer).
+    Embed,
+    /// Decoder layer `i`.
+    Layer(usize),
+    /// The final mHC head, norm and LM head (placed with the last layer).
+    Head,
 }
 
 /// Scalars of the mHC sites (model.md 4.3): stream count, Sinkhorn iterations and epsilons.
@@ -151,6 +163,18 @@ pub trait Backend: Send + Sync {
 
     /// Short name for reports (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
+
+    /// The first device failure since the last call, if any. Ops cannot return errors (their
+    /// signatures are the math), so a backend that can fail (out of memory, a failed launch)
+    /// records its first failure, fills the outputs of failed ops with NaN, and the engine asks
+    /// here after loading and after every layer, turning it into an error. The CPU never fails.
+    fn take_error(&self) -> Option<String> {
+        None
+    }
+
+    /// Tells a multi-device backend which part of the model the following uploads and ops
+    /// belong to, so they run on that part's device. Single-device backends ignore it.
+    fn enter_site(&self, _site: Site) {}
 
     /// Takes ownership of a decoded f32 weight `[rows, cols]` row-major.
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> Self::Matrix;

@@ -214,6 +214,13 @@ pub enum CheckpointError {
 
     #[error("{what} is not implemented yet")]
     NotImplemented { what: String },
+
+    #[error("{tensor}: could not be placed on {device}: {why}")]
+    Device {
+        tensor: String,
+        device: String,
+        why: String,
+    },
 }
 
 impl CheckpointError {

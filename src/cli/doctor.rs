@@ -5,8 +5,9 @@
 use clap::Args;
 use std::io::Write;
 
+use super::human_bytes;
 use super::values::parse_arch;
-use super::{human_bytes, NotImplemented};
+use crate::backend::gpu::kernels::{self, CubinSource};
 use crate::cuda_probe;
 
 #[derive(Args, Debug, Clone)]
@@ -64,11 +65,53 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )?,
     }
     if !args.compile_kernels.is_empty() {
-        return Err(NotImplemented {
-            command: "doctor --compile-kernels",
-            why: "no NVRTC kernels exist yet (the CUDA backend has not landed)",
-        }
-        .into());
+        compile_kernels(&args.compile_kernels, out)?;
     }
+    Ok(())
+}
+
+/// Compiles every kernel family for every architecture through NVRTC (no GPU needed), one line
+/// per family and architecture; an error if any fails, naming them.
+fn compile_kernels(archs: &[String], out: &mut dyn Write) -> anyhow::Result<()> {
+    let version = kernels::nvrtc_version()?;
+    writeln!(
+        out,
+        "compiling    {} kernel families for {} with NVRTC {}.{} (options {})",
+        kernels::FAMILIES.len(),
+        archs.join(", "),
+        version.0,
+        version.1,
+        kernels::NVRTC_OPTIONS.join(" ")
+    )?;
+    let mut failed = Vec::new();
+    for r in kernels::compile_all(archs) {
+        match &r.result {
+            Ok((bytes, source)) => writeln!(
+                out,
+                "  ok         {:<8} {:<12} {:>2} kernels, {:>7} bytes CUBIN{}",
+                r.arch,
+                format!("{}.cu", r.family),
+                r.kernels,
+                bytes,
+                match source {
+                    CubinSource::Compiled => "",
+                    CubinSource::Disk => " (disk cache)",
+                    CubinSource::Process => " (cached)",
+                }
+            )?,
+            Err(e) => {
+                writeln!(out, "  FAILED     {:<8} {}.cu: {e}", r.arch, r.family)?;
+                failed.push(format!("{}.cu for {}", r.family, r.arch));
+            }
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} kernel compilation(s) failed: {}",
+            failed.len(),
+            failed.join(", ")
+        );
+    }
+    writeln!(out, "kernels      all compiled")?;
     Ok(())
 }

@@ -46,7 +46,7 @@ use super::layer::{emit, Layer, LayerSwitches};
 use super::observer::Observer;
 use super::state::SequenceState;
 use super::EngineError;
-use crate::backend::{Backend, CpuBackend, HcParams, WeightResidency};
+use crate::backend::{Backend, CpuBackend, HcParams, Site, WeightResidency};
 use crate::checkpoint::{Checkpoint, Dtype};
 use crate::config::ModelConfig;
 use crate::numerics::profiles::{IndexProfile, KvMode};
@@ -176,11 +176,17 @@ impl<B: Backend> Engine<B> {
     ) -> Result<Self, EngineError> {
         let cfg = ckpt.config().clone();
         let topk = Self::checked_topk(&cfg, &opts)?;
+        backend.enter_site(Site::Embed);
         let embed = Embedding::load(&backend, ckpt, &cfg)?;
         let layers = (0..cfg.num_hidden_layers)
-            .map(|l| Layer::load(&backend, ckpt, &cfg, l))
+            .map(|l| {
+                backend.enter_site(Site::Layer(l));
+                Layer::load(&backend, ckpt, &cfg, l)
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        backend.enter_site(Site::Head);
         let head = Head::load(&backend, ckpt, &cfg)?;
+        backend_result(&backend)?;
         Ok(Engine {
             hc: hc_params(&cfg),
             backend,
@@ -292,10 +298,13 @@ impl<B: Backend> Engine<B> {
         for (c, chunk) in tokens.chunks(self.opts.chunk).enumerate() {
             let p0 = first + c * self.opts.chunk;
             let d = self.cfg.hidden_size;
+            self.backend.enter_site(Site::Embed);
             let e = self.embed.lookup(&self.backend, chunk);
+            backend_result(&self.backend)?;
             emit(observer, "embed", p0, &[chunk.len(), d], &e);
             let mut streams = self.embed.expand(&e);
-            for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            for (l, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+                self.backend.enter_site(Site::Layer(l));
                 layer.forward(
                     &self.backend,
                     &mut streams,
@@ -306,9 +315,12 @@ impl<B: Backend> Engine<B> {
                     switches,
                     observer,
                 );
+                backend_result(&self.backend)?;
             }
             state.len = p0 + chunk.len();
+            self.backend.enter_site(Site::Head);
             self.chunk_logits(&streams, p0, chunk.len(), &requested, observer, &mut out);
+            backend_result(&self.backend)?;
         }
         Ok(out)
     }
@@ -348,6 +360,18 @@ impl<B: Backend> Engine<B> {
                 out.logits.push((p, l.to_vec()));
             }
         }
+    }
+}
+
+/// A device failure the backend recorded (see [`Backend::take_error`]) as an engine error. After
+/// one, the sequence state is unusable; start a new sequence.
+fn backend_result<B: Backend>(backend: &B) -> Result<(), EngineError> {
+    match backend.take_error() {
+        Some(why) => Err(EngineError::Backend {
+            backend: backend.name().to_string(),
+            why,
+        }),
+        None => Ok(()),
     }
 }
 

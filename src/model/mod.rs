@@ -66,6 +66,9 @@ pub enum EngineError {
         found: String,
         expected: String,
     },
+
+    #[error("compute backend {backend}: {why}")]
+    Backend { backend: String, why: String },
 }
 
 /// Loads the linear `module` (`module.weight` plus its scales, any stored format) `[out, in]`

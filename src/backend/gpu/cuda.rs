@@ -1,0 +1,318 @@
+//! The CUDA executor: one GPU through the driver API (cudarc), kernels from NVRTC CUBINs
+//! (see [`super::kernels`]), GEMMs by cuBLAS (`cublasGemmEx`, f32 compute type, so bf16 operands
+//! accumulate in f32 and f32 operands are never demoted to TF32).
+//!
+//! Everything runs on the context's legacy default stream, so work is ordered and a device to
+//! host copy waits for the kernels before it. The primary context is bound to the calling thread
+//! before every driver call (the engine may call from any thread). Families are loaded on their
+//! first launch.
+
+use super::executor::{check_args, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
+use super::kernels;
+use cudarc::cublas::sys as blas;
+use cudarc::driver::{result as drv, sys, CudaContext};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+fn driver_err(what: &str, e: drv::DriverError) -> GpuError {
+    GpuError::Driver(format!("{what}: {e:?}"))
+}
+
+/// A device allocation.
+pub struct CudaBuf {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a device pointer is a plain address; access goes through the driver.
+unsafe impl Send for CudaBuf {}
+unsafe impl Sync for CudaBuf {}
+
+impl Drop for CudaBuf {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by malloc_sync in this context, freed once.
+            let _ = unsafe { drv::free_sync(self.ptr) };
+        }
+    }
+}
+
+struct Loaded {
+    modules: HashMap<&'static str, sys::CUmodule>,
+    functions: HashMap<String, sys::CUfunction>,
+}
+
+// SAFETY: module and function handles are context-wide and usable from any thread.
+unsafe impl Send for Loaded {}
+
+/// One GPU.
+pub struct CudaExecutor {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    arch: String,
+    driver: String,
+    loaded: Mutex<Loaded>,
+    blas: Mutex<BlasHandle>,
+}
+
+struct BlasHandle(blas::cublasHandle_t);
+// SAFETY: the handle is used under the mutex only.
+unsafe impl Send for BlasHandle {}
+
+impl CudaExecutor {
+    /// Opens GPU `ordinal` (its primary context) and a cuBLAS handle. Fails with a clear error
+    /// when the driver is missing, the ordinal does not exist or cuBLAS cannot be loaded.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        if !crate::cuda_probe::driver_present() {
+            return Err(GpuError::Driver(
+                "no CUDA driver (libcuda) could be loaded on this machine".into(),
+            ));
+        }
+        let count = crate::cuda_probe::quietly(CudaContext::device_count)
+            .map_err(GpuError::Driver)?
+            .map_err(|e| driver_err("cuDeviceGetCount", e))?;
+        if ordinal as i32 >= count {
+            return Err(GpuError::Driver(format!(
+                "GPU {ordinal} does not exist: the driver sees {count} device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_err("context", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| driver_err("compute capability", e))?;
+        let mut version = 0i32;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut version) };
+        if !crate::cuda_probe::quietly(|| unsafe { blas::is_culib_present() }).unwrap_or(false) {
+            return Err(GpuError::Cublas(
+                "the cuBLAS library (libcublas.so.13) could not be loaded; install the CUDA 13 \
+                 toolkit or the nvidia-cublas wheel and add its lib directory to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        ctx.bind_to_thread().map_err(|e| driver_err("bind", e))?;
+        let handle = cudarc::cublas::result::create_handle()
+            .map_err(|e| GpuError::Cublas(format!("create handle: {e:?}")))?;
+        Ok(CudaExecutor {
+            ordinal,
+            ctx,
+            arch: format!("sm_{major}{minor}"),
+            driver: format!("{}.{}", version / 1000, (version % 1000) / 10),
+            loaded: Mutex::new(Loaded {
+                modules: HashMap::new(),
+                functions: HashMap::new(),
+            }),
+            blas: Mutex::new(BlasHandle(handle)),
+        })
+    }
+
+    /// The architecture kernels are compiled for (`sm_90`).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    fn bind(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(|e| driver_err("bind", e))
+    }
+
+    fn function(&self, kernel: &str) -> Result<sys::CUfunction, GpuError> {
+        let mut l = self.loaded.lock().unwrap();
+        if let Some(&f) = l.functions.get(kernel) {
+            return Ok(f);
+        }
+        let family = kernels::family_of(kernel).ok_or_else(|| GpuError::Launch {
+            kernel: kernel.into(),
+            why: "not defined in kernels/*.cu".into(),
+        })?;
+        let module = match l.modules.get(family) {
+            Some(&m) => m,
+            None => {
+                let (image, _) = kernels::cubin(family, &self.arch, &self.driver)?;
+                // SAFETY: image is a CUBIN for this device's architecture; load_data copies it.
+                let m = unsafe { drv::module::load_data(image.as_ptr() as *const c_void) }
+                    .map_err(|e| driver_err(&format!("loading {family}.cu ({})", self.arch), e))?;
+                l.modules.insert(family, m);
+                m
+            }
+        };
+        let name = std::ffi::CString::new(kernel).unwrap();
+        // SAFETY: live module.
+        let f = unsafe { drv::module::get_function(module, name) }
+            .map_err(|e| driver_err(&format!("function {kernel}"), e))?;
+        l.functions.insert(kernel.to_string(), f);
+        Ok(f)
+    }
+}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: created in `new`, destroyed once.
+            let _ = unsafe { cudarc::cublas::result::destroy_handle(self.blas.lock().unwrap().0) };
+        }
+    }
+}
+
+impl Executor for CudaExecutor {
+    type Buf = CudaBuf;
+    const KIND: &'static str = "cuda";
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
+        self.bind()?;
+        let bytes = bytes.max(1);
+        // SAFETY: plain allocation, zeroed below before use.
+        let ptr = match unsafe { drv::malloc_sync(bytes) } {
+            Ok(p) => p,
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                let (free, total) = drv::mem_get_info().unwrap_or((0, 0));
+                return Err(GpuError::OutOfMemory {
+                    device: self.ordinal,
+                    bytes,
+                    free,
+                    total,
+                });
+            }
+            Err(e) => return Err(driver_err("cuMemAlloc", e)),
+        };
+        // SAFETY: ptr is valid for bytes.
+        unsafe { drv::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| driver_err("cuMemsetD8", e))?;
+        Ok(CudaBuf {
+            ptr,
+            len: bytes,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    fn len(&self, b: &CudaBuf) -> usize {
+        b.len
+    }
+
+    fn write(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        if offset + src.len() > dst.len {
+            return Err(GpuError::Other(format!(
+                "write of {} bytes at {offset} past a {}-byte buffer",
+                src.len(),
+                dst.len
+            )));
+        }
+        self.bind()?;
+        // SAFETY: bounds checked; synchronous copy from a live host slice.
+        unsafe { drv::memcpy_htod_sync(dst.ptr + offset as u64, src) }
+            .map_err(|e| driver_err("cuMemcpyHtoD", e))
+    }
+
+    fn read(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        if offset + dst.len() > src.len {
+            return Err(GpuError::Other(format!(
+                "read of {} bytes at {offset} past a {}-byte buffer",
+                dst.len(),
+                src.len
+            )));
+        }
+        self.bind()?;
+        // SAFETY: bounds checked; the synchronous copy waits for the default stream.
+        unsafe { drv::memcpy_dtoh_sync(dst, src.ptr + offset as u64) }
+            .map_err(|e| driver_err("cuMemcpyDtoH", e))
+    }
+
+    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, CudaBuf>]) -> Result<(), GpuError> {
+        check_args(kernel, args)?;
+        let f = self.function(kernel)?;
+        self.bind()?;
+        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
+        for a in args {
+            slots.push(match *a {
+                Arg::Buf(b, off) => {
+                    if off > b.len {
+                        return Err(GpuError::Launch {
+                            kernel: kernel.into(),
+                            why: format!("offset {off} past a {}-byte buffer", b.len),
+                        });
+                    }
+                    b.ptr + off as u64
+                }
+                Arg::Null => 0,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::U32(v) => v as u64,
+                Arg::I64(v) => v as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            });
+        }
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: argument types match the kernel signature (checked), pointers are live
+        // allocations of this context; the legacy default stream orders the launch.
+        unsafe {
+            drv::launch_kernel(
+                f,
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(|e| GpuError::Launch {
+            kernel: kernel.into(),
+            why: format!("{e:?}"),
+        })
+    }
+
+    fn gemm(&self, g: &Gemm, x: &CudaBuf, w: &CudaBuf, y: &mut CudaBuf) -> Result<(), GpuError> {
+        if g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let ty = match g.ty {
+            GemmType::Bf16 => blas::cudaDataType::CUDA_R_16BF,
+            GemmType::F32 => blas::cudaDataType::CUDA_R_32F,
+        };
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        let h = self.blas.lock().unwrap();
+        // Row-major y[m,n] = x[m,k]·w[n,k]ᵀ is column-major Yᵀ[n,m] = Wᵀ·X with W, X read as
+        // column-major [k,n] and [k,m] matrices.
+        // SAFETY: offsets and leading dimensions were sized by the caller for these buffers.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                h.0,
+                blas::cublasOperation_t::CUBLAS_OP_T,
+                blas::cublasOperation_t::CUBLAS_OP_N,
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                &alpha as *const f32 as *const c_void,
+                (w.ptr + g.w_offset as u64) as *const c_void,
+                ty,
+                g.ldw as i32,
+                (x.ptr + g.x_offset as u64) as *const c_void,
+                ty,
+                g.ldx as i32,
+                &beta as *const f32 as *const c_void,
+                (y.ptr + g.y_offset as u64) as *mut c_void,
+                blas::cudaDataType::CUDA_R_32F,
+                g.ldy as i32,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        }
+        .map_err(|e| GpuError::Cublas(format!("gemm {}x{}x{}: {e:?}", g.m, g.n, g.k)))
+    }
+
+    fn synchronize(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        drv::ctx::synchronize().map_err(|e| driver_err("synchronize", e))
+    }
+
+    fn memory(&self) -> Result<(usize, usize), GpuError> {
+        self.bind()?;
+        drv::mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
+    }
+}

@@ -1,0 +1,278 @@
+//! The host emulator executor: runs the kernels of `kernels/*.cu`, compiled for the host by
+//! build.rs, on host memory, so the GPU backend's op logic is tested on machines without a GPU.
+//!
+//! A launch of `grid` blocks runs the blocks in parallel on rayon's pool, the threads of one
+//! block one after another; the kernel rules in `kernels/common.cuh` (threads never
+//! communicate) make this exact. GEMMs run in f32 on the CPU (bf16 operands are widened
+//! exactly). Device memory is host memory; the reported capacity is whatever the executor was
+//! built with, so placement across several "devices" can be tested too.
+
+use super::executor::{check_args, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
+use rayon::prelude::*;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+extern "C" {
+    fn ns_emu_kernel_count() -> c_int;
+    fn ns_emu_kernel_name(i: c_int) -> *const c_char;
+    fn ns_emu_kernel_sig(i: c_int) -> *const c_char;
+    fn ns_emu_run(
+        index: c_int,
+        grid: c_uint,
+        block: c_uint,
+        b0: c_uint,
+        b1: c_uint,
+        params: *mut *mut c_void,
+    );
+}
+
+/// `(name, signature)` of every kernel built into the emulator, in table order.
+pub fn kernel_table() -> &'static [(String, String)] {
+    static TABLE: OnceLock<Vec<(String, String)>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        // SAFETY: the table is static C data; indices are in range.
+        unsafe {
+            (0..ns_emu_kernel_count())
+                .map(|i| {
+                    let name = CStr::from_ptr(ns_emu_kernel_name(i)).to_string_lossy();
+                    let sig = CStr::from_ptr(ns_emu_kernel_sig(i)).to_string_lossy();
+                    (name.into_owned(), sig.into_owned())
+                })
+                .collect()
+        }
+    })
+}
+
+const ALIGN: usize = 256;
+
+/// A host allocation standing in for device memory (256-byte aligned, zero-filled).
+pub struct EmuBuf {
+    ptr: *mut u8,
+    len: usize,
+    used: Arc<AtomicUsize>,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; kernels write disjoint elements.
+unsafe impl Send for EmuBuf {}
+unsafe impl Sync for EmuBuf {}
+
+impl EmuBuf {
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.max(1), ALIGN).expect("allocation size")
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for the life of self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for EmuBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `alloc` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
+        self.used.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+/// The host emulator (one emulated device with a stated memory capacity).
+pub struct EmuExecutor {
+    ordinal: usize,
+    capacity: usize,
+    used: Arc<AtomicUsize>,
+}
+
+impl Default for EmuExecutor {
+    fn default() -> Self {
+        Self::new(0, 1 << 40)
+    }
+}
+
+impl EmuExecutor {
+    /// Emulated device `ordinal` with `capacity` bytes of "device memory".
+    pub fn new(ordinal: usize, capacity: usize) -> Self {
+        EmuExecutor {
+            ordinal,
+            capacity,
+            used: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn index_of(kernel: &str) -> Option<c_int> {
+        kernel_table()
+            .iter()
+            .position(|(n, _)| n == kernel)
+            .map(|i| i as c_int)
+    }
+}
+
+struct SendPtr(*mut *mut c_void);
+// SAFETY: the parameter array is only read by the kernels, during the launch.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+fn to_f32(bytes: &[u8], ty: GemmType, offset: usize, count: usize) -> Vec<f32> {
+    let s = &bytes[offset..offset + count * ty.bytes()];
+    match ty {
+        GemmType::F32 => s
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        GemmType::Bf16 => s
+            .chunks_exact(2)
+            .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+            .collect(),
+    }
+}
+
+impl Executor for EmuExecutor {
+    type Buf = EmuBuf;
+    const KIND: &'static str = "cuda-emu";
+
+    fn name(&self) -> String {
+        format!("emu:{}", self.ordinal)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
+        let used = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if used > self.capacity {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(GpuError::OutOfMemory {
+                device: self.ordinal,
+                bytes,
+                free: self.capacity.saturating_sub(used - bytes),
+                total: self.capacity,
+            });
+        }
+        // SAFETY: non-zero size layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(EmuBuf::layout(bytes)) };
+        if ptr.is_null() {
+            return Err(GpuError::Other(format!(
+                "host allocation of {bytes} bytes failed"
+            )));
+        }
+        Ok(EmuBuf {
+            ptr,
+            len: bytes,
+            used: self.used.clone(),
+        })
+    }
+
+    fn len(&self, b: &EmuBuf) -> usize {
+        b.len
+    }
+
+    fn write(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        if offset + src.len() > dst.len {
+            return Err(GpuError::Other(format!(
+                "write of {} bytes at {offset} past a {}-byte buffer",
+                src.len(),
+                dst.len
+            )));
+        }
+        // SAFETY: bounds checked above; dst is exclusively borrowed.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+        Ok(())
+    }
+
+    fn read(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        if offset + dst.len() > src.len {
+            return Err(GpuError::Other(format!(
+                "read of {} bytes at {offset} past a {}-byte buffer",
+                dst.len(),
+                src.len
+            )));
+        }
+        dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
+        Ok(())
+    }
+
+    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, EmuBuf>]) -> Result<(), GpuError> {
+        check_args(kernel, args)?;
+        let index = Self::index_of(kernel).expect("checked above");
+        // One 8-byte slot per argument; params[i] points at slot i.
+        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
+        for a in args {
+            slots.push(match *a {
+                Arg::Buf(b, off) => {
+                    if off > b.len {
+                        return Err(GpuError::Launch {
+                            kernel: kernel.into(),
+                            why: format!("offset {off} past a {}-byte buffer", b.len),
+                        });
+                    }
+                    // SAFETY: off <= len.
+                    unsafe { b.ptr.add(off) as u64 }
+                }
+                Arg::Null => 0,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::U32(v) => v as u64,
+                Arg::I64(v) => v as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            });
+        }
+        // Little-endian: a 4-byte argument read through its pointer sees the low bytes.
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        let p = SendPtr(params.as_mut_ptr());
+        let pieces = (rayon::current_num_threads() * 4).min(grid as usize).max(1) as u32;
+        (0..pieces).into_par_iter().for_each(|i| {
+            let b0 = (grid as u64 * i as u64 / pieces as u64) as u32;
+            let b1 = (grid as u64 * (i + 1) as u64 / pieces as u64) as u32;
+            let p = &p;
+            // SAFETY: the arguments match the signature (checked); pointers are live buffers;
+            // blocks write disjoint outputs (kernel rules).
+            unsafe { ns_emu_run(index, grid, BLOCK, b0, b1, p.0) };
+        });
+        Ok(())
+    }
+
+    fn gemm(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
+        let need = |off: usize, rows: usize, ld: usize, cols: usize, es: usize| {
+            if rows == 0 {
+                off
+            } else {
+                off + ((rows - 1) * ld + cols) * es
+            }
+        };
+        let es = g.ty.bytes();
+        if need(g.x_offset, g.m, g.ldx, g.k, es) > x.len
+            || need(g.w_offset, g.n, g.ldw, g.k, es) > w.len
+            || need(g.y_offset, g.m, g.ldy, g.n, 4) > y.len
+        {
+            return Err(GpuError::Other(format!("gemm {g:?} outside its buffers")));
+        }
+        let (xs, ws) = (x.as_slice(), w.as_slice());
+        let xrow = |r: usize| to_f32(xs, g.ty, g.x_offset + r * g.ldx * es, g.k);
+        let wrows: Vec<Vec<f32>> = (0..g.n)
+            .into_par_iter()
+            .map(|c| to_f32(ws, g.ty, g.w_offset + c * g.ldw * es, g.k))
+            .collect();
+        let yptr = SendPtr(y.ptr as *mut *mut c_void);
+        (0..g.m).into_par_iter().for_each(|r| {
+            let xr = xrow(r);
+            let yp = &yptr;
+            for (c, wr) in wrows.iter().enumerate() {
+                let dot: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+                // SAFETY: bounds checked above; each (r, c) is written by one task.
+                unsafe {
+                    let p = (yp.0 as *mut u8).add(g.y_offset + (r * g.ldy + c) * 4) as *mut f32;
+                    *p = if g.accumulate { *p + dot } else { dot };
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    fn memory(&self) -> Result<(usize, usize), GpuError> {
+        let used = self.used.load(Ordering::Relaxed);
+        Ok((self.capacity.saturating_sub(used), self.capacity))
+    }
+}

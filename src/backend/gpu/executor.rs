@@ -1,0 +1,248 @@
+//! The device layer under [`super::GpuBackend`]: memory, kernel launches and GEMMs.
+//!
+//! Two executors implement [`Executor`]: [`super::cuda::CudaExecutor`] (a real GPU through the
+//! CUDA driver API, kernels compiled by NVRTC, GEMMs by cuBLAS) and [`super::emu::EmuExecutor`]
+//! (the same kernel sources compiled for the host by build.rs, buffers in host memory, GEMMs in
+//! f32 on the CPU). The backend's op logic (buffer layout, argument marshalling, the sequence of
+//! kernels) is written once against this trait, so the emulator tests it on any machine; only
+//! the transport (copies, launches, cuBLAS) is specific to the real device.
+//!
+//! Buffers are untyped byte allocations. Kernel arguments are a list of [`Arg`]s whose types are
+//! checked against the kernel's C signature before every launch (see [`signature_of`]), so a
+//! marshalling mistake is an error, not undefined behaviour on the device.
+
+use thiserror::Error;
+
+/// An error of the device layer.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("cuBLAS: {0}")]
+    Cublas(String),
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    #[error("kernel {kernel}: {why}")]
+    Launch { kernel: String, why: String },
+    #[error(
+        "device {device}: out of memory allocating {bytes} bytes ({free} free of {total}); the \
+         placement plan should have refused this model: please report it"
+    )]
+    OutOfMemory {
+        device: usize,
+        bytes: usize,
+        free: usize,
+        total: usize,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// One kernel argument: a device pointer (buffer plus byte offset) or a scalar.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a, B> {
+    Buf(&'a B, usize),
+    /// A null pointer (optional inputs such as a missing row-id list).
+    Null,
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    F32(f32),
+}
+
+impl<B> Arg<'_, B> {
+    /// The signature code of this argument (matches build.rs's `ns_code`).
+    pub fn code(&self) -> char {
+        match self {
+            Arg::Buf(..) | Arg::Null => 'p',
+            Arg::I32(_) => 'i',
+            Arg::U32(_) => 'u',
+            Arg::I64(_) => 'l',
+            Arg::F32(_) => 'f',
+        }
+    }
+}
+
+/// Shorthand for a buffer argument at offset 0.
+pub fn buf<B>(b: &B) -> Arg<'_, B> {
+    Arg::Buf(b, 0)
+}
+
+/// Element type of a GEMM operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmType {
+    Bf16,
+    F32,
+}
+
+impl GemmType {
+    pub fn bytes(self) -> usize {
+        match self {
+            GemmType::Bf16 => 2,
+            GemmType::F32 => 4,
+        }
+    }
+}
+
+/// `y[m, n] (+)= x[m, k] · w[n, k]ᵀ`, all row-major with leading dimensions (in elements) and
+/// byte offsets into their buffers; `x` and `w` share `ty`, `y` is f32; accumulation in f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub ty: GemmType,
+    pub x_offset: usize,
+    pub ldx: usize,
+    pub w_offset: usize,
+    pub ldw: usize,
+    pub y_offset: usize,
+    pub ldy: usize,
+    /// Add into `y` (beta = 1) instead of overwriting it.
+    pub accumulate: bool,
+}
+
+impl Gemm {
+    /// A dense GEMM with packed operands: `x [m, k]`, `w [n, k]`, `y [m, n]`.
+    pub fn dense(m: usize, n: usize, k: usize, ty: GemmType) -> Self {
+        Gemm {
+            m,
+            n,
+            k,
+            ty,
+            x_offset: 0,
+            ldx: k,
+            w_offset: 0,
+            ldw: k,
+            y_offset: 0,
+            ldy: n,
+            accumulate: false,
+        }
+    }
+}
+
+/// Threads per block of every launch (kernels are written for any block size).
+pub const BLOCK: u32 = 256;
+
+/// A 1-D grid covering `n` independent work items with [`BLOCK`] threads per block (at least
+/// one block; at most 65,535 blocks, the grid-stride loops cover the rest).
+pub fn grid_for(n: usize) -> u32 {
+    n.div_ceil(BLOCK as usize).clamp(1, 65_535) as u32
+}
+
+/// Memory, launches and GEMMs on one device.
+pub trait Executor: Send + Sync {
+    /// A device allocation of bytes.
+    type Buf: Send + Sync;
+
+    /// Backend name for reports (`cuda`, `cuda-emu`).
+    const KIND: &'static str;
+
+    /// Short name (`cuda:0`, `emu`).
+    fn name(&self) -> String;
+
+    /// A zero-filled allocation of `bytes` (at least 1).
+    fn alloc(&self, bytes: usize) -> Result<Self::Buf, GpuError>;
+
+    /// Size in bytes of an allocation.
+    fn len(&self, b: &Self::Buf) -> usize;
+
+    /// Copies host bytes to `dst[offset..]`.
+    fn write(&self, dst: &mut Self::Buf, offset: usize, src: &[u8]) -> Result<(), GpuError>;
+
+    /// Copies `src[offset..offset + dst.len()]` to the host (waits for earlier work).
+    fn read(&self, src: &Self::Buf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError>;
+
+    /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads. The arguments are checked
+    /// against the kernel's signature first.
+    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, Self::Buf>]) -> Result<(), GpuError>;
+
+    /// One GEMM (see [`Gemm`]): `x`, `w`, `y` are buffers, offsets in bytes.
+    fn gemm(
+        &self,
+        g: &Gemm,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        y: &mut Self::Buf,
+    ) -> Result<(), GpuError>;
+
+    /// Waits for all queued work.
+    fn synchronize(&self) -> Result<(), GpuError>;
+
+    /// Bytes free and total on the device.
+    fn memory(&self) -> Result<(usize, usize), GpuError>;
+}
+
+/// Uploads host values as a new buffer.
+pub fn upload<E: Executor, T: bytemuck_lite::Pod>(e: &E, data: &[T]) -> Result<E::Buf, GpuError> {
+    let bytes = bytemuck_lite::bytes_of(data);
+    let mut b = e.alloc(bytes.len().max(1))?;
+    if !bytes.is_empty() {
+        e.write(&mut b, 0, bytes)?;
+    }
+    Ok(b)
+}
+
+/// Downloads `out.len()` values from the start of a buffer.
+pub fn download<E: Executor, T: bytemuck_lite::Pod>(
+    e: &E,
+    b: &E::Buf,
+    out: &mut [T],
+) -> Result<(), GpuError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    e.read(b, 0, bytemuck_lite::bytes_of_mut(out))
+}
+
+/// The argument signature of a kernel as the host emulator compiled it (`p` pointer, `i` int,
+/// `u` unsigned, `l` long long, `U` unsigned long long, `f` float), or None for an unknown name.
+/// Both executors check launches against it.
+pub fn signature_of(kernel: &str) -> Option<&'static str> {
+    super::emu::kernel_table()
+        .iter()
+        .find(|(n, _)| n == kernel)
+        .map(|(_, s)| s.as_str())
+}
+
+/// Checks `args` against the kernel's signature.
+pub fn check_args<B>(kernel: &str, args: &[Arg<'_, B>]) -> Result<(), GpuError> {
+    let want = signature_of(kernel).ok_or_else(|| GpuError::Launch {
+        kernel: kernel.into(),
+        why: "no such kernel in kernels/*.cu".into(),
+    })?;
+    let got: String = args.iter().map(|a| a.code()).collect();
+    if got != want {
+        return Err(GpuError::Launch {
+            kernel: kernel.into(),
+            why: format!("argument types {got:?} do not match the kernel signature {want:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Plain-old-data casts for the few element types we move (no external crate needed).
+pub mod bytemuck_lite {
+    /// Types whose every bit pattern is valid and which have no padding.
+    ///
+    /// # Safety
+    /// Implement only for such types.
+    pub unsafe trait Pod: Copy + 'static {}
+    unsafe impl Pod for u8 {}
+    unsafe impl Pod for u16 {}
+    unsafe impl Pod for u32 {}
+    unsafe impl Pod for i32 {}
+    unsafe impl Pod for i64 {}
+    unsafe impl Pod for u64 {}
+    unsafe impl Pod for f32 {}
+
+    pub fn bytes_of<T: Pod>(x: &[T]) -> &[u8] {
+        // SAFETY: Pod types have no padding; the byte view covers exactly the slice.
+        unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
+    }
+
+    pub fn bytes_of_mut<T: Pod>(x: &mut [T]) -> &mut [u8] {
+        // SAFETY: as above, and every byte pattern is a valid T.
+        unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), std::mem::size_of_val(x)) }
+    }
+}

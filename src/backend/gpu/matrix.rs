@@ -1,0 +1,235 @@
+//! Weights on the device in their stored format, and the products with them.
+//!
+//! A [`GpuMatrix`] keeps the checkpoint's bytes as they are (bf16, f32, FP8 e4m3 with e8m0
+//! 128x128 block scales, FP4 e2m1 with e8m0 1x32 group scales, NVFP4 e2m1 with e4m3 1x16 scales
+//! and an f32 global scale). A product dequantises the weight a band of rows at a time
+//! (`kernels/dequant.cu`) into a workspace of the GEMM's element type and runs one cuBLAS GEMM per
+//! band with f32 accumulation: at most [`WORKSPACE_BYTES`] of decoded weight exist at once.
+//!
+//! With [`GemmType::F32`] the dequantised weights equal the CPU decode bit for bit and only the
+//! GEMM's summation order differs from the reference. With [`GemmType::Bf16`] activations are
+//! rounded to bf16 (ties to even) and so are decoded weights (exact for bf16, FP8 and FP4 values;
+//! NVFP4 values times their f32 global scale may round), as in the serving engines.
+
+use super::executor::{buf, grid_for, Arg, Executor, Gemm, GemmType, GpuError};
+use crate::checkpoint::linear::LinearForm;
+use std::ops::Range;
+
+/// Most bytes of decoded weight a product materialises at once.
+pub const WORKSPACE_BYTES: usize = 256 << 20;
+
+/// A weight `[rows, cols]` resident on one device in its stored format.
+pub struct GpuMatrix<B> {
+    pub rows: usize,
+    pub cols: usize,
+    /// Index of the device (in the backend's device list) holding it.
+    pub device: usize,
+    pub form: LinearForm,
+    /// Codes / values as stored; None when the upload failed (the failure is recorded).
+    pub data: Option<B>,
+    /// Scales (FP8 / FP4 / NVFP4 formats).
+    pub scale: Option<B>,
+}
+
+impl<B> GpuMatrix<B> {
+    fn data(&self) -> Result<&B, GpuError> {
+        self.data
+            .as_ref()
+            .ok_or_else(|| GpuError::Other("weight was not uploaded (see the first error)".into()))
+    }
+
+    fn scale(&self) -> Result<&B, GpuError> {
+        self.scale
+            .as_ref()
+            .ok_or_else(|| GpuError::Other("weight scales missing on the device".into()))
+    }
+}
+
+/// Dequantises rows of `w` into `out` (`[nrows, cols]` of `ty`): rows `ids[i]` when `ids` is
+/// given (i32 row numbers on the device), else rows `r0..r0 + nrows`.
+pub fn dequant_rows<E: Executor>(
+    e: &E,
+    w: &GpuMatrix<E::Buf>,
+    ids: Option<&E::Buf>,
+    r0: usize,
+    nrows: usize,
+    out: &E::Buf,
+    ty: GemmType,
+) -> Result<(), GpuError> {
+    if nrows == 0 || w.cols == 0 {
+        return Ok(());
+    }
+    let ids_arg = ids.map_or(Arg::Null, buf);
+    let tail = [
+        ids_arg,
+        Arg::I64(r0 as i64),
+        Arg::I64(nrows as i64),
+        Arg::I64(w.cols as i64),
+        buf(out),
+        Arg::I32((ty == GemmType::Bf16) as i32),
+    ];
+    let grid = grid_for(nrows * w.cols);
+    let data = w.data()?;
+    let mut args: Vec<Arg<'_, E::Buf>> = vec![buf(data)];
+    let kernel = match w.form {
+        LinearForm::Bf16 => "dequant_bf16",
+        LinearForm::F32 => "dequant_f32",
+        LinearForm::Fp8Block { block } => {
+            args.extend([
+                buf(w.scale()?),
+                Arg::I64(block.0 as i64),
+                Arg::I64(block.1 as i64),
+            ]);
+            "dequant_fp8_block"
+        }
+        LinearForm::Fp4Group { group } => {
+            args.extend([buf(w.scale()?), Arg::I64(group as i64)]);
+            "dequant_fp4_group"
+        }
+        LinearForm::Nvfp4 { scale_2 } => {
+            args.extend([buf(w.scale()?), Arg::F32(scale_2)]);
+            "dequant_nvfp4"
+        }
+    };
+    args.extend(tail);
+    e.launch(kernel, grid, &args)
+}
+
+/// Converts `n` f32 values of `x` to the GEMM type: `x` itself for f32, a new bf16 buffer else.
+pub fn to_gemm_type<'a, E: Executor>(
+    e: &E,
+    x: &'a E::Buf,
+    n: usize,
+    ty: GemmType,
+    scratch: &'a mut Option<E::Buf>,
+) -> Result<&'a E::Buf, GpuError> {
+    match ty {
+        GemmType::F32 => Ok(x),
+        GemmType::Bf16 => {
+            let y = e.alloc(n * 2)?;
+            if n > 0 {
+                e.launch(
+                    "f32_to_bf16",
+                    grid_for(n),
+                    &[buf(x), buf(&y), Arg::I64(n as i64)],
+                )?;
+            }
+            Ok(scratch.insert(y))
+        }
+    }
+}
+
+/// Device operands of one product with a weight.
+pub struct WeightProduct<'a, B> {
+    /// Activations of the GEMM type, `m` rows with leading dimension `ldx`, from byte `x_offset`.
+    pub x: &'a B,
+    pub x_offset: usize,
+    pub ldx: usize,
+    pub m: usize,
+    /// f32 output, leading dimension `ldy`, from byte `y_offset`; output column j is weight row
+    /// `rows.start + j`.
+    pub y: &'a mut B,
+    pub y_offset: usize,
+    pub ldy: usize,
+}
+
+/// `y[:, j] = x · W[rows.start + j]ᵀ` for the weight rows `rows`, banded through a workspace.
+pub fn gemm_weight<E: Executor>(
+    e: &E,
+    ty: GemmType,
+    w: &GpuMatrix<E::Buf>,
+    rows: Range<usize>,
+    p: WeightProduct<'_, E::Buf>,
+) -> Result<(), GpuError> {
+    if p.m == 0 || rows.is_empty() {
+        return Ok(());
+    }
+    let es = ty.bytes();
+    let band = (WORKSPACE_BYTES / (w.cols.max(1) * es)).clamp(1, rows.len());
+    let work = e.alloc(band * w.cols * es)?;
+    let mut r = rows.start;
+    while r < rows.end {
+        let n = band.min(rows.end - r);
+        dequant_rows(e, w, None, r, n, &work, ty)?;
+        let g = Gemm {
+            m: p.m,
+            n,
+            k: w.cols,
+            ty,
+            x_offset: p.x_offset,
+            ldx: p.ldx,
+            w_offset: 0,
+            ldw: w.cols,
+            y_offset: p.y_offset + (r - rows.start) * 4,
+            ldy: p.ldy,
+            accumulate: false,
+        };
+        e.gemm(&g, p.x, &work, p.y)?;
+        r += n;
+    }
+    Ok(())
+}
+
+/// Dense product of device activations `x [m, cols]` (f32) with all rows of `w`: a new f32
+/// buffer `[m, rows]`.
+pub fn matmul_device<E: Executor>(
+    e: &E,
+    ty: GemmType,
+    x: &E::Buf,
+    m: usize,
+    w: &GpuMatrix<E::Buf>,
+) -> Result<E::Buf, GpuError> {
+    let mut scratch = None;
+    let xg = to_gemm_type(e, x, m * w.cols, ty, &mut scratch)?;
+    let mut y = e.alloc(m * w.rows * 4)?;
+    gemm_weight(
+        e,
+        ty,
+        w,
+        0..w.rows,
+        WeightProduct {
+            x: xg,
+            x_offset: 0,
+            ldx: w.cols,
+            m,
+            y: &mut y,
+            y_offset: 0,
+            ldy: w.rows,
+        },
+    )?;
+    Ok(y)
+}
+
+/// Grouped product (`wo_a`): `x [m, G·in]` (f32, device), `w [G·out, in]`; group g of every row
+/// times rows `g·out..(g+1)·out`, giving a new `[m, G·out]` f32 buffer.
+pub fn matmul_grouped_device<E: Executor>(
+    e: &E,
+    ty: GemmType,
+    x: &E::Buf,
+    m: usize,
+    groups: usize,
+    w: &GpuMatrix<E::Buf>,
+) -> Result<E::Buf, GpuError> {
+    let (out, input) = (w.rows / groups, w.cols);
+    let mut scratch = None;
+    let xg = to_gemm_type(e, x, m * groups * input, ty, &mut scratch)?;
+    let mut y = e.alloc(m * w.rows * 4)?;
+    for g in 0..groups {
+        gemm_weight(
+            e,
+            ty,
+            w,
+            g * out..(g + 1) * out,
+            WeightProduct {
+                x: xg,
+                x_offset: g * input * ty.bytes(),
+                ldx: groups * input,
+                m,
+                y: &mut y,
+                y_offset: g * out * 4,
+                ldy: w.rows,
+            },
+        )?;
+    }
+    Ok(y)
+}

@@ -1,0 +1,151 @@
+//! The GPU backend's weight path on the host emulator: every stored format (bf16, FP8 block,
+//! FP4 group, NVFP4) uploaded as stored, dequantised on the "device" and multiplied, against the
+//! CPU reference; gathers (embedding lookups); grouped products; the NaN-and-error contract.
+
+mod engine_support;
+
+use engine_support::synth_model;
+use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
+use needlescope::backend::{Backend, CpuBackend};
+use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
+
+/// Every linear `module` of the checkpoint with its `[out, in]` shape (2-D `*.weight` tensors).
+fn linears(ckpt: &Checkpoint) -> Vec<(String, usize, usize)> {
+    let mut v: Vec<(String, usize, usize)> = ckpt
+        .names()
+        .filter(|n| n.ends_with(".weight"))
+        .filter_map(|n| {
+            let info = ckpt.info(n)?;
+            (info.shape.len() == 2).then(|| {
+                (
+                    n.trim_end_matches(".weight").to_string(),
+                    info.shape[0],
+                    info.shape[1],
+                )
+            })
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// max |a-b| / max |b|.
+fn norm_err(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn check_format(format: WeightFormat) {
+    let m = synth_model(Preset::Tiny, format, Some(2), Some(4));
+    let cpu = CpuBackend::new();
+    let f32_gpu = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
+    let bf16_gpu = EmuBackend::single(EmuExecutor::default(), GemmType::Bf16);
+    let mut kinds = std::collections::BTreeSet::new();
+    let list = linears(&m.ckpt);
+    assert!(!list.is_empty());
+    for (i, (module, out, input)) in list.iter().enumerate() {
+        // The expert / attention tensors with scales are what we are after; keep it quick.
+        if i % 3 != 0 && !module.contains("experts.0.") && !module.contains("wq_a") {
+            continue;
+        }
+        // Packed FP4 stores two values per byte: the logical input is twice the stored width.
+        let Some((w, input)) = [*input, input * 2]
+            .into_iter()
+            .find_map(|i| m.ckpt.shared_linear(module, *out, i).ok().map(|w| (w, i)))
+        else {
+            continue;
+        };
+        let input = &input;
+        kinds.insert(w.view().kind());
+        let t = 5;
+        let x = random(t * input, i as u64 + 1);
+        let wc = cpu.upload_linear(w.clone()).unwrap();
+        let mut want = vec![0f32; t * out];
+        cpu.matmul(&x, &wc, &mut want);
+        for (gpu, tol) in [(&f32_gpu, 1e-5f32), (&bf16_gpu, 2e-2)] {
+            let wg = gpu.upload_linear(w.clone()).unwrap();
+            let mut got = vec![0f32; t * out];
+            gpu.matmul(&x, &wg, &mut got);
+            assert!(gpu.take_error().is_none());
+            let e = norm_err(&got, &want);
+            assert!(
+                e <= tol,
+                "{format:?} {module} [{out}x{input}] {:?}: error {e}",
+                gpu.gemm_type()
+            );
+            assert!(e > 0.0 || gpu.gemm_type() == GemmType::F32 || want.iter().all(|v| *v == 0.0));
+            // Gathered rows are the exact decode.
+            let rows = [0usize, out - 1, out / 2];
+            let mut g = vec![0f32; 3 * input];
+            let mut c = vec![0f32; 3 * input];
+            gpu.gather_rows(&wg, &rows, &mut g);
+            cpu.gather_rows(&wc, &rows, &mut c);
+            assert_eq!(g, c, "{module}: gathered rows differ");
+        }
+    }
+    eprintln!("{format:?}: formats seen {kinds:?}");
+    let expected: &[&str] = match format {
+        WeightFormat::Bf16 => &["bf16"],
+        WeightFormat::Official => &["bf16", "fp8-block", "fp4-group"],
+        WeightFormat::Nvfp4 => &["bf16", "nvfp4"],
+    };
+    for k in expected {
+        assert!(
+            kinds.contains(k),
+            "{format:?}: no {k} linear was tested ({kinds:?})"
+        );
+    }
+}
+
+#[test]
+fn matmul_and_gather_match_cpu_in_every_stored_format() {
+    for f in [
+        WeightFormat::Bf16,
+        WeightFormat::Official,
+        WeightFormat::Nvfp4,
+    ] {
+        check_format(f);
+    }
+}
+
+#[test]
+fn grouped_matmul_matches_cpu() {
+    let cpu = CpuBackend::new();
+    let gpu = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
+    let (groups, out, input, t) = (4, 24, 40, 7);
+    let w = random(groups * out * input, 9);
+    let x = random(t * groups * input, 10);
+    let wc = cpu.upload_matrix(w.clone(), groups * out, input);
+    let wg = gpu.upload_matrix(w, groups * out, input);
+    let (mut a, mut b) = (vec![0f32; t * groups * out], vec![0f32; t * groups * out]);
+    cpu.matmul_grouped(&x, groups, &wc, &mut a);
+    gpu.matmul_grouped(&x, groups, &wg, &mut b);
+    assert!(norm_err(&b, &a) < 1e-6, "error {}", norm_err(&b, &a));
+}
+
+#[test]
+fn a_failed_op_is_recorded_and_its_output_is_nan() {
+    // A device with 1 KiB of memory cannot hold the activations.
+    let gpu = EmuBackend::single(EmuExecutor::new(0, 1024), GemmType::F32);
+    let w = gpu.upload_matrix(vec![1.0; 64], 8, 8);
+    assert!(gpu.take_error().is_none());
+    let x = vec![1.0f32; 8 * 64];
+    let mut y = vec![0f32; 8 * 64];
+    gpu.matmul(&x, &w, &mut y);
+    assert!(y.iter().all(|v| v.is_nan()));
+    let e = gpu.take_error().expect("error recorded");
+    assert!(e.contains("matmul") && e.contains("out of memory"), "{e}");
+    assert!(gpu.take_error().is_none(), "taken once");
+}
