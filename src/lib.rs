@@ -3,7 +3,8 @@
 //! The library holds everything testable; `main.rs` only parses arguments and maps errors to
 //! exit codes. Layout (design.md section 2): `config` (ModelConfig), `checkpoint` (safetensors
 //! shards, number formats, synthetic checkpoints), `numerics` (fp8/fp4/e8m0 codecs, Hadamard,
-//! index-key profiles), `backend` (the Backend trait and its CPU reference), `model` (one file per
+//! index-key profiles), `backend` (the Backend trait, its CPU reference and the GPU backend),
+//! `plan` (footprint and memory plan) and `placement` (layers onto devices), `model` (one file per
 //! component in forward order, the per-sequence state and the layer loop with its observer),
 //! `probe` (scenarios, prompts, needle spans, ranks), `report` (records, CSV, tables, plots) and
 //! `cli` (one file per subcommand).
@@ -15,6 +16,7 @@ pub mod config;
 pub mod cuda_probe;
 pub mod model;
 pub mod numerics;
+pub mod placement;
 pub mod plan;
 pub mod probe;
 pub mod report;

@@ -327,6 +327,24 @@ impl Footprint {
         }
     }
 
+    /// Tallies the tensors of an opened checkpoint as stored (a packed FP4 byte is one
+    /// element; bytes are element count x dtype size).
+    pub fn of_checkpoint(ckpt: &crate::checkpoint::Checkpoint) -> Self {
+        let infos: Vec<_> = ckpt.names().filter_map(|n| ckpt.info(n)).collect();
+        Footprint::from_tensors(
+            ckpt.config().num_hidden_layers,
+            infos.iter().map(|t| {
+                let numel = t.shape.iter().product::<usize>() as u64;
+                TensorSpec {
+                    name: &t.name,
+                    dtype: t.dtype.as_str(),
+                    numel,
+                    bytes: numel * t.dtype.size() as u64,
+                }
+            }),
+        )
+    }
+
     /// Tally of one component (zero if absent).
     pub fn component(&self, c: Component) -> Tally {
         self.components

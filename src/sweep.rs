@@ -12,17 +12,27 @@
 //! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
 //! sample) whose cells are all finished is not even tokenised again.
 //!
+//! Backend: `--device` is decided and the layers placed before run.json is written
+//! (`crate::cli::engine::Target`, planned for the longest length plus the generated tokens and
+//! the largest top-k); run.json records it, and a resume on another backend kind or GEMM
+//! precision is refused (other devices are fine).
+//!
 //! Judging: a planted checkpoint whose `planted.json` says its LM path does not copy the needle
 //! is judged by indexer recall (`answer_correct` empty); everything else by the scenario's
 //! answer check.
 
+use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
+use crate::cli::device::DeviceArgs;
+use crate::cli::engine::{EngineTask, Target};
+use crate::config::ModelConfig;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::placement::Workload;
 use crate::probe::session::{
     answer_position_records, run_probe, ProbeOptions, ProbeProgress, ProbeRun,
 };
-use crate::probe::{build_prompt, NeedlePrompt, Scenario};
+use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
 use crate::report::records::{config_hash, CellRecord, RunInfo};
 use crate::report::RunDir;
 use std::io::Write;
@@ -168,15 +178,24 @@ pub struct SweepOutcome {
     pub cells_skipped: usize,
 }
 
-/// Runs (or resumes) the sweep into `out_dir`; prints a line per finished cell to `out`.
+/// Runs (or resumes) the sweep into `out_dir` on the backend `device` asks for (decided and
+/// placed before run.json is written, which records it); prints a line per finished cell to
+/// `out`.
 pub fn run_sweep(
     model_dir: &Path,
     plan: &SweepPlan,
     out_dir: &Path,
+    device: &DeviceArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
     let ckpt = Checkpoint::open(model_dir)?;
     let cfg = ckpt.config().clone();
+    let work = Workload {
+        context: plan.lengths.iter().copied().max().unwrap_or(0) + plan.generate,
+        chunk: plan.chunk,
+        topk: plan.topks.iter().copied().max().unwrap_or(cfg.index_topk),
+    };
+    let target = Target::prepare(device, &ckpt, &work)?;
     let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
     let scenario = Scenario::load(&plan.scenario)?;
     let marks = model_marks(model_dir);
@@ -192,8 +211,9 @@ pub fn run_sweep(
         scenario.name.clone(),
         marks.synthetic,
         serde_json::to_value(plan)?,
-    );
-    let (mut run_dir, finished) = RunDir::create_or_resume(out_dir, info)?;
+    )
+    .with_backend(target.record());
+    let (run_dir, finished) = RunDir::create_or_resume(out_dir, info)?;
     let per_prompt = plan.indexes.len() * plan.topks.len();
     let total = plan.lengths.len() * plan.depths.len() * plan.samples * per_prompt;
     if !finished.is_empty() {
@@ -204,97 +224,152 @@ pub fn run_sweep(
             finished.len()
         )?;
     }
-    let mut bars = SweepBars::new(total as u64, finished.len() as u64);
-    let mut engine = Engine::load(&ckpt, EngineOptions::default())?;
-    let (mut run_count, mut skipped) = (0, 0);
-    for &length in &plan.lengths {
-        for &depth in &plan.depths {
-            for sample in 0..plan.samples {
-                let seed = plan.seed.wrapping_add(sample as u64);
-                let suffix = format!("-s{sample}");
-                // Which combinations of this prompt are still to do (ids need the prompt length,
-                // which is the target length by construction).
-                let todo: Vec<(IndexProfile, usize)> = plan
-                    .indexes
-                    .iter()
-                    .flat_map(|&i| plan.topks.iter().map(move |&k| (i, k)))
-                    .filter(|&(i, k)| {
-                        !run_dir
-                            .is_finished(&format!("L{length}-d{depth}-{}-k{k}{suffix}", i.name()))
-                    })
-                    .collect();
-                skipped += per_prompt - todo.len();
-                if todo.is_empty() {
-                    continue;
-                }
-                let prompt = build_prompt(
-                    &tok,
-                    &scenario,
-                    length,
-                    depth,
-                    seed,
-                    cfg.max_position_embeddings,
-                )?;
-                for (index, topk) in todo {
-                    let opts = ProbeOptions {
-                        indexes: vec![index],
-                        compare: plan.indexes.clone(),
-                        topks: vec![topk],
-                        kv: plan.kv,
-                        generate: plan.generate,
-                        chunk: plan.chunk,
-                        probe_question: false,
-                    };
-                    let runs = run_probe(
-                        &mut engine,
-                        &tok,
-                        &scenario,
-                        &prompt,
-                        &opts,
-                        &suffix,
-                        &mut bars,
+    let task = SweepTask {
+        plan,
+        cfg: &cfg,
+        tok: &tok,
+        scenario: &scenario,
+        judge_by_answer: marks.answers,
+        run_dir,
+        bars: SweepBars::new(total as u64, finished.len() as u64),
+        out,
+    };
+    let (cells_run, cells_skipped) = target.run(&ckpt, EngineOptions::default(), task)?;
+    Ok(SweepOutcome {
+        dir: out_dir.to_path_buf(),
+        cells_run,
+        cells_skipped,
+    })
+}
+
+/// The sweep's loop over prompts and cells on a loaded engine of any backend; returns (cells
+/// run, cells skipped).
+struct SweepTask<'a> {
+    plan: &'a SweepPlan,
+    cfg: &'a ModelConfig,
+    tok: &'a V4Tokenizer,
+    scenario: &'a Scenario,
+    judge_by_answer: bool,
+    run_dir: RunDir,
+    bars: SweepBars,
+    out: &'a mut dyn Write,
+}
+
+impl EngineTask for SweepTask<'_> {
+    type Output = (usize, usize);
+
+    fn run<B: Backend>(mut self, engine: &mut Engine<B>) -> anyhow::Result<(usize, usize)> {
+        let plan = self.plan;
+        let per_prompt = plan.indexes.len() * plan.topks.len();
+        let (mut run_count, mut skipped) = (0, 0);
+        for &length in &plan.lengths {
+            for &depth in &plan.depths {
+                for sample in 0..plan.samples {
+                    let seed = plan.seed.wrapping_add(sample as u64);
+                    let suffix = format!("-s{sample}");
+                    // Which combinations of this prompt are still to do (ids need the prompt
+                    // length, which is the target length by construction).
+                    let todo: Vec<(IndexProfile, usize)> = plan
+                        .indexes
+                        .iter()
+                        .flat_map(|&i| plan.topks.iter().map(move |&k| (i, k)))
+                        .filter(|&(i, k)| {
+                            !self.run_dir.is_finished(&format!(
+                                "L{length}-d{depth}-{}-k{k}{suffix}",
+                                i.name()
+                            ))
+                        })
+                        .collect();
+                    skipped += per_prompt - todo.len();
+                    if todo.is_empty() {
+                        continue;
+                    }
+                    let prompt = build_prompt(
+                        self.tok,
+                        self.scenario,
+                        length,
+                        depth,
+                        seed,
+                        self.cfg.max_position_embeddings,
                     )?;
-                    for run in runs {
-                        let cell = cell_record(&prompt, length, &run, marks.answers);
-                        run_dir.append_cell(&cell, &run.layers, &run.attention)?;
-                        run_count += 1;
-                        bars.cells.inc(1);
-                        let verdict = match cell.answer_correct {
-                            Some(true) => "correct".to_string(),
-                            Some(false) => "WRONG".to_string(),
-                            None if cell.indexer_recall() => "recalled (indexer)".to_string(),
-                            None => "LOST (indexer)".to_string(),
-                        };
-                        let line = format!(
-                            "{:>7} tokens  depth {:>5.1}%  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s",
-                            cell.prompt_tokens,
-                            cell.depth_pct,
-                            cell.index.name(),
-                            cell.topk,
-                            verdict,
-                            cell.min_needle_rank.map_or("-".into(), |r| r.to_string()),
-                            cell.layers_lost(),
-                            cell.csa_layers_nontrivial,
-                            cell.wall_seconds
-                        );
-                        bars.cells.suspend(|| writeln!(out, "{line}"))?;
-                        if run.selection_disagreements > 0 {
-                            anyhow::bail!(
-                                "internal check failed in cell {}: the engine's selection disagreed with the needle rank at {} checks",
-                                cell.cell_id,
-                                run.selection_disagreements
-                            );
-                        }
+                    for (index, topk) in todo {
+                        run_count += self.cell(engine, &prompt, length, index, topk, &suffix)?;
                     }
                 }
             }
         }
+        self.bars.prefill.finish_and_clear();
+        self.bars.cells.finish_and_clear();
+        Ok((run_count, skipped))
     }
-    bars.prefill.finish_and_clear();
-    bars.cells.finish_and_clear();
-    Ok(SweepOutcome {
-        dir: out_dir.to_path_buf(),
-        cells_run: run_count,
-        cells_skipped: skipped,
-    })
+}
+
+impl SweepTask<'_> {
+    /// Runs one (index, top-k) combination of a prompt and commits its cell; returns the
+    /// number of cells written.
+    fn cell<B: Backend>(
+        &mut self,
+        engine: &mut Engine<B>,
+        prompt: &NeedlePrompt,
+        length: usize,
+        index: IndexProfile,
+        topk: usize,
+        suffix: &str,
+    ) -> anyhow::Result<usize> {
+        let plan = self.plan;
+        let opts = ProbeOptions {
+            indexes: vec![index],
+            compare: plan.indexes.clone(),
+            topks: vec![topk],
+            kv: plan.kv,
+            generate: plan.generate,
+            chunk: plan.chunk,
+            probe_question: false,
+        };
+        let runs = run_probe(
+            engine,
+            self.tok,
+            self.scenario,
+            prompt,
+            &opts,
+            suffix,
+            &mut self.bars,
+        )?;
+        let mut written = 0;
+        for run in runs {
+            let cell = cell_record(prompt, length, &run, self.judge_by_answer);
+            self.run_dir
+                .append_cell(&cell, &run.layers, &run.attention)?;
+            written += 1;
+            self.bars.cells.inc(1);
+            let verdict = match cell.answer_correct {
+                Some(true) => "correct".to_string(),
+                Some(false) => "WRONG".to_string(),
+                None if cell.indexer_recall() => "recalled (indexer)".to_string(),
+                None => "LOST (indexer)".to_string(),
+            };
+            let line = format!(
+                "{:>7} tokens  depth {:>5.1}%  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s",
+                cell.prompt_tokens,
+                cell.depth_pct,
+                cell.index.name(),
+                cell.topk,
+                verdict,
+                cell.min_needle_rank.map_or("-".into(), |r| r.to_string()),
+                cell.layers_lost(),
+                cell.csa_layers_nontrivial,
+                cell.wall_seconds
+            );
+            let out = &mut self.out;
+            self.bars.cells.suspend(|| writeln!(out, "{line}"))?;
+            if run.selection_disagreements > 0 {
+                anyhow::bail!(
+                    "internal check failed in cell {}: the engine's selection disagreed with the needle rank at {} checks",
+                    cell.cell_id,
+                    run.selection_disagreements
+                );
+            }
+        }
+        Ok(written)
+    }
 }

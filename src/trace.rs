@@ -18,11 +18,11 @@
 //! The keys of all floor(T/4) rows are taken from the observation of the last token, which is
 //! observed (but not recorded unless requested) whenever inputs are dumped.
 
+use crate::backend::Backend;
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::inventory::ExpectedTensor;
 use crate::checkpoint::writer::SafetensorsWriter;
-use crate::checkpoint::Checkpoint;
-use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
+use crate::model::forward::{Engine, LogitsRequest};
 use crate::model::{IndexerObservation, Observer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -84,14 +84,8 @@ impl Observer for TraceObserver<'_> {
     }
 }
 
-/// Runs the trace. `positions` must be ascending, unique and inside the token list.
-pub fn run_trace(
-    ckpt: &Checkpoint,
-    opts: EngineOptions,
-    tokens: &[u32],
-    positions: &[usize],
-    dump_indexer_inputs: bool,
-) -> anyhow::Result<TraceResult> {
+/// Checks a trace's inputs before anything is loaded: tokens present, positions inside them.
+pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
     anyhow::ensure!(!tokens.is_empty(), "the token file holds no token ids");
     if let Some(&bad) = positions.iter().find(|&&p| p >= tokens.len()) {
         anyhow::bail!(
@@ -100,7 +94,18 @@ pub fn run_trace(
             tokens.len() - 1
         );
     }
-    let engine = Engine::load(ckpt, opts)?;
+    Ok(())
+}
+
+/// Runs the trace on a loaded engine of any backend. `positions` must be ascending, unique and
+/// inside the token list ([`check_inputs`]).
+pub fn run_trace<B: Backend>(
+    engine: &Engine<B>,
+    tokens: &[u32],
+    positions: &[usize],
+    dump_indexer_inputs: bool,
+) -> anyhow::Result<TraceResult> {
+    check_inputs(tokens, positions)?;
     let recorded: BTreeSet<usize> = positions.iter().copied().collect();
     let mut result = TraceResult {
         tokens: tokens.to_vec(),

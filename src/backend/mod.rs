@@ -25,6 +25,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod parity;
 
 pub use cpu::CpuBackend;
 

@@ -1,17 +1,22 @@
-//! `needlescope bench`: times the prefill of a model at several prompt lengths on one backend
-//! and prints tokens/s and the peak resident set size (the speed and memory figures of the
-//! CPU engine issue; `scripts/bench-cpu.sh` adds the transformers comparison).
+//! `needlescope bench`: loads a model once on the backend `--device` picks, times the prefill
+//! at several prompt lengths and prints tokens/s and the peak resident set size
+//! (`scripts/bench-cpu.sh` adds the transformers comparison on the CPU).
 
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
+use super::device::DeviceArgs;
+use super::engine::{EngineTask, Target};
 use super::values::parse_token_count;
-use super::{DeviceChoice, NotImplemented};
-use crate::backend::WeightResidency;
+use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
-use crate::model::{bench_prefill, EngineOptions};
+use crate::model::bench::time_prefill;
+use crate::model::forward::Engine;
+use crate::model::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::placement::Workload;
+use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -23,9 +28,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "TOKENS", value_delimiter = ',', value_parser = parse_token_count, default_value = "1k,4k,16k")]
     pub lengths: Vec<usize>,
 
-    /// Backend
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Driving index profile
     #[arg(long, value_name = "PROFILE", default_value = "exact")]
@@ -39,72 +43,103 @@ pub struct BenchArgs {
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
     pub chunk: usize,
 
-    /// Weights: decoded (f32 at load), streamed (stored format, decoded on use) or auto
-    /// (decoded when the f32 model fits in a quarter of RAM)
+    /// Weights on the CPU: decoded (f32 at load), streamed (stored format, decoded on use) or
+    /// auto (decoded when the f32 model fits in a quarter of RAM); GPUs keep the stored format
     #[arg(long, value_name = "MODE", default_value = "auto")]
     pub weights: WeightResidency,
 }
 
-pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if args.device == DeviceChoice::Cuda {
-        return Err(NotImplemented {
-            command: "bench --device cuda",
-            why: "the CUDA backend has not landed; use --device cpu",
+/// Times one prefill per prompt on the loaded engine, printing a row each.
+struct BenchTask<'a> {
+    prompts: Vec<Vec<u32>>,
+    /// When loading began (the task starts right after it).
+    load_started: Instant,
+    weights: &'a str,
+    out: &'a mut dyn Write,
+}
+
+impl EngineTask for BenchTask<'_> {
+    type Output = ();
+    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<()> {
+        let load = self.load_started.elapsed().as_secs_f64();
+        for tokens in &self.prompts {
+            let f = time_prefill(engine, tokens)?;
+            writeln!(
+                self.out,
+                "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
+                f.tokens,
+                f.seconds,
+                f.tokens as f64 / f.seconds.max(1e-12),
+                load,
+                peak_rss_mib().map_or("-".into(), |m| format!("{m:.0}")),
+                self.weights
+            )?;
+            self.out.flush()?;
         }
-        .into());
+        Ok(())
     }
+}
+
+pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
+    let mut lengths = args.lengths.clone();
+    lengths.sort_unstable();
+    let work = Workload {
+        context: lengths.last().copied().unwrap_or(1),
+        chunk: args.chunk,
+        topk: cfg.index_topk,
+    };
+    let mut target = Target::prepare(&args.device, &ckpt, &work)?;
+    target.set_cpu_weights(&ckpt, args.weights);
     writeln!(
         out,
-        "model {} ({}), index {}, kv {}, chunk {}, {} rayon threads",
+        "model {} ({}), index {}, kv {}, chunk {}, {} rayon threads, backend {}",
         args.model.display(),
         cfg.schedule_summary(),
         args.index,
         args.kv,
         args.chunk,
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        target.record()
     )?;
     writeln!(
         out,
         "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
         "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
     )?;
-    let mut lengths = args.lengths.clone();
-    lengths.sort_unstable();
-    for &n in &lengths {
-        // Deterministic ids in [3, vocab): the same prompt on every run.
-        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
-        let tokens: Vec<u32> = (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                3 + ((s >> 33) % (cfg.vocab_size as u64 - 3)) as u32
-            })
-            .collect();
-        let opts = EngineOptions {
-            index: args.index,
-            kv: args.kv,
-            topk: None,
-            chunk: args.chunk,
-        };
-        let f = bench_prefill(&ckpt, opts, args.weights, &tokens)?;
-        writeln!(
-            out,
-            "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
-            f.tokens,
-            f.seconds,
-            f.tokens_per_s,
-            f.load_seconds,
-            peak_rss_mib().map_or("-".into(), |m| format!("{m:.0}")),
-            f.weights
-        )?;
-        out.flush()?;
-    }
+    // Deterministic ids in [3, vocab): the same prompts on every run.
+    let prompts = lengths
+        .iter()
+        .map(|&n| {
+            let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+            (0..n)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    3 + ((s >> 33) % (cfg.vocab_size as u64 - 3)) as u32
+                })
+                .collect()
+        })
+        .collect();
+    let opts = EngineOptions {
+        index: args.index,
+        kv: args.kv,
+        topk: None,
+        chunk: args.chunk,
+    };
+    let weights = target.weights_label();
+    let task = BenchTask {
+        prompts,
+        load_started: Instant::now(),
+        weights,
+        out: &mut *out,
+    };
+    target.run(&ckpt, opts, task)?;
     writeln!(
         out,
-        "peak RSS is the process high-water mark (VmHWM) after each length (streamed weights: it counts the mapped checkpoint pages, which the OS may drop); lengths run in ascending order"
+        "the model is loaded once (load s), then each length is one prefill of a fresh sequence in ascending order; peak RSS is the process high-water mark (VmHWM) after each length (streamed weights: it counts the mapped checkpoint pages, which the OS may drop)"
     )?;
     Ok(())
 }

@@ -7,12 +7,14 @@
 //! `index_topk` and twice it: at 1k-16k tokens they play the role of 512 / 1,024 at 8k-128k on
 //! the real model, the same rows per selected row), `--kv exact`. The planted model's LM path
 //! does not copy the needle, so cells are judged by indexer recall (needle selected on every
-//! non-trivial CSA layer at the answer position) and every title says "synthetic model".
+//! non-trivial CSA layer at the answer position) and every title says "synthetic model". It
+//! runs on the CPU reference backend, so its numbers are the same on every machine.
 
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
+use super::device::DeviceArgs;
 use super::values::{parse_token_count, DepthList};
 use crate::checkpoint::planted::{
     planted_info, synth_planted, CONSTRUCTION_VERSION, DEFAULT_MARGIN, DEMO_TOPK,
@@ -104,7 +106,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();
-    let outcome = run_sweep(&dir, &plan, &args.out, out)?;
+    let outcome = run_sweep(&dir, &plan, &args.out, &DeviceArgs::cpu(), out)?;
     let (table, files) = crate::report::rerender(&args.out, crate::report::stdout_wants_colour())?;
     writeln!(out)?;
     write!(out, "{table}")?;

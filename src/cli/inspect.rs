@@ -245,19 +245,7 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
         .with_context(|| format!("cannot open checkpoint {}", dir.display()))?;
     let cfg = ckpt.config().clone();
     let format = ckpt.format();
-    let infos: Vec<_> = ckpt.names().filter_map(|n| ckpt.info(n)).collect();
-    let footprint = Footprint::from_tensors(
-        cfg.num_hidden_layers,
-        infos.iter().map(|t| {
-            let numel = t.shape.iter().product::<usize>() as u64;
-            TensorSpec {
-                name: &t.name,
-                dtype: t.dtype.as_str(),
-                numel,
-                bytes: numel * t.dtype.size() as u64,
-            }
-        }),
-    );
+    let footprint = Footprint::of_checkpoint(&ckpt);
     let diff = audit(&ckpt);
     let source = Source {
         kind: "checkpoint",

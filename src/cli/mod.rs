@@ -4,15 +4,21 @@
 //! Flags parse into validated values at the clap layer (token counts, depth lists, profile
 //! lists, device specs), so a bad value is a usage error (exit 2) that names the flag and the
 //! expected form. Subcommands print to the writer they are given (stdout in the binary) and
-//! return `anyhow::Result`; `main` prints the whole error chain and exits 1. A subcommand whose
-//! engine has not landed yet fails with [`NotImplemented`] after its arguments were validated.
+//! return `anyhow::Result`; `main` prints the whole error chain and exits 1.
+//!
+//! The commands that run the model (probe, sweep, trace, bench) share `--device` /
+//! `--gpu-gemm` ([`device::DeviceArgs`]); [`engine::Target`] is the one place that turns them
+//! into a backend (CPU reference, CUDA GPUs, or the host emulator of the GPU backend), places
+//! the layers over the devices and loads the engine.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use std::io::Write;
 
 pub mod bench;
 pub mod demo;
+pub mod device;
 pub mod doctor;
+pub mod engine;
 pub mod inspect;
 pub mod probe;
 pub mod report;
@@ -35,43 +41,24 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Synthetic model, full sweep, CSV + PNG, no downloads (coming)
+    /// Synthetic model, full sweep, CSV + PNG, no downloads
     Demo(demo::DemoArgs),
     /// What is in a checkpoint (or a config): schedule, sizes, inventory check, memory plan
     Inspect(inspect::InspectArgs),
-    /// One prompt: needle ranks on every CSA layer under each index profile and top-k (coming)
+    /// One prompt: needle ranks on every CSA layer under each index profile and top-k
     Probe(probe::ProbeArgs),
-    /// Lengths x depths x profiles x top-k grid, resumable, into a report directory (coming)
+    /// Lengths x depths x profiles x top-k grid, resumable, into a report directory
     Sweep(sweep::SweepArgs),
-    /// Re-render tables, CSV and PNG of a finished or interrupted sweep (coming)
+    /// Re-render tables, CSV and PNG of a finished or interrupted sweep
     Report(report::ReportArgs),
-    /// Dump indexer scores, top-k and logits of a token file to safetensors (coming)
+    /// Dump indexer scores, top-k and logits of a token file to safetensors
     Trace(trace::TraceArgs),
     /// Write a deterministic synthetic checkpoint (tiny, planted, flash)
     Synth(synth::SynthArgs),
     /// Check the environment: CPU, CUDA driver, GPUs, NVRTC
     Doctor(doctor::DoctorArgs),
-    /// Time prefill and decode at several lengths (coming)
+    /// Time the prefill at several lengths
     Bench(bench::BenchArgs),
-}
-
-/// Where the model runs (`--device`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DeviceChoice {
-    /// CUDA when a driver and a GPU are present, else the CPU
-    Auto,
-    /// The CPU reference backend
-    Cpu,
-    /// The CUDA backend (fails when no GPU is usable)
-    Cuda,
-}
-
-/// A subcommand (or an option of one) whose implementation has not landed yet.
-#[derive(Debug, thiserror::Error)]
-#[error("`{command}` is not implemented yet ({why})")]
-pub struct NotImplemented {
-    pub command: &'static str,
-    pub why: &'static str,
 }
 
 /// Runs a parsed command line, printing to stdout.

@@ -6,14 +6,18 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 
+use super::device::DeviceArgs;
+use super::engine::{EngineTask, Target};
 use super::values::{parse_depth, parse_positive, parse_token_count};
-use super::{DeviceChoice, NotImplemented};
+use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::placement::Workload;
 use crate::probe::rank::LayerRecord;
 use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress, ProbeRun};
-use crate::probe::{build_prompt, Scenario, V4Tokenizer};
+use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
+use crate::report::records::BackendRecord;
 use std::path::Path;
 
 /// Which query positions are probed.
@@ -72,9 +76,8 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
     pub chunk: usize,
 
-    /// Backend
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Probed positions
     #[arg(long, value_enum, default_value_t = ProbeSet::Answer)]
@@ -93,16 +96,42 @@ pub struct ProbeArgs {
     pub seed: u64,
 }
 
-pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if args.device == DeviceChoice::Cuda {
-        return Err(NotImplemented {
-            command: "probe --device cuda",
-            why: "the CUDA backend has not landed; use --device cpu",
-        }
-        .into());
+/// The probe's body on a loaded engine of any backend.
+struct ProbeTask<'a> {
+    tok: &'a V4Tokenizer,
+    scenario: &'a Scenario,
+    prompt: &'a NeedlePrompt,
+    opts: &'a ProbeOptions,
+    progress: &'a mut dyn ProbeProgress,
+}
+
+impl EngineTask for ProbeTask<'_> {
+    type Output = Vec<ProbeRun>;
+    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<Vec<ProbeRun>> {
+        run_probe(
+            engine,
+            self.tok,
+            self.scenario,
+            self.prompt,
+            self.opts,
+            "",
+            self.progress,
+        )
     }
+}
+
+pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
+    // The backend first: a device that cannot be used, or a model that does not fit, fails
+    // before the prompt is built. The prompt is exactly `--length` tokens.
+    let work = Workload {
+        context: args.length + args.generate,
+        chunk: args.chunk,
+        topk: args.topk.iter().copied().max().unwrap_or(cfg.index_topk),
+    };
+    let target = Target::prepare(&args.device, &ckpt, &work)?;
+    let backend = target.record();
     let tok = load_tokenizer(&args.model, cfg.vocab_size)?;
     let scenario = Scenario::load(&args.scenario)?;
     let prompt = build_prompt(
@@ -127,23 +156,22 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         chunk: args.chunk,
         probe_question: args.probe == ProbeSet::Question,
     };
-    let mut engine = Engine::load(&ckpt, EngineOptions::default())?;
     let mut progress = BarProgress::new();
-    let runs = run_probe(
-        &mut engine,
-        &tok,
-        &scenario,
-        &prompt,
-        &opts,
-        "",
-        &mut progress,
-    )?;
+    let task = ProbeTask {
+        tok: &tok,
+        scenario: &scenario,
+        prompt: &prompt,
+        opts: &opts,
+        progress: &mut progress,
+    };
+    let runs = target.run(&ckpt, EngineOptions::default(), task)?;
     progress.finish();
     let last = prompt.tokens.len() - 1;
     let marks = crate::sweep::model_marks(&args.model);
     if args.json {
         let obj = serde_json::json!({
             "model": args.model.display().to_string(),
+            "backend": backend,
             "scenario": scenario.name,
             "prompt": {
                 "tokens": prompt.tokens,
@@ -168,7 +196,16 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     } else {
-        print_tables(out, &cfg, &scenario, &prompt, &runs, &opts, marks.answers)?;
+        print_tables(
+            out,
+            &cfg,
+            &scenario,
+            &prompt,
+            &runs,
+            &opts,
+            &backend,
+            marks.answers,
+        )?;
     }
     if let Some(dir) = &args.out {
         write_records(dir, &prompt, &runs, args, marks.answers)?;
@@ -208,13 +245,15 @@ fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("-".to_string(), |x| x.to_string())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn print_tables(
     out: &mut dyn Write,
     cfg: &crate::config::ModelConfig,
     scenario: &Scenario,
-    prompt: &crate::probe::NeedlePrompt,
+    prompt: &NeedlePrompt,
     runs: &[ProbeRun],
     opts: &ProbeOptions,
+    backend: &BackendRecord,
     judge_answers: bool,
 ) -> anyhow::Result<()> {
     let last = prompt.tokens.len() - 1;
@@ -233,6 +272,7 @@ fn print_tables(
         "CSA layers: {:?}; ranks at the answer position (query {last}); rank 1 = best",
         cfg.layers_of_kind(crate::config::LayerKind::Csa)
     )?;
+    writeln!(out, "backend {backend}")?;
     for run in runs {
         writeln!(out)?;
         writeln!(
@@ -316,7 +356,7 @@ fn print_tables(
 
 fn write_records(
     dir: &Path,
-    prompt: &crate::probe::NeedlePrompt,
+    prompt: &NeedlePrompt,
     runs: &[ProbeRun],
     args: &ProbeArgs,
     judge_answers: bool,

@@ -6,8 +6,8 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
+use super::device::DeviceArgs;
 use super::values::{parse_positive, parse_token_count, DepthList};
-use super::{DeviceChoice, NotImplemented};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::sweep::{run_sweep, SweepPlan};
 
@@ -58,9 +58,8 @@ pub struct SweepArgs {
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
     pub chunk: usize,
 
-    /// Backend
-    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
-    pub device: DeviceChoice,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Seed of the needle values and haystacks (sample i uses seed + i)
     #[arg(long, default_value_t = 0)]
@@ -72,13 +71,6 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if args.device == DeviceChoice::Cuda {
-        return Err(NotImplemented {
-            command: "sweep --device cuda",
-            why: "the CUDA backend has not landed; use --device cpu",
-        }
-        .into());
-    }
     let cfg = crate::config::ModelConfig::load(&args.model)?;
     let plan = SweepPlan {
         scenario: args.scenario.clone(),
@@ -104,7 +96,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             crate::report::records::rfc3339_utc(std::time::SystemTime::now()).replace(':', "")
         )),
     };
-    let outcome = run_sweep(&args.model, &plan, &dir, out)?;
+    let outcome = run_sweep(&args.model, &plan, &dir, &args.device, out)?;
     writeln!(
         out,
         "{} cells run, {} already finished; records in {}",

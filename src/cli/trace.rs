@@ -1,15 +1,20 @@
 //! `needlescope trace`: runs a token file through the model and writes indexer scores, top-k
 //! selections and logits of the chosen positions to one safetensors file (design.md 6), for
-//! comparison with other engines.
+//! comparison with other engines. `--device` picks the backend (the header metadata records it
+//! as `backend`).
 
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
+use super::device::DeviceArgs;
+use super::engine::{EngineTask, Target};
 use super::values::{parse_positive, parse_token_count, Positions};
+use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
-use crate::model::forward::EngineOptions;
+use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::placement::Workload;
 use crate::trace;
 use std::collections::BTreeMap;
 
@@ -50,6 +55,23 @@ pub struct TraceArgs {
     /// Also dump the raw indexer inputs per CSA layer (q, keys, head weights)
     #[arg(long)]
     pub dump_indexer_inputs: bool,
+
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// The trace on a loaded engine of any backend.
+struct TraceTask<'a> {
+    tokens: &'a [u32],
+    positions: &'a [usize],
+    dump: bool,
+}
+
+impl EngineTask for TraceTask<'_> {
+    type Output = trace::TraceResult;
+    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<trace::TraceResult> {
+        trace::run_trace(engine, self.tokens, self.positions, self.dump)
+    }
 }
 
 pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -67,14 +89,28 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         topk: args.topk,
         chunk: args.chunk,
     };
+    trace::check_inputs(&tokens, &positions)?;
+    let work = Workload {
+        context: tokens.len(),
+        chunk: args.chunk,
+        topk: args.topk.unwrap_or(cfg.index_topk),
+    };
+    let target = Target::prepare(&args.device, &ckpt, &work)?;
+    let backend = target.record();
     let started = std::time::Instant::now();
-    let result = trace::run_trace(&ckpt, opts, &tokens, &positions, args.dump_indexer_inputs)?;
+    let task = TraceTask {
+        tokens: &tokens,
+        positions: &positions,
+        dump: args.dump_indexer_inputs,
+    };
+    let result = target.run(&ckpt, opts, task)?;
     let mut metadata = BTreeMap::new();
     metadata.insert("profile".to_string(), args.index.name().to_string());
     metadata.insert("kv".to_string(), args.kv.name().to_string());
     metadata.insert("topk".to_string(), result.topk.to_string());
     metadata.insert("model".to_string(), args.model.display().to_string());
     metadata.insert("model_config_sha256".to_string(), cfg.hash_hex());
+    metadata.insert("backend".to_string(), backend.to_string());
     metadata.insert(
         "needlescope_version".to_string(),
         env!("CARGO_PKG_VERSION").to_string(),
@@ -82,13 +118,14 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     trace::write_trace(&args.out, &result, metadata)?;
     writeln!(
         out,
-        "traced {} tokens, {} positions, {} CSA layers (index {}, kv {}, top-k {}) in {:.2} s -> {}",
+        "traced {} tokens, {} positions, {} CSA layers (index {}, kv {}, top-k {}) on {} in {:.2} s -> {}",
         tokens.len(),
         positions.len(),
         result.indexer.len(),
         args.index,
         args.kv,
         result.topk,
+        backend,
         started.elapsed().as_secs_f64(),
         args.out.display()
     )?;

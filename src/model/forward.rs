@@ -105,6 +105,9 @@ pub struct Engine<B: Backend = CpuBackend> {
     embed: Embedding<B::Matrix>,
     layers: Vec<Layer<B::Matrix>>,
     head: Head<B::Matrix>,
+    /// Wall seconds spent per site since load or the last [`Engine::take_site_seconds`]
+    /// (benchmarks): index 0 the embedding, 1..=layers the decoder layers, last the head.
+    site_seconds: std::sync::Mutex<Vec<f64>>,
 }
 
 impl Engine<CpuBackend> {
@@ -187,7 +190,9 @@ impl<B: Backend> Engine<B> {
         backend.enter_site(Site::Head);
         let head = Head::load(&backend, ckpt, &cfg)?;
         backend_result(&backend)?;
+        let sites = layers.len() + 2;
         Ok(Engine {
+            site_seconds: std::sync::Mutex::new(vec![0.0; sites]),
             hc: hc_params(&cfg),
             backend,
             cfg,
@@ -255,6 +260,20 @@ impl<B: Backend> Engine<B> {
         &self.backend
     }
 
+    /// Wall seconds spent per site since load or the previous call (then reset): `[embed,
+    /// layer 0, .., layer n-1, head]`. Every backend op returns with its outputs on the host, so
+    /// these are complete per-layer times on any backend.
+    pub fn take_site_seconds(&self) -> Vec<f64> {
+        let mut s = self.site_seconds.lock().unwrap();
+        let out = s.clone();
+        s.iter_mut().for_each(|x| *x = 0.0);
+        out
+    }
+
+    fn add_site_seconds(&self, site: usize, since: std::time::Instant) {
+        self.site_seconds.lock().unwrap()[site] += since.elapsed().as_secs_f64();
+    }
+
     /// A fresh, empty sequence.
     pub fn new_sequence(&self) -> SequenceState {
         SequenceState::new(&self.cfg)
@@ -298,12 +317,15 @@ impl<B: Backend> Engine<B> {
         for (c, chunk) in tokens.chunks(self.opts.chunk).enumerate() {
             let p0 = first + c * self.opts.chunk;
             let d = self.cfg.hidden_size;
+            let t_site = std::time::Instant::now();
             self.backend.enter_site(Site::Embed);
             let e = self.embed.lookup(&self.backend, chunk);
             backend_result(&self.backend)?;
             emit(observer, "embed", p0, &[chunk.len(), d], &e);
             let mut streams = self.embed.expand(&e);
+            self.add_site_seconds(0, t_site);
             for (l, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+                let t_site = std::time::Instant::now();
                 self.backend.enter_site(Site::Layer(l));
                 layer.forward(
                     &self.backend,
@@ -316,11 +338,14 @@ impl<B: Backend> Engine<B> {
                     observer,
                 );
                 backend_result(&self.backend)?;
+                self.add_site_seconds(l + 1, t_site);
             }
             state.len = p0 + chunk.len();
+            let t_site = std::time::Instant::now();
             self.backend.enter_site(Site::Head);
             self.chunk_logits(&streams, p0, chunk.len(), &requested, observer, &mut out);
             backend_result(&self.backend)?;
+            self.add_site_seconds(self.layers.len() + 1, t_site);
         }
         Ok(out)
     }

@@ -16,6 +16,7 @@ use super::prompt::NeedlePrompt;
 use super::rank::LayerRecord;
 use super::scenario::Scenario;
 use super::tokenizer::V4Tokenizer;
+use crate::backend::Backend;
 use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use std::time::Instant;
@@ -93,10 +94,10 @@ pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> Strin
     )
 }
 
-/// Runs every (index, top-k) combination of `opts` on `prompt`.
+/// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend.
 #[allow(clippy::too_many_arguments)]
-pub fn run_probe(
-    engine: &mut Engine,
+pub fn run_probe<B: Backend>(
+    engine: &mut Engine<B>,
     tok: &V4Tokenizer,
     scenario: &Scenario,
     prompt: &NeedlePrompt,

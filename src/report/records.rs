@@ -151,8 +151,62 @@ impl CellRecord {
     }
 }
 
+/// What a run computed on (run.json `backend`). Runs written before the field existed ran on
+/// the CPU, which is what a missing field reads as.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendRecord {
+    /// `cpu`, `cuda` or `cuda-emu` (the GPU backend on host-emulated devices).
+    pub kind: String,
+    /// GEMM operand precision of a GPU backend (`bf16`, `f32`); absent on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm: Option<String>,
+    /// The devices and what each held, e.g. `cuda:0 layers 0-21 +embed`; informational (a
+    /// resumed run may use other devices).
+    #[serde(default)]
+    pub devices: Vec<String>,
+}
+
+impl Default for BackendRecord {
+    fn default() -> Self {
+        BackendRecord::cpu()
+    }
+}
+
+impl BackendRecord {
+    /// The CPU reference backend.
+    pub fn cpu() -> Self {
+        BackendRecord {
+            kind: "cpu".into(),
+            gemm: None,
+            devices: Vec::new(),
+        }
+    }
+
+    /// What determines the numerics (compared on resume): the kind and the GEMM precision.
+    pub fn numerics(&self) -> String {
+        match &self.gemm {
+            Some(g) => format!("{} gemm {g}", self.kind),
+            None => self.kind.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.kind)?;
+        if let Some(g) = &self.gemm {
+            write!(f, " (GEMM {g})")?;
+        }
+        if !self.devices.is_empty() {
+            write!(f, ": {}", self.devices.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
 /// run.json: what was run, on what, when; the resume check compares `sweep_args`,
-/// `model_config_hash`, `scenario` and `synthetic` (see [`RunInfo::resume_differences`]).
+/// `model_config_hash`, `scenario`, `synthetic` and the backend's numerics (see
+/// [`RunInfo::resume_differences`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
     /// argv as given (program name first).
@@ -170,6 +224,11 @@ pub struct RunInfo {
     /// samples, seeds...), as the sweep chooses to serialise them; compared key by key on
     /// resume. Leave out what does not change results (output directory, device, chunk size).
     pub sweep_args: serde_json::Value,
+    /// The backend the run computes on ([`BackendRecord`]; `cpu` when absent, as in runs
+    /// written before it was recorded). Its numerics (kind and GEMM precision) must match on
+    /// resume, its device list need not.
+    #[serde(default)]
+    pub backend: BackendRecord,
 }
 
 impl RunInfo {
@@ -190,7 +249,14 @@ impl RunInfo {
             scenario: scenario.into(),
             synthetic,
             sweep_args,
+            backend: BackendRecord::cpu(),
         }
+    }
+
+    /// The same run on another backend.
+    pub fn with_backend(mut self, backend: BackendRecord) -> Self {
+        self.backend = backend;
+        self
     }
 
     /// The short model name for plot titles: the last component of `model_path`.
@@ -203,7 +269,8 @@ impl RunInfo {
     }
 
     /// Fields in which `now` (the run being started) differs from `self` (run.json): the
-    /// model config hash, scenario, synthetic flag and each differing key of `sweep_args`.
+    /// model config hash, scenario, synthetic flag, backend numerics (`cpu`, `cuda gemm bf16`,
+    /// ...) and each differing key of `sweep_args`.
     pub fn resume_differences(&self, now: &RunInfo) -> Vec<crate::report::FieldDifference> {
         use crate::report::FieldDifference;
         let mut out = Vec::new();
@@ -230,6 +297,11 @@ impl RunInfo {
             "synthetic".into(),
             self.synthetic.into(),
             now.synthetic.into(),
+        );
+        cmp(
+            "backend".into(),
+            self.backend.numerics().into(),
+            now.backend.numerics().into(),
         );
         match (&self.sweep_args, &now.sweep_args) {
             (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
@@ -299,4 +371,38 @@ pub fn file_stem(cell_id: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_json_without_a_backend_reads_as_cpu_and_resume_compares_numerics_only() {
+        let info = RunInfo::new("m", "sha256:00", "passkey", true, serde_json::json!({}));
+        let mut old = serde_json::to_value(&info).unwrap();
+        old.as_object_mut().unwrap().remove("backend");
+        let old: RunInfo = serde_json::from_value(old).unwrap();
+        assert_eq!(old.backend, BackendRecord::cpu());
+        assert!(old.resume_differences(&info).is_empty());
+        let gpu = |devices: &[&str]| BackendRecord {
+            kind: "cuda".into(),
+            gemm: Some("bf16".into()),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+        };
+        let a = info.clone().with_backend(gpu(&["cuda:0 layers 0-3"]));
+        let b = info
+            .clone()
+            .with_backend(gpu(&["cuda:0 layers 0-1", "cuda:1 layers 2-3"]));
+        assert!(a.resume_differences(&b).is_empty(), "devices may change");
+        let d = old.resume_differences(&a);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].field, "backend");
+        assert_eq!(d[0].expected, "\"cpu\"");
+        assert_eq!(d[0].found, "\"cuda gemm bf16\"");
+        assert_eq!(
+            b.backend.to_string(),
+            "cuda (GEMM bf16): cuda:0 layers 0-1, cuda:1 layers 2-3"
+        );
+    }
 }

@@ -39,7 +39,7 @@ pub enum GpuError {
 }
 
 /// One kernel argument: a device pointer (buffer plus byte offset) or a scalar.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub enum Arg<'a, B> {
     Buf(&'a B, usize),
     /// A null pointer (optional inputs such as a missing row-id list).
@@ -49,6 +49,14 @@ pub enum Arg<'a, B> {
     I64(i64),
     F32(f32),
 }
+
+// Manual impls: an argument only borrows its buffer, so it is Copy whatever the buffer type.
+impl<B> Clone for Arg<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Arg<'_, B> {}
 
 impl<B> Arg<'_, B> {
     /// The signature code of this argument (matches build.rs's `ns_code`).

@@ -1,5 +1,27 @@
-//! PLACEHOLDER: router, routed experts, shared expert.
-use super::{Executor, GpuBackend, GpuError, GpuMatrix};
+//! The MoE ops on the GPU backend (model.md 5; kernels in `kernels/moe.cu`): router scores, the
+//! dense shared expert and the routed experts grouped by expert.
+//!
+//! - `router_scores`: `u [T, D] · gateᵀ` always in [`GemmType::F32`] (the router picks experts:
+//!   REF scores in f32), then `sqrt(softplus(·))` in place (`moe_sqrtsoftplus`, softplus linear
+//!   above 20) → `[T, E]`.
+//! - `ffn`: `w1` and `w3` products in the backend's GEMM type, clamped SwiGLU (`moe_swiglu`,
+//!   written straight in the GEMM type), `w2` product → `[T, D]`.
+//! - `moe_experts`: `u` is uploaded once; the token slots are grouped by expert on the host (the
+//!   routes are host data), each group's token ids, slot ids and route weights concatenated
+//!   into one upload each. Per expert with tokens: `moe_gather` its token rows `[n, D]`, the
+//!   FFN above with the route weight multiplying the SwiGLU output before `w2` (as the CPU and
+//!   REF do), `moe_scatter` its rows into the per-slot buffer `[T·k, D]`. Finally
+//!   `moe_sum_slots` sums each token's slots in slot order starting from 0, the CPU's formula
+//!   and order (deterministic, no atomics). Scratch is sized for the largest group and reused.
+//!
+//! With [`GemmType::F32`] every step equals the CPU's up to the GEMMs' summation order (and
+//! `expf` ulps); with [`GemmType::Bf16`] GEMM operands (gathered rows, SwiGLU output) are
+//! rounded to bf16 (ties to even), accumulation stays f32. The products run on the device
+//! holding the weights ([`GpuBackend::dev_of`]); the routed experts of a call must share one.
+
+use super::executor::{buf, download, grid_for, upload, Arg, Executor, GemmType};
+use super::matrix::{self, gemm_weight, WeightProduct};
+use super::{GpuBackend, GpuError, GpuMatrix};
 use crate::backend::{FfnWeights, Routes};
 
 pub fn router_scores<E: Executor>(
@@ -8,11 +30,182 @@ pub fn router_scores<E: Executor>(
     gate: &GpuMatrix<E::Buf>,
     out: &mut [f32],
 ) -> Result<(), GpuError> {
-    let _ = (g, u, gate, out);
-    Err(GpuError::Other(
-        "router_scores: not implemented on the GPU backend yet".into(),
-    ))
+    let m = u.len() / gate.cols.max(1);
+    assert_eq!(u.len(), m * gate.cols, "router: u not [T, D]");
+    assert_eq!(out.len(), m * gate.rows, "router: out not [T, E]");
+    if out.is_empty() {
+        return Ok(());
+    }
+    let e = g.dev_of(gate);
+    let ub = upload(e, u)?;
+    let y = matrix::matmul_device(e, GemmType::F32, &ub, m, gate)?;
+    let n = out.len();
+    e.launch(
+        "moe_sqrtsoftplus",
+        grid_for(n),
+        &[buf(&y), Arg::I64(n as i64)],
+    )?;
+    download(e, &y, out)
 }
+
+/// The intermediate size of `w` after checking its shapes against `d` and that all three
+/// matrices live on device `device`.
+fn ffn_inter<B>(w: &FfnWeights<GpuMatrix<B>>, d: usize, device: usize) -> Result<usize, GpuError> {
+    let inter = w.w1.rows;
+    let shapes_ok = w.w1.cols == d
+        && (w.w3.rows, w.w3.cols) == (inter, d)
+        && (w.w2.rows, w.w2.cols) == (d, inter);
+    if !shapes_ok {
+        return Err(GpuError::Other(format!(
+            "ffn weights w1 {:?}, w3 {:?}, w2 {:?} do not fit a hidden size of {d}",
+            (w.w1.rows, w.w1.cols),
+            (w.w3.rows, w.w3.cols),
+            (w.w2.rows, w.w2.cols)
+        )));
+    }
+    if [&w.w1, &w.w2, &w.w3].iter().any(|m| m.device != device) {
+        return Err(GpuError::Other(
+            "ffn weights are spread over several devices".into(),
+        ));
+    }
+    Ok(inter)
+}
+
+/// Device buffers of one FFN over up to `rows` rows (the input rows live elsewhere).
+struct Scratch<B> {
+    gate: B,
+    up: B,
+    /// SwiGLU output in the GEMM type `[rows, I]`.
+    act: B,
+    /// f32 output `[rows, D]`.
+    y: B,
+}
+
+impl<B> Scratch<B> {
+    fn new<E: Executor<Buf = B>>(
+        e: &E,
+        ty: GemmType,
+        rows: usize,
+        d: usize,
+        inter: usize,
+    ) -> Result<Self, GpuError> {
+        Ok(Scratch {
+            gate: e.alloc(rows * inter * 4)?,
+            up: e.alloc(rows * inter * 4)?,
+            act: e.alloc(rows * inter * ty.bytes())?,
+            y: e.alloc(rows * d * 4)?,
+        })
+    }
+}
+
+/// `s.y [n, D]` = FFN(`x [n, D]`, in the GEMM type), the SwiGLU output scaled per row by
+/// `row_w` (or not, for [`Arg::Null`]) before the down projection.
+#[allow(clippy::too_many_arguments)]
+fn ffn_rows<E: Executor>(
+    e: &E,
+    ty: GemmType,
+    w: &FfnWeights<GpuMatrix<E::Buf>>,
+    x: &E::Buf,
+    n: usize,
+    row_w: Arg<'_, E::Buf>,
+    limit: f32,
+    s: &mut Scratch<E::Buf>,
+) -> Result<(), GpuError> {
+    let (d, inter) = (w.w1.cols, w.w1.rows);
+    if n == 0 {
+        return Ok(());
+    }
+    for (m, y) in [(&w.w1, &mut s.gate), (&w.w3, &mut s.up)] {
+        let p = WeightProduct {
+            x,
+            x_offset: 0,
+            ldx: d,
+            m: n,
+            y,
+            y_offset: 0,
+            ldy: inter,
+        };
+        gemm_weight(e, ty, m, 0..inter, p)?;
+    }
+    if inter > 0 {
+        e.launch(
+            "moe_swiglu",
+            grid_for(n * inter),
+            &[
+                buf(&s.gate),
+                buf(&s.up),
+                row_w,
+                Arg::I64(n as i64),
+                Arg::I64(inter as i64),
+                Arg::F32(limit),
+                buf(&s.act),
+                Arg::I32((ty == GemmType::Bf16) as i32),
+            ],
+        )?;
+    }
+    let p = WeightProduct {
+        x: &s.act,
+        x_offset: 0,
+        ldx: inter,
+        m: n,
+        y: &mut s.y,
+        y_offset: 0,
+        ldy: d,
+    };
+    gemm_weight(e, ty, &w.w2, 0..d, p)
+}
+
+/// Launches `moe_gather`: rows `ids[i]` of `src [*, d]` into `dst` in the GEMM type.
+fn gather<E: Executor>(
+    e: &E,
+    src: &E::Buf,
+    ids: Arg<'_, E::Buf>,
+    n: usize,
+    d: usize,
+    dst: &E::Buf,
+    ty: GemmType,
+) -> Result<(), GpuError> {
+    if n * d == 0 {
+        return Ok(());
+    }
+    e.launch(
+        "moe_gather",
+        grid_for(n * d),
+        &[
+            buf(src),
+            ids,
+            Arg::I64(n as i64),
+            Arg::I64(d as i64),
+            buf(dst),
+            Arg::I32((ty == GemmType::Bf16) as i32),
+        ],
+    )
+}
+
+pub fn ffn<E: Executor>(
+    g: &GpuBackend<E>,
+    u: &[f32],
+    ffn: &FfnWeights<GpuMatrix<E::Buf>>,
+    swiglu_limit: f32,
+    out: &mut [f32],
+) -> Result<(), GpuError> {
+    let d = ffn.w1.cols;
+    let tokens = u.len() / d.max(1);
+    assert_eq!(u.len(), tokens * d, "ffn: u not [T, D]");
+    assert_eq!(out.len(), u.len(), "ffn: out not [T, D]");
+    let inter = ffn_inter(ffn, d, ffn.w1.device)?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let (e, ty) = (g.dev_of(&ffn.w1), g.gemm_type());
+    let ub = upload(e, u)?;
+    let mut converted = None;
+    let x = matrix::to_gemm_type(e, &ub, u.len(), ty, &mut converted)?;
+    let mut s = Scratch::new(e, ty, tokens, d, inter)?;
+    ffn_rows(e, ty, ffn, x, tokens, Arg::Null, swiglu_limit, &mut s)?;
+    download(e, &s.y, out)
+}
+
 pub fn moe_experts<E: Executor>(
     g: &GpuBackend<E>,
     u: &[f32],
@@ -21,20 +214,95 @@ pub fn moe_experts<E: Executor>(
     swiglu_limit: f32,
     out: &mut [f32],
 ) -> Result<(), GpuError> {
-    let _ = (g, u, routes, experts, swiglu_limit, out);
-    Err(GpuError::Other(
-        "moe_experts: not implemented on the GPU backend yet".into(),
-    ))
-}
-pub fn ffn<E: Executor>(
-    g: &GpuBackend<E>,
-    u: &[f32],
-    ffn: &FfnWeights<GpuMatrix<E::Buf>>,
-    swiglu_limit: f32,
-    out: &mut [f32],
-) -> Result<(), GpuError> {
-    let _ = (g, u, ffn, swiglu_limit, out);
-    Err(GpuError::Other(
-        "ffn: not implemented on the GPU backend yet".into(),
-    ))
+    let k = routes.per_token;
+    let tokens = routes.experts.len() / k.max(1);
+    assert_eq!(
+        routes.weights.len(),
+        routes.experts.len(),
+        "moe: one weight per route"
+    );
+    if tokens == 0 {
+        assert!(out.is_empty(), "moe: out not [T, D]");
+        return Ok(());
+    }
+    let d = u.len() / tokens;
+    assert_eq!(u.len(), tokens * d, "moe: u not [T, D]");
+    assert_eq!(out.len(), tokens * d, "moe: out not [T, D]");
+    // Slots per expert, in slot order (as the CPU).
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); experts.len()];
+    for (slot, &x) in routes.experts.iter().enumerate() {
+        assert!(
+            x < experts.len(),
+            "moe: route to expert {x} of {}",
+            experts.len()
+        );
+        members[x].push(slot);
+    }
+    let used: Vec<usize> = (0..experts.len())
+        .filter(|&x| !members[x].is_empty())
+        .collect();
+    let device = experts[used[0]].w1.device;
+    let mut inter_max = 0;
+    for &x in &used {
+        inter_max = inter_max.max(ffn_inter(&experts[x], d, device)?);
+    }
+    let rows_max = used.iter().map(|&x| members[x].len()).max().unwrap_or(0);
+    let to_i32 = |v: usize| {
+        i32::try_from(v).map_err(|_| GpuError::Other("moe: slot index exceeds i32".into()))
+    };
+    // Group-major token ids, slot ids and route weights of all used experts.
+    let (mut token_ids, mut slot_ids, mut row_w) = (Vec::new(), Vec::new(), Vec::new());
+    for &x in &used {
+        for &slot in &members[x] {
+            token_ids.push(to_i32(slot / k)?);
+            slot_ids.push(to_i32(slot)?);
+            row_w.push(routes.weights[slot]);
+        }
+    }
+    let (e, ty) = (g.dev_of(&experts[used[0]].w1), g.gemm_type());
+    let ub = upload(e, u)?;
+    let token_ids = upload(e, &token_ids)?;
+    let slot_ids = upload(e, &slot_ids)?;
+    let row_w = upload(e, &row_w)?;
+    let per_slot = e.alloc(tokens * k * d * 4)?;
+    let xrows = e.alloc(rows_max * d * ty.bytes())?;
+    let mut s = Scratch::new(e, ty, rows_max, d, inter_max)?;
+    let mut first = 0usize;
+    for &x in &used {
+        let n = members[x].len();
+        let at = first * 4;
+        gather(e, &ub, Arg::Buf(&token_ids, at), n, d, &xrows, ty)?;
+        let w = Arg::Buf(&row_w, at);
+        ffn_rows(e, ty, &experts[x], &xrows, n, w, swiglu_limit, &mut s)?;
+        if d > 0 {
+            e.launch(
+                "moe_scatter",
+                grid_for(n * d),
+                &[
+                    buf(&s.y),
+                    Arg::Buf(&slot_ids, at),
+                    Arg::I64(n as i64),
+                    Arg::I64(d as i64),
+                    buf(&per_slot),
+                ],
+            )?;
+        }
+        first += n;
+    }
+    if d == 0 {
+        return Ok(());
+    }
+    let outb = e.alloc(tokens * d * 4)?;
+    e.launch(
+        "moe_sum_slots",
+        grid_for(tokens * d),
+        &[
+            buf(&per_slot),
+            Arg::I64(tokens as i64),
+            Arg::I64(k as i64),
+            Arg::I64(d as i64),
+            buf(&outb),
+        ],
+    )?;
+    download(e, &outb, out)
 }

@@ -1,7 +1,75 @@
-//! PLACEHOLDER: mHC (hc_pre, hc_post, hc_head).
-use super::{Executor, GpuBackend, GpuError, GpuMatrix};
+//! mHC ops of the GPU backend (kernels in `kernels/hyper.cu`): the layer-site pre-mix with
+//! Sinkhorn, the post-mix and the head mix (model.md 4.3 / 4.4, the formulas of
+//! `crate::model::hyper`).
+//!
+//! Shapes: `streams [T, n, D]`, block input / output `[T, D]`, `post [T, n]`, `comb [T, n, n]`
+//! (comb[j·n + k] multiplies stream j into stream k); site weights `mix [(2+n)·n, n·D]`
+//! (`[n, n·D]` for the head), `base`, `scale` as in [`HcWeights`].
+//!
+//! Sequence of `hc_pre` / `hc_head`: the mixes of all tokens are one GEMM, **always in f32**
+//! whatever the backend's GEMM type (the reference computes mHC in f32 and Sinkhorn's 20 rounds
+//! amplify operand rounding); the per-token RMS scale of the flattened streams is `el_rms_inv`
+//! (f64 accumulation, the CPU formula); one thread per token computes pre / post and runs
+//! Sinkhorn; the weighted stream sum runs one thread per output element. All per-token math is
+//! the CPU's f32 arithmetic in the CPU's order, so only the GEMM's summation order (and an ulp of
+//! `expf` on a real GPU) separates the results from the reference.
+
+use super::executor::{buf, download, grid_for, upload, Arg};
+use super::{matrix, Executor, GemmType, GpuBackend, GpuError, GpuMatrix};
 use crate::backend::{HcParams, HcWeights};
 
+/// `(raw mixes [T, rows], r [T])` on the mix's device: `streams · mixᵀ` in f32 and the RMS scale
+/// `1 / sqrt(mean(x²) + eps)` of each token's flattened streams.
+fn mixes_and_scale<E: Executor>(
+    e: &E,
+    xb: &E::Buf,
+    tokens: usize,
+    mix: &GpuMatrix<E::Buf>,
+    eps: f32,
+) -> Result<(E::Buf, E::Buf), GpuError> {
+    let mixes = matrix::matmul_device(e, GemmType::F32, xb, tokens, mix)?;
+    let r = e.alloc(tokens * 4)?;
+    e.launch(
+        "el_rms_inv",
+        grid_for(tokens),
+        &[
+            buf(xb),
+            buf(&r),
+            Arg::I64(tokens as i64),
+            Arg::I64(mix.cols as i64),
+            Arg::F32(eps),
+        ],
+    )?;
+    Ok((mixes, r))
+}
+
+/// `out [T, D] = Σ_j w[t, j] · X_j` on the device, downloaded into `out`.
+fn weighted_sum<E: Executor>(
+    e: &E,
+    xb: &E::Buf,
+    wb: &E::Buf,
+    tokens: usize,
+    n: usize,
+    out: &mut [f32],
+) -> Result<(), GpuError> {
+    let d = out.len() / tokens;
+    let ob = e.alloc(out.len() * 4)?;
+    e.launch(
+        "hc_weighted_sum",
+        grid_for(out.len()),
+        &[
+            buf(xb),
+            buf(wb),
+            buf(&ob),
+            Arg::I64(tokens as i64),
+            Arg::I64(n as i64),
+            Arg::I64(d as i64),
+        ],
+    )?;
+    download(e, &ob, out)
+}
+
+/// Layer-site pre-mix (see [`crate::backend::Backend::hc_pre`]).
 pub fn hc_pre<E: Executor>(
     g: &GpuBackend<E>,
     streams: &[f32],
@@ -11,11 +79,48 @@ pub fn hc_pre<E: Executor>(
     post: &mut [f32],
     comb: &mut [f32],
 ) -> Result<(), GpuError> {
-    let _ = (g, streams, site, params, input, post, comb);
-    Err(GpuError::Other(
-        "hc_pre: not implemented on the GPU backend yet".into(),
-    ))
+    let n = params.streams;
+    let width = site.mix.cols;
+    let d = width / n;
+    let tokens = streams.len() / width;
+    assert_eq!(site.mix.rows, (2 + n) * n, "hc_pre: mix rows");
+    assert_eq!(input.len(), tokens * d, "hc_pre: input is not [T, D]");
+    assert_eq!(post.len(), tokens * n, "hc_pre: post is not [T, n]");
+    assert_eq!(comb.len(), tokens * n * n, "hc_pre: comb is not [T, n, n]");
+    if tokens == 0 {
+        return Ok(());
+    }
+    let e = g.dev_of(site.mix);
+    let xb = upload(e, streams)?;
+    let (mixes, r) = mixes_and_scale(e, &xb, tokens, site.mix, params.norm_eps)?;
+    let base = upload(e, site.base)?;
+    let scale = upload(e, site.scale)?;
+    let pre = e.alloc(tokens * n * 4)?;
+    let pb = e.alloc(post.len() * 4)?;
+    let cb = e.alloc(comb.len() * 4)?;
+    e.launch(
+        "hc_pre_coeffs",
+        grid_for(tokens),
+        &[
+            buf(&mixes),
+            buf(&r),
+            buf(&base),
+            buf(&scale),
+            buf(&pre),
+            buf(&pb),
+            buf(&cb),
+            Arg::I64(tokens as i64),
+            Arg::I64(n as i64),
+            Arg::I64(params.sinkhorn_iters as i64),
+            Arg::F32(params.hc_eps),
+        ],
+    )?;
+    weighted_sum(e, &xb, &pre, tokens, n, input)?;
+    download(e, &pb, post)?;
+    download(e, &cb, comb)
 }
+
+/// Post-mix in place (see [`crate::backend::Backend::hc_post`]).
 pub fn hc_post<E: Executor>(
     g: &GpuBackend<E>,
     streams: &mut [f32],
@@ -24,11 +129,40 @@ pub fn hc_post<E: Executor>(
     comb: &[f32],
     n: usize,
 ) -> Result<(), GpuError> {
-    let _ = (g, streams, y, post, comb, n);
-    Err(GpuError::Other(
-        "hc_post: not implemented on the GPU backend yet".into(),
-    ))
+    let tokens = post.len() / n;
+    if tokens == 0 {
+        return Ok(());
+    }
+    let d = y.len() / tokens;
+    assert_eq!(
+        streams.len(),
+        tokens * n * d,
+        "hc_post: streams is not [T, n, D]"
+    );
+    assert_eq!(comb.len(), tokens * n * n, "hc_post: comb is not [T, n, n]");
+    let old = g.up(streams)?;
+    let yb = g.up(y)?;
+    let pb = g.up(post)?;
+    let cb = g.up(comb)?;
+    let ob = g.zeros(streams.len())?;
+    g.dev().launch(
+        "hc_post_mix",
+        grid_for(streams.len()),
+        &[
+            buf(&old),
+            buf(&yb),
+            buf(&pb),
+            buf(&cb),
+            buf(&ob),
+            Arg::I64(tokens as i64),
+            Arg::I64(n as i64),
+            Arg::I64(d as i64),
+        ],
+    )?;
+    g.down(&ob, streams)
 }
+
+/// Final head mix, no Sinkhorn (see [`crate::backend::Backend::hc_head`]).
 pub fn hc_head<E: Executor>(
     g: &GpuBackend<E>,
     streams: &[f32],
@@ -36,8 +170,33 @@ pub fn hc_head<E: Executor>(
     params: &HcParams,
     out: &mut [f32],
 ) -> Result<(), GpuError> {
-    let _ = (g, streams, site, params, out);
-    Err(GpuError::Other(
-        "hc_head: not implemented on the GPU backend yet".into(),
-    ))
+    let n = params.streams;
+    let width = site.mix.cols;
+    let tokens = streams.len() / width;
+    assert_eq!(site.mix.rows, n, "hc_head: mix rows");
+    assert_eq!(out.len(), streams.len() / n, "hc_head: out is not [T, D]");
+    if tokens == 0 {
+        return Ok(());
+    }
+    let e = g.dev_of(site.mix);
+    let xb = upload(e, streams)?;
+    let (mixes, r) = mixes_and_scale(e, &xb, tokens, site.mix, params.norm_eps)?;
+    let base = upload(e, site.base)?;
+    let scale = upload(e, site.scale)?;
+    let pre = e.alloc(tokens * n * 4)?;
+    e.launch(
+        "hc_head_coeffs",
+        grid_for(tokens * n),
+        &[
+            buf(&mixes),
+            buf(&r),
+            buf(&base),
+            buf(&scale),
+            buf(&pre),
+            Arg::I64(tokens as i64),
+            Arg::I64(n as i64),
+            Arg::F32(params.hc_eps),
+        ],
+    )?;
+    weighted_sum(e, &xb, &pre, tokens, n, out)
 }

@@ -233,3 +233,29 @@ pub fn matmul_grouped_device<E: Executor>(
     }
     Ok(y)
 }
+
+/// Achieved TFLOP/s of one device GEMM `[m, k] x [n, k]ᵀ` of `ty` operands with f32 output,
+/// operands already resident (one warm-up, then the mean of `reps` timed runs): the reference
+/// the benchmark compares its layers against.
+pub fn gemm_tflops<E: Executor>(
+    e: &E,
+    m: usize,
+    n: usize,
+    k: usize,
+    ty: GemmType,
+    reps: usize,
+) -> Result<f64, GpuError> {
+    let x = e.alloc(m * k * ty.bytes())?;
+    let w = e.alloc(n * k * ty.bytes())?;
+    let mut y = e.alloc(m * n * 4)?;
+    let g = Gemm::dense(m, n, k, ty);
+    e.gemm(&g, &x, &w, &mut y)?;
+    e.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..reps.max(1) {
+        e.gemm(&g, &x, &w, &mut y)?;
+    }
+    e.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64() / reps.max(1) as f64;
+    Ok(2.0 * (m * n * k) as f64 / secs.max(1e-12) / 1e12)
+}

@@ -1,7 +1,29 @@
-//! PLACEHOLDER: elementwise ops (rms_norm, rope, swiglu, kv_fp8_sim, compressor_pool).
+//! Elementwise and per-vector ops of the GPU backend (kernels in `kernels/elementwise.cu`):
+//! RMS norm, RoPE, clamped SwiGLU, compressor pooling and the `--kv fp8` simulation.
+//!
+//! Shapes (the [`crate::backend::Backend`] contract): `rms_norm` on `x [rows, dim]` in place,
+//! optional `weight [dim]`; `rope` on `x [P, vecs, vec_len]` with `positions [P]`, rotating the
+//! last `table.rope_dim()` dims of every vector; `swiglu` on `gate [n]`, `up [n]`;
+//! `compressor_pool` from `values`, `logits [rows, slots, width]` to `out [rows, width]`;
+//! `kv_fp8_sim` on `rows [R, row_len]` in place.
+//!
+//! Every op repeats the CPU reference's arithmetic in its order, so on the host emulator the
+//! results are bit-identical; on a GPU only `expf` (SwiGLU, pooling) may differ by an ulp.
+//! Numerical choices that are not obvious:
+//! - RMS norm takes the mean square in f64 (one thread per vector), like the CPU, so the result
+//!   does not depend on a summation order; scaling runs one thread per element.
+//! - RoPE's cos / sin are evaluated on the host by [`RopeTable::cos_sin`] (f64, then rounded to
+//!   f32), exactly the values the CPU uses, and uploaded as `[P, rope_dim/2]` tables; the kernel
+//!   only rotates. Device `sinf` / `cosf` of an f32 angle would lose accuracy with position.
+//! - `kv_fp8_sim` reads from a copy of the rows and writes a new buffer, because each element
+//!   recomputes its 64-block's amax from the original values.
+
+use super::executor::{buf, grid_for, Arg};
 use super::{Executor, GpuBackend, GpuError};
 use crate::model::rope::RopeTable;
+use rayon::prelude::*;
 
+/// In-place RMS norm of every `dim`-long vector of `x` (see [`crate::backend::Backend::rms_norm`]).
 pub fn rms_norm<E: Executor>(
     g: &GpuBackend<E>,
     x: &mut [f32],
@@ -9,11 +31,47 @@ pub fn rms_norm<E: Executor>(
     weight: Option<&[f32]>,
     eps: f32,
 ) -> Result<(), GpuError> {
-    let _ = (g, x, dim, weight, eps);
-    Err(GpuError::Other(
-        "rms_norm: not implemented on the GPU backend yet".into(),
-    ))
+    assert!(
+        dim > 0 && x.len().is_multiple_of(dim),
+        "rms_norm: length not a multiple of dim"
+    );
+    if let Some(w) = weight {
+        assert_eq!(w.len(), dim, "rms_norm: weight length");
+    }
+    if x.is_empty() {
+        return Ok(());
+    }
+    let rows = x.len() / dim;
+    let e = g.dev();
+    let xb = g.up(x)?;
+    let wb = weight.map(|w| g.up(w)).transpose()?;
+    let rb = g.zeros(rows)?;
+    e.launch(
+        "el_rms_inv",
+        grid_for(rows),
+        &[
+            buf(&xb),
+            buf(&rb),
+            Arg::I64(rows as i64),
+            Arg::I64(dim as i64),
+            Arg::F32(eps),
+        ],
+    )?;
+    e.launch(
+        "el_rms_apply",
+        grid_for(x.len()),
+        &[
+            buf(&xb),
+            buf(&rb),
+            wb.as_ref().map_or(Arg::Null, buf),
+            Arg::I64(rows as i64),
+            Arg::I64(dim as i64),
+        ],
+    )?;
+    g.down(&xb, x)
 }
+
+/// In-place RoPE (see [`crate::backend::Backend::rope`]).
 pub fn rope<E: Executor>(
     g: &GpuBackend<E>,
     table: &RopeTable,
@@ -22,33 +80,108 @@ pub fn rope<E: Executor>(
     positions: &[usize],
     inverse: bool,
 ) -> Result<(), GpuError> {
-    let _ = (g, table, x, vec_len, positions, inverse);
-    Err(GpuError::Other(
-        "rope: not implemented on the GPU backend yet".into(),
-    ))
+    if positions.is_empty() || x.is_empty() {
+        return Ok(());
+    }
+    let per_pos = x.len() / positions.len();
+    assert_eq!(
+        per_pos * positions.len(),
+        x.len(),
+        "rope: x not [P, vecs, len]"
+    );
+    assert!(
+        vec_len > 0 && per_pos.is_multiple_of(vec_len),
+        "rope: row not a whole number of vectors"
+    );
+    let d_r = table.rope_dim();
+    assert!(d_r <= vec_len, "rope: rope dims exceed the vector");
+    let half = d_r / 2;
+    let (mut cos, mut sin) = (
+        vec![0f32; positions.len() * half],
+        vec![0f32; positions.len() * half],
+    );
+    // f64 sin_cos per (position, pair): spread over rayon's pool like the CPU's rope.
+    cos.par_chunks_mut(half)
+        .zip(sin.par_chunks_mut(half))
+        .zip(positions.par_iter())
+        .for_each(|((c, s), &pos)| table.cos_sin(pos, c, s));
+    let pairs = positions.len() * (per_pos / vec_len) * half;
+    let xb = g.up(x)?;
+    let (cb, sb) = (g.up(&cos)?, g.up(&sin)?);
+    g.dev().launch(
+        "el_rope",
+        grid_for(pairs),
+        &[
+            buf(&xb),
+            buf(&cb),
+            buf(&sb),
+            Arg::I64(positions.len() as i64),
+            Arg::I64(per_pos as i64),
+            Arg::I64(vec_len as i64),
+            Arg::I64(d_r as i64),
+            Arg::I32(inverse as i32),
+        ],
+    )?;
+    g.down(&xb, x)
 }
+
+/// Clamped SwiGLU in place: `gate ← silu(min(gate, l)) · clamp(up, -l, l)`.
 pub fn swiglu<E: Executor>(
     g: &GpuBackend<E>,
     gate: &mut [f32],
     up: &[f32],
     limit: f32,
 ) -> Result<(), GpuError> {
-    let _ = (g, gate, up, limit);
-    Err(GpuError::Other(
-        "swiglu: not implemented on the GPU backend yet".into(),
-    ))
+    assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
+    if gate.is_empty() {
+        return Ok(());
+    }
+    let gb = g.up(gate)?;
+    let ub = g.up(up)?;
+    g.dev().launch(
+        "el_swiglu",
+        grid_for(gate.len()),
+        &[
+            buf(&gb),
+            buf(&ub),
+            Arg::I64(gate.len() as i64),
+            Arg::F32(limit),
+        ],
+    )?;
+    g.down(&gb, gate)
 }
+
+/// `--kv fp8` simulation of the first `nope_dims` dims of every row of length `row_len`.
 pub fn kv_fp8_sim<E: Executor>(
     g: &GpuBackend<E>,
     rows: &mut [f32],
     row_len: usize,
     nope_dims: usize,
 ) -> Result<(), GpuError> {
-    let _ = (g, rows, row_len, nope_dims);
-    Err(GpuError::Other(
-        "kv_fp8_sim: not implemented on the GPU backend yet".into(),
-    ))
+    if rows.is_empty() {
+        return Ok(());
+    }
+    assert!(
+        row_len > 0 && rows.len().is_multiple_of(row_len),
+        "kv_fp8_sim: rows not [R, row_len]"
+    );
+    let ib = g.up(rows)?;
+    let ob = g.zeros(rows.len())?;
+    g.dev().launch(
+        "el_kv_fp8_sim",
+        grid_for(rows.len()),
+        &[
+            buf(&ib),
+            buf(&ob),
+            Arg::I64((rows.len() / row_len) as i64),
+            Arg::I64(row_len as i64),
+            Arg::I64(nope_dims as i64),
+        ],
+    )?;
+    g.down(&ob, rows)
 }
+
+/// Compressor pooling: per row and channel a softmax over the slots' logits weights the values.
 pub fn compressor_pool<E: Executor>(
     g: &GpuBackend<E>,
     values: &[f32],
@@ -57,8 +190,34 @@ pub fn compressor_pool<E: Executor>(
     width: usize,
     out: &mut [f32],
 ) -> Result<(), GpuError> {
-    let _ = (g, values, logits, slots, width, out);
-    Err(GpuError::Other(
-        "compressor_pool: not implemented on the GPU backend yet".into(),
-    ))
+    if out.is_empty() {
+        return Ok(());
+    }
+    let rows = out.len() / width;
+    assert_eq!(
+        values.len(),
+        rows * slots * width,
+        "pool: values not [rows, slots, c]"
+    );
+    assert_eq!(
+        logits.len(),
+        values.len(),
+        "pool: logits not [rows, slots, c]"
+    );
+    let vb = g.up(values)?;
+    let lb = g.up(logits)?;
+    let ob = g.zeros(out.len())?;
+    g.dev().launch(
+        "el_compressor_pool",
+        grid_for(out.len()),
+        &[
+            buf(&vb),
+            buf(&lb),
+            buf(&ob),
+            Arg::I64(rows as i64),
+            Arg::I64(slots as i64),
+            Arg::I64(width as i64),
+        ],
+    )?;
+    g.down(&ob, out)
 }

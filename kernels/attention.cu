@@ -1,0 +1,111 @@
+// attention.cu: sparse attention with sink (attention.md 4.5), the arithmetic of
+// src/backend/cpu/attention.rs step for step.
+//
+// Layout (see src/backend/gpu/attention.rs): `table [U, d]` holds every distinct attended vector
+// once; `idx [T, E]` (E = the most entries of any query) gives query t's entries as table rows,
+// `count [T]` how many are real (the rest are -1). `w [T, H, E]` holds the logits, then the
+// unnormalised weights exp(l - m), then (attn_probs) the probabilities; `inv [T, H]` is
+// 1 / denominator and `sink_p [T, H]` the sink's share. Padding entries (e >= count[t]) are 0.
+//
+// Four launches, each thread owning its outputs:
+//   attn_logits  (t, h, e): w = dot8(q, table[idx]) * scale
+//   attn_softmax (t, h):    m = max(sink, w...); w = exp(w - m); denominators in entry order
+//   attn_values  (t, h, c): out = (sum_e w_e * v_e[c]) * inv, entries in order
+//   attn_probs   (t, h, e): w = w * inv
+// The dot product is linalg::dot's: eight interleaved f32 accumulators, a fixed pairwise
+// combine, then the tail. With -ffp-contract=off / --fmad=false every step rounds as the CPU's.
+
+// f32::max: a NaN operand yields the other one.
+static __device__ __forceinline__ float attn_fmax(float a, float b) {
+    if (a != a) return b;
+    if (b != b) return a;
+    return a > b ? a : b;
+}
+
+// linalg::dot: 8 lanes, ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)) + tail.
+static __device__ __forceinline__ float attn_dot8(const float* a, const float* b, i64 n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    i64 chunks = n / 8;
+    for (i64 c = 0; c < chunks; ++c) {
+        for (int l = 0; l < 8; ++l) {
+            float p = a[c * 8 + l] * b[c * 8 + l];
+            acc[l] = acc[l] + p;
+        }
+    }
+    float tail = 0.0f;
+    for (i64 i = chunks * 8; i < n; ++i) {
+        float p = a[i] * b[i];
+        tail = tail + p;
+    }
+    float lo = (acc[0] + acc[4]) + (acc[1] + acc[5]);
+    float hi = (acc[2] + acc[6]) + (acc[3] + acc[7]);
+    return (lo + hi) + tail;
+}
+
+// queries [T, H, d]; one thread per (t, h, e).
+extern "C" __global__ void attn_logits(const float* queries, const float* table, const int* idx,
+                                       const int* count, i64 tokens, i64 heads, i64 d, i64 emax,
+                                       float scale, float* w) {
+    NS_FOR(i, tokens * heads * emax) {
+        i64 e = i % emax, th = i / emax, t = th / heads;
+        if (e < (i64)count[t]) {
+            const float* q = queries + th * d;
+            const float* v = table + (i64)idx[t * emax + e] * d;
+            w[i] = attn_dot8(q, v, d) * scale;
+        } else {
+            w[i] = 0.0f;
+        }
+    }
+}
+
+// One thread per (t, h): logits -> exp(l - m) in place, inv = 1 / denominator, sink share.
+extern "C" __global__ void attn_softmax(const float* sinks, const int* count, i64 tokens,
+                                        i64 heads, i64 emax, float* w, float* inv,
+                                        float* sink_p) {
+    NS_FOR(th, tokens * heads) {
+        i64 t = th / heads, h = th % heads;
+        i64 n = (i64)count[t];
+        float* row = w + th * emax;
+        float sink = sinks[h];
+        float m = sink;
+        for (i64 e = 0; e < n; ++e) m = attn_fmax(m, row[e]);
+        float denom = 0.0f;
+        for (i64 e = 0; e < n; ++e) {
+            float x = expf(row[e] - m);
+            row[e] = x;
+            denom = denom + x;
+        }
+        float sw = expf(sink - m);
+        denom = denom + sw;
+        float r = 1.0f / denom;
+        inv[th] = r;
+        sink_p[th] = sw * r;
+    }
+}
+
+// One thread per (t, h, c): out[t, h, c] = (sum_e w[t, h, e] * table[idx[t, e], c]) * inv[t, h].
+extern "C" __global__ void attn_values(const float* table, const int* idx, const int* count,
+                                       const float* w, const float* inv, i64 tokens, i64 heads,
+                                       i64 d, i64 emax, float* out) {
+    NS_FOR(i, tokens * heads * d) {
+        i64 c = i % d, th = i / d, t = th / heads;
+        i64 n = (i64)count[t];
+        const float* row = w + th * emax;
+        const int* ids = idx + t * emax;
+        float acc = 0.0f;
+        for (i64 e = 0; e < n; ++e) {
+            float p = row[e] * table[(i64)ids[e] * d + c];
+            acc = acc + p;
+        }
+        out[i] = acc * inv[th];
+    }
+}
+
+// One thread per (t, h, e): the probabilities, w * inv (padding stays 0).
+extern "C" __global__ void attn_probs(const int* count, const float* inv, i64 tokens, i64 heads,
+                                      i64 emax, float* w) {
+    NS_FOR(i, tokens * heads * emax) {
+        i64 e = i % emax, th = i / emax, t = th / heads;
+        if (e < (i64)count[t]) w[i] = w[i] * inv[th];
+    }
+}

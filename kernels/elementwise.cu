@@ -1,0 +1,160 @@
+// elementwise.cu: RMS norm, RoPE, clamped SwiGLU, compressor pooling and the `--kv fp8` e4m3
+// simulation (host side: src/backend/gpu/norm.rs).
+//
+// Each kernel repeats the CPU reference's arithmetic in the same order, so on the host emulator
+// the results are bit-identical (the only transcendental, expf, is the same libm call there):
+// - RMS norm: the mean square is accumulated in double, one thread per vector, in index order,
+//   and `1 / sqrt(ms + eps)` is taken in double then rounded once to float (backend::cpu).
+//   A second kernel applies `x * r (* w)` one thread per element.
+// - RoPE: cos / sin come from the host (model::rope, f64 then rounded); the kernel only rotates
+//   pairs, `(a c - b s, a s + b c)` with s negated for the inverse (model::rope::rotate_pairs).
+// - kv_fp8: numerics::quant::kv_fp8_sim, one thread per element; the thread recomputes the
+//   amax of its 64-element block from the (read-only) input, so input and output are separate
+//   buffers. The e4m3 encoder is numerics::codecs::f32_to_e4m3 line for line.
+// Min / max follow Rust's f32::min / max / clamp: a NaN operand of min / max is ignored, clamp
+// lets NaN through.
+
+// ---- RMS norm ---------------------------------------------------------------------------------
+
+// r[row] = (float)(1 / sqrt(mean(x[row]^2) + eps)) in double, for `rows` vectors of `dim`.
+extern "C" __global__ void el_rms_inv(const float* x, float* r, i64 rows, i64 dim, float eps) {
+    NS_FOR(row, rows) {
+        const float* v = x + row * dim;
+        double ss = 0.0;
+        for (i64 i = 0; i < dim; ++i) {
+            double a = (double)v[i];
+            ss += a * a;
+        }
+        double ms = ss / (double)dim;
+        r[row] = (float)(1.0 / sqrt(ms + (double)eps));
+    }
+}
+
+// x[row, i] = x[row, i] * r[row] (* w[i] when w is not null), in place.
+extern "C" __global__ void el_rms_apply(float* x, const float* r, const float* w, i64 rows,
+                                        i64 dim) {
+    NS_FOR(e, rows * dim) {
+        float v = x[e] * r[e / dim];
+        if (w) v = v * w[e % dim];
+        x[e] = v;
+    }
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------
+
+// x is [npos, per_pos] with per_pos = vecs * vec_len; the last d_r dims of every vector are
+// interleaved pairs rotated by cos / sin [npos, d_r / 2] of the vector's position.
+extern "C" __global__ void el_rope(float* x, const float* cs, const float* sn, i64 npos,
+                                   i64 per_pos, i64 vec_len, i64 d_r, int inverse) {
+    i64 half = d_r / 2, vecs = per_pos / vec_len;
+    NS_FOR(p, npos * vecs * half) {
+        i64 i = p % half, v = p / half, pos = v / vecs;
+        float c = cs[pos * half + i];
+        float s = inverse ? -sn[pos * half + i] : sn[pos * half + i];
+        float* pair = x + v * vec_len + (vec_len - d_r) + 2 * i;
+        float a = pair[0], b = pair[1];
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
+    }
+}
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+
+// gate <- silu(min(gate, limit)) * clamp(up, -limit, limit) (backend::cpu::experts::swiglu).
+extern "C" __global__ void el_swiglu(float* gate, const float* up, i64 n, float limit) {
+    NS_FOR(i, n) {
+        float g = gate[i];
+        float g1 = ns_isnan(g) ? limit : (ns_isnan(limit) ? g : (limit < g ? limit : g));
+        float silu = g1 / (1.0f + expf(-g1));
+        float v = up[i];
+        if (v < -limit) v = -limit;
+        if (v > limit) v = limit;
+        gate[i] = silu * v;
+    }
+}
+
+// ---- Compressor pooling -----------------------------------------------------------------------
+
+// out[r, c] = Σ_s softmax_s(logits[r, s, c]) · values[r, s, c]; max, exp, then num / den summed
+// over slots in order like backend::cpu::attention::compressor_pool. exp(-inf) = 0.
+extern "C" __global__ void el_compressor_pool(const float* values, const float* logits,
+                                              float* out, i64 rows, i64 slots, i64 width) {
+    NS_FOR(e, rows * width) {
+        i64 r = e / width, c = e % width;
+        const float* l = logits + r * slots * width + c;
+        const float* v = values + r * slots * width + c;
+        float mx = -ns_inf();
+        for (i64 s = 0; s < slots; ++s) {
+            if (l[s * width] > mx) mx = l[s * width];
+        }
+        float num = 0.0f, den = 0.0f;
+        for (i64 s = 0; s < slots; ++s) {
+            float w = expf(l[s * width] - mx);
+            den = den + w;
+            num = num + w * v[s * width];
+        }
+        out[e] = num / den;
+    }
+}
+
+// ---- KV fp8 simulation ------------------------------------------------------------------------
+
+// numerics::quant::pow2_ceil_bits: 2^(exponent(t) - 127 + (mantissa(t) != 0)), the exponent
+// capped at 127; t > 0 gives an exponent >= -127 (2^-127 is the subnormal 1 << 22).
+static __device__ __forceinline__ float el_pow2_ceil_bits(float t) {
+    u32 bits = ns_f32_bits(t);
+    int e = (int)((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0u ? 1 : 0);
+    if (e > 127) e = 127;
+    if (e >= -126) return ns_pow2(e);
+    if (e >= -149) return ns_bits_f32(1u << (e + 149));
+    return 0.0f;
+}
+
+// numerics::codecs::f32_to_e4m3: nearest, ties to even, saturating at ±448, NaN -> 0x7F,
+// sign of zero kept.
+static __device__ __forceinline__ u8 el_f32_to_e4m3(float x) {
+    if (ns_isnan(x)) return 0x7F;
+    u32 sign = (ns_f32_bits(x) & 0x80000000u) ? 0x80u : 0u;
+    float a = ns_bits_f32(ns_f32_bits(x) & 0x7FFFFFFFu);
+    if (a >= 448.0f) return (u8)(sign | 0x7Eu);
+    // Subnormal grid, step 2^-9: code = rne(a * 2^9) (8 lands exactly on 2^-6, code 0x08).
+    if (a < ns_pow2(-6)) return (u8)(sign | (u32)rintf(a * ns_pow2(9)));
+    // Normal: a = 2^e * (q / 8), q in [8, 16); both scalings are exact.
+    int e = (int)((ns_f32_bits(a) >> 23) & 0xFFu) - 127;
+    u32 q = (u32)rintf(a * ns_pow2(3 - e));
+    if (q == 16u) {
+        q = 8u;
+        e += 1;
+    }
+    u32 code = ((u32)(e + 7) << 3) | (q - 8u);
+    return (u8)(sign | (code < 0x7Eu ? code : 0x7Eu));
+}
+
+// `--kv fp8` on rows [rows, row_len]: every value rounded to bf16, then the first
+// min(nope, row_len) dims of each row get REF's act_quant in blocks of 64 (a partial last
+// block allowed): s = pow2ceil(max(amax, 1e-4) * fp32(1/448)),
+// out = bf16(e4m3(clamp(x / s, ±448)) * s). `in` and `out` must not alias.
+extern "C" __global__ void el_kv_fp8_sim(const float* in, float* out, i64 rows, i64 row_len,
+                                         i64 nope) {
+    i64 n = nope < row_len ? nope : row_len;
+    NS_FOR(e, rows * row_len) {
+        i64 r = e / row_len, c = e % row_len;
+        float x = ns_bf16_round(in[e]);
+        if (c >= n) {
+            out[e] = x;
+            continue;
+        }
+        i64 b0 = (c / 64) * 64, b1 = b0 + 64 < n ? b0 + 64 : n;
+        float amax = 0.0f;
+        for (i64 k = b0; k < b1; ++k) {
+            float a = ns_bits_f32(ns_f32_bits(ns_bf16_round(in[r * row_len + k])) & 0x7FFFFFFFu);
+            if (a > amax) amax = a;
+        }
+        float floored = amax > 1e-4f ? amax : 1e-4f;
+        float s = el_pow2_ceil_bits(floored * (1.0f / 448.0f));
+        float y = x / s;
+        if (y < -448.0f) y = -448.0f;
+        if (y > 448.0f) y = 448.0f;
+        out[e] = ns_bf16_round(ns_e4m3_to_f32(el_f32_to_e4m3(y)) * s);
+    }
+}

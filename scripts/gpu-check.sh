@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One run on a GPU machine answers "does the CUDA backend work, and how fast":
+#   1. finds the CUDA 13 libraries (driver, NVRTC, cuBLAS) and prints them;
+#   2. builds (or uses prebuilt binaries from $NS_BIN_DIR: needlescope + gpu_cuda_parity-*);
+#   3. `doctor`: driver, GPUs, NVRTC, and every kernel compiled for this GPU's architecture;
+#   4. the GPU parity tests (tests/gpu_cuda_parity.rs, every op at Flash dims + whole forwards);
+#   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
+#      FP8 + FP4) at the lengths in $LENGTHS (default 8k,32k,128k), skipped with SKIP_BENCH=1;
+# and ends with a short table. Usage: scripts/gpu-check.sh [OUT_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-gpu-check-out}}
+mkdir -p "$OUT"
+LENGTHS=${LENGTHS:-8k,32k,128k}
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+t0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - t0 ))s; }
+
+# 1. Libraries: the toolkit, distribution packages, pip wheels (nvidia-*-cu13).
+for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         /usr/lib/x86_64-linux-gnu /usr/lib64 \
+         $(python3 -c 'import site,glob;print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))' 2>/dev/null) \
+         "$PWD/.whl/nvidia/cu13/lib"; do
+  [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export LD_LIBRARY_PATH
+for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13; do
+  found=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d/$lib" 2>/dev/null; done | head -1)
+  note "library  $lib: ${found:-NOT FOUND}"
+done
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/gpu      /' | tee -a "$SUMMARY"
+
+# 2. Binaries.
+if [ -n "${NS_BIN_DIR:-}" ]; then
+  BIN="$NS_BIN_DIR/needlescope"
+  PARITY=$(ls "$NS_BIN_DIR"/gpu_cuda_parity-* 2>/dev/null | head -1)
+else
+  cargo build --release --quiet 2>&1 | tail -5
+  BIN=target/release/needlescope
+  PARITY=$(cargo test --release --no-run --test gpu_cuda_parity 2>&1 | sed -n 's/.*(\(.*gpu_cuda_parity-[0-9a-f]*\)).*/\1/p' | tail -1)
+fi
+note "binary   $BIN ($(elapsed))"
+
+# 3. doctor (compiles every kernel for the GPU's own architecture).
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d . | sed 's/^/sm_/')
+if "$BIN" doctor --compile-kernels "${ARCH:-sm_90}" >"$OUT/doctor.txt" 2>&1; then
+  note "doctor   ok, kernels compiled for ${ARCH:-sm_90} ($(elapsed))"
+else
+  note "doctor   FAILED (see $OUT/doctor.txt)"
+fi
+cat "$OUT/doctor.txt"
+
+# 4. Parity.
+if [ -n "$PARITY" ] && "$PARITY" --ignored --nocapture --test-threads 1 >"$OUT/parity.txt" 2>&1; then
+  note "parity   ok: $(grep -c '^ok ' "$OUT/parity.txt") checks passed ($(elapsed))"
+else
+  note "parity   FAILED: $(grep -c '^FAIL ' "$OUT/parity.txt" 2>/dev/null) failing checks ($(elapsed))"
+  grep -E '^(FAIL|== )|panicked' "$OUT/parity.txt" | head -40 | tee -a "$SUMMARY"
+fi
+
+# 5. Benchmark at Flash dimensions.
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  W=${BENCH_MODEL:-/tmp/ns-flash4}
+  if [ ! -e "$W/config.json" ]; then
+    "$BIN" synth --preset flash --layers 4 --format official --out "$W" >"$OUT/synth.txt" 2>&1 \
+      || note "synth    FAILED (see $OUT/synth.txt)"
+  fi
+  note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
+  if "$BIN" bench --model "$W" --device cuda --lengths "$LENGTHS" >"$OUT/bench.txt" 2>&1; then
+    note "bench    ok ($(elapsed))"
+  else
+    note "bench    FAILED ($(elapsed))"
+  fi
+  tee -a "$SUMMARY" <"$OUT/bench.txt"
+fi
+echo "== summary ($OUT/summary.txt)"
+cat "$SUMMARY"

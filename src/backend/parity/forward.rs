@@ -1,0 +1,237 @@
+//! Whole-forward parity: the same prompt through an engine on the backend under test and an
+//! engine on the CPU reference, for several (index profile, KV mode, chunk) cases, comparing the
+//! logits of every position, the indexer scores of every CSA layer at every position, and the
+//! selected row sets (near-ties aside: a row selected by one side only counts when its
+//! reference score is further than the score tolerance from the reference's k-th score).
+
+use super::{normalised_error, Check};
+use crate::backend::{Backend, CpuBackend};
+use crate::model::{
+    Engine, EngineError, EngineOptions, IndexerObservation, LogitsRequest, Observer,
+};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+use std::collections::BTreeMap;
+
+/// One forward configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardCase {
+    pub profile: IndexProfile,
+    pub kv: KvMode,
+    pub chunk: usize,
+}
+
+/// Thresholds of the forward comparison (normalised errors; `selection` is the largest allowed
+/// fraction of selected rows that differ beyond near-ties).
+///
+/// Under a rounding index profile (every profile but `exact`) a score can legitimately jump: an
+/// f32 difference of one ulp in the hidden state can flip an e4m3 / e2m1 rounding of one key or
+/// query element (the CPU itself shows this between chunk sizes). So there the score check is
+/// the fraction of scores off by more than `scores` (at most `rounding_flips`), and the largest
+/// error must stay within `rounding_step` (a few code steps), while `exact` keeps the plain
+/// maximum.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardTolerance {
+    pub logits: f64,
+    pub scores: f64,
+    pub selection: f64,
+    pub rounding_flips: f64,
+    pub rounding_step: f64,
+}
+
+impl ForwardTolerance {
+    /// For f32 GEMMs (the CPU's arithmetic up to summation order).
+    pub const F32: ForwardTolerance = ForwardTolerance {
+        logits: 1e-4,
+        scores: 1e-4,
+        selection: 0.0,
+        rounding_flips: 0.01,
+        rounding_step: 5e-2,
+    };
+    /// For bf16 GEMMs (activations and weights rounded to bf16, f32 accumulation).
+    pub const BF16: ForwardTolerance = ForwardTolerance {
+        logits: 5e-2,
+        scores: 5e-2,
+        selection: 0.02,
+        rounding_flips: 0.05,
+        rounding_step: 1e-1,
+    };
+}
+
+/// Fraction of finite reference scores whose error exceeds `tol` times the row's scale.
+fn flipped_fraction(got: &[f32], want: &[f32], tol: f64) -> (usize, usize) {
+    let scale = want
+        .iter()
+        .filter(|s| s.is_finite())
+        .fold(0f32, |m, s| m.max(s.abs())) as f64;
+    let mut off = 0;
+    let mut n = 0;
+    for (&g, &w) in got.iter().zip(want) {
+        if w.is_finite() {
+            n += 1;
+            if (g as f64 - w as f64).abs() > tol * scale.max(1e-30) || !g.is_finite() {
+                off += 1;
+            }
+        }
+    }
+    (off, n)
+}
+
+/// Scores and selections of every CSA layer at every position.
+#[derive(Default)]
+struct IndexRecorder {
+    seen: BTreeMap<(usize, usize), (Vec<f32>, Vec<i32>)>,
+}
+
+impl Observer for IndexRecorder {
+    fn wants_position(&self, _pos: usize) -> bool {
+        true
+    }
+    fn indexer(&mut self, obs: &IndexerObservation<'_>) {
+        self.seen.insert(
+            (obs.layer, obs.query_pos),
+            (obs.scores.to_vec(), obs.selected.to_vec()),
+        );
+    }
+}
+
+fn run<B: Backend>(
+    engine: &mut Engine<B>,
+    case: &ForwardCase,
+    tokens: &[u32],
+) -> Result<(Vec<(usize, Vec<f32>)>, IndexRecorder), EngineError> {
+    let topk = engine.options().topk;
+    engine.set_options(EngineOptions {
+        index: case.profile,
+        kv: case.kv,
+        topk,
+        chunk: case.chunk,
+    })?;
+    let mut rec = IndexRecorder::default();
+    let mut state = engine.new_sequence();
+    let out = engine.forward(&mut state, tokens, &mut rec, LogitsRequest::All)?;
+    Ok((out.logits, rec))
+}
+
+/// Selected rows that differ beyond near-ties, and the number of selected rows compared.
+fn selection_mismatch(
+    ref_scores: &[f32],
+    ref_sel: &[i32],
+    got_sel: &[i32],
+    tol: f64,
+) -> (usize, usize) {
+    let a: std::collections::BTreeSet<i32> = ref_sel.iter().copied().filter(|&r| r >= 0).collect();
+    let b: std::collections::BTreeSet<i32> = got_sel.iter().copied().filter(|&r| r >= 0).collect();
+    let scale = ref_scores
+        .iter()
+        .filter(|s| s.is_finite())
+        .fold(0f32, |m, s| m.max(s.abs())) as f64;
+    let kth = ref_sel
+        .iter()
+        .rev()
+        .find(|&&r| r >= 0)
+        .map(|&r| ref_scores[r as usize] as f64);
+    let mut bad = 0;
+    for &r in a.symmetric_difference(&b) {
+        let s = ref_scores.get(r as usize).copied().unwrap_or(f32::NAN) as f64;
+        let near = kth.is_some_and(|k| (s - k).abs() <= tol * scale.max(1e-30));
+        if !near {
+            bad += 1;
+        }
+    }
+    (bad, a.len().max(1))
+}
+
+/// Runs every case on both engines and compares them. The engines must hold the same
+/// checkpoint; their options are changed (top-k kept).
+pub fn check_forward<B: Backend>(
+    engine: &mut Engine<B>,
+    reference: &mut Engine<CpuBackend>,
+    tokens: &[u32],
+    cases: &[ForwardCase],
+    tol: ForwardTolerance,
+) -> Result<Vec<Check>, EngineError> {
+    let mut out = Vec::new();
+    for case in cases {
+        let label = format!(
+            "{} kv {} chunk {} ({} tokens)",
+            case.profile.name(),
+            case.kv,
+            case.chunk,
+            tokens.len()
+        );
+        let (lg, rg) = run(engine, case, tokens)?;
+        let (lc, rc) = run(reference, case, tokens)?;
+        let flat = |l: &[(usize, Vec<f32>)]| -> Vec<f32> {
+            l.iter().flat_map(|(_, v)| v.iter().copied()).collect()
+        };
+        out.push(Check {
+            what: format!("logits, {label}"),
+            error: normalised_error(&flat(&lg), &flat(&lc)),
+            threshold: tol.logits,
+        });
+        let layers: std::collections::BTreeSet<usize> = rc.seen.keys().map(|k| k.0).collect();
+        for layer in layers {
+            // Errors are normalised by the layer's largest score over all positions (a position
+            // with one small visible row would otherwise dominate).
+            let (mut all_got, mut all_want) = (Vec::new(), Vec::new());
+            let (mut bad, mut total, mut missing) = (0usize, 0usize, 0usize);
+            for ((l, pos), (sc, selc)) in rc.seen.range((layer, 0)..(layer + 1, 0)) {
+                let Some((sg, selg)) = rg.seen.get(&(*l, *pos)) else {
+                    missing += 1;
+                    continue;
+                };
+                if sg.len() != sc.len() {
+                    missing += 1;
+                    continue;
+                }
+                all_got.extend_from_slice(sg);
+                all_want.extend_from_slice(sc);
+                let (b, t) = selection_mismatch(sc, selc, selg, tol.scores);
+                bad += b;
+                total += t;
+            }
+            let worst = normalised_error(&all_got, &all_want);
+            let (flipped, scored) = flipped_fraction(&all_got, &all_want, tol.scores);
+            let missing = if missing > 0 { f64::INFINITY } else { 0.0 };
+            if case.profile == IndexProfile::Exact {
+                out.push(Check {
+                    what: format!("L{layer} index scores, {label}"),
+                    error: worst + missing,
+                    threshold: tol.scores,
+                });
+            } else {
+                out.push(Check {
+                    what: format!("L{layer} index scores (largest error), {label}"),
+                    error: worst + missing,
+                    threshold: tol.rounding_step,
+                });
+                out.push(Check {
+                    what: format!("L{layer} index scores off by > {:.0e}, {label}", tol.scores),
+                    error: flipped as f64 / scored.max(1) as f64 + missing,
+                    threshold: tol.rounding_flips,
+                });
+            }
+            out.push(Check {
+                what: format!("L{layer} selected rows (near-ties aside), {label}"),
+                error: bad as f64 / total.max(1) as f64,
+                threshold: tol.selection,
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_ties_do_not_count_as_mismatches() {
+        let scores = [5.0f32, 4.0, 3.0, 2.9999, 1.0];
+        // Reference picks rows 0,1,2; the other side picks 0,1,3: a near-tie.
+        assert_eq!(selection_mismatch(&scores, &[0, 1, 2], &[0, 1, 3], 1e-3), (0, 3));
+        // Picking row 4 instead of 2 is a real difference (both rows count).
+        assert_eq!(selection_mismatch(&scores, &[0, 1, 2], &[0, 1, 4], 1e-3), (2, 3));
+        assert_eq!(selection_mismatch(&scores, &[0, 1, -1], &[0, 1, -1], 0.0), (0, 2));
+    }
+}

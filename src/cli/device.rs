@@ -1,0 +1,321 @@
+//! `--device` and `--gpu-gemm` (probe, sweep, trace, bench): the device spec as parsed from the
+//! command line, and its resolution against what the CUDA driver sees.
+//!
+//! Spec syntax ([`DeviceSpec`]): `auto` | `cpu` | `cuda` | `cuda:0,2`; hidden, for tests:
+//! `emu` | `emu:N` | `emu:NxSIZE` (the GPU backend on N host-emulated devices). A bad spec is a
+//! usage error (exit 2) naming the flag, the expected form and what was found.
+//!
+//! Resolution ([`resolve`]), from a driver probe ([`crate::cuda_probe::probe`]):
+//! - `cpu`: the CPU reference backend;
+//! - `cuda`: every GPU the driver sees; `cuda:0,2`: those ordinals. No driver, a driver that
+//!   fails, no GPU or an ordinal the driver does not see is an error (exit 1) naming what is
+//!   missing;
+//! - `auto`: every visible GPU when the driver works and sees at least one, else the CPU with
+//!   exactly one note for stderr saying why;
+//! - `emu...`: N emulated devices (1 TiB each unless sized), to run the whole GPU path,
+//!   multi-device placement included, on machines without a GPU.
+
+use clap::builder::{PossibleValue, TypedValueParser};
+use clap::{Args, ValueEnum};
+
+use crate::backend::gpu::GemmType;
+use crate::cuda_probe::CudaReport;
+use crate::plan::DeviceSet;
+
+/// Capacity of an emulated device when the spec gives none.
+pub const EMU_DEFAULT_CAPACITY: u64 = 1 << 40;
+
+/// Where the model runs, as written on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// Every visible GPU, else the CPU (with a note).
+    Auto,
+    /// The CPU reference backend.
+    Cpu,
+    /// GPUs by ordinal; `None` = every visible GPU.
+    Cuda(Option<Vec<usize>>),
+    /// Hidden, for tests and CI (`emu`, `emu:N`, `emu:NxSIZE`): the GPU backend on
+    /// host-emulated devices of these capacities, so the whole CUDA code path runs without a
+    /// GPU. Not listed in `--help`.
+    Emu(Vec<u64>),
+}
+
+const FORM: &str = "expected auto, cpu, cuda, or cuda:N,... with GPU ordinals (cuda:0 or cuda:0,2)";
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        match t {
+            "auto" => return Ok(DeviceSpec::Auto),
+            "cpu" => return Ok(DeviceSpec::Cpu),
+            "cuda" => return Ok(DeviceSpec::Cuda(None)),
+            "emu" => return Ok(DeviceSpec::Emu(vec![EMU_DEFAULT_CAPACITY])),
+            _ => {}
+        }
+        if let Some(list) = t.strip_prefix("cuda:") {
+            let mut ordinals = Vec::new();
+            for part in list.split(',') {
+                let p = part.trim();
+                if p.is_empty() {
+                    return Err(format!("{FORM}; found {t:?}, which has an empty ordinal"));
+                }
+                let o: usize = p
+                    .parse()
+                    .map_err(|_| format!("{FORM}; found {t:?}: {p:?} is not a GPU ordinal"))?;
+                if ordinals.contains(&o) {
+                    return Err(format!("{FORM}; found {t:?}: GPU {o} is listed twice"));
+                }
+                ordinals.push(o);
+            }
+            return Ok(DeviceSpec::Cuda(Some(ordinals)));
+        }
+        if let Some(rest) = t.strip_prefix("emu:") {
+            const EMU: &str =
+                "expected emu, emu:N or emu:NxSIZE (N emulated devices, e.g. emu:2 or emu:2x8G)";
+            if let Ok(n) = rest.trim().parse::<usize>() {
+                if n == 0 || n > 64 {
+                    return Err(format!("{EMU}; found {t:?}: N must be 1..=64"));
+                }
+                return Ok(DeviceSpec::Emu(vec![EMU_DEFAULT_CAPACITY; n]));
+            }
+            let set: DeviceSet = rest
+                .parse()
+                .map_err(|e| format!("{EMU}; found {t:?}: {e}"))?;
+            if set.capacities.len() > 64 {
+                return Err(format!("{EMU}; found {t:?}: at most 64 devices"));
+            }
+            return Ok(DeviceSpec::Emu(set.capacities));
+        }
+        Err(format!("{FORM}; found {t:?}"))
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(None) => f.write_str("cuda"),
+            DeviceSpec::Cuda(Some(o)) => {
+                let list: Vec<String> = o.iter().map(|x| x.to_string()).collect();
+                write!(f, "cuda:{}", list.join(","))
+            }
+            DeviceSpec::Emu(c) => write!(f, "emu:{}", c.len()),
+        }
+    }
+}
+
+/// The clap parser of `--device`: [`DeviceSpec::from_str`], plus the possible values for the
+/// help (`emu` hidden: it is for tests).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceParser;
+
+impl TypedValueParser for DeviceParser {
+    type Value = DeviceSpec;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<DeviceSpec, clap::Error> {
+        let parse: fn(&str) -> Result<DeviceSpec, String> = str::parse;
+        parse.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            [
+                PossibleValue::new("auto").help(
+                    "every visible GPU when the CUDA driver sees one, else the CPU (one note on stderr)",
+                ),
+                PossibleValue::new("cpu").help("the CPU reference backend (f32 throughout)"),
+                PossibleValue::new("cuda")
+                    .help("every visible GPU; an error without a CUDA driver or a GPU"),
+                PossibleValue::new("cuda:N,...").help("these GPU ordinals, e.g. cuda:0,2"),
+                PossibleValue::new("emu").hide(true),
+            ]
+            .into_iter(),
+        ))
+    }
+}
+
+/// `--gpu-gemm`: operand precision of the GPU backend's matrix products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GpuGemm {
+    /// bf16 operands, f32 accumulation: the serving engines' numerics, and the fast path
+    Bf16,
+    /// f32 operands: matches the CPU reference up to summation order
+    F32,
+}
+
+impl From<GpuGemm> for GemmType {
+    fn from(g: GpuGemm) -> GemmType {
+        match g {
+            GpuGemm::Bf16 => GemmType::Bf16,
+            GpuGemm::F32 => GemmType::F32,
+        }
+    }
+}
+
+/// Name of a GEMM type in reports (`bf16`, `f32`).
+pub fn gemm_name(g: GemmType) -> &'static str {
+    match g {
+        GemmType::Bf16 => "bf16",
+        GemmType::F32 => "f32",
+    }
+}
+
+/// The device flags shared by probe, sweep, trace and bench.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct DeviceArgs {
+    /// Where the model runs: auto, cpu, cuda (every visible GPU) or cuda:0,2 (those GPUs; the
+    /// layers are split in contiguous ranges by free memory)
+    // Hidden value, for tests and CI: `emu`, `emu:N` or `emu:NxSIZE` runs the GPU backend on N
+    // host-emulated devices (SIZE each, 1 TiB by default): the CUDA code path, multi-device
+    // placement included, without a GPU (see `DeviceSpec::Emu`).
+    #[arg(
+        long,
+        value_name = "auto|cpu|cuda|cuda:N,...",
+        default_value = "auto",
+        value_parser = DeviceParser
+    )]
+    pub device: DeviceSpec,
+
+    /// GEMM operands on the GPU: bf16 (f32 accumulation) or f32 [default: bf16]; ignored on the
+    /// CPU, which computes in f32 throughout
+    #[arg(long, value_name = "bf16|f32")]
+    pub gpu_gemm: Option<GpuGemm>,
+}
+
+impl DeviceArgs {
+    /// The CPU reference backend, no GEMM choice (what `demo` runs on).
+    pub fn cpu() -> Self {
+        DeviceArgs {
+            device: DeviceSpec::Cpu,
+            gpu_gemm: None,
+        }
+    }
+
+    /// The GEMM type of GPU runs.
+    pub fn gemm(&self) -> GemmType {
+        self.gpu_gemm.unwrap_or(GpuGemm::Bf16).into()
+    }
+}
+
+/// Which backend a spec resolves to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    Cpu,
+    /// CUDA devices by ordinal, in the order given.
+    Cuda(Vec<usize>),
+    /// Emulated devices of these capacities.
+    Emu(Vec<u64>),
+}
+
+/// A spec that cannot be honoured on this machine.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error(
+        "--device {spec}: no CUDA driver found: {lib} could not be loaded (install the NVIDIA \
+         driver or put its directory on LD_LIBRARY_PATH; `needlescope doctor` shows what was \
+         found); --device cpu runs the CPU reference backend"
+    )]
+    NoDriver { spec: String, lib: String },
+    #[error("--device {spec}: the CUDA driver is present but cannot be used: {why}")]
+    DriverFailed { spec: String, why: String },
+    #[error(
+        "--device {spec}: the CUDA driver sees no GPU; --device cpu runs the CPU reference backend"
+    )]
+    NoGpu { spec: String },
+    #[error("--device {spec}: GPU {ordinal} does not exist: the CUDA driver sees {count} GPU(s): {list}")]
+    NoSuchGpu {
+        spec: String,
+        ordinal: usize,
+        count: usize,
+        list: String,
+    },
+}
+
+/// The driver library name to mention: `libcuda.so.1` when among the candidates.
+fn driver_lib(probe: &CudaReport) -> String {
+    let want = "libcuda.so.1";
+    if probe.driver_candidates.iter().any(|c| c == want) || probe.driver_candidates.is_empty() {
+        want.to_string()
+    } else {
+        probe.driver_candidates[0].clone()
+    }
+}
+
+/// Resolves `spec` against a driver probe (called only for `auto` and `cuda`). Returns the
+/// backend and, for an `auto` that falls back to the CPU, the one note line for stderr.
+pub fn resolve(
+    spec: &DeviceSpec,
+    probe: impl FnOnce() -> CudaReport,
+) -> Result<(Resolved, Option<String>), DeviceError> {
+    let ordinals = match spec {
+        DeviceSpec::Cpu => return Ok((Resolved::Cpu, None)),
+        DeviceSpec::Emu(c) => return Ok((Resolved::Emu(c.clone()), None)),
+        DeviceSpec::Auto => None,
+        DeviceSpec::Cuda(o) => Some(o.clone()),
+    };
+    let r = probe();
+    let name = spec.to_string();
+    let missing = if !r.driver_present {
+        Some(DeviceError::NoDriver {
+            spec: name.clone(),
+            lib: driver_lib(&r),
+        })
+    } else if let Some(why) = &r.error {
+        Some(DeviceError::DriverFailed {
+            spec: name.clone(),
+            why: why.clone(),
+        })
+    } else if r.devices.is_empty() {
+        Some(DeviceError::NoGpu { spec: name.clone() })
+    } else {
+        None
+    };
+    if let Some(e) = missing {
+        if *spec != DeviceSpec::Auto {
+            return Err(e);
+        }
+        let why = match e {
+            DeviceError::NoDriver { lib, .. } => format!("no CUDA driver found ({lib})"),
+            DeviceError::DriverFailed { why, .. } => format!("the CUDA driver failed ({why})"),
+            _ => "the CUDA driver sees no GPU".to_string(),
+        };
+        return Ok((Resolved::Cpu, Some(auto_note(&why))));
+    }
+    let visible: Vec<usize> = r.devices.iter().map(|d| d.ordinal).collect();
+    let chosen = match ordinals.flatten() {
+        None => visible,
+        Some(list) => {
+            if let Some(&bad) = list.iter().find(|o| !visible.contains(o)) {
+                return Err(DeviceError::NoSuchGpu {
+                    spec: name,
+                    ordinal: bad,
+                    count: visible.len(),
+                    list: r
+                        .devices
+                        .iter()
+                        .map(|d| format!("{} ({})", d.ordinal, d.name))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            list
+        }
+    };
+    Ok((Resolved::Cuda(chosen), None))
+}
+
+/// The note printed when `--device auto` runs on the CPU.
+pub fn auto_note(why: &str) -> String {
+    format!("note: --device auto: {why}; running on the CPU reference backend")
+}
+
+#[cfg(test)]
+#[path = "device_tests.rs"]
+mod tests;

@@ -1,0 +1,327 @@
+//! The one place that decides the backend of a run and loads the engine on it.
+//!
+//! [`Target::prepare`] turns `--device` / `--gpu-gemm` ([`DeviceArgs`]) into a backend before any
+//! weight is read: it resolves the spec against the CUDA driver ([`super::device::resolve`]),
+//! opens the devices, asks them for their free memory and places the layers
+//! ([`crate::placement::place`]), refusing when the model does not fit. [`Target::run`] then
+//! loads the engine on that backend and hands it to an [`EngineTask`], the generic body of a
+//! command (probe, sweep, trace, bench), monomorphised for each backend type. Rust closures
+//! cannot be generic, hence the small trait instead of a callback.
+//!
+//! `auto` runs on the GPUs when the driver sees one and they open (else on the CPU, with one
+//! note); a model that does not fit them is then refused as with `cuda`, not silently moved to
+//! the CPU. Notes for stderr (the `auto` fallback, an ignored `--gpu-gemm`: at most one line)
+//! are written to the writer given to [`Target::prepare_with`]; [`Target::prepare`] uses
+//! stderr.
+
+use std::io::Write;
+
+use super::device::{auto_note, gemm_name, resolve, DeviceArgs, DeviceSpec, Resolved};
+use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
+use crate::backend::{Backend, WeightResidency};
+use crate::checkpoint::Checkpoint;
+use crate::cuda_probe::CudaReport;
+use crate::model::forward::{auto_residency, Engine, EngineOptions};
+use crate::placement::{place, DeviceMemory, Placement, Workload};
+use crate::plan::Footprint;
+use crate::report::records::BackendRecord;
+
+/// The body of a command, run on a loaded engine of whatever backend the run uses.
+pub trait EngineTask {
+    type Output;
+    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<Self::Output>;
+}
+
+/// A decided and placed backend, not loaded yet.
+pub enum Target {
+    /// The CPU reference, with linears resident as given (`Auto` already resolved).
+    Cpu {
+        weights: WeightResidency,
+    },
+    Cuda(GpuTarget<CudaExecutor>),
+    Emu(GpuTarget<EmuExecutor>),
+}
+
+/// Opened GPU devices (only those that run something) and their layer placement.
+pub struct GpuTarget<E: Executor> {
+    pub devices: Vec<E>,
+    pub placement: Placement,
+    pub gemm: GemmType,
+}
+
+impl Target {
+    /// [`Target::prepare_with`] with the real driver and notes on stderr.
+    pub fn prepare(args: &DeviceArgs, ckpt: &Checkpoint, work: &Workload) -> anyhow::Result<Self> {
+        Self::prepare_with(
+            args,
+            ckpt,
+            work,
+            crate::cuda_probe::probe,
+            &mut std::io::stderr(),
+        )
+    }
+
+    /// Decides the backend for `args` (see the module docs); `probe` is asked about the CUDA
+    /// driver only for `auto` and `cuda`. Errors: the spec cannot be honoured, a device cannot
+    /// be opened, or the model does not fit (before anything is loaded).
+    pub fn prepare_with(
+        args: &DeviceArgs,
+        ckpt: &Checkpoint,
+        work: &Workload,
+        probe: impl FnOnce() -> CudaReport,
+        notes: &mut dyn Write,
+    ) -> anyhow::Result<Self> {
+        let gemm = args.gemm();
+        let (resolved, note) = resolve(&args.device, probe)?;
+        let target = match resolved {
+            Resolved::Cpu => None,
+            Resolved::Emu(capacities) => {
+                let devices = capacities
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| EmuExecutor::new(i, c as usize))
+                    .collect();
+                Some(Target::Emu(GpuTarget::placed(devices, ckpt, work, gemm)?))
+            }
+            Resolved::Cuda(ordinals) => match open_cuda(&ordinals) {
+                Ok(devices) => Some(Target::Cuda(GpuTarget::placed(devices, ckpt, work, gemm)?)),
+                // `auto` takes the GPUs only when they can be used.
+                Err(why) if args.device == DeviceSpec::Auto => {
+                    let note = auto_note(&format!("the GPU backend cannot start ({why})"));
+                    return Self::cpu_with_note(args, ckpt, Some(note), notes);
+                }
+                Err(why) => anyhow::bail!("--device {}: {why}", args.device),
+            },
+        };
+        match target {
+            Some(t) => Ok(t),
+            None => Self::cpu_with_note(args, ckpt, note, notes),
+        }
+    }
+
+    /// The CPU target, writing the one note line (the `auto` fallback and / or an ignored
+    /// `--gpu-gemm`).
+    fn cpu_with_note(
+        args: &DeviceArgs,
+        ckpt: &Checkpoint,
+        note: Option<String>,
+        notes: &mut dyn Write,
+    ) -> anyhow::Result<Self> {
+        let ignored = args.gpu_gemm.map(|g| gemm_name(g.into()));
+        let line = match (note, ignored) {
+            (Some(n), Some(g)) => Some(format!("{n} (--gpu-gemm {g} ignored)")),
+            (Some(n), None) => Some(n),
+            (None, Some(g)) => Some(format!(
+                "note: --gpu-gemm {g} is ignored on the CPU reference backend (f32 throughout)"
+            )),
+            (None, None) => None,
+        };
+        if let Some(l) = line {
+            writeln!(notes, "{l}")?;
+        }
+        Ok(Target::Cpu {
+            weights: auto_residency(ckpt),
+        })
+    }
+
+    /// Sets the CPU weight residency (`Auto` resolved for `ckpt`); no effect on a GPU target,
+    /// which keeps weights on the device in their stored format.
+    pub fn set_cpu_weights(&mut self, ckpt: &Checkpoint, weights: WeightResidency) {
+        if let Target::Cpu { weights: w } = self {
+            *w = match weights {
+                WeightResidency::Auto => auto_residency(ckpt),
+                other => other,
+            };
+        }
+    }
+
+    /// Where the linear weights live: `decoded` / `streamed` on the CPU, `device` on a GPU.
+    pub fn weights_label(&self) -> &'static str {
+        match self {
+            Target::Cpu { weights } => weights.name(),
+            _ => "device",
+        }
+    }
+
+    /// What run.json and the outputs record about the backend.
+    pub fn record(&self) -> BackendRecord {
+        match self {
+            Target::Cpu { .. } => BackendRecord::cpu(),
+            Target::Cuda(t) => t.record(),
+            Target::Emu(t) => t.record(),
+        }
+    }
+
+    /// Loads the engine on the target (with `opts`) and runs `task` on it.
+    pub fn run<T: EngineTask>(
+        self,
+        ckpt: &Checkpoint,
+        opts: EngineOptions,
+        task: T,
+    ) -> anyhow::Result<T::Output> {
+        match self {
+            Target::Cpu { weights } => task.run(&mut Engine::load_weights(ckpt, opts, weights)?),
+            Target::Cuda(t) => t.run(ckpt, opts, task),
+            Target::Emu(t) => t.run(ckpt, opts, task),
+        }
+    }
+}
+
+impl<E: Executor> GpuTarget<E> {
+    /// Places the model over `devices` by their free memory, keeping the devices that run
+    /// something.
+    fn placed(
+        devices: Vec<E>,
+        ckpt: &Checkpoint,
+        work: &Workload,
+        gemm: GemmType,
+    ) -> anyhow::Result<Self> {
+        let mut memory = Vec::with_capacity(devices.len());
+        for d in &devices {
+            let (free, _total) = d
+                .memory()
+                .map_err(|e| anyhow::anyhow!("{}: cannot read its free memory: {e}", d.name()))?;
+            memory.push(DeviceMemory {
+                name: d.name(),
+                free: free as u64,
+            });
+        }
+        let placement = place(
+            ckpt.config(),
+            &Footprint::of_checkpoint(ckpt),
+            &memory,
+            work,
+        )?;
+        let mut slots: Vec<Option<E>> = devices.into_iter().map(Some).collect();
+        let devices = placement
+            .used
+            .iter()
+            .map(|&i| slots[i].take().expect("placement uses each device once"))
+            .collect();
+        Ok(GpuTarget {
+            devices,
+            placement,
+            gemm,
+        })
+    }
+
+    fn record(&self) -> BackendRecord {
+        BackendRecord {
+            kind: E::KIND.into(),
+            gemm: Some(gemm_name(self.gemm).into()),
+            devices: self.placement.ranges(),
+        }
+    }
+
+    fn run<T: EngineTask>(
+        self,
+        ckpt: &Checkpoint,
+        opts: EngineOptions,
+        task: T,
+    ) -> anyhow::Result<T::Output> {
+        let backend = GpuBackend::new(self.devices, self.placement.layer_device, self.gemm);
+        task.run(&mut Engine::load_with(backend, ckpt, opts)?)
+    }
+}
+
+/// Opens the CUDA devices, in order.
+fn open_cuda(ordinals: &[usize]) -> Result<Vec<CudaExecutor>, String> {
+    ordinals
+        .iter()
+        .map(|&o| CudaExecutor::new(o).map_err(|e| format!("cannot open cuda:{o}: {e}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{synth, Preset, SynthOptions, WeightFormat};
+    use crate::cli::device::{DeviceSpec, GpuGemm};
+
+    fn tiny() -> (tempfile::TempDir, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap();
+        synth(
+            &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path()),
+            None,
+        )
+        .unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        (dir, ckpt)
+    }
+
+    fn no_gpu() -> CudaReport {
+        let mut r = crate::cuda_probe::probe();
+        r.driver_present = true;
+        r.devices.clear();
+        r.error = None;
+        r
+    }
+
+    const WORK: Workload = Workload {
+        context: 64,
+        chunk: 32,
+        topk: 8,
+    };
+
+    fn prepare(spec: &str, gemm: Option<GpuGemm>) -> (anyhow::Result<Target>, String) {
+        let (_dir, ckpt) = tiny();
+        let args = DeviceArgs {
+            device: spec.parse::<DeviceSpec>().unwrap(),
+            gpu_gemm: gemm,
+        };
+        let mut notes = Vec::new();
+        let t = Target::prepare_with(&args, &ckpt, &WORK, no_gpu, &mut notes);
+        (t, String::from_utf8(notes).unwrap())
+    }
+
+    #[test]
+    fn auto_without_a_gpu_is_the_cpu_with_one_note() {
+        let (t, notes) = prepare("auto", None);
+        assert!(matches!(t.unwrap(), Target::Cpu { .. }));
+        assert_eq!(
+            notes,
+            "note: --device auto: the CUDA driver sees no GPU; running on the CPU reference backend\n"
+        );
+        let (_, notes) = prepare("auto", Some(GpuGemm::F32));
+        assert_eq!(notes.lines().count(), 1);
+        assert!(
+            notes.ends_with("backend (--gpu-gemm f32 ignored)\n"),
+            "{notes}"
+        );
+        let (t, notes) = prepare("cpu", None);
+        assert_eq!(t.unwrap().record(), BackendRecord::cpu());
+        assert!(notes.is_empty());
+    }
+
+    #[test]
+    fn cuda_without_a_gpu_is_an_error() {
+        let (t, notes) = prepare("cuda", None);
+        let e = t.err().unwrap().to_string();
+        assert!(
+            e.contains("--device cuda: the CUDA driver sees no GPU"),
+            "{e}"
+        );
+        assert!(notes.is_empty());
+    }
+
+    #[test]
+    fn emu_places_and_records_the_devices() {
+        let (t, notes) = prepare("emu:3", Some(GpuGemm::F32));
+        assert!(notes.is_empty());
+        let t = t.unwrap();
+        assert_eq!(t.weights_label(), "device");
+        let r = t.record();
+        assert_eq!(
+            (r.kind.as_str(), r.gemm.as_deref()),
+            ("cuda-emu", Some("f32"))
+        );
+        // A toy model is not spread: its layers weigh less than a device's workspace.
+        assert_eq!(r.devices, vec!["emu:0 layers 0-3 +embed +head".to_string()]);
+        let Target::Emu(g) = t else { panic!() };
+        assert_eq!(g.devices.len(), 1);
+        assert_eq!(g.placement.idle, vec!["emu:1", "emu:2"]);
+        let (t, _) = prepare("emu:2x1G", None);
+        let e = t.err().unwrap().to_string();
+        assert!(e.contains("does not fit on emu:0, emu:1"), "{e}");
+    }
+}

@@ -1,0 +1,448 @@
+//! Placement: which device runs which decoder layers, decided before any weight is loaded.
+//!
+//! The numbers are the memory plan's ([`crate::plan`]): weights per layer as stored, per-layer
+//! state for the run's context, and per-device workspace (the largest top-k of the run replaces
+//! the config's `index_topk` in it). [`place`] lays the layers out in contiguous ranges, in
+//! device order, balanced by bytes in proportion to each device's FREE memory (what
+//! [`plan::plan`] does for `inspect --devices`, so `inspect` predicts what a run does); the
+//! embedding goes with the first device and the head with the last. When the plan leaves a
+//! device without a layer (more devices than layers, or one too small to take a layer's share)
+//! that device is left idle and the plan is redone over the others, because the GPU backend
+//! runs the embedding with the first layer and the head with the last. When the layers cannot
+//! fit, [`PlacementError::DoesNotFit`] lists every device's need against its free memory and
+//! the shortfall, so the refusal comes before loading instead of an out-of-memory error midway.
+//!
+//! Known limit: the plan counts the sequence state (KV rows, index keys) on the device, which is
+//! conservative for the current GPU backend (it keeps activations and state on the host).
+
+use crate::cli::{group_digits, human_bytes};
+use crate::config::ModelConfig;
+use crate::plan::{self, DeviceSet, Footprint, MemoryPlan};
+
+/// One device offered to the placement: its name (`cuda:0`) and its free memory in bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub name: String,
+    pub free: u64,
+}
+
+/// What a run needs device memory for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// Tokens the longest sequence of the run reaches (prompt plus generated tokens).
+    pub context: usize,
+    /// Prefill chunk in tokens.
+    pub chunk: usize,
+    /// The largest indexer top-k of the run.
+    pub topk: usize,
+}
+
+/// A layout that fits.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// The offered devices that run something, in order (indices into the offered list).
+    pub used: Vec<usize>,
+    /// Names of the used devices.
+    pub names: Vec<String>,
+    /// Decoder layer -> position in `used` (ascending: contiguous ranges).
+    pub layer_device: Vec<usize>,
+    /// The memory plan over the used devices (capacities = free memory).
+    pub plan: MemoryPlan,
+    /// Offered devices left without work.
+    pub idle: Vec<String>,
+}
+
+impl Placement {
+    /// One entry per used device: `cuda:0 layers 0-21 +embed`.
+    pub fn ranges(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .zip(&self.plan.devices)
+            .map(|(n, d)| format!("{n} {}", held(d)))
+            .collect()
+    }
+
+    /// One entry per used device: `cuda:0 layers 0-21 +embed (needs 40.10 GiB of 79.20 GiB
+    /// free)`.
+    pub fn describe(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .zip(&self.plan.devices)
+            .map(|(n, d)| {
+                format!(
+                    "{n} {} (needs {} of {} free)",
+                    held(d),
+                    human_bytes(d.total),
+                    human_bytes(d.capacity)
+                )
+            })
+            .collect()
+    }
+}
+
+/// What a device holds: `layers 0-21 +embed`.
+fn held(d: &plan::DevicePlan) -> String {
+    let mut s = match d.layers {
+        Some([a, b]) if a == b => format!("layer {a}"),
+        Some([a, b]) => format!("layers {a}-{b}"),
+        None => "no layer".into(),
+    };
+    if d.holds_embed {
+        s.push_str(" +embed");
+    }
+    if d.holds_head {
+        s.push_str(" +head");
+    }
+    s
+}
+
+/// Why no layout was made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error("no device was offered to place the model on")]
+    NoDevices,
+    /// The layers do not fit: every device's need against its free memory.
+    #[error("{}", refusal(.names, .plan, .work, .idle))]
+    DoesNotFit {
+        names: Vec<String>,
+        plan: Box<MemoryPlan>,
+        work: Workload,
+        idle: Vec<String>,
+    },
+}
+
+fn refusal(names: &[String], p: &MemoryPlan, work: &Workload, idle: &[String]) -> String {
+    let mut s = format!(
+        "the model does not fit on {} at a context of {} tokens (prefill chunk {}, top-k {}): \
+         short by {} ({} bytes); no weight was loaded",
+        names.join(", "),
+        group_digits(work.context as u64),
+        p.chunk,
+        work.topk,
+        human_bytes(p.shortfall),
+        group_digits(p.shortfall)
+    );
+    for (n, d) in names.iter().zip(&p.devices) {
+        let verdict = if d.shortfall > 0 {
+            format!(
+                "short by {} ({} bytes)",
+                human_bytes(d.shortfall),
+                group_digits(d.shortfall)
+            )
+        } else {
+            format!("fits ({} spare)", human_bytes(d.capacity - d.total))
+        };
+        s.push_str(&format!(
+            "\n  {n}: {} needs {} (weights {}, state {}, workspace {}), {} free: {verdict}",
+            held(d),
+            human_bytes(d.total),
+            human_bytes(d.weights),
+            human_bytes(d.state),
+            human_bytes(d.workspace),
+            human_bytes(d.capacity)
+        ));
+    }
+    s.push_str(&format!(
+        "\n  in total: needs {}, {} free",
+        human_bytes(p.total),
+        human_bytes(p.capacity)
+    ));
+    if p.total <= p.capacity {
+        s.push_str(" (enough in total, but not in contiguous layer ranges)");
+    }
+    if !idle.is_empty() {
+        s.push_str(&format!(
+            "\n  left idle (no layer in the balanced split): {}",
+            idle.join(", ")
+        ));
+    }
+    s.push_str(
+        "\n  use more or larger GPUs, a shorter context or a smaller --chunk, or --device cpu",
+    );
+    s
+}
+
+/// Lays the model out over `devices` for `work` (see the module docs). `footprint` gives the
+/// weight bytes per layer (e.g. [`Footprint::of_checkpoint`]).
+pub fn place(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &[DeviceMemory],
+    work: &Workload,
+) -> Result<Placement, PlacementError> {
+    if devices.is_empty() {
+        return Err(PlacementError::NoDevices);
+    }
+    let mut cfg = cfg.clone();
+    cfg.index_topk = work.topk.max(1);
+    let layers = footprint.layer_bytes.len();
+    // Without layers the embedding and the head share the first device.
+    let mut used: Vec<usize> = if layers == 0 {
+        vec![0]
+    } else {
+        (0..devices.len()).collect()
+    };
+    // A device whose free memory cannot even hold the per-device workspace never takes a
+    // layer: leave it idle (unless that leaves none, so the refusal lists every device).
+    let floor = plan::workspace_bytes(&cfg, work.context, work.chunk, false);
+    let roomy: Vec<usize> = used
+        .iter()
+        .copied()
+        .filter(|&i| devices[i].free > floor)
+        .collect();
+    if !roomy.is_empty() {
+        used = roomy;
+    }
+    let idle_of = |used: &[usize]| -> Vec<String> {
+        (0..devices.len())
+            .filter(|i| !used.contains(i))
+            .map(|i| devices[i].name.clone())
+            .collect()
+    };
+    loop {
+        let set = DeviceSet {
+            capacities: used.iter().map(|&i| devices[i].free).collect(),
+            spec: used
+                .iter()
+                .map(|&i| devices[i].name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        let p = plan::plan(&cfg, footprint, &set, work.context, work.chunk);
+        let names: Vec<String> = used.iter().map(|&i| devices[i].name.clone()).collect();
+        if !p.fits {
+            return Err(PlacementError::DoesNotFit {
+                names,
+                plan: Box::new(p),
+                work: *work,
+                idle: idle_of(&used),
+            });
+        }
+        let empty: Vec<usize> = (0..used.len())
+            .filter(|&d| layers > 0 && p.devices[d].layers.is_none())
+            .collect();
+        if empty.is_empty() {
+            let mut layer_device = vec![0; layers];
+            for (d, dp) in p.devices.iter().enumerate() {
+                if let Some([a, b]) = dp.layers {
+                    layer_device[a..=b].fill(d);
+                }
+            }
+            return Ok(Placement {
+                idle: idle_of(&used),
+                used,
+                names,
+                layer_device,
+                plan: p,
+            });
+        }
+        // Strictly fewer devices each round (at least one holds a layer), so this ends.
+        used = used
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !empty.contains(d))
+            .map(|(_, &i)| i)
+            .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn work() -> Workload {
+        Workload {
+            context: 4096,
+            chunk: 2048,
+            topk: 512,
+        }
+    }
+
+    /// `layers` layers of `per_layer` bytes, embed and head of 1 GiB each.
+    fn footprint(layers: usize, per_layer: u64) -> Footprint {
+        let mut f = Footprint::from_tensors(layers, std::iter::empty());
+        f.layer_bytes = vec![per_layer; layers];
+        f.first_bytes = GIB;
+        f.last_bytes = GIB;
+        f
+    }
+
+    fn devices(free: &[u64]) -> Vec<DeviceMemory> {
+        free.iter()
+            .enumerate()
+            .map(|(i, &free)| DeviceMemory {
+                name: format!("gpu{i}"),
+                free,
+            })
+            .collect()
+    }
+
+    /// Layer counts per used device, checking contiguity and the embed / head ends.
+    fn counts(p: &Placement) -> Vec<usize> {
+        assert!(p.layer_device.windows(2).all(|w| w[0] <= w[1]), "{p:#?}");
+        assert!(p.plan.devices[0].holds_embed);
+        assert!(p.plan.devices.last().unwrap().holds_head);
+        for (d, dp) in p.plan.devices.iter().enumerate() {
+            assert!(dp.total <= dp.capacity, "{p:#?}");
+            let mine: Vec<usize> = (0..p.layer_device.len())
+                .filter(|&l| p.layer_device[l] == d)
+                .collect();
+            assert_eq!(dp.layers, Some([mine[0], *mine.last().unwrap()]));
+        }
+        (0..p.used.len())
+            .map(|d| p.layer_device.iter().filter(|&&x| x == d).count())
+            .collect()
+    }
+
+    #[test]
+    fn one_device_holds_everything() {
+        let cfg = ModelConfig::flash();
+        let p = place(&cfg, &footprint(43, GIB), &devices(&[200 * GIB]), &work()).unwrap();
+        assert_eq!(p.used, vec![0]);
+        assert_eq!(counts(&p), vec![43]);
+        assert!(p.idle.is_empty());
+        assert_eq!(p.ranges(), vec!["gpu0 layers 0-42 +embed +head"]);
+    }
+
+    #[test]
+    fn two_equal_devices_split_evenly() {
+        let cfg = ModelConfig::flash();
+        let p = place(
+            &cfg,
+            &footprint(10, 10 * GIB),
+            &devices(&[80 * GIB; 2]),
+            &work(),
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![5, 5]);
+        assert_eq!(p.layer_device, vec![0, 0, 0, 0, 0, 1, 1, 1, 1, 1]);
+        assert!(p.describe()[1].starts_with("gpu1 layers 5-9 +head (needs "));
+    }
+
+    #[test]
+    fn eight_devices_match_the_inspect_plan() {
+        let cfg = ModelConfig::flash();
+        let inv =
+            crate::checkpoint::expected_inventory(&cfg, crate::checkpoint::WeightFormat::Official);
+        let fp = Footprint::from_tensors(
+            cfg.num_hidden_layers,
+            inv.iter().map(|t| plan::TensorSpec {
+                name: &t.name,
+                dtype: t.dtype.as_str(),
+                numel: t.shape.iter().product::<usize>() as u64,
+                bytes: t.bytes(),
+            }),
+        );
+        let w = Workload {
+            context: 131072,
+            chunk: plan::DEFAULT_CHUNK,
+            topk: cfg.index_topk,
+        };
+        let p = place(&cfg, &fp, &devices(&[96 * GIB; 8]), &w).unwrap();
+        let c = counts(&p);
+        assert_eq!(c.len(), 8);
+        assert!(c.iter().all(|&n| (4..=7).contains(&n)), "{c:?}");
+        // The same layout `inspect --devices 8x96G --context 128k` prints.
+        let inspect = plan::plan(&cfg, &fp, &"8x96G".parse().unwrap(), 131072, w.chunk);
+        let ranges: Vec<_> = inspect.devices.iter().map(|d| d.layers).collect();
+        assert_eq!(
+            ranges,
+            p.plan.devices.iter().map(|d| d.layers).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn uneven_free_memory_gets_a_proportional_share() {
+        let cfg = ModelConfig::flash();
+        let p = place(
+            &cfg,
+            &footprint(24, 4 * GIB),
+            &devices(&[40 * GIB, 120 * GIB]),
+            &work(),
+        )
+        .unwrap();
+        let c = counts(&p);
+        assert_eq!(c.iter().sum::<usize>(), 24);
+        assert!(c[1] >= 2 * c[0], "the larger device takes more: {c:?}");
+    }
+
+    #[test]
+    fn a_device_too_small_for_any_layer_is_left_idle() {
+        let cfg = ModelConfig::flash();
+        let offered = devices(&[100 * GIB, GIB / 2, 100 * GIB]);
+        let p = place(&cfg, &footprint(10, 10 * GIB), &offered, &work()).unwrap();
+        assert_eq!(p.used, vec![0, 2]);
+        assert_eq!(p.idle, vec!["gpu1".to_string()]);
+        assert_eq!(counts(&p), vec![5, 5]);
+    }
+
+    #[test]
+    fn more_devices_than_layers_leaves_the_rest_idle() {
+        let cfg = ModelConfig::flash();
+        let p = place(
+            &cfg,
+            &footprint(3, 10 * GIB),
+            &devices(&[80 * GIB; 8]),
+            &work(),
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![1, 1, 1]);
+        assert_eq!(p.layer_device, vec![0, 1, 2]);
+        assert_eq!(p.used.len() + p.idle.len(), 8);
+        assert_eq!(p.names.len(), 3);
+    }
+
+    #[test]
+    fn exactly_fitting_fits_and_one_byte_less_refuses() {
+        let cfg = ModelConfig::flash();
+        let fp = footprint(4, 3 * GIB);
+        let need = place(&cfg, &fp, &devices(&[1 << 50]), &work())
+            .unwrap()
+            .plan
+            .total;
+        let p = place(&cfg, &fp, &devices(&[need]), &work()).unwrap();
+        assert_eq!(p.plan.devices[0].free, 0);
+        let e = place(&cfg, &fp, &devices(&[need - 1]), &work()).unwrap_err();
+        assert!(e.to_string().contains("short by 1 B (1 bytes)"), "{e}");
+        // The largest top-k of the run is planned for: a bigger one needs more.
+        let big = Workload {
+            topk: 8192,
+            ..work()
+        };
+        assert!(place(&cfg, &fp, &devices(&[need]), &big).is_err());
+    }
+
+    #[test]
+    fn too_small_refuses_listing_every_device() {
+        let cfg = ModelConfig::flash();
+        let e = place(
+            &cfg,
+            &footprint(10, 10 * GIB),
+            &devices(&[30 * GIB; 2]),
+            &work(),
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        for needle in [
+            "does not fit on gpu0, gpu1 at a context of 4,096 tokens",
+            "no weight was loaded",
+            "gpu0: layers 0-4 +embed needs ",
+            "gpu1: layers 5-9 +head needs ",
+            "30.00 GiB free: short by ",
+            "in total: needs ",
+            "--device cpu",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} missing from:\n{msg}");
+        }
+        let PlacementError::DoesNotFit { plan, .. } = e else {
+            panic!("not a refusal")
+        };
+        assert!(plan.devices.iter().all(|d| d.shortfall > 0));
+        assert!(matches!(
+            place(&cfg, &footprint(1, 1), &[], &work()),
+            Err(PlacementError::NoDevices)
+        ));
+    }
+}

@@ -1,0 +1,445 @@
+//! The GPU backend's sparse attention and MoE ops on the host emulator against the CPU
+//! reference: sparse attention with sink (ragged entries shared between queries, probabilities
+//! for some queries only, large logits, dominant sinks), the entry deduplication, router scores
+//! (always an f32 GEMM), the shared-expert FFN and the routed experts (uneven routes, an unused
+//! expert, a token routed twice to one expert) with f32 weights and with the stored formats of a
+//! synthetic official checkpoint (FP4 experts, FP8 shared expert).
+//!
+//! Tolerances (max |gpu - cpu| / max |cpu|): attention outputs 1e-6, probabilities 1e-6
+//! absolute (the kernels repeat the CPU's f32 operations; only expf ulps could differ);
+//! router 1e-5 under both GEMM types; FFN / MoE 1e-5 under `GemmType::F32` (GEMM summation
+//! order) and 3e-2 under `GemmType::Bf16` (bf16 operands), which must differ from the CPU.
+
+mod engine_support;
+
+use engine_support::synth_model;
+use needlescope::backend::gpu::attention::EntryTable;
+use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
+use needlescope::backend::{
+    AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, Routes,
+};
+use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn scaled(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    random(n, seed).into_iter().map(|v| v * scale).collect()
+}
+
+/// max |a-b| / max |b|.
+fn norm_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Where `a` and `b` differ most, for failure messages.
+fn worst(a: &[f32], b: &[f32]) -> String {
+    let i = (0..a.len())
+        .max_by(|&i, &j| (a[i] - b[i]).abs().total_cmp(&(a[j] - b[j]).abs()))
+        .unwrap_or(0);
+    format!("worst at [{i}]: gpu {} cpu {}", a[i], b[i])
+}
+
+fn gpu(ty: GemmType) -> EmuBackend {
+    EmuBackend::single(EmuExecutor::default(), ty)
+}
+
+// ---------------------------------------------------------------- attention
+
+/// Entries of query t: a sliding window of `window` rows ending at row t + 2 of `win`, then a
+/// ragged pseudo-random set of `comp` rows (shared between queries); query 3 attends nothing.
+fn entry_lists<'a>(
+    win: &'a [f32],
+    comp: &'a [f32],
+    d: usize,
+    tokens: usize,
+) -> Vec<Vec<&'a [f32]>> {
+    let (nw, nc) = (win.len() / d, comp.len() / d);
+    (0..tokens)
+        .map(|t| {
+            if t == 3 {
+                return Vec::new();
+            }
+            let mut v: Vec<&[f32]> = Vec::new();
+            let end = (t + 3).min(nw);
+            for r in end.saturating_sub(4)..end {
+                v.push(&win[r * d..(r + 1) * d]);
+            }
+            for j in 0..(t * 5 + 1) % 9 {
+                let r = (t * 7 + j * 3) % nc;
+                v.push(&comp[r * d..(r + 1) * d]);
+            }
+            v
+        })
+        .collect()
+}
+
+fn check_attention(d: usize, kv_scale: f32, sinks: &[f32]) {
+    let (h, tokens) = (sinks.len(), 7);
+    let win = scaled(10 * d, 1 + d as u64, kv_scale);
+    let comp = scaled(13 * d, 2 + d as u64, kv_scale);
+    let queries = scaled(tokens * h * d, 3 + d as u64, kv_scale);
+    let entries = entry_lists(&win, &comp, d, tokens);
+    let want_probs = [true, false, true, true, false, false, true];
+    let batch = AttentionBatch {
+        heads: h,
+        head_dim: d,
+        scale: (d as f32).powf(-0.5),
+        sinks,
+        queries: &queries,
+        entries: &entries,
+        want_probs: &want_probs,
+    };
+    let cpu = CpuBackend::new();
+    let mut want = vec![0f32; tokens * h * d];
+    let mut want_p = vec![None; tokens];
+    cpu.sparse_attention(&batch, &mut want, &mut want_p);
+    let g = gpu(GemmType::F32);
+    let mut got = vec![f32::NAN; tokens * h * d];
+    // Stale records must be cleared where probabilities are not wanted.
+    let mut got_p = vec![Some(AttentionProbs::default()); tokens];
+    g.sparse_attention(&batch, &mut got, &mut got_p);
+    assert!(g.take_error().is_none());
+    let e = norm_err(&got, &want);
+    let mut pe = 0f32;
+    for t in 0..tokens {
+        match (&got_p[t], &want_p[t]) {
+            (None, None) => assert!(!want_probs[t]),
+            (Some(a), Some(b)) => {
+                assert_eq!(
+                    a.probs.len(),
+                    h * entries[t].len(),
+                    "query {t}: probs shape"
+                );
+                assert_eq!(a.sink.len(), h, "query {t}: sink shape");
+                let got_all = [&a.probs[..], &a.sink[..]].concat();
+                let want_all = [&b.probs[..], &b.sink[..]].concat();
+                // Absolute: probabilities are in [0, 1].
+                let q = got_all
+                    .iter()
+                    .zip(&want_all)
+                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    q <= 1e-6,
+                    "d={d} query {t}: probability error {q}, {} (probs then sinks)",
+                    worst(&got_all, &want_all)
+                );
+                pe = pe.max(q);
+            }
+            (a, b) => panic!("query {t}: probs {a:?} where the CPU gives {b:?}"),
+        }
+    }
+    eprintln!("attention d={d} kv_scale={kv_scale}: out error {e:e}, probs error {pe:e}");
+    assert!(e <= 1e-6, "d={d}: output error {e}, {}", worst(&got, &want));
+    // The inputs are not degenerate: outputs are non-zero; large logits give peaked softmaxes.
+    assert!(want.iter().any(|v| v.abs() > 1e-3));
+    let peak = want_p
+        .iter()
+        .flatten()
+        .flat_map(|p| p.probs.iter().chain(&p.sink))
+        .fold(0f32, |m, &v| m.max(v));
+    assert!(kv_scale <= 1.0 || peak > 0.99, "peak probability {peak}");
+}
+
+#[test]
+fn sparse_attention_matches_cpu() {
+    // head_dim 64 (8-lane dot, no tail) and 44 (tail of 4); logits of O(1) and O(100); one
+    // sink dominating, one very negative.
+    check_attention(64, 1.0, &[0.5, -1.0, 2.0, 0.0]);
+    check_attention(44, 1.0, &[0.1, 3.0, -2.0]);
+    check_attention(64, 12.0, &[80.0, -200.0, 5.0, 0.0]);
+}
+
+#[test]
+fn attention_entries_are_deduplicated_by_pointer() {
+    let d = 8;
+    let win = random(10 * d, 5);
+    let comp = random(13 * d, 6);
+    let entries = entry_lists(&win, &comp, d, 7);
+    let table = EntryTable::build(&entries, d).unwrap();
+    let mut distinct: Vec<usize> = entries
+        .iter()
+        .flatten()
+        .map(|v| v.as_ptr() as usize)
+        .collect();
+    let total = distinct.len();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() < total, "the test batch shares entries");
+    assert_eq!(table.unique, distinct.len());
+    assert_eq!(table.rows.len(), table.unique * d);
+    assert_eq!(table.emax, entries.iter().map(Vec::len).max().unwrap());
+    for (t, list) in entries.iter().enumerate() {
+        assert_eq!(table.count[t] as usize, list.len());
+        for e in 0..table.emax {
+            let id = table.index[t * table.emax + e];
+            match list.get(e) {
+                Some(v) => assert_eq!(&table.rows[id as usize * d..(id as usize + 1) * d], *v),
+                None => assert_eq!(id, -1),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- router, FFN, MoE
+
+#[test]
+fn router_scores_use_an_f32_gemm_under_both_gemm_types() {
+    let (t, d, e) = (9, 72, 12);
+    // |logits| up to ~60: both softplus branches (linear above 20, log1p(exp) below).
+    let u = scaled(t * d, 11, 4.0);
+    let gate = random(e * d, 12);
+    let cpu = CpuBackend::new();
+    let mut want = vec![0f32; t * e];
+    cpu.router_scores(&u, &cpu.upload_matrix(gate.clone(), e, d), &mut want);
+    let mut raw = vec![0f32; t * e];
+    cpu.matmul(&u, &cpu.upload_matrix(gate.clone(), e, d), &mut raw);
+    assert!(raw.iter().any(|&z| z > 20.0) && raw.iter().any(|&z| z < -5.0));
+    for ty in [GemmType::F32, GemmType::Bf16] {
+        let g = gpu(ty);
+        let mut got = vec![0f32; t * e];
+        g.router_scores(&u, &g.upload_matrix(gate.clone(), e, d), &mut got);
+        assert!(g.take_error().is_none());
+        let err = norm_err(&got, &want);
+        eprintln!("router {ty:?}: error {err:e}");
+        assert!(
+            err <= 1e-5,
+            "{ty:?}: router error {err}, {}",
+            worst(&got, &want)
+        );
+    }
+}
+
+fn ffn_of<B: Backend>(b: &B, w: &[Vec<f32>; 3], d: usize, inter: usize) -> FfnWeights<B::Matrix> {
+    FfnWeights {
+        w1: b.upload_matrix(w[0].clone(), inter, d),
+        w2: b.upload_matrix(w[1].clone(), d, inter),
+        w3: b.upload_matrix(w[2].clone(), inter, d),
+    }
+}
+
+fn tolerance(ty: GemmType) -> f32 {
+    match ty {
+        GemmType::F32 => 1e-5,
+        GemmType::Bf16 => 3e-2,
+    }
+}
+
+/// Checks one GPU result against the CPU's under `ty`'s tolerance; bf16 must differ.
+fn check(what: &str, ty: GemmType, got: &[f32], want: &[f32]) {
+    let err = norm_err(got, want);
+    eprintln!("{what} {ty:?}: error {err:e}");
+    assert!(
+        err <= tolerance(ty),
+        "{what} {ty:?}: error {err}, {}",
+        worst(got, want)
+    );
+    assert!(
+        ty == GemmType::F32 || err > 0.0,
+        "{what}: bf16 GEMMs match f32 exactly?"
+    );
+}
+
+/// Routes of `tokens` tokens over `n_experts`, k = 3: expert `n_experts - 2` never chosen,
+/// token 1 picks expert 0 twice, weights positive and uneven.
+fn uneven_routes(tokens: usize, n_experts: usize) -> (Vec<usize>, Vec<f32>) {
+    let k = 3;
+    let skip = n_experts - 2;
+    let mut experts = Vec::new();
+    for t in 0..tokens {
+        for s in 0..k {
+            let mut x = (t * 2 + s * s + 1) % n_experts;
+            if x == skip {
+                x = 0;
+            }
+            experts.push(if t == 1 && s != 1 { 0 } else { x });
+        }
+    }
+    assert!(!experts.contains(&skip) && experts[3] == 0 && experts[5] == 0);
+    let weights = random(tokens * k, 77)
+        .iter()
+        .map(|v| 0.3 + v.abs())
+        .collect();
+    (experts, weights)
+}
+
+#[test]
+fn ffn_and_routed_experts_match_cpu_with_f32_weights() {
+    let (t, d, inter, n_experts, limit) = (7, 40, 24, 5, 2.5f32);
+    let u = scaled(t * d, 21, 1.5);
+    let weights: Vec<[Vec<f32>; 3]> = (0..n_experts as u64 + 1)
+        .map(|i| {
+            [
+                random(inter * d, 100 + i),
+                random(d * inter, 200 + i),
+                random(inter * d, 300 + i),
+            ]
+        })
+        .collect();
+    let (experts, route_w) = uneven_routes(t, n_experts);
+    let routes = Routes {
+        per_token: 3,
+        experts: &experts,
+        weights: &route_w,
+    };
+    let cpu = CpuBackend::new();
+    let cpu_experts: Vec<_> = weights[..n_experts]
+        .iter()
+        .map(|w| ffn_of(&cpu, w, d, inter))
+        .collect();
+    let cpu_shared = ffn_of(&cpu, &weights[n_experts], d, inter);
+    let (mut want_moe, mut want_ffn) = (vec![0f32; t * d], vec![0f32; t * d]);
+    cpu.moe_experts(&u, &routes, &cpu_experts, limit, &mut want_moe);
+    cpu.ffn(&u, &cpu_shared, limit, &mut want_ffn);
+    // The clamp is exercised: some gate pre-activations exceed the limit.
+    let mut gate = vec![0f32; t * inter];
+    cpu.matmul(&u, &cpu_shared.w1, &mut gate);
+    assert!(gate.iter().any(|&v| v > limit) && gate.iter().any(|v| v.abs() < limit));
+    for ty in [GemmType::F32, GemmType::Bf16] {
+        let g = gpu(ty);
+        let gpu_experts: Vec<_> = weights[..n_experts]
+            .iter()
+            .map(|w| ffn_of(&g, w, d, inter))
+            .collect();
+        let gpu_shared = ffn_of(&g, &weights[n_experts], d, inter);
+        let (mut got_moe, mut got_ffn) = (vec![f32::NAN; t * d], vec![f32::NAN; t * d]);
+        g.moe_experts(&u, &routes, &gpu_experts, limit, &mut got_moe);
+        g.ffn(&u, &gpu_shared, limit, &mut got_ffn);
+        assert!(g.take_error().is_none());
+        check("moe f32 weights", ty, &got_moe, &want_moe);
+        check("ffn f32 weights", ty, &got_ffn, &want_ffn);
+    }
+}
+
+fn load_ffn<B: Backend>(
+    b: &B,
+    ckpt: &Checkpoint,
+    prefix: &str,
+    d: usize,
+    inter: usize,
+) -> FfnWeights<B::Matrix> {
+    let lin = |name: &str, out: usize, input: usize| {
+        let w = ckpt
+            .shared_linear(&format!("{prefix}.{name}"), out, input)
+            .unwrap();
+        b.upload_linear(w).unwrap()
+    };
+    FfnWeights {
+        w1: lin("w1", inter, d),
+        w2: lin("w2", d, inter),
+        w3: lin("w3", inter, d),
+    }
+}
+
+#[test]
+fn moe_ops_match_cpu_with_stored_checkpoint_formats() {
+    let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(1), Some(4));
+    let cfg = m.ckpt.config();
+    let (d, inter, n_experts) = (
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+        cfg.n_routed_experts,
+    );
+    let limit = cfg.swiglu_limit as f32;
+    let p = "layers.0.ffn";
+    let kind = |module: &str, out: usize, input: usize| {
+        m.ckpt
+            .shared_linear(module, out, input)
+            .unwrap()
+            .view()
+            .kind()
+    };
+    assert_eq!(kind(&format!("{p}.experts.0.w1"), inter, d), "fp4-group");
+    assert_eq!(
+        kind(&format!("{p}.shared_experts.w2"), d, inter),
+        "fp8-block"
+    );
+    let t = 6;
+    let u = scaled(t * d, 31, 2.0);
+    let (experts, route_w) = uneven_routes(t, n_experts);
+    let routes = Routes {
+        per_token: 3,
+        experts: &experts,
+        weights: &route_w,
+    };
+    let cpu = CpuBackend::new();
+    let cpu_experts: Vec<_> = (0..n_experts)
+        .map(|i| load_ffn(&cpu, &m.ckpt, &format!("{p}.experts.{i}"), d, inter))
+        .collect();
+    let cpu_shared = load_ffn(&cpu, &m.ckpt, &format!("{p}.shared_experts"), d, inter);
+    let gate = m
+        .ckpt
+        .shared_linear(&format!("{p}.gate"), n_experts, d)
+        .unwrap();
+    let mut want = [
+        vec![0f32; t * d],
+        vec![0f32; t * d],
+        vec![0f32; t * n_experts],
+    ];
+    cpu.moe_experts(&u, &routes, &cpu_experts, limit, &mut want[0]);
+    cpu.ffn(&u, &cpu_shared, limit, &mut want[1]);
+    cpu.router_scores(&u, &cpu.upload_linear(gate.clone()).unwrap(), &mut want[2]);
+    for ty in [GemmType::F32, GemmType::Bf16] {
+        let g = gpu(ty);
+        let gpu_experts: Vec<_> = (0..n_experts)
+            .map(|i| load_ffn(&g, &m.ckpt, &format!("{p}.experts.{i}"), d, inter))
+            .collect();
+        let gpu_shared = load_ffn(&g, &m.ckpt, &format!("{p}.shared_experts"), d, inter);
+        let mut got = [
+            vec![f32::NAN; t * d],
+            vec![f32::NAN; t * d],
+            vec![f32::NAN; t * n_experts],
+        ];
+        g.moe_experts(&u, &routes, &gpu_experts, limit, &mut got[0]);
+        g.ffn(&u, &gpu_shared, limit, &mut got[1]);
+        g.router_scores(&u, &g.upload_linear(gate.clone()).unwrap(), &mut got[2]);
+        assert!(g.take_error().is_none());
+        check("moe stored", ty, &got[0], &want[0]);
+        check("ffn stored", ty, &got[1], &want[1]);
+        let err = norm_err(&got[2], &want[2]);
+        eprintln!("router stored {ty:?}: error {err:e}");
+        assert!(
+            err <= 1e-5,
+            "router stored {ty:?}: error {err}, {}",
+            worst(&got[2], &want[2])
+        );
+    }
+}
+
+#[test]
+fn moe_failure_is_recorded_and_output_is_nan() {
+    let g = EmuBackend::single(EmuExecutor::new(0, 64 << 10), GemmType::F32);
+    let (d, inter) = (16, 8);
+    let w = [
+        random(inter * d, 1),
+        random(d * inter, 2),
+        random(inter * d, 3),
+    ];
+    let experts = vec![ffn_of(&g, &w, d, inter)];
+    assert!(g.take_error().is_none());
+    // 2,000 tokens of 16 values do not fit in 64 KiB next to the weights.
+    let t = 2000;
+    let u = random(t * d, 4);
+    let (ids, rw) = (vec![0usize; t], vec![1.0f32; t]);
+    let routes = Routes {
+        per_token: 1,
+        experts: &ids,
+        weights: &rw,
+    };
+    let mut out = vec![0f32; t * d];
+    g.moe_experts(&u, &routes, &experts, 10.0, &mut out);
+    assert!(out.iter().all(|v| v.is_nan()));
+    let e = g.take_error().expect("error recorded");
+    assert!(e.contains("moe_experts"), "{e}");
+}
