@@ -390,7 +390,7 @@ fn sweep_records_the_backend_and_refuses_to_resume_on_another() {
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(info["backend"]["kind"], "cuda-emu");
-    assert_eq!(info["backend"]["gemm"], "bf16");
+    assert_eq!(info["backend"]["gemm"], "f32", "f32 GEMMs are the default");
     assert_eq!(
         info["backend"]["devices"][0],
         "emu:0 layers 0-3 +embed +head"
@@ -403,6 +403,6 @@ fn sweep_records_the_backend_and_refuses_to_resume_on_another() {
     assert_eq!(r.code, Some(1));
     r.stderr_has(&[
         "refusing to resume",
-        "backend: expected \"cuda-emu gemm bf16\" (run.json), found \"cpu\" (this run)",
+        "backend: expected \"cuda-emu gemm f32\" (run.json), found \"cpu\" (this run)",
     ]);
 }

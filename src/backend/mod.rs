@@ -173,6 +173,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// A reference matrix-product speed measured now, for benchmarks: (what was measured,
+    /// TFLOP/s). The CPU times an f32 GEMM through its matmul; a GPU a bf16 cuBLAS GEMM with
+    /// resident operands (the peak its layers can be compared against). None if unknown.
+    fn reference_gemm_tflops(&self) -> Option<(String, f64)> {
+        None
+    }
+
     /// Tells a multi-device backend which part of the model the following uploads and ops
     /// belong to, so they run on that part's device. Single-device backends ignore it.
     fn enter_site(&self, _site: Site) {}

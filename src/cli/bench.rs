@@ -11,7 +11,8 @@ use super::engine::{EngineTask, Target};
 use super::values::parse_token_count;
 use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
-use crate::model::bench::time_prefill;
+use crate::config::ModelConfig;
+use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, PrefillProfile};
 use crate::model::forward::Engine;
 use crate::model::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
@@ -49,8 +50,11 @@ pub struct BenchArgs {
     pub weights: WeightResidency,
 }
 
-/// Times one prefill per prompt on the loaded engine, printing a row each.
+/// Times one prefill per prompt on the loaded engine, printing a row each, then per length the
+/// time and counted TFLOP/s per layer type and the projected full-Flash prefill speed.
 struct BenchTask<'a> {
+    ckpt: &'a Checkpoint,
+    topk: usize,
     prompts: Vec<Vec<u32>>,
     /// When loading began (the task starts right after it).
     load_started: Instant,
@@ -62,8 +66,10 @@ impl EngineTask for BenchTask<'_> {
     type Output = ();
     fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<()> {
         let load = self.load_started.elapsed().as_secs_f64();
+        let mut profiles = Vec::new();
         for tokens in &self.prompts {
             let f = time_prefill(engine, tokens)?;
+            profiles.push(f.clone());
             writeln!(
                 self.out,
                 "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
@@ -76,8 +82,62 @@ impl EngineTask for BenchTask<'_> {
             )?;
             self.out.flush()?;
         }
-        Ok(())
+        let reference = engine.backend().reference_gemm_tflops();
+        layer_breakdown(self.ckpt, self.topk, &profiles, reference, self.out)
     }
+}
+
+/// Per length: seconds and counted TFLOP/s per layer type (model::bench's FLOP model), against
+/// the backend's reference GEMM, and the prefill speed projected to the 43-layer Flash schedule.
+fn layer_breakdown(
+    ckpt: &Checkpoint,
+    topk: usize,
+    profiles: &[PrefillProfile],
+    reference: Option<(String, f64)>,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let flash = ModelConfig::flash();
+    let cfg = ckpt.config();
+    // Projecting only makes sense from layers of Flash's own size.
+    let flash_sized = cfg.hidden_size == flash.hidden_size
+        && cfg.n_routed_experts == flash.n_routed_experts
+        && cfg.num_attention_heads == flash.num_attention_heads
+        && cfg.moe_intermediate_size == flash.moe_intermediate_size;
+    if let Some((what, t)) = &reference {
+        writeln!(out, "reference: {what}: {t:.1} TFLOP/s (measured in this run)")?;
+    }
+    writeln!(
+        out,
+        "{:>8} {:>6} {:>7} {:>12} {:>10} {:>10} {:>12}",
+        "tokens", "type", "layers", "ms/layer", "TFLOP/s", "% of ref", "flash tok/s"
+    )?;
+    for p in profiles {
+        let types = by_layer_type(ckpt, p, topk);
+        let projected = projected_tokens_per_s(&flash, &types, p)
+            .filter(|_| flash_sized)
+            .map_or("-".to_string(), |t| format!("{t:.0}"));
+        for (i, f) in types.iter().enumerate() {
+            let pct = reference
+                .as_ref()
+                .map_or("-".to_string(), |(_, r)| format!("{:.1}", 100.0 * f.tflops() / r));
+            writeln!(
+                out,
+                "{:>8} {:>6} {:>7} {:>12.2} {:>10.3} {:>10} {:>12}",
+                p.tokens,
+                format!("{:?}", f.kind).to_uppercase(),
+                f.layers,
+                f.seconds_per_layer * 1e3,
+                f.tflops(),
+                pct,
+                if i == 0 { projected.as_str() } else { "" }
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "TFLOP/s counts linear, attention and indexer arithmetic (model::bench); flash tok/s = tokens / (embed + head + the 43 Flash layers at the measured per-type times), shown when the model has Flash's dimensions (all 256 experts) and every layer type was measured"
+    )?;
+    Ok(())
 }
 
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -131,6 +191,8 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let weights = target.weights_label();
     let task = BenchTask {
+        ckpt: &ckpt,
+        topk: cfg.index_topk,
         prompts,
         load_started: Instant::now(),
         weights,

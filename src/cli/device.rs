@@ -106,7 +106,7 @@ impl std::fmt::Display for DeviceSpec {
     }
 }
 
-/// The clap parser of `--device`: [`DeviceSpec::from_str`], plus the possible values for the
+/// The clap parser of `--device`: `DeviceSpec::from_str`, plus the possible values for the
 /// help (`emu` hidden: it is for tests).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeviceParser;
@@ -144,10 +144,10 @@ impl TypedValueParser for DeviceParser {
 /// `--gpu-gemm`: operand precision of the GPU backend's matrix products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GpuGemm {
+    /// f32 operands: matches the CPU reference up to summation order (the default)
+    F32,
     /// bf16 operands, f32 accumulation: the serving engines' numerics, and the fast path
     Bf16,
-    /// f32 operands: matches the CPU reference up to summation order
-    F32,
 }
 
 impl From<GpuGemm> for GemmType {
@@ -183,8 +183,10 @@ pub struct DeviceArgs {
     )]
     pub device: DeviceSpec,
 
-    /// GEMM operands on the GPU: bf16 (f32 accumulation) or f32 [default: bf16]; ignored on the
-    /// CPU, which computes in f32 throughout
+    /// GEMM operands on the GPU: f32 (the CPU reference's values up to summation order) or bf16
+    /// (f32 accumulation; the serving engines' numerics and much faster, but ranks near the
+    /// top-k cut-off may differ from the reference) [default: f32]; ignored on the CPU, which
+    /// computes in f32 throughout
     #[arg(long, value_name = "bf16|f32")]
     pub gpu_gemm: Option<GpuGemm>,
 }
@@ -200,7 +202,7 @@ impl DeviceArgs {
 
     /// The GEMM type of GPU runs.
     pub fn gemm(&self) -> GemmType {
-        self.gpu_gemm.unwrap_or(GpuGemm::Bf16).into()
+        self.gpu_gemm.unwrap_or(GpuGemm::F32).into()
     }
 }
 

@@ -115,6 +115,21 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn reference_gemm_tflops(&self) -> Option<(String, f64)> {
+        let (m, n, k) = (512, 2048, 2048);
+        let w = self.upload_matrix(vec![0.5f32; n * k], n, k);
+        let x = vec![0.25f32; m * k];
+        let mut y = vec![0f32; m * n];
+        linalg::matmul(&x, &w, &mut y);
+        let t0 = std::time::Instant::now();
+        linalg::matmul(&x, &w, &mut y);
+        let secs = t0.elapsed().as_secs_f64().max(1e-12);
+        Some((
+            format!("f32 GEMM {m}x{n}x{k} (gemm crate)"),
+            2.0 * (m * n * k) as f64 / secs / 1e12,
+        ))
+    }
+
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> CpuMatrix {
         CpuMatrix::new(data, rows, cols)
     }

@@ -178,6 +178,15 @@ impl<E: Executor> Backend for GpuBackend<E> {
         E::KIND
     }
 
+    fn reference_gemm_tflops(&self) -> Option<(String, f64)> {
+        // Flash-sized on a GPU; small on the emulator (a CPU loop).
+        let s = if E::KIND == "cuda" { 8192 } else { 256 };
+        let e = &self.devices[0];
+        matrix::gemm_tflops(e, s, s, s, GemmType::Bf16, 10)
+            .ok()
+            .map(|t| (format!("bf16 GEMM {s}x{s}x{s} on {}", e.name()), t))
+    }
+
     fn take_error(&self) -> Option<String> {
         self.error.lock().unwrap().take()
     }
@@ -287,7 +296,7 @@ impl<E: Executor> Backend for GpuBackend<E> {
         post: &mut [f32],
         comb: &mut [f32],
     ) {
-        let r = (|| hyper::hc_pre(self, streams, site, params, input, post, comb))();
+        let r = hyper::hc_pre(self, streams, site, params, input, post, comb);
         self.settle("hc_pre", r, &mut [input, post, comb]);
     }
 
@@ -305,7 +314,7 @@ impl<E: Executor> Backend for GpuBackend<E> {
         params: &HcParams,
         out: &mut [f32],
     ) {
-        let r = (|| hyper::hc_head(self, streams, site, params, out))();
+        let r = hyper::hc_head(self, streams, site, params, out);
         self.settle("hc_head", r, &mut [out]);
     }
 
@@ -317,7 +326,7 @@ impl<E: Executor> Backend for GpuBackend<E> {
         width: usize,
         out: &mut [f32],
     ) {
-        let r = (|| norm::compressor_pool(self, values, logits, slots, width, out))();
+        let r = norm::compressor_pool(self, values, logits, slots, width, out);
         self.settle("compressor_pool", r, &mut [out]);
     }
 
@@ -336,7 +345,7 @@ impl<E: Executor> Backend for GpuBackend<E> {
         prepared: &mut [f32],
         scales: &mut [f32],
     ) {
-        let r = (|| indexer::index_prepare_keys(self, profile, raw, dim, prepared, scales))();
+        let r = indexer::index_prepare_keys(self, profile, raw, dim, prepared, scales);
         self.settle("index_prepare_keys", r, &mut [prepared, scales]);
     }
 
@@ -371,7 +380,7 @@ impl<E: Executor> Backend for GpuBackend<E> {
         dim: usize,
         out: &mut [f32],
     ) {
-        let r = (|| indexer::index_scores(self, profile, query, keys, key_scales, dim, out))();
+        let r = indexer::index_scores(self, profile, query, keys, key_scales, dim, out);
         self.settle("index_scores", r, &mut [out]);
     }
 
@@ -387,11 +396,9 @@ impl<E: Executor> Backend for GpuBackend<E> {
         visible: &[usize],
         out: &mut [f32],
     ) {
-        let r = (|| {
-            indexer::index_scores_batch(
+        let r = indexer::index_scores_batch(
                 self, profile, queries, weights, heads, dim, keys, key_scales, visible, out,
-            )
-        })();
+            );
         self.settle("index_scores_batch", r, &mut [out]);
     }
 
@@ -408,12 +415,12 @@ impl<E: Executor> Backend for GpuBackend<E> {
         out: &mut [f32],
         probs: &mut [Option<AttentionProbs>],
     ) {
-        let r = (|| attention::sparse_attention(self, batch, out, probs))();
+        let r = attention::sparse_attention(self, batch, out, probs);
         self.settle("sparse_attention", r, &mut [out]);
     }
 
     fn router_scores(&self, u: &[f32], gate: &Self::Matrix, out: &mut [f32]) {
-        let r = (|| experts::router_scores(self, u, gate, out))();
+        let r = experts::router_scores(self, u, gate, out);
         self.settle("router_scores", r, &mut [out]);
     }
 
@@ -425,12 +432,12 @@ impl<E: Executor> Backend for GpuBackend<E> {
         swiglu_limit: f32,
         out: &mut [f32],
     ) {
-        let r = (|| experts::moe_experts(self, u, routes, experts, swiglu_limit, out))();
+        let r = experts::moe_experts(self, u, routes, experts, swiglu_limit, out);
         self.settle("moe_experts", r, &mut [out]);
     }
 
     fn ffn(&self, u: &[f32], ffn: &FfnWeights<Self::Matrix>, swiglu_limit: f32, out: &mut [f32]) {
-        let r = (|| experts::ffn(self, u, ffn, swiglu_limit, out))();
+        let r = experts::ffn(self, u, ffn, swiglu_limit, out);
         self.settle("ffn", r, &mut [out]);
     }
 
