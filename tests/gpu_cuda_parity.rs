@@ -25,14 +25,23 @@ fn report(name: &str, checks: &[Check]) {
     let t = table(checks);
     println!("== {name}\n{t}");
     assert!(!checks.is_empty());
-    assert!(checks.iter().all(Check::passed), "{name}: parity failures:\n{t}");
+    assert!(
+        checks.iter().all(Check::passed),
+        "{name}: parity failures:\n{t}"
+    );
 }
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-check.sh"]
 fn cuda_ops_match_the_cpu_at_flash_dims() {
-    report("ops, f32 GEMMs", &check_ops(&gpu(GemmType::F32), &OpDims::flash(), 11, 1e-5));
-    report("ops, bf16 GEMMs", &check_ops(&gpu(GemmType::Bf16), &OpDims::flash(), 12, 2e-2));
+    report(
+        "ops, f32 GEMMs",
+        &check_ops(&gpu(GemmType::F32), &OpDims::flash(), 11, 1e-5),
+    );
+    report(
+        "ops, bf16 GEMMs",
+        &check_ops(&gpu(GemmType::Bf16), &OpDims::flash(), 12, 2e-2),
+    );
 }
 
 fn cases() -> Vec<ForwardCase> {
@@ -68,19 +77,33 @@ fn forward(
         (GemmType::Bf16, ForwardTolerance::BF16, bf16_layers),
     ] {
         let m = synth_model(preset, format, Some(layers), experts);
-        let opts = EngineOptions { topk: Some(64), ..EngineOptions::default() };
+        let opts = EngineOptions {
+            topk: Some(64),
+            ..EngineOptions::default()
+        };
         let mut cpu = Engine::load(&m.ckpt, opts.clone()).expect("CPU engine");
         let toks = tokens(n, m.ckpt.config().vocab_size, 3);
         let mut g = Engine::load_with(gpu(gemm), &m.ckpt, opts.clone()).expect("GPU engine");
         let checks = check_forward(&mut g, &mut cpu, &toks, cases, tol).expect("forwards");
-        report(&format!("{preset:?} {format:?} {layers} layers, {gemm:?} GEMMs"), &checks);
+        report(
+            &format!("{preset:?} {format:?} {layers} layers, {gemm:?} GEMMs"),
+            &checks,
+        );
     }
 }
 
 #[test]
 #[ignore = "needs a GPU: scripts/gpu-check.sh"]
 fn cuda_forward_matches_the_cpu_on_tiny() {
-    forward(Preset::Tiny, WeightFormat::Official, 4, 2, None, 1500, &cases());
+    forward(
+        Preset::Tiny,
+        WeightFormat::Official,
+        4,
+        2,
+        None,
+        1500,
+        &cases(),
+    );
 }
 
 #[test]
@@ -89,5 +112,13 @@ fn cuda_forward_matches_the_cpu_on_flash_four_layers() {
     // Fewer cases: the CPU reference at Flash dims is the slow side. Flash layers 0-1 are SWA,
     // layer 2 the first CSA.
     let few: Vec<ForwardCase> = cases().into_iter().step_by(3).collect();
-    forward(Preset::Flash, WeightFormat::Official, 4, 3, Some(16), 300, &few);
+    forward(
+        Preset::Flash,
+        WeightFormat::Official,
+        4,
+        3,
+        Some(16),
+        300,
+        &few,
+    );
 }

@@ -37,16 +37,32 @@ fn every_op_matches_the_cpu_with_bf16_gemms() {
 
 fn cases() -> Vec<ForwardCase> {
     vec![
-        ForwardCase { profile: IndexProfile::Exact, kv: KvMode::Exact, chunk: 64 },
-        ForwardCase { profile: IndexProfile::SglangFp8, kv: KvMode::Fp8, chunk: 7 },
-        ForwardCase { profile: IndexProfile::OfficialFp4, kv: KvMode::Exact, chunk: 200 },
+        ForwardCase {
+            profile: IndexProfile::Exact,
+            kv: KvMode::Exact,
+            chunk: 64,
+        },
+        ForwardCase {
+            profile: IndexProfile::SglangFp8,
+            kv: KvMode::Fp8,
+            chunk: 7,
+        },
+        ForwardCase {
+            profile: IndexProfile::OfficialFp4,
+            kv: KvMode::Exact,
+            chunk: 200,
+        },
     ]
 }
 
 fn forward_parity(format: WeightFormat, layers: usize, backend: EmuBackend, tol: ForwardTolerance) {
     let m = synth_model(Preset::Tiny, format, Some(layers), Some(8));
-    let opts = EngineOptions { topk: Some(16), ..EngineOptions::default() };
-    let mut gpu = Engine::load_with(backend, &m.ckpt, opts.clone()).expect("emulated GPU engine loads");
+    let opts = EngineOptions {
+        topk: Some(16),
+        ..EngineOptions::default()
+    };
+    let mut gpu =
+        Engine::load_with(backend, &m.ckpt, opts.clone()).expect("emulated GPU engine loads");
     let mut cpu = Engine::load(&m.ckpt, opts).expect("CPU engine loads");
     let toks = tokens(160, m.ckpt.config().vocab_size, 5);
     let checks = check_forward(&mut gpu, &mut cpu, &toks, &cases(), tol).expect("forwards run");

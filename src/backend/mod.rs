@@ -286,6 +286,59 @@ pub trait Backend: Send + Sync {
         dim: usize,
     ) -> PreparedQuery;
 
+    /// Prepares the index queries of T tokens at once: `q_raw [T, heads, dim]`, `weights_raw
+    /// [T, heads]` into `values [T, heads, dim]` and `weights [T, heads]`, exactly what
+    /// [`Backend::index_prepare_query`] gives token by token (the default does that, in
+    /// parallel). A device backend prepares the whole chunk in one go.
+    #[allow(clippy::too_many_arguments)]
+    fn index_prepare_queries(
+        &self,
+        profile: IndexProfile,
+        q_raw: &[f32],
+        weights_raw: &[f32],
+        heads: usize,
+        dim: usize,
+        values: &mut [f32],
+        weights: &mut [f32],
+    ) {
+        use rayon::prelude::*;
+        let hd = heads * dim;
+        values
+            .par_chunks_mut(hd.max(1))
+            .zip(weights.par_chunks_mut(heads.max(1)))
+            .enumerate()
+            .for_each(|(i, (qo, wo))| {
+                let q = self.index_prepare_query(
+                    profile,
+                    &q_raw[i * hd..(i + 1) * hd],
+                    &weights_raw[i * heads..(i + 1) * heads],
+                    heads,
+                    dim,
+                );
+                qo.copy_from_slice(&q.values);
+                wo.copy_from_slice(&q.weights);
+            });
+    }
+
+    /// Top-k of T score rows at once: row t is `scores[t·stride..t·stride + visible[t]]`, its
+    /// `k = out.len() / T` results go to `out[t·k..(t+1)·k]`, exactly what [`Backend::topk`]
+    /// gives row by row (the default does that, in parallel).
+    fn topk_batch(&self, scores: &[f32], stride: usize, visible: &[usize], out: &mut [i32]) {
+        use rayon::prelude::*;
+        let tokens = visible.len();
+        if tokens == 0 {
+            return;
+        }
+        let k = out.len() / tokens;
+        if k == 0 {
+            return;
+        }
+        out.par_chunks_mut(k)
+            .zip(visible.par_iter())
+            .enumerate()
+            .for_each(|(t, (sel, &n))| self.topk(&scores[t * stride..t * stride + n], sel));
+    }
+
     /// Index scores of one query against prepared key rows `[rows, dim]`: `out[rows]`.
     fn index_scores(
         &self,

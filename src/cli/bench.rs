@@ -104,7 +104,10 @@ fn layer_breakdown(
         && cfg.num_attention_heads == flash.num_attention_heads
         && cfg.moe_intermediate_size == flash.moe_intermediate_size;
     if let Some((what, t)) = &reference {
-        writeln!(out, "reference: {what}: {t:.1} TFLOP/s (measured in this run)")?;
+        writeln!(
+            out,
+            "reference: {what}: {t:.1} TFLOP/s (measured in this run)"
+        )?;
     }
     writeln!(
         out,
@@ -117,9 +120,9 @@ fn layer_breakdown(
             .filter(|_| flash_sized)
             .map_or("-".to_string(), |t| format!("{t:.0}"));
         for (i, f) in types.iter().enumerate() {
-            let pct = reference
-                .as_ref()
-                .map_or("-".to_string(), |(_, r)| format!("{:.1}", 100.0 * f.tflops() / r));
+            let pct = reference.as_ref().map_or("-".to_string(), |(_, r)| {
+                format!("{:.1}", 100.0 * f.tflops() / r)
+            });
             writeln!(
                 out,
                 "{:>8} {:>6} {:>7} {:>12.2} {:>10.3} {:>10} {:>12}",

@@ -128,11 +128,11 @@ fn cuda_takes_all_or_the_listed_gpus() {
 }
 
 #[test]
-fn gemm_defaults_to_bf16() {
-    assert_eq!(DeviceArgs::cpu().gemm(), GemmType::Bf16);
+fn gemm_defaults_to_f32() {
+    assert_eq!(DeviceArgs::cpu().gemm(), GemmType::F32);
     let a = DeviceArgs {
         device: DeviceSpec::Auto,
-        gpu_gemm: Some(GpuGemm::F32),
+        gpu_gemm: Some(GpuGemm::Bf16),
     };
-    assert_eq!(a.gemm(), GemmType::F32);
+    assert_eq!(a.gemm(), GemmType::Bf16);
 }

@@ -27,7 +27,6 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::numerics::profiles::IndexProfile;
-use rayon::prelude::*;
 
 /// Query tokens scored per batched call (bounds the `[tokens, rows]` score block).
 const TOKENS_PER_BLOCK: usize = 256;
@@ -109,21 +108,7 @@ impl<M> Indexer<M> {
         // Prepared queries of the chunk, token after token ([T, heads, dim] and [T, heads]).
         let mut q_prep = vec![0.0f32; tokens * hd];
         let mut w_prep = vec![0.0f32; tokens * heads];
-        q_prep
-            .par_chunks_mut(hd.max(1))
-            .zip(w_prep.par_chunks_mut(heads.max(1)))
-            .enumerate()
-            .for_each(|(i, (qo, wo))| {
-                let query = backend.index_prepare_query(
-                    profile,
-                    &q[i * hd..(i + 1) * hd],
-                    &w[i * heads..(i + 1) * heads],
-                    heads,
-                    dim,
-                );
-                qo.copy_from_slice(&query.values);
-                wo.copy_from_slice(&query.weights);
-            });
+        backend.index_prepare_queries(profile, &q, &w, heads, dim, &mut q_prep, &mut w_prep);
 
         // Scores are kept only where the observer looks at them.
         let obs = &*run.observer;
@@ -156,11 +141,7 @@ impl<M> Indexer<M> {
                 scores,
             );
             if k > 0 {
-                selected[b0 * k..b1 * k]
-                    .par_chunks_mut(k)
-                    .zip(scores.par_chunks(stride.max(1)))
-                    .zip(&visible)
-                    .for_each(|((sel, sc), &n)| backend.topk(&sc[..n], sel));
+                backend.topk_batch(scores, stride, &visible, &mut selected[b0 * k..b1 * k]);
             }
             for (i, &n) in visible.iter().enumerate() {
                 if keep[b0 + i] {

@@ -397,8 +397,8 @@ impl<E: Executor> Backend for GpuBackend<E> {
         out: &mut [f32],
     ) {
         let r = indexer::index_scores_batch(
-                self, profile, queries, weights, heads, dim, keys, key_scales, visible, out,
-            );
+            self, profile, queries, weights, heads, dim, keys, key_scales, visible, out,
+        );
         self.settle("index_scores_batch", r, &mut [out]);
     }
 

@@ -232,10 +232,19 @@ mod tests {
     fn near_ties_do_not_count_as_mismatches() {
         let scores = [5.0f32, 4.0, 3.0, 2.9999, 1.0];
         // Reference picks rows 0,1,2; the other side picks 0,1,3: a near-tie.
-        assert_eq!(selection_mismatch(&scores, &[0, 1, 2], &[0, 1, 3], 1e-3), (0, 3));
+        assert_eq!(
+            selection_mismatch(&scores, &[0, 1, 2], &[0, 1, 3], 1e-3),
+            (0, 3)
+        );
         // Picking row 4 instead of 2 is a real difference: row 4 (far below the k-th score)
         // counts; row 2 is the k-th row itself, a near-tie by definition.
-        assert_eq!(selection_mismatch(&scores, &[0, 1, 2], &[0, 1, 4], 1e-3), (1, 3));
-        assert_eq!(selection_mismatch(&scores, &[0, 1, -1], &[0, 1, -1], 0.0), (0, 2));
+        assert_eq!(
+            selection_mismatch(&scores, &[0, 1, 2], &[0, 1, 4], 1e-3),
+            (1, 3)
+        );
+        assert_eq!(
+            selection_mismatch(&scores, &[0, 1, -1], &[0, 1, -1], 0.0),
+            (0, 2)
+        );
     }
 }

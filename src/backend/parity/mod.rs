@@ -122,7 +122,10 @@ mod tests {
     fn error_measure() {
         assert_eq!(normalised_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
         assert!((normalised_error(&[1.0, 2.1], &[1.0, 2.0]) - 0.05).abs() < 1e-6);
-        assert!(normalised_error(&[0.0], &[0.0]).is_infinite(), "all-zero reference");
+        assert!(
+            normalised_error(&[0.0], &[0.0]).is_infinite(),
+            "all-zero reference"
+        );
         assert!(normalised_error(&[1.0], &[1.0, 2.0]).is_infinite());
         assert!(normalised_error(&[f32::NAN], &[1.0]).is_infinite());
         assert_eq!(
@@ -131,6 +134,9 @@ mod tests {
         );
         assert!(normalised_error(&[0.0, 1.0], &[f32::NEG_INFINITY, 1.0]).is_infinite());
         let mut r = Rng::new(1);
-        assert!(r.values(1000, 1.0).iter().all(|v| v.abs() >= 1e-3 && v.abs() <= 1.0));
+        assert!(r
+            .values(1000, 1.0)
+            .iter()
+            .all(|v| v.abs() >= 1e-3 && v.abs() <= 1.0));
     }
 }

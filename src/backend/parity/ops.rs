@@ -86,7 +86,8 @@ fn check(what: String, got: &[f32], want: &[f32], threshold: f64) -> Check {
 }
 
 fn exact_i32(what: String, got: &[i32], want: &[i32]) -> Check {
-    let diff = got.iter().zip(want).filter(|(a, b)| a != b).count() + got.len().abs_diff(want.len());
+    let diff =
+        got.iter().zip(want).filter(|(a, b)| a != b).count() + got.len().abs_diff(want.len());
     Check {
         what,
         error: diff as f64,
@@ -113,7 +114,12 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     let (mut got, mut want) = (vec![0f32; t * rows], vec![0f32; t * rows]);
     b.matmul(&x, &wb, &mut got);
     cpu.matmul(&x, &wc, &mut want);
-    out.push(check(format!("matmul [{t}x{cols}]·[{rows}x{cols}]ᵀ"), &got, &want, gemm_tolerance));
+    out.push(check(
+        format!("matmul [{t}x{cols}]·[{rows}x{cols}]ᵀ"),
+        &got,
+        &want,
+        gemm_tolerance,
+    ));
     let ids: Vec<usize> = (0..7).map(|_| r.below(rows)).collect();
     let (mut got, mut want) = (vec![0f32; 7 * cols], vec![0f32; 7 * cols]);
     b.gather_rows(&wb, &ids, &mut got);
@@ -130,7 +136,12 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     let (mut got, mut want) = (vec![0f32; t * groups * go], vec![0f32; t * groups * go]);
     b.matmul_grouped(&xg, groups, &wgb, &mut got);
     cpu.matmul_grouped(&xg, groups, &wgc, &mut want);
-    out.push(check(format!("matmul_grouped G={groups}"), &got, &want, gemm_tolerance));
+    out.push(check(
+        format!("matmul_grouped G={groups}"),
+        &got,
+        &want,
+        gemm_tolerance,
+    ));
 
     // Norms, RoPE, SwiGLU, KV fp8.
     let x = r.values(t * d, 3.0);
@@ -139,7 +150,12 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
         let (mut got, mut want) = (x.clone(), x.clone());
         b.rms_norm(&mut got, d, weight, 1e-6);
         cpu.rms_norm(&mut want, d, weight, 1e-6);
-        out.push(check(format!("rms_norm weighted={}", weight.is_some()), &got, &want, 1e-6));
+        out.push(check(
+            format!("rms_norm weighted={}", weight.is_some()),
+            &got,
+            &want,
+            1e-6,
+        ));
     }
     let table = RopeTable::plain(dims.rope_dim, 10000.0);
     let positions: Vec<usize> = (0..t).map(|i| i * 977 + r.below(100_000)).collect();
@@ -184,8 +200,16 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
         cpu.upload_matrix(mix, (2 + n) * n, n * d),
     );
     let (sb, sc) = (
-        HcWeights { mix: &mb, base: &base, scale: &scale },
-        HcWeights { mix: &mc, base: &base, scale: &scale },
+        HcWeights {
+            mix: &mb,
+            base: &base,
+            scale: &scale,
+        },
+        HcWeights {
+            mix: &mc,
+            base: &base,
+            scale: &scale,
+        },
     );
     let mut g = (vec![0f32; t * d], vec![0f32; t * n], vec![0f32; t * n * n]);
     let mut w = g.clone();
@@ -206,8 +230,26 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     );
     let (hbase, hscale) = (r.values(n, 0.5), r.values(1, 1.0));
     let (mut got, mut want) = (vec![0f32; t * d], vec![0f32; t * d]);
-    b.hc_head(&streams, &HcWeights { mix: &hb, base: &hbase, scale: &hscale }, &params, &mut got);
-    cpu.hc_head(&streams, &HcWeights { mix: &hc, base: &hbase, scale: &hscale }, &params, &mut want);
+    b.hc_head(
+        &streams,
+        &HcWeights {
+            mix: &hb,
+            base: &hbase,
+            scale: &hscale,
+        },
+        &params,
+        &mut got,
+    );
+    cpu.hc_head(
+        &streams,
+        &HcWeights {
+            mix: &hc,
+            base: &hbase,
+            scale: &hscale,
+        },
+        &params,
+        &mut want,
+    );
     out.push(check("hc_head".into(), &got, &want, 1e-4));
 
     // Compressor pooling (some slots masked with -inf).
@@ -253,8 +295,18 @@ fn index_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut Rng)
             let pb = b.index_prepare_query(profile, q, wr, h, dim);
             let pc = cpu.index_prepare_query(profile, q, wr, h, dim);
             if i == 0 {
-                out.push(check(format!("index query {name}"), &pb.values, &pc.values, 0.0));
-                out.push(check(format!("index weights {name}"), &pb.weights, &pc.weights, 0.0));
+                out.push(check(
+                    format!("index query {name}"),
+                    &pb.values,
+                    &pc.values,
+                    0.0,
+                ));
+                out.push(check(
+                    format!("index weights {name}"),
+                    &pb.weights,
+                    &pc.weights,
+                    0.0,
+                ));
                 let (mut gb, mut gc) = (vec![0f32; rows], vec![0f32; rows]);
                 b.index_scores(profile, &pc, &kc, &sc, dim, &mut gb);
                 cpu.index_scores(profile, &pc, &kc, &sc, dim, &mut gc);
@@ -291,7 +343,9 @@ fn attention_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut 
     let entries: Vec<Vec<&[f32]>> = (0..t)
         .map(|i| {
             let n = dims.entries - (i * 7) % (dims.entries / 2);
-            (0..n).map(|e| &kv[((e + i) % pool) * hd..((e + i) % pool + 1) * hd]).collect()
+            (0..n)
+                .map(|e| &kv[((e + i) % pool) * hd..((e + i) % pool + 1) * hd])
+                .collect()
         })
         .collect();
     let want_probs: Vec<bool> = (0..t).map(|i| i % 3 == 1).collect();
@@ -329,7 +383,10 @@ fn attention_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut 
     out.push(Check {
         what: "sparse_attention probs only where wanted".into(),
         error: fb.2.abs_diff(fc.2) as f64
-            + pb.iter().zip(&want_probs).filter(|(p, w)| p.is_some() != **w).count() as f64,
+            + pb.iter()
+                .zip(&want_probs)
+                .filter(|(p, w)| p.is_some() != **w)
+                .count() as f64,
         threshold: 0.0,
     });
     out
@@ -350,17 +407,32 @@ fn expert_checks<B: Backend>(
     r: &mut Rng,
     tol: f64,
 ) -> Vec<Check> {
-    let (d, i, e, k, t) = (dims.hidden, dims.inter, dims.experts, dims.per_token, dims.tokens);
+    let (d, i, e, k, t) = (
+        dims.hidden,
+        dims.inter,
+        dims.experts,
+        dims.per_token,
+        dims.tokens,
+    );
     let mut out = Vec::new();
     let u = r.values(t * d, 1.0);
     let gate = r.values(e * d, 0.05);
-    let (gb, gc) = (b.upload_matrix(gate.clone(), e, d), cpu.upload_matrix(gate, e, d));
+    let (gb, gc) = (
+        b.upload_matrix(gate.clone(), e, d),
+        cpu.upload_matrix(gate, e, d),
+    );
     let (mut sb, mut sc) = (vec![0f32; t * e], vec![0f32; t * e]);
     b.router_scores(&u, &gb, &mut sb);
     cpu.router_scores(&u, &gc, &mut sc);
     out.push(check("router_scores".into(), &sb, &sc, 1e-5));
     let raw: Vec<[Vec<f32>; 3]> = (0..e)
-        .map(|_| [r.values(i * d, 0.05), r.values(d * i, 0.05), r.values(i * d, 0.05)])
+        .map(|_| {
+            [
+                r.values(i * d, 0.05),
+                r.values(d * i, 0.05),
+                r.values(i * d, 0.05),
+            ]
+        })
         .collect();
     let eb: Vec<_> = raw.iter().map(|w| ffn_weights(b, w, d, i)).collect();
     let ec: Vec<_> = raw.iter().map(|w| ffn_weights(cpu, w, d, i)).collect();
