@@ -1,5 +1,5 @@
 // indexer.cu: the lightning indexer on the device: index-profile rounding of keys and queries,
-// the head combination of scores, and an exact top-k (src/backend/gpu/indexer.rs drives them).
+// the head combination of scores, and an exact top-k (src/backend/gpu/{indexer,topk}.rs drive them).
 //
 // Design: the rounding simulations are straight ports of numerics::{quant, codecs, hadamard} into
 // device functions, one thread per key row / query head working in place on its own row of the
@@ -8,8 +8,9 @@
 // rotation, bf16 after, one quantiser) is chosen by the host per profile, so every profile is
 // the same four steps with some switched off. Scores: the host runs the dot products as GEMM
 // tiles; idx_combine applies ReLU, head weights and row scales in the CPU's order (heads in
-// order from -0.0). Top-k: a radix select over order-preserving u32 keys across several small
-// launches (per-chunk histograms, a 256-bin reduction, one picking thread), then the winners
+// order from -0.0). Top-k (src/backend/gpu/topk.rs), for many score rows in the same launches: a
+// radix select over order-preserving u32 keys across several small launches (per-(row, chunk)
+// histograms, a 256-bin reduction per row, one picking thread per row), then each row's winners
 // are collected per chunk in row order and placed by rank (each candidate counts who beats it).
 
 #define IDX_BF_PRE 1
@@ -183,8 +184,9 @@ extern "C" __global__ void idx_prepare_keys(float* rows_io, float* scales, i64 r
     NS_FOR(r, rows) { scales[r] = idx_prepare_vec(rows_io + r * dim, dim, recipe, block, had_scale); }
 }
 
-// One token's query heads [heads, dim] prepared in place, and the effective head weights
-// (profiles::head_weight): rule 0 w*S, 1 bf(w)*S, 2 bf(bf(w)*S), 3 (bf(w)*S)*s_q.
+// Query heads [heads, dim] prepared in place, and the effective head weights
+// (profiles::head_weight): rule 0 w*S, 1 bf(w)*S, 2 bf(bf(w)*S), 3 (bf(w)*S)*s_q. Heads are
+// independent: `heads` may be T tokens x their heads (S is the host's, from the per-token heads).
 extern "C" __global__ void idx_prepare_query(float* q_io, const float* w_raw, float* w_out, i64 heads, i64 dim,
                                              int recipe, int wrule, i64 block, float had_scale, float s) {
     NS_FOR(h, heads) {
@@ -232,7 +234,10 @@ extern "C" __global__ void idx_combine(const float* d, const float* weights, con
     }
 }
 
-// ---- top-k (selection::topk) ----
+// ---- top-k (selection::topk) of `rows` score rows at once ----
+// Row r is s[r*stride .. r*stride + visible[r]]; it takes min(k, visible[r]) winners into
+// out[r*k ..] (-1 after them). Per-chunk kernels run one thread per (row, chunk) pair
+// e = r*chunks + c; per-row state sits at index r.
 // A score as a totally ordered key: NaN 0 (lowest), then -inf .. +inf, -0.0 == +0.0.
 static __device__ __forceinline__ u32 idx_order_key(float s) {
     if (ns_isnan(s)) return 0u;
@@ -240,91 +245,111 @@ static __device__ __forceinline__ u32 idx_order_key(float s) {
     return b ^ ((b & 0x80000000u) ? 0xFFFFFFFFu : 0x80000000u);
 }
 
-// state = {prefix, rank}: the bits of the k-th key found so far and the wanted rank (1-based,
-// by descending key) among the keys that share them.
+static __device__ __forceinline__ i64 idx_min64(i64 a, i64 b) { return a < b ? a : b; }
+
+// state[2r..2r+2] = {prefix, rank}: the bits of row r's k-th key found so far and the wanted
+// rank (1-based, by descending key) among its keys that share them (0: the row takes nothing).
 static __device__ __forceinline__ bool idx_matches(u32 key, u32 prefix, int shift) {
     return shift == 24 || ((key ^ prefix) >> (shift + 8)) == 0u;
 }
 
-// Per chunk c of `chunk` scores: hist[c*256 + digit] counts the keys matching the prefix.
-extern "C" __global__ void idx_topk_hist(const float* s, i64 n, i64 chunk, i64 chunks, const u32* state, int shift,
-                                         u32* hist) {
-    NS_FOR(c, chunks) {
-        u32* h = hist + c * 256;
+// Per (row, chunk) e: hist[e*256 + digit] counts the keys of the chunk matching the row's prefix.
+extern "C" __global__ void idx_topk_hist(const float* s, i64 stride, const int* visible, i64 rows, i64 chunk,
+                                         i64 chunks, const u32* state, int shift, u32* hist) {
+    NS_FOR(e, rows * chunks) {
+        i64 r = e / chunks, c = e % chunks;
+        u32* h = hist + e * 256;
         for (int b = 0; b < 256; ++b) h[b] = 0u;
-        u32 prefix = state[0];
-        i64 end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+        u32 prefix = state[2 * r];
+        const float* row = s + r * stride;
+        i64 end = idx_min64((c + 1) * chunk, (i64)visible[r]);
         for (i64 i = c * chunk; i < end; ++i) {
-            u32 key = idx_order_key(s[i]);
+            u32 key = idx_order_key(row[i]);
             if (idx_matches(key, prefix, shift)) h[(key >> shift) & 255u] += 1u;
         }
     }
 }
 
-// total[b] = sum over chunks of hist[c*256 + b].
-extern "C" __global__ void idx_topk_total(const u32* hist, i64 chunks, u32* total) {
-    NS_FOR(b, 256) {
+// total[r*256 + b] = sum over the chunks c of row r of hist[(r*chunks + c)*256 + b].
+extern "C" __global__ void idx_topk_total(const u32* hist, i64 rows, i64 chunks, u32* total) {
+    NS_FOR(e, rows * 256) {
+        i64 r = e / 256, b = e % 256;
+        const u32* h = hist + r * chunks * 256 + b;
         u32 sum = 0u;
-        for (i64 c = 0; c < chunks; ++c) sum += hist[c * 256 + b];
-        total[b] = sum;
+        for (i64 c = 0; c < chunks; ++c) sum += h[c * 256];
+        total[e] = sum;
     }
 }
 
-// One thread: the digit holding the wanted rank, from the top digit down.
-extern "C" __global__ void idx_topk_pick(const u32* total, u32* state, int shift) {
-    NS_FOR(i, 1) {
-        u32 rank = state[1];
+// One thread per row: the digit holding the wanted rank, from the top digit down.
+extern "C" __global__ void idx_topk_pick(const u32* total, u32* state, i64 rows, int shift) {
+    NS_FOR(r, rows) {
+        u32 rank = state[2 * r + 1];
+        if (rank == 0u) continue;
+        const u32* t = total + r * 256;
         for (int b = 255; b >= 0; --b) {
-            if (total[b] >= rank) {
-                state[0] |= (u32)b << shift;
-                state[1] = rank;
+            if (t[b] >= rank) {
+                state[2 * r] |= (u32)b << shift;
+                state[2 * r + 1] = rank;
                 break;
             }
-            rank -= total[b];
+            rank -= t[b];
         }
     }
 }
 
-// Per chunk: counts[2c] keys above the k-th key K = state[0], counts[2c+1] keys equal to it.
-extern "C" __global__ void idx_topk_count(const float* s, i64 n, i64 chunk, i64 chunks, const u32* state,
-                                          u32* counts) {
-    NS_FOR(c, chunks) {
-        u32 kth = state[0], gt = 0u, eq = 0u;
-        i64 end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+// Per (row, chunk) e: counts[2e] keys above the row's k-th key K = state[2r], counts[2e+1] keys
+// equal to it.
+extern "C" __global__ void idx_topk_count(const float* s, i64 stride, const int* visible, i64 rows, i64 chunk,
+                                          i64 chunks, const u32* state, u32* counts) {
+    NS_FOR(e, rows * chunks) {
+        i64 r = e / chunks, c = e % chunks;
+        u32 kth = state[2 * r], gt = 0u, eq = 0u;
+        const float* row = s + r * stride;
+        i64 end = idx_min64((c + 1) * chunk, (i64)visible[r]);
         for (i64 i = c * chunk; i < end; ++i) {
-            u32 key = idx_order_key(s[i]);
+            u32 key = idx_order_key(row[i]);
             gt += key > kth ? 1u : 0u;
             eq += key == kth ? 1u : 0u;
         }
-        counts[2 * c] = gt;
-        counts[2 * c + 1] = eq;
+        counts[2 * e] = gt;
+        counts[2 * e + 1] = eq;
     }
 }
 
-// Per chunk: its winners in row order, keys above K first (offsets from the earlier chunks'
-// counts), then the first state[1] keys equal to K over all chunks (ties to the lower row).
-extern "C" __global__ void idx_topk_collect(const float* s, i64 n, i64 chunk, i64 chunks, const u32* state,
-                                            const u32* counts, i64 take, u32* cand_key, int* cand_row) {
-    NS_FOR(c, chunks) {
-        u32 kth = state[0];
-        i64 ties = (i64)state[1];
+// Per (row, chunk): its winners in row order into the row's k candidate slots, keys above K
+// first (offsets from the row's earlier chunks' counts), then the first state[2r+1] keys equal
+// to K over all the row's chunks (ties to the lower row).
+extern "C" __global__ void idx_topk_collect(const float* s, i64 stride, const int* visible, i64 rows, i64 chunk,
+                                            i64 chunks, const u32* state, const u32* counts, i64 k,
+                                            u32* cand_key, int* cand_row) {
+    NS_FOR(e, rows * chunks) {
+        i64 r = e / chunks, c = e % chunks;
+        i64 n = (i64)visible[r];
+        i64 take = idx_min64(k, n);
+        if (take == 0) continue;
+        u32 kth = state[2 * r];
+        i64 ties = (i64)state[2 * r + 1];
         i64 gt_off = 0, eq_off = 0;
-        for (i64 p = 0; p < c; ++p) {
+        for (i64 p = r * chunks; p < e; ++p) {
             gt_off += (i64)counts[2 * p];
             eq_off += (i64)counts[2 * p + 1];
         }
         i64 eq_base = take - ties;
-        i64 end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+        u32* ck = cand_key + r * k;
+        int* cr = cand_row + r * k;
+        const float* row = s + r * stride;
+        i64 end = idx_min64((c + 1) * chunk, stride);
         for (i64 i = c * chunk; i < end; ++i) {
-            u32 key = idx_order_key(s[i]);
+            u32 key = idx_order_key(row[i]);
             if (key > kth) {
-                cand_key[gt_off] = key;
-                cand_row[gt_off] = (int)i;
+                ck[gt_off] = key;
+                cr[gt_off] = (int)i;
                 ++gt_off;
             } else if (key == kth) {
                 if (eq_off < ties) {
-                    cand_key[eq_base + eq_off] = key;
-                    cand_row[eq_base + eq_off] = (int)i;
+                    ck[eq_base + eq_off] = key;
+                    cr[eq_base + eq_off] = (int)i;
                 }
                 ++eq_off;
             }
@@ -332,16 +357,27 @@ extern "C" __global__ void idx_topk_collect(const float* s, i64 n, i64 chunk, i6
     }
 }
 
-// Per candidate: its place = how many candidates rank above it (key desc, row asc; unique).
-extern "C" __global__ void idx_topk_rank(const u32* cand_key, const int* cand_row, i64 take, int* out) {
-    NS_FOR(i, take) {
-        u32 ki = cand_key[i];
-        int ri = cand_row[i];
+// Per (row, slot i): a candidate's place = how many of the row's candidates rank above it (key
+// desc, row asc; unique); slots past the row's take write the -1 padding.
+extern "C" __global__ void idx_topk_rank(const u32* cand_key, const int* cand_row, const int* visible, i64 rows,
+                                         i64 k, int* out) {
+    NS_FOR(e, rows * k) {
+        i64 r = e / k, i = e % k;
+        i64 take = idx_min64(k, (i64)visible[r]);
+        int* o = out + r * k;
+        if (i >= take) {
+            o[i] = -1;
+            continue;
+        }
+        const u32* ck = cand_key + r * k;
+        const int* cr = cand_row + r * k;
+        u32 ki = ck[i];
+        int ri = cr[i];
         i64 rank = 0;
         for (i64 j = 0; j < take; ++j) {
-            u32 kj = cand_key[j];
-            rank += (kj > ki || (kj == ki && cand_row[j] < ri)) ? 1 : 0;
+            u32 kj = ck[j];
+            rank += (kj > ki || (kj == ki && cr[j] < ri)) ? 1 : 0;
         }
-        out[rank] = ri;
+        o[rank] = ri;
     }
 }

@@ -149,3 +149,28 @@ fn a_failed_op_is_recorded_and_its_output_is_nan() {
     assert!(e.contains("matmul") && e.contains("out of memory"), "{e}");
     assert!(gpu.take_error().is_none(), "taken once");
 }
+
+#[test]
+fn launches_are_checked_against_the_kernel_signature() {
+    use needlescope::backend::gpu::executor::{buf, Arg, Executor};
+    let e = EmuExecutor::default();
+    let x = e.alloc(16).unwrap();
+    let y = e.alloc(8).unwrap();
+    // f32_to_bf16(const float*, u16*, long long)
+    let ok = e.launch("f32_to_bf16", 1, &[buf(&x), buf(&y), Arg::I64(4)]);
+    assert!(ok.is_ok(), "{ok:?}");
+    let wrong = e
+        .launch("f32_to_bf16", 1, &[buf(&x), buf(&y), Arg::I32(4)])
+        .unwrap_err()
+        .to_string();
+    assert!(wrong.contains("\"ppi\"") && wrong.contains("\"ppl\""), "{wrong}");
+    let short = e.launch("f32_to_bf16", 1, &[buf(&x)]).unwrap_err().to_string();
+    assert!(short.contains("signature"), "{short}");
+    let unknown = e.launch("no_such_kernel", 1, &[]).unwrap_err().to_string();
+    assert!(unknown.contains("no such kernel"), "{unknown}");
+    let past = e
+        .launch("f32_to_bf16", 1, &[Arg::Buf(&x, 17), buf(&y), Arg::I64(0)])
+        .unwrap_err()
+        .to_string();
+    assert!(past.contains("offset 17"), "{past}");
+}

@@ -7,7 +7,7 @@
 //! before every driver call (the engine may call from any thread). Families are loaded on their
 //! first launch.
 
-use super::executor::{check_args, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
+use super::executor::{arg_slots, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
 use super::kernels;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result as drv, sys, CudaContext};
@@ -194,13 +194,7 @@ impl Executor for CudaExecutor {
     }
 
     fn write(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
-        if offset + src.len() > dst.len {
-            return Err(GpuError::Other(format!(
-                "write of {} bytes at {offset} past a {}-byte buffer",
-                src.len(),
-                dst.len
-            )));
-        }
+        check_range("write", offset, src.len(), dst.len)?;
         self.bind()?;
         // SAFETY: bounds checked; synchronous copy from a live host slice.
         unsafe { drv::memcpy_htod_sync(dst.ptr + offset as u64, src) }
@@ -208,13 +202,7 @@ impl Executor for CudaExecutor {
     }
 
     fn read(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
-        if offset + dst.len() > src.len {
-            return Err(GpuError::Other(format!(
-                "read of {} bytes at {offset} past a {}-byte buffer",
-                dst.len(),
-                src.len
-            )));
-        }
+        check_range("read", offset, dst.len(), src.len)?;
         self.bind()?;
         // SAFETY: bounds checked; the synchronous copy waits for the default stream.
         unsafe { drv::memcpy_dtoh_sync(dst, src.ptr + offset as u64) }
@@ -222,28 +210,9 @@ impl Executor for CudaExecutor {
     }
 
     fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, CudaBuf>]) -> Result<(), GpuError> {
-        check_args(kernel, args)?;
         let f = self.function(kernel)?;
         self.bind()?;
-        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
-        for a in args {
-            slots.push(match *a {
-                Arg::Buf(b, off) => {
-                    if off > b.len {
-                        return Err(GpuError::Launch {
-                            kernel: kernel.into(),
-                            why: format!("offset {off} past a {}-byte buffer", b.len),
-                        });
-                    }
-                    b.ptr + off as u64
-                }
-                Arg::Null => 0,
-                Arg::I32(v) => v as u32 as u64,
-                Arg::U32(v) => v as u64,
-                Arg::I64(v) => v as u64,
-                Arg::F32(v) => v.to_bits() as u64,
-            });
-        }
+        let mut slots = arg_slots(kernel, args, |b| (b.ptr, b.len))?;
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)

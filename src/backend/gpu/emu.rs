@@ -7,7 +7,7 @@
 //! exactly). Device memory is host memory; the reported capacity is whatever the executor was
 //! built with, so placement across several "devices" can be tested too.
 
-use super::executor::{check_args, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
+use super::executor::{arg_slots, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
 use rayon::prelude::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -164,55 +164,22 @@ impl Executor for EmuExecutor {
     }
 
     fn write(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
-        if offset + src.len() > dst.len {
-            return Err(GpuError::Other(format!(
-                "write of {} bytes at {offset} past a {}-byte buffer",
-                src.len(),
-                dst.len
-            )));
-        }
+        check_range("write", offset, src.len(), dst.len)?;
         // SAFETY: bounds checked above; dst is exclusively borrowed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
         Ok(())
     }
 
     fn read(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
-        if offset + dst.len() > src.len {
-            return Err(GpuError::Other(format!(
-                "read of {} bytes at {offset} past a {}-byte buffer",
-                dst.len(),
-                src.len
-            )));
-        }
+        check_range("read", offset, dst.len(), src.len)?;
         dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
         Ok(())
     }
 
     fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, EmuBuf>]) -> Result<(), GpuError> {
-        check_args(kernel, args)?;
-        let index = Self::index_of(kernel).expect("checked above");
-        // One 8-byte slot per argument; params[i] points at slot i.
-        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
-        for a in args {
-            slots.push(match *a {
-                Arg::Buf(b, off) => {
-                    if off > b.len {
-                        return Err(GpuError::Launch {
-                            kernel: kernel.into(),
-                            why: format!("offset {off} past a {}-byte buffer", b.len),
-                        });
-                    }
-                    // SAFETY: off <= len.
-                    unsafe { b.ptr.add(off) as u64 }
-                }
-                Arg::Null => 0,
-                Arg::I32(v) => v as u32 as u64,
-                Arg::U32(v) => v as u64,
-                Arg::I64(v) => v as u64,
-                Arg::F32(v) => v.to_bits() as u64,
-            });
-        }
-        // Little-endian: a 4-byte argument read through its pointer sees the low bytes.
+        // One 8-byte slot per argument (signature checked); params[i] points at slot i.
+        let mut slots = arg_slots(kernel, args, |b| (b.ptr as u64, b.len))?;
+        let index = Self::index_of(kernel).expect("a kernel with a signature is in the table");
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)

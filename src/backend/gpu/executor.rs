@@ -229,6 +229,48 @@ pub fn check_args<B>(kernel: &str, args: &[Arg<'_, B>]) -> Result<(), GpuError> 
     Ok(())
 }
 
+/// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes (`what`: read / write).
+pub fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<(), GpuError> {
+    if offset.checked_add(n).is_none_or(|end| end > len) {
+        return Err(GpuError::Other(format!(
+            "{what} of {n} bytes at {offset} past a {len}-byte buffer"
+        )));
+    }
+    Ok(())
+}
+
+/// The 8-byte launch slots of `args` (cuLaunchKernel's convention: parameter i points at slot
+/// i; 4-byte values sit in the low bytes, little-endian). `address(buf)` gives a buffer's base
+/// address and length; offsets past the end are errors. Checks the signature first.
+pub fn arg_slots<B>(
+    kernel: &str,
+    args: &[Arg<'_, B>],
+    address: impl Fn(&B) -> (u64, usize),
+) -> Result<Vec<u64>, GpuError> {
+    check_args(kernel, args)?;
+    args.iter()
+        .map(|a| {
+            Ok(match *a {
+                Arg::Buf(b, off) => {
+                    let (base, len) = address(b);
+                    if off > len {
+                        return Err(GpuError::Launch {
+                            kernel: kernel.into(),
+                            why: format!("offset {off} past a {len}-byte buffer"),
+                        });
+                    }
+                    base + off as u64
+                }
+                Arg::Null => 0,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::U32(v) => v as u64,
+                Arg::I64(v) => v as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            })
+        })
+        .collect()
+}
+
 /// Plain-old-data casts for the few element types we move (no external crate needed).
 pub mod bytemuck_lite {
     /// Types whose every bit pattern is valid and which have no padding.

@@ -3,13 +3,17 @@
 //!
 //! Shapes (as in [`crate::backend::Backend`]): key rows `[rows, dim]` -> prepared `[rows, dim]`
 //! and one scale per row; one token's query `[heads, dim]` and raw weights `[heads]` -> a
-//! [`PreparedQuery`]; scores `[T, stride]` for T prepared queries against the leading
-//! `visible[t]` key rows (`-inf` beyond); top-k `[k]` row indices of one score row.
+//! [`PreparedQuery`], or T tokens' `[T, heads, dim]` / `[T, heads]` at once
+//! ([`index_prepare_queries`]: one upload, one launch over `T x heads` query heads, one
+//! download); scores `[T, stride]` for T prepared queries against the leading `visible[t]` key
+//! rows (`-inf` beyond).
 //!
 //! - **Preparation** runs one device thread per key row / query head, each a port of
 //!   `numerics::profiles` (bf16 rounding, Hadamard, e4m3 / e2m1 simulations) through a *recipe*
 //!   ([`key_recipe`], [`query_recipe`]): the same four steps with some switched off. Prepared
-//!   values and scales equal the CPU's bit for bit (NaN payloads aside).
+//!   values and scales equal the CPU's bit for bit (NaN payloads aside). Query heads are
+//!   independent, so a chunk of T tokens is one launch over `T x heads` heads with the per-token
+//!   head-weight scale `S(heads, dim)`.
 //! - **Scores**: the dots of a tile of `tokens x heads` query rows against a block of key rows
 //!   are one GEMM into a workspace of at most [`TILE_BYTES`]; `idx_combine` then applies ReLU,
 //!   head weights and row scales in the CPU's order (heads in order from -0.0; `official-fp4`
@@ -20,33 +24,26 @@
 //!   only the summation order (and on tensor cores their accumulation rounding) differs from
 //!   the CPU. Otherwise (`exact`, or unprepared inputs) the GEMM is f32, whatever the backend's
 //!   [`GemmType`] for weights.
-//! - **Top-k** is exact (identical to `CpuBackend::topk`): a radix select over order-preserving
-//!   u32 keys of the scores (NaN lowest, -0.0 = +0.0), 8 bits per pass with per-chunk
-//!   histograms, finds the k-th key K; the rows above K and the first needed rows equal to K
-//!   (ties to the lower row) are collected per chunk in row order and each is placed by counting
-//!   the candidates that beat it. O(rows) work in parallel chunks plus O(k^2) over k threads.
-//!   A call is 16 small launches (the engine calls it once per query row, from many threads).
+//! - **Top-k** (exact, one row or T rows at once) is in [`super::topk`].
 //!
 //! Every op uploads its host inputs and downloads its outputs (the [`super`] contract); the
 //! bf16-exactness test of the score inputs is one host pass over the values being uploaded.
 
-use super::executor::{buf, download, grid_for, upload, Arg, Executor, Gemm, GemmType, GpuError};
+use super::executor::{buf, grid_for, Arg, Executor, Gemm, GemmType, GpuError};
 use super::matrix::to_gemm_type;
 use super::GpuBackend;
 use crate::numerics::hadamard::hadamard_scale;
 use crate::numerics::profiles::{weight_scale, IndexProfile, PreparedQuery, INDEX_FP4_BLOCK};
 use crate::numerics::score_batch::TileShape;
 
+/// Top-k lives in [`super::topk`]; re-exported for the per-row op.
+pub use super::topk::topk;
+
 /// Most bytes of dot products (the GEMM output of one tile) that exist at once.
 pub const TILE_BYTES: usize = 64 << 20;
 
 /// Target GEMM rows (tokens x heads) per tile.
 pub const QUERY_ROWS_PER_TILE: usize = 4096;
-
-/// Scores per top-k chunk (at least; longer rows get longer chunks, see [`TOPK_MAX_CHUNKS`]).
-const TOPK_CHUNK: usize = 256;
-/// Most chunks of one top-k (bounds the histogram buffer and the offset sums).
-const TOPK_MAX_CHUNKS: usize = 1024;
 
 // Recipe bits (kernels/indexer.cu): bf16 round, Hadamard, bf16 round, then one quantiser.
 const BF_PRE: i32 = 1;
@@ -190,6 +187,65 @@ pub fn index_prepare_query<E: Executor>(
     g.down(&q_b, &mut query.values)?;
     g.down(&w_out, &mut query.weights)?;
     Ok(query)
+}
+
+/// The queries of T tokens: `q_raw [T, heads, dim]`, `weights_raw [T, heads]` into `values`
+/// and `weights` of the same shapes, bit for bit what [`index_prepare_query`] gives per token.
+#[allow(clippy::too_many_arguments)]
+pub fn index_prepare_queries<E: Executor>(
+    g: &GpuBackend<E>,
+    profile: IndexProfile,
+    q_raw: &[f32],
+    weights_raw: &[f32],
+    heads: usize,
+    dim: usize,
+    values: &mut [f32],
+    weights: &mut [f32],
+) -> Result<(), GpuError> {
+    assert_eq!(
+        values.len(),
+        q_raw.len(),
+        "index queries: values not [T, heads, dim]"
+    );
+    assert_eq!(
+        weights.len(),
+        weights_raw.len(),
+        "index queries: weights not [T, heads]"
+    );
+    assert_eq!(
+        q_raw.len(),
+        weights_raw.len() * dim,
+        "index queries: expected heads*dim values per head weight"
+    );
+    // All heads of all tokens; the weight scale is per token (its `heads`), not per launch.
+    let n = weights_raw.len();
+    if heads == 0 || n == 0 {
+        return Ok(());
+    }
+    assert_eq!(n % heads, 0, "index queries: weights not [T, heads]");
+    let (recipe, rule) = query_recipe(profile);
+    check_rotation(profile, recipe, dim)?;
+    let q_b = g.up(q_raw)?;
+    let w_b = g.up(weights_raw)?;
+    let w_out = g.zeros(n)?;
+    g.dev().launch(
+        "idx_prepare_query",
+        grid_for(n),
+        &[
+            buf(&q_b),
+            buf(&w_b),
+            buf(&w_out),
+            Arg::I64(n as i64),
+            Arg::I64(dim as i64),
+            Arg::I32(recipe),
+            Arg::I32(rule),
+            Arg::I64(INDEX_FP4_BLOCK as i64),
+            Arg::F32(hadamard_scale(dim)),
+            Arg::F32(weight_scale(n, dim)),
+        ],
+    )?;
+    g.down(&q_b, values)?;
+    g.down(&w_out, weights)
 }
 
 pub fn index_scores<E: Executor>(
@@ -388,82 +444,4 @@ pub fn index_scores_batch_tiled<E: Executor>(
         }
     }
     g.down(&out_b, out)
-}
-
-/// `head` followed by `tail`, as one argument list.
-fn chain<'a, B>(head: [Arg<'a, B>; 5], tail: Vec<Arg<'a, B>>) -> Vec<Arg<'a, B>> {
-    head.into_iter().chain(tail).collect()
-}
-
-pub fn topk<E: Executor>(
-    g: &GpuBackend<E>,
-    scores: &[f32],
-    out: &mut [i32],
-) -> Result<(), GpuError> {
-    let n = scores.len();
-    assert!(n <= i32::MAX as usize, "topk: more than 2^31 rows");
-    let take = out.len().min(n);
-    out[take..].fill(-1);
-    if take == 0 {
-        return Ok(());
-    }
-    let e = g.dev();
-    let chunk = TOPK_CHUNK.max(n.div_ceil(TOPK_MAX_CHUNKS));
-    let chunks = n.div_ceil(chunk);
-    let s_b = g.up(scores)?;
-    // {bits of the k-th key so far, its rank among the keys sharing them}.
-    let state = upload(e, &[0u32, take as u32])?;
-    let hist = e.alloc(chunks * 256 * 4)?;
-    let total = e.alloc(256 * 4)?;
-    // The arguments of the per-chunk kernels: scores, n, chunk, chunks, state, then `tail`.
-    let head = || {
-        [
-            buf(&s_b),
-            Arg::I64(n as i64),
-            Arg::I64(chunk as i64),
-            Arg::I64(chunks as i64),
-            buf(&state),
-        ]
-    };
-    for shift in [24, 16, 8, 0] {
-        let hist_args = chain(head(), vec![Arg::I32(shift), buf(&hist)]);
-        e.launch("idx_topk_hist", grid_for(chunks), &hist_args)?;
-        e.launch(
-            "idx_topk_total",
-            grid_for(256),
-            &[buf(&hist), Arg::I64(chunks as i64), buf(&total)],
-        )?;
-        e.launch(
-            "idx_topk_pick",
-            1,
-            &[buf(&total), buf(&state), Arg::I32(shift)],
-        )?;
-    }
-    let counts = e.alloc(chunks * 2 * 4)?;
-    e.launch(
-        "idx_topk_count",
-        grid_for(chunks),
-        &chain(head(), vec![buf(&counts)]),
-    )?;
-    let cand_key = e.alloc(take * 4)?;
-    let cand_row = e.alloc(take * 4)?;
-    let tail = vec![
-        buf(&counts),
-        Arg::I64(take as i64),
-        buf(&cand_key),
-        buf(&cand_row),
-    ];
-    e.launch("idx_topk_collect", grid_for(chunks), &chain(head(), tail))?;
-    let out_b = e.alloc(take * 4)?;
-    e.launch(
-        "idx_topk_rank",
-        grid_for(take),
-        &[
-            buf(&cand_key),
-            buf(&cand_row),
-            Arg::I64(take as i64),
-            buf(&out_b),
-        ],
-    )?;
-    download(e, &out_b, &mut out[..take])
 }

@@ -29,6 +29,7 @@ pub mod indexer;
 pub mod kernels;
 pub mod matrix;
 pub mod norm;
+pub mod topk;
 
 pub use cuda::CudaExecutor;
 pub use emu::EmuExecutor;
@@ -371,6 +372,29 @@ impl<E: Executor> Backend for GpuBackend<E> {
         }
     }
 
+    fn index_prepare_queries(
+        &self,
+        profile: IndexProfile,
+        q_raw: &[f32],
+        weights_raw: &[f32],
+        heads: usize,
+        dim: usize,
+        values: &mut [f32],
+        weights: &mut [f32],
+    ) {
+        let r = indexer::index_prepare_queries(
+            self,
+            profile,
+            q_raw,
+            weights_raw,
+            heads,
+            dim,
+            values,
+            weights,
+        );
+        self.settle("index_prepare_queries", r, &mut [values, weights]);
+    }
+
     fn index_scores(
         &self,
         profile: IndexProfile,
@@ -405,6 +429,13 @@ impl<E: Executor> Backend for GpuBackend<E> {
     fn topk(&self, scores: &[f32], out: &mut [i32]) {
         if let Err(e) = indexer::topk(self, scores, out) {
             self.fail("topk", e);
+            out.fill(-1);
+        }
+    }
+
+    fn topk_batch(&self, scores: &[f32], stride: usize, visible: &[usize], out: &mut [i32]) {
+        if let Err(e) = topk::topk_batch(self, scores, stride, visible, out) {
+            self.fail("topk_batch", e);
             out.fill(-1);
         }
     }

@@ -1,0 +1,199 @@
+//! Exact top-k selection on the GPU backend, for one score row ([`topk`]) or T rows at once
+//! ([`topk_batch`]), kernels `idx_topk_*` in `kernels/indexer.cu`.
+//!
+//! Identical to `CpuBackend::topk` per row: descending score, ties to the lower row, NaN below
+//! every number (-inf included), `-0.0 == +0.0`, `-1` padding when a row has fewer than k
+//! scores. Row t of a batch is `scores[t·stride..t·stride + visible[t]]` and its k results go to
+//! `out[t·k..(t+1)·k]`; a single row is a batch of one.
+//!
+//! A radix select over order-preserving u32 keys of the scores (NaN lowest), 8 bits per pass,
+//! finds each row's k-th key K: per (row, chunk) histograms of the keys matching the row's
+//! prefix so far, a 256-bin sum per row, one picking thread per row. Then the rows above K and
+//! the first needed rows equal to K (ties to the lower row) are collected per chunk in row
+//! order, and each candidate is placed by counting the row's candidates that beat it. Every
+//! kernel runs over all rows of a group at once, so a call is 15 launches per group (one group
+//! unless the batch is large), one upload of the group's scores and one download of its
+//! `[rows, k]` indices. Work: O(visible) per row in parallel chunks plus O(k²) over k threads.
+//!
+//! Device memory per group is bounded: rows are processed in groups of at most
+//! [`TOPK_GROUP_SCORES`] scores and [`TOPK_GROUP_CHUNKS`] (row, chunk) histograms of 1 KiB.
+
+use super::executor::{buf, download, grid_for, upload, Arg, Executor, GpuError};
+use super::GpuBackend;
+
+/// Scores per top-k chunk (at least; longer rows get longer chunks, see [`TOPK_MAX_CHUNKS`]).
+const TOPK_CHUNK: usize = 256;
+/// Most chunks of one row (bounds the per-row histograms and the offset sums).
+const TOPK_MAX_CHUNKS: usize = 1024;
+/// Most scores (`rows x stride`) of one group of rows on the device (64 MiB of f32).
+pub const TOPK_GROUP_SCORES: usize = 16 << 20;
+/// Most (row, chunk) histograms of one group (256 u32 each: 64 MiB).
+pub const TOPK_GROUP_CHUNKS: usize = 1 << 16;
+
+/// `head` followed by `tail`, as one argument list.
+fn chain<'a, B>(head: &[Arg<'a, B>], tail: &[Arg<'a, B>]) -> Vec<Arg<'a, B>> {
+    head.iter().chain(tail).copied().collect()
+}
+
+/// Chunk length and chunk count for rows of at most `n` scores.
+fn chunking(n: usize) -> (usize, usize) {
+    let chunk = TOPK_CHUNK.max(n.div_ceil(TOPK_MAX_CHUNKS));
+    (chunk, n.div_ceil(chunk).max(1))
+}
+
+/// The top `out.len()` rows of one score row.
+pub fn topk<E: Executor>(
+    g: &GpuBackend<E>,
+    scores: &[f32],
+    out: &mut [i32],
+) -> Result<(), GpuError> {
+    let n = scores.len();
+    topk_batch(g, scores, n, &[n], out)
+}
+
+/// Top-k of T score rows (see the module docs); `k = out.len() / T`.
+pub fn topk_batch<E: Executor>(
+    g: &GpuBackend<E>,
+    scores: &[f32],
+    stride: usize,
+    visible: &[usize],
+    out: &mut [i32],
+) -> Result<(), GpuError> {
+    topk_batch_grouped(g, scores, stride, visible, out, TOPK_GROUP_SCORES)
+}
+
+/// [`topk_batch`] with at most `group_scores` scores per group of rows (at least one row per
+/// group; tests use small groups to cross group edges; results do not depend on it).
+pub fn topk_batch_grouped<E: Executor>(
+    g: &GpuBackend<E>,
+    scores: &[f32],
+    stride: usize,
+    visible: &[usize],
+    out: &mut [i32],
+    group_scores: usize,
+) -> Result<(), GpuError> {
+    let tokens = visible.len();
+    if tokens == 0 {
+        return Ok(());
+    }
+    assert_eq!(out.len() % tokens, 0, "topk batch: out not [T, k]");
+    let k = out.len() / tokens;
+    for (t, &v) in visible.iter().enumerate() {
+        assert!(
+            v <= stride && t * stride + v <= scores.len(),
+            "topk batch: row {t} has {v} visible scores, stride {stride}, {} scores",
+            scores.len()
+        );
+    }
+    let max_visible = visible.iter().copied().max().unwrap_or(0);
+    assert!(
+        max_visible <= i32::MAX as usize,
+        "topk: more than 2^31 rows"
+    );
+    assert!(k <= i32::MAX as usize, "topk: k beyond 2^31");
+    if k == 0 {
+        return Ok(());
+    }
+    let (_, chunks) = chunking(max_visible);
+    let per_group = (group_scores / stride.max(1))
+        .min(TOPK_GROUP_CHUNKS / chunks)
+        .clamp(1, tokens);
+    for r0 in (0..tokens).step_by(per_group) {
+        let r1 = (r0 + per_group).min(tokens);
+        let sel = &mut out[r0 * k..r1 * k];
+        let vis = &visible[r0..r1];
+        if vis.iter().all(|&v| v == 0) {
+            sel.fill(-1);
+            continue;
+        }
+        let end = (r1 * stride).min(scores.len());
+        select_group(g, &scores[r0 * stride..end], stride, vis, k, sel)?;
+    }
+    Ok(())
+}
+
+/// One group of rows: `scores` starts at its first row, `out` is its `[rows, k]`.
+fn select_group<E: Executor>(
+    g: &GpuBackend<E>,
+    scores: &[f32],
+    stride: usize,
+    visible: &[usize],
+    k: usize,
+    out: &mut [i32],
+) -> Result<(), GpuError> {
+    let e = g.dev();
+    let rows = visible.len();
+    let (chunk, chunks) = chunking(visible.iter().copied().max().unwrap_or(0));
+    let s_b = g.up(scores)?;
+    let vis: Vec<i32> = visible.iter().map(|&v| v as i32).collect();
+    let vis_b = g.up_i32(&vis)?;
+    // Per row: {bits of the k-th key so far, its rank among the keys sharing them}.
+    let init: Vec<u32> = visible.iter().flat_map(|&v| [0, k.min(v) as u32]).collect();
+    let state = upload(e, &init)?;
+    let pairs = rows * chunks;
+    let hist = e.alloc(pairs * 256 * 4)?;
+    let total = e.alloc(rows * 256 * 4)?;
+    // The arguments of the per-(row, chunk) kernels, before their own.
+    let head = [
+        buf(&s_b),
+        Arg::I64(stride as i64),
+        buf(&vis_b),
+        Arg::I64(rows as i64),
+        Arg::I64(chunk as i64),
+        Arg::I64(chunks as i64),
+        buf(&state),
+    ];
+    for shift in [24, 16, 8, 0] {
+        let hist_args = chain(&head, &[Arg::I32(shift), buf(&hist)]);
+        e.launch("idx_topk_hist", grid_for(pairs), &hist_args)?;
+        e.launch(
+            "idx_topk_total",
+            grid_for(rows * 256),
+            &[
+                buf(&hist),
+                Arg::I64(rows as i64),
+                Arg::I64(chunks as i64),
+                buf(&total),
+            ],
+        )?;
+        e.launch(
+            "idx_topk_pick",
+            grid_for(rows),
+            &[
+                buf(&total),
+                buf(&state),
+                Arg::I64(rows as i64),
+                Arg::I32(shift),
+            ],
+        )?;
+    }
+    let counts = e.alloc(pairs * 2 * 4)?;
+    e.launch(
+        "idx_topk_count",
+        grid_for(pairs),
+        &chain(&head, &[buf(&counts)]),
+    )?;
+    let cand_key = e.alloc(rows * k * 4)?;
+    let cand_row = e.alloc(rows * k * 4)?;
+    let tail = [
+        buf(&counts),
+        Arg::I64(k as i64),
+        buf(&cand_key),
+        buf(&cand_row),
+    ];
+    e.launch("idx_topk_collect", grid_for(pairs), &chain(&head, &tail))?;
+    let out_b = e.alloc(rows * k * 4)?;
+    e.launch(
+        "idx_topk_rank",
+        grid_for(rows * k),
+        &[
+            buf(&cand_key),
+            buf(&cand_row),
+            buf(&vis_b),
+            Arg::I64(rows as i64),
+            Arg::I64(k as i64),
+            buf(&out_b),
+        ],
+    )?;
+    download(e, &out_b, out)
+}
