@@ -339,7 +339,7 @@ extern "C" __global__ void idx_topk_collect(const float* s, i64 stride, const in
         u32* ck = cand_key + r * k;
         int* cr = cand_row + r * k;
         const float* row = s + r * stride;
-        i64 end = idx_min64((c + 1) * chunk, stride);
+        i64 end = idx_min64((c + 1) * chunk, n);
         for (i64 i = c * chunk; i < end; ++i) {
             u32 key = idx_order_key(row[i]);
             if (key > kth) {

@@ -16,11 +16,11 @@ $BIN synth --preset tiny --format bf16 --out "$WORK/tiny" >/dev/null
 echo "== needlescope, tiny (bf16), index exact, kv exact"
 # Each length in its own process so peak RSS belongs to that length.
 for n in 2k 8k 32k; do
-  $BIN bench --model "$WORK/tiny" --lengths $n --device cpu | tail -n +3 | head -1 | tee -a "$WORK/ns.txt"
+  $BIN bench --model "$WORK/tiny" --lengths $n --device cpu | grep -E '^ +[0-9]+ ' | head -1 | tee -a "$WORK/ns.txt"
 done
 echo "== needlescope, flash --layers 3 --experts 16 (official FP8 + FP4), 2K"
 $BIN synth --preset flash --layers 3 --experts 16 --format official --out "$WORK/flash3" >/dev/null
-$BIN bench --model "$WORK/flash3" --lengths 2k --device cpu | tail -n +2 | head -2
+$BIN bench --model "$WORK/flash3" --lengths 2k --device cpu | sed -n '3,8p'
 if [ -x "$PY" ] && "$PY" -c 'import transformers, torch' 2>/dev/null; then
   echo "== transformers float32, tiny, 2K"
   HF=$("$PY" tests/reference/bench_transformers.py --model "$WORK/tiny" --tokens 2048 2>/dev/null | tail -1)

@@ -5,8 +5,13 @@
 #   3. `doctor`: driver, GPUs, NVRTC, and every kernel compiled for this GPU's architecture;
 #   4. the GPU parity tests (tests/gpu_cuda_parity.rs, every op at Flash dims + whole forwards);
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
-#      FP8 + FP4) at the lengths in $LENGTHS (default 8k,32k,128k), skipped with SKIP_BENCH=1;
-# and ends with a short table. Usage: scripts/gpu-check.sh [OUT_DIR]
+#      FP8 + FP4) at the lengths in $LENGTHS (default 8k,32k,128k) with bf16 GEMMs (the speed
+#      configuration; GEMM=f32 for the reference one), skipped with SKIP_BENCH=1;
+# and ends with a short table. Each step has a time limit (PARITY_TIMEOUT, BENCH_TIMEOUT
+# seconds) so one run fits the device tool's 10 minutes; bench prints each length as it ends.
+# Usage: scripts/gpu-check.sh [OUT_DIR]
+# On a machine without cargo (the device tool's GPU machines), build here with
+# scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-gpu-check-out}}
@@ -53,7 +58,7 @@ fi
 cat "$OUT/doctor.txt"
 
 # 4. Parity.
-if [ -n "$PARITY" ] && "$PARITY" --ignored --nocapture --test-threads 1 >"$OUT/parity.txt" 2>&1; then
+if [ -n "$PARITY" ] && timeout "${PARITY_TIMEOUT:-270}" "$PARITY" --ignored --nocapture --test-threads 1 >"$OUT/parity.txt" 2>&1; then
   note "parity   ok: $(grep -c '^ok ' "$OUT/parity.txt") checks passed ($(elapsed))"
 else
   note "parity   FAILED: $(grep -c '^FAIL ' "$OUT/parity.txt" 2>/dev/null) failing checks ($(elapsed))"
@@ -68,7 +73,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
       || note "synth    FAILED (see $OUT/synth.txt)"
   fi
   note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
-  if "$BIN" bench --model "$W" --device cuda --lengths "$LENGTHS" >"$OUT/bench.txt" 2>&1; then
+  if timeout "${BENCH_TIMEOUT:-240}" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
+       --index fp8 --kv fp8 --lengths "$LENGTHS" >"$OUT/bench.txt" 2>&1; then
     note "bench    ok ($(elapsed))"
   else
     note "bench    FAILED ($(elapsed))"

@@ -72,6 +72,8 @@ fn forward(
     n: usize,
     cases: &[ForwardCase],
 ) {
+    // Open the GPU first: without one, fail before writing a checkpoint.
+    drop(gpu(GemmType::F32));
     for (gemm, tol, layers) in [
         (GemmType::F32, ForwardTolerance::F32, layers),
         (GemmType::Bf16, ForwardTolerance::BF16, bf16_layers),

@@ -66,10 +66,17 @@ impl EngineTask for BenchTask<'_> {
     type Output = ();
     fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<()> {
         let load = self.load_started.elapsed().as_secs_f64();
-        let mut profiles = Vec::new();
+        let reference = engine.backend().reference_gemm_tflops();
+        if let Some((what, t)) = &reference {
+            writeln!(self.out, "reference: {what}: {t:.1} TFLOP/s (measured in this run)")?;
+        }
+        writeln!(
+            self.out,
+            "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
+            "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
+        )?;
         for tokens in &self.prompts {
             let f = time_prefill(engine, tokens)?;
-            profiles.push(f.clone());
             writeln!(
                 self.out,
                 "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
@@ -80,20 +87,24 @@ impl EngineTask for BenchTask<'_> {
                 peak_rss_mib().map_or("-".into(), |m| format!("{m:.0}")),
                 self.weights
             )?;
+            layer_breakdown(self.ckpt, self.topk, &f, reference.as_ref(), self.out)?;
             self.out.flush()?;
         }
-        let reference = engine.backend().reference_gemm_tflops();
-        layer_breakdown(self.ckpt, self.topk, &profiles, reference, self.out)
+        writeln!(
+            self.out,
+            "per type: mean wall ms per layer and counted TFLOP/s (linear, attention and indexer arithmetic, model::bench); projected = tokens / (embed + head + the 43 Flash layers at the measured per-type times), for models with Flash's dimensions (all 256 experts) where every layer type was measured"
+        )?;
+        Ok(())
     }
 }
 
-/// Per length: seconds and counted TFLOP/s per layer type (model::bench's FLOP model), against
-/// the backend's reference GEMM, and the prefill speed projected to the 43-layer Flash schedule.
+/// One length's time and counted TFLOP/s per layer type (model::bench's FLOP model), against the
+/// backend's reference GEMM, and the prefill speed projected to the 43-layer Flash schedule.
 fn layer_breakdown(
     ckpt: &Checkpoint,
     topk: usize,
-    profiles: &[PrefillProfile],
-    reference: Option<(String, f64)>,
+    p: &PrefillProfile,
+    reference: Option<&(String, f64)>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let flash = ModelConfig::flash();
@@ -103,43 +114,23 @@ fn layer_breakdown(
         && cfg.n_routed_experts == flash.n_routed_experts
         && cfg.num_attention_heads == flash.num_attention_heads
         && cfg.moe_intermediate_size == flash.moe_intermediate_size;
-    if let Some((what, t)) = &reference {
+    let types = by_layer_type(ckpt, p, topk);
+    for f in &types {
+        let pct = reference.map_or(String::new(), |(_, r)| {
+            format!(" ({:.1}% of the reference)", 100.0 * f.tflops() / r)
+        });
         writeln!(
             out,
-            "reference: {what}: {t:.1} TFLOP/s (measured in this run)"
+            "{:>14} x{}: {:>10.2} ms/layer {:>9.3} TFLOP/s{pct}",
+            format!("{:?}", f.kind).to_uppercase(),
+            f.layers,
+            f.seconds_per_layer * 1e3,
+            f.tflops(),
         )?;
     }
-    writeln!(
-        out,
-        "{:>8} {:>6} {:>7} {:>12} {:>10} {:>10} {:>12}",
-        "tokens", "type", "layers", "ms/layer", "TFLOP/s", "% of ref", "flash tok/s"
-    )?;
-    for p in profiles {
-        let types = by_layer_type(ckpt, p, topk);
-        let projected = projected_tokens_per_s(&flash, &types, p)
-            .filter(|_| flash_sized)
-            .map_or("-".to_string(), |t| format!("{t:.0}"));
-        for (i, f) in types.iter().enumerate() {
-            let pct = reference.as_ref().map_or("-".to_string(), |(_, r)| {
-                format!("{:.1}", 100.0 * f.tflops() / r)
-            });
-            writeln!(
-                out,
-                "{:>8} {:>6} {:>7} {:>12.2} {:>10.3} {:>10} {:>12}",
-                p.tokens,
-                format!("{:?}", f.kind).to_uppercase(),
-                f.layers,
-                f.seconds_per_layer * 1e3,
-                f.tflops(),
-                pct,
-                if i == 0 { projected.as_str() } else { "" }
-            )?;
-        }
+    if let Some(t) = projected_tokens_per_s(&flash, &types, p).filter(|_| flash_sized) {
+        writeln!(out, "{:>14} {t:.0} tok/s for the 43-layer Flash prefill at {} tokens", "projected:", p.tokens)?;
     }
-    writeln!(
-        out,
-        "TFLOP/s counts linear, attention and indexer arithmetic (model::bench); flash tok/s = tokens / (embed + head + the 43 Flash layers at the measured per-type times), shown when the model has Flash's dimensions (all 256 experts) and every layer type was measured"
-    )?;
     Ok(())
 }
 
@@ -165,11 +156,6 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         args.chunk,
         rayon::current_num_threads(),
         target.record()
-    )?;
-    writeln!(
-        out,
-        "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
-        "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
     )?;
     // Deterministic ids in [3, vocab): the same prompts on every run.
     let prompts = lengths

@@ -241,7 +241,7 @@ pub fn index_prepare_queries<E: Executor>(
             Arg::I32(rule),
             Arg::I64(INDEX_FP4_BLOCK as i64),
             Arg::F32(hadamard_scale(dim)),
-            Arg::F32(weight_scale(n, dim)),
+            Arg::F32(weight_scale(heads, dim)),
         ],
     )?;
     g.down(&q_b, values)?;
