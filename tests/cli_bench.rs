@@ -13,7 +13,10 @@ fn bench_prints_per_layer_type_figures_on_cpu_and_emulated_gpu() {
     let model = dir.path().join("tiny");
     synth_tiny(&model, &["--layers", "4"]);
     let m = model.to_string_lossy().to_string();
-    for device in [&["--device", "cpu"][..], &["--device", "emu", "--gpu-gemm", "bf16"]] {
+    for device in [
+        &["--device", "cpu"][..],
+        &["--device", "emu", "--gpu-gemm", "bf16"],
+    ] {
         let mut args = vec!["bench", "--model", &m, "--lengths", "300,600"];
         args.extend_from_slice(device);
         let r = run(&args).ok();
@@ -39,7 +42,14 @@ fn bench_prints_per_layer_type_figures_on_cpu_and_emulated_gpu() {
         let tflops: Vec<f64> = out
             .lines()
             .filter(|l| l.contains("ms/layer"))
-            .filter_map(|l| l.split("ms/layer").nth(1)?.split_whitespace().next()?.parse().ok())
+            .filter_map(|l| {
+                l.split("ms/layer")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
             .collect();
         assert_eq!(tflops.len(), 6, "{out}");
         assert!(tflops.iter().all(|&t| t > 0.0), "{out}");

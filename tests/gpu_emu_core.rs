@@ -163,8 +163,14 @@ fn launches_are_checked_against_the_kernel_signature() {
         .launch("f32_to_bf16", 1, &[buf(&x), buf(&y), Arg::I32(4)])
         .unwrap_err()
         .to_string();
-    assert!(wrong.contains("\"ppi\"") && wrong.contains("\"ppl\""), "{wrong}");
-    let short = e.launch("f32_to_bf16", 1, &[buf(&x)]).unwrap_err().to_string();
+    assert!(
+        wrong.contains("\"ppi\"") && wrong.contains("\"ppl\""),
+        "{wrong}"
+    );
+    let short = e
+        .launch("f32_to_bf16", 1, &[buf(&x)])
+        .unwrap_err()
+        .to_string();
     assert!(short.contains("signature"), "{short}");
     let unknown = e.launch("no_such_kernel", 1, &[]).unwrap_err().to_string();
     assert!(unknown.contains("no such kernel"), "{unknown}");

@@ -68,7 +68,10 @@ impl EngineTask for BenchTask<'_> {
         let load = self.load_started.elapsed().as_secs_f64();
         let reference = engine.backend().reference_gemm_tflops();
         if let Some((what, t)) = &reference {
-            writeln!(self.out, "reference: {what}: {t:.1} TFLOP/s (measured in this run)")?;
+            writeln!(
+                self.out,
+                "reference: {what}: {t:.1} TFLOP/s (measured in this run)"
+            )?;
         }
         writeln!(
             self.out,
@@ -129,7 +132,11 @@ fn layer_breakdown(
         )?;
     }
     if let Some(t) = projected_tokens_per_s(&flash, &types, p).filter(|_| flash_sized) {
-        writeln!(out, "{:>14} {t:.0} tok/s for the 43-layer Flash prefill at {} tokens", "projected:", p.tokens)?;
+        writeln!(
+            out,
+            "{:>14} {t:.0} tok/s for the 43-layer Flash prefill at {} tokens",
+            "projected:", p.tokens
+        )?;
     }
     Ok(())
 }
