@@ -103,3 +103,27 @@ fn forward_across_two_devices_matches_one() {
     let b = GpuBackend::new(devices, vec![0, 0, 1, 1], GemmType::F32);
     forward_parity(WeightFormat::Bf16, 4, b, F32_TOL);
 }
+
+/// The comparison is not vacuous: an engine on a slightly different model (the same weights
+/// quantised to FP8 / FP4) against the reference fails it.
+#[test]
+fn forward_comparison_catches_a_different_model() {
+    let a = synth_model(Preset::Tiny, WeightFormat::Bf16, Some(4), Some(8));
+    let b = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), Some(8));
+    let opts = EngineOptions {
+        topk: Some(16),
+        ..EngineOptions::default()
+    };
+    let backend = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
+    let mut gpu = Engine::load_with(backend, &b.ckpt, opts.clone()).unwrap();
+    let mut cpu = Engine::load(&a.ckpt, opts).unwrap();
+    let toks = tokens(160, a.ckpt.config().vocab_size, 5);
+    let checks = check_forward(&mut gpu, &mut cpu, &toks, &cases(), F32_TOL).unwrap();
+    let failed: Vec<&Check> = checks.iter().filter(|c| !c.passed()).collect();
+    assert!(
+        failed.iter().any(|c| c.what.starts_with("logits"))
+            && failed.iter().any(|c| c.what.contains("index scores")),
+        "a different model passed:\n{}",
+        table(&checks)
+    );
+}

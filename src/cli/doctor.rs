@@ -88,7 +88,7 @@ fn compile_kernels(archs: &[String], out: &mut dyn Write) -> anyhow::Result<()> 
         match &r.result {
             Ok((bytes, source)) => writeln!(
                 out,
-                "  ok         {:<8} {:<12} {:>2} kernels, {:>7} bytes CUBIN{}",
+                "  ok         {:<8} {:<15} {:>2} kernels, {:>7} bytes CUBIN{}",
                 r.arch,
                 format!("{}.cu", r.family),
                 r.kernels,

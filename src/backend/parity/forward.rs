@@ -39,12 +39,14 @@ pub struct ForwardTolerance {
 }
 
 impl ForwardTolerance {
-    /// For f32 GEMMs (the CPU's arithmetic up to summation order).
+    /// For f32 GEMMs (the CPU's arithmetic up to summation order). `rounding_flips` 3%: the
+    /// CPU itself changes about 3% of its top-k lists between chunk sizes under official-fp4 +
+    /// fp8 KV (summation order alone; tests/engine_invariants.rs).
     pub const F32: ForwardTolerance = ForwardTolerance {
         logits: 1e-4,
         scores: 1e-4,
         selection: 0.0,
-        rounding_flips: 0.01,
+        rounding_flips: 0.03,
         rounding_step: 5e-2,
     };
     /// For bf16 GEMMs (activations and weights rounded to bf16, f32 accumulation).
@@ -214,10 +216,16 @@ pub fn check_forward<B: Backend>(
                     threshold: tol.rounding_flips,
                 });
             }
+            // A rounding flip can move a row across the cut-off by more than a near-tie.
+            let selection = if case.profile == IndexProfile::Exact {
+                tol.selection
+            } else {
+                tol.selection.max(tol.rounding_flips)
+            };
             out.push(Check {
                 what: format!("L{layer} selected rows (near-ties aside), {label}"),
                 error: bad as f64 / total.max(1) as f64,
-                threshold: tol.selection,
+                threshold: selection,
             });
         }
     }
