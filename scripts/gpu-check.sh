@@ -3,12 +3,15 @@
 #   1. finds the CUDA 13 libraries (driver, NVRTC, cuBLAS) and prints them;
 #   2. builds (or uses prebuilt binaries from $NS_BIN_DIR: needlescope + gpu_cuda_parity-*);
 #   3. `doctor`: driver, GPUs, NVRTC, and every kernel compiled for this GPU's architecture;
-#   4. the GPU parity tests (tests/gpu_cuda_parity.rs, every op at Flash dims + whole forwards);
+#   4. the GPU parity tests (tests/gpu_cuda_parity.rs): every op at Flash dims first (blocking
+#      launches), then forwards on tiny and on Flash 4 layers (SKIP_FLASH_PARITY=1 skips those);
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
 #      FP8 + FP4) at the lengths in $LENGTHS (default 8k,32k,128k) with bf16 GEMMs (the speed
 #      configuration; GEMM=f32 for the reference one), skipped with SKIP_BENCH=1;
-# and ends with a short table. Each step has a time limit (PARITY_TIMEOUT, BENCH_TIMEOUT
-# seconds) so one run fits the device tool's 10 minutes; bench prints each length as it ends.
+# and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
+# TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 150, BENCH_TIMEOUT 240) so a run can be
+# fitted to the device tool's 10 minutes (skip steps with SKIP_FLASH_PARITY=1 / SKIP_BENCH=1);
+# bench prints each length as it ends.
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
 # scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin.
@@ -31,8 +34,11 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets
   [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 export LD_LIBRARY_PATH
+# f32 GEMMs must stay f32 (never TF32), whatever the environment says.
+export NVIDIA_TF32_OVERRIDE=0
 for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13; do
   found=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d/$lib" 2>/dev/null; done | head -1)
+  [ -z "$found" ] && found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
   note "library  $lib: ${found:-NOT FOUND}"
 done
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/gpu      /' | tee -a "$SUMMARY"
@@ -57,20 +63,29 @@ else
 fi
 cat "$OUT/doctor.txt"
 
-# 4. Parity.
-if [ -n "$PARITY" ] && timeout "${PARITY_TIMEOUT:-270}" "$PARITY" --ignored --nocapture --test-threads 1 >"$OUT/parity.txt" 2>&1; then
-  note "parity   ok: $(grep -c '^ok ' "$OUT/parity.txt") checks passed ($(elapsed))"
-else
-  note "parity   FAILED: $(grep -c '^FAIL ' "$OUT/parity.txt" 2>/dev/null) failing checks ($(elapsed))"
-  grep -E '^(FAIL|== )|panicked' "$OUT/parity.txt" | head -40 | tee -a "$SUMMARY"
-fi
+# 4. Parity: every op first (the quickest check of the plumbing; launches made blocking so a
+#    faulting kernel is named at its launch), then whole forwards.
+parity() { # NAME FILTER TIMEOUT [ENV...]
+  local name=$1 filter=$2 limit=$3; shift 3
+  if [ -z "$PARITY" ]; then note "parity   $name: no test binary"; return; fi
+  if env "$@" timeout "$limit" "$PARITY" --ignored --exact "$filter" --nocapture --test-threads 1 \
+       >"$OUT/parity-$name.txt" 2>&1; then
+    note "parity   $name ok: $(grep -c '^ok ' "$OUT/parity-$name.txt") checks passed ($(elapsed))"
+  else
+    note "parity   $name FAILED: $(grep -c '^FAIL ' "$OUT/parity-$name.txt") failing checks ($(elapsed))"
+    grep -E '^(FAIL|== )|panicked|error' "$OUT/parity-$name.txt" | head -30 | tee -a "$SUMMARY"
+  fi
+}
+parity ops cuda_ops_match_the_cpu_at_flash_dims "${OPS_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
+parity tiny cuda_forward_matches_the_cpu_on_tiny "${TINY_TIMEOUT:-120}"
+[ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
 # 5. Benchmark at Flash dimensions.
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   W=${BENCH_MODEL:-/tmp/ns-flash4}
   if [ ! -e "$W/config.json" ]; then
-    "$BIN" synth --preset flash --layers 4 --format official --out "$W" >"$OUT/synth.txt" 2>&1 \
-      || note "synth    FAILED (see $OUT/synth.txt)"
+    timeout "${SYNTH_TIMEOUT:-150}" "$BIN" synth --preset flash --layers 4 --format official --out "$W" \
+      >"$OUT/synth.txt" 2>&1 || note "synth    FAILED or timed out (see $OUT/synth.txt)"
   fi
   note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
   if timeout "${BENCH_TIMEOUT:-240}" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \

@@ -128,6 +128,10 @@ fn query_driver() -> Result<((i32, i32), Vec<GpuInfo>), String> {
 
 /// Runs `f`, turning a panic into an error string without printing the panic message.
 pub fn quietly<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> Result<T, String> {
+    // The panic hook is process-wide: one caller at a time, or two could leave the silent hook
+    // installed for good.
+    static HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = HOOK.lock().unwrap_or_else(|p| p.into_inner());
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let out = std::panic::catch_unwind(f);

@@ -180,3 +180,29 @@ fn launches_are_checked_against_the_kernel_signature() {
         .to_string();
     assert!(past.contains("offset 17"), "{past}");
 }
+
+#[test]
+fn gemms_outside_their_buffers_are_refused_on_every_executor() {
+    use needlescope::backend::gpu::executor::{Executor, Gemm};
+    let e = EmuExecutor::default();
+    let (x, w) = (e.alloc(4 * 8 * 4).unwrap(), e.alloc(3 * 8 * 4).unwrap());
+    let mut y = e.alloc(4 * 3 * 4).unwrap();
+    assert!(e
+        .gemm(&Gemm::dense(4, 3, 8, GemmType::F32), &x, &w, &mut y)
+        .is_ok());
+    let mut past = Gemm::dense(4, 3, 8, GemmType::F32);
+    past.x_offset = 4;
+    let err = e.gemm(&past, &x, &w, &mut y).unwrap_err().to_string();
+    assert!(
+        err.contains("x needs 132 bytes, its buffer has 128"),
+        "{err}"
+    );
+    let mut short_ld = Gemm::dense(4, 3, 8, GemmType::F32);
+    short_ld.ldw = 7;
+    assert!(e.gemm(&short_ld, &x, &w, &mut y).is_err());
+    let err = e
+        .gemm(&Gemm::dense(4, 3, 0, GemmType::F32), &x, &w, &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("empty inner dimension"), "{err}");
+}

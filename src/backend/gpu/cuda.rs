@@ -7,7 +7,9 @@
 //! before every driver call (the engine may call from any thread). Families are loaded on their
 //! first launch.
 
-use super::executor::{arg_slots, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
+use super::executor::{
+    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK,
+};
 use super::kernels;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result as drv, sys, CudaContext};
@@ -118,6 +120,8 @@ impl CudaExecutor {
     }
 
     fn function(&self, kernel: &str) -> Result<sys::CUfunction, GpuError> {
+        // Modules load into the current context: make it this device's.
+        self.bind()?;
         let mut l = self.loaded.lock().unwrap();
         if let Some(&f) = l.functions.get(kernel) {
             return Ok(f);
@@ -236,6 +240,7 @@ impl Executor for CudaExecutor {
     }
 
     fn gemm(&self, g: &Gemm, x: &CudaBuf, w: &CudaBuf, y: &mut CudaBuf) -> Result<(), GpuError> {
+        check_gemm(g, x.len, w.len, y.len)?;
         if g.m == 0 || g.n == 0 {
             return Ok(());
         }

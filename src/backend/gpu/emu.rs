@@ -7,7 +7,9 @@
 //! exactly). Device memory is host memory; the reported capacity is whatever the executor was
 //! built with, so placement across several "devices" can be tested too.
 
-use super::executor::{arg_slots, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK};
+use super::executor::{
+    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK,
+};
 use rayon::prelude::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -198,20 +200,8 @@ impl Executor for EmuExecutor {
     }
 
     fn gemm(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
-        let need = |off: usize, rows: usize, ld: usize, cols: usize, es: usize| {
-            if rows == 0 {
-                off
-            } else {
-                off + ((rows - 1) * ld + cols) * es
-            }
-        };
+        check_gemm(g, x.len, w.len, y.len)?;
         let es = g.ty.bytes();
-        if need(g.x_offset, g.m, g.ldx, g.k, es) > x.len
-            || need(g.w_offset, g.n, g.ldw, g.k, es) > w.len
-            || need(g.y_offset, g.m, g.ldy, g.n, 4) > y.len
-        {
-            return Err(GpuError::Other(format!("gemm {g:?} outside its buffers")));
-        }
         let (xs, ws) = (x.as_slice(), w.as_slice());
         let xrow = |r: usize| to_f32(xs, g.ty, g.x_offset + r * g.ldx * es, g.k);
         let wrows: Vec<Vec<f32>> = (0..g.n)

@@ -229,6 +229,37 @@ pub fn check_args<B>(kernel: &str, args: &[Arg<'_, B>]) -> Result<(), GpuError> 
     Ok(())
 }
 
+/// Checks a GEMM against its buffers' sizes (bytes) before it runs, on every executor: on a GPU
+/// a wrong offset or leading dimension would corrupt memory or poison the context instead of
+/// failing here. Also refuses an empty inner dimension (cuBLAS rejects `k = 0`).
+pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<(), GpuError> {
+    let bad = |why: String| Err(GpuError::Other(format!("gemm {g:?}: {why}")));
+    if g.k == 0 {
+        return bad("empty inner dimension".into());
+    }
+    if g.ldx < g.k || g.ldw < g.k || g.ldy < g.n.max(1) {
+        return bad("a leading dimension is smaller than its row".into());
+    }
+    let need = |off: usize, rows: usize, ld: usize, cols: usize, es: usize| {
+        if rows == 0 {
+            off
+        } else {
+            off + ((rows - 1) * ld + cols) * es
+        }
+    };
+    let es = g.ty.bytes();
+    for (what, end, len) in [
+        ("x", need(g.x_offset, g.m, g.ldx, g.k, es), x_len),
+        ("w", need(g.w_offset, g.n, g.ldw, g.k, es), w_len),
+        ("y", need(g.y_offset, g.m, g.ldy, g.n, 4), y_len),
+    ] {
+        if end > len {
+            return bad(format!("{what} needs {end} bytes, its buffer has {len}"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes (`what`: read / write).
 pub fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<(), GpuError> {
     if offset.checked_add(n).is_none_or(|end| end > len) {
