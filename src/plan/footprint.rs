@@ -1,0 +1,311 @@
+//! Tensors, components and counting rules of the footprint (see the module doc of `plan`).
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+// ---------------------------------------------------------------------------------------------
+// Tensors, components and counting rules
+// ---------------------------------------------------------------------------------------------
+
+/// One stored tensor as the footprint sees it.
+#[derive(Clone, Debug)]
+pub struct TensorSpec<'a> {
+    pub name: &'a str,
+    /// safetensors dtype name (`BF16`, `F32`, `F8_E4M3`, `F8_E8M0`, `I8`, `U8`, `I64`, ...).
+    pub dtype: &'a str,
+    /// Elements as stored (a packed FP4 byte is one element).
+    pub numel: u64,
+    /// Payload bytes.
+    pub bytes: u64,
+}
+
+/// What a tensor belongs to, in the order of spec/model.md section 8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Component {
+    RoutedExperts,
+    AttentionCore,
+    SharedExperts,
+    Embed,
+    Head,
+    Compressors,
+    Indexers,
+    RouterGates,
+    Mhc,
+    RouterHashTables,
+    Norms,
+    HcHead,
+    RouterBiases,
+    Mtp,
+    Other,
+}
+
+impl Component {
+    /// Human label for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Component::RoutedExperts => "routed experts",
+            Component::AttentionCore => "attention core",
+            Component::SharedExperts => "shared experts",
+            Component::Embed => "embed",
+            Component::Head => "head",
+            Component::Compressors => "KV compressors",
+            Component::Indexers => "indexers",
+            Component::RouterGates => "routers: gate weights",
+            Component::Mhc => "mHC (hc_attn, hc_ffn)",
+            Component::RouterHashTables => "routers: tid2eid (hash)",
+            Component::Norms => "norms (attn, ffn, final)",
+            Component::HcHead => "hc_head",
+            Component::RouterBiases => "routers: biases",
+            Component::Mtp => "MTP (not run)",
+            Component::Other => "other (unrecognised names)",
+        }
+    }
+}
+
+/// The component of a tensor, from its official name.
+pub fn classify(name: &str) -> Component {
+    if name.starts_with("mtp.") {
+        return Component::Mtp;
+    }
+    match name {
+        "embed.weight" => return Component::Embed,
+        "head.weight" => return Component::Head,
+        "norm.weight" => return Component::Norms,
+        _ => {}
+    }
+    if name.starts_with("hc_head_") {
+        return Component::HcHead;
+    }
+    let Some((_, rest)) = split_layer(name) else {
+        return Component::Other;
+    };
+    match rest {
+        "attn_norm.weight" | "ffn_norm.weight" => Component::Norms,
+        "ffn.gate.weight" => Component::RouterGates,
+        "ffn.gate.tid2eid" => Component::RouterHashTables,
+        "ffn.gate.bias" => Component::RouterBiases,
+        r if r.starts_with("hc_attn_") || r.starts_with("hc_ffn_") => Component::Mhc,
+        r if r.starts_with("attn.indexer.") => Component::Indexers,
+        r if r.starts_with("attn.compressor.") => Component::Compressors,
+        r if r.starts_with("attn.") => Component::AttentionCore,
+        r if r.starts_with("ffn.experts.") => Component::RoutedExperts,
+        r if r.starts_with("ffn.shared_experts.") => Component::SharedExperts,
+        _ => Component::Other,
+    }
+}
+
+/// `layers.{L}.rest` -> `(L, rest)`.
+fn split_layer(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("layers.")?;
+    let (idx, rest) = rest.split_once('.')?;
+    Some((idx.parse().ok()?, rest))
+}
+
+/// Where a tensor lives in the memory plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// With the first device: the embedding and anything unrecognised.
+    First,
+    /// Main layer `L`.
+    Layer(usize),
+    /// With the last device: head, final norm, hc_head.
+    Last,
+    /// Not placed (MTP is never run).
+    Excluded,
+}
+
+/// The plan slot of a tensor of a model with `layers` main layers.
+pub fn slot(name: &str, layers: usize) -> Slot {
+    if name.starts_with("mtp.") {
+        return Slot::Excluded;
+    }
+    if name == "head.weight" || name == "norm.weight" || name.starts_with("hc_head_") {
+        return Slot::Last;
+    }
+    match split_layer(name) {
+        Some((l, _)) if l < layers => Slot::Layer(l),
+        _ => Slot::First,
+    }
+}
+
+/// Logical parameters of a tensor (see the module docs for the rules).
+pub fn logical_params(name: &str, dtype: &str, numel: u64) -> u64 {
+    let is_scale = [".scale", ".weight_scale", ".weight_scale_2", ".input_scale"]
+        .iter()
+        .any(|s| name.ends_with(s));
+    if is_scale || name.ends_with("ffn.gate.tid2eid") || name.ends_with("ffn.gate.bias") {
+        return 0;
+    }
+    match dtype {
+        "I8" | "U8" | "F4" => numel * 2,
+        _ => numel,
+    }
+}
+
+/// What a safetensors dtype holds in V4 checkpoints.
+pub fn dtype_note(dtype: &str) -> &'static str {
+    match dtype {
+        "BF16" => "bf16",
+        "F16" => "fp16",
+        "F32" => "f32",
+        "F8_E4M3" => "fp8 e4m3 (weights; NVFP4 group scales)",
+        "F8_E8M0" => "e8m0 power-of-two scales",
+        "I8" => "fp4 e2m1, two per byte (MXFP4 experts)",
+        "U8" => "fp4 e2m1, two per byte (NVFP4 experts)",
+        "I64" => "int64 (hash-router tables)",
+        "I32" => "int32",
+        _ => "",
+    }
+}
+
+/// Tensor, parameter and byte counts of a group of tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub tensors: u64,
+    pub params: u64,
+    pub bytes: u64,
+}
+
+impl Tally {
+    fn add(&mut self, params: u64, bytes: u64) {
+        self.tensors += 1;
+        self.params += params;
+        self.bytes += bytes;
+    }
+}
+
+/// One row of the per-component table.
+#[derive(Clone, Debug, Serialize)]
+pub struct ComponentRow {
+    pub component: Component,
+    pub label: &'static str,
+    #[serde(flatten)]
+    pub tally: Tally,
+}
+
+/// One row of the per-format table.
+#[derive(Clone, Debug, Serialize)]
+pub struct FormatRow {
+    pub dtype: String,
+    pub note: &'static str,
+    #[serde(flatten)]
+    pub tally: Tally,
+}
+
+/// Counts of a checkpoint (or of the one a config implies), and the byte totals per plan slot.
+#[derive(Clone, Debug, Serialize)]
+pub struct Footprint {
+    pub components: Vec<ComponentRow>,
+    pub formats: Vec<FormatRow>,
+    /// Main model (everything except MTP).
+    pub main: Tally,
+    pub mtp: Tally,
+    pub total: Tally,
+    /// Weight bytes per main layer.
+    pub layer_bytes: Vec<u64>,
+    /// Weight bytes that go with the first device (embed and unrecognised names).
+    pub first_bytes: u64,
+    /// Weight bytes that go with the last device (head, final norm, hc_head).
+    pub last_bytes: u64,
+}
+
+impl Footprint {
+    /// Tallies `tensors` of a model with `layers` main layers.
+    pub fn from_tensors<'a>(
+        layers: usize,
+        tensors: impl IntoIterator<Item = TensorSpec<'a>>,
+    ) -> Self {
+        let mut comps: BTreeMap<Component, Tally> = BTreeMap::new();
+        let mut formats: BTreeMap<String, Tally> = BTreeMap::new();
+        let (mut main, mut mtp, mut total) = (Tally::default(), Tally::default(), Tally::default());
+        let mut layer_bytes = vec![0u64; layers];
+        let (mut first_bytes, mut last_bytes) = (0u64, 0u64);
+        for t in tensors {
+            let params = logical_params(t.name, t.dtype, t.numel);
+            comps
+                .entry(classify(t.name))
+                .or_default()
+                .add(params, t.bytes);
+            formats
+                .entry(t.dtype.to_string())
+                .or_default()
+                .add(params, t.bytes);
+            total.add(params, t.bytes);
+            match slot(t.name, layers) {
+                Slot::Excluded => mtp.add(params, t.bytes),
+                s => {
+                    main.add(params, t.bytes);
+                    match s {
+                        Slot::First => first_bytes += t.bytes,
+                        Slot::Layer(l) => layer_bytes[l] += t.bytes,
+                        Slot::Last => last_bytes += t.bytes,
+                        Slot::Excluded => unreachable!(),
+                    }
+                }
+            }
+        }
+        let mut formats: Vec<FormatRow> = formats
+            .into_iter()
+            .map(|(dtype, tally)| FormatRow {
+                note: dtype_note(&dtype),
+                dtype,
+                tally,
+            })
+            .collect();
+        formats.sort_by(|a, b| {
+            b.tally
+                .bytes
+                .cmp(&a.tally.bytes)
+                .then(a.dtype.cmp(&b.dtype))
+        });
+        Footprint {
+            components: comps
+                .into_iter()
+                .map(|(component, tally)| ComponentRow {
+                    component,
+                    label: component.label(),
+                    tally,
+                })
+                .collect(),
+            formats,
+            main,
+            mtp,
+            total,
+            layer_bytes,
+            first_bytes,
+            last_bytes,
+        }
+    }
+
+    /// Tallies the tensors of an opened checkpoint as stored (a packed FP4 byte is one
+    /// element; bytes are element count x dtype size).
+    pub fn of_checkpoint(ckpt: &crate::checkpoint::Checkpoint) -> Self {
+        let infos: Vec<_> = ckpt.names().filter_map(|n| ckpt.info(n)).collect();
+        Footprint::from_tensors(
+            ckpt.config().num_hidden_layers,
+            infos.iter().map(|t| {
+                let numel = t.shape.iter().product::<usize>() as u64;
+                TensorSpec {
+                    name: &t.name,
+                    dtype: t.dtype.as_str(),
+                    numel,
+                    bytes: numel * t.dtype.size() as u64,
+                }
+            }),
+        )
+    }
+
+    /// Tally of one component (zero if absent).
+    pub fn component(&self, c: Component) -> Tally {
+        self.components
+            .iter()
+            .find(|r| r.component == c)
+            .map(|r| r.tally)
+            .unwrap_or_default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-layer state and workspace
+// ---------------------------------------------------------------------------------------------

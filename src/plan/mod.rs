@@ -1,0 +1,278 @@
+//! Footprint and memory plan: what a checkpoint weighs, per component and per number format, and
+//! how its layers would be laid out over a set of GPUs for a given context length.
+//!
+//! Inputs are plain tensor descriptions ([`TensorSpec`]: name, safetensors dtype, element count,
+//! bytes), so the same code serves `inspect --config` (the expected inventory) and
+//! `inspect --model` (the tensors actually on disk).
+//!
+//! Counting rules (spec/model.md section 8):
+//! - bytes are payload bytes of the stored tensors, scales included;
+//! - parameters are logical weights: packed FP4 (`I8`, `U8`) counts two per byte; scale tensors
+//!   (`*.scale`, `*.weight_scale`, `*.weight_scale_2`, `*.input_scale`), hash-router tables
+//!   (`ffn.gate.tid2eid`) and router selection biases (`ffn.gate.bias`) count zero.
+//!
+//! Memory plan ([`plan`]): contiguous layer ranges per device, in device order. The embedding
+//! goes with the first device; the head, final norm and `hc_head_*` with the last; MTP tensors are
+//! excluded (needlescope never runs the MTP layer). Each device holds, for its layers:
+//! - **weights** in their stored formats (the layer's tensor bytes);
+//! - **state** for the planned context `C` (see [`layer_state`]):
+//!   - sliding-window ring, every layer: `sliding_window x head_dim` bf16 (V4 has one KV head);
+//!   - compressed KV rows, CSA and HCA layers: `floor(C / ratio) x head_dim` bf16, 1024 B per row
+//!     on Flash. We plan for bf16 rows, the larger of the two layouts the engine may keep (an
+//!     fp8 `--kv fp8` cache row is 584 B: 448 e4m3 + 64 bf16 RoPE dims + 8 B of scales);
+//!   - index keys, CSA layers: `floor(C / 4) x index_head_dim` f32, the raw keys every index
+//!     profile is derived from at scoring time (and that the observer reads);
+//!   - compressor carry (the unfinished pooling group, kv and gate projections in f32):
+//!     `c * ratio` tokens of `2 * c * head_dim` values, c = 2 on CSA (overlapping), 1 on HCA, plus
+//!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`);
+//! - **workspace** ([`workspace_bytes`]): a fixed 1 GiB (CUDA context, cuBLAS workspace, kernel
+//!   modules, allocator slack) plus the f32 activations of one prefill chunk of `T` tokens,
+//!   `4 B x T x (3 * hc_mult * hidden + 2 * heads * head_dim + heads * (window + index_topk +
+//!   C / 128) + C / 4 + 3 * experts_per_tok * moe_intermediate)`: residual streams in, out and
+//!   mixed; queries and attention output; one query's attention probabilities over window,
+//!   selected CSA rows and all HCA rows; one query's indexer scores after the head reduction;
+//!   the routed experts' SwiGLU intermediates. The last device adds the logits of up to
+//!   [`PROBED_LOGIT_ROWS`] probed positions (`4 B x vocab` each).
+//!
+//! Placement: devices are filled in order towards a share of the total proportional to their
+//! capacity (a layer goes to the device whose cumulative target its midpoint falls under). If
+//! that balanced split leaves a device over capacity, the layers are packed first-fit in order;
+//! if that also fails the plan is refused, reporting each device's shortfall (from the balanced
+//! split) and the overall shortfall.
+
+use serde::Serialize;
+
+use crate::config::ModelConfig;
+
+/// Fixed per-device allowance: CUDA context, cuBLAS workspace, kernels, allocator slack.
+pub const FIXED_WORKSPACE: u64 = 1 << 30;
+/// Default prefill chunk (tokens) when none is given.
+pub const DEFAULT_CHUNK: usize = 2048;
+/// Positions whose logits the last device keeps (probed prompt positions plus generated ones).
+pub const PROBED_LOGIT_ROWS: u64 = 256;
+
+mod devices;
+mod footprint;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use devices::*;
+pub use footprint::*;
+pub use state::*;
+
+/// One device of a plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct DevicePlan {
+    pub device: usize,
+    /// First and last main layer held (inclusive), if any.
+    pub layers: Option<[usize; 2]>,
+    pub holds_embed: bool,
+    pub holds_head: bool,
+    pub weights: u64,
+    pub state: u64,
+    pub workspace: u64,
+    pub total: u64,
+    pub capacity: u64,
+    /// capacity - total (negative when over).
+    pub free: i64,
+    /// max(0, total - capacity).
+    pub shortfall: u64,
+}
+
+/// The layout of a model over devices for one context length.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryPlan {
+    pub devices_spec: String,
+    pub context: usize,
+    pub chunk: usize,
+    pub fits: bool,
+    /// `balanced`, `packed in order` or `refused`.
+    pub strategy: &'static str,
+    pub devices: Vec<DevicePlan>,
+    pub weights: u64,
+    pub state: u64,
+    pub workspace: u64,
+    pub total: u64,
+    pub capacity: u64,
+    /// Sum of the per-device shortfalls of the reported layout (0 when it fits).
+    pub shortfall: u64,
+    /// MTP bytes left out of the plan.
+    pub excluded_mtp_bytes: u64,
+    pub assumptions: Vec<String>,
+}
+
+/// Lays `footprint` out over `devices` for `context` tokens, prefilling in chunks of `chunk`.
+pub fn plan(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &DeviceSet,
+    context: usize,
+    chunk: usize,
+) -> MemoryPlan {
+    let n_dev = devices.capacities.len().max(1);
+    let caps: Vec<u64> = (0..n_dev)
+        .map(|d| devices.capacities.get(d).copied().unwrap_or(0))
+        .collect();
+    let layers = footprint.layer_bytes.len();
+    let states: Vec<u64> = (0..layers)
+        .map(|l| layer_state(cfg, l, context).total())
+        .collect();
+    let items: Vec<u64> = (0..layers)
+        .map(|l| footprint.layer_bytes[l] + states[l])
+        .collect();
+    let fixed: Vec<u64> = (0..n_dev)
+        .map(|d| {
+            workspace_bytes(cfg, context, chunk, d == n_dev - 1)
+                + if d == 0 { footprint.first_bytes } else { 0 }
+                + if d == n_dev - 1 {
+                    footprint.last_bytes
+                } else {
+                    0
+                }
+        })
+        .collect();
+
+    let balanced = place_balanced(&items, &fixed, &caps);
+    let fits = |a: &[usize]| {
+        loads(&items, &fixed, a, n_dev)
+            .iter()
+            .zip(&caps)
+            .all(|(l, c)| l <= c)
+    };
+    let (assign, strategy, ok) = if fits(&balanced) {
+        (balanced, "balanced", true)
+    } else {
+        let packed = place_first_fit(&items, &fixed, &caps);
+        if fits(&packed) {
+            (packed, "packed in order", true)
+        } else {
+            (balanced, "refused", false)
+        }
+    };
+
+    let mut out = Vec::with_capacity(n_dev);
+    for (d, &cap) in caps.iter().enumerate() {
+        let mine: Vec<usize> = (0..layers).filter(|&l| assign[l] == d).collect();
+        let weights = mine.iter().map(|&l| footprint.layer_bytes[l]).sum::<u64>()
+            + if d == 0 { footprint.first_bytes } else { 0 }
+            + if d == n_dev - 1 {
+                footprint.last_bytes
+            } else {
+                0
+            };
+        let state: u64 = mine.iter().map(|&l| states[l]).sum();
+        let workspace = workspace_bytes(cfg, context, chunk, d == n_dev - 1);
+        let total = weights + state + workspace;
+        out.push(DevicePlan {
+            device: d,
+            layers: mine.first().map(|&f| [f, *mine.last().unwrap()]),
+            holds_embed: d == 0,
+            holds_head: d == n_dev - 1,
+            weights,
+            state,
+            workspace,
+            total,
+            capacity: cap,
+            free: cap as i64 - total as i64,
+            shortfall: total.saturating_sub(cap),
+        });
+    }
+    let sum = |f: fn(&DevicePlan) -> u64| out.iter().map(f).sum::<u64>();
+    MemoryPlan {
+        devices_spec: devices.spec.clone(),
+        context,
+        chunk: chunk.min(context).max(1),
+        fits: ok,
+        strategy,
+        weights: sum(|d| d.weights),
+        state: sum(|d| d.state),
+        workspace: sum(|d| d.workspace),
+        total: sum(|d| d.total),
+        capacity: sum(|d| d.capacity),
+        shortfall: if ok { 0 } else { sum(|d| d.shortfall) },
+        excluded_mtp_bytes: footprint.mtp.bytes,
+        assumptions: assumptions(cfg, context, chunk),
+        devices: out,
+    }
+}
+
+/// Per-device load (fixed + assigned items) of an assignment.
+fn loads(items: &[u64], fixed: &[u64], assign: &[usize], n_dev: usize) -> Vec<u64> {
+    let mut l = fixed.to_vec();
+    l.resize(n_dev, 0);
+    for (i, &d) in assign.iter().enumerate() {
+        l[d] += items[i];
+    }
+    l
+}
+
+/// Contiguous split towards capacity-proportional cumulative targets.
+fn place_balanced(items: &[u64], fixed: &[u64], caps: &[u64]) -> Vec<usize> {
+    let n_dev = caps.len();
+    let cap_total: f64 = caps.iter().map(|&c| c as f64).sum::<f64>().max(1.0);
+    let need_total: f64 = (items.iter().sum::<u64>() + fixed.iter().sum::<u64>()) as f64;
+    let mut target = Vec::with_capacity(n_dev);
+    let mut acc = 0.0;
+    for &c in caps {
+        acc += c as f64;
+        target.push(need_total * acc / cap_total);
+    }
+    let mut assign = Vec::with_capacity(items.len());
+    let mut d = 0;
+    // cumulative load of devices 0..=d, counting each device's fixed part when it is opened.
+    let mut cum = fixed[0] as f64;
+    for &it in items {
+        while d + 1 < n_dev && cum + it as f64 / 2.0 > target[d] {
+            d += 1;
+            cum += fixed[d] as f64;
+        }
+        assign.push(d);
+        cum += it as f64;
+    }
+    assign
+}
+
+/// Contiguous first-fit: each device takes layers until the next one would overflow it.
+fn place_first_fit(items: &[u64], fixed: &[u64], caps: &[u64]) -> Vec<usize> {
+    let n_dev = caps.len();
+    let mut assign = Vec::with_capacity(items.len());
+    let mut d = 0;
+    let mut load = fixed[0];
+    for &it in items {
+        while d + 1 < n_dev && load + it > caps[d] {
+            d += 1;
+            load = fixed[d];
+        }
+        assign.push(d);
+        load += it;
+    }
+    assign
+}
+
+/// The plan's assumptions in words, for the report.
+fn assumptions(cfg: &ModelConfig, context: usize, chunk: usize) -> Vec<String> {
+    let t = chunk.min(context).max(1);
+    vec![
+        format!(
+            "weights in their stored formats; embed on the first device, head + final norm + hc_head on the last; MTP not placed (never run)"
+        ),
+        format!(
+            "window ring per layer: {} tokens x {} dims bf16",
+            cfg.sliding_window, cfg.head_dim
+        ),
+        format!(
+            "compressed KV rows: context/ratio rows x {} dims bf16 ({} B/row; fp8 rows would be 584 B)",
+            cfg.head_dim,
+            cfg.head_dim * 2
+        ),
+        format!(
+            "index keys on CSA layers: context/4 rows x {} dims f32 (raw keys; profiles applied at scoring)",
+            cfg.index_head_dim
+        ),
+        "compressor carry: the unfinished pooling group's kv and gate projections in f32".into(),
+        format!(
+            "workspace per device: 1 GiB fixed + f32 activations of a {t}-token prefill chunk (residual streams, q and output, one query's attention probabilities and indexer scores, expert intermediates); last device + logits of {PROBED_LOGIT_ROWS} probed positions"
+        ),
+    ]
+}

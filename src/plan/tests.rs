@@ -1,0 +1,241 @@
+//! Tests of the footprint and the memory plan.
+
+use super::*;
+
+#[test]
+fn names_map_to_components_and_slots() {
+    assert_eq!(
+        classify("layers.4.attn.indexer.wq_b.scale"),
+        Component::Indexers
+    );
+    assert_eq!(
+        classify("layers.4.attn.compressor.ape"),
+        Component::Compressors
+    );
+    assert_eq!(
+        classify("layers.4.attn.wq_a.weight"),
+        Component::AttentionCore
+    );
+    assert_eq!(
+        classify("layers.4.attn.attn_sink"),
+        Component::AttentionCore
+    );
+    assert_eq!(
+        classify("layers.0.ffn.experts.7.w2.scale"),
+        Component::RoutedExperts
+    );
+    assert_eq!(
+        classify("layers.0.ffn.gate.tid2eid"),
+        Component::RouterHashTables
+    );
+    assert_eq!(classify("layers.9.hc_ffn_base"), Component::Mhc);
+    assert_eq!(classify("layers.9.ffn_norm.weight"), Component::Norms);
+    assert_eq!(classify("hc_head_fn"), Component::HcHead);
+    assert_eq!(classify("mtp.0.e_proj.weight"), Component::Mtp);
+    assert_eq!(classify("model.layers.0.x"), Component::Other);
+    assert_eq!(slot("head.weight", 43), Slot::Last);
+    assert_eq!(slot("embed.weight", 43), Slot::First);
+    assert_eq!(slot("layers.42.attn_norm.weight", 43), Slot::Layer(42));
+    assert_eq!(slot("layers.43.attn_norm.weight", 43), Slot::First);
+    assert_eq!(slot("mtp.0.norm.weight", 43), Slot::Excluded);
+}
+
+#[test]
+fn scales_tables_and_biases_are_not_parameters() {
+    assert_eq!(
+        logical_params("layers.3.ffn.experts.0.w1.weight", "I8", 10),
+        20
+    );
+    assert_eq!(
+        logical_params("layers.3.ffn.experts.0.w1.scale", "F8_E8M0", 10),
+        0
+    );
+    assert_eq!(
+        logical_params("layers.3.ffn.experts.0.w1.weight_scale_2", "F32", 1),
+        0
+    );
+    assert_eq!(logical_params("layers.3.ffn.gate.bias", "F32", 256), 0);
+    assert_eq!(logical_params("layers.0.ffn.gate.tid2eid", "I64", 60), 0);
+    assert_eq!(logical_params("hc_head_scale", "F32", 1), 1);
+    assert_eq!(logical_params("layers.3.hc_attn_scale", "F32", 3), 3);
+}
+
+#[test]
+fn device_specs_parse_counts_and_units() {
+    let d: DeviceSet = "8x96G".parse().unwrap();
+    assert_eq!(d.capacities, vec![96 << 30; 8]);
+    let d: DeviceSet = "2x80GiB,1x40GB".parse().unwrap();
+    assert_eq!(d.capacities, vec![80 << 30, 80 << 30, 40_000_000_000]);
+    let d: DeviceSet = "141G".parse().unwrap();
+    assert_eq!(d.capacities.len(), 1);
+    for bad in ["8x", "x96G", "0x96G", "8x96", "8x96Q", "eightx96G", ""] {
+        let e = bad.parse::<DeviceSet>().unwrap_err();
+        assert!(e.contains("8x96G"), "{bad}: {e}");
+    }
+}
+
+fn fake_footprint(layers: usize, per_layer: u64, first: u64, last: u64) -> Footprint {
+    let mut f = Footprint::from_tensors(layers, std::iter::empty());
+    f.layer_bytes = vec![per_layer; layers];
+    f.first_bytes = first;
+    f.last_bytes = last;
+    f
+}
+
+#[test]
+fn balanced_plan_uses_contiguous_ranges_in_order() {
+    let cfg = ModelConfig::flash();
+    let fp = fake_footprint(43, 3 << 30, 1 << 30, 1 << 30);
+    let devs: DeviceSet = "4x80G".parse().unwrap();
+    let p = plan(&cfg, &fp, &devs, 4096, 2048);
+    assert!(p.fits, "{p:#?}");
+    assert_eq!(p.strategy, "balanced");
+    let mut next = 0;
+    for d in &p.devices {
+        let [a, b] = d.layers.unwrap();
+        assert_eq!(a, next);
+        next = b + 1;
+        assert!(d.total <= d.capacity);
+    }
+    assert_eq!(next, 43);
+    let counts: Vec<usize> = p
+        .devices
+        .iter()
+        .map(|d| d.layers.unwrap()[1] + 1 - d.layers.unwrap()[0])
+        .collect();
+    assert!(counts.iter().all(|&c| (10..=12).contains(&c)), "{counts:?}");
+}
+
+#[test]
+fn uneven_devices_get_proportional_shares() {
+    let cfg = ModelConfig::flash();
+    let fp = fake_footprint(10, 10 << 30, 0, 0);
+    // 100 GiB of layers over 60 + 60 GiB: balanced gives 5 + 5 layers = 50 GiB each (fits).
+    let devs: DeviceSet = "2x60G".parse().unwrap();
+    let p = plan(&cfg, &fp, &devs, 4096, 2048);
+    assert!(p.fits);
+    // 1x200G + 1x15G: proportional targets put ~1 layer on the small device; fits either way.
+    let devs: DeviceSet = "1x15G,1x200G".parse().unwrap();
+    let p = plan(&cfg, &fp, &devs, 4096, 2048);
+    assert!(p.fits, "{p:#?}");
+    assert!(p.devices[0].total <= p.devices[0].capacity);
+}
+
+#[test]
+fn first_fit_packs_in_order_and_overflows_onto_the_last_device() {
+    assert_eq!(
+        place_first_fit(&[4, 4, 4, 4], &[1, 1], &[10, 10]),
+        vec![0, 0, 1, 1]
+    );
+    assert_eq!(
+        place_first_fit(&[8, 8, 8], &[0, 0], &[10, 10]),
+        vec![0, 1, 1]
+    );
+    assert_eq!(
+        place_balanced(&[4, 4, 4, 4], &[0, 0], &[10, 30]),
+        vec![0, 1, 1, 1]
+    );
+}
+
+#[test]
+fn refusal_reports_the_shortfall() {
+    let cfg = ModelConfig::flash();
+    let fp = fake_footprint(10, 10 << 30, 0, 0);
+    let devs: DeviceSet = "1x50G".parse().unwrap();
+    let p = plan(&cfg, &fp, &devs, 4096, 2048);
+    assert!(!p.fits);
+    assert_eq!(p.strategy, "refused");
+    assert_eq!(p.devices[0].shortfall, p.devices[0].total - (50 << 30));
+    assert_eq!(p.shortfall, p.devices[0].shortfall);
+    assert!(p.devices[0].free < 0);
+}
+
+#[test]
+fn state_follows_the_layer_kind() {
+    let cfg = ModelConfig::flash();
+    let swa = layer_state(&cfg, 0, 131072);
+    let csa = layer_state(&cfg, 2, 131072);
+    let hca = layer_state(&cfg, 3, 131072);
+    assert_eq!(swa.window, 128 * 512 * 2);
+    assert_eq!(swa.compressed_kv + swa.index_keys, 0);
+    assert_eq!(csa.compressed_kv, 32768 * 1024);
+    assert_eq!(csa.index_keys, 32768 * 128 * 4);
+    assert_eq!(hca.compressed_kv, 1024 * 1024);
+    assert_eq!(hca.index_keys, 0);
+}
+
+fn flash_footprint() -> Footprint {
+    let cfg = ModelConfig::flash();
+    let inv =
+        crate::checkpoint::expected_inventory(&cfg, crate::checkpoint::WeightFormat::Official);
+    Footprint::from_tensors(
+        cfg.num_hidden_layers,
+        inv.iter().map(|t| TensorSpec {
+            name: &t.name,
+            dtype: t.dtype.as_str(),
+            numel: t.shape.iter().product::<usize>() as u64,
+            bytes: t.bytes(),
+        }),
+    )
+}
+
+#[test]
+fn flash_official_footprint_matches_the_published_totals() {
+    let f = flash_footprint();
+    assert_eq!(f.total.bytes, 159_609_485_896);
+    assert_eq!(f.total.tensors, 69_187);
+    assert_eq!(f.main.bytes, 156_015_698_140);
+    assert_eq!(f.main.params, 284_332_230_231);
+    assert_eq!(f.mtp.bytes, 3_593_787_756);
+    assert_eq!(f.mtp.params, 6_610_048_635);
+    // spec/model.md section 8, one row per component: (params, bytes, tensors).
+    let rows = [
+        (
+            Component::RoutedExperts,
+            277_025_390_592,
+            147_169_738_752,
+            66_048,
+        ),
+        (Component::AttentionCore, 4_599_123_136, 4_599_478_144, 559),
+        (Component::SharedExperts, 1_082_130_432, 1_082_196_480, 258),
+        (Component::Embed, 529_530_880, 1_059_061_760, 1),
+        (Component::Head, 529_530_880, 1_059_061_760, 1),
+        (Component::Compressors, 261_464_576, 525_722_624, 164),
+        (Component::Indexers, 225_730_176, 275_353_344, 147),
+        (Component::RouterGates, 45_088_768, 90_177_536, 43),
+        (Component::Mhc, 33_818_898, 135_275_592, 258),
+        (Component::RouterHashTables, 0, 18_616_320, 3),
+        (Component::Norms, 356_352, 712_704, 87),
+        (Component::HcHead, 65_541, 262_164, 3),
+        (Component::RouterBiases, 0, 40_960, 40),
+    ];
+    for (c, params, bytes, tensors) in rows {
+        let t = f.component(c);
+        assert_eq!(
+            (t.params, t.bytes, t.tensors),
+            (params, bytes, tensors),
+            "{c:?}"
+        );
+    }
+    assert_eq!(f.component(Component::Other), Tally::default());
+    let placed: u64 = f.layer_bytes.iter().sum::<u64>() + f.first_bytes + f.last_bytes;
+    assert_eq!(placed, f.main.bytes);
+}
+
+#[test]
+fn flash_fits_8x96g_at_128k_and_not_1x96g() {
+    let cfg = ModelConfig::flash();
+    let f = flash_footprint();
+    let p = plan(&cfg, &f, &"8x96G".parse().unwrap(), 131072, DEFAULT_CHUNK);
+    assert!(p.fits, "{p:#?}");
+    assert_eq!(p.devices[0].layers.unwrap()[0], 0);
+    assert_eq!(p.devices[7].layers.unwrap()[1], 42);
+    assert_eq!(p.weights, f.main.bytes);
+    let p = plan(&cfg, &f, &"1x96G".parse().unwrap(), 131072, DEFAULT_CHUNK);
+    assert!(!p.fits);
+    assert!(
+        (50_000_000_000..70_000_000_000).contains(&p.shortfall),
+        "shortfall {} is not roughly 60 GB",
+        p.shortfall
+    );
+}
