@@ -160,32 +160,17 @@ pub fn index_prepare_query<E: Executor>(
         heads,
         dim,
     };
-    if heads == 0 {
-        return Ok(query);
-    }
-    let (recipe, rule) = query_recipe(profile);
-    check_rotation(profile, recipe, dim)?;
-    let q_b = g.up(q_raw)?;
-    let w_b = g.up(weights_raw)?;
-    let w_out = g.zeros(heads)?;
-    g.dev().launch(
-        "idx_prepare_query",
-        grid_for(heads),
-        &[
-            buf(&q_b),
-            buf(&w_b),
-            buf(&w_out),
-            Arg::I64(heads as i64),
-            Arg::I64(dim as i64),
-            Arg::I32(recipe),
-            Arg::I32(rule),
-            Arg::I64(INDEX_FP4_BLOCK as i64),
-            Arg::F32(hadamard_scale(dim)),
-            Arg::F32(weight_scale(heads, dim)),
-        ],
+    // One token of the batched path (the same kernel, the same scale).
+    index_prepare_queries(
+        g,
+        profile,
+        q_raw,
+        weights_raw,
+        heads,
+        dim,
+        &mut query.values,
+        &mut query.weights,
     )?;
-    g.down(&q_b, &mut query.values)?;
-    g.down(&w_out, &mut query.weights)?;
     Ok(query)
 }
 
