@@ -11,20 +11,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-fn kernel_names(src: &str) -> Vec<String> {
-    let key = "extern \"C\" __global__ void ";
-    let mut out = Vec::new();
-    let mut rest = src;
-    while let Some(i) = rest.find(key) {
-        rest = &rest[i + key.len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        out.push(name);
-    }
-    out
-}
+#[path = "src/backend/gpu/kernel_scan.rs"]
+mod kernel_scan;
+use kernel_scan::kernel_names;
 
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -32,6 +21,7 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed=kernels");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/backend/gpu/kernel_scan.rs");
 
     let mut families: Vec<PathBuf> = std::fs::read_dir(&kernels)
         .expect("kernels/ directory")

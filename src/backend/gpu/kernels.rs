@@ -25,21 +25,7 @@ pub use embedded::{COMMON, FAMILIES};
 /// NVRTC options every family is compiled with (the architecture is added per call).
 pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "-default-device", "--std=c++17"];
 
-/// The kernel names of a family's source (`extern "C" __global__ void NAME(`).
-pub fn kernel_names(src: &str) -> Vec<String> {
-    let key = "extern \"C\" __global__ void ";
-    let mut out = Vec::new();
-    let mut rest = src;
-    while let Some(i) = rest.find(key) {
-        rest = &rest[i + key.len()..];
-        out.push(
-            rest.chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect(),
-        );
-    }
-    out
-}
+pub use super::kernel_scan::kernel_names;
 
 /// The family that defines `kernel`.
 pub fn family_of(kernel: &str) -> Option<&'static str> {

@@ -26,6 +26,7 @@ pub mod executor;
 pub mod experts;
 pub mod hyper;
 pub mod indexer;
+pub mod kernel_scan;
 pub mod kernels;
 pub mod matrix;
 pub mod norm;
