@@ -1,5 +1,6 @@
-// elementwise.cu: RMS norm, RoPE, clamped SwiGLU, compressor pooling and the `--kv fp8` e4m3
-// simulation (host side: src/backend/gpu/norm.rs).
+// elementwise.cu: RMS norm, RoPE, clamped SwiGLU, the residual add, compressor pooling and the
+// `--kv fp8` e4m3 simulation (host side: src/backend/gpu/norm.rs), and the bf16-exactness test
+// of the indexer's scores (src/backend/gpu/indexer.rs).
 //
 // Each kernel repeats the CPU reference's arithmetic in the same order, so on the host emulator
 // the results are bit-identical (the only transcendental, expf, is the same libm call there):
@@ -71,6 +72,13 @@ extern "C" __global__ void el_swiglu(float* gate, const float* up, i64 n, float 
         if (v > limit) v = limit;
         gate[i] = silu * v;
     }
+}
+
+// ---- Residual add ------------------------------------------------------------------------------
+
+// x[i] = x[i] + y[i] (Backend::add_assign; one f32 addition, as the CPU).
+extern "C" __global__ void el_add_assign(float* x, const float* y, i64 n) {
+    NS_FOR(i, n) { x[i] = x[i] + y[i]; }
 }
 
 // ---- Compressor pooling -----------------------------------------------------------------------
@@ -156,5 +164,18 @@ extern "C" __global__ void el_kv_fp8_sim(const float* in, float* out, i64 rows, 
         if (y < -448.0f) y = -448.0f;
         if (y > 448.0f) y = 448.0f;
         out[e] = ns_bf16_round(ns_e4m3_to_f32(el_f32_to_e4m3(y)) * s);
+    }
+}
+
+// ---- bf16 exactness ---------------------------------------------------------------------------
+
+// out[p] = 1 when some x[i] with i % parts == p has a bit of `mask` set, else 0 (a strided
+// OR, coalesced across threads). With mask 0xFFFF over f32 bits: "not exactly a bf16"; the
+// host repeats it over the flags with mask ~0 until one flag is left.
+extern "C" __global__ void el_any_bits(const u32* x, i64 n, u32 mask, i64 parts, u32* out) {
+    NS_FOR(p, parts) {
+        u32 any = 0u;
+        for (i64 i = p; i < n; i += parts) any |= x[i] & mask;
+        out[p] = any != 0u ? 1u : 0u;
     }
 }

@@ -184,13 +184,17 @@ extern "C" __global__ void idx_prepare_keys(float* rows_io, float* scales, i64 r
     NS_FOR(r, rows) { scales[r] = idx_prepare_vec(rows_io + r * dim, dim, recipe, block, had_scale); }
 }
 
-// Query heads [heads, dim] prepared in place, and the effective head weights
-// (profiles::head_weight): rule 0 w*S, 1 bf(w)*S, 2 bf(bf(w)*S), 3 (bf(w)*S)*s_q. Heads are
-// independent: `heads` may be T tokens x their heads (S is the host's, from the per-token heads).
-extern "C" __global__ void idx_prepare_query(float* q_io, const float* w_raw, float* w_out, i64 heads, i64 dim,
-                                             int recipe, int wrule, i64 block, float had_scale, float s) {
+// Query heads q_in [heads, dim] prepared into q_out (each thread copies its head, then prepares
+// it in place there), and the effective head weights (profiles::head_weight): rule 0 w*S,
+// 1 bf(w)*S, 2 bf(bf(w)*S), 3 (bf(w)*S)*s_q. Heads are independent: `heads` may be T tokens x
+// their heads (S is the host's, from the per-token heads).
+extern "C" __global__ void idx_prepare_query(const float* q_in, float* q_out, const float* w_raw, float* w_out,
+                                             i64 heads, i64 dim, int recipe, int wrule, i64 block,
+                                             float had_scale, float s) {
     NS_FOR(h, heads) {
-        float s_q = idx_prepare_vec(q_io + h * dim, dim, recipe, block, had_scale);
+        float* q = q_out + h * dim;
+        for (i64 i = 0; i < dim; ++i) q[i] = q_in[h * dim + i];
+        float s_q = idx_prepare_vec(q, dim, recipe, block, had_scale);
         float w = w_raw[h];
         float out;
         if (wrule == 0) out = w * s;

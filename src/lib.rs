@@ -22,3 +22,4 @@ pub mod probe;
 pub mod report;
 pub mod sweep;
 pub mod trace;
+pub mod units;

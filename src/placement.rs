@@ -15,9 +15,9 @@
 //! Known limit: the plan counts the sequence state (KV rows, index keys) on the device, which is
 //! conservative for the current GPU backend (it keeps activations and state on the host).
 
-use crate::cli::{group_digits, human_bytes};
 use crate::config::ModelConfig;
 use crate::plan::{self, DeviceSet, Footprint, MemoryPlan};
+use crate::units::{group_digits, human_bytes};
 
 /// One device offered to the placement: its name (`cuda:0`) and its free memory in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use engine_support::synth_model;
 use needlescope::backend::gpu::attention::EntryTable;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::{
-    AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, Routes,
+    AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HostOps, Routes,
 };
 use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
 
@@ -97,19 +97,19 @@ fn check_attention(d: usize, kv_scale: f32, sinks: &[f32]) {
         head_dim: d,
         scale: (d as f32).powf(-0.5),
         sinks,
-        queries: &queries,
+        queries: queries.as_slice(),
         entries: &entries,
         want_probs: &want_probs,
     };
     let cpu = CpuBackend::new();
     let mut want = vec![0f32; tokens * h * d];
     let mut want_p = vec![None; tokens];
-    cpu.sparse_attention(&batch, &mut want, &mut want_p);
+    cpu.sparse_attention_host(&batch, &mut want, &mut want_p);
     let g = gpu(GemmType::F32);
     let mut got = vec![f32::NAN; tokens * h * d];
     // Stale records must be cleared where probabilities are not wanted.
     let mut got_p = vec![Some(AttentionProbs::default()); tokens];
-    g.sparse_attention(&batch, &mut got, &mut got_p);
+    g.sparse_attention_host(&batch, &mut got, &mut got_p);
     assert!(g.take_error().is_none());
     let e = norm_err(&got, &want);
     let mut pe = 0f32;
@@ -202,14 +202,14 @@ fn router_scores_use_an_f32_gemm_under_both_gemm_types() {
     let gate = random(e * d, 12);
     let cpu = CpuBackend::new();
     let mut want = vec![0f32; t * e];
-    cpu.router_scores(&u, &cpu.upload_matrix(gate.clone(), e, d), &mut want);
+    cpu.router_scores_host(&u, &cpu.upload_matrix(gate.clone(), e, d), &mut want);
     let mut raw = vec![0f32; t * e];
-    cpu.matmul(&u, &cpu.upload_matrix(gate.clone(), e, d), &mut raw);
+    cpu.matmul_host(&u, &cpu.upload_matrix(gate.clone(), e, d), &mut raw);
     assert!(raw.iter().any(|&z| z > 20.0) && raw.iter().any(|&z| z < -5.0));
     for ty in [GemmType::F32, GemmType::Bf16] {
         let g = gpu(ty);
         let mut got = vec![0f32; t * e];
-        g.router_scores(&u, &g.upload_matrix(gate.clone(), e, d), &mut got);
+        g.router_scores_host(&u, &g.upload_matrix(gate.clone(), e, d), &mut got);
         assert!(g.take_error().is_none());
         let err = norm_err(&got, &want);
         eprintln!("router {ty:?}: error {err:e}");
@@ -300,11 +300,11 @@ fn ffn_and_routed_experts_match_cpu_with_f32_weights() {
         .collect();
     let cpu_shared = ffn_of(&cpu, &weights[n_experts], d, inter);
     let (mut want_moe, mut want_ffn) = (vec![0f32; t * d], vec![0f32; t * d]);
-    cpu.moe_experts(&u, &routes, &cpu_experts, limit, &mut want_moe);
-    cpu.ffn(&u, &cpu_shared, limit, &mut want_ffn);
+    cpu.moe_experts_host(&u, &routes, &cpu_experts, limit, &mut want_moe);
+    cpu.ffn_host(&u, &cpu_shared, limit, &mut want_ffn);
     // The clamp is exercised: some gate pre-activations exceed the limit.
     let mut gate = vec![0f32; t * inter];
-    cpu.matmul(&u, &cpu_shared.w1, &mut gate);
+    cpu.matmul_host(&u, &cpu_shared.w1, &mut gate);
     assert!(gate.iter().any(|&v| v > limit) && gate.iter().any(|v| v.abs() < limit));
     for ty in [GemmType::F32, GemmType::Bf16] {
         let g = gpu(ty);
@@ -314,8 +314,8 @@ fn ffn_and_routed_experts_match_cpu_with_f32_weights() {
             .collect();
         let gpu_shared = ffn_of(&g, &weights[n_experts], d, inter);
         let (mut got_moe, mut got_ffn) = (vec![f32::NAN; t * d], vec![f32::NAN; t * d]);
-        g.moe_experts(&u, &routes, &gpu_experts, limit, &mut got_moe);
-        g.ffn(&u, &gpu_shared, limit, &mut got_ffn);
+        g.moe_experts_host(&u, &routes, &gpu_experts, limit, &mut got_moe);
+        g.ffn_host(&u, &gpu_shared, limit, &mut got_ffn);
         assert!(g.take_error().is_none());
         check("moe f32 weights", ty, &got_moe, &want_moe);
         check("ffn f32 weights", ty, &got_ffn, &want_ffn);
@@ -387,9 +387,9 @@ fn moe_ops_match_cpu_with_stored_checkpoint_formats() {
         vec![0f32; t * d],
         vec![0f32; t * n_experts],
     ];
-    cpu.moe_experts(&u, &routes, &cpu_experts, limit, &mut want[0]);
-    cpu.ffn(&u, &cpu_shared, limit, &mut want[1]);
-    cpu.router_scores(&u, &cpu.upload_linear(gate.clone()).unwrap(), &mut want[2]);
+    cpu.moe_experts_host(&u, &routes, &cpu_experts, limit, &mut want[0]);
+    cpu.ffn_host(&u, &cpu_shared, limit, &mut want[1]);
+    cpu.router_scores_host(&u, &cpu.upload_linear(gate.clone()).unwrap(), &mut want[2]);
     for ty in [GemmType::F32, GemmType::Bf16] {
         let g = gpu(ty);
         let gpu_experts: Vec<_> = (0..n_experts)
@@ -401,9 +401,9 @@ fn moe_ops_match_cpu_with_stored_checkpoint_formats() {
             vec![f32::NAN; t * d],
             vec![f32::NAN; t * n_experts],
         ];
-        g.moe_experts(&u, &routes, &gpu_experts, limit, &mut got[0]);
-        g.ffn(&u, &gpu_shared, limit, &mut got[1]);
-        g.router_scores(&u, &g.upload_linear(gate.clone()).unwrap(), &mut got[2]);
+        g.moe_experts_host(&u, &routes, &gpu_experts, limit, &mut got[0]);
+        g.ffn_host(&u, &gpu_shared, limit, &mut got[1]);
+        g.router_scores_host(&u, &g.upload_linear(gate.clone()).unwrap(), &mut got[2]);
         assert!(g.take_error().is_none());
         check("moe stored", ty, &got[0], &want[0]);
         check("ffn stored", ty, &got[1], &want[1]);
@@ -428,8 +428,9 @@ fn moe_failure_is_recorded_and_output_is_nan() {
     ];
     let experts = vec![ffn_of(&g, &w, d, inter)];
     assert!(g.take_error().is_none());
-    // 2,000 tokens of 16 values do not fit in 64 KiB next to the weights.
-    let t = 2000;
+    // 300 tokens of 16 values: the input and output activations (2 x 19.2 KB) fit in 64 KiB
+    // next to the weights, the experts' intermediates (another ~58 KB) do not.
+    let t = 300;
     let u = random(t * d, 4);
     let (ids, rw) = (vec![0usize; t], vec![1.0f32; t]);
     let routes = Routes {
@@ -438,7 +439,7 @@ fn moe_failure_is_recorded_and_output_is_nan() {
         weights: &rw,
     };
     let mut out = vec![0f32; t * d];
-    g.moe_experts(&u, &routes, &experts, 10.0, &mut out);
+    g.moe_experts_host(&u, &routes, &experts, 10.0, &mut out);
     assert!(out.iter().all(|v| v.is_nan()));
     let e = g.take_error().expect("error recorded");
     assert!(e.contains("moe_experts"), "{e}");

@@ -6,7 +6,7 @@
 
 use needlescope::backend::gpu::indexer::index_scores_batch_tiled;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::backend::{Backend, CpuBackend};
+use needlescope::backend::{Backend, CpuBackend, HostOps};
 use needlescope::numerics::hadamard_inplace;
 use needlescope::numerics::score_batch::TileShape;
 use needlescope::numerics::{IndexProfile, PreparedQuery};
@@ -332,7 +332,7 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
         let flat_q: Vec<f32> = c.queries.iter().flat_map(|q| q.values.clone()).collect();
         let flat_w: Vec<f32> = c.queries.iter().flat_map(|q| q.weights.clone()).collect();
         let mut want = vec![0.0; tokens * stride];
-        cpu.index_scores_batch(
+        cpu.index_scores_batch_host(
             p, &flat_q, &flat_w, heads, dim, &c.keys, &c.scales, &visible, &mut want,
         );
         // The default tile, and tiles that split both tokens and rows unevenly.
@@ -346,14 +346,18 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
         ] {
             let mut got = vec![f32::NAN; tokens * stride];
             match tile {
-                None => gpu.index_scores_batch(
+                None => gpu.index_scores_batch_host(
                     p, &flat_q, &flat_w, heads, dim, &c.keys, &c.scales, &visible, &mut got,
                 ),
-                Some(t) => index_scores_batch_tiled(
-                    &gpu, p, &flat_q, &flat_w, heads, dim, &c.keys, &c.scales, &visible, &mut got,
-                    t,
-                )
-                .unwrap(),
+                Some(t) => {
+                    let (q, w) = (gpu.act_of(&flat_q), gpu.act_of(&flat_w));
+                    let mut out = gpu.act_zeros(got.len());
+                    index_scores_batch_tiled(
+                        &gpu, p, &q, &w, 0, heads, dim, &c.keys, &c.scales, &visible, &mut out, t,
+                    )
+                    .unwrap();
+                    gpu.act_to(&out, &mut got);
+                }
             }
             assert!(gpu.take_error().is_none());
             for (t, q) in c.queries.iter().enumerate() {

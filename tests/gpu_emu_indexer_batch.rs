@@ -7,7 +7,7 @@
 use needlescope::backend::gpu::executor::{Arg, Executor, Gemm, GpuError};
 use needlescope::backend::gpu::topk::topk_batch_grouped;
 use needlescope::backend::gpu::{EmuExecutor, GemmType, GpuBackend};
-use needlescope::backend::{Backend, CpuBackend};
+use needlescope::backend::{Backend, CpuBackend, HostOps};
 use needlescope::numerics::IndexProfile;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -124,7 +124,7 @@ fn batched_query_preparation_is_bit_identical_to_the_cpu_per_token() {
                 let mut values = vec![f32::NAN; tokens * hd];
                 let mut weights = vec![f32::NAN; tokens * heads];
                 counts(&gpu);
-                gpu.index_prepare_queries(p, &q, &w, heads, dim, &mut values, &mut weights);
+                gpu.index_prepare_queries_host(p, &q, &w, heads, dim, &mut values, &mut weights);
                 assert!(gpu.take_error().is_none(), "{what}: device error");
                 let (launches, reads) = counts(&gpu);
                 assert_eq!(
@@ -152,7 +152,7 @@ fn batched_query_preparation_records_a_bad_dim() {
     let (mut v, mut w) = (vec![0.0; 2 * 4 * 48], vec![0.0; 2 * 4]);
     let q = vec![1.0; 2 * 4 * 48];
     let wr = vec![1.0; 2 * 4];
-    gpu.index_prepare_queries(IndexProfile::SglangFp8, &q, &wr, 4, 48, &mut v, &mut w);
+    gpu.index_prepare_queries_host(IndexProfile::SglangFp8, &q, &wr, 4, 48, &mut v, &mut w);
     assert!(gpu.take_error().is_some());
     assert!(v.iter().chain(&w).all(|x| x.is_nan()));
 }
@@ -202,7 +202,7 @@ fn check_batch(
 ) -> Vec<i32> {
     let cpu = CpuBackend::new();
     let mut got = vec![7i32; visible.len() * k];
-    gpu.topk_batch(scores, stride, visible, &mut got);
+    gpu.topk_batch_host(scores, stride, visible, &mut got);
     assert!(gpu.take_error().is_none(), "{what}: device error");
     for (t, &v) in visible.iter().enumerate() {
         let mut want = vec![7i32; k];
@@ -245,13 +245,29 @@ fn topk_batch_matches_cpu_per_row_with_ragged_visibility() {
     // (rows 10..14 hold a row with nothing visible).
     for group in [7 * stride, 1] {
         let mut again = vec![7i32; got.len()];
-        topk_batch_grouped(&gpu, &scores, stride, &visible, &mut again, group).unwrap();
+        topk_batch_grouped(
+            &gpu,
+            &gpu.act_of(&scores),
+            stride,
+            &visible,
+            &mut again,
+            group,
+        )
+        .unwrap();
         assert!(again == got, "group of {group} scores differs");
     }
     let groups = visible.len().div_ceil(7);
     counts(&gpu);
     let mut again = vec![7i32; got.len()];
-    topk_batch_grouped(&gpu, &scores, stride, &visible, &mut again, 7 * stride).unwrap();
+    topk_batch_grouped(
+        &gpu,
+        &gpu.act_of(&scores),
+        stride,
+        &visible,
+        &mut again,
+        7 * stride,
+    )
+    .unwrap();
     let (launches, reads) = counts(&gpu);
     assert!(
         launches <= 15 * groups && reads <= groups,

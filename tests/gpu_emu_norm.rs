@@ -12,7 +12,7 @@
 //!   operands would give ~1e-2 after Sinkhorn), which the Bf16 case checks.
 
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights};
+use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights, HostOps};
 use needlescope::config::{LayerKind, ModelConfig};
 use needlescope::model::rope::RopeTable;
 
@@ -92,9 +92,9 @@ fn rms_norm_is_bit_exact() {
             for weight in [None, Some(&w[..])] {
                 let what = format!("rms_norm [{rows}x{dim}] weight {}", weight.is_some());
                 let mut want = x.clone();
-                cpu.rms_norm(&mut want, dim, weight, 1e-6);
+                cpu.rms_norm_host(&mut want, dim, weight, 1e-6);
                 let mut got = x.clone();
-                gpu.rms_norm(&mut got, dim, weight, 1e-6);
+                gpu.rms_norm_host(&mut got, dim, weight, 1e-6);
                 no_error(&gpu, &what);
                 check_meaningful(&what, &want, Some(&x));
                 assert_bits(&what, &got, &want);
@@ -121,9 +121,9 @@ fn rope_is_bit_exact_forward_and_inverse() {
                 for inverse in [false, true] {
                     let what = format!("rope d_r {d_r} vecs {vecs} len {vec_len} inv {inverse}");
                     let mut want = x.clone();
-                    cpu.rope(table, &mut want, vec_len, &positions, inverse);
+                    cpu.rope_host(table, &mut want, vec_len, &positions, inverse);
                     let mut got = x.clone();
-                    gpu.rope(table, &mut got, vec_len, &positions, inverse);
+                    gpu.rope_host(table, &mut got, vec_len, &positions, inverse);
                     no_error(&gpu, &what);
                     check_meaningful(&what, &want, Some(&x));
                     assert_bits(&what, &got, &want);
@@ -144,9 +144,9 @@ fn swiglu_is_bit_exact() {
             for limit in [10.0f32, 7.25, f32::INFINITY] {
                 let what = format!("swiglu n {n} limit {limit}");
                 let mut want = gate.clone();
-                cpu.swiglu(&mut want, &up, limit);
+                cpu.swiglu_host(&mut want, &up, limit);
                 let mut got = gate.clone();
-                gpu.swiglu(&mut got, &up, limit);
+                gpu.swiglu_host(&mut got, &up, limit);
                 no_error(&gpu, &what);
                 check_meaningful(&what, &want, Some(&gate));
                 assert_bits(&what, &got, &want);
@@ -209,14 +209,14 @@ fn kv_fp8_sim_is_bit_exact() {
             let x = kv_values(rows * row_len, 50 + i as u64);
             let what = format!("kv_fp8_sim [{rows}x{row_len}] nope {nope}");
             let mut want = x.clone();
-            cpu.kv_fp8_sim(&mut want, row_len, nope);
+            cpu.kv_fp8_sim_host(&mut want, row_len, nope);
             if nope >= KV_TIES.len() {
                 for (k, &(_, rounded)) in KV_TIES.iter().enumerate() {
                     assert_eq!(want[k].to_bits(), rounded.to_bits(), "premise: tie {k}");
                 }
             }
             let mut got = x.clone();
-            gpu.kv_fp8_sim(&mut got, row_len, nope);
+            gpu.kv_fp8_sim_host(&mut got, row_len, nope);
             no_error(&gpu, &what);
             check_meaningful(&what, &want, Some(&x));
             assert_bits(&what, &got, &want);
@@ -226,9 +226,9 @@ fn kv_fp8_sim_is_bit_exact() {
         x[3] = f32::NAN;
         x[70] = f32::INFINITY;
         let mut want = x.clone();
-        cpu.kv_fp8_sim(&mut want, 128, 128);
+        cpu.kv_fp8_sim_host(&mut want, 128, 128);
         let mut got = x.clone();
-        gpu.kv_fp8_sim(&mut got, 128, 128);
+        gpu.kv_fp8_sim_host(&mut got, 128, 128);
         no_error(&gpu, "kv_fp8_sim specials");
         assert!(want[3].is_nan() && want.iter().any(|v| *v != 0.0 && !v.is_nan()));
         assert_bits("kv_fp8_sim specials", &got, &want);
@@ -260,9 +260,9 @@ fn compressor_pool_is_bit_exact() {
             }
             let what = format!("compressor_pool [{rows}x{slots}x{width}]");
             let mut want = vec![0f32; rows * width];
-            cpu.compressor_pool(&values, &logits, slots, width, &mut want);
+            cpu.compressor_pool_host(&values, &logits, slots, width, &mut want);
             let mut got = vec![f32::NAN; rows * width];
-            gpu.compressor_pool(&values, &logits, slots, width, &mut got);
+            gpu.compressor_pool_host(&values, &logits, slots, width, &mut got);
             no_error(&gpu, &what);
             check_meaningful(&what, &want, None);
             assert_bits(&what, &got, &want);
@@ -320,8 +320,8 @@ fn hc_pre_and_head_match_cpu_with_f32_mixes_under_both_gemm_types() {
                 let mut want_in = vec![0f32; tokens * d];
                 let mut got_in = vec![f32::NAN; tokens * d];
                 if rows == n {
-                    cpu.hc_head(&streams, &cs, &p, &mut want_in);
-                    gpu.hc_head(&streams, &gs, &p, &mut got_in);
+                    cpu.hc_head_host(&streams, &cs, &p, &mut want_in);
+                    gpu.hc_head_host(&streams, &gs, &p, &mut got_in);
                     no_error(&gpu, &what);
                     check_meaningful(&what, &want_in, None);
                     let e = norm_err(&got_in, &want_in);
@@ -334,7 +334,7 @@ fn hc_pre_and_head_match_cpu_with_f32_mixes_under_both_gemm_types() {
                     (vec![0f32; tokens * n], vec![0f32; tokens * n * n]);
                 let (mut got_post, mut got_comb) =
                     (vec![f32::NAN; tokens * n], vec![f32::NAN; tokens * n * n]);
-                cpu.hc_pre(
+                cpu.hc_pre_host(
                     &streams,
                     &cs,
                     &p,
@@ -342,7 +342,7 @@ fn hc_pre_and_head_match_cpu_with_f32_mixes_under_both_gemm_types() {
                     &mut want_post,
                     &mut want_comb,
                 );
-                gpu.hc_pre(&streams, &gs, &p, &mut got_in, &mut got_post, &mut got_comb);
+                gpu.hc_pre_host(&streams, &gs, &p, &mut got_in, &mut got_post, &mut got_comb);
                 no_error(&gpu, &what);
                 for (k, (name, got, want)) in [
                     ("input", &got_in, &want_in),
@@ -396,9 +396,9 @@ fn hc_post_is_bit_exact() {
                 .collect();
             let what = format!("hc_post T {tokens} D {d}");
             let mut want = streams.clone();
-            cpu.hc_post(&mut want, &y, &post, &comb, n);
+            cpu.hc_post_host(&mut want, &y, &post, &comb, n);
             let mut got = streams.clone();
-            gpu.hc_post(&mut got, &y, &post, &comb, n);
+            gpu.hc_post_host(&mut got, &y, &post, &comb, n);
             no_error(&gpu, &what);
             check_meaningful(&what, &want, Some(&streams));
             assert_bits(&what, &got, &want);

@@ -14,20 +14,25 @@
 //!   RAM streams from the page cache; a device backend keeps the stored format on the device
 //!   and dequantises in its kernels). Small f32 tensors (mHC mixes) come decoded through
 //!   [`Backend::upload_matrix`]. Every op sees the same f32 values either way.
-//! - Activations are host `f32` slices, row-major, shapes given in each method's docs
-//!   (`T` = tokens of the chunk, `D` = hidden size, `n` = hc_mult streams, `H` = heads).
-//!   Keeping activations on the host is the simple, op-comparable choice for this revision; a
-//!   device backend that keeps activations resident would add buffer types here, the op
-//!   signatures stay the same.
+//! - Activations are [`Backend::Act`] tensors: `len` f32 values, row-major, shapes given in
+//!   each method's docs (`T` = tokens of the chunk, `D` = hidden size, `n` = hc_mult streams,
+//!   `H` = heads). They live where the backend computes: a `Vec<f32>` on the CPU, device
+//!   memory on a GPU, so a layer's chain of ops never leaves the device. The model moves values
+//!   to the host only where it needs them there (`act_*` methods): the KV rows it caches, the
+//!   router scores it routes with, what the observer asked for. Small inputs that the model
+//!   assembles on the host (KV cache rows, prepared index keys, slot arrays of the compressor,
+//!   routes) stay host slices. [`HostOps`] runs any op on host slices (tests, parity).
 //!
 //! Rounding steps that belong to a numerics *profile* (index keys / queries) or to `--kv fp8`
 //! are delegated to `crate::numerics`; no method here rounds on its own.
 
 pub mod cpu;
 pub mod gpu;
+pub mod host_ops;
 pub mod parity;
 
 pub use cpu::CpuBackend;
+pub use host_ops::HostOps;
 
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
@@ -131,7 +136,8 @@ pub struct Routes<'a> {
 }
 
 /// The queries of a chunk and, per query, the key/value vectors it attends (MQA: key = value).
-pub struct AttentionBatch<'a> {
+/// `Q` holds the queries: the backend's [`Backend::Act`] for the op, `[f32]` on the host.
+pub struct AttentionBatch<'a, Q: ?Sized = [f32]> {
     pub heads: usize,
     pub head_dim: usize,
     /// Logit scale (head_dim^-0.5).
@@ -139,12 +145,30 @@ pub struct AttentionBatch<'a> {
     /// `[H]` sink logits: in the softmax denominator only, unscaled, no value vector.
     pub sinks: &'a [f32],
     /// `[T, H, head_dim]`.
-    pub queries: &'a [f32],
+    pub queries: &'a Q,
     /// Per query: the attended vectors (`head_dim` each), window tokens first, then
     /// compressed rows, in the order the probabilities are reported.
     pub entries: &'a [Vec<&'a [f32]>],
     /// Per query: whether to return the probabilities (for the observer).
     pub want_probs: &'a [bool],
+}
+
+impl<'a, Q: ?Sized> AttentionBatch<'a, Q> {
+    /// The same batch with other queries (same shape).
+    pub fn with_queries<'b, R: ?Sized>(&self, queries: &'b R) -> AttentionBatch<'b, R>
+    where
+        'a: 'b,
+    {
+        AttentionBatch {
+            heads: self.heads,
+            head_dim: self.head_dim,
+            scale: self.scale,
+            sinks: self.sinks,
+            queries,
+            entries: self.entries,
+            want_probs: self.want_probs,
+        }
+    }
 }
 
 /// Softmax probabilities of one query, returned when asked for.
@@ -156,19 +180,25 @@ pub struct AttentionProbs {
     pub sink: Vec<f32>,
 }
 
-/// The operations of the DeepSeek-V4 forward pass. Shapes are in each method's docs; slices
+/// The operations of the DeepSeek-V4 forward pass. Shapes are in each method's docs; arguments
 /// whose lengths disagree with them are a caller bug (methods may panic).
 pub trait Backend: Send + Sync {
     /// A weight matrix `[out, in]` in the backend's resident form (decoded or stored).
     type Matrix: Send + Sync;
+
+    /// An activation tensor of f32 values where this backend computes (see the module docs).
+    /// Created on the device of the current [`Site`]; a multi-device backend moves an input
+    /// that lives on another device when an op needs it.
+    type Act: Send + Sync;
 
     /// Short name for reports (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
 
     /// The first device failure since the last call, if any. Ops cannot return errors (their
     /// signatures are the math), so a backend that can fail (out of memory, a failed launch)
-    /// records its first failure, fills the outputs of failed ops with NaN, and the engine asks
-    /// here after loading and after every layer, turning it into an error. The CPU never fails.
+    /// records its first failure, fills the outputs of failed ops with NaN where it can, and
+    /// the engine asks here after loading and after every layer, turning it into an error. The
+    /// CPU never fails.
     fn take_error(&self) -> Option<String> {
         None
     }
@@ -180,9 +210,45 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Bytes copied host -> device and device -> host so far (activations, weights at load,
+    /// everything), for benchmarks and transfer tests. The CPU copies nothing: `(0, 0)`.
+    fn transfer_bytes(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// Tells a multi-device backend which part of the model the following uploads and ops
     /// belong to, so they run on that part's device. Single-device backends ignore it.
     fn enter_site(&self, _site: Site) {}
+
+    // ---- activations ----
+
+    /// Takes host values as an activation (on the current site's device).
+    fn act_from(&self, data: Vec<f32>) -> Self::Act;
+
+    /// An activation of `len` zeros.
+    fn act_zeros(&self, len: usize) -> Self::Act;
+
+    /// Number of f32 values of an activation.
+    fn act_len(&self, a: &Self::Act) -> usize;
+
+    /// Copies `out.len()` values starting at element `start` of `a` to the host. A range past
+    /// the end of `a` is a caller bug (panics, as slice indexing does).
+    fn act_read(&self, a: &Self::Act, start: usize, out: &mut [f32]);
+
+    /// All values of an activation on the host (borrowed where they already are).
+    fn act_host<'a>(&self, a: &'a Self::Act) -> std::borrow::Cow<'a, [f32]>;
+
+    /// Consumes an activation into host values.
+    fn act_into_host(&self, a: Self::Act) -> Vec<f32> {
+        self.act_host(&a).into_owned()
+    }
+
+    /// Moves an activation to the current site's device for good (the engine calls it for the
+    /// hidden streams after [`Backend::enter_site`], so that a device boundary costs one move).
+    /// Single-device backends do nothing.
+    fn act_to_site(&self, _a: &mut Self::Act) {}
+
+    // ---- weights ----
 
     /// Takes ownership of a decoded f32 weight `[rows, cols]` row-major.
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> Self::Matrix;
@@ -195,20 +261,25 @@ pub trait Backend: Send + Sync {
     /// `(rows, cols)` of a matrix.
     fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
 
+    // ---- ops ----
+
     /// Copies row `rows[i]` of `table` `[V, D]` to `out[i]` (`[rows.len(), D]`). Rows are
     /// validated by the caller.
-    fn gather_rows(&self, table: &Self::Matrix, rows: &[usize], out: &mut [f32]);
+    fn gather_rows(&self, table: &Self::Matrix, rows: &[usize], out: &mut Self::Act);
 
     /// `y[T, out] = x[T, in] · Wᵀ` in f32.
-    fn matmul(&self, x: &[f32], w: &Self::Matrix, y: &mut [f32]);
+    fn matmul(&self, x: &Self::Act, w: &Self::Matrix, y: &mut Self::Act);
 
     /// Grouped projection (`wo_a`): `x` is `[T, G·in]`, `w` is `[G·out, in]`; group g of every
     /// row is multiplied by rows `g·out..(g+1)·out` of `w`, giving `y[T, G·out]` (group-major).
-    fn matmul_grouped(&self, x: &[f32], groups: usize, w: &Self::Matrix, y: &mut [f32]);
+    fn matmul_grouped(&self, x: &Self::Act, groups: usize, w: &Self::Matrix, y: &mut Self::Act);
+
+    /// In-place `x ← x + y` (same length).
+    fn add_assign(&self, x: &mut Self::Act, y: &Self::Act);
 
     /// In-place RMS norm over consecutive vectors of length `dim`:
     /// `x ← x / sqrt(mean(x²) + eps) (⊙ weight)`.
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32);
+    fn rms_norm(&self, x: &mut Self::Act, dim: usize, weight: Option<&[f32]>, eps: f32);
 
     /// In-place RoPE on interleaved pairs of the LAST `table.rope_dim()` dims of every vector of
     /// length `vec_len`. `x` is `[positions.len(), vecs, vec_len]`; every vector of row i is
@@ -216,7 +287,7 @@ pub trait Backend: Send + Sync {
     fn rope(
         &self,
         table: &RopeTable,
-        x: &mut [f32],
+        x: &mut Self::Act,
         vec_len: usize,
         positions: &[usize],
         inverse: bool,
@@ -227,45 +298,53 @@ pub trait Backend: Send + Sync {
     /// `comb [T, n, n]`, comb[j][k] multiplies stream j into stream k) with Sinkhorn.
     fn hc_pre(
         &self,
-        streams: &[f32],
+        streams: &Self::Act,
         site: &HcWeights<'_, Self::Matrix>,
         params: &HcParams,
-        input: &mut [f32],
-        post: &mut [f32],
-        comb: &mut [f32],
+        input: &mut Self::Act,
+        post: &mut Self::Act,
+        comb: &mut Self::Act,
     );
 
     /// mHC post-mix in place: `X'_k = post_k·y + Σ_j comb[j][k]·X_j` for `streams [T, n, D]`,
     /// block output `y [T, D]`.
-    fn hc_post(&self, streams: &mut [f32], y: &[f32], post: &[f32], comb: &[f32], n: usize);
+    fn hc_post(
+        &self,
+        streams: &mut Self::Act,
+        y: &Self::Act,
+        post: &Self::Act,
+        comb: &Self::Act,
+        n: usize,
+    );
 
     /// Final HC head: `out [T, D]` = Σ_j (σ(m_j·scale + base_j) + hc_eps)·X_j, no Sinkhorn.
     fn hc_head(
         &self,
-        streams: &[f32],
+        streams: &Self::Act,
         site: &HcWeights<'_, Self::Matrix>,
         params: &HcParams,
-        out: &mut [f32],
+        out: &mut Self::Act,
     );
 
     /// Compressor pooling: per output row and channel, a softmax over `slots` gate logits
-    /// weighting the slot values. `values`, `logits` are `[rows, slots, width]`, `out` is
-    /// `[rows, width]`. A logit of -inf gives its slot weight 0.
+    /// weighting the slot values. `values`, `logits` are `[rows, slots, width]` (host: the
+    /// compressor assembles them from its state), `out` is `[rows, width]`. A logit of -inf
+    /// gives its slot weight 0.
     fn compressor_pool(
         &self,
         values: &[f32],
         logits: &[f32],
         slots: usize,
         width: usize,
-        out: &mut [f32],
+        out: &mut Self::Act,
     );
 
     /// `--kv fp8`: e4m3 simulation (blocks of 64, power-of-two scales) of the first `nope_dims`
     /// dims of every row of length `row_len`, in place.
-    fn kv_fp8_sim(&self, rows: &mut [f32], row_len: usize, nope_dims: usize);
+    fn kv_fp8_sim(&self, rows: &mut Self::Act, row_len: usize, nope_dims: usize);
 
     /// Prepares raw index key rows `[rows, dim]` for scoring under `profile`, writing the
-    /// prepared rows and one scale per row.
+    /// prepared rows and one scale per row (host: the key store keeps them).
     fn index_prepare_keys(
         &self,
         profile: IndexProfile,
@@ -276,7 +355,7 @@ pub trait Backend: Send + Sync {
     );
 
     /// Prepares one token's index query `[heads, dim]` (after RoPE) and raw head weights
-    /// `[heads]` (before the 2^-6.5 scale) under `profile`.
+    /// `[heads]` (before the 2^-6.5 scale) under `profile`, on the host.
     fn index_prepare_query(
         &self,
         profile: IndexProfile,
@@ -288,58 +367,20 @@ pub trait Backend: Send + Sync {
 
     /// Prepares the index queries of T tokens at once: `q_raw [T, heads, dim]`, `weights_raw
     /// [T, heads]` into `values [T, heads, dim]` and `weights [T, heads]`, exactly what
-    /// [`Backend::index_prepare_query`] gives token by token (the default does that, in
-    /// parallel). A device backend prepares the whole chunk in one go.
+    /// [`Backend::index_prepare_query`] gives token by token.
     #[allow(clippy::too_many_arguments)]
     fn index_prepare_queries(
         &self,
         profile: IndexProfile,
-        q_raw: &[f32],
-        weights_raw: &[f32],
+        q_raw: &Self::Act,
+        weights_raw: &Self::Act,
         heads: usize,
         dim: usize,
-        values: &mut [f32],
-        weights: &mut [f32],
-    ) {
-        use rayon::prelude::*;
-        let hd = heads * dim;
-        values
-            .par_chunks_mut(hd.max(1))
-            .zip(weights.par_chunks_mut(heads.max(1)))
-            .enumerate()
-            .for_each(|(i, (qo, wo))| {
-                let q = self.index_prepare_query(
-                    profile,
-                    &q_raw[i * hd..(i + 1) * hd],
-                    &weights_raw[i * heads..(i + 1) * heads],
-                    heads,
-                    dim,
-                );
-                qo.copy_from_slice(&q.values);
-                wo.copy_from_slice(&q.weights);
-            });
-    }
+        values: &mut Self::Act,
+        weights: &mut Self::Act,
+    );
 
-    /// Top-k of T score rows at once: row t is `scores[t·stride..t·stride + visible[t]]`, its
-    /// `k = out.len() / T` results go to `out[t·k..(t+1)·k]`, exactly what [`Backend::topk`]
-    /// gives row by row (the default does that, in parallel).
-    fn topk_batch(&self, scores: &[f32], stride: usize, visible: &[usize], out: &mut [i32]) {
-        use rayon::prelude::*;
-        let tokens = visible.len();
-        if tokens == 0 {
-            return;
-        }
-        let k = out.len() / tokens;
-        if k == 0 {
-            return;
-        }
-        out.par_chunks_mut(k)
-            .zip(visible.par_iter())
-            .enumerate()
-            .for_each(|(t, (sel, &n))| self.topk(&scores[t * stride..t * stride + n], sel));
-    }
-
-    /// Index scores of one query against prepared key rows `[rows, dim]`: `out[rows]`.
+    /// Index scores of one query against prepared key rows `[rows, dim]`: `out[rows]` (host).
     fn index_scores(
         &self,
         profile: IndexProfile,
@@ -350,82 +391,71 @@ pub trait Backend: Send + Sync {
         out: &mut [f32],
     );
 
-    /// Index scores of a block of T prepared queries, each against the rows it sees:
-    /// `queries [T, heads, dim]` and `weights [T, heads]` are the `values` / `weights` of T
-    /// [`PreparedQuery`]s one after the other, `keys [rows, dim]` / `key_scales [rows]` the
-    /// prepared key rows, `visible[t]` (<= rows) how many leading rows query t sees. `out` is
-    /// `[T, stride]`: `out[t·stride + r]` is the score of row r for `r < visible[t]`, `-inf`
-    /// for the rest. Per query the same values as [`Backend::index_scores`] up to the f32
-    /// summation order of each dot product. The default calls `index_scores` per query.
+    /// Index scores of a block of T = `visible.len()` prepared queries, each against the rows
+    /// it sees: queries `first..first + T` of `queries [>= first + T, heads, dim]` and `weights
+    /// [>= first + T, heads]` (the `values` / `weights` of [`PreparedQuery`]s one after the other),
+    /// `keys [rows, dim]` / `key_scales [rows]` the prepared key rows (host), `visible[t]`
+    /// (<= rows) how many leading rows query t sees. `out` is `[T, stride]`:
+    /// `out[t·stride + r]` is the score of row r for `r < visible[t]`, `-inf` for the rest.
+    /// Per query the same values as [`Backend::index_scores`] up to the f32 summation order of
+    /// each dot product.
     #[allow(clippy::too_many_arguments)]
     fn index_scores_batch(
         &self,
         profile: IndexProfile,
-        queries: &[f32],
-        weights: &[f32],
+        queries: &Self::Act,
+        weights: &Self::Act,
+        first: usize,
         heads: usize,
         dim: usize,
         keys: &[f32],
         key_scales: &[f32],
         visible: &[usize],
-        out: &mut [f32],
-    ) {
-        let tokens = visible.len();
-        if tokens == 0 {
-            return;
-        }
-        let stride = out.len() / tokens;
-        for (t, row) in out.chunks_mut(stride.max(1)).enumerate() {
-            let query = PreparedQuery {
-                values: queries[t * heads * dim..(t + 1) * heads * dim].to_vec(),
-                weights: weights[t * heads..(t + 1) * heads].to_vec(),
-                heads,
-                dim,
-            };
-            let n = visible[t];
-            let (seen, unseen) = row.split_at_mut(n);
-            self.index_scores(
-                profile,
-                &query,
-                &keys[..n * dim],
-                &key_scales[..n],
-                dim,
-                seen,
-            );
-            unseen.fill(f32::NEG_INFINITY);
-        }
-    }
+        out: &mut Self::Act,
+    );
 
-    /// Top-k of `scores`: `out[k]` holds row indices by descending score, ties to the lower
-    /// row, `-1` where fewer than k rows exist. NaN ranks below every number.
+    /// Top-k of T score rows at once: row t is `scores[t·stride..t·stride + visible[t]]`, its
+    /// `k = out.len() / T` results go to `out[t·k..(t+1)·k]` (host), exactly what
+    /// [`Backend::topk`] gives row by row.
+    fn topk_batch(&self, scores: &Self::Act, stride: usize, visible: &[usize], out: &mut [i32]);
+
+    /// Top-k of `scores` (host): `out[k]` holds row indices by descending score, ties to the
+    /// lower row, `-1` where fewer than k rows exist. NaN ranks below every number.
     fn topk(&self, scores: &[f32], out: &mut [i32]);
 
     /// Sparse attention with sink (attention.md 4.5) for every query of the batch:
     /// `out [T, H, head_dim]`; `probs[t]` is filled when `want_probs[t]`.
     fn sparse_attention(
         &self,
-        batch: &AttentionBatch<'_>,
-        out: &mut [f32],
+        batch: &AttentionBatch<'_, Self::Act>,
+        out: &mut Self::Act,
         probs: &mut [Option<AttentionProbs>],
     );
 
-    /// Router scores `[T, E]` = sqrtsoftplus(u · gateᵀ) (softplus linear above 20).
-    fn router_scores(&self, u: &[f32], gate: &Self::Matrix, out: &mut [f32]);
+    /// Router scores `[T, E]` = sqrtsoftplus(u · gateᵀ) (softplus linear above 20), on the
+    /// host (the model routes with them).
+    fn router_scores(&self, u: &Self::Act, gate: &Self::Matrix, out: &mut [f32]);
 
     /// Routed experts: `out [T, D]` = Σ_s weight_s · FFN_{expert_s}(u_t) with tokens grouped by
     /// expert; per-token sums run over the route slots in order (deterministic).
     fn moe_experts(
         &self,
-        u: &[f32],
+        u: &Self::Act,
         routes: &Routes<'_>,
         experts: &[FfnWeights<Self::Matrix>],
         swiglu_limit: f32,
-        out: &mut [f32],
+        out: &mut Self::Act,
     );
 
     /// One dense SwiGLU FFN (the shared expert): `out [T, D]` = FFN(u).
-    fn ffn(&self, u: &[f32], ffn: &FfnWeights<Self::Matrix>, swiglu_limit: f32, out: &mut [f32]);
+    fn ffn(
+        &self,
+        u: &Self::Act,
+        ffn: &FfnWeights<Self::Matrix>,
+        swiglu_limit: f32,
+        out: &mut Self::Act,
+    );
 
     /// Clamped SwiGLU in place: `gate ← silu(min(gate, l)) · clamp(up, -l, l)`.
-    fn swiglu(&self, gate: &mut [f32], up: &[f32], limit: f32);
+    fn swiglu(&self, gate: &mut Self::Act, up: &Self::Act, limit: f32);
 }

@@ -70,7 +70,8 @@ impl EngineTask for BenchTask<'_> {
         if let Some((what, t)) = &reference {
             writeln!(
                 self.out,
-                "reference: {what}: {t:.1} TFLOP/s (measured in this run)"
+                "reference: {what}: {} TFLOP/s (measured in this run)",
+                tflops_text(*t)
             )?;
         }
         writeln!(
@@ -124,11 +125,25 @@ fn layer_breakdown(
         });
         writeln!(
             out,
-            "{:>14} x{}: {:>10.2} ms/layer {:>9.3} TFLOP/s{pct}",
+            "{:>14} x{}: {:>10.2} ms/layer {:>9} TFLOP/s{pct}",
             format!("{:?}", f.kind).to_uppercase(),
             f.layers,
             f.seconds_per_layer * 1e3,
-            f.tflops(),
+            tflops_text(f.tflops()),
+        )?;
+    }
+    if let Some((up, down)) = p
+        .transfer_per_token_layer()
+        .filter(|_| p.transfer_bytes != (0, 0))
+    {
+        writeln!(
+            out,
+            "{:>14} {:.1} KiB up, {:.1} KiB down per token per layer ({:.1} / {:.1} MiB in all)",
+            "host<->device:",
+            up / 1024.0,
+            down / 1024.0,
+            p.transfer_bytes.0 as f64 / (1 << 20) as f64,
+            p.transfer_bytes.1 as f64 / (1 << 20) as f64,
         )?;
     }
     if let Some(t) = projected_tokens_per_s(&flash, &types, p).filter(|_| flash_sized) {
@@ -202,10 +217,38 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// TFLOP/s with at least three significant digits whatever the scale: `512.3`, `0.123`, `2.35e-3` (a
+/// tiny model on the CPU or the emulator must not print a positive speed as `0.000`).
+fn tflops_text(t: f64) -> String {
+    if t >= 100.0 {
+        format!("{t:.1}")
+    } else if t >= 0.1 || t == 0.0 {
+        format!("{t:.3}")
+    } else {
+        format!("{t:.2e}")
+    }
+}
+
 /// The process's peak resident set size in MiB (Linux `VmHWM`), if readable.
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tflops_text;
+
+    #[test]
+    fn tflops_keep_at_least_three_significant_digits() {
+        assert_eq!(tflops_text(512.34), "512.3");
+        assert_eq!(tflops_text(12.3456), "12.346");
+        assert_eq!(tflops_text(0.1234), "0.123");
+        assert_eq!(tflops_text(0.0), "0.000");
+        let small = tflops_text(0.000_234_5);
+        assert_eq!(small, "2.35e-4");
+        assert!(small.parse::<f64>().unwrap() > 0.0);
+    }
 }

@@ -27,6 +27,8 @@ pub mod synth;
 pub mod trace;
 pub mod values;
 
+pub use crate::units::{group_digits, human_bytes};
+
 /// needlescope: explains why a DeepSeek-V4 model forgets a fact that sits in its own prompt.
 ///
 /// It runs the model over a needle-in-a-haystack prompt and shows, on every CSA layer, where the
@@ -96,35 +98,6 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
-/// `1234567` -> `1,234,567`.
-pub fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Bytes in binary units: `1.50 GiB`, `12.0 MiB`, `512 B`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,15 +106,5 @@ mod tests {
     #[test]
     fn clap_definition_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn digits_group_by_thousands() {
-        assert_eq!(group_digits(0), "0");
-        assert_eq!(group_digits(999), "999");
-        assert_eq!(group_digits(1000), "1,000");
-        assert_eq!(group_digits(159_609_485_896), "159,609,485,896");
-        assert_eq!(human_bytes(1536), "1.50 KiB");
-        assert_eq!(human_bytes(12), "12 B");
     }
 }

@@ -116,39 +116,41 @@ impl<M> Attention<M> {
     pub fn forward<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        x: &[f32],
+        x: &B::Act,
         first_pos: usize,
         state: &mut LayerState,
         run: &mut AttentionRun<'_>,
-    ) -> Vec<f32> {
+    ) -> B::Act {
         let (h, hd) = (self.heads, self.head_dim);
         let ql = backend.matrix_shape(&self.wq_a).0;
-        let tokens = x.len() / backend.matrix_shape(&self.wq_a).1;
+        let tokens = backend.act_len(x) / backend.matrix_shape(&self.wq_a).1;
         let positions: Vec<usize> = (first_pos..first_pos + tokens).collect();
 
-        let mut qr = vec![0.0f32; tokens * ql];
+        let mut qr = backend.act_zeros(tokens * ql);
         backend.matmul(x, &self.wq_a, &mut qr);
         backend.rms_norm(&mut qr, ql, Some(&self.q_norm), self.eps);
-        let mut q = vec![0.0f32; tokens * h * hd];
+        let mut q = backend.act_zeros(tokens * h * hd);
         backend.matmul(&qr, &self.wq_b, &mut q);
         backend.rms_norm(&mut q, hd, None, self.eps);
         backend.rope(&self.rope, &mut q, hd, &positions, false);
 
-        let mut kv = vec![0.0f32; tokens * hd];
+        let mut kv = backend.act_zeros(tokens * hd);
         backend.matmul(x, &self.wkv, &mut kv);
         backend.rms_norm(&mut kv, hd, Some(&self.kv_norm), self.eps);
         backend.rope(&self.rope, &mut kv, hd, &positions, false);
         self.round_kv(backend, &mut kv, run.kv);
         debug_assert_eq!(state.window.end(), first_pos, "window cache out of step");
-        state.window.append(&kv);
+        state.window.append(&backend.act_host(&kv));
 
         if let Some(comp) = &self.compressor {
             let cs = state
                 .compressor
                 .as_mut()
                 .expect("compressed layer has compressor state");
-            let mut emitted = comp.feed(backend, x, first_pos, cs, &self.rope);
-            self.round_kv(backend, &mut emitted.rows, run.kv);
+            let kv_mode = run.kv;
+            let emitted = comp.feed(backend, x, first_pos, cs, &self.rope, |rows| {
+                self.round_kv(backend, rows, kv_mode)
+            });
             state.compressed.extend_from_slice(&emitted.rows);
         }
         let selected = self.indexer.as_ref().map(|ix| {
@@ -168,10 +170,10 @@ impl<M> Attention<M> {
         let mut o = self.attend(backend, &q, first_pos, state, selected.as_deref(), run);
         backend.rope(&self.rope, &mut o, hd, &positions, true);
         let (ro_total, _) = backend.matrix_shape(&self.wo_a);
-        let mut z = vec![0.0f32; tokens * ro_total];
+        let mut z = backend.act_zeros(tokens * ro_total);
         backend.matmul_grouped(&o, self.groups, &self.wo_a, &mut z);
         let d = backend.matrix_shape(&self.wo_b).0;
-        let mut out = vec![0.0f32; tokens * d];
+        let mut out = backend.act_zeros(tokens * d);
         backend.matmul(&z, &self.wo_b, &mut out);
 
         state
@@ -180,8 +182,8 @@ impl<M> Attention<M> {
         out
     }
 
-    fn round_kv<B: Backend<Matrix = M>>(&self, backend: &B, rows: &mut [f32], kv: KvMode) {
-        if kv == KvMode::Fp8 && !rows.is_empty() {
+    fn round_kv<B: Backend<Matrix = M>>(&self, backend: &B, rows: &mut B::Act, kv: KvMode) {
+        if kv == KvMode::Fp8 && backend.act_len(rows) > 0 {
             backend.kv_fp8_sim(rows, self.head_dim, self.head_dim - self.rope_dim);
         }
     }
@@ -191,14 +193,14 @@ impl<M> Attention<M> {
     fn attend<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        q: &[f32],
+        q: &B::Act,
         first_pos: usize,
         state: &LayerState,
         selected: Option<&[i32]>,
         run: &mut AttentionRun<'_>,
-    ) -> Vec<f32> {
+    ) -> B::Act {
         let hd = self.head_dim;
-        let tokens = q.len() / (self.heads * hd);
+        let tokens = backend.act_len(q) / (self.heads * hd);
         let ratio = self.kind.ratio();
         let k = run.topk;
         let mut windows = Vec::with_capacity(tokens);
@@ -241,7 +243,7 @@ impl<M> Attention<M> {
             entries: &entries,
             want_probs: &want,
         };
-        let mut o = vec![0.0f32; q.len()];
+        let mut o = backend.act_zeros(backend.act_len(q));
         let mut probs: Vec<Option<AttentionProbs>> = vec![None; tokens];
         backend.sparse_attention(&batch, &mut o, &mut probs);
         for (i, p) in probs.iter().enumerate() {

@@ -58,6 +58,24 @@ pub struct PrefillProfile {
     pub seconds: f64,
     /// `[embed, layer 0, .., layer n-1, head]` wall seconds.
     pub site_seconds: Vec<f64>,
+    /// Bytes the backend copied (host -> device, device -> host) during the prefill
+    /// ([`Backend::transfer_bytes`]; zero on the CPU).
+    pub transfer_bytes: (u64, u64),
+}
+
+impl PrefillProfile {
+    /// Mean bytes copied each way per token per decoder layer (`None` without layers or
+    /// tokens).
+    pub fn transfer_per_token_layer(&self) -> Option<(f64, f64)> {
+        let layers = self.site_seconds.len().checked_sub(2)?;
+        let n = (self.tokens * layers) as f64;
+        (n > 0.0).then(|| {
+            (
+                self.transfer_bytes.0 as f64 / n,
+                self.transfer_bytes.1 as f64 / n,
+            )
+        })
+    }
 }
 
 /// Times one prefill of `tokens` on a loaded engine of any backend (a fresh sequence).
@@ -67,12 +85,16 @@ pub fn time_prefill<B: Backend>(
 ) -> Result<PrefillProfile, EngineError> {
     let mut state = engine.new_sequence();
     engine.take_site_seconds();
+    let (up0, down0) = engine.backend().transfer_bytes();
     let t0 = Instant::now();
     engine.forward(&mut state, tokens, &mut NoObserver, LogitsRequest::Last)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let (up1, down1) = engine.backend().transfer_bytes();
     Ok(PrefillProfile {
         tokens: tokens.len(),
-        seconds: t0.elapsed().as_secs_f64(),
+        seconds,
         site_seconds: engine.take_site_seconds(),
+        transfer_bytes: (up1 - up0, down1 - down0),
     })
 }
 
@@ -225,6 +247,7 @@ mod tests {
             tokens: 1000,
             seconds: 0.0,
             site_seconds: vec![0.5, 0.0, 0.5],
+            transfer_bytes: (0, 0),
         };
         let counts = |k: LayerKind| {
             (0..target.num_hidden_layers)

@@ -109,28 +109,32 @@ impl<M> Compressor<M> {
     }
 
     /// Feeds the chunk `x [T, D]` at positions `first_pos..`, updating `state`, and returns the
-    /// post-processed rows (norm + RoPE at m·w) it completed.
+    /// post-processed rows (norm + RoPE at m·w) it completed, after `finish` (a last in-place
+    /// step on the device, e.g. `--kv fp8` rounding) on the host.
     pub fn feed<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        x: &[f32],
+        x: &B::Act,
         first_pos: usize,
         state: &mut CompressorState,
         rope: &RopeTable,
+        finish: impl FnOnce(&mut B::Act),
     ) -> EmittedRows {
         let (m, c) = (self.ratio, self.c);
         let width = state.width;
-        let tokens = x.len() / backend.matrix_shape(&self.wkv).1;
+        let tokens = backend.act_len(x) / backend.matrix_shape(&self.wkv).1;
         debug_assert_eq!(state.ratio, m, "compressor state of another ratio");
         debug_assert_eq!(
             state.filled(),
             first_pos % m,
             "compressor state out of step"
         );
-        let mut values = vec![0.0f32; tokens * width];
-        let mut logits = vec![0.0f32; tokens * width];
+        let mut values = backend.act_zeros(tokens * width);
+        let mut logits = backend.act_zeros(tokens * width);
         backend.matmul(x, &self.wkv, &mut values);
         backend.matmul(x, &self.wgate, &mut logits);
+        let values = backend.act_into_host(values);
+        let mut logits = backend.act_into_host(logits);
         for (i, g) in logits.chunks_exact_mut(width).enumerate() {
             let ape = &self.ape[((first_pos + i) % m) * width..][..width];
             g.iter_mut().zip(ape).for_each(|(v, a)| *v += a);
@@ -161,14 +165,22 @@ impl<M> Compressor<M> {
         }
 
         let count = state.rows_emitted - first_row;
-        let mut rows = vec![0.0f32; count * c];
-        if count > 0 {
-            backend.compressor_pool(&slot_values, &slot_logits, slots, c, &mut rows);
-            backend.rms_norm(&mut rows, c, Some(&self.norm), self.norm_eps);
-            let positions: Vec<usize> = (first_row..first_row + count).map(|w| m * w).collect();
-            backend.rope(rope, &mut rows, c, &positions, false);
+        if count == 0 {
+            return EmittedRows {
+                first_row,
+                rows: Vec::new(),
+            };
         }
-        EmittedRows { first_row, rows }
+        let mut rows = backend.act_zeros(count * c);
+        backend.compressor_pool(&slot_values, &slot_logits, slots, c, &mut rows);
+        backend.rms_norm(&mut rows, c, Some(&self.norm), self.norm_eps);
+        let positions: Vec<usize> = (first_row..first_row + count).map(|w| m * w).collect();
+        backend.rope(rope, &mut rows, c, &positions, false);
+        finish(&mut rows);
+        EmittedRows {
+            first_row,
+            rows: backend.act_into_host(rows),
+        }
     }
 
     /// Appends the 2m slots `[2m, c]` of the row completed by the current window.
@@ -275,10 +287,11 @@ mod tests {
         for &n in chunks {
             let out = comp.feed(
                 &CpuBackend::new(),
-                &x[pos * D..(pos + n) * D],
+                &x[pos * D..(pos + n) * D].to_vec(),
                 pos,
                 &mut state,
                 rope,
+                |_| {},
             );
             assert_eq!(out.first_row, rows.len() / C);
             rows.extend(out.rows);

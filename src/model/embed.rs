@@ -48,9 +48,9 @@ impl<M> Embedding<M> {
     }
 
     /// Embeddings `[T, D]` of validated `tokens`.
-    pub fn lookup<B: Backend<Matrix = M>>(&self, backend: &B, tokens: &[u32]) -> Vec<f32> {
+    pub fn lookup<B: Backend<Matrix = M>>(&self, backend: &B, tokens: &[u32]) -> B::Act {
         let rows: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
-        let mut e = vec![0.0f32; rows.len() * self.dim];
+        let mut e = backend.act_zeros(rows.len() * self.dim);
         backend.gather_rows(&self.table, &rows, &mut e);
         e
     }

@@ -321,12 +321,14 @@ impl<B: Backend> Engine<B> {
             self.backend.enter_site(Site::Embed);
             let e = self.embed.lookup(&self.backend, chunk);
             backend_result(&self.backend)?;
+            let e = self.backend.act_into_host(e);
             emit(observer, "embed", p0, &[chunk.len(), d], &e);
-            let mut streams = self.embed.expand(&e);
+            let mut streams = self.backend.act_from(self.embed.expand(&e));
             self.add_site_seconds(0, t_site);
             for (l, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
                 let t_site = std::time::Instant::now();
                 self.backend.enter_site(Site::Layer(l));
+                self.backend.act_to_site(&mut streams);
                 layer.forward(
                     &self.backend,
                     &mut streams,
@@ -353,7 +355,7 @@ impl<B: Backend> Engine<B> {
     /// Computes the logits of the chunk's requested / probed positions.
     fn chunk_logits(
         &self,
-        streams: &[f32],
+        streams: &B::Act,
         p0: usize,
         len: usize,
         requested: &[usize],
@@ -370,10 +372,12 @@ impl<B: Backend> Engine<B> {
             return;
         }
         let row = self.hc.streams * self.cfg.hidden_size;
-        let mut rows = Vec::with_capacity(positions.len() * row);
-        for &p in &positions {
-            rows.extend_from_slice(&streams[(p - p0) * row..(p - p0 + 1) * row]);
+        let mut rows = vec![0.0f32; positions.len() * row];
+        for (i, &p) in positions.iter().enumerate() {
+            let dst = &mut rows[i * row..(i + 1) * row];
+            self.backend.act_read(streams, (p - p0) * row, dst);
         }
+        let rows = self.backend.act_from(rows);
         let logits = self.head.logits(&self.backend, &rows, &self.hc);
         let v = self.cfg.vocab_size;
         for (i, &p) in positions.iter().enumerate() {

@@ -43,15 +43,15 @@ impl<M> Head<M> {
     pub fn logits<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        streams: &[f32],
+        streams: &B::Act,
         params: &HcParams,
     ) -> Vec<f32> {
-        let rows = streams.len() / (params.streams * self.dim);
-        let mut h = vec![0.0f32; rows * self.dim];
+        let rows = backend.act_len(streams) / (params.streams * self.dim);
+        let mut h = backend.act_zeros(rows * self.dim);
         backend.hc_head(streams, &self.hc.weights(), params, &mut h);
         backend.rms_norm(&mut h, self.dim, Some(&self.norm), self.eps);
-        let mut logits = vec![0.0f32; rows * self.vocab];
+        let mut logits = backend.act_zeros(rows * self.vocab);
         backend.matmul(&h, &self.lm_head, &mut logits);
-        logits
+        backend.act_into_host(logits)
     }
 }

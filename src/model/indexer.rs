@@ -85,29 +85,29 @@ impl<M> Indexer<M> {
     pub fn select<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        x: &[f32],
-        qr: &[f32],
+        x: &B::Act,
+        qr: &B::Act,
         first_pos: usize,
         store: &mut IndexKeyStore,
         rope: &RopeTable,
         run: &mut IndexerRun<'_>,
     ) -> Vec<i32> {
         let (heads, dim, k) = (self.heads, self.dim, run.topk);
-        let tokens = qr.len() / backend.matrix_shape(&self.wq_b).1;
+        let tokens = backend.act_len(qr) / backend.matrix_shape(&self.wq_b).1;
         self.emit_keys(backend, x, first_pos, store, rope, run.profile);
 
-        let mut q = vec![0.0f32; tokens * heads * dim];
+        let mut q = backend.act_zeros(tokens * heads * dim);
         backend.matmul(qr, &self.wq_b, &mut q);
         let positions: Vec<usize> = (first_pos..first_pos + tokens).collect();
         backend.rope(rope, &mut q, dim, &positions, false);
-        let mut w = vec![0.0f32; tokens * heads];
+        let mut w = backend.act_zeros(tokens * heads);
         backend.matmul(x, &self.weights_proj, &mut w);
 
         let profile = run.profile;
         let hd = heads * dim;
         // Prepared queries of the chunk, token after token ([T, heads, dim] and [T, heads]).
-        let mut q_prep = vec![0.0f32; tokens * hd];
-        let mut w_prep = vec![0.0f32; tokens * heads];
+        let mut q_prep = backend.act_zeros(tokens * hd);
+        let mut w_prep = backend.act_zeros(tokens * heads);
         backend.index_prepare_queries(profile, &q, &w, heads, dim, &mut q_prep, &mut w_prep);
 
         // Scores are kept only where the observer looks at them.
@@ -118,39 +118,37 @@ impl<M> Indexer<M> {
             .collect();
         let mut kept: Vec<Option<Vec<f32>>> = vec![None; tokens];
         let mut selected = vec![-1i32; tokens * k];
-        // [block tokens, stride] scores, reused: every element is written by the scorer.
-        let mut buf: Vec<f32> = Vec::new();
         for b0 in (0..tokens).step_by(TOKENS_PER_BLOCK) {
             let b1 = (b0 + TOKENS_PER_BLOCK).min(tokens);
             let visible: Vec<usize> = (b0..b1).map(|i| visible_rows(first_pos + i, 4)).collect();
             let stride = visible.iter().copied().max().unwrap_or(0);
-            let len = (b1 - b0) * stride;
-            if buf.len() < len {
-                buf.resize(len, 0.0);
-            }
-            let scores = &mut buf[..len];
+            // [block tokens, stride]: every element is written by the scorer.
+            let mut scores = backend.act_zeros((b1 - b0) * stride);
             backend.index_scores_batch(
                 profile,
-                &q_prep[b0 * hd..b1 * hd],
-                &w_prep[b0 * heads..b1 * heads],
+                &q_prep,
+                &w_prep,
+                b0,
                 heads,
                 dim,
                 &store.prepared[..stride * dim],
                 &store.scales[..stride],
                 &visible,
-                scores,
+                &mut scores,
             );
             if k > 0 {
-                backend.topk_batch(scores, stride, &visible, &mut selected[b0 * k..b1 * k]);
+                backend.topk_batch(&scores, stride, &visible, &mut selected[b0 * k..b1 * k]);
             }
             for (i, &n) in visible.iter().enumerate() {
                 if keep[b0 + i] {
-                    kept[b0 + i] = Some(scores[i * stride..i * stride + n].to_vec());
+                    let mut row = vec![0.0f32; n];
+                    backend.act_read(&scores, i * stride, &mut row);
+                    kept[b0 + i] = Some(row);
                 }
             }
         }
 
-        self.observe(&q, &w, first_pos, store, &kept, &selected, run);
+        self.observe(backend, &q, &w, first_pos, store, &kept, &selected, run);
         selected
     }
 
@@ -158,15 +156,15 @@ impl<M> Indexer<M> {
     fn emit_keys<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        x: &[f32],
+        x: &B::Act,
         first_pos: usize,
         store: &mut IndexKeyStore,
         rope: &RopeTable,
         profile: IndexProfile,
     ) {
-        let emitted = self
-            .compressor
-            .feed(backend, x, first_pos, &mut store.compressor, rope);
+        let emitted =
+            self.compressor
+                .feed(backend, x, first_pos, &mut store.compressor, rope, |_| {});
         let rows = emitted.count(self.dim);
         if rows == 0 {
             return;
@@ -184,10 +182,11 @@ impl<M> Indexer<M> {
     /// Observer calls: per probed position, and the chunk-wide intermediates when wanted.
     /// `kept[i]` holds token i's scores wherever the observer wants them.
     #[allow(clippy::too_many_arguments)]
-    fn observe(
+    fn observe<B: Backend<Matrix = M>>(
         &self,
-        q: &[f32],
-        w: &[f32],
+        backend: &B,
+        q: &B::Act,
+        w: &B::Act,
         first_pos: usize,
         store: &IndexKeyStore,
         kept: &[Option<Vec<f32>>],
@@ -203,13 +202,17 @@ impl<M> Indexer<M> {
                 continue;
             }
             let n_t = scores.len();
+            let mut q_raw = vec![0.0f32; heads * dim];
+            backend.act_read(q, i * heads * dim, &mut q_raw);
+            let mut weights_raw = vec![0.0f32; heads];
+            backend.act_read(w, i * heads, &mut weights_raw);
             obs.indexer(&IndexerObservation {
                 layer,
                 query_pos: pos,
                 heads,
                 head_dim: dim,
-                q_raw: &q[i * heads * dim..(i + 1) * heads * dim],
-                weights_raw: &w[i * heads..(i + 1) * heads],
+                q_raw: &q_raw,
+                weights_raw: &weights_raw,
                 keys_raw: &store.raw[..n_t * dim],
                 visible_rows: n_t,
                 scores,
@@ -234,11 +237,16 @@ impl<M> Indexer<M> {
         }
         let name = format!("layers.{layer}.indexer.q");
         if obs.wants_intermediate(&name) {
-            obs.intermediate(&name, first_pos, &[tokens, heads, dim], q);
+            obs.intermediate(
+                &name,
+                first_pos,
+                &[tokens, heads, dim],
+                &backend.act_host(q),
+            );
         }
         let name = format!("layers.{layer}.indexer.weights");
         if obs.wants_intermediate(&name) {
-            obs.intermediate(&name, first_pos, &[tokens, heads], w);
+            obs.intermediate(&name, first_pos, &[tokens, heads], &backend.act_host(w));
         }
     }
 }

@@ -68,7 +68,7 @@ impl<M> Layer<M> {
     pub fn forward<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        streams: &mut [f32],
+        streams: &mut B::Act,
         tokens: &[u32],
         first_pos: usize,
         state: &mut LayerState,
@@ -77,9 +77,9 @@ impl<M> Layer<M> {
         observer: &mut dyn Observer,
     ) {
         let (l, d, n, t) = (self.index, self.dim, hc.streams, tokens.len());
-        let mut h = vec![0.0f32; t * d];
-        let mut post = vec![0.0f32; t * n];
-        let mut comb = vec![0.0f32; t * n * n];
+        let mut h = backend.act_zeros(t * d);
+        let mut post = backend.act_zeros(t * n);
+        let mut comb = backend.act_zeros(t * n * n);
 
         backend.hc_pre(
             streams,
@@ -90,13 +90,8 @@ impl<M> Layer<M> {
             &mut comb,
         );
         backend.rms_norm(&mut h, d, Some(&self.attn_norm), self.eps);
-        emit(
-            observer,
-            &format!("layers.{l}.attn.input"),
-            first_pos,
-            &[t, d],
-            &h,
-        );
+        let name = format!("layers.{l}.attn.input");
+        emit_act(backend, observer, &name, first_pos, &[t, d], &h);
         let mut run = AttentionRun {
             layer: l,
             profile: switches.profile,
@@ -107,13 +102,8 @@ impl<M> Layer<M> {
         let y = self
             .attention
             .forward(backend, &h, first_pos, state, &mut run);
-        emit(
-            observer,
-            &format!("layers.{l}.attn.output"),
-            first_pos,
-            &[t, d],
-            &y,
-        );
+        let name = format!("layers.{l}.attn.output");
+        emit_act(backend, observer, &name, first_pos, &[t, d], &y);
         backend.hc_post(streams, &y, &post, &comb, n);
 
         backend.hc_pre(
@@ -125,30 +115,29 @@ impl<M> Layer<M> {
             &mut comb,
         );
         backend.rms_norm(&mut h, d, Some(&self.ffn_norm), self.eps);
-        emit(
-            observer,
-            &format!("layers.{l}.ffn.input"),
-            first_pos,
-            &[t, d],
-            &h,
-        );
+        let name = format!("layers.{l}.ffn.input");
+        emit_act(backend, observer, &name, first_pos, &[t, d], &h);
         let y = self.moe.forward(backend, &h, tokens);
-        emit(
-            observer,
-            &format!("layers.{l}.ffn.output"),
-            first_pos,
-            &[t, d],
-            &y,
-        );
+        let name = format!("layers.{l}.ffn.output");
+        emit_act(backend, observer, &name, first_pos, &[t, d], &y);
         backend.hc_post(streams, &y, &post, &comb, n);
 
-        emit(
-            observer,
-            &format!("layers.{l}.hidden"),
-            first_pos,
-            &[t, n, d],
-            streams,
-        );
+        let name = format!("layers.{l}.hidden");
+        emit_act(backend, observer, &name, first_pos, &[t, n, d], streams);
+    }
+}
+
+/// [`emit`] for an activation: read to the host only when the observer wants it.
+pub fn emit_act<B: Backend>(
+    backend: &B,
+    observer: &mut dyn Observer,
+    name: &str,
+    first_pos: usize,
+    shape: &[usize],
+    data: &B::Act,
+) {
+    if observer.wants_intermediate(name) {
+        observer.intermediate(name, first_pos, shape, &backend.act_host(data));
     }
 }
 

@@ -109,9 +109,9 @@ impl<M> Moe<M> {
     pub fn forward<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        u: &[f32],
+        u: &B::Act,
         tokens: &[u32],
-    ) -> Vec<f32> {
+    ) -> B::Act {
         let t = tokens.len();
         let mut scores = vec![0.0f32; t * self.n_experts];
         backend.router_scores(u, &self.gate, &mut scores);
@@ -121,12 +121,12 @@ impl<M> Moe<M> {
             experts: &experts,
             weights: &weights,
         };
-        let mut out = vec![0.0f32; u.len()];
+        let mut out = backend.act_zeros(backend.act_len(u));
         backend.moe_experts(u, &routes, &self.experts, self.limit, &mut out);
         if let Some(shared) = &self.shared {
-            let mut s = vec![0.0f32; u.len()];
+            let mut s = backend.act_zeros(backend.act_len(u));
             backend.ffn(u, shared, self.limit, &mut s);
-            out.iter_mut().zip(&s).for_each(|(o, v)| *o += v);
+            backend.add_assign(&mut out, &s);
         }
         out
     }

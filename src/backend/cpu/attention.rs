@@ -151,7 +151,7 @@ mod tests {
             head_dim: 2,
             scale: 1.0,
             sinks: &[0.5],
-            queries: &q,
+            queries: &q[..],
             entries: &entries,
             want_probs: &[true],
         };

@@ -110,6 +110,7 @@ pub fn rope(table: &RopeTable, x: &mut [f32], vec_len: usize, positions: &[usize
 
 impl Backend for CpuBackend {
     type Matrix = CpuMatrix;
+    type Act = Vec<f32>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -130,6 +131,30 @@ impl Backend for CpuBackend {
         ))
     }
 
+    fn act_from(&self, data: Vec<f32>) -> Vec<f32> {
+        data
+    }
+
+    fn act_zeros(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn act_len(&self, a: &Vec<f32>) -> usize {
+        a.len()
+    }
+
+    fn act_read(&self, a: &Vec<f32>, start: usize, out: &mut [f32]) {
+        out.copy_from_slice(&a[start..start + out.len()]);
+    }
+
+    fn act_host<'a>(&self, a: &'a Vec<f32>) -> std::borrow::Cow<'a, [f32]> {
+        std::borrow::Cow::Borrowed(a)
+    }
+
+    fn act_into_host(&self, a: Vec<f32>) -> Vec<f32> {
+        a
+    }
+
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> CpuMatrix {
         CpuMatrix::new(data, rows, cols)
     }
@@ -148,26 +173,32 @@ impl Backend for CpuBackend {
         (m.rows(), m.cols())
     }
 
-    fn gather_rows(&self, table: &CpuMatrix, rows: &[usize], out: &mut [f32]) {
+    fn gather_rows(&self, table: &CpuMatrix, rows: &[usize], out: &mut Vec<f32>) {
         linalg::gather_rows(table, rows, out)
     }
 
-    fn matmul(&self, x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
+    fn matmul(&self, x: &Vec<f32>, w: &CpuMatrix, y: &mut Vec<f32>) {
         linalg::matmul(x, w, y)
     }
 
-    fn matmul_grouped(&self, x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
+    fn matmul_grouped(&self, x: &Vec<f32>, groups: usize, w: &CpuMatrix, y: &mut Vec<f32>) {
         linalg::matmul_grouped(x, groups, w, y)
     }
 
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>) {
+        x.par_iter_mut()
+            .zip(y.par_iter())
+            .for_each(|(a, b)| *a += b);
+    }
+
+    fn rms_norm(&self, x: &mut Vec<f32>, dim: usize, weight: Option<&[f32]>, eps: f32) {
         rms_norm(x, dim, weight, eps)
     }
 
     fn rope(
         &self,
         table: &RopeTable,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         vec_len: usize,
         positions: &[usize],
         inverse: bool,
@@ -177,26 +208,33 @@ impl Backend for CpuBackend {
 
     fn hc_pre(
         &self,
-        streams: &[f32],
+        streams: &Vec<f32>,
         site: &HcWeights<'_, CpuMatrix>,
         params: &HcParams,
-        input: &mut [f32],
-        post: &mut [f32],
-        comb: &mut [f32],
+        input: &mut Vec<f32>,
+        post: &mut Vec<f32>,
+        comb: &mut Vec<f32>,
     ) {
         hyper::hc_pre(streams, site, params, input, post, comb)
     }
 
-    fn hc_post(&self, streams: &mut [f32], y: &[f32], post: &[f32], comb: &[f32], n: usize) {
+    fn hc_post(
+        &self,
+        streams: &mut Vec<f32>,
+        y: &Vec<f32>,
+        post: &Vec<f32>,
+        comb: &Vec<f32>,
+        n: usize,
+    ) {
         hyper::hc_post(streams, y, post, comb, n)
     }
 
     fn hc_head(
         &self,
-        streams: &[f32],
+        streams: &Vec<f32>,
         site: &HcWeights<'_, CpuMatrix>,
         params: &HcParams,
-        out: &mut [f32],
+        out: &mut Vec<f32>,
     ) {
         hyper::hc_head(streams, site, params, out)
     }
@@ -207,12 +245,12 @@ impl Backend for CpuBackend {
         logits: &[f32],
         slots: usize,
         width: usize,
-        out: &mut [f32],
+        out: &mut Vec<f32>,
     ) {
         attention::compressor_pool(values, logits, slots, width, out)
     }
 
-    fn kv_fp8_sim(&self, rows: &mut [f32], row_len: usize, nope_dims: usize) {
+    fn kv_fp8_sim(&self, rows: &mut Vec<f32>, row_len: usize, nope_dims: usize) {
         rows.par_chunks_mut(row_len)
             .for_each(|r| quant::kv_fp8_sim(r, nope_dims));
     }
@@ -239,6 +277,34 @@ impl Backend for CpuBackend {
         profiles::prepare_query(profile, q_raw, weights_raw, heads, dim)
     }
 
+    fn index_prepare_queries(
+        &self,
+        profile: IndexProfile,
+        q_raw: &Vec<f32>,
+        weights_raw: &Vec<f32>,
+        heads: usize,
+        dim: usize,
+        values: &mut Vec<f32>,
+        weights: &mut Vec<f32>,
+    ) {
+        let hd = heads * dim;
+        values
+            .par_chunks_mut(hd.max(1))
+            .zip(weights.par_chunks_mut(heads.max(1)))
+            .enumerate()
+            .for_each(|(i, (qo, wo))| {
+                let q = profiles::prepare_query(
+                    profile,
+                    &q_raw[i * hd..(i + 1) * hd],
+                    &weights_raw[i * heads..(i + 1) * heads],
+                    heads,
+                    dim,
+                );
+                qo.copy_from_slice(&q.values);
+                wo.copy_from_slice(&q.weights);
+            });
+    }
+
     fn index_scores(
         &self,
         profile: IndexProfile,
@@ -254,18 +320,32 @@ impl Backend for CpuBackend {
     fn index_scores_batch(
         &self,
         profile: IndexProfile,
-        queries: &[f32],
-        weights: &[f32],
+        queries: &Vec<f32>,
+        weights: &Vec<f32>,
+        first: usize,
         heads: usize,
         dim: usize,
         keys: &[f32],
         key_scales: &[f32],
         visible: &[usize],
-        out: &mut [f32],
+        out: &mut Vec<f32>,
     ) {
+        let tokens = visible.len();
         selection::index_scores_batch(
-            profile, queries, weights, heads, dim, keys, key_scales, visible, out,
+            profile,
+            &queries[first * heads * dim..(first + tokens) * heads * dim],
+            &weights[first * heads..(first + tokens) * heads],
+            heads,
+            dim,
+            keys,
+            key_scales,
+            visible,
+            out,
         )
+    }
+
+    fn topk_batch(&self, scores: &Vec<f32>, stride: usize, visible: &[usize], out: &mut [i32]) {
+        selection::topk_batch(scores, stride, visible, out)
     }
 
     fn topk(&self, scores: &[f32], out: &mut [i32]) {
@@ -274,33 +354,39 @@ impl Backend for CpuBackend {
 
     fn sparse_attention(
         &self,
-        batch: &AttentionBatch<'_>,
-        out: &mut [f32],
+        batch: &AttentionBatch<'_, Vec<f32>>,
+        out: &mut Vec<f32>,
         probs: &mut [Option<AttentionProbs>],
     ) {
-        attention::sparse_attention(batch, out, probs)
+        attention::sparse_attention(&batch.with_queries(batch.queries.as_slice()), out, probs)
     }
 
-    fn router_scores(&self, u: &[f32], gate: &CpuMatrix, out: &mut [f32]) {
+    fn router_scores(&self, u: &Vec<f32>, gate: &CpuMatrix, out: &mut [f32]) {
         experts::router_scores(u, gate, out)
     }
 
     fn moe_experts(
         &self,
-        u: &[f32],
+        u: &Vec<f32>,
         routes: &Routes<'_>,
         experts: &[FfnWeights<CpuMatrix>],
         swiglu_limit: f32,
-        out: &mut [f32],
+        out: &mut Vec<f32>,
     ) {
         experts::moe_experts(u, routes, experts, swiglu_limit, out)
     }
 
-    fn ffn(&self, u: &[f32], ffn: &FfnWeights<CpuMatrix>, swiglu_limit: f32, out: &mut [f32]) {
+    fn ffn(
+        &self,
+        u: &Vec<f32>,
+        ffn: &FfnWeights<CpuMatrix>,
+        swiglu_limit: f32,
+        out: &mut Vec<f32>,
+    ) {
         experts::ffn(u, ffn, swiglu_limit, out)
     }
 
-    fn swiglu(&self, gate: &mut [f32], up: &[f32], limit: f32) {
+    fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, limit: f32) {
         experts::swiglu(gate, up, limit)
     }
 }

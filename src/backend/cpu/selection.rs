@@ -113,6 +113,23 @@ fn rank_key(s: f32, r: usize) -> u64 {
 /// Scores tested at once against the running threshold in [`topk`].
 const SCAN_BLOCK: usize = 16;
 
+/// [`topk`] of T score rows in parallel: row t is `scores[t·stride..t·stride + visible[t]]`,
+/// its `k = out.len() / T` results go to `out[t·k..(t+1)·k]`.
+pub fn topk_batch(scores: &[f32], stride: usize, visible: &[usize], out: &mut [i32]) {
+    let tokens = visible.len();
+    if tokens == 0 {
+        return;
+    }
+    let k = out.len() / tokens;
+    if k == 0 {
+        return;
+    }
+    out.par_chunks_mut(k)
+        .zip(visible.par_iter())
+        .enumerate()
+        .for_each(|(t, (sel, &n))| topk(&scores[t * stride..t * stride + n], sel));
+}
+
 pub fn topk(scores: &[f32], out: &mut [i32]) {
     let k = out.len();
     let n = scores.len();

@@ -1,11 +1,13 @@
 //! Sparse attention with sink on the GPU backend (attention.md 4.5; kernels in
 //! `kernels/attention.cu`).
 //!
-//! The batch arrives as host slices pointing into a few host KV buffers (window rows, compressed
-//! rows), many of them shared between queries. [`EntryTable::build`] deduplicates them by
-//! pointer (the same slice start is the same vector) into one table `[U, head_dim]` uploaded
-//! once, an i32 index table `[T, E]` (`E` = the most entries of any query, `-1` padded) and the
-//! per-query counts `[T]`. Four launches then compute, per query t and head h:
+//! The queries `[T, H, head_dim]` are a device activation (used in place on the current site's
+//! device) and so is the output; the attended entries arrive as host slices pointing into a few
+//! host KV buffers (window rows, compressed rows), many of them shared between queries.
+//! [`EntryTable::build`] deduplicates them by pointer (the same slice start is the same vector)
+//! into one table `[U, head_dim]` uploaded once per call, an i32 index table `[T, E]` (`E` = the
+//! most entries of any query, `-1` padded) and the per-query counts `[T]`. Four launches then
+//! compute, per query t and head h:
 //!
 //! - `attn_logits` (t, h, e): `ℓ = dot(q, v_e)·scale` with the CPU's 8-lane dot product;
 //! - `attn_softmax` (t, h): `m = max(σ_h, ℓ…)`, `w_e = exp(ℓ_e - m)`, the denominator summed in
@@ -19,7 +21,7 @@
 //! queries with `want_probs` are downloaded, compacted to the CPU's `[H, entries]` layout.
 
 use super::executor::{buf, bytemuck_lite, grid_for, Arg, Executor};
-use super::{GpuBackend, GpuError};
+use super::{Act, GpuBackend, GpuError};
 use crate::backend::{AttentionBatch, AttentionProbs};
 use std::collections::HashMap;
 
@@ -76,8 +78,8 @@ impl EntryTable {
 
 pub fn sparse_attention<E: Executor>(
     g: &GpuBackend<E>,
-    batch: &AttentionBatch<'_>,
-    out: &mut [f32],
+    batch: &AttentionBatch<'_, Act<E>>,
+    out: &mut Act<E>,
     probs: &mut [Option<AttentionProbs>],
 ) -> Result<(), GpuError> {
     let (h, d) = (batch.heads, batch.head_dim);
@@ -101,16 +103,17 @@ pub fn sparse_attention<E: Executor>(
     }
     let table = EntryTable::build(batch.entries, d)?;
     let emax = table.emax;
-    let e = g.dev();
+    let dev = g.current_index();
+    let e = g.dev_at(dev);
     let rows = g.up(&table.rows)?;
     let index = g.up_i32(&table.index)?;
     let count = g.up_i32(&table.count)?;
-    let queries = g.up(batch.queries)?;
+    let queries = g.on(batch.queries, dev)?;
     let sinks = g.up(batch.sinks)?;
     let weights = g.zeros((tokens * h * emax).max(1))?;
     let inv = g.zeros(tokens * h)?;
     let sink_p = g.zeros(tokens * h)?;
-    let outb = g.zeros(tokens * h * d)?;
+    let outb = g.output(out, dev)?;
     let (t64, h64, d64, e64) = (tokens as i64, h as i64, d as i64, emax as i64);
     let wide = tokens * h * emax;
     if wide > 0 {
@@ -118,7 +121,7 @@ pub fn sparse_attention<E: Executor>(
             "attn_logits",
             grid_for(wide),
             &[
-                buf(&queries),
+                buf(&*queries),
                 buf(&rows),
                 buf(&index),
                 buf(&count),
@@ -158,10 +161,9 @@ pub fn sparse_attention<E: Executor>(
             Arg::I64(h64),
             Arg::I64(d64),
             Arg::I64(e64),
-            buf(&outb),
+            buf(outb),
         ],
     )?;
-    g.down(&outb, out)?;
     if !batch.want_probs.iter().any(|&w| w) {
         return Ok(());
     }
@@ -181,7 +183,7 @@ pub fn sparse_attention<E: Executor>(
     }
     let mut sink_all = vec![0f32; tokens * h];
     g.down(&sink_p, &mut sink_all)?;
-    download_probs(e, &weights, &table, batch, &sink_all, probs)
+    download_probs(e, &weights, &table, h, batch.want_probs, &sink_all, probs)
 }
 
 /// Downloads the probabilities of the queries that want them (runs of consecutive queries in
@@ -190,13 +192,13 @@ fn download_probs<E: Executor>(
     e: &E,
     weights: &E::Buf,
     table: &EntryTable,
-    batch: &AttentionBatch<'_>,
+    h: usize,
+    want: &[bool],
     sink_all: &[f32],
     probs: &mut [Option<AttentionProbs>],
 ) -> Result<(), GpuError> {
-    let (h, emax) = (batch.heads, table.emax);
+    let emax = table.emax;
     let per_query = h * emax;
-    let want = batch.want_probs;
     let mut t = 0;
     while t < want.len() {
         if !want[t] {

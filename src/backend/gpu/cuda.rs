@@ -8,7 +8,7 @@
 //! first launch.
 
 use super::executor::{
-    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK,
+    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, Transfers, BLOCK,
 };
 use super::kernels;
 use cudarc::cublas::sys as blas;
@@ -57,6 +57,7 @@ pub struct CudaExecutor {
     driver: String,
     loaded: Mutex<Loaded>,
     blas: Mutex<BlasHandle>,
+    transfers: Transfers,
 }
 
 struct BlasHandle(blas::cublasHandle_t);
@@ -107,6 +108,7 @@ impl CudaExecutor {
                 functions: HashMap::new(),
             }),
             blas: Mutex::new(BlasHandle(handle)),
+            transfers: Transfers::default(),
         })
     }
 
@@ -202,7 +204,9 @@ impl Executor for CudaExecutor {
         self.bind()?;
         // SAFETY: bounds checked; synchronous copy from a live host slice.
         unsafe { drv::memcpy_htod_sync(dst.ptr + offset as u64, src) }
-            .map_err(|e| driver_err("cuMemcpyHtoD", e))
+            .map_err(|e| driver_err("cuMemcpyHtoD", e))?;
+        self.transfers.wrote(src.len());
+        Ok(())
     }
 
     fn read(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
@@ -210,7 +214,9 @@ impl Executor for CudaExecutor {
         self.bind()?;
         // SAFETY: bounds checked; the synchronous copy waits for the default stream.
         unsafe { drv::memcpy_dtoh_sync(dst, src.ptr + offset as u64) }
-            .map_err(|e| driver_err("cuMemcpyDtoH", e))
+            .map_err(|e| driver_err("cuMemcpyDtoH", e))?;
+        self.transfers.read(dst.len());
+        Ok(())
     }
 
     fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, CudaBuf>]) -> Result<(), GpuError> {
@@ -288,5 +294,9 @@ impl Executor for CudaExecutor {
     fn memory(&self) -> Result<(usize, usize), GpuError> {
         self.bind()?;
         drv::mem_get_info().map_err(|e| driver_err("cuMemGetInfo", e))
+    }
+
+    fn transfer_bytes(&self) -> (u64, u64) {
+        self.transfers.get()
     }
 }

@@ -8,7 +8,7 @@
 //! built with, so placement across several "devices" can be tested too.
 
 use super::executor::{
-    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, BLOCK,
+    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, Transfers, BLOCK,
 };
 use rayon::prelude::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -83,6 +83,7 @@ pub struct EmuExecutor {
     ordinal: usize,
     capacity: usize,
     used: Arc<AtomicUsize>,
+    transfers: Transfers,
 }
 
 impl Default for EmuExecutor {
@@ -98,6 +99,7 @@ impl EmuExecutor {
             ordinal,
             capacity,
             used: Arc::new(AtomicUsize::new(0)),
+            transfers: Transfers::default(),
         }
     }
 
@@ -169,12 +171,14 @@ impl Executor for EmuExecutor {
         check_range("write", offset, src.len(), dst.len)?;
         // SAFETY: bounds checked above; dst is exclusively borrowed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
+        self.transfers.wrote(src.len());
         Ok(())
     }
 
     fn read(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
         check_range("read", offset, dst.len(), src.len)?;
         dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
+        self.transfers.read(dst.len());
         Ok(())
     }
 
@@ -231,5 +235,9 @@ impl Executor for EmuExecutor {
     fn memory(&self) -> Result<(usize, usize), GpuError> {
         let used = self.used.load(Ordering::Relaxed);
         Ok((self.capacity.saturating_sub(used), self.capacity))
+    }
+
+    fn transfer_bytes(&self) -> (u64, u64) {
+        self.transfers.get()
     }
 }

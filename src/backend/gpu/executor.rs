@@ -11,6 +11,7 @@
 //! checked against the kernel's C signature before every launch (see [`signature_of`]), so a
 //! marshalling mistake is an error, not undefined behaviour on the device.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
 /// An error of the device layer.
@@ -179,6 +180,39 @@ pub trait Executor: Send + Sync {
 
     /// Bytes free and total on the device.
     fn memory(&self) -> Result<(usize, usize), GpuError>;
+
+    /// Bytes copied by [`Executor::write`] (host -> device) and [`Executor::read`] (device ->
+    /// host) so far. Both executors count; a wrapper that does not forward it reports `(0, 0)`.
+    fn transfer_bytes(&self) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+/// Host <-> device byte counters of an executor (its [`Executor::transfer_bytes`]).
+#[derive(Debug, Default)]
+pub struct Transfers {
+    to_device: AtomicU64,
+    to_host: AtomicU64,
+}
+
+impl Transfers {
+    /// Counts a completed host -> device copy.
+    pub fn wrote(&self, bytes: usize) {
+        self.to_device.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a completed device -> host copy.
+    pub fn read(&self, bytes: usize) {
+        self.to_host.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// (host -> device, device -> host) bytes so far.
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.to_device.load(Ordering::Relaxed),
+            self.to_host.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// Uploads host values as a new buffer.

@@ -6,7 +6,7 @@
 //!   above 20) → `[T, E]`.
 //! - `ffn`: `w1` and `w3` products in the backend's GEMM type, clamped SwiGLU (`moe_swiglu`,
 //!   written straight in the GEMM type), `w2` product → `[T, D]`.
-//! - `moe_experts`: `u` is uploaded once; the token slots are grouped by expert on the host (the
+//! - `moe_experts`: `u` is read in place; the token slots are grouped by expert on the host (the
 //!   routes are host data), each group's token ids, slot ids and route weights concatenated
 //!   into one upload each. Per expert with tokens: `moe_gather` its token rows `[n, D]`, the
 //!   FFN above with the route weight multiplying the SwiGLU output before `w2` (as the CPU and
@@ -18,15 +18,17 @@
 //! `expf` ulps); with [`GemmType::Bf16`] GEMM operands (gathered rows, SwiGLU output) are
 //! rounded to bf16 (ties to even), accumulation stays f32. The products run on the device
 //! holding the weights ([`GpuBackend::dev_of`]); the routed experts of a call must share one.
+//! `u` and the outputs are device activations; only the router scores (which the model routes
+//! with) are downloaded, and the routes uploaded.
 
 use super::executor::{buf, download, grid_for, upload, Arg, Executor, GemmType};
 use super::matrix::{self, gemm_weight, WeightProduct};
-use super::{GpuBackend, GpuError, GpuMatrix};
+use super::{Act, GpuBackend, GpuError, GpuMatrix};
 use crate::backend::{FfnWeights, Routes};
 
 pub fn router_scores<E: Executor>(
     g: &GpuBackend<E>,
-    u: &[f32],
+    u: &Act<E>,
     gate: &GpuMatrix<E::Buf>,
     out: &mut [f32],
 ) -> Result<(), GpuError> {
@@ -37,7 +39,7 @@ pub fn router_scores<E: Executor>(
         return Ok(());
     }
     let e = g.dev_of(gate);
-    let ub = upload(e, u)?;
+    let ub = g.on(u, gate.device)?;
     let y = matrix::matmul_device(e, GemmType::F32, &ub, m, gate)?;
     let n = out.len();
     e.launch(
@@ -184,10 +186,10 @@ fn gather<E: Executor>(
 
 pub fn ffn<E: Executor>(
     g: &GpuBackend<E>,
-    u: &[f32],
+    u: &Act<E>,
     ffn: &FfnWeights<GpuMatrix<E::Buf>>,
     swiglu_limit: f32,
-    out: &mut [f32],
+    out: &mut Act<E>,
 ) -> Result<(), GpuError> {
     let d = ffn.w1.cols;
     let tokens = u.len() / d.max(1);
@@ -197,22 +199,23 @@ pub fn ffn<E: Executor>(
     if out.is_empty() {
         return Ok(());
     }
-    let (e, ty) = (g.dev_of(&ffn.w1), g.gemm_type());
-    let ub = upload(e, u)?;
+    let (dev, e, ty) = (ffn.w1.device, g.dev_of(&ffn.w1), g.gemm_type());
+    let ub = g.on(u, dev)?;
     let mut converted = None;
     let x = matrix::to_gemm_type(e, &ub, u.len(), ty, &mut converted)?;
     let mut s = Scratch::new(e, ty, tokens, d, inter)?;
     ffn_rows(e, ty, ffn, x, tokens, Arg::Null, swiglu_limit, &mut s)?;
-    download(e, &s.y, out)
+    g.replace(out, dev, s.y);
+    Ok(())
 }
 
 pub fn moe_experts<E: Executor>(
     g: &GpuBackend<E>,
-    u: &[f32],
+    u: &Act<E>,
     routes: &Routes<'_>,
     experts: &[FfnWeights<GpuMatrix<E::Buf>>],
     swiglu_limit: f32,
-    out: &mut [f32],
+    out: &mut Act<E>,
 ) -> Result<(), GpuError> {
     let k = routes.per_token;
     let tokens = routes.experts.len() / k.max(1);
@@ -260,7 +263,7 @@ pub fn moe_experts<E: Executor>(
         }
     }
     let (e, ty) = (g.dev_of(&experts[used[0]].w1), g.gemm_type());
-    let ub = upload(e, u)?;
+    let ub = g.on(u, device)?;
     let token_ids = upload(e, &token_ids)?;
     let slot_ids = upload(e, &slot_ids)?;
     let row_w = upload(e, &row_w)?;
@@ -292,7 +295,6 @@ pub fn moe_experts<E: Executor>(
     if d == 0 {
         return Ok(());
     }
-    let outb = e.alloc(tokens * d * 4)?;
     e.launch(
         "moe_sum_slots",
         grid_for(tokens * d),
@@ -301,8 +303,7 @@ pub fn moe_experts<E: Executor>(
             Arg::I64(tokens as i64),
             Arg::I64(k as i64),
             Arg::I64(d as i64),
-            buf(&outb),
+            buf(g.output(out, device)?),
         ],
-    )?;
-    download(e, &outb, out)
+    )
 }

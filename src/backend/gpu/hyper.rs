@@ -3,8 +3,10 @@
 //! `crate::model::hyper`).
 //!
 //! Shapes: `streams [T, n, D]`, block input / output `[T, D]`, `post [T, n]`, `comb [T, n, n]`
-//! (comb[j·n + k] multiplies stream j into stream k); site weights `mix [(2+n)·n, n·D]`
-//! (`[n, n·D]` for the head), `base`, `scale` as in [`HcWeights`].
+//! (comb[j·n + k] multiplies stream j into stream k), all device activations; site weights
+//! `mix [(2+n)·n, n·D]` (`[n, n·D]` for the head), `base`, `scale` (host, uploaded per call) as
+//! in [`HcWeights`]. `hc_pre` / `hc_head` run on the mix's device, `hc_post` on the current
+//! site's; its kernel writes a new streams buffer that replaces the old one.
 //!
 //! Sequence of `hc_pre` / `hc_head`: the mixes of all tokens are one GEMM, **always in f32**
 //! whatever the backend's GEMM type (the reference computes mHC in f32 and Sinkhorn's 20 rounds
@@ -14,8 +16,8 @@
 //! the CPU's f32 arithmetic in the CPU's order, so only the GEMM's summation order (and an ulp of
 //! `expf` on a real GPU) separates the results from the reference.
 
-use super::executor::{buf, download, grid_for, upload, Arg};
-use super::{matrix, Executor, GemmType, GpuBackend, GpuError, GpuMatrix};
+use super::executor::{buf, grid_for, upload, Arg};
+use super::{matrix, Act, Executor, GemmType, GpuBackend, GpuError, GpuMatrix};
 use crate::backend::{HcParams, HcWeights};
 
 /// `(raw mixes [T, rows], r [T])` on the mix's device: `streams · mixᵀ` in f32 and the RMS scale
@@ -43,41 +45,40 @@ fn mixes_and_scale<E: Executor>(
     Ok((mixes, r))
 }
 
-/// `out [T, D] = Σ_j w[t, j] · X_j` on the device, downloaded into `out`.
+/// `out [T, D] = Σ_j w[t, j] · X_j` on the device, into `ob` (`len` values).
 fn weighted_sum<E: Executor>(
     e: &E,
     xb: &E::Buf,
     wb: &E::Buf,
     tokens: usize,
     n: usize,
-    out: &mut [f32],
+    len: usize,
+    ob: &E::Buf,
 ) -> Result<(), GpuError> {
-    let d = out.len() / tokens;
-    let ob = e.alloc(out.len() * 4)?;
+    let d = len / tokens;
     e.launch(
         "hc_weighted_sum",
-        grid_for(out.len()),
+        grid_for(len),
         &[
             buf(xb),
             buf(wb),
-            buf(&ob),
+            buf(ob),
             Arg::I64(tokens as i64),
             Arg::I64(n as i64),
             Arg::I64(d as i64),
         ],
-    )?;
-    download(e, &ob, out)
+    )
 }
 
 /// Layer-site pre-mix (see [`crate::backend::Backend::hc_pre`]).
 pub fn hc_pre<E: Executor>(
     g: &GpuBackend<E>,
-    streams: &[f32],
+    streams: &Act<E>,
     site: &HcWeights<'_, GpuMatrix<E::Buf>>,
     params: &HcParams,
-    input: &mut [f32],
-    post: &mut [f32],
-    comb: &mut [f32],
+    input: &mut Act<E>,
+    post: &mut Act<E>,
+    comb: &mut Act<E>,
 ) -> Result<(), GpuError> {
     let n = params.streams;
     let width = site.mix.cols;
@@ -90,14 +91,18 @@ pub fn hc_pre<E: Executor>(
     if tokens == 0 {
         return Ok(());
     }
-    let e = g.dev_of(site.mix);
-    let xb = upload(e, streams)?;
+    let (dev, e) = (site.mix.device, g.dev_of(site.mix));
+    let xb = g.on(streams, dev)?;
     let (mixes, r) = mixes_and_scale(e, &xb, tokens, site.mix, params.norm_eps)?;
     let base = upload(e, site.base)?;
     let scale = upload(e, site.scale)?;
     let pre = e.alloc(tokens * n * 4)?;
-    let pb = e.alloc(post.len() * 4)?;
-    let cb = e.alloc(comb.len() * 4)?;
+    let input_len = input.len();
+    let (ib, pb, cb) = (
+        g.output(input, dev)?,
+        g.output(post, dev)?,
+        g.output(comb, dev)?,
+    );
     e.launch(
         "hc_pre_coeffs",
         grid_for(tokens),
@@ -107,26 +112,24 @@ pub fn hc_pre<E: Executor>(
             buf(&base),
             buf(&scale),
             buf(&pre),
-            buf(&pb),
-            buf(&cb),
+            buf(pb),
+            buf(cb),
             Arg::I64(tokens as i64),
             Arg::I64(n as i64),
             Arg::I64(params.sinkhorn_iters as i64),
             Arg::F32(params.hc_eps),
         ],
     )?;
-    weighted_sum(e, &xb, &pre, tokens, n, input)?;
-    download(e, &pb, post)?;
-    download(e, &cb, comb)
+    weighted_sum(e, &xb, &pre, tokens, n, input_len, ib)
 }
 
 /// Post-mix in place (see [`crate::backend::Backend::hc_post`]).
 pub fn hc_post<E: Executor>(
     g: &GpuBackend<E>,
-    streams: &mut [f32],
-    y: &[f32],
-    post: &[f32],
-    comb: &[f32],
+    streams: &mut Act<E>,
+    y: &Act<E>,
+    post: &Act<E>,
+    comb: &Act<E>,
     n: usize,
 ) -> Result<(), GpuError> {
     let tokens = post.len() / n;
@@ -134,41 +137,38 @@ pub fn hc_post<E: Executor>(
         return Ok(());
     }
     let d = y.len() / tokens;
-    assert_eq!(
-        streams.len(),
-        tokens * n * d,
-        "hc_post: streams is not [T, n, D]"
-    );
+    let len = streams.len();
+    assert_eq!(len, tokens * n * d, "hc_post: streams is not [T, n, D]");
     assert_eq!(comb.len(), tokens * n * n, "hc_post: comb is not [T, n, n]");
-    let old = g.up(streams)?;
-    let yb = g.up(y)?;
-    let pb = g.up(post)?;
-    let cb = g.up(comb)?;
-    let ob = g.zeros(streams.len())?;
-    g.dev().launch(
+    let dev = g.current_index();
+    let e = g.dev_at(dev);
+    let (yb, pb, cb) = (g.on(y, dev)?, g.on(post, dev)?, g.on(comb, dev)?);
+    let ob = e.alloc(len * 4)?;
+    e.launch(
         "hc_post_mix",
-        grid_for(streams.len()),
+        grid_for(len),
         &[
-            buf(&old),
-            buf(&yb),
-            buf(&pb),
-            buf(&cb),
+            buf(g.migrate(streams, dev)?),
+            buf(&*yb),
+            buf(&*pb),
+            buf(&*cb),
             buf(&ob),
             Arg::I64(tokens as i64),
             Arg::I64(n as i64),
             Arg::I64(d as i64),
         ],
     )?;
-    g.down(&ob, streams)
+    g.replace(streams, dev, ob);
+    Ok(())
 }
 
 /// Final head mix, no Sinkhorn (see [`crate::backend::Backend::hc_head`]).
 pub fn hc_head<E: Executor>(
     g: &GpuBackend<E>,
-    streams: &[f32],
+    streams: &Act<E>,
     site: &HcWeights<'_, GpuMatrix<E::Buf>>,
     params: &HcParams,
-    out: &mut [f32],
+    out: &mut Act<E>,
 ) -> Result<(), GpuError> {
     let n = params.streams;
     let width = site.mix.cols;
@@ -178,8 +178,8 @@ pub fn hc_head<E: Executor>(
     if tokens == 0 {
         return Ok(());
     }
-    let e = g.dev_of(site.mix);
-    let xb = upload(e, streams)?;
+    let (dev, e) = (site.mix.device, g.dev_of(site.mix));
+    let xb = g.on(streams, dev)?;
     let (mixes, r) = mixes_and_scale(e, &xb, tokens, site.mix, params.norm_eps)?;
     let base = upload(e, site.base)?;
     let scale = upload(e, site.scale)?;
@@ -198,5 +198,6 @@ pub fn hc_head<E: Executor>(
             Arg::F32(params.hc_eps),
         ],
     )?;
-    weighted_sum(e, &xb, &pre, tokens, n, out)
+    let len = out.len();
+    weighted_sum(e, &xb, &pre, tokens, n, len, g.output(out, dev)?)
 }

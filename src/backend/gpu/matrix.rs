@@ -11,8 +11,8 @@
 //! rounded to bf16 (ties to even) and so are decoded weights (exact for bf16, FP8 and FP4 values;
 //! NVFP4 values times their f32 global scale may round), as in the serving engines.
 
-use super::executor::{buf, grid_for, Arg, Executor, Gemm, GemmType, GpuError};
-use crate::checkpoint::linear::LinearForm;
+use super::executor::{buf, grid_for, upload, Arg, Executor, Gemm, GemmType, GpuError};
+use crate::checkpoint::linear::{LinearForm, QuantWeight, SharedLinear};
 use std::ops::Range;
 
 /// Most bytes of decoded weight a product materialises at once.
@@ -43,6 +43,31 @@ impl<B> GpuMatrix<B> {
             .as_ref()
             .ok_or_else(|| GpuError::Other("weight scales missing on the device".into()))
     }
+}
+
+/// Uploads a linear weight in its stored format (bytes and scales as they are) to device `e`,
+/// index `device` of the backend.
+pub fn upload_stored<E: Executor>(
+    e: &E,
+    device: usize,
+    w: &SharedLinear,
+) -> Result<GpuMatrix<E::Buf>, GpuError> {
+    let view = w.view();
+    let (data, scale): (&[u8], Option<&[u8]>) = match view {
+        QuantWeight::Bf16 { data, .. } | QuantWeight::F32 { data, .. } => (data, None),
+        QuantWeight::Fp8Block { weight, scale, .. } => (weight, Some(scale)),
+        QuantWeight::Fp4Group { packed, scale, .. } | QuantWeight::Nvfp4 { packed, scale, .. } => {
+            (packed, Some(scale))
+        }
+    };
+    Ok(GpuMatrix {
+        rows: w.rows(),
+        cols: w.cols(),
+        device,
+        form: view.form(),
+        data: Some(upload(e, data)?),
+        scale: scale.map(|s| upload(e, s)).transpose()?,
+    })
 }
 
 /// Dequantises rows of `w` into `out` (`[nrows, cols]` of `ty`): rows `ids[i]` when `ids` is
@@ -103,18 +128,31 @@ pub fn to_gemm_type<'a, E: Executor>(
     ty: GemmType,
     scratch: &'a mut Option<E::Buf>,
 ) -> Result<&'a E::Buf, GpuError> {
+    to_gemm_type_at(e, x, 0, n, ty, scratch).map(|(b, _)| b)
+}
+
+/// [`to_gemm_type`] of the `n` values from byte `at` of `x`: the operand and the byte offset of
+/// those values in it (`at` for f32, 0 for a new bf16 buffer).
+pub fn to_gemm_type_at<'a, E: Executor>(
+    e: &E,
+    x: &'a E::Buf,
+    at: usize,
+    n: usize,
+    ty: GemmType,
+    scratch: &'a mut Option<E::Buf>,
+) -> Result<(&'a E::Buf, usize), GpuError> {
     match ty {
-        GemmType::F32 => Ok(x),
+        GemmType::F32 => Ok((x, at)),
         GemmType::Bf16 => {
             let y = e.alloc(n * 2)?;
             if n > 0 {
                 e.launch(
                     "f32_to_bf16",
                     grid_for(n),
-                    &[buf(x), buf(&y), Arg::I64(n as i64)],
+                    &[Arg::Buf(x, at), buf(&y), Arg::I64(n as i64)],
                 )?;
             }
-            Ok(scratch.insert(y))
+            Ok((scratch.insert(y), 0))
         }
     }
 }
@@ -170,18 +208,18 @@ pub fn gemm_weight<E: Executor>(
     Ok(())
 }
 
-/// Dense product of device activations `x [m, cols]` (f32) with all rows of `w`: a new f32
-/// buffer `[m, rows]`.
-pub fn matmul_device<E: Executor>(
+/// Dense product of device activations `x [m, cols]` (f32) with all rows of `w` into the f32
+/// buffer `y [m, rows]` (all of it written).
+pub fn matmul_into<E: Executor>(
     e: &E,
     ty: GemmType,
     x: &E::Buf,
     m: usize,
     w: &GpuMatrix<E::Buf>,
-) -> Result<E::Buf, GpuError> {
+    y: &mut E::Buf,
+) -> Result<(), GpuError> {
     let mut scratch = None;
     let xg = to_gemm_type(e, x, m * w.cols, ty, &mut scratch)?;
-    let mut y = e.alloc(m * w.rows * 4)?;
     gemm_weight(
         e,
         ty,
@@ -192,28 +230,40 @@ pub fn matmul_device<E: Executor>(
             x_offset: 0,
             ldx: w.cols,
             m,
-            y: &mut y,
+            y,
             y_offset: 0,
             ldy: w.rows,
         },
-    )?;
+    )
+}
+
+/// [`matmul_into`] a new buffer.
+pub fn matmul_device<E: Executor>(
+    e: &E,
+    ty: GemmType,
+    x: &E::Buf,
+    m: usize,
+    w: &GpuMatrix<E::Buf>,
+) -> Result<E::Buf, GpuError> {
+    let mut y = e.alloc(m * w.rows * 4)?;
+    matmul_into(e, ty, x, m, w, &mut y)?;
     Ok(y)
 }
 
 /// Grouped product (`wo_a`): `x [m, G·in]` (f32, device), `w [G·out, in]`; group g of every row
-/// times rows `g·out..(g+1)·out`, giving a new `[m, G·out]` f32 buffer.
-pub fn matmul_grouped_device<E: Executor>(
+/// times rows `g·out..(g+1)·out`, into the f32 buffer `y [m, G·out]` (all of it written).
+pub fn matmul_grouped_into<E: Executor>(
     e: &E,
     ty: GemmType,
     x: &E::Buf,
     m: usize,
     groups: usize,
     w: &GpuMatrix<E::Buf>,
-) -> Result<E::Buf, GpuError> {
+    y: &mut E::Buf,
+) -> Result<(), GpuError> {
     let (out, input) = (w.rows / groups, w.cols);
     let mut scratch = None;
     let xg = to_gemm_type(e, x, m * groups * input, ty, &mut scratch)?;
-    let mut y = e.alloc(m * w.rows * 4)?;
     for g in 0..groups {
         gemm_weight(
             e,
@@ -225,13 +275,13 @@ pub fn matmul_grouped_device<E: Executor>(
                 x_offset: g * input * ty.bytes(),
                 ldx: groups * input,
                 m,
-                y: &mut y,
+                y: &mut *y,
                 y_offset: g * out * 4,
                 ldy: w.rows,
             },
         )?;
     }
-    Ok(y)
+    Ok(())
 }
 
 /// Achieved TFLOP/s of one device GEMM `[m, k] x [n, k]ᵀ` of `ty` operands with f32 output,
@@ -255,10 +305,8 @@ pub fn gemm_tflops<E: Executor>(
             (s % 2001) as f32 / 1000.0 - 1.0
         };
         match ty {
-            GemmType::F32 => {
-                super::executor::upload(e, &(0..count).map(|_| next()).collect::<Vec<f32>>())
-            }
-            GemmType::Bf16 => super::executor::upload(
+            GemmType::F32 => upload(e, &(0..count).map(|_| next()).collect::<Vec<f32>>()),
+            GemmType::Bf16 => upload(
                 e,
                 &(0..count)
                     .map(|_| (next().to_bits() >> 16) as u16)

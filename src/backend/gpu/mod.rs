@@ -6,19 +6,28 @@
 //! - [`EmuBackend`] = `GpuBackend<EmuExecutor>`: the same kernels compiled for the host by
 //!   build.rs; CI runs every op and whole forwards through it against the CPU reference.
 //!
-//! Activations arrive and leave as host f32 slices (the [`Backend`] contract); each op uploads
-//! its inputs, runs its kernels and GEMMs on the device of the current [`Site`] and downloads its
-//! outputs. Weights stay on their device in the stored format ([`matrix::GpuMatrix`]). Several
-//! devices are used by placing contiguous layer ranges on each ([`GpuBackend::new`] takes the
-//! layer -> device map from `crate::placement`); the hidden state moves between devices through
-//! the host with the activations.
+//! Activations are resident: [`Backend::Act`] is a [`GpuAct`], one f32 buffer on one device, so
+//! a layer's chain of ops (norms, projections, RoPE, mHC, attention, experts) reads and writes
+//! device memory only. Ops run on the device of their weight, ops without a weight on the
+//! current [`Site`]'s device; an input activation living on another device is moved there
+//! through the host, an in-place one for good (see [`act`]), so with several devices the hidden
+//! state crosses once per device boundary. Per layer the host still sends the small inputs the
+//! trait keeps as slices (RMS-norm weights, RoPE cos / sin, the attended KV entries, the
+//! compressor's slot arrays, prepared index keys, routes) and receives what the model needs
+//! there: router scores, top-k selections, attention probabilities when observed, and what the
+//! model reads with `act_read` (new KV rows, index keys, observed tensors). Weights stay on their
+//! device in the stored format ([`matrix::GpuMatrix`]); several devices are used by placing
+//! contiguous layer ranges on each ([`GpuBackend::new`] takes the layer -> device map from
+//! `crate::placement`). [`Backend::transfer_bytes`] sums the executors' copy counters.
 //!
 //! Ops cannot return errors, so a failure (out of memory, a failed launch) is recorded, the op's
-//! outputs are filled with NaN, and the engine turns the record into an error after the layer
+//! outputs are filled with NaN where possible (a device output is overwritten with NaNs, best
+//! effort), and the engine turns the record into an error after the layer
 //! ([`Backend::take_error`]). GEMM precision is chosen at construction: [`GemmType::Bf16`]
 //! (bf16 operands, f32 accumulation: the serving engines' numerics and the fast path) or
 //! [`GemmType::F32`] (f32 operands: matches the CPU reference up to summation order).
 
+pub mod act;
 pub mod attention;
 pub mod cuda;
 pub mod emu;
@@ -30,8 +39,10 @@ pub mod kernel_scan;
 pub mod kernels;
 pub mod matrix;
 pub mod norm;
+pub mod scores;
 pub mod topk;
 
+pub use act::GpuAct;
 pub use cuda::CudaExecutor;
 pub use emu::EmuExecutor;
 pub use executor::{Executor, GemmType, GpuError};
@@ -44,7 +55,8 @@ use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
 use crate::model::rope::RopeTable;
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
-use executor::{download, upload};
+use executor::upload;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -122,59 +134,14 @@ impl<E: Executor> GpuBackend<E> {
             }
         }
     }
-
-    /// Uploads f32 values to the current device.
-    pub fn up(&self, x: &[f32]) -> Result<E::Buf, GpuError> {
-        upload(self.dev(), x)
-    }
-
-    /// Uploads i32 values to the current device.
-    pub fn up_i32(&self, x: &[i32]) -> Result<E::Buf, GpuError> {
-        upload(self.dev(), x)
-    }
-
-    /// Downloads f32 values from the current device.
-    pub fn down(&self, b: &E::Buf, out: &mut [f32]) -> Result<(), GpuError> {
-        download(self.dev(), b, out)
-    }
-
-    /// An f32 buffer of `n` zeros on the current device.
-    pub fn zeros(&self, n: usize) -> Result<E::Buf, GpuError> {
-        self.dev().alloc(n * 4)
-    }
-
-    /// The device (executor) holding `m`.
-    pub fn dev_of(&self, m: &GpuMatrix<E::Buf>) -> &E {
-        &self.devices[m.device]
-    }
-
-    fn upload_stored(&self, w: &SharedLinear) -> Result<GpuMatrix<E::Buf>, GpuError> {
-        let view = w.view();
-        let e = self.dev();
-        let (data, scale): (&[u8], Option<&[u8]>) = match view {
-            crate::checkpoint::linear::QuantWeight::Bf16 { data, .. }
-            | crate::checkpoint::linear::QuantWeight::F32 { data, .. } => (data, None),
-            crate::checkpoint::linear::QuantWeight::Fp8Block { weight, scale, .. } => {
-                (weight, Some(scale))
-            }
-            crate::checkpoint::linear::QuantWeight::Fp4Group { packed, scale, .. }
-            | crate::checkpoint::linear::QuantWeight::Nvfp4 { packed, scale, .. } => {
-                (packed, Some(scale))
-            }
-        };
-        Ok(GpuMatrix {
-            rows: w.rows(),
-            cols: w.cols(),
-            device: self.current_index(),
-            form: view.form(),
-            data: Some(upload(e, data)?),
-            scale: scale.map(|s| upload(e, s)).transpose()?,
-        })
-    }
 }
+
+/// The activation type of `GpuBackend<E>`.
+pub type Act<E> = GpuAct<<E as Executor>::Buf>;
 
 impl<E: Executor> Backend for GpuBackend<E> {
     type Matrix = GpuMatrix<E::Buf>;
+    type Act = Act<E>;
 
     fn name(&self) -> &'static str {
         E::KIND
@@ -193,6 +160,13 @@ impl<E: Executor> Backend for GpuBackend<E> {
         self.error.lock().unwrap().take()
     }
 
+    fn transfer_bytes(&self) -> (u64, u64) {
+        self.devices.iter().fold((0, 0), |(h, d), e| {
+            let (h2d, d2h) = e.transfer_bytes();
+            (h + h2d, d + d2h)
+        })
+    }
+
     fn enter_site(&self, site: Site) {
         let last_layer = self.layer_device.last().copied().unwrap_or(0);
         let d = match site {
@@ -201,6 +175,35 @@ impl<E: Executor> Backend for GpuBackend<E> {
             Site::Head => last_layer,
         };
         self.current.store(d, Ordering::Relaxed);
+    }
+
+    fn act_from(&self, data: Vec<f32>) -> Act<E> {
+        self.act_upload(&data)
+    }
+
+    fn act_zeros(&self, len: usize) -> Act<E> {
+        self.act_alloc(len)
+    }
+
+    fn act_len(&self, a: &Act<E>) -> usize {
+        a.len()
+    }
+
+    fn act_read(&self, a: &Act<E>, start: usize, out: &mut [f32]) {
+        self.act_download(a, start, out)
+    }
+
+    fn act_to_site(&self, a: &mut Act<E>) {
+        let d = self.current_index();
+        if let Err(e) = self.migrate(a, d) {
+            self.fail("activation move", e);
+        }
+    }
+
+    fn act_host<'a>(&self, a: &'a Act<E>) -> Cow<'a, [f32]> {
+        let mut out = vec![0f32; a.len()];
+        self.act_download(a, 0, &mut out);
+        Cow::Owned(out)
     }
 
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> Self::Matrix {
@@ -223,10 +226,12 @@ impl<E: Executor> Backend for GpuBackend<E> {
         // block decodes), so bad data fails at load on every backend.
         let probe = w.rows().min(w.row_alignment());
         w.decode_rows(0..probe)?;
-        self.upload_stored(&w).map_err(|e| CheckpointError::Device {
-            tensor: w.module().to_string(),
-            device: self.dev().name(),
-            why: e.to_string(),
+        matrix::upload_stored(self.dev(), self.current_index(), &w).map_err(|e| {
+            CheckpointError::Device {
+                tensor: w.module().to_string(),
+                device: self.dev().name(),
+                why: e.to_string(),
+            }
         })
     }
 
@@ -234,90 +239,99 @@ impl<E: Executor> Backend for GpuBackend<E> {
         (m.rows, m.cols)
     }
 
-    fn gather_rows(&self, table: &Self::Matrix, rows: &[usize], out: &mut [f32]) {
+    fn gather_rows(&self, table: &Self::Matrix, rows: &[usize], out: &mut Act<E>) {
+        assert_eq!(
+            out.len(),
+            rows.len() * table.cols,
+            "gather_rows: out not [n, D]"
+        );
         let r = (|| {
             let e = self.dev_of(table);
             let ids: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
             let ids = upload(e, &ids)?;
-            let o = e.alloc(out.len() * 4)?;
-            matrix::dequant_rows(e, table, Some(&ids), 0, rows.len(), &o, GemmType::F32)?;
-            download(e, &o, out)
+            let o = self.output(out, table.device)?;
+            matrix::dequant_rows(e, table, Some(&ids), 0, rows.len(), o, GemmType::F32)
         })();
-        self.settle("gather_rows", r, &mut [out]);
+        self.settle_acts("gather_rows", r, &mut [out]);
     }
 
-    fn matmul(&self, x: &[f32], w: &Self::Matrix, y: &mut [f32]) {
+    fn matmul(&self, x: &Act<E>, w: &Self::Matrix, y: &mut Act<E>) {
+        let m = x.len() / w.cols.max(1);
+        assert_eq!(x.len(), m * w.cols, "matmul: x not [T, in]");
+        assert_eq!(y.len(), m * w.rows, "matmul: y not [T, out]");
         let r = (|| {
-            let e = self.dev_of(w);
-            let m = x.len() / w.cols.max(1);
-            let xb = upload(e, x)?;
-            let yb = matrix::matmul_device(e, self.gemm, &xb, m, w)?;
-            download(e, &yb, y)
+            let xb = self.on(x, w.device)?;
+            let yb = self.output(y, w.device)?;
+            matrix::matmul_into(self.dev_of(w), self.gemm, &xb, m, w, yb)
         })();
-        self.settle("matmul", r, &mut [y]);
+        self.settle_acts("matmul", r, &mut [y]);
     }
 
-    fn matmul_grouped(&self, x: &[f32], groups: usize, w: &Self::Matrix, y: &mut [f32]) {
+    fn matmul_grouped(&self, x: &Act<E>, groups: usize, w: &Self::Matrix, y: &mut Act<E>) {
+        let m = x.len() / (groups * w.cols).max(1);
+        assert_eq!(
+            x.len(),
+            m * groups * w.cols,
+            "matmul_grouped: x not [T, G·in]"
+        );
+        assert_eq!(y.len(), m * w.rows, "matmul_grouped: y not [T, G·out]");
         let r = (|| {
-            let e = self.dev_of(w);
-            let m = x.len() / (groups * w.cols).max(1);
-            let xb = upload(e, x)?;
-            let yb = matrix::matmul_grouped_device(e, self.gemm, &xb, m, groups, w)?;
-            download(e, &yb, y)
+            let xb = self.on(x, w.device)?;
+            let yb = self.output(y, w.device)?;
+            matrix::matmul_grouped_into(self.dev_of(w), self.gemm, &xb, m, groups, w, yb)
         })();
-        self.settle("matmul_grouped", r, &mut [y]);
+        self.settle_acts("matmul_grouped", r, &mut [y]);
     }
 
-    fn rms_norm(&self, x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
-        if let Err(e) = norm::rms_norm(self, x, dim, weight, eps) {
-            self.fail("rms_norm", e);
-            x.fill(f32::NAN);
-        }
+    fn add_assign(&self, x: &mut Act<E>, y: &Act<E>) {
+        let r = norm::add_assign(self, x, y);
+        self.settle_acts("add_assign", r, &mut [x]);
+    }
+
+    fn rms_norm(&self, x: &mut Act<E>, dim: usize, weight: Option<&[f32]>, eps: f32) {
+        let r = norm::rms_norm(self, x, dim, weight, eps);
+        self.settle_acts("rms_norm", r, &mut [x]);
     }
 
     fn rope(
         &self,
         table: &RopeTable,
-        x: &mut [f32],
+        x: &mut Act<E>,
         vec_len: usize,
         positions: &[usize],
         inverse: bool,
     ) {
-        if let Err(e) = norm::rope(self, table, x, vec_len, positions, inverse) {
-            self.fail("rope", e);
-            x.fill(f32::NAN);
-        }
+        let r = norm::rope(self, table, x, vec_len, positions, inverse);
+        self.settle_acts("rope", r, &mut [x]);
     }
 
     fn hc_pre(
         &self,
-        streams: &[f32],
+        streams: &Act<E>,
         site: &HcWeights<'_, Self::Matrix>,
         params: &HcParams,
-        input: &mut [f32],
-        post: &mut [f32],
-        comb: &mut [f32],
+        input: &mut Act<E>,
+        post: &mut Act<E>,
+        comb: &mut Act<E>,
     ) {
         let r = hyper::hc_pre(self, streams, site, params, input, post, comb);
-        self.settle("hc_pre", r, &mut [input, post, comb]);
+        self.settle_acts("hc_pre", r, &mut [input, post, comb]);
     }
 
-    fn hc_post(&self, streams: &mut [f32], y: &[f32], post: &[f32], comb: &[f32], n: usize) {
-        if let Err(e) = hyper::hc_post(self, streams, y, post, comb, n) {
-            self.fail("hc_post", e);
-            streams.fill(f32::NAN);
-        }
+    fn hc_post(&self, streams: &mut Act<E>, y: &Act<E>, post: &Act<E>, comb: &Act<E>, n: usize) {
+        let r = hyper::hc_post(self, streams, y, post, comb, n);
+        self.settle_acts("hc_post", r, &mut [streams]);
     }
 
     fn hc_head(
         &self,
-        streams: &[f32],
+        streams: &Act<E>,
         site: &HcWeights<'_, Self::Matrix>,
         params: &HcParams,
-        out: &mut [f32],
+        out: &mut Act<E>,
     ) {
         let r = hyper::hc_head(self, streams, site, params, out);
-        self.settle("hc_head", r, &mut [out]);
+        self.settle_acts("hc_head", r, &mut [out]);
     }
 
     fn compressor_pool(
@@ -326,17 +340,15 @@ impl<E: Executor> Backend for GpuBackend<E> {
         logits: &[f32],
         slots: usize,
         width: usize,
-        out: &mut [f32],
+        out: &mut Act<E>,
     ) {
         let r = norm::compressor_pool(self, values, logits, slots, width, out);
-        self.settle("compressor_pool", r, &mut [out]);
+        self.settle_acts("compressor_pool", r, &mut [out]);
     }
 
-    fn kv_fp8_sim(&self, rows: &mut [f32], row_len: usize, nope_dims: usize) {
-        if let Err(e) = norm::kv_fp8_sim(self, rows, row_len, nope_dims) {
-            self.fail("kv_fp8_sim", e);
-            rows.fill(f32::NAN);
-        }
+    fn kv_fp8_sim(&self, rows: &mut Act<E>, row_len: usize, nope_dims: usize) {
+        let r = norm::kv_fp8_sim(self, rows, row_len, nope_dims);
+        self.settle_acts("kv_fp8_sim", r, &mut [rows]);
     }
 
     fn index_prepare_keys(
@@ -376,24 +388,16 @@ impl<E: Executor> Backend for GpuBackend<E> {
     fn index_prepare_queries(
         &self,
         profile: IndexProfile,
-        q_raw: &[f32],
-        weights_raw: &[f32],
+        q_raw: &Act<E>,
+        weights_raw: &Act<E>,
         heads: usize,
         dim: usize,
-        values: &mut [f32],
-        weights: &mut [f32],
+        values: &mut Act<E>,
+        weights: &mut Act<E>,
     ) {
-        let r = indexer::index_prepare_queries(
-            self,
-            profile,
-            q_raw,
-            weights_raw,
-            heads,
-            dim,
-            values,
-            weights,
-        );
-        self.settle("index_prepare_queries", r, &mut [values, weights]);
+        let (q, w) = (q_raw, weights_raw);
+        let r = indexer::index_prepare_queries(self, profile, q, w, heads, dim, values, weights);
+        self.settle_acts("index_prepare_queries", r, &mut [values, weights]);
     }
 
     fn index_scores(
@@ -412,71 +416,71 @@ impl<E: Executor> Backend for GpuBackend<E> {
     fn index_scores_batch(
         &self,
         profile: IndexProfile,
-        queries: &[f32],
-        weights: &[f32],
+        queries: &Act<E>,
+        weights: &Act<E>,
+        first: usize,
         heads: usize,
         dim: usize,
         keys: &[f32],
         key_scales: &[f32],
         visible: &[usize],
-        out: &mut [f32],
+        out: &mut Act<E>,
     ) {
+        let (q, w, s) = (queries, weights, key_scales);
         let r = indexer::index_scores_batch(
-            self, profile, queries, weights, heads, dim, keys, key_scales, visible, out,
+            self, profile, q, w, first, heads, dim, keys, s, visible, out,
         );
-        self.settle("index_scores_batch", r, &mut [out]);
+        self.settle_acts("index_scores_batch", r, &mut [out]);
     }
 
-    fn topk(&self, scores: &[f32], out: &mut [i32]) {
-        if let Err(e) = indexer::topk(self, scores, out) {
-            self.fail("topk", e);
-            out.fill(-1);
-        }
-    }
-
-    fn topk_batch(&self, scores: &[f32], stride: usize, visible: &[usize], out: &mut [i32]) {
+    fn topk_batch(&self, scores: &Act<E>, stride: usize, visible: &[usize], out: &mut [i32]) {
         if let Err(e) = topk::topk_batch(self, scores, stride, visible, out) {
             self.fail("topk_batch", e);
             out.fill(-1);
         }
     }
 
+    fn topk(&self, scores: &[f32], out: &mut [i32]) {
+        if let Err(e) = topk::topk(self, scores, out) {
+            self.fail("topk", e);
+            out.fill(-1);
+        }
+    }
+
     fn sparse_attention(
         &self,
-        batch: &AttentionBatch<'_>,
-        out: &mut [f32],
+        batch: &AttentionBatch<'_, Act<E>>,
+        out: &mut Act<E>,
         probs: &mut [Option<AttentionProbs>],
     ) {
         let r = attention::sparse_attention(self, batch, out, probs);
-        self.settle("sparse_attention", r, &mut [out]);
+        self.settle_acts("sparse_attention", r, &mut [out]);
     }
 
-    fn router_scores(&self, u: &[f32], gate: &Self::Matrix, out: &mut [f32]) {
+    fn router_scores(&self, u: &Act<E>, gate: &Self::Matrix, out: &mut [f32]) {
         let r = experts::router_scores(self, u, gate, out);
         self.settle("router_scores", r, &mut [out]);
     }
 
     fn moe_experts(
         &self,
-        u: &[f32],
+        u: &Act<E>,
         routes: &Routes<'_>,
         experts: &[FfnWeights<Self::Matrix>],
         swiglu_limit: f32,
-        out: &mut [f32],
+        out: &mut Act<E>,
     ) {
         let r = experts::moe_experts(self, u, routes, experts, swiglu_limit, out);
-        self.settle("moe_experts", r, &mut [out]);
+        self.settle_acts("moe_experts", r, &mut [out]);
     }
 
-    fn ffn(&self, u: &[f32], ffn: &FfnWeights<Self::Matrix>, swiglu_limit: f32, out: &mut [f32]) {
+    fn ffn(&self, u: &Act<E>, ffn: &FfnWeights<Self::Matrix>, swiglu_limit: f32, out: &mut Act<E>) {
         let r = experts::ffn(self, u, ffn, swiglu_limit, out);
-        self.settle("ffn", r, &mut [out]);
+        self.settle_acts("ffn", r, &mut [out]);
     }
 
-    fn swiglu(&self, gate: &mut [f32], up: &[f32], limit: f32) {
-        if let Err(e) = norm::swiglu(self, gate, up, limit) {
-            self.fail("swiglu", e);
-            gate.fill(f32::NAN);
-        }
+    fn swiglu(&self, gate: &mut Act<E>, up: &Act<E>, limit: f32) {
+        let r = norm::swiglu(self, gate, up, limit);
+        self.settle_acts("swiglu", r, &mut [gate]);
     }
 }

@@ -1,11 +1,14 @@
 //! Elementwise and per-vector ops of the GPU backend (kernels in `kernels/elementwise.cu`):
-//! RMS norm, RoPE, clamped SwiGLU, compressor pooling and the `--kv fp8` simulation.
+//! RMS norm, RoPE, clamped SwiGLU, the residual add, compressor pooling and the `--kv fp8`
+//! simulation, all on device-resident activations ([`GpuAct`]) on the current site's device
+//! (an operand living elsewhere is moved there first, see [`super::act`]).
 //!
 //! Shapes (the [`crate::backend::Backend`] contract): `rms_norm` on `x [rows, dim]` in place,
-//! optional `weight [dim]`; `rope` on `x [P, vecs, vec_len]` with `positions [P]`, rotating the
-//! last `table.rope_dim()` dims of every vector; `swiglu` on `gate [n]`, `up [n]`;
-//! `compressor_pool` from `values`, `logits [rows, slots, width]` to `out [rows, width]`;
-//! `kv_fp8_sim` on `rows [R, row_len]` in place.
+//! optional `weight [dim]` (host, uploaded per call); `rope` on `x [P, vecs, vec_len]` with
+//! `positions [P]`, rotating the last `table.rope_dim()` dims of every vector; `swiglu` on
+//! `gate [n]`, `up [n]`; `add_assign` on `x [n]`, `y [n]`; `compressor_pool` from host
+//! `values`, `logits [rows, slots, width]` to `out [rows, width]`; `kv_fp8_sim` on
+//! `rows [R, row_len]` in place.
 //!
 //! Every op repeats the CPU reference's arithmetic in its order, so on the host emulator the
 //! results are bit-identical; on a GPU only `expf` (SwiGLU, pooling) may differ by an ulp.
@@ -15,18 +18,18 @@
 //! - RoPE's cos / sin are evaluated on the host by [`RopeTable::cos_sin`] (f64, then rounded to
 //!   f32), exactly the values the CPU uses, and uploaded as `[P, rope_dim/2]` tables; the kernel
 //!   only rotates. Device `sinf` / `cosf` of an f32 angle would lose accuracy with position.
-//! - `kv_fp8_sim` reads from a copy of the rows and writes a new buffer, because each element
-//!   recomputes its 64-block's amax from the original values.
+//! - `kv_fp8_sim` writes a new buffer that replaces the rows', because each element recomputes
+//!   its 64-block's amax from the original values.
 
 use super::executor::{buf, grid_for, Arg};
-use super::{Executor, GpuBackend, GpuError};
+use super::{Act, Executor, GpuAct, GpuBackend, GpuError};
 use crate::model::rope::RopeTable;
 use rayon::prelude::*;
 
 /// In-place RMS norm of every `dim`-long vector of `x` (see [`crate::backend::Backend::rms_norm`]).
 pub fn rms_norm<E: Executor>(
     g: &GpuBackend<E>,
-    x: &mut [f32],
+    x: &mut Act<E>,
     dim: usize,
     weight: Option<&[f32]>,
     eps: f32,
@@ -41,16 +44,17 @@ pub fn rms_norm<E: Executor>(
     if x.is_empty() {
         return Ok(());
     }
-    let rows = x.len() / dim;
-    let e = g.dev();
-    let xb = g.up(x)?;
+    let (n, rows) = (x.len(), x.len() / dim);
+    let d = g.current_index();
+    let e = g.dev_at(d);
+    let xb = g.migrate(x, d)?;
     let wb = weight.map(|w| g.up(w)).transpose()?;
     let rb = g.zeros(rows)?;
     e.launch(
         "el_rms_inv",
         grid_for(rows),
         &[
-            buf(&xb),
+            buf(xb),
             buf(&rb),
             Arg::I64(rows as i64),
             Arg::I64(dim as i64),
@@ -59,23 +63,22 @@ pub fn rms_norm<E: Executor>(
     )?;
     e.launch(
         "el_rms_apply",
-        grid_for(x.len()),
+        grid_for(n),
         &[
-            buf(&xb),
+            buf(xb),
             buf(&rb),
             wb.as_ref().map_or(Arg::Null, buf),
             Arg::I64(rows as i64),
             Arg::I64(dim as i64),
         ],
-    )?;
-    g.down(&xb, x)
+    )
 }
 
 /// In-place RoPE (see [`crate::backend::Backend::rope`]).
 pub fn rope<E: Executor>(
     g: &GpuBackend<E>,
     table: &RopeTable,
-    x: &mut [f32],
+    x: &mut Act<E>,
     vec_len: usize,
     positions: &[usize],
     inverse: bool,
@@ -106,13 +109,14 @@ pub fn rope<E: Executor>(
         .zip(positions.par_iter())
         .for_each(|((c, s), &pos)| table.cos_sin(pos, c, s));
     let pairs = positions.len() * (per_pos / vec_len) * half;
-    let xb = g.up(x)?;
+    let d = g.current_index();
+    let xb = g.migrate(x, d)?;
     let (cb, sb) = (g.up(&cos)?, g.up(&sin)?);
-    g.dev().launch(
+    g.dev_at(d).launch(
         "el_rope",
         grid_for(pairs),
         &[
-            buf(&xb),
+            buf(xb),
             buf(&cb),
             buf(&sb),
             Arg::I64(positions.len() as i64),
@@ -121,40 +125,54 @@ pub fn rope<E: Executor>(
             Arg::I64(d_r as i64),
             Arg::I32(inverse as i32),
         ],
-    )?;
-    g.down(&xb, x)
+    )
 }
 
 /// Clamped SwiGLU in place: `gate ← silu(min(gate, l)) · clamp(up, -l, l)`.
 pub fn swiglu<E: Executor>(
     g: &GpuBackend<E>,
-    gate: &mut [f32],
-    up: &[f32],
+    gate: &mut Act<E>,
+    up: &Act<E>,
     limit: f32,
 ) -> Result<(), GpuError> {
     assert_eq!(gate.len(), up.len(), "swiglu: gate and up differ in length");
     if gate.is_empty() {
         return Ok(());
     }
-    let gb = g.up(gate)?;
-    let ub = g.up(up)?;
-    g.dev().launch(
+    let (n, d) = (gate.len(), g.current_index());
+    let ub = g.on(up, d)?;
+    let gb = g.migrate(gate, d)?;
+    g.dev_at(d).launch(
         "el_swiglu",
-        grid_for(gate.len()),
-        &[
-            buf(&gb),
-            buf(&ub),
-            Arg::I64(gate.len() as i64),
-            Arg::F32(limit),
-        ],
-    )?;
-    g.down(&gb, gate)
+        grid_for(n),
+        &[buf(gb), buf(&*ub), Arg::I64(n as i64), Arg::F32(limit)],
+    )
+}
+
+/// In-place `x ← x + y`.
+pub fn add_assign<E: Executor>(
+    g: &GpuBackend<E>,
+    x: &mut Act<E>,
+    y: &Act<E>,
+) -> Result<(), GpuError> {
+    assert_eq!(x.len(), y.len(), "add_assign: x and y differ in length");
+    if x.is_empty() {
+        return Ok(());
+    }
+    let (n, d) = (x.len(), g.current_index());
+    let yb = g.on(y, d)?;
+    let xb = g.migrate(x, d)?;
+    g.dev_at(d).launch(
+        "el_add_assign",
+        grid_for(n),
+        &[buf(xb), buf(&*yb), Arg::I64(n as i64)],
+    )
 }
 
 /// `--kv fp8` simulation of the first `nope_dims` dims of every row of length `row_len`.
 pub fn kv_fp8_sim<E: Executor>(
     g: &GpuBackend<E>,
-    rows: &mut [f32],
+    rows: &mut Act<E>,
     row_len: usize,
     nope_dims: usize,
 ) -> Result<(), GpuError> {
@@ -165,20 +183,22 @@ pub fn kv_fp8_sim<E: Executor>(
         row_len > 0 && rows.len().is_multiple_of(row_len),
         "kv_fp8_sim: rows not [R, row_len]"
     );
-    let ib = g.up(rows)?;
-    let ob = g.zeros(rows.len())?;
-    g.dev().launch(
+    let (n, d) = (rows.len(), g.current_index());
+    let e = g.dev_at(d);
+    let ob = e.alloc(n * 4)?;
+    e.launch(
         "el_kv_fp8_sim",
-        grid_for(rows.len()),
+        grid_for(n),
         &[
-            buf(&ib),
+            buf(g.migrate(rows, d)?),
             buf(&ob),
-            Arg::I64((rows.len() / row_len) as i64),
+            Arg::I64((n / row_len) as i64),
             Arg::I64(row_len as i64),
             Arg::I64(nope_dims as i64),
         ],
     )?;
-    g.down(&ob, rows)
+    g.replace(rows, d, ob);
+    Ok(())
 }
 
 /// Compressor pooling: per row and channel a softmax over the slots' logits weights the values.
@@ -188,12 +208,12 @@ pub fn compressor_pool<E: Executor>(
     logits: &[f32],
     slots: usize,
     width: usize,
-    out: &mut [f32],
+    out: &mut GpuAct<E::Buf>,
 ) -> Result<(), GpuError> {
     if out.is_empty() {
         return Ok(());
     }
-    let rows = out.len() / width;
+    let (n, rows) = (out.len(), out.len() / width);
     assert_eq!(
         values.len(),
         rows * slots * width,
@@ -204,20 +224,20 @@ pub fn compressor_pool<E: Executor>(
         values.len(),
         "pool: logits not [rows, slots, c]"
     );
+    let d = g.current_index();
     let vb = g.up(values)?;
     let lb = g.up(logits)?;
-    let ob = g.zeros(out.len())?;
-    g.dev().launch(
+    let ob = g.output(out, d)?;
+    g.dev_at(d).launch(
         "el_compressor_pool",
-        grid_for(out.len()),
+        grid_for(n),
         &[
             buf(&vb),
             buf(&lb),
-            buf(&ob),
+            buf(ob),
             Arg::I64(rows as i64),
             Arg::I64(slots as i64),
             Arg::I64(width as i64),
         ],
-    )?;
-    g.down(&ob, out)
+    )
 }

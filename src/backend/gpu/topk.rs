@@ -12,14 +12,16 @@
 //! the first needed rows equal to K (ties to the lower row) are collected per chunk in row
 //! order, and each candidate is placed by counting the row's candidates that beat it. Every
 //! kernel runs over all rows of a group at once, so a call is 15 launches per group (one group
-//! unless the batch is large), one upload of the group's scores and one download of its
-//! `[rows, k]` indices. Work: O(visible) per row in parallel chunks plus O(k²) over k threads.
+//! unless the batch is large) on the scores where they lie (a device activation, read in place
+//! from the group's first row; the per-row [`topk`] uploads its host row first) and one
+//! download of the group's `[rows, k]` indices. Work: O(visible) per row in parallel chunks plus
+//! O(k²) over k threads.
 //!
 //! Device memory per group is bounded: rows are processed in groups of at most
 //! [`TOPK_GROUP_SCORES`] scores and [`TOPK_GROUP_CHUNKS`] (row, chunk) histograms of 1 KiB.
 
 use super::executor::{buf, download, grid_for, upload, Arg, Executor, GpuError};
-use super::GpuBackend;
+use super::{Act, GpuBackend};
 
 /// Scores per top-k chunk (at least; longer rows get longer chunks, see [`TOPK_MAX_CHUNKS`]).
 const TOPK_CHUNK: usize = 256;
@@ -41,20 +43,33 @@ fn chunking(n: usize) -> (usize, usize) {
     (chunk, n.div_ceil(chunk).max(1))
 }
 
-/// The top `out.len()` rows of one score row.
+/// The top `out.len()` rows of one host score row.
 pub fn topk<E: Executor>(
     g: &GpuBackend<E>,
     scores: &[f32],
     out: &mut [i32],
 ) -> Result<(), GpuError> {
     let n = scores.len();
-    topk_batch(g, scores, n, &[n], out)
+    if out.is_empty() {
+        return Ok(());
+    }
+    let s_b = g.up(scores)?;
+    select(
+        g,
+        g.current_index(),
+        &s_b,
+        n,
+        n,
+        &[n],
+        out,
+        TOPK_GROUP_SCORES,
+    )
 }
 
 /// Top-k of T score rows (see the module docs); `k = out.len() / T`.
 pub fn topk_batch<E: Executor>(
     g: &GpuBackend<E>,
-    scores: &[f32],
+    scores: &Act<E>,
     stride: usize,
     visible: &[usize],
     out: &mut [i32],
@@ -66,7 +81,36 @@ pub fn topk_batch<E: Executor>(
 /// group; tests use small groups to cross group edges; results do not depend on it).
 pub fn topk_batch_grouped<E: Executor>(
     g: &GpuBackend<E>,
-    scores: &[f32],
+    scores: &Act<E>,
+    stride: usize,
+    visible: &[usize],
+    out: &mut [i32],
+    group_scores: usize,
+) -> Result<(), GpuError> {
+    if visible.is_empty() || out.is_empty() {
+        return Ok(());
+    }
+    let dev = g.current_index();
+    let s_b = g.on(scores, dev)?;
+    select(
+        g,
+        dev,
+        &s_b,
+        scores.len(),
+        stride,
+        visible,
+        out,
+        group_scores,
+    )
+}
+
+/// Top-k of the rows of `scores` (`len` f32 values on device `dev`) in groups.
+#[allow(clippy::too_many_arguments)]
+fn select<E: Executor>(
+    g: &GpuBackend<E>,
+    dev: usize,
+    scores: &E::Buf,
+    len: usize,
     stride: usize,
     visible: &[usize],
     out: &mut [i32],
@@ -80,9 +124,8 @@ pub fn topk_batch_grouped<E: Executor>(
     let k = out.len() / tokens;
     for (t, &v) in visible.iter().enumerate() {
         assert!(
-            v <= stride && t * stride + v <= scores.len(),
-            "topk batch: row {t} has {v} visible scores, stride {stride}, {} scores",
-            scores.len()
+            v <= stride && t * stride + v <= len,
+            "topk batch: row {t} has {v} visible scores, stride {stride}, {len} scores"
         );
     }
     let max_visible = visible.iter().copied().max().unwrap_or(0);
@@ -106,27 +149,25 @@ pub fn topk_batch_grouped<E: Executor>(
             sel.fill(-1);
             continue;
         }
-        let end = (r1 * stride).min(scores.len());
-        select_group(g, &scores[r0 * stride..end], stride, vis, k, sel)?;
+        let rows = Arg::Buf(scores, r0 * stride * 4);
+        select_group(g.dev_at(dev), rows, stride, vis, k, sel)?;
     }
     Ok(())
 }
 
-/// One group of rows: `scores` starts at its first row, `out` is its `[rows, k]`.
+/// One group of rows on device `e`: `scores` points at its first row, `out` is its `[rows, k]`.
 fn select_group<E: Executor>(
-    g: &GpuBackend<E>,
-    scores: &[f32],
+    e: &E,
+    scores: Arg<'_, E::Buf>,
     stride: usize,
     visible: &[usize],
     k: usize,
     out: &mut [i32],
 ) -> Result<(), GpuError> {
-    let e = g.dev();
     let rows = visible.len();
     let (chunk, chunks) = chunking(visible.iter().copied().max().unwrap_or(0));
-    let s_b = g.up(scores)?;
     let vis: Vec<i32> = visible.iter().map(|&v| v as i32).collect();
-    let vis_b = g.up_i32(&vis)?;
+    let vis_b = upload(e, &vis)?;
     // Per row: {bits of the k-th key so far, its rank among the keys sharing them}.
     let init: Vec<u32> = visible.iter().flat_map(|&v| [0, k.min(v) as u32]).collect();
     let state = upload(e, &init)?;
@@ -135,7 +176,7 @@ fn select_group<E: Executor>(
     let total = e.alloc(rows * 256 * 4)?;
     // The arguments of the per-(row, chunk) kernels, before their own.
     let head = [
-        buf(&s_b),
+        scores,
         Arg::I64(stride as i64),
         buf(&vis_b),
         Arg::I64(rows as i64),

@@ -9,7 +9,8 @@
 
 use super::{normalised_error, Check, Rng};
 use crate::backend::{
-    AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HcParams, HcWeights, Routes,
+    AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HcParams, HcWeights, HostOps,
+    Routes,
 };
 use crate::model::rope::RopeTable;
 use crate::numerics::profiles::IndexProfile;
@@ -112,8 +113,8 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     );
     let x = r.values(t * cols, 1.0);
     let (mut got, mut want) = (vec![0f32; t * rows], vec![0f32; t * rows]);
-    b.matmul(&x, &wb, &mut got);
-    cpu.matmul(&x, &wc, &mut want);
+    b.matmul_host(&x, &wb, &mut got);
+    cpu.matmul_host(&x, &wc, &mut want);
     out.push(check(
         format!("matmul [{t}x{cols}]·[{rows}x{cols}]ᵀ"),
         &got,
@@ -122,8 +123,8 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     ));
     let ids: Vec<usize> = (0..7).map(|_| r.below(rows)).collect();
     let (mut got, mut want) = (vec![0f32; 7 * cols], vec![0f32; 7 * cols]);
-    b.gather_rows(&wb, &ids, &mut got);
-    cpu.gather_rows(&wc, &ids, &mut want);
+    b.gather_rows_host(&wb, &ids, &mut got);
+    cpu.gather_rows_host(&wc, &ids, &mut want);
     out.push(check("gather_rows".into(), &got, &want, 0.0));
     let groups = 4;
     let (go, gi) = (dims.inter / 2, d / 2);
@@ -134,8 +135,8 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     );
     let xg = r.values(t * groups * gi, 1.0);
     let (mut got, mut want) = (vec![0f32; t * groups * go], vec![0f32; t * groups * go]);
-    b.matmul_grouped(&xg, groups, &wgb, &mut got);
-    cpu.matmul_grouped(&xg, groups, &wgc, &mut want);
+    b.matmul_grouped_host(&xg, groups, &wgb, &mut got);
+    cpu.matmul_grouped_host(&xg, groups, &wgc, &mut want);
     out.push(check(
         format!("matmul_grouped G={groups}"),
         &got,
@@ -148,8 +149,8 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     let nw = r.values(d, 1.5);
     for weight in [None, Some(nw.as_slice())] {
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.rms_norm(&mut got, d, weight, 1e-6);
-        cpu.rms_norm(&mut want, d, weight, 1e-6);
+        b.rms_norm_host(&mut got, d, weight, 1e-6);
+        cpu.rms_norm_host(&mut want, d, weight, 1e-6);
         out.push(check(
             format!("rms_norm weighted={}", weight.is_some()),
             &got,
@@ -162,15 +163,15 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     let x = r.values(t * 3 * dims.head_dim, 1.0);
     for inverse in [false, true] {
         let (mut got, mut want) = (x.clone(), x.clone());
-        b.rope(&table, &mut got, dims.head_dim, &positions, inverse);
-        cpu.rope(&table, &mut want, dims.head_dim, &positions, inverse);
+        b.rope_host(&table, &mut got, dims.head_dim, &positions, inverse);
+        cpu.rope_host(&table, &mut want, dims.head_dim, &positions, inverse);
         out.push(check(format!("rope inverse={inverse}"), &got, &want, 1e-6));
     }
     let up = r.values(t * dims.inter, 12.0);
     let gate = r.values(t * dims.inter, 12.0);
     let (mut got, mut want) = (gate.clone(), gate);
-    b.swiglu(&mut got, &up, 10.0);
-    cpu.swiglu(&mut want, &up, 10.0);
+    b.swiglu_host(&mut got, &up, 10.0);
+    cpu.swiglu_host(&mut want, &up, 10.0);
     out.push(check("swiglu limit 10".into(), &got, &want, 1e-6));
     let row_len = dims.head_dim;
     let nope = row_len - dims.rope_dim;
@@ -179,8 +180,8 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
         *v *= [1e-4f32, 1.0, 300.0, 2e3][i % 4];
     }
     let (mut got, mut want) = (kv.clone(), kv);
-    b.kv_fp8_sim(&mut got, row_len, nope);
-    cpu.kv_fp8_sim(&mut want, row_len, nope);
+    b.kv_fp8_sim_host(&mut got, row_len, nope);
+    cpu.kv_fp8_sim_host(&mut want, row_len, nope);
     out.push(check("kv_fp8_sim".into(), &got, &want, 0.0));
 
     // mHC.
@@ -213,15 +214,15 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     );
     let mut g = (vec![0f32; t * d], vec![0f32; t * n], vec![0f32; t * n * n]);
     let mut w = g.clone();
-    b.hc_pre(&streams, &sb, &params, &mut g.0, &mut g.1, &mut g.2);
-    cpu.hc_pre(&streams, &sc, &params, &mut w.0, &mut w.1, &mut w.2);
+    b.hc_pre_host(&streams, &sb, &params, &mut g.0, &mut g.1, &mut g.2);
+    cpu.hc_pre_host(&streams, &sc, &params, &mut w.0, &mut w.1, &mut w.2);
     out.push(check("hc_pre input".into(), &g.0, &w.0, 1e-4));
     out.push(check("hc_pre post".into(), &g.1, &w.1, 1e-4));
     out.push(check("hc_pre comb".into(), &g.2, &w.2, 1e-4));
     let y = r.values(t * d, 1.0);
     let (mut got, mut want) = (streams.clone(), streams.clone());
-    b.hc_post(&mut got, &y, &w.1, &w.2, n);
-    cpu.hc_post(&mut want, &y, &w.1, &w.2, n);
+    b.hc_post_host(&mut got, &y, &w.1, &w.2, n);
+    cpu.hc_post_host(&mut want, &y, &w.1, &w.2, n);
     out.push(check("hc_post".into(), &got, &want, 1e-6));
     let hmix = r.values(n * n * d, 0.02);
     let (hb, hc) = (
@@ -230,7 +231,7 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     );
     let (hbase, hscale) = (r.values(n, 0.5), r.values(1, 1.0));
     let (mut got, mut want) = (vec![0f32; t * d], vec![0f32; t * d]);
-    b.hc_head(
+    b.hc_head_host(
         &streams,
         &HcWeights {
             mix: &hb,
@@ -240,7 +241,7 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
         &params,
         &mut got,
     );
-    cpu.hc_head(
+    cpu.hc_head_host(
         &streams,
         &HcWeights {
             mix: &hc,
@@ -262,8 +263,8 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
         }
     }
     let (mut got, mut want) = (vec![0f32; prow * width], vec![0f32; prow * width]);
-    b.compressor_pool(&values, &logits, slots, width, &mut got);
-    cpu.compressor_pool(&values, &logits, slots, width, &mut want);
+    b.compressor_pool_host(&values, &logits, slots, width, &mut got);
+    cpu.compressor_pool_host(&values, &logits, slots, width, &mut want);
     out.push(check("compressor_pool".into(), &got, &want, 1e-6));
 
     out.extend(index_checks(b, &cpu, dims, &mut r));
@@ -317,8 +318,8 @@ fn index_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut Rng)
         }
         let visible: Vec<usize> = (0..qn).map(|i| rows - i * rows / (2 * qn)).collect();
         let (mut gb, mut gc) = (vec![0f32; qn * rows], vec![0f32; qn * rows]);
-        b.index_scores_batch(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gb);
-        cpu.index_scores_batch(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gc);
+        b.index_scores_batch_host(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gb);
+        cpu.index_scores_batch_host(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gc);
         out.push(check(format!("index scores batch {name}"), &gb, &gc, 1e-5));
     }
     // Top-k on given scores, with ties, NaN and -inf, and fewer rows than k.
@@ -354,15 +355,15 @@ fn attention_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut 
         head_dim: hd,
         scale: (hd as f32).powf(-0.5),
         sinks: &sinks,
-        queries: &queries,
+        queries: queries.as_slice(),
         entries: &entries,
         want_probs: &want_probs,
     };
     let (mut gb, mut gc) = (vec![0f32; t * h * hd], vec![0f32; t * h * hd]);
     let mut pb: Vec<Option<AttentionProbs>> = vec![None; t];
     let mut pc: Vec<Option<AttentionProbs>> = vec![None; t];
-    b.sparse_attention(&batch, &mut gb, &mut pb);
-    cpu.sparse_attention(&batch, &mut gc, &mut pc);
+    b.sparse_attention_host(&batch, &mut gb, &mut pb);
+    cpu.sparse_attention_host(&batch, &mut gc, &mut pc);
     let flat = |p: &[Option<AttentionProbs>]| -> (Vec<f32>, Vec<f32>, usize) {
         let mut probs = Vec::new();
         let mut sink = Vec::new();
@@ -422,8 +423,8 @@ fn expert_checks<B: Backend>(
         cpu.upload_matrix(gate, e, d),
     );
     let (mut sb, mut sc) = (vec![0f32; t * e], vec![0f32; t * e]);
-    b.router_scores(&u, &gb, &mut sb);
-    cpu.router_scores(&u, &gc, &mut sc);
+    b.router_scores_host(&u, &gb, &mut sb);
+    cpu.router_scores_host(&u, &gc, &mut sc);
     out.push(check("router_scores".into(), &sb, &sc, 1e-5));
     let raw: Vec<[Vec<f32>; 3]> = (0..e)
         .map(|_| {
@@ -447,12 +448,12 @@ fn expert_checks<B: Backend>(
         weights: &weights,
     };
     let (mut gb, mut gc) = (vec![0f32; t * d], vec![0f32; t * d]);
-    b.moe_experts(&u, &routes, &eb, 10.0, &mut gb);
-    cpu.moe_experts(&u, &routes, &ec, 10.0, &mut gc);
+    b.moe_experts_host(&u, &routes, &eb, 10.0, &mut gb);
+    cpu.moe_experts_host(&u, &routes, &ec, 10.0, &mut gc);
     out.push(check(format!("moe_experts E={e} k={k}"), &gb, &gc, tol));
     let (mut gb, mut gc) = (vec![0f32; t * d], vec![0f32; t * d]);
-    b.ffn(&u, &eb[0], 10.0, &mut gb);
-    cpu.ffn(&u, &ec[0], 10.0, &mut gc);
+    b.ffn_host(&u, &eb[0], 10.0, &mut gb);
+    cpu.ffn_host(&u, &ec[0], 10.0, &mut gc);
     out.push(check("ffn (shared expert)".into(), &gb, &gc, tol));
     out
 }

@@ -1,0 +1,231 @@
+//! Device-resident activations of the GPU backend ([`GpuAct`]) and the helpers every op uses to
+//! place its operands: an input on the device the op runs on ([`GpuBackend::on`]), an in-place
+//! operand moved there for good ([`GpuBackend::migrate`]), an output buffer there
+//! ([`GpuBackend::output`]), and NaN outputs after a failure ([`GpuBackend::settle_acts`]).
+//!
+//! An activation is one f32 buffer on one device of the backend. Activations are created on the
+//! current site's device; an op runs on the device of its weight (or, without a weight, on the
+//! current site's device), and an operand that lives elsewhere is moved there through the host
+//! (download, upload: rare, once per device boundary of the placement). A buffer whose
+//! allocation failed is `None` (the failure was recorded): ops fail on it, reads give NaN.
+
+use super::executor::{bytemuck_lite, download, upload, Executor, GpuError};
+use super::matrix::GpuMatrix;
+use super::GpuBackend;
+use std::ops::Deref;
+
+/// `len` f32 values in one buffer on device `device` (an index into the backend's devices).
+pub struct GpuAct<B> {
+    /// None when its allocation (or a move) failed; the failure was recorded.
+    pub(crate) buf: Option<B>,
+    pub(crate) len: usize,
+    pub(crate) device: usize,
+}
+
+impl<B> GpuAct<B> {
+    /// Number of f32 values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Index of the device holding the values.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The device buffer (None after a failed allocation).
+    pub fn buf(&self) -> Option<&B> {
+        self.buf.as_ref()
+    }
+}
+
+/// An input's buffer on the device an op runs on: the activation's own where it lives there,
+/// else a copy moved through the host (dropped after the op).
+pub enum Placed<'a, B> {
+    Here(&'a B),
+    Moved(B),
+}
+
+impl<B> Deref for Placed<'_, B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        match self {
+            Placed::Here(b) => b,
+            Placed::Moved(b) => b,
+        }
+    }
+}
+
+fn lost() -> GpuError {
+    GpuError::Other("activation lost to an earlier device failure (see the first error)".into())
+}
+
+impl<E: Executor> GpuBackend<E> {
+    /// The executor of device `d`.
+    pub fn dev_at(&self, d: usize) -> &E {
+        &self.devices[d]
+    }
+
+    /// Uploads f32 values to the current device.
+    pub fn up(&self, x: &[f32]) -> Result<E::Buf, GpuError> {
+        upload(self.dev(), x)
+    }
+
+    /// Uploads i32 values to the current device.
+    pub fn up_i32(&self, x: &[i32]) -> Result<E::Buf, GpuError> {
+        upload(self.dev(), x)
+    }
+
+    /// Downloads f32 values from the current device.
+    pub fn down(&self, b: &E::Buf, out: &mut [f32]) -> Result<(), GpuError> {
+        download(self.dev(), b, out)
+    }
+
+    /// An f32 buffer of `n` zeros on the current device.
+    pub fn zeros(&self, n: usize) -> Result<E::Buf, GpuError> {
+        self.dev().alloc(n * 4)
+    }
+
+    /// The device (executor) holding `m`.
+    pub fn dev_of(&self, m: &GpuMatrix<E::Buf>) -> &E {
+        &self.devices[m.device]
+    }
+
+    /// An activation of host values on the current site's device (buffer None on failure, the
+    /// failure recorded).
+    pub fn act_upload(&self, data: &[f32]) -> GpuAct<E::Buf> {
+        let device = self.current_index();
+        let buf = upload(self.dev(), data)
+            .map_err(|e| self.fail("activation upload", e))
+            .ok();
+        GpuAct {
+            buf,
+            len: data.len(),
+            device,
+        }
+    }
+
+    /// An activation of `len` zeros on the current site's device.
+    pub fn act_alloc(&self, len: usize) -> GpuAct<E::Buf> {
+        let device = self.current_index();
+        let buf = self
+            .dev()
+            .alloc(len * 4)
+            .map_err(|e| self.fail("activation allocation", e))
+            .ok();
+        GpuAct { buf, len, device }
+    }
+
+    /// Copies `out.len()` values from element `start` of `a` (NaN and a recorded failure when
+    /// the read fails or the buffer was lost). Panics when the range is outside `a`.
+    pub fn act_download(&self, a: &GpuAct<E::Buf>, start: usize, out: &mut [f32]) {
+        assert!(
+            start.checked_add(out.len()).is_some_and(|end| end <= a.len),
+            "act_read: {} values at {start} past an activation of {}",
+            out.len(),
+            a.len
+        );
+        if out.is_empty() {
+            return;
+        }
+        let r = a.buf.as_ref().ok_or_else(lost).and_then(|b| {
+            self.devices[a.device].read(b, start * 4, bytemuck_lite::bytes_of_mut(out))
+        });
+        if let Err(e) = r {
+            self.fail("activation read", e);
+            out.fill(f32::NAN);
+        }
+    }
+
+    /// `len` f32 values of `b` (on device `from`) as a new buffer on device `to`, through the
+    /// host.
+    fn move_buf(&self, b: &E::Buf, len: usize, from: usize, to: usize) -> Result<E::Buf, GpuError> {
+        let mut host = vec![0f32; len];
+        if len > 0 {
+            self.devices[from].read(b, 0, bytemuck_lite::bytes_of_mut(&mut host))?;
+        }
+        upload(&self.devices[to], &host)
+    }
+
+    /// The buffer of input `a` on device `d` (moved there for this op if it lives elsewhere).
+    pub fn on<'a>(&self, a: &'a GpuAct<E::Buf>, d: usize) -> Result<Placed<'a, E::Buf>, GpuError> {
+        let b = a.buf.as_ref().ok_or_else(lost)?;
+        if a.device == d {
+            Ok(Placed::Here(b))
+        } else {
+            self.move_buf(b, a.len, a.device, d).map(Placed::Moved)
+        }
+    }
+
+    /// The buffer of in-place operand `a`, moved to device `d` first if it lives elsewhere (the
+    /// activation then stays there).
+    pub fn migrate<'a>(
+        &self,
+        a: &'a mut GpuAct<E::Buf>,
+        d: usize,
+    ) -> Result<&'a mut E::Buf, GpuError> {
+        if a.device != d {
+            let moved = self.move_buf(a.buf.as_ref().ok_or_else(lost)?, a.len, a.device, d)?;
+            a.buf = Some(moved);
+            a.device = d;
+        }
+        a.buf.as_mut().ok_or_else(lost)
+    }
+
+    /// A buffer on device `d` for output `a` (`a.len` values, contents undefined: the op writes
+    /// all of them): its own where it lives there, else a new allocation that replaces it.
+    pub fn output<'a>(
+        &self,
+        a: &'a mut GpuAct<E::Buf>,
+        d: usize,
+    ) -> Result<&'a mut E::Buf, GpuError> {
+        if a.device != d || a.buf.is_none() {
+            a.buf = None;
+            a.buf = Some(self.devices[d].alloc(a.len * 4)?);
+            a.device = d;
+        }
+        a.buf.as_mut().ok_or_else(lost)
+    }
+
+    /// Makes `b` (on device `d`, `a.len` values) the buffer of `a`.
+    pub fn replace(&self, a: &mut GpuAct<E::Buf>, d: usize, b: E::Buf) {
+        a.buf = Some(b);
+        a.device = d;
+    }
+
+    /// Fills an activation with NaN, best effort: in place when it has a buffer, else a new
+    /// upload; when that fails too the buffer is dropped (later reads give NaN anyway).
+    fn poison(&self, a: &mut GpuAct<E::Buf>) {
+        if a.len == 0 {
+            return;
+        }
+        let nan = vec![f32::NAN; a.len];
+        let e = &self.devices[a.device];
+        let written = match a.buf.as_mut() {
+            Some(b) => e.write(b, 0, bytemuck_lite::bytes_of(&nan)).is_ok(),
+            None => false,
+        };
+        if !written {
+            a.buf = upload(e, &nan).ok();
+        }
+    }
+
+    /// Settles an op on activations: on failure records it and fills `outputs` with NaN.
+    pub(crate) fn settle_acts(
+        &self,
+        what: &str,
+        r: Result<(), GpuError>,
+        outputs: &mut [&mut GpuAct<E::Buf>],
+    ) {
+        if let Err(e) = r {
+            self.fail(what, e);
+            for o in outputs.iter_mut() {
+                self.poison(o);
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Builds the [`InspectReport`] from a checkpoint directory (its footprint on disk and the
+//! inventory check against its config) or from a config alone (the footprint of the inventory
+//! the config implies in the chosen weight format), plus the memory plan when `--devices` is
+//! given.
+
+use anyhow::{bail, Context};
+use std::path::Path;
+
+use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
+use super::InspectArgs;
+use crate::checkpoint::{
+    audit, expected_inventory, Checkpoint, Dtype, InventoryDiff, WeightFormat,
+};
+use crate::config::{ModelConfig, RouterKind};
+use crate::plan::{self, Footprint, TensorSpec};
+
+/// Entries of each inventory category listed in full.
+const LIST_LIMIT: usize = 20;
+
+/// Opens the checkpoint or config and computes the report.
+pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
+    let (source, cfg, footprint, inventory) = if let Some(dir) = &args.model {
+        from_checkpoint(dir)?
+    } else {
+        let path = args
+            .config
+            .as_ref()
+            .expect("clap requires --model or --config");
+        from_config(path, args.format)?
+    };
+    let plan = args
+        .devices
+        .as_ref()
+        .map(|d| plan::plan(&cfg, &footprint, d, args.context, args.chunk));
+    Ok(InspectReport {
+        source,
+        config_hash: cfg.hash_hex(),
+        dims: dims(&cfg),
+        schedule_summary: cfg.schedule_summary(),
+        schedule: (0..cfg.num_hidden_layers)
+            .map(|l| LayerRow {
+                layer: l,
+                kind: cfg.layer_kind(l).name(),
+                router: router_name(cfg.router_kind(l)),
+            })
+            .collect(),
+        footprint,
+        inventory,
+        plan,
+    })
+}
+
+type Loaded = (Source, ModelConfig, Footprint, Option<InventoryReport>);
+
+fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
+    if !dir.exists() {
+        bail!("model directory {} does not exist", dir.display());
+    }
+    if !dir.is_dir() {
+        bail!(
+            "--model expects a directory (config.json + safetensors), {} is a file",
+            dir.display()
+        );
+    }
+    let ckpt = Checkpoint::open(dir)
+        .with_context(|| format!("cannot open checkpoint {}", dir.display()))?;
+    let cfg = ckpt.config().clone();
+    let format = ckpt.format();
+    let footprint = Footprint::of_checkpoint(&ckpt);
+    let diff = audit(&ckpt);
+    let source = Source {
+        kind: "checkpoint",
+        path: dir.to_path_buf(),
+        format: format.name().to_string(),
+        format_note: format_note(format),
+        shards: Some(ckpt.shard_paths().len()),
+    };
+    Ok((
+        source,
+        cfg,
+        footprint,
+        Some(inventory_report(&ckpt, &diff, format)),
+    ))
+}
+
+fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Loaded> {
+    let cfg = ModelConfig::load(path)?;
+    let format = format.unwrap_or(if cfg.is_fp8() {
+        WeightFormat::Official
+    } else {
+        WeightFormat::Bf16
+    });
+    let expected = expected_inventory(&cfg, format);
+    let footprint = Footprint::from_tensors(
+        cfg.num_hidden_layers,
+        expected.iter().map(|t| TensorSpec {
+            name: &t.name,
+            dtype: t.dtype.as_str(),
+            numel: t.shape.iter().product::<usize>() as u64,
+            bytes: t.bytes(),
+        }),
+    );
+    let source = Source {
+        kind: "config",
+        path: path.to_path_buf(),
+        format: format.name().to_string(),
+        format_note: format_note(format),
+        shards: None,
+    };
+    Ok((source, cfg, footprint, None))
+}
+
+fn inventory_report(
+    ckpt: &Checkpoint,
+    diff: &InventoryDiff,
+    format: WeightFormat,
+) -> InventoryReport {
+    let ds = |d: Dtype, shape: &[usize]| format!("{d} {shape:?}");
+    let file = |name: &str| ckpt.info(name).map(|t| t.file.clone());
+    InventoryReport {
+        clean: diff.is_clean(),
+        expected_format: format.name().to_string(),
+        missing_count: diff.missing.len(),
+        extra_count: diff.extra.len(),
+        mismatched_count: diff.mismatched.len(),
+        missing: diff
+            .missing
+            .iter()
+            .take(LIST_LIMIT)
+            .map(|e| InventoryEntry {
+                name: e.name.clone(),
+                file: None,
+                expected: Some(ds(e.dtype, &e.shape)),
+                found: None,
+            })
+            .collect(),
+        extra: diff
+            .extra
+            .iter()
+            .take(LIST_LIMIT)
+            .map(|e| InventoryEntry {
+                name: e.name.clone(),
+                file: file(&e.name),
+                expected: None,
+                found: Some(ds(e.dtype, &e.shape)),
+            })
+            .collect(),
+        mismatched: diff
+            .mismatched
+            .iter()
+            .take(LIST_LIMIT)
+            .map(|m| InventoryEntry {
+                name: m.expected.name.clone(),
+                file: file(&m.expected.name),
+                expected: Some(ds(m.expected.dtype, &m.expected.shape)),
+                found: Some(ds(m.found_dtype, &m.found_shape)),
+            })
+            .collect(),
+    }
+}
+
+fn format_note(f: WeightFormat) -> &'static str {
+    match f {
+        WeightFormat::Bf16 => "every linear bf16, no scale tensors",
+        WeightFormat::Official => {
+            "official release: fp8 e4m3 128x128-block linears with e8m0 scales, routed experts fp4 e2m1 (I8, two per byte) with e8m0 1x32 scales"
+        }
+        WeightFormat::Nvfp4 => {
+            "NVIDIA NVFP4 re-quantisation: routed experts fp4 e2m1 (U8) with e4m3 1x16 weight_scale and f32 weight_scale_2; the rest as official"
+        }
+    }
+}
+
+fn router_name(r: RouterKind) -> &'static str {
+    match r {
+        RouterKind::Hash => "hash",
+        RouterKind::Score => "score",
+    }
+}
+
+fn dims(c: &ModelConfig) -> Dims {
+    Dims {
+        hidden_size: c.hidden_size,
+        vocab_size: c.vocab_size,
+        layers: c.num_hidden_layers,
+        attention_heads: c.num_attention_heads,
+        head_dim: c.head_dim,
+        rope_dim: c.qk_rope_head_dim,
+        q_lora_rank: c.q_lora_rank,
+        o_lora_rank: c.o_lora_rank,
+        o_groups: c.o_groups,
+        index_heads: c.index_n_heads,
+        index_head_dim: c.index_head_dim,
+        index_topk: c.index_topk,
+        routed_experts: c.n_routed_experts,
+        experts_per_token: c.num_experts_per_tok,
+        shared_experts: c.n_shared_experts,
+        moe_intermediate: c.moe_intermediate_size,
+        sliding_window: c.sliding_window,
+        hc_mult: c.hc_mult,
+        hash_layers: c.num_hash_layers,
+        mtp_layers: c.num_nextn_predict_layers,
+    }
+}

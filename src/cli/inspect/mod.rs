@@ -1,0 +1,106 @@
+//! `needlescope inspect`: what a checkpoint holds (`--model DIR`) or what a config implies
+//! (`--config FILE`, no weights needed): model summary, layer schedule, parameters and bytes per
+//! component and per number format, the inventory check against the config (with `--model`) and
+//! the memory plan over `--devices` at `--context` (see `crate::plan`).
+//!
+//! Exit status: non-zero when the checkpoint does not match the inventory its config implies,
+//! or when the memory plan does not fit; the full report is printed first either way.
+//!
+//! Layout: this file holds the arguments and the entry point (print, then decide the exit
+//! status); `report` the `--json` record types; `build` turns a checkpoint or a config into that
+//! record; `text` renders it as text, with the memory plan table in `plan_table`.
+
+use anyhow::bail;
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::values::parse_token_count;
+use super::{group_digits, human_bytes};
+use crate::checkpoint::WeightFormat;
+use crate::plan::DeviceSet;
+
+mod build;
+mod plan_table;
+mod report;
+#[cfg(test)]
+mod tests;
+mod text;
+
+pub use build::build;
+pub use report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
+pub use text::compact_ranges;
+
+#[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
+pub struct InspectArgs {
+    /// Checkpoint directory (config.json + safetensors); its tensors are checked against the config
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+
+    /// A config.json alone: sizes come from the inventory it implies (no weights needed)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// With --config: the weight format to assume [default: official if the config says fp8, else bf16]
+    #[arg(long, value_name = "bf16|official|nvfp4", requires = "config")]
+    pub format: Option<WeightFormat>,
+
+    /// Plan memory over these devices: COUNTxSIZE, e.g. 8x96G or 2x80GiB (G = GiB = 2^30 B, GB = 10^9 B)
+    #[arg(long, value_name = "COUNTxSIZE")]
+    pub devices: Option<DeviceSet>,
+
+    /// Context length the memory plan provisions state for (k = 1024, m = 1048576)
+    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "128k")]
+    pub context: usize,
+
+    /// Prefill chunk the memory plan provisions workspace for
+    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    pub chunk: usize,
+
+    /// Print everything as one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    let report = build(args)?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        text::print_text(&report, out)?;
+    }
+    let mut problems = Vec::new();
+    if let Some(inv) = report.inventory.as_ref().filter(|i| !i.clean) {
+        let first: Vec<String> = inv
+            .mismatched
+            .iter()
+            .chain(&inv.missing)
+            .chain(&inv.extra)
+            .take(3)
+            .map(|e| e.to_string())
+            .collect();
+        problems.push(format!(
+            "checkpoint {} does not match the {}-format inventory its config implies: {} missing, {} extra, {} mismatched; first: {}",
+            report.source.path.display(),
+            inv.expected_format,
+            inv.missing_count,
+            inv.extra_count,
+            inv.mismatched_count,
+            first.join("; ")
+        ));
+    }
+    if let Some(p) = report.plan.as_ref().filter(|p| !p.fits) {
+        problems.push(format!(
+            "memory plan refused: {} cannot hold the model at context {}; short by {} ({} bytes)",
+            p.devices_spec,
+            p.context,
+            human_bytes(p.shortfall),
+            group_digits(p.shortfall)
+        ));
+    }
+    if !problems.is_empty() {
+        bail!(problems.join("; "));
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! The memory plan as a table: one row per device (layer range, what else it holds, weights,
+//! state, workspace, total, capacity, free), a total row, then the shortfalls when it does not
+//! fit, what is left out and the plan's assumptions.
+
+use std::io::Write;
+
+use super::{group_digits, human_bytes};
+use crate::plan::MemoryPlan;
+
+pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "memory plan {} at context {} tokens (prefill chunk {}): {}",
+        p.devices_spec,
+        group_digits(p.context as u64),
+        p.chunk,
+        if p.fits {
+            format!("fits ({})", p.strategy)
+        } else {
+            "REFUSED, does not fit".to_string()
+        }
+    )?;
+    writeln!(
+        out,
+        "{:>6}  {:<7} {:<10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12}",
+        "device", "layers", "also", "weights", "state", "workspace", "total", "capacity", "free"
+    )?;
+    for d in &p.devices {
+        let layers = match d.layers {
+            Some([a, b]) if a == b => a.to_string(),
+            Some([a, b]) => format!("{a}-{b}"),
+            None => "-".into(),
+        };
+        let also = match (d.holds_embed, d.holds_head) {
+            (true, true) => "embed+head",
+            (true, false) => "embed",
+            (false, true) => "head",
+            (false, false) => "",
+        };
+        let free = if d.free >= 0 {
+            human_bytes(d.free as u64)
+        } else {
+            format!("-{}", human_bytes(d.shortfall))
+        };
+        writeln!(
+            out,
+            "{:>6}  {:<7} {:<10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12}",
+            d.device,
+            layers,
+            also,
+            human_bytes(d.weights),
+            human_bytes(d.state),
+            human_bytes(d.workspace),
+            human_bytes(d.total),
+            human_bytes(d.capacity),
+            free
+        )?;
+    }
+    writeln!(
+        out,
+        "{:>6}  {:<7} {:<10} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "all",
+        "",
+        "",
+        human_bytes(p.weights),
+        human_bytes(p.state),
+        human_bytes(p.workspace),
+        human_bytes(p.total),
+        human_bytes(p.capacity)
+    )?;
+    if !p.fits {
+        for d in p.devices.iter().filter(|d| d.shortfall > 0) {
+            writeln!(
+                out,
+                "shortfall   device {}: needs {} ({} bytes) more than its {}",
+                d.device,
+                human_bytes(d.shortfall),
+                group_digits(d.shortfall),
+                human_bytes(d.capacity)
+            )?;
+        }
+        if p.total > p.capacity {
+            writeln!(
+                out,
+                "shortfall   in total: {} ({} bytes) more than all devices hold",
+                human_bytes(p.total - p.capacity),
+                group_digits(p.total - p.capacity)
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "  not placed: MTP ({}, never run)",
+        human_bytes(p.excluded_mtp_bytes)
+    )?;
+    for a in &p.assumptions {
+        writeln!(out, "  assumes: {a}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The record `inspect` computes and `--json` prints: where the numbers come from, the model
+//! dimensions, the layer schedule, the footprint, the inventory check and the memory plan.
+//! Plain data; [`super::build()`] fills it and [`super::text`] renders it.
+
+use serde::Serialize;
+use std::path::PathBuf;
+
+use crate::plan::{Footprint, MemoryPlan};
+
+/// Where the numbers come from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Source {
+    /// `checkpoint` or `config`.
+    pub kind: &'static str,
+    pub path: PathBuf,
+    pub format: String,
+    pub format_note: &'static str,
+    /// Shard files (checkpoint only).
+    pub shards: Option<usize>,
+}
+
+/// The model dimensions worth seeing at a glance.
+#[derive(Clone, Debug, Serialize)]
+pub struct Dims {
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub layers: usize,
+    pub attention_heads: usize,
+    pub head_dim: usize,
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_lora_rank: usize,
+    pub o_groups: usize,
+    pub index_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    pub routed_experts: usize,
+    pub experts_per_token: usize,
+    pub shared_experts: usize,
+    pub moe_intermediate: usize,
+    pub sliding_window: usize,
+    pub hc_mult: usize,
+    pub hash_layers: usize,
+    pub mtp_layers: usize,
+}
+
+/// One layer of the schedule.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerRow {
+    pub layer: usize,
+    pub kind: &'static str,
+    pub router: &'static str,
+}
+
+/// One tensor that differs from the expected inventory.
+#[derive(Clone, Debug, Serialize)]
+pub struct InventoryEntry {
+    pub name: String,
+    /// The shard holding it (absent for missing tensors).
+    pub file: Option<PathBuf>,
+    /// `DTYPE [shape]` the config implies (absent for extra tensors).
+    pub expected: Option<String>,
+    /// `DTYPE [shape]` on disk (absent for missing tensors).
+    pub found: Option<String>,
+}
+
+impl std::fmt::Display for InventoryEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.name)?;
+        if let Some(file) = &self.file {
+            write!(f, " in {}", file.display())?;
+        }
+        match (&self.expected, &self.found) {
+            (Some(e), Some(x)) => write!(f, ": expected {e}, found {x}"),
+            (Some(e), None) => write!(f, ": expected {e}, found no such tensor in any shard"),
+            (None, Some(x)) => write!(f, ": found {x}, expected no such tensor"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// The inventory comparison (checkpoint only).
+#[derive(Clone, Debug, Serialize)]
+pub struct InventoryReport {
+    pub clean: bool,
+    pub expected_format: String,
+    pub missing_count: usize,
+    pub extra_count: usize,
+    pub mismatched_count: usize,
+    /// The first entries of each category.
+    pub missing: Vec<InventoryEntry>,
+    pub extra: Vec<InventoryEntry>,
+    pub mismatched: Vec<InventoryEntry>,
+}
+
+/// Everything `inspect` reports (the `--json` object).
+#[derive(Clone, Debug, Serialize)]
+pub struct InspectReport {
+    pub source: Source,
+    pub config_hash: String,
+    pub dims: Dims,
+    pub schedule_summary: String,
+    pub schedule: Vec<LayerRow>,
+    pub footprint: Footprint,
+    pub inventory: Option<InventoryReport>,
+    pub plan: Option<MemoryPlan>,
+}

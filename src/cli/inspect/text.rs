@@ -1,0 +1,213 @@
+//! The text rendering of an [`InspectReport`]: source and dimensions, the layer schedule (a
+//! one-letter map and compact layer ranges per kind and router), the component and number
+//! format tables, and the inventory verdict; the memory plan table is [`super::plan_table`].
+
+use std::io::Write;
+
+use super::plan_table::print_plan;
+use super::report::InspectReport;
+use super::{group_digits, human_bytes};
+use crate::config::LayerKind;
+use crate::plan;
+
+/// Sorted indices -> `0-1, 2, 3-41/2` (runs of three or more with a common step are ranges,
+/// `/s` marks a step other than 1).
+pub fn compact_ranges(v: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i + 1;
+        if j < v.len() {
+            let step = v[j] - v[i];
+            while j + 1 < v.len() && v[j + 1] - v[j] == step {
+                j += 1;
+            }
+            let run = j - i + 1;
+            if step > 0 && (run >= 3 || (run == 2 && step == 1)) {
+                parts.push(if step == 1 {
+                    format!("{}-{}", v[i], v[j])
+                } else {
+                    format!("{}-{}/{}", v[i], v[j], step)
+                });
+                i = j + 1;
+                continue;
+            }
+        }
+        parts.push(v[i].to_string());
+        i += 1;
+    }
+    parts.join(", ")
+}
+
+pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Result<()> {
+    let d = &r.dims;
+    let s = &r.source;
+    match s.shards {
+        Some(n) => writeln!(
+            out,
+            "checkpoint  {} ({} shard file{})",
+            s.path.display(),
+            n,
+            if n == 1 { "" } else { "s" }
+        )?,
+        None => writeln!(
+            out,
+            "config      {} (no weights; sizes from the implied inventory)",
+            s.path.display()
+        )?,
+    }
+    writeln!(out, "format      {}: {}", s.format, s.format_note)?;
+    writeln!(out, "config hash {}", r.config_hash)?;
+    writeln!(
+        out,
+        "dims        hidden {}, vocab {}, {} heads x {} (rope {}), q_lora {}, o_lora {} x {} groups",
+        d.hidden_size, d.vocab_size, d.attention_heads, d.head_dim, d.rope_dim, d.q_lora_rank, d.o_lora_rank, d.o_groups
+    )?;
+    writeln!(
+        out,
+        "            indexer {} heads x {}, top-k {}; experts {} routed ({} active, {} wide) + {} shared",
+        d.index_heads, d.index_head_dim, d.index_topk, d.routed_experts, d.experts_per_token, d.moe_intermediate, d.shared_experts
+    )?;
+    writeln!(
+        out,
+        "            window {}, mHC {} streams, {} MTP layer(s) (never run)",
+        d.sliding_window, d.hc_mult, d.mtp_layers
+    )?;
+
+    // Schedule.
+    writeln!(out)?;
+    writeln!(out, "schedule    {}", r.schedule_summary)?;
+    let map: String = r
+        .schedule
+        .iter()
+        .map(|l| match l.kind {
+            "swa" => 'S',
+            "csa" => 'C',
+            _ => 'H',
+        })
+        .collect();
+    writeln!(
+        out,
+        "  map       {map}   (S = SWA, C = CSA, H = HCA, layer 0 first)"
+    )?;
+    for kind in [LayerKind::Swa, LayerKind::Csa, LayerKind::Hca] {
+        let layers: Vec<usize> = r
+            .schedule
+            .iter()
+            .filter(|l| l.kind == kind.name())
+            .map(|l| l.layer)
+            .collect();
+        if !layers.is_empty() {
+            writeln!(
+                out,
+                "  {:<9} {:>3} layers: {}",
+                kind.name().to_uppercase(),
+                layers.len(),
+                compact_ranges(&layers)
+            )?;
+        }
+    }
+    for router in ["hash", "score"] {
+        let layers: Vec<usize> = r
+            .schedule
+            .iter()
+            .filter(|l| l.router == router)
+            .map(|l| l.layer)
+            .collect();
+        if !layers.is_empty() {
+            writeln!(
+                out,
+                "  {:<9} {:>3} layers: {}",
+                format!("{router} moe"),
+                layers.len(),
+                compact_ranges(&layers)
+            )?;
+        }
+    }
+
+    // Components and formats.
+    let f = &r.footprint;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<28} {:>9} {:>18} {:>18} {:>11}",
+        "component", "tensors", "params", "bytes", ""
+    )?;
+    for row in &f.components {
+        write_tally(out, row.label, &row.tally, "")?;
+    }
+    write_tally(out, "main model (without MTP)", &f.main, "")?;
+    write_tally(out, "total", &f.total, "")?;
+    writeln!(
+        out,
+        "  params: logical weights (packed fp4 counts 2 per byte); scales, tid2eid tables and router biases count 0"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<28} {:>9} {:>18} {:>18} {:>11}",
+        "format (safetensors dtype)", "tensors", "params", "bytes", ""
+    )?;
+    for row in &f.formats {
+        write_tally(out, &row.dtype, &row.tally, row.note)?;
+    }
+
+    // Inventory.
+    if let Some(inv) = &r.inventory {
+        writeln!(out)?;
+        if inv.clean {
+            writeln!(
+                out,
+                "inventory   OK: {} tensors, exactly the {}-format inventory the config implies",
+                group_digits(f.total.tensors),
+                inv.expected_format
+            )?;
+        } else {
+            writeln!(
+                out,
+                "inventory   MISMATCH against the {}-format inventory the config implies: {} missing, {} extra, {} mismatched",
+                inv.expected_format, inv.missing_count, inv.extra_count, inv.mismatched_count
+            )?;
+            for (label, list, count) in [
+                ("missing", &inv.missing, inv.missing_count),
+                ("extra", &inv.extra, inv.extra_count),
+                ("mismatched", &inv.mismatched, inv.mismatched_count),
+            ] {
+                for e in list {
+                    writeln!(out, "  {label:<10} {e}")?;
+                }
+                if count > list.len() {
+                    writeln!(out, "  {label:<10} ... and {} more", count - list.len())?;
+                }
+            }
+        }
+    }
+
+    // Memory plan.
+    if let Some(p) = &r.plan {
+        print_plan(p, out)?;
+    }
+    Ok(())
+}
+
+fn write_tally(
+    out: &mut dyn Write,
+    label: &str,
+    t: &plan::Tally,
+    note: &str,
+) -> std::io::Result<()> {
+    let line = format!(
+        "{:<28} {:>9} {:>18} {:>18} {:>11}  {}",
+        label,
+        group_digits(t.tensors),
+        if t.params == 0 {
+            "-".to_string()
+        } else {
+            group_digits(t.params)
+        },
+        group_digits(t.bytes),
+        human_bytes(t.bytes),
+        note
+    );
+    writeln!(out, "{}", line.trim_end())
+}

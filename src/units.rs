@@ -1,0 +1,51 @@
+//! Human-readable numbers shared by the library's messages and the CLI's tables: digit grouping
+//! (`1,234,567`) and byte sizes in binary units (`1.50 GiB`). Pure formatting, no I/O; the CLI
+//! re-exports both as `crate::cli::{group_digits, human_bytes}`.
+
+/// `1234567` -> `1,234,567`.
+pub fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Bytes in binary units: `1.50 GiB`, `12.00 MiB`, `512 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_group_by_thousands() {
+        assert_eq!(group_digits(0), "0");
+        assert_eq!(group_digits(999), "999");
+        assert_eq!(group_digits(1000), "1,000");
+        assert_eq!(group_digits(159_609_485_896), "159,609,485,896");
+    }
+
+    #[test]
+    fn bytes_use_binary_units() {
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(human_bytes(12), "12 B");
+    }
+}
