@@ -1,6 +1,8 @@
 // elementwise.cu: RMS norm, RoPE, clamped SwiGLU, the residual add, compressor pooling and the
-// `--kv fp8` e4m3 simulation (host side: src/backend/gpu/norm.rs), and the bf16-exactness test
-// of the indexer's scores (src/backend/gpu/indexer.rs).
+// `--kv fp8` e4m3 simulation (host side: src/backend/gpu/norm.rs), the bf16-exactness test of
+// the indexer's scores (src/backend/gpu/scores.rs), and the copies that grow and trim the
+// per-sequence caches (src/backend/gpu/act.rs) and gather attended rows
+// (src/backend/gpu/attention.rs).
 //
 // Each kernel repeats the CPU reference's arithmetic in the same order, so on the host emulator
 // the results are bit-identical (the only transcendental, expf, is the same libm call there):
@@ -177,5 +179,23 @@ extern "C" __global__ void el_any_bits(const u32* x, i64 n, u32 mask, i64 parts,
         u32 any = 0u;
         for (i64 i = p; i < n; i += parts) any |= x[i] & mask;
         out[p] = any != 0u ? 1u : 0u;
+    }
+}
+
+// ---- Copies -----------------------------------------------------------------------------------
+
+// dst[i] = src[i] for i < n. The ranges must not overlap (threads run in any order); callers
+// pass byte offsets into larger buffers.
+extern "C" __global__ void el_copy(const float* src, float* dst, i64 n) {
+    NS_FOR(i, n) { dst[i] = src[i]; }
+}
+
+// dst[r, c] = src[ids[r], c] for r < n, c < dim: rows of a [rows, dim] tensor gathered into a
+// packed [n, dim] one (ids are validated by the host).
+extern "C" __global__ void el_gather_rows(const float* src, const int* ids, i64 n, i64 dim,
+                                          float* dst) {
+    NS_FOR(i, n * dim) {
+        i64 r = i / dim, c = i % dim;
+        dst[i] = src[(i64)ids[r] * dim + c];
     }
 }

@@ -12,8 +12,9 @@
 //! fit, [`PlacementError::DoesNotFit`] lists every device's need against its free memory and
 //! the shortfall, so the refusal comes before loading instead of an out-of-memory error midway.
 //!
-//! Known limit: the plan counts the sequence state (KV rows, index keys) on the device, which is
-//! conservative for the current GPU backend (it keeps activations and state on the host).
+//! The sequence state (window and compressed KV rows, prepared index keys) lives on the device in
+//! caches that double when full; the plan counts them as the GPU backend allocates them (f32,
+//! twice the rows held), so a run that was placed cannot run out of memory for its caches.
 
 use crate::config::ModelConfig;
 use crate::plan::{self, DeviceSet, Footprint, MemoryPlan};

@@ -1,6 +1,7 @@
 //! The GPU backend's sparse attention and MoE ops on the host emulator against the CPU
 //! reference: sparse attention with sink (ragged entries shared between queries, probabilities
-//! for some queries only, large logits, dominant sinks), the entry deduplication, router scores
+//! for some queries only, large logits, dominant sinks), the entry deduplication by index and
+//! the gather of each entry from its cache (window or compressed rows), router scores
 //! (always an f32 GEMM), the shared-expert FFN and the routed experts (uneven routes, an unused
 //! expert, a token routed twice to one expert) with f32 weights and with the stored formats of a
 //! synthetic official checkpoint (FP4 experts, FP8 shared expert).
@@ -57,30 +58,19 @@ fn gpu(ty: GemmType) -> EmuBackend {
 
 // ---------------------------------------------------------------- attention
 
-/// Entries of query t: a sliding window of `window` rows ending at row t + 2 of `win`, then a
-/// ragged pseudo-random set of `comp` rows (shared between queries); query 3 attends nothing.
-fn entry_lists<'a>(
-    win: &'a [f32],
-    comp: &'a [f32],
-    d: usize,
-    tokens: usize,
-) -> Vec<Vec<&'a [f32]>> {
-    let (nw, nc) = (win.len() / d, comp.len() / d);
+/// Entries of query t (indices into `nw` window rows followed by `nc` compressed rows): a
+/// sliding window of up to 4 rows ending at row t + 2, then a ragged pseudo-random set of
+/// compressed rows (shared between queries); query 3 attends nothing.
+fn entry_lists(nw: usize, nc: usize, tokens: usize) -> Vec<Vec<u32>> {
     (0..tokens)
         .map(|t| {
             if t == 3 {
                 return Vec::new();
             }
-            let mut v: Vec<&[f32]> = Vec::new();
             let end = (t + 3).min(nw);
-            for r in end.saturating_sub(4)..end {
-                v.push(&win[r * d..(r + 1) * d]);
-            }
-            for j in 0..(t * 5 + 1) % 9 {
-                let r = (t * 7 + j * 3) % nc;
-                v.push(&comp[r * d..(r + 1) * d]);
-            }
-            v
+            let window = (end.saturating_sub(4)..end).map(|r| r as u32);
+            let compressed = (0..(t * 5 + 1) % 9).map(|j| (nw + (t * 7 + j * 3) % nc) as u32);
+            window.chain(compressed).collect()
         })
         .collect()
 }
@@ -90,7 +80,7 @@ fn check_attention(d: usize, kv_scale: f32, sinks: &[f32]) {
     let win = scaled(10 * d, 1 + d as u64, kv_scale);
     let comp = scaled(13 * d, 2 + d as u64, kv_scale);
     let queries = scaled(tokens * h * d, 3 + d as u64, kv_scale);
-    let entries = entry_lists(&win, &comp, d, tokens);
+    let entries = entry_lists(10, 13, tokens);
     let want_probs = [true, false, true, true, false, false, true];
     let batch = AttentionBatch {
         heads: h,
@@ -98,6 +88,7 @@ fn check_attention(d: usize, kv_scale: f32, sinks: &[f32]) {
         scale: (d as f32).powf(-0.5),
         sinks,
         queries: queries.as_slice(),
+        kv: [win.as_slice(), comp.as_slice()],
         entries: &entries,
         want_probs: &want_probs,
     };
@@ -162,33 +153,74 @@ fn sparse_attention_matches_cpu() {
 }
 
 #[test]
-fn attention_entries_are_deduplicated_by_pointer() {
-    let d = 8;
-    let win = random(10 * d, 5);
-    let comp = random(13 * d, 6);
-    let entries = entry_lists(&win, &comp, d, 7);
-    let table = EntryTable::build(&entries, d).unwrap();
-    let mut distinct: Vec<usize> = entries
-        .iter()
-        .flatten()
-        .map(|v| v.as_ptr() as usize)
-        .collect();
+fn attention_entries_are_deduplicated_by_index() {
+    let (nw, nc) = (10, 13);
+    let entries = entry_lists(nw, nc, 7);
+    let table = EntryTable::build(&entries, [nw, nc]).unwrap();
+    let mut distinct: Vec<u32> = entries.iter().flatten().copied().collect();
     let total = distinct.len();
     distinct.sort();
     distinct.dedup();
     assert!(distinct.len() < total, "the test batch shares entries");
-    assert_eq!(table.unique, distinct.len());
-    assert_eq!(table.rows.len(), table.unique * d);
+    // Each distinct row once, ascending: the window rows, then the compressed rows rebased.
+    let window = distinct.iter().filter(|&&i| (i as usize) < nw).count();
+    assert!(0 < window && window < distinct.len(), "both caches");
+    let rebase = |i: u32| i as i32 - if (i as usize) < nw { 0 } else { nw as i32 };
+    let ids: Vec<i32> = distinct.iter().map(|&i| rebase(i)).collect();
+    assert_eq!((table.window, &table.ids), (window, &ids));
     assert_eq!(table.emax, entries.iter().map(Vec::len).max().unwrap());
     for (t, list) in entries.iter().enumerate() {
         assert_eq!(table.count[t] as usize, list.len());
         for e in 0..table.emax {
             let id = table.index[t * table.emax + e];
             match list.get(e) {
-                Some(v) => assert_eq!(&table.rows[id as usize * d..(id as usize + 1) * d], *v),
+                Some(i) => assert_eq!(distinct[id as usize], *i, "query {t} entry {e}"),
                 None => assert_eq!(id, -1),
             }
         }
+    }
+}
+
+#[test]
+fn attention_gathers_each_entry_from_its_cache() {
+    // One entry per query and a sink far below every logit: the softmax weight is exactly 1, so
+    // each output head is the attended row, bit for bit. Rows of both caches, shared between
+    // queries, the first and last of each; the window cache was grown by an append (its buffer
+    // is longer than its rows).
+    let (d, h, nw, nc) = (12, 2, 5, 7);
+    let all = random((nw + nc) * d, 8);
+    let picks = [0u32, 4, 5, 11, 5, 4, 8, 0];
+    let entries: Vec<Vec<u32>> = picks.iter().map(|&i| vec![i]).collect();
+    let tokens = picks.len();
+    let g = gpu(GemmType::F32);
+    let mut kv0 = g.act_of(&all[..2 * d]);
+    g.act_append(&mut kv0, &g.act_of(&all[2 * d..nw * d]));
+    let kv1 = g.act_of(&all[nw * d..]);
+    let queries = g.act_of(&random(tokens * h * d, 10));
+    let want_probs = vec![true; tokens];
+    let batch = AttentionBatch {
+        heads: h,
+        head_dim: d,
+        scale: 1.0,
+        sinks: &[-1e30; 2],
+        queries: &queries,
+        kv: [&kv0, &kv1],
+        entries: &entries,
+        want_probs: &want_probs,
+    };
+    let mut out = g.act_zeros(tokens * h * d);
+    let mut probs = vec![None; tokens];
+    g.sparse_attention(&batch, &mut out, &mut probs);
+    assert!(g.take_error().is_none());
+    let out = g.act_into_host(out);
+    for (t, &i) in picks.iter().enumerate() {
+        let row = &all[i as usize * d..(i as usize + 1) * d];
+        for head in 0..h {
+            let at = (t * h + head) * d;
+            assert_eq!(&out[at..at + d], row, "query {t} (entry {i}) head {head}");
+        }
+        let p = probs[t].as_ref().expect("probabilities wanted");
+        assert_eq!((&p.probs[..], &p.sink[..]), (&[1.0; 2][..], &[0.0; 2][..]));
     }
 }
 

@@ -1,6 +1,7 @@
 //! The GPU backend's weight path on the host emulator: every stored format (bf16, FP8 block,
 //! FP4 group, NVFP4) uploaded as stored, dequantised on the "device" and multiplied, against the
-//! CPU reference; gathers (embedding lookups); grouped products; the NaN-and-error contract.
+//! CPU reference; gathers (embedding lookups); grouped products; the NaN-and-error contract;
+//! activations that grow and drop their front (the caches) with device copies only.
 
 mod engine_support;
 
@@ -201,4 +202,66 @@ fn gemms_outside_their_buffers_are_refused_on_every_executor() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("empty inner dimension"), "{err}");
+}
+
+#[test]
+fn caches_grow_and_drop_their_front_with_device_copies_only() {
+    use needlescope::backend::gpu::act::MIN_CAPACITY;
+    let g = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
+    let mut rng = Rng::new(3);
+    let (mut a, mut model) = (g.act_zeros(0), Vec::new());
+    // (appended, dropped, capacity after): appends that fit, that double, that outgrow a
+    // doubling; drops whose rest overlaps what goes (a new buffer of the same capacity) and
+    // whose rest does not (in place); dropping everything keeps the buffer.
+    let steps = [
+        (5, 0, MIN_CAPACITY),
+        (300, 2, MIN_CAPACITY),
+        (1500, 1000, 2 * MIN_CAPACITY),
+        (0, 3, 2 * MIN_CAPACITY),
+        (6000, 100, 6800),
+        (7, 5000, 6800),
+        (50, 0, 6800),
+        (0, usize::MAX, 6800),
+        (10, 0, 6800),
+    ];
+    for (step, &(add, drop, capacity)) in steps.iter().enumerate() {
+        let tail_values = rng.values(add, 1.0);
+        let tail = g.act_of(&tail_values);
+        let before = g.transfer_bytes();
+        g.act_append(&mut a, &tail);
+        model.extend_from_slice(&tail_values);
+        let drop = drop.min(model.len());
+        g.act_drop_front(&mut a, drop);
+        model.drain(..drop);
+        assert_eq!(g.transfer_bytes(), before, "step {step}: no host copies");
+        assert!(g.take_error().is_none(), "step {step}");
+        assert_eq!(g.act_len(&a), model.len(), "step {step}");
+        assert_eq!(g.capacity(&a), capacity, "step {step}: capacity");
+        assert_eq!(&*g.act_host(&a), model.as_slice(), "step {step}: values");
+    }
+}
+
+#[test]
+fn an_append_from_another_device_moves_the_tail_and_a_failed_one_reads_nan() {
+    use needlescope::backend::gpu::GpuBackend;
+    use needlescope::backend::Site;
+    let devices = vec![EmuExecutor::new(0, 1 << 20), EmuExecutor::new(1, 12 << 10)];
+    let g = GpuBackend::new(devices, vec![0, 1], GemmType::F32);
+    g.enter_site(Site::Layer(0));
+    let mut a = g.act_of(&[1.0, 2.0]);
+    g.enter_site(Site::Layer(1));
+    g.act_append(&mut a, &g.act_of(&[3.0]));
+    assert!(g.take_error().is_none());
+    assert_eq!(a.device(), 0, "the cache stays on its device");
+    assert_eq!(&*g.act_host(&a), &[1.0, 2.0, 3.0]);
+    // Device 1 has 12 KiB: 4 KiB held, 4 KiB of tail and an 8 KiB grown buffer do not fit.
+    let mut b = g.act_of(&vec![1.0; 1000]);
+    g.act_append(&mut b, &g.act_of(&vec![2.0; 1000]));
+    let e = g.take_error().expect("the failed growth is recorded");
+    assert!(
+        e.contains("act_append") && e.contains("out of memory"),
+        "{e}"
+    );
+    assert_eq!(g.act_len(&b), 2000, "the length is the appended one");
+    assert!(g.act_host(&b).iter().all(|v| v.is_nan()));
 }

@@ -1,8 +1,9 @@
 //! The GPU backend's lightning indexer on the host emulator against the CPU reference: prepared
 //! keys and queries bit for bit in every index profile (random rows plus rows built to hit
 //! rounding ties, saturation, amax floors, subnormals and zeros), scores within a normalised
-//! error, batched scores with ragged visibility equal to the per-query path, and top-k identical
-//! to `CpuBackend::topk` (ties, NaN, infinities, short rows, 32K rows).
+//! error (raw, unprepared inputs on either side scored in f32), batched scores with ragged
+//! visibility equal to the per-query path (from a key cache longer than the visible rows), and
+//! top-k identical to `CpuBackend::topk` (ties, NaN, infinities, short rows, 32K rows).
 
 use needlescope::backend::gpu::indexer::index_scores_batch_tiled;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
@@ -151,7 +152,7 @@ fn prepared_keys_and_queries_are_bit_identical_to_cpu_in_every_profile() {
             let (mut kc, mut sc) = (vec![0.0; raw.len()], vec![0.0; n]);
             let (mut kg, mut sg) = (vec![0.0; raw.len()], vec![0.0; n]);
             cpu.index_prepare_keys(p, &raw, dim, &mut kc, &mut sc);
-            gpu.index_prepare_keys(p, &raw, dim, &mut kg, &mut sg);
+            gpu.index_prepare_keys_host(p, &raw, dim, &mut kg, &mut sg);
             assert!(gpu.take_error().is_none(), "{p}: device error");
             assert_bits_eq(&kg, &kc, &format!("{p} dim {dim}: prepared keys"));
             assert_bits_eq(&sg, &sc, &format!("{p} dim {dim}: key scales"));
@@ -318,6 +319,24 @@ fn unprepared_inputs_are_scored_in_f32_not_rounded_to_bf16() {
     gpu.index_scores(IndexProfile::SglangFp8, &q, &keys, &scales, dim, &mut got);
     let e = norm_err(&got, &want);
     assert!(e <= 2e-6, "normalised error {e:e}");
+    // Batched, from device activations: raw keys with prepared (bf16-exact) queries, and
+    // prepared keys with raw queries. Either raw side alone must keep the GEMM in f32.
+    let p = IndexProfile::SglangFp8;
+    let c = prepared(p, heads, dim, 3, n, 22);
+    assert!(c.keys.iter().all(|v| v.to_bits() & 0xFFFF == 0));
+    let flat_q: Vec<f32> = c.queries.iter().flat_map(|q| q.values.clone()).collect();
+    let flat_w: Vec<f32> = c.queries.iter().flat_map(|q| q.weights.clone()).collect();
+    let raw_q = rng.vec(flat_q.len(), 1.0);
+    let visible = [n, 7, n - 1];
+    for (what, qv, k) in [("raw keys", &flat_q, &keys), ("raw q", &raw_q, &c.keys)] {
+        let (mut want, mut got) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
+        let s = &c.scales;
+        cpu.index_scores_batch_host(p, qv, &flat_w, heads, dim, k, s, &visible, &mut want);
+        gpu.index_scores_batch_host(p, qv, &flat_w, heads, dim, k, s, &visible, &mut got);
+        assert!(gpu.take_error().is_none());
+        let e = norm_err(&got, &want);
+        assert!(e <= 2e-6, "{what}: normalised error {e:e}");
+    }
 }
 
 #[test]
@@ -350,10 +369,15 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
                     p, &flat_q, &flat_w, heads, dim, &c.keys, &c.scales, &visible, &mut got,
                 ),
                 Some(t) => {
+                    // A key cache longer than any query sees (NaN rows past the visible ones
+                    // must not be read).
                     let (q, w) = (gpu.act_of(&flat_q), gpu.act_of(&flat_w));
+                    let (mut k, mut s) = (gpu.act_of(&c.keys), gpu.act_of(&c.scales));
+                    gpu.act_append(&mut k, &gpu.act_of(&vec![f32::NAN; 3 * dim]));
+                    gpu.act_append(&mut s, &gpu.act_of(&[f32::NAN; 3]));
                     let mut out = gpu.act_zeros(got.len());
                     index_scores_batch_tiled(
-                        &gpu, p, &q, &w, 0, heads, dim, &c.keys, &c.scales, &visible, &mut out, t,
+                        &gpu, p, &q, &w, 0, heads, dim, &k, &s, &visible, &mut out, t,
                     )
                     .unwrap();
                     gpu.act_to(&out, &mut got);

@@ -2,7 +2,9 @@
 //! `index_prepare_queries` bit for bit equal to `CpuBackend::index_prepare_query` token by token
 //! in every index profile, and `topk_batch` identical to `CpuBackend::topk` row by row (ragged
 //! visibility, ties, NaN, infinities, row groups). A counting executor checks that each call is
-//! a constant number of launches and downloads, whatever the number of tokens.
+//! a constant number of launches and downloads, whatever the number of tokens, and that
+//! `index_scores_batch` reads its keys in place from a longer key cache: only the visibility
+//! goes up, and the bf16-exactness test (bf16 or f32 GEMM) looks at the visible rows only.
 
 use needlescope::backend::gpu::executor::{Arg, Executor, Gemm, GpuError};
 use needlescope::backend::gpu::topk::topk_batch_grouped;
@@ -11,12 +13,15 @@ use needlescope::backend::{Backend, CpuBackend, HostOps};
 use needlescope::numerics::IndexProfile;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The emulator, counting launches and device-to-host reads.
+/// The emulator, counting launches, device-to-host reads, host-to-device bytes and bf16 /
+/// f32 GEMMs.
 #[derive(Default)]
 struct Counting {
     inner: EmuExecutor,
     launches: AtomicUsize,
     reads: AtomicUsize,
+    written: AtomicUsize,
+    gemms: [AtomicUsize; 2],
 }
 
 type Buf = <EmuExecutor as Executor>::Buf;
@@ -34,6 +39,7 @@ impl Executor for Counting {
         self.inner.len(b)
     }
     fn write(&self, dst: &mut Buf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        self.written.fetch_add(src.len(), Ordering::Relaxed);
         self.inner.write(dst, offset, src)
     }
     fn read(&self, src: &Buf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
@@ -45,6 +51,7 @@ impl Executor for Counting {
         self.inner.launch(kernel, grid, args)
     }
     fn gemm(&self, g: &Gemm, x: &Buf, w: &Buf, y: &mut Buf) -> Result<(), GpuError> {
+        self.gemms[(g.ty == GemmType::F32) as usize].fetch_add(1, Ordering::Relaxed);
         self.inner.gemm(g, x, w, y)
     }
     fn synchronize(&self) -> Result<(), GpuError> {
@@ -334,5 +341,71 @@ fn per_row_topk_goes_through_the_batch_and_matches_cpu() {
         gpu.topk(&scores, &mut got);
         assert!(gpu.take_error().is_none());
         assert_eq!(got, want, "k {k}");
+    }
+}
+
+#[test]
+fn batched_scores_read_the_visible_rows_of_a_device_key_cache() {
+    let (cpu, gpu) = (CpuBackend::new(), gpu());
+    let (p, heads, dim, rows) = (IndexProfile::SglangFp8, 4usize, 64usize, 40usize);
+    let mut rng = Rng(17);
+    let raw = raw_queries(rows, dim, &mut rng);
+    let (mut keys, mut scales) = (vec![0.0; rows * dim], vec![0.0; rows]);
+    cpu.index_prepare_keys(p, &raw, dim, &mut keys, &mut scales);
+    let tokens = 3;
+    let q_raw = raw_queries(tokens * heads, dim, &mut rng);
+    let w_raw: Vec<f32> = (0..tokens * heads).map(|_| rng.uniform()).collect();
+    let (mut q, mut w) = (vec![0.0; q_raw.len()], vec![0.0; w_raw.len()]);
+    cpu.index_prepare_queries_host(p, &q_raw, &w_raw, heads, dim, &mut q, &mut w);
+    let (q_act, w_act) = (gpu.act_of(&q), gpu.act_of(&w));
+    // The cache on the device: the prepared rows, then 5 rows that are not bf16 (and NaN).
+    let mut tail = vec![0.3f32; 5 * dim];
+    tail[dim] = f32::NAN;
+    let (mut k_act, mut s_act) = (gpu.act_of(&keys), gpu.act_of(&scales));
+    gpu.act_append(&mut k_act, &gpu.act_of(&tail));
+    gpu.act_append(&mut s_act, &gpu.act_of(&[0.3; 5]));
+    let stride = rows + 5;
+    for (visible, bf16) in [([rows, 7, 0], true), ([rows + 1, 3, rows], false)] {
+        counts(&gpu);
+        let d = &gpu.devices()[0];
+        d.written.swap(0, Ordering::Relaxed);
+        d.gemms
+            .iter()
+            .for_each(|g| _ = g.swap(0, Ordering::Relaxed));
+        let mut out = gpu.act_zeros(tokens * stride);
+        gpu.index_scores_batch(
+            p, &q_act, &w_act, 0, heads, dim, &k_act, &s_act, &visible, &mut out,
+        );
+        assert!(gpu.take_error().is_none());
+        assert_eq!(
+            d.written.load(Ordering::Relaxed),
+            4 * tokens,
+            "{visible:?}: only the visibility goes up"
+        );
+        assert_eq!(
+            counts(&gpu).1,
+            1,
+            "{visible:?}: one download (the bf16 flag)"
+        );
+        let (b, f) = (
+            d.gemms[0].load(Ordering::Relaxed),
+            d.gemms[1].load(Ordering::Relaxed),
+        );
+        assert!(
+            b + f > 0 && (b > 0) == bf16 && (f > 0) != bf16,
+            "{visible:?}: {b} bf16 and {f} f32 GEMMs"
+        );
+        if bf16 {
+            // Prepared inputs: the CPU's scores up to summation order.
+            let mut want = vec![0.0; tokens * stride];
+            cpu.index_scores_batch_host(p, &q, &w, heads, dim, &keys, &scales, &visible, &mut want);
+            let got = gpu.act_into_host(out);
+            for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    x == y || (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "score {i}: {x} vs {y}"
+                );
+            }
+        }
     }
 }

@@ -123,6 +123,20 @@ pub trait HostOps: Backend {
         self.act_to(&a, rows);
     }
 
+    fn index_prepare_keys_host(
+        &self,
+        profile: IndexProfile,
+        raw: &[f32],
+        dim: usize,
+        prepared: &mut [f32],
+        scales: &mut [f32],
+    ) {
+        let (mut p, mut s) = (self.act_zeros(prepared.len()), self.act_zeros(scales.len()));
+        self.index_prepare_keys(profile, &self.act_of(raw), dim, &mut p, &mut s);
+        self.act_to(&p, prepared);
+        self.act_to(&s, scales);
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn index_prepare_queries_host(
         &self,
@@ -157,9 +171,8 @@ pub trait HostOps: Backend {
     ) {
         let mut o = self.act_zeros(out.len());
         let (q, w) = (self.act_of(queries), self.act_of(weights));
-        self.index_scores_batch(
-            profile, &q, &w, 0, heads, dim, keys, key_scales, visible, &mut o,
-        );
+        let (k, ks) = (self.act_of(keys), self.act_of(key_scales));
+        self.index_scores_batch(profile, &q, &w, 0, heads, dim, &k, &ks, visible, &mut o);
         self.act_to(&o, out);
     }
 
@@ -174,8 +187,9 @@ pub trait HostOps: Backend {
         probs: &mut [Option<AttentionProbs>],
     ) {
         let q = self.act_of(batch.queries);
+        let (w, c) = (self.act_of(batch.kv[0]), self.act_of(batch.kv[1]));
         let mut o = self.act_zeros(out.len());
-        self.sparse_attention(&batch.with_queries(&q), &mut o, probs);
+        self.sparse_attention(&batch.with_tensors(&q, [&w, &c]), &mut o, probs);
         self.act_to(&o, out);
     }
 

@@ -17,11 +17,14 @@
 //! - Activations are [`Backend::Act`] tensors: `len` f32 values, row-major, shapes given in
 //!   each method's docs (`T` = tokens of the chunk, `D` = hidden size, `n` = hc_mult streams,
 //!   `H` = heads). They live where the backend computes: a `Vec<f32>` on the CPU, device
-//!   memory on a GPU, so a layer's chain of ops never leaves the device. The model moves values
-//!   to the host only where it needs them there (`act_*` methods): the KV rows it caches, the
-//!   router scores it routes with, what the observer asked for. Small inputs that the model
-//!   assembles on the host (KV cache rows, prepared index keys, slot arrays of the compressor,
-//!   routes) stay host slices. [`HostOps`] runs any op on host slices (tests, parity).
+//!   memory on a GPU, so a layer's chain of ops never leaves the device. The per-sequence
+//!   caches (window KV rows, compressed rows, prepared index keys) are activations too, grown
+//!   with [`Backend::act_append`]. The model moves values to the host only where it needs them
+//!   there (`act_*` methods): the compressor projections it pools from its state, the router
+//!   scores it routes with, the top-k rows, the raw index keys and what the observer asked
+//!   for. Small inputs that the model assembles on the host (the compressor's slot arrays,
+//!   routes, attention entry indices) stay host slices. [`HostOps`] runs any op on host slices
+//!   (tests, parity).
 //!
 //! Rounding steps that belong to a numerics *profile* (index keys / queries) or to `--kv fp8`
 //! are delegated to `crate::numerics`; no method here rounds on its own.
@@ -135,8 +138,8 @@ pub struct Routes<'a> {
     pub weights: &'a [f32],
 }
 
-/// The queries of a chunk and, per query, the key/value vectors it attends (MQA: key = value).
-/// `Q` holds the queries: the backend's [`Backend::Act`] for the op, `[f32]` on the host.
+/// The queries of a chunk and, per query, the key/value rows it attends (MQA: key = value).
+/// `Q` holds the tensors: the backend's [`Backend::Act`] for the op, `[f32]` on the host.
 pub struct AttentionBatch<'a, Q: ?Sized = [f32]> {
     pub heads: usize,
     pub head_dim: usize,
@@ -146,16 +149,24 @@ pub struct AttentionBatch<'a, Q: ?Sized = [f32]> {
     pub sinks: &'a [f32],
     /// `[T, H, head_dim]`.
     pub queries: &'a Q,
-    /// Per query: the attended vectors (`head_dim` each), window tokens first, then
-    /// compressed rows, in the order the probabilities are reported.
-    pub entries: &'a [Vec<&'a [f32]>],
+    /// The rows the entries index, `[rows, head_dim]` each: the window cache, then the
+    /// compressed rows.
+    pub kv: [&'a Q; 2],
+    /// Per query: the attended rows as indices into `kv[0]` followed by `kv[1]` (index `i` is
+    /// row `i` of `kv[0]` below its row count, else row `i - rows(kv[0])` of `kv[1]`), window
+    /// tokens first, then compressed rows, in the order the probabilities are reported.
+    pub entries: &'a [Vec<u32>],
     /// Per query: whether to return the probabilities (for the observer).
     pub want_probs: &'a [bool],
 }
 
 impl<'a, Q: ?Sized> AttentionBatch<'a, Q> {
-    /// The same batch with other queries (same shape).
-    pub fn with_queries<'b, R: ?Sized>(&self, queries: &'b R) -> AttentionBatch<'b, R>
+    /// The same batch over other tensors of the same shapes (e.g. host slices of activations).
+    pub fn with_tensors<'b, R: ?Sized>(
+        &self,
+        queries: &'b R,
+        kv: [&'b R; 2],
+    ) -> AttentionBatch<'b, R>
     where
         'a: 'b,
     {
@@ -165,6 +176,7 @@ impl<'a, Q: ?Sized> AttentionBatch<'a, Q> {
             scale: self.scale,
             sinks: self.sinks,
             queries,
+            kv,
             entries: self.entries,
             want_probs: self.want_probs,
         }
@@ -242,6 +254,13 @@ pub trait Backend: Send + Sync {
     fn act_into_host(&self, a: Self::Act) -> Vec<f32> {
         self.act_host(&a).into_owned()
     }
+
+    /// Appends the values of `tail` to `a` (amortised growth: the caches grow by a chunk at a
+    /// time).
+    fn act_append(&self, a: &mut Self::Act, tail: &Self::Act);
+
+    /// Drops the first `n` values of `a` (`n` <= its length).
+    fn act_drop_front(&self, a: &mut Self::Act, n: usize);
 
     /// Moves an activation to the current site's device for good (the engine calls it for the
     /// hidden streams after [`Backend::enter_site`], so that a device boundary costs one move).
@@ -344,14 +363,14 @@ pub trait Backend: Send + Sync {
     fn kv_fp8_sim(&self, rows: &mut Self::Act, row_len: usize, nope_dims: usize);
 
     /// Prepares raw index key rows `[rows, dim]` for scoring under `profile`, writing the
-    /// prepared rows and one scale per row (host: the key store keeps them).
+    /// prepared rows `[rows, dim]` and one scale per row `[rows]`.
     fn index_prepare_keys(
         &self,
         profile: IndexProfile,
-        raw: &[f32],
+        raw: &Self::Act,
         dim: usize,
-        prepared: &mut [f32],
-        scales: &mut [f32],
+        prepared: &mut Self::Act,
+        scales: &mut Self::Act,
     );
 
     /// Prepares one token's index query `[heads, dim]` (after RoPE) and raw head weights
@@ -394,8 +413,9 @@ pub trait Backend: Send + Sync {
     /// Index scores of a block of T = `visible.len()` prepared queries, each against the rows
     /// it sees: queries `first..first + T` of `queries [>= first + T, heads, dim]` and `weights
     /// [>= first + T, heads]` (the `values` / `weights` of [`PreparedQuery`]s one after the other),
-    /// `keys [rows, dim]` / `key_scales [rows]` the prepared key rows (host), `visible[t]`
-    /// (<= rows) how many leading rows query t sees. `out` is `[T, stride]`:
+    /// `keys [>= rows, dim]` / `key_scales [>= rows]` the prepared key rows (only the leading
+    /// `max(visible)` are read), `visible[t]` how many leading rows query t sees. `out` is
+    /// `[T, stride]`:
     /// `out[t·stride + r]` is the score of row r for `r < visible[t]`, `-inf` for the rest.
     /// Per query the same values as [`Backend::index_scores`] up to the f32 summation order of
     /// each dot product.
@@ -408,8 +428,8 @@ pub trait Backend: Send + Sync {
         first: usize,
         heads: usize,
         dim: usize,
-        keys: &[f32],
-        key_scales: &[f32],
+        keys: &Self::Act,
+        key_scales: &Self::Act,
         visible: &[usize],
         out: &mut Self::Act,
     );

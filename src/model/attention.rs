@@ -118,7 +118,7 @@ impl<M> Attention<M> {
         backend: &B,
         x: &B::Act,
         first_pos: usize,
-        state: &mut LayerState,
+        state: &mut LayerState<B::Act>,
         run: &mut AttentionRun<'_>,
     ) -> B::Act {
         let (h, hd) = (self.heads, self.head_dim);
@@ -140,7 +140,7 @@ impl<M> Attention<M> {
         backend.rope(&self.rope, &mut kv, hd, &positions, false);
         self.round_kv(backend, &mut kv, run.kv);
         debug_assert_eq!(state.window.end(), first_pos, "window cache out of step");
-        state.window.append(&backend.act_host(&kv));
+        state.window.append(backend, &kv);
 
         if let Some(comp) = &self.compressor {
             let cs = state
@@ -151,7 +151,9 @@ impl<M> Attention<M> {
             let emitted = comp.feed(backend, x, first_pos, cs, &self.rope, |rows| {
                 self.round_kv(backend, rows, kv_mode)
             });
-            state.compressed.extend_from_slice(&emitted.rows);
+            if let Some(rows) = &emitted.rows {
+                state.compressed.append(backend, rows);
+            }
         }
         let selected = self.indexer.as_ref().map(|ix| {
             let store = state
@@ -176,9 +178,10 @@ impl<M> Attention<M> {
         let mut out = backend.act_zeros(tokens * d);
         backend.matmul(&z, &self.wo_b, &mut out);
 
-        state
-            .window
-            .forget_before((first_pos + tokens + 1).saturating_sub(self.window));
+        state.window.forget_before(
+            backend,
+            (first_pos + tokens + 1).saturating_sub(self.window),
+        );
         out
     }
 
@@ -195,7 +198,7 @@ impl<M> Attention<M> {
         backend: &B,
         q: &B::Act,
         first_pos: usize,
-        state: &LayerState,
+        state: &LayerState<B::Act>,
         selected: Option<&[i32]>,
         run: &mut AttentionRun<'_>,
     ) -> B::Act {
@@ -219,18 +222,23 @@ impl<M> Attention<M> {
             };
             rows_per_query.push(rows);
         }
-        let entries: Vec<Vec<&[f32]>> = windows
+        // Indices into the window rows followed by the compressed rows.
+        let window_rows = state.window.rows.rows() as u32;
+        let entries: Vec<Vec<u32>> = windows
             .iter()
             .zip(&rows_per_query)
             .map(|(win, rows)| {
-                let mut e: Vec<&[f32]> = win.iter().map(|&p| state.window.row(p)).collect();
-                e.extend(
-                    rows.iter()
-                        .map(|&r| &state.compressed[r * hd..(r + 1) * hd]),
-                );
+                let mut e: Vec<u32> = win
+                    .iter()
+                    .map(|&p| state.window.index_of(p) as u32)
+                    .collect();
+                e.extend(rows.iter().map(|&r| window_rows + r as u32));
                 e
             })
             .collect();
+        let empty = backend.act_zeros(0);
+        let window_kv = state.window.rows.data().unwrap_or(&empty);
+        let compressed_kv = state.compressed.data().unwrap_or(&empty);
         let want: Vec<bool> = (0..tokens)
             .map(|i| run.observer.wants_position(first_pos + i))
             .collect();
@@ -240,6 +248,7 @@ impl<M> Attention<M> {
             scale: (1.0 / (hd as f64).sqrt()) as f32,
             sinks: &self.sinks,
             queries: q,
+            kv: [window_kv, compressed_kv],
             entries: &entries,
             want_probs: &want,
         };

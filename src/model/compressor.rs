@@ -47,16 +47,12 @@ pub fn emission_position(w: usize, ratio: usize) -> usize {
 }
 
 /// Rows completed by one `feed`.
-pub struct EmittedRows {
+pub struct EmittedRows<A> {
     pub first_row: usize,
-    /// `[rows, c]`.
-    pub rows: Vec<f32>,
-}
-
-impl EmittedRows {
-    pub fn count(&self, c: usize) -> usize {
-        self.rows.len() / c
-    }
+    /// Rows emitted.
+    pub count: usize,
+    /// `[count, c]` (None when no row was completed).
+    pub rows: Option<A>,
 }
 
 /// One compressor's weights.
@@ -110,7 +106,7 @@ impl<M> Compressor<M> {
 
     /// Feeds the chunk `x [T, D]` at positions `first_pos..`, updating `state`, and returns the
     /// post-processed rows (norm + RoPE at m·w) it completed, after `finish` (a last in-place
-    /// step on the device, e.g. `--kv fp8` rounding) on the host.
+    /// step, e.g. `--kv fp8` rounding).
     pub fn feed<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
@@ -119,7 +115,7 @@ impl<M> Compressor<M> {
         state: &mut CompressorState,
         rope: &RopeTable,
         finish: impl FnOnce(&mut B::Act),
-    ) -> EmittedRows {
+    ) -> EmittedRows<B::Act> {
         let (m, c) = (self.ratio, self.c);
         let width = state.width;
         let tokens = backend.act_len(x) / backend.matrix_shape(&self.wkv).1;
@@ -168,7 +164,8 @@ impl<M> Compressor<M> {
         if count == 0 {
             return EmittedRows {
                 first_row,
-                rows: Vec::new(),
+                count,
+                rows: None,
             };
         }
         let mut rows = backend.act_zeros(count * c);
@@ -179,7 +176,8 @@ impl<M> Compressor<M> {
         finish(&mut rows);
         EmittedRows {
             first_row,
-            rows: backend.act_into_host(rows),
+            count,
+            rows: Some(rows),
         }
     }
 
@@ -294,7 +292,8 @@ mod tests {
                 |_| {},
             );
             assert_eq!(out.first_row, rows.len() / C);
-            rows.extend(out.rows);
+            assert_eq!(out.count * C, out.rows.as_ref().map_or(0, Vec::len));
+            rows.extend(out.rows.unwrap_or_default());
             pos += n;
         }
         (rows, state)

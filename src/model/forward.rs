@@ -275,7 +275,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A fresh, empty sequence.
-    pub fn new_sequence(&self) -> SequenceState {
+    pub fn new_sequence(&self) -> SequenceState<B::Act> {
         SequenceState::new(&self.cfg)
     }
 
@@ -283,7 +283,7 @@ impl<B: Backend> Engine<B> {
     /// logits. Invalid token ids or logit positions are errors and leave `state` untouched.
     pub fn forward(
         &self,
-        state: &mut SequenceState,
+        state: &mut SequenceState<B::Act>,
         tokens: &[u32],
         observer: &mut dyn Observer,
         logits: LogitsRequest,

@@ -88,7 +88,7 @@ impl<M> Indexer<M> {
         x: &B::Act,
         qr: &B::Act,
         first_pos: usize,
-        store: &mut IndexKeyStore,
+        store: &mut IndexKeyStore<B::Act>,
         rope: &RopeTable,
         run: &mut IndexerRun<'_>,
     ) -> Vec<i32> {
@@ -118,6 +118,9 @@ impl<M> Indexer<M> {
             .collect();
         let mut kept: Vec<Option<Vec<f32>>> = vec![None; tokens];
         let mut selected = vec![-1i32; tokens * k];
+        let empty = backend.act_zeros(0);
+        let keys = store.prepared.data().unwrap_or(&empty);
+        let key_scales = store.scales.data().unwrap_or(&empty);
         for b0 in (0..tokens).step_by(TOKENS_PER_BLOCK) {
             let b1 = (b0 + TOKENS_PER_BLOCK).min(tokens);
             let visible: Vec<usize> = (b0..b1).map(|i| visible_rows(first_pos + i, 4)).collect();
@@ -131,8 +134,8 @@ impl<M> Indexer<M> {
                 b0,
                 heads,
                 dim,
-                &store.prepared[..stride * dim],
-                &store.scales[..stride],
+                keys,
+                key_scales,
                 &visible,
                 &mut scores,
             );
@@ -158,25 +161,25 @@ impl<M> Indexer<M> {
         backend: &B,
         x: &B::Act,
         first_pos: usize,
-        store: &mut IndexKeyStore,
+        store: &mut IndexKeyStore<B::Act>,
         rope: &RopeTable,
         profile: IndexProfile,
     ) {
         let emitted =
             self.compressor
                 .feed(backend, x, first_pos, &mut store.compressor, rope, |_| {});
-        let rows = emitted.count(self.dim);
-        if rows == 0 {
+        let Some(raw) = emitted.rows else {
             return;
-        }
+        };
+        let rows = emitted.count;
         debug_assert_eq!(emitted.first_row, store.rows());
         debug_assert_eq!(store.dim, self.dim);
-        let mut prepared = vec![0.0f32; emitted.rows.len()];
-        let mut scales = vec![0.0f32; rows];
-        backend.index_prepare_keys(profile, &emitted.rows, self.dim, &mut prepared, &mut scales);
-        store.raw.extend_from_slice(&emitted.rows);
-        store.prepared.extend_from_slice(&prepared);
-        store.scales.extend_from_slice(&scales);
+        let mut prepared = backend.act_zeros(rows * self.dim);
+        let mut scales = backend.act_zeros(rows);
+        backend.index_prepare_keys(profile, &raw, self.dim, &mut prepared, &mut scales);
+        store.raw.extend_from_slice(&backend.act_host(&raw));
+        store.prepared.append(backend, &prepared);
+        store.scales.append(backend, &scales);
     }
 
     /// Observer calls: per probed position, and the chunk-wide intermediates when wanted.
@@ -188,7 +191,7 @@ impl<M> Indexer<M> {
         q: &B::Act,
         w: &B::Act,
         first_pos: usize,
-        store: &IndexKeyStore,
+        store: &IndexKeyStore<B::Act>,
         kept: &[Option<Vec<f32>>],
         selected: &[i32],
         run: &mut IndexerRun<'_>,

@@ -71,7 +71,7 @@ impl<M> Layer<M> {
         streams: &mut B::Act,
         tokens: &[u32],
         first_pos: usize,
-        state: &mut LayerState,
+        state: &mut LayerState<B::Act>,
         hc: &HcParams,
         switches: LayerSwitches,
         observer: &mut dyn Observer,

@@ -2,6 +2,10 @@
 //! (attention.md section 8). One [`SequenceState`] per sequence, created by
 //! `Engine::new_sequence` and reset (or dropped) between sequences — never shared.
 //!
+//! The caches of rows ([`RowCache`]) hold backend activations (`A` = the backend's
+//! `Backend::Act`: host memory on the CPU, device memory on a GPU), so a GPU keeps them on the
+//! device and never uploads them again; row counts are kept on the host.
+//!
 //! Per layer ([`LayerState`]):
 //! - [`WindowCache`]: the main KV rows (after norm, RoPE and the optional `--kv fp8` rounding) of
 //!   the last `sliding_window - 1` tokens before the next chunk, plus the chunk itself while it
@@ -17,19 +21,86 @@
 //! window (both halves, as REF keeps them). A fresh state has no previous window, which is the
 //! "-inf logits, zero values" initial state REF needs but never resets.
 
+use crate::backend::Backend;
 use crate::config::{LayerKind, ModelConfig};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 
-/// The state of one sequence across all main layers.
-#[derive(Clone, Debug)]
-pub struct SequenceState {
+/// Rows of `dim` values in one backend activation, grown at the end and dropped at the front.
+/// Empty until the first append (no backend is needed to create or reset it).
+pub struct RowCache<A> {
+    dim: usize,
+    rows: usize,
+    data: Option<A>,
+}
+
+impl<A> RowCache<A> {
+    pub fn new(dim: usize) -> Self {
+        RowCache {
+            dim,
+            rows: 0,
+            data: None,
+        }
+    }
+
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The rows `[rows, dim]`, or None while empty.
+    pub fn data(&self) -> Option<&A> {
+        self.data.as_ref().filter(|_| self.rows > 0)
+    }
+
+    /// Appends the rows of `tail` (`[n, dim]`).
+    pub fn append<B: Backend<Act = A>>(&mut self, backend: &B, tail: &A) {
+        let n = backend.act_len(tail) / self.dim;
+        if n == 0 {
+            return;
+        }
+        let data = self.data.get_or_insert_with(|| backend.act_zeros(0));
+        backend.act_append(data, tail);
+        self.rows += n;
+    }
+
+    /// Drops the first `n` rows (at most all of them).
+    pub fn drop_front<B: Backend<Act = A>>(&mut self, backend: &B, n: usize) {
+        let n = n.min(self.rows);
+        if n == 0 {
+            return;
+        }
+        if let Some(data) = &mut self.data {
+            backend.act_drop_front(data, n * self.dim);
+        }
+        self.rows -= n;
+    }
+
+    pub fn clear(&mut self) {
+        self.rows = 0;
+        self.data = None;
+    }
+
+    fn floats(&self) -> usize {
+        self.rows * self.dim
+    }
+}
+
+impl<A> std::fmt::Debug for RowCache<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RowCache {{ rows: {}, dim: {} }}", self.rows, self.dim)
+    }
+}
+
+/// The state of one sequence across all main layers (`A`: the backend's activation type).
+#[derive(Debug)]
+pub struct SequenceState<A = Vec<f32>> {
     pub(crate) len: usize,
-    pub(crate) layers: Vec<LayerState>,
+    pub(crate) layers: Vec<LayerState<A>>,
     /// The (index profile, kv mode) its cached rows were rounded under, once it has tokens.
     pub(crate) rounding: Option<(IndexProfile, KvMode)>,
 }
 
-impl SequenceState {
+impl<A> SequenceState<A> {
     /// An empty sequence for a model of `cfg`.
     pub fn new(cfg: &ModelConfig) -> Self {
         SequenceState {
@@ -69,22 +140,22 @@ impl SequenceState {
 }
 
 /// One layer's state.
-#[derive(Clone, Debug)]
-pub struct LayerState {
-    pub(crate) window: WindowCache,
+#[derive(Debug)]
+pub struct LayerState<A> {
+    pub(crate) window: WindowCache<A>,
     pub(crate) compressor: Option<CompressorState>,
     /// Emitted main compressed rows `[rows, head_dim]`.
-    pub(crate) compressed: Vec<f32>,
-    pub(crate) indexer: Option<IndexKeyStore>,
+    pub(crate) compressed: RowCache<A>,
+    pub(crate) indexer: Option<IndexKeyStore<A>>,
 }
 
-impl LayerState {
+impl<A> LayerState<A> {
     fn new(cfg: &ModelConfig, kind: LayerKind) -> Self {
         let ratio = kind.ratio();
         LayerState {
             window: WindowCache::new(cfg.head_dim),
             compressor: (ratio != 0).then(|| CompressorState::new(ratio, cfg.head_dim)),
-            compressed: Vec::new(),
+            compressed: RowCache::new(cfg.head_dim),
             indexer: (kind == LayerKind::Csa).then(|| IndexKeyStore::new(cfg.index_head_dim)),
         }
     }
@@ -101,28 +172,26 @@ impl LayerState {
     }
 
     fn memory_bytes(&self) -> usize {
-        let floats = self.window.rows.len()
+        let floats = self.window.rows.floats()
             + self.compressor.as_ref().map_or(0, CompressorState::floats)
-            + self.compressed.len()
+            + self.compressed.floats()
             + self.indexer.as_ref().map_or(0, IndexKeyStore::floats);
         floats * std::mem::size_of::<f32>()
     }
 }
 
-/// The raw window KV rows of consecutive positions `first_pos..first_pos + len`.
-#[derive(Clone, Debug)]
-pub struct WindowCache {
-    pub(crate) dim: usize,
+/// The raw window KV rows of consecutive positions `first_pos..end()`.
+#[derive(Debug)]
+pub struct WindowCache<A> {
     pub(crate) first_pos: usize,
-    pub(crate) rows: Vec<f32>,
+    pub(crate) rows: RowCache<A>,
 }
 
-impl WindowCache {
+impl<A> WindowCache<A> {
     fn new(dim: usize) -> Self {
         WindowCache {
-            dim,
             first_pos: 0,
-            rows: Vec::new(),
+            rows: RowCache::new(dim),
         }
     }
 
@@ -133,31 +202,30 @@ impl WindowCache {
 
     /// Positions held: `first_pos..end()`.
     pub fn end(&self) -> usize {
-        self.first_pos + self.rows.len() / self.dim
+        self.first_pos + self.rows.rows()
     }
 
     /// Appends rows for positions `end()..`.
-    pub fn append(&mut self, rows: &[f32]) {
-        self.rows.extend_from_slice(rows);
+    pub fn append<B: Backend<Act = A>>(&mut self, backend: &B, rows: &A) {
+        self.rows.append(backend, rows);
     }
 
-    /// Token `pos`'s row; `pos` must be held.
-    pub fn row(&self, pos: usize) -> &[f32] {
+    /// Index in [`WindowCache::rows`] of token `pos`'s row; `pos` must be held.
+    pub fn index_of(&self, pos: usize) -> usize {
         debug_assert!(
             pos >= self.first_pos && pos < self.end(),
             "window row {pos} not held"
         );
-        let i = pos - self.first_pos;
-        &self.rows[i * self.dim..(i + 1) * self.dim]
+        pos - self.first_pos
     }
 
     /// Drops rows of positions before `pos`.
-    pub fn forget_before(&mut self, pos: usize) {
+    pub fn forget_before<B: Backend<Act = A>>(&mut self, backend: &B, pos: usize) {
         if pos <= self.first_pos {
             return;
         }
-        let drop = (pos - self.first_pos).min(self.rows.len() / self.dim);
-        self.rows.drain(..drop * self.dim);
+        let drop = (pos - self.first_pos).min(self.rows.rows());
+        self.rows.drop_front(backend, drop);
         self.first_pos += drop;
     }
 }
@@ -214,26 +282,27 @@ impl CompressorState {
 }
 
 /// The indexer's compressor state and its emitted key rows.
-#[derive(Clone, Debug)]
-pub struct IndexKeyStore {
+#[derive(Debug)]
+pub struct IndexKeyStore<A> {
     pub(crate) dim: usize,
     pub(crate) compressor: CompressorState,
-    /// `[rows, dim]` after norm and RoPE, before any Hadamard or rounding.
+    /// `[rows, dim]` after norm and RoPE, before any Hadamard or rounding (host: the observer
+    /// reads them).
     pub(crate) raw: Vec<f32>,
     /// `[rows, dim]` prepared under the driving profile.
-    pub(crate) prepared: Vec<f32>,
+    pub(crate) prepared: RowCache<A>,
     /// `[rows]` score multipliers of the prepared rows.
-    pub(crate) scales: Vec<f32>,
+    pub(crate) scales: RowCache<A>,
 }
 
-impl IndexKeyStore {
+impl<A> IndexKeyStore<A> {
     fn new(dim: usize) -> Self {
         IndexKeyStore {
             dim,
             compressor: CompressorState::new(4, dim),
             raw: Vec::new(),
-            prepared: Vec::new(),
-            scales: Vec::new(),
+            prepared: RowCache::new(dim),
+            scales: RowCache::new(1),
         }
     }
 
@@ -246,11 +315,11 @@ impl IndexKeyStore {
 
     /// Key rows emitted so far.
     pub fn rows(&self) -> usize {
-        self.scales.len()
+        self.scales.rows()
     }
 
     fn floats(&self) -> usize {
-        self.compressor.floats() + self.raw.len() + self.prepared.len() + self.scales.len()
+        self.compressor.floats() + self.raw.len() + self.prepared.floats() + self.scales.floats()
     }
 }
 
@@ -260,20 +329,26 @@ mod tests {
 
     #[test]
     fn window_cache_forgets_old_positions() {
+        let cpu = crate::backend::CpuBackend::new();
         let mut w = WindowCache::new(2);
-        w.append(&[0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
+        w.append(&cpu, &vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5]);
         assert_eq!(w.end(), 3);
-        w.forget_before(2);
+        w.forget_before(&cpu, 2);
         assert_eq!((w.first_pos, w.end()), (2, 3));
-        assert_eq!(w.row(2), &[2.0, 2.5]);
-        w.forget_before(1);
+        assert_eq!(w.index_of(2), 0);
+        assert_eq!(w.rows.data().unwrap(), &vec![2.0, 2.5]);
+        w.forget_before(&cpu, 1);
         assert_eq!(w.first_pos, 2);
+        w.append(&cpu, &vec![3.0, 3.5]);
+        assert_eq!((w.end(), w.index_of(3)), (4, 1));
+        w.reset();
+        assert_eq!((w.end(), w.rows.data()), (0, None));
     }
 
     #[test]
     fn tiny_state_has_compressors_where_the_schedule_says() {
         let cfg = ModelConfig::tiny();
-        let s = SequenceState::new(&cfg);
+        let s = SequenceState::<Vec<f32>>::new(&cfg);
         let has: Vec<(bool, bool)> = s
             .layers
             .iter()

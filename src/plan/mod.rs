@@ -15,16 +15,20 @@
 //! goes with the first device; the head, final norm and `hc_head_*` with the last; MTP tensors are
 //! excluded (needlescope never runs the MTP layer). Each device holds, for its layers:
 //! - **weights** in their stored formats (the layer's tensor bytes);
-//! - **state** for the planned context `C` (see [`layer_state`]):
-//!   - sliding-window ring, every layer: `sliding_window x head_dim` bf16 (V4 has one KV head);
-//!   - compressed KV rows, CSA and HCA layers: `floor(C / ratio) x head_dim` bf16, 1024 B per row
-//!     on Flash. We plan for bf16 rows, the larger of the two layouts the engine may keep (an
-//!     fp8 `--kv fp8` cache row is 584 B: 448 e4m3 + 64 bf16 RoPE dims + 8 B of scales);
-//!   - index keys, CSA layers: `floor(C / 4) x index_head_dim` f32, the raw keys every index
-//!     profile is derived from at scoring time (and that the observer reads);
+//! - **state** for the planned context `C` and prefill chunk `T` (see [`layer_state`]), as the
+//!   engine's GPU backend keeps it: f32 rows in device caches that double their allocation
+//!   when full, so each cache is counted at [`CACHE_GROWTH_SLACK`] (2) x its rows:
+//!   - window rows, every layer: `(sliding_window + T) x head_dim` (V4 has one KV head; the
+//!     chunk's own rows join the window while the layer runs);
+//!   - compressed KV rows, CSA and HCA layers: `floor(C / ratio) x head_dim`, 2048 B per row on
+//!     Flash (`--kv fp8` rounds the values in place, it does not shrink the rows);
+//!   - index keys, CSA layers: `floor(C / 4) x (index_head_dim + 1)`, the keys prepared under
+//!     the run's profile and their score multipliers (the raw keys the observer reads stay on
+//!     the host);
 //!   - compressor carry (the unfinished pooling group, kv and gate projections in f32):
 //!     `c * ratio` tokens of `2 * c * head_dim` values, c = 2 on CSA (overlapping), 1 on HCA, plus
-//!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`);
+//!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`); the engine
+//!     keeps it on the host, the plan counts it anyway (it is small);
 //! - **workspace** ([`workspace_bytes`]): a fixed 1 GiB (CUDA context, cuBLAS workspace, kernel
 //!   modules, allocator slack) plus the f32 activations of one prefill chunk of `T` tokens,
 //!   `4 B x T x (3 * hc_mult * hidden + 2 * heads * head_dim + heads * (window + index_topk +
@@ -116,7 +120,7 @@ pub fn plan(
         .collect();
     let layers = footprint.layer_bytes.len();
     let states: Vec<u64> = (0..layers)
-        .map(|l| layer_state(cfg, l, context).total())
+        .map(|l| layer_state(cfg, l, context, chunk).total())
         .collect();
     let items: Vec<u64> = (0..layers)
         .map(|l| footprint.layer_bytes[l] + states[l])

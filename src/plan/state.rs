@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::config::{LayerKind, ModelConfig};
 
-/// Per-layer state bytes for a context (see the module docs for the layouts).
+/// Per-layer state bytes on the device for a context (see the module docs for the layouts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LayerState {
     pub window: u64,
@@ -20,10 +20,16 @@ impl LayerState {
     }
 }
 
-/// State of main layer `layer` after `context` tokens.
-pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize) -> LayerState {
+/// Growth slack of the device caches: they double their allocation when full.
+pub const CACHE_GROWTH_SLACK: u64 = 2;
+
+/// State of main layer `layer` after `context` tokens run in prefill chunks of `chunk`.
+pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize) -> LayerState {
     let (c, hd) = (context as u64, cfg.head_dim as u64);
-    let window = cfg.sliding_window as u64 * hd * 2;
+    let chunk = chunk.min(context).max(1) as u64;
+    // f32 rows, allocations up to CACHE_GROWTH_SLACK x the rows held.
+    let cache = |rows: u64, width: u64| CACHE_GROWTH_SLACK * rows * width * 4;
+    let window = cache(cfg.sliding_window as u64 + chunk, hd);
     match cfg.layer_kind(layer) {
         LayerKind::Swa => LayerState {
             window,
@@ -34,14 +40,14 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize) -> LayerStat
             let ihd = cfg.index_head_dim as u64;
             LayerState {
                 window,
-                compressed_kv: rows * hd * 2,
-                index_keys: rows * ihd * 4,
+                compressed_kv: cache(rows, hd),
+                index_keys: cache(rows, ihd) + cache(rows, 1),
                 compressor_carry: (8 * 2 * 2 * hd + 8 * 2 * 2 * ihd) * 4,
             }
         }
         LayerKind::Hca => LayerState {
             window,
-            compressed_kv: (c / 128) * hd * 2,
+            compressed_kv: cache(c / 128, hd),
             index_keys: 0,
             compressor_carry: 128 * 2 * hd * 4,
         },

@@ -153,15 +153,19 @@ fn refusal_reports_the_shortfall() {
 #[test]
 fn state_follows_the_layer_kind() {
     let cfg = ModelConfig::flash();
-    let swa = layer_state(&cfg, 0, 131072);
-    let csa = layer_state(&cfg, 2, 131072);
-    let hca = layer_state(&cfg, 3, 131072);
-    assert_eq!(swa.window, 128 * 512 * 2);
+    let swa = layer_state(&cfg, 0, 131072, 2048);
+    let csa = layer_state(&cfg, 2, 131072, 2048);
+    let hca = layer_state(&cfg, 3, 131072, 2048);
+    // f32 rows, twice the rows held (the caches double when full).
+    assert_eq!(swa.window, 2 * (128 + 2048) * 512 * 4);
     assert_eq!(swa.compressed_kv + swa.index_keys, 0);
-    assert_eq!(csa.compressed_kv, 32768 * 1024);
-    assert_eq!(csa.index_keys, 32768 * 128 * 4);
-    assert_eq!(hca.compressed_kv, 1024 * 1024);
+    assert_eq!(csa.window, swa.window);
+    assert_eq!(csa.compressed_kv, 2 * 32768 * 2048);
+    assert_eq!(csa.index_keys, 2 * 32768 * (128 + 1) * 4);
+    assert_eq!(hca.compressed_kv, 2 * 1024 * 2048);
     assert_eq!(hca.index_keys, 0);
+    // A short context counts its chunk at most once.
+    assert_eq!(layer_state(&cfg, 0, 100, 2048).window, 2 * 228 * 512 * 4);
 }
 
 fn flash_footprint() -> Footprint {

@@ -55,6 +55,26 @@ pub fn sparse_attention(
 ) {
     let (h, d) = (batch.heads, batch.head_dim);
     let tokens = batch.entries.len();
+    let [window, compressed] = batch.kv;
+    let window_rows = window.len() / d.max(1);
+    // Each query's attended rows, resolved once for all its heads.
+    let resolved: Vec<Vec<&[f32]>> = batch
+        .entries
+        .iter()
+        .map(|ids| {
+            ids.iter()
+                .map(|&i| {
+                    let i = i as usize;
+                    if i < window_rows {
+                        &window[i * d..(i + 1) * d]
+                    } else {
+                        let r = i - window_rows;
+                        &compressed[r * d..(r + 1) * d]
+                    }
+                })
+                .collect()
+        })
+        .collect();
     assert_eq!(
         batch.queries.len(),
         tokens * h * d,
@@ -69,7 +89,7 @@ pub fn sparse_attention(
         .enumerate()
         .map(|(i, o)| {
             let (t, head) = (i / h, i % h);
-            let entries = &batch.entries[t];
+            let entries = &resolved[t];
             let q = &batch.queries[i * d..(i + 1) * d];
             let mut p = if batch.want_probs[t] {
                 vec![0.0f32; entries.len()]
@@ -142,9 +162,9 @@ mod tests {
 
     #[test]
     fn sink_only_enters_the_denominator() {
-        let e0 = [1.0f32, 0.0];
-        let e1 = [0.0f32, 1.0];
-        let entries = vec![vec![&e0[..], &e1[..]]];
+        // Row 0 in the window, row 1 in the compressed rows.
+        let (window, compressed) = ([1.0f32, 0.0], [0.0f32, 1.0]);
+        let entries = vec![vec![0u32, 1]];
         let q = [1.0f32, 0.0];
         let batch = AttentionBatch {
             heads: 1,
@@ -152,6 +172,7 @@ mod tests {
             scale: 1.0,
             sinks: &[0.5],
             queries: &q[..],
+            kv: [&window[..], &compressed[..]],
             entries: &entries,
             want_probs: &[true],
         };

@@ -155,6 +155,14 @@ impl Backend for CpuBackend {
         a
     }
 
+    fn act_append(&self, a: &mut Vec<f32>, tail: &Vec<f32>) {
+        a.extend_from_slice(tail);
+    }
+
+    fn act_drop_front(&self, a: &mut Vec<f32>, n: usize) {
+        a.drain(..n);
+    }
+
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> CpuMatrix {
         CpuMatrix::new(data, rows, cols)
     }
@@ -258,10 +266,10 @@ impl Backend for CpuBackend {
     fn index_prepare_keys(
         &self,
         profile: IndexProfile,
-        raw: &[f32],
+        raw: &Vec<f32>,
         dim: usize,
-        prepared: &mut [f32],
-        scales: &mut [f32],
+        prepared: &mut Vec<f32>,
+        scales: &mut Vec<f32>,
     ) {
         selection::index_prepare_keys(profile, raw, dim, prepared, scales)
     }
@@ -325,20 +333,21 @@ impl Backend for CpuBackend {
         first: usize,
         heads: usize,
         dim: usize,
-        keys: &[f32],
-        key_scales: &[f32],
+        keys: &Vec<f32>,
+        key_scales: &Vec<f32>,
         visible: &[usize],
         out: &mut Vec<f32>,
     ) {
         let tokens = visible.len();
+        let rows = visible.iter().copied().max().unwrap_or(0);
         selection::index_scores_batch(
             profile,
             &queries[first * heads * dim..(first + tokens) * heads * dim],
             &weights[first * heads..(first + tokens) * heads],
             heads,
             dim,
-            keys,
-            key_scales,
+            &keys[..rows * dim],
+            &key_scales[..rows],
             visible,
             out,
         )
@@ -358,7 +367,12 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         probs: &mut [Option<AttentionProbs>],
     ) {
-        attention::sparse_attention(&batch.with_queries(batch.queries.as_slice()), out, probs)
+        let kv = [batch.kv[0].as_slice(), batch.kv[1].as_slice()];
+        attention::sparse_attention(
+            &batch.with_tensors(batch.queries.as_slice(), kv),
+            out,
+            probs,
+        )
     }
 
     fn router_scores(&self, u: &Vec<f32>, gate: &CpuMatrix, out: &mut [f32]) {

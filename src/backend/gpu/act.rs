@@ -3,13 +3,18 @@
 //! operand moved there for good ([`GpuBackend::migrate`]), an output buffer there
 //! ([`GpuBackend::output`]), and NaN outputs after a failure ([`GpuBackend::settle_acts`]).
 //!
-//! An activation is one f32 buffer on one device of the backend. Activations are created on the
-//! current site's device; an op runs on the device of its weight (or, without a weight, on the
-//! current site's device), and an operand that lives elsewhere is moved there through the host
-//! (download, upload: rare, once per device boundary of the placement). A buffer whose
-//! allocation failed is `None` (the failure was recorded): ops fail on it, reads give NaN.
+//! An activation is `len` f32 values at the start of one buffer on one device of the backend;
+//! the buffer may hold more (its *capacity*, [`GpuBackend::capacity`]): the per-sequence caches
+//! grow in place by a chunk at a time ([`GpuBackend::append`], doubling when full, at least
+//! [`MIN_CAPACITY`] values) and forget their oldest rows ([`GpuBackend::drop_front`]), all with
+//! device-to-device copies (`el_copy`). Everything else reads and writes the first `len` values
+//! only. Activations are created on the current site's device; an op runs on the device of its
+//! weight (or, without a weight, on the current site's device), and an operand that lives
+//! elsewhere is moved there through the host (download, upload: rare, once per device boundary
+//! of the placement). A buffer whose allocation failed is `None` (the failure was recorded): ops
+//! fail on it, reads give NaN.
 
-use super::executor::{bytemuck_lite, download, upload, Executor, GpuError};
+use super::executor::{bytemuck_lite, download, grid_for, upload, Arg, Executor, GpuError};
 use super::matrix::GpuMatrix;
 use super::GpuBackend;
 use std::ops::Deref;
@@ -58,6 +63,28 @@ impl<B> Deref for Placed<'_, B> {
             Placed::Moved(b) => b,
         }
     }
+}
+
+/// Smallest capacity (values) a growing activation gets.
+pub const MIN_CAPACITY: usize = 1024;
+
+/// Copies `n` f32 values on device `e` from element `from` of `src` to element `to` of `dst`
+/// (one launch of `el_copy`). The two ranges must not overlap (threads run in any order).
+pub fn copy_values<E: Executor>(
+    e: &E,
+    (src, from): (&E::Buf, usize),
+    (dst, to): (&E::Buf, usize),
+    n: usize,
+) -> Result<(), GpuError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::Buf(src, from * 4),
+        Arg::Buf(dst, to * 4),
+        Arg::I64(n as i64),
+    ];
+    e.launch("el_copy", grid_for(n), &args)
 }
 
 fn lost() -> GpuError {
@@ -191,10 +218,70 @@ impl<E: Executor> GpuBackend<E> {
         a.buf.as_mut().ok_or_else(lost)
     }
 
-    /// Makes `b` (on device `d`, `a.len` values) the buffer of `a`.
+    /// Makes `b` (on device `d`, at least `a.len` values) the buffer of `a`.
     pub fn replace(&self, a: &mut GpuAct<E::Buf>, d: usize, b: E::Buf) {
         a.buf = Some(b);
         a.device = d;
+    }
+
+    /// Values the buffer of `a` has room for (at least its length; 0 without a buffer).
+    pub fn capacity(&self, a: &GpuAct<E::Buf>) -> usize {
+        a.buf
+            .as_ref()
+            .map_or(0, |b| self.devices[a.device].len(b) / 4)
+    }
+
+    /// Appends the values of `tail` to `a` on `a`'s device (see
+    /// [`crate::backend::Backend::act_append`]): in place when the capacity allows, else into a
+    /// new buffer of twice the capacity (at least the new length and [`MIN_CAPACITY`]) after a
+    /// device copy of the old values. `a.len` is the new length even on failure (the caller
+    /// then fills it with NaN).
+    pub fn append(&self, a: &mut GpuAct<E::Buf>, tail: &GpuAct<E::Buf>) -> Result<(), GpuError> {
+        let (old, need) = (a.len, a.len + tail.len);
+        a.len = need;
+        if tail.len == 0 {
+            return Ok(());
+        }
+        let d = a.device;
+        let e = &self.devices[d];
+        let t = self.on(tail, d)?;
+        let cap = self.capacity(a);
+        if cap < need {
+            let grown = e.alloc(need.max(2 * cap).max(MIN_CAPACITY) * 4)?;
+            if old > 0 {
+                let b = a.buf.as_ref().ok_or_else(lost)?;
+                copy_values(e, (b, 0), (&grown, 0), old)?;
+            }
+            a.buf = Some(grown);
+        }
+        let b = a.buf.as_ref().ok_or_else(lost)?;
+        copy_values(e, (&t, 0), (b, old), tail.len)
+    }
+
+    /// Drops the first `n` values of `a` (see [`crate::backend::Backend::act_drop_front`]): the
+    /// rest moves to the front in place when the two ranges are disjoint (`n >= len - n`), else
+    /// into a new buffer of the same capacity (an overlapping copy would race). Panics when
+    /// `n > len`.
+    pub fn drop_front(&self, a: &mut GpuAct<E::Buf>, n: usize) -> Result<(), GpuError> {
+        assert!(
+            n <= a.len,
+            "act_drop_front: {n} values of an activation of {}",
+            a.len
+        );
+        let rest = a.len - n;
+        a.len = rest;
+        if n == 0 || rest == 0 {
+            return Ok(());
+        }
+        let e = &self.devices[a.device];
+        let b = a.buf.as_ref().ok_or_else(lost)?;
+        if n >= rest {
+            return copy_values(e, (b, n), (b, 0), rest);
+        }
+        let moved = e.alloc(self.capacity(a) * 4)?;
+        copy_values(e, (b, n), (&moved, 0), rest)?;
+        a.buf = Some(moved);
+        Ok(())
     }
 
     /// Fills an activation with NaN, best effort: in place when it has a buffer, else a new

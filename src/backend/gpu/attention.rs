@@ -1,13 +1,15 @@
 //! Sparse attention with sink on the GPU backend (attention.md 4.5; kernels in
-//! `kernels/attention.cu`).
+//! `kernels/attention.cu`, the row gather in `kernels/elementwise.cu`).
 //!
-//! The queries `[T, H, head_dim]` are a device activation (used in place on the current site's
-//! device) and so is the output; the attended entries arrive as host slices pointing into a few
-//! host KV buffers (window rows, compressed rows), many of them shared between queries.
-//! [`EntryTable::build`] deduplicates them by pointer (the same slice start is the same vector)
-//! into one table `[U, head_dim]` uploaded once per call, an i32 index table `[T, E]` (`E` = the
-//! most entries of any query, `-1` padded) and the per-query counts `[T]`. Four launches then
-//! compute, per query t and head h:
+//! Everything large is a device activation used in place on the current site's device: the
+//! queries `[T, H, head_dim]`, the output, and the two KV caches `kv[0]` (window rows) and
+//! `kv[1]` (compressed rows), `[rows, head_dim]` each. Per query the entries are indices into
+//! `kv[0]` followed by `kv[1]`, many of them shared between queries. [`EntryTable::build`]
+//! deduplicates them by index on the host: the distinct rows in ascending order (so the window
+//! rows come first), an i32 index table `[T, E]` into them (`E` = the most entries of any query,
+//! `-1` padded) and the per-query counts `[T]`. Only these index lists (and the sinks) are
+//! uploaded; two `el_gather_rows` launches copy the distinct rows from `kv[0]` and `kv[1]` into
+//! one packed table `[U, head_dim]`. Four launches then compute, per query t and head h:
 //!
 //! - `attn_logits` (t, h, e): `ℓ = dot(q, v_e)·scale` with the CPU's 8-lane dot product;
 //! - `attn_softmax` (t, h): `m = max(σ_h, ℓ…)`, `w_e = exp(ℓ_e - m)`, the denominator summed in
@@ -23,57 +25,109 @@
 use super::executor::{buf, bytemuck_lite, grid_for, Arg, Executor};
 use super::{Act, GpuBackend, GpuError};
 use crate::backend::{AttentionBatch, AttentionProbs};
-use std::collections::HashMap;
 
 /// The deduplicated entries of a batch, as uploaded.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EntryTable {
-    /// Distinct vectors `[U, head_dim]`, in order of first use.
-    pub rows: Vec<f32>,
-    /// Distinct vector count `U`.
-    pub unique: usize,
+    /// The distinct attended rows `U`, ascending, as source rows: the first [`Self::window`]
+    /// are rows of `kv[0]`, the rest rows of `kv[1]` (the entry index minus `rows(kv[0])`).
+    /// Table row `j` is the row `ids[j]` names.
+    pub ids: Vec<i32>,
+    /// How many of `ids` are window rows (`kv[0]`).
+    pub window: usize,
     /// Most entries of any query (`E`).
     pub emax: usize,
-    /// `[T, E]`: row of `rows` for each entry, `-1` past a query's count.
+    /// `[T, E]`: table row of each entry, `-1` past a query's count.
     pub index: Vec<i32>,
     /// `[T]`: entries per query.
     pub count: Vec<i32>,
 }
 
 impl EntryTable {
-    /// Deduplicates `entries` (vectors of `dim` values) by slice pointer.
-    pub fn build(entries: &[Vec<&[f32]>], dim: usize) -> Result<Self, GpuError> {
-        let tokens = entries.len();
-        let emax = entries.iter().map(Vec::len).max().unwrap_or(0);
+    /// Deduplicates `entries` (indices into `rows[0]` window rows followed by `rows[1]`
+    /// compressed rows). Panics on an index past both (a caller bug, as on the CPU).
+    pub fn build(entries: &[Vec<u32>], rows: [usize; 2]) -> Result<Self, GpuError> {
+        let total = rows[0] + rows[1];
         let too_many = || GpuError::Other("attention: more entries than an i32 indexes".into());
-        let mut seen: HashMap<usize, i32> = HashMap::new();
-        let mut rows = Vec::new();
-        let mut index = vec![-1i32; tokens * emax];
-        let mut count = Vec::with_capacity(tokens);
+        i32::try_from(total).map_err(|_| too_many())?;
+        let emax = entries.iter().map(Vec::len).max().unwrap_or(0);
+        // Table row of every source row that some query attends (-1: none), in source order:
+        // first marked USED, then numbered.
+        const USED: i32 = i32::MAX;
+        let mut slot = vec![-1i32; total];
+        for (t, list) in entries.iter().enumerate() {
+            for &i in list {
+                assert!(
+                    (i as usize) < total,
+                    "attention: entry {i} of query {t} past the {} + {} kv rows",
+                    rows[0],
+                    rows[1]
+                );
+                slot[i as usize] = USED;
+            }
+        }
+        let mut ids = Vec::new();
+        for (i, s) in slot.iter_mut().enumerate() {
+            if *s == USED {
+                *s = ids.len() as i32;
+                let source = if i < rows[0] { i } else { i - rows[0] };
+                ids.push(source as i32);
+            }
+        }
+        let window = slot[..rows[0]].iter().filter(|&&s| s >= 0).count();
+        let mut index = vec![-1i32; entries.len() * emax];
+        let mut count = Vec::with_capacity(entries.len());
         for (t, list) in entries.iter().enumerate() {
             count.push(i32::try_from(list.len()).map_err(|_| too_many())?);
-            for (e, v) in list.iter().enumerate() {
-                assert_eq!(
-                    v.len(),
-                    dim,
-                    "attention: entry of query {t} not head_dim long"
-                );
-                let next = i32::try_from(seen.len()).map_err(|_| too_many())?;
-                let id = *seen.entry(v.as_ptr() as usize).or_insert_with(|| {
-                    rows.extend_from_slice(v);
-                    next
-                });
-                index[t * emax + e] = id;
+            for (e, &i) in list.iter().enumerate() {
+                index[t * emax + e] = slot[i as usize];
             }
         }
         Ok(EntryTable {
-            rows,
-            unique: seen.len(),
+            ids,
+            window,
             emax,
             index,
             count,
         })
     }
+
+    /// Distinct attended rows (`U`).
+    pub fn unique(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// The packed table `[U, d]` of the distinct rows: `el_gather_rows` from `kv[0]` for the window
+/// rows, then from `kv[1]` at row `window` (each cache placed on device `dev` only if used).
+fn gather_table<E: Executor>(
+    g: &GpuBackend<E>,
+    dev: usize,
+    kv: [&Act<E>; 2],
+    table: &EntryTable,
+    d: usize,
+) -> Result<E::Buf, GpuError> {
+    let e = g.dev_at(dev);
+    let rows = e.alloc((table.unique() * d * 4).max(1))?;
+    let ids = g.up_i32(&table.ids)?;
+    let parts = [(0, table.window), (table.window, table.unique())];
+    for (cache, (from, to)) in kv.into_iter().zip(parts) {
+        if to > from && d > 0 {
+            let src = g.on(cache, dev)?;
+            e.launch(
+                "el_gather_rows",
+                grid_for((to - from) * d),
+                &[
+                    buf(&*src),
+                    Arg::Buf(&ids, from * 4),
+                    Arg::I64((to - from) as i64),
+                    Arg::I64(d as i64),
+                    Arg::Buf(&rows, from * d * 4),
+                ],
+            )?;
+        }
+    }
+    Ok(rows)
 }
 
 pub fn sparse_attention<E: Executor>(
@@ -101,11 +155,15 @@ pub fn sparse_attention<E: Executor>(
     if tokens == 0 || h == 0 {
         return Ok(());
     }
-    let table = EntryTable::build(batch.entries, d)?;
+    let kv_rows = batch.kv.map(|a| a.len() / d.max(1));
+    for (a, r) in batch.kv.iter().zip(kv_rows) {
+        assert_eq!(a.len(), r * d, "attention: kv not [rows, head_dim]");
+    }
+    let table = EntryTable::build(batch.entries, kv_rows)?;
     let emax = table.emax;
     let dev = g.current_index();
     let e = g.dev_at(dev);
-    let rows = g.up(&table.rows)?;
+    let rows = gather_table(g, dev, batch.kv, &table, d)?;
     let index = g.up_i32(&table.index)?;
     let count = g.up_i32(&table.count)?;
     let queries = g.on(batch.queries, dev)?;

@@ -2,24 +2,28 @@
 //! batched scores, and top-k selection (kernels in `kernels/indexer.cu`).
 //!
 //! Shapes (as in [`crate::backend::Backend`]): key rows `[rows, dim]` -> prepared `[rows, dim]`
-//! and one scale per row (host in and out: the key store keeps them); one token's query
-//! `[heads, dim]` and raw weights `[heads]` -> a [`PreparedQuery`] (host), or T tokens'
-//! `[T, heads, dim]` / `[T, heads]` device activations at once ([`index_prepare_queries`]: one
-//! launch over `T x heads` query heads, outputs on the device); scores `[T, stride]` (a device
-//! activation) for the T prepared queries from query `first` of the activations against the
-//! leading `visible[t]` host key rows (`-inf` beyond).
+//! and one scale per row, device activations in and out (the model appends them to its key
+//! cache on the device); one token's query `[heads, dim]` and raw weights `[heads]` -> a
+//! [`PreparedQuery`] (host), or T tokens' `[T, heads, dim]` / `[T, heads]` device activations at
+//! once ([`index_prepare_queries`]: one launch over `T x heads` query heads, outputs on the
+//! device); scores `[T, stride]` (a device activation) for the T prepared queries from query
+//! `first` of the activations against the leading `visible[t]` rows of the prepared key
+//! activations (`-inf` beyond).
 //!
 //! - **Preparation** runs one device thread per key row / query head, each a port of
 //!   `numerics::profiles` (bf16 rounding, Hadamard, e4m3 / e2m1 simulations) through a *recipe*
 //!   ([`key_recipe`], [`query_recipe`]): the same four steps with some switched off. Prepared
-//!   values and scales equal the CPU's bit for bit (NaN payloads aside). Query heads are
-//!   independent, so a chunk of T tokens is one launch over `T x heads` heads with the per-token
-//!   head-weight scale `S(heads, dim)`.
+//!   values and scales equal the CPU's bit for bit (NaN payloads aside). Key rows are copied
+//!   device to device into the prepared activation, then prepared there in place. Query heads
+//!   are independent, so a chunk of T tokens is one launch over `T x heads` heads with the
+//!   per-token head-weight scale `S(heads, dim)`.
 //! - **Scores** are in [`super::scores`].
 //! - **Top-k** (exact, one row or T rows at once) is in [`super::topk`].
 //!
-//! Host inputs are uploaded per call; device activations are used in place.
+//! Host inputs (the single-query path's) are uploaded per call; device activations are used in
+//! place.
 
+use super::act::copy_values;
 use super::executor::{buf, grid_for, Arg, Executor, GpuError};
 use super::{Act, GpuBackend};
 use crate::numerics::hadamard::hadamard_scale;
@@ -80,13 +84,16 @@ fn check_rotation(profile: IndexProfile, recipe: i32, dim: usize) -> Result<(), 
     Ok(())
 }
 
+/// Prepared key rows and their scales on the device: `raw [rows, dim]` (an activation, read in
+/// place) is copied device to device into `prepared`, which `idx_prepare_keys` then rounds in
+/// place while writing `scales [rows]`.
 pub fn index_prepare_keys<E: Executor>(
     g: &GpuBackend<E>,
     profile: IndexProfile,
-    raw: &[f32],
+    raw: &Act<E>,
     dim: usize,
-    prepared: &mut [f32],
-    scales: &mut [f32],
+    prepared: &mut Act<E>,
+    scales: &mut Act<E>,
 ) -> Result<(), GpuError> {
     assert_eq!(
         prepared.len(),
@@ -104,23 +111,25 @@ pub fn index_prepare_keys<E: Executor>(
     }
     let recipe = key_recipe(profile);
     check_rotation(profile, recipe, dim)?;
-    let rows_b = g.up(raw)?;
-    let scales_b = g.zeros(rows)?;
-    g.dev().launch(
+    let dev = g.current_index();
+    let e = g.dev_at(dev);
+    let raw_b = g.on(raw, dev)?;
+    let keys_b = g.output(prepared, dev)?;
+    copy_values(e, (&raw_b, 0), (keys_b, 0), raw.len())?;
+    let scales_b = g.output(scales, dev)?;
+    e.launch(
         "idx_prepare_keys",
         grid_for(rows),
         &[
-            buf(&rows_b),
-            buf(&scales_b),
+            buf(keys_b),
+            buf(scales_b),
             Arg::I64(rows as i64),
             Arg::I64(dim as i64),
             Arg::I32(recipe),
             Arg::I64(INDEX_FP4_BLOCK as i64),
             Arg::F32(hadamard_scale(dim)),
         ],
-    )?;
-    g.down(&rows_b, prepared)?;
-    g.down(&scales_b, scales)
+    )
 }
 
 /// Launches `idx_prepare_query` over `n` query heads (`n / heads` tokens): `q_in [n, dim]` ->
@@ -199,6 +208,16 @@ pub fn index_prepare_query<E: Executor>(
     g.down(&q_out, &mut query.values)?;
     g.down(&w_out, &mut query.weights)?;
     Ok(query)
+}
+
+/// The query a failed [`index_prepare_query`] gives: NaN values and weights.
+pub fn nan_query(heads: usize, dim: usize) -> PreparedQuery {
+    PreparedQuery {
+        values: vec![f32::NAN; heads * dim],
+        weights: vec![f32::NAN; heads],
+        heads,
+        dim,
+    }
 }
 
 /// The queries of T tokens: `q_raw [T, heads, dim]`, `weights_raw [T, heads]` into `values`

@@ -12,6 +12,7 @@
 //! NVFP4 values times their f32 global scale may round), as in the serving engines.
 
 use super::executor::{buf, grid_for, upload, Arg, Executor, Gemm, GemmType, GpuError};
+use super::{Act, GpuBackend};
 use crate::checkpoint::linear::{LinearForm, QuantWeight, SharedLinear};
 use std::ops::Range;
 
@@ -43,6 +44,39 @@ impl<B> GpuMatrix<B> {
             .as_ref()
             .ok_or_else(|| GpuError::Other("weight scales missing on the device".into()))
     }
+}
+
+/// A decoded f32 matrix `[rows, cols]` already uploaded to device `device` (`data` None when
+/// the upload failed and was recorded).
+pub fn decoded<B>(data: Option<B>, rows: usize, cols: usize, device: usize) -> GpuMatrix<B> {
+    GpuMatrix {
+        rows,
+        cols,
+        device,
+        form: LinearForm::F32,
+        data,
+        scale: None,
+    }
+}
+
+/// Rows `rows` of `table` decoded into `out [rows.len(), cols]` (see
+/// [`crate::backend::Backend::gather_rows`]), on the table's device.
+pub fn gather_rows<E: Executor>(
+    g: &GpuBackend<E>,
+    table: &GpuMatrix<E::Buf>,
+    rows: &[usize],
+    out: &mut Act<E>,
+) -> Result<(), GpuError> {
+    assert_eq!(
+        out.len(),
+        rows.len() * table.cols,
+        "gather_rows: out not [n, D]"
+    );
+    let e = g.dev_of(table);
+    let ids: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+    let ids = upload(e, &ids)?;
+    let o = g.output(out, table.device)?;
+    dequant_rows(e, table, Some(&ids), 0, rows.len(), o, GemmType::F32)
 }
 
 /// Uploads a linear weight in its stored format (bytes and scales as they are) to device `e`,

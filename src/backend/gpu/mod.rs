@@ -6,19 +6,22 @@
 //! - [`EmuBackend`] = `GpuBackend<EmuExecutor>`: the same kernels compiled for the host by
 //!   build.rs; CI runs every op and whole forwards through it against the CPU reference.
 //!
-//! Activations are resident: [`Backend::Act`] is a [`GpuAct`], one f32 buffer on one device, so
-//! a layer's chain of ops (norms, projections, RoPE, mHC, attention, experts) reads and writes
-//! device memory only. Ops run on the device of their weight, ops without a weight on the
-//! current [`Site`]'s device; an input activation living on another device is moved there
-//! through the host, an in-place one for good (see [`act`]), so with several devices the hidden
-//! state crosses once per device boundary. Per layer the host still sends the small inputs the
-//! trait keeps as slices (RMS-norm weights, RoPE cos / sin, the attended KV entries, the
-//! compressor's slot arrays, prepared index keys, routes) and receives what the model needs
-//! there: router scores, top-k selections, attention probabilities when observed, and what the
-//! model reads with `act_read` (new KV rows, index keys, observed tensors). Weights stay on their
-//! device in the stored format ([`matrix::GpuMatrix`]); several devices are used by placing
-//! contiguous layer ranges on each ([`GpuBackend::new`] takes the layer -> device map from
-//! `crate::placement`). [`Backend::transfer_bytes`] sums the executors' copy counters.
+//! Activations are resident: [`Backend::Act`] is a [`GpuAct`], one f32 buffer on one device, so a
+//! layer's chain of ops (norms, projections, RoPE, mHC, attention, experts) reads and writes device
+//! memory only. Ops run on the device of their weight, ops without a weight on the current
+//! [`Site`]'s device; an input activation living on another device is moved there through the host,
+//! an in-place one for good (see [`act`]), so with several devices the hidden state crosses once
+//! per device boundary. The per-sequence caches (window KV rows, compressed rows, prepared index
+//! keys) are activations too, grown and trimmed on the device ([`Backend::act_append`],
+//! [`Backend::act_drop_front`]); sparse attention gathers its entries from them there and the
+//! indexer scores against them in place. Per layer the host still sends the small inputs the trait
+//! keeps as slices (RMS-norm weights, RoPE cos / sin, attention entry indices, the compressor's
+//! slot arrays, routes) and receives what the model needs there: router scores, top-k selections,
+//! attention probabilities when observed, and what the model reads with `act_read` (compressor
+//! projections, raw index keys, observed tensors). Weights stay on their device in the stored
+//! format ([`matrix::GpuMatrix`]); several devices are used by placing contiguous layer ranges on
+//! each ([`GpuBackend::new`] takes the layer -> device map from `crate::placement`).
+//! [`Backend::transfer_bytes`] sums the executors' copy counters.
 //!
 //! Ops cannot return errors, so a failure (out of memory, a failed launch) is recorded, the op's
 //! outputs are filled with NaN where possible (a device output is overwritten with NaNs, best
@@ -193,6 +196,16 @@ impl<E: Executor> Backend for GpuBackend<E> {
         self.act_download(a, start, out)
     }
 
+    fn act_append(&self, a: &mut Act<E>, tail: &Act<E>) {
+        let r = self.append(a, tail);
+        self.settle_acts("act_append", r, &mut [a]);
+    }
+
+    fn act_drop_front(&self, a: &mut Act<E>, n: usize) {
+        let r = self.drop_front(a, n);
+        self.settle_acts("act_drop_front", r, &mut [a]);
+    }
+
     fn act_to_site(&self, a: &mut Act<E>) {
         let d = self.current_index();
         if let Err(e) = self.migrate(a, d) {
@@ -207,18 +220,8 @@ impl<E: Executor> Backend for GpuBackend<E> {
     }
 
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> Self::Matrix {
-        let stored = upload(self.dev(), &data);
-        if let Err(e) = &stored {
-            self.fail("upload", GpuError::Other(e.to_string()));
-        }
-        GpuMatrix {
-            rows,
-            cols,
-            device: self.current_index(),
-            form: crate::checkpoint::linear::LinearForm::F32,
-            data: stored.ok(),
-            scale: None,
-        }
+        let stored = upload(self.dev(), &data).map_err(|e| self.fail("upload", e));
+        matrix::decoded(stored.ok(), rows, cols, self.current_index())
     }
 
     fn upload_linear(&self, w: SharedLinear) -> Result<Self::Matrix, CheckpointError> {
@@ -240,18 +243,7 @@ impl<E: Executor> Backend for GpuBackend<E> {
     }
 
     fn gather_rows(&self, table: &Self::Matrix, rows: &[usize], out: &mut Act<E>) {
-        assert_eq!(
-            out.len(),
-            rows.len() * table.cols,
-            "gather_rows: out not [n, D]"
-        );
-        let r = (|| {
-            let e = self.dev_of(table);
-            let ids: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
-            let ids = upload(e, &ids)?;
-            let o = self.output(out, table.device)?;
-            matrix::dequant_rows(e, table, Some(&ids), 0, rows.len(), o, GemmType::F32)
-        })();
+        let r = matrix::gather_rows(self, table, rows, out);
         self.settle_acts("gather_rows", r, &mut [out]);
     }
 
@@ -354,13 +346,13 @@ impl<E: Executor> Backend for GpuBackend<E> {
     fn index_prepare_keys(
         &self,
         profile: IndexProfile,
-        raw: &[f32],
+        raw: &Act<E>,
         dim: usize,
-        prepared: &mut [f32],
-        scales: &mut [f32],
+        prepared: &mut Act<E>,
+        scales: &mut Act<E>,
     ) {
         let r = indexer::index_prepare_keys(self, profile, raw, dim, prepared, scales);
-        self.settle("index_prepare_keys", r, &mut [prepared, scales]);
+        self.settle_acts("index_prepare_keys", r, &mut [prepared, scales]);
     }
 
     fn index_prepare_query(
@@ -371,18 +363,12 @@ impl<E: Executor> Backend for GpuBackend<E> {
         heads: usize,
         dim: usize,
     ) -> PreparedQuery {
-        match indexer::index_prepare_query(self, profile, q_raw, weights_raw, heads, dim) {
-            Ok(q) => q,
-            Err(e) => {
+        indexer::index_prepare_query(self, profile, q_raw, weights_raw, heads, dim).unwrap_or_else(
+            |e| {
                 self.fail("index_prepare_query", e);
-                PreparedQuery {
-                    values: vec![f32::NAN; heads * dim],
-                    weights: vec![f32::NAN; heads],
-                    heads,
-                    dim,
-                }
-            }
-        }
+                indexer::nan_query(heads, dim)
+            },
+        )
     }
 
     fn index_prepare_queries(
@@ -421,8 +407,8 @@ impl<E: Executor> Backend for GpuBackend<E> {
         first: usize,
         heads: usize,
         dim: usize,
-        keys: &[f32],
-        key_scales: &[f32],
+        keys: &Act<E>,
+        key_scales: &Act<E>,
         visible: &[usize],
         out: &mut Act<E>,
     ) {

@@ -13,12 +13,13 @@
 //! Otherwise (`exact`, or unprepared inputs) the GEMM is f32, whatever the backend's
 //! [`super::GemmType`] for weights.
 //!
-//! [`index_scores_batch`] reads its block of queries and head weights in place from device
-//! activations (a byte offset at query `first`, no copy) and writes a device activation; the key
-//! rows, scales and visibility are host data uploaded per call. The bf16 test is a host pass
-//! over the keys and, only when they are exact, a device reduction over the block's queries
-//! ([`bf16_exact_on`]: one 4-byte download). [`index_scores`] (one host query, host output)
-//! runs the same code after an upload.
+//! [`index_scores_batch`] reads everything in place from device activations: its block of
+//! queries and head weights (a byte offset at query `first`, no copy), and the leading
+//! `max(visible)` rows of the prepared keys and their scales (the key cache may be longer); it
+//! writes a device activation. Only the visibility `[T]` is uploaded. The bf16 test is a device
+//! reduction over the keys the block reads and its queries ([`bf16_exact_on`]: `el_any_bits`
+//! rounds, one 4-byte download). [`index_scores`] (one host query against host keys, host
+//! output) uploads its inputs and runs the same code.
 
 use super::executor::{buf, download, grid_for, upload, Arg, Executor, Gemm, GemmType, GpuError};
 use super::matrix::{to_gemm_type, to_gemm_type_at};
@@ -63,6 +64,7 @@ pub fn index_scores<E: Executor>(
         return Ok(());
     }
     let (values, weights) = (g.up(&query.values)?, g.up(&query.weights)?);
+    let (keys_b, scales_b) = (g.up(keys)?, g.up(key_scales)?);
     let out_b = g.zeros(out.len())?;
     let block = Block {
         values: &values,
@@ -70,13 +72,12 @@ pub fn index_scores<E: Executor>(
         first: 0,
         heads: query.heads,
         dim,
-        keys,
-        key_scales,
+        keys: (&keys_b, keys.len()),
+        key_scales: (&scales_b, key_scales.len()),
         visible: &[out.len()],
     };
-    let exact = || Ok(bf16_exact(&query.values));
     let tile = default_tile(query.heads);
-    scores_on(g.dev(), profile, &block, exact, &out_b, out.len(), tile)?;
+    scores_on(g.dev(), profile, &block, &out_b, out.len(), tile)?;
     g.down(&out_b, out)
 }
 
@@ -99,8 +100,8 @@ pub fn index_scores_batch<E: Executor>(
     first: usize,
     heads: usize,
     dim: usize,
-    keys: &[f32],
-    key_scales: &[f32],
+    keys: &Act<E>,
+    key_scales: &Act<E>,
     visible: &[usize],
     out: &mut Act<E>,
 ) -> Result<(), GpuError> {
@@ -110,42 +111,61 @@ pub fn index_scores_batch<E: Executor>(
     )
 }
 
-/// Whether every value is exactly a bf16 (the low 16 bits are zero).
-fn bf16_exact(x: &[f32]) -> bool {
-    x.iter()
-        .fold(true, |all, v| all & (v.to_bits() & 0xFFFF == 0))
-}
-
-/// [`bf16_exact`] of the `n` values from byte `at` of a device buffer: rounds of `el_any_bits`
-/// (each thread ORs at most 256 values) down to one flag, then a 4-byte download.
-fn bf16_exact_on<E: Executor>(e: &E, x: &E::Buf, at: usize, n: usize) -> Result<bool, GpuError> {
-    if n == 0 {
-        return Ok(true);
-    }
-    let (mut src, mut at, mut n, mut mask) = (None::<E::Buf>, at, n, 0xFFFFu32);
+/// Reduces "some of the `n` values from byte `at` of `x` has a bit of 0xFFFF set" (not exactly
+/// a bf16) to one u32 flag written at byte `out.1` of `out.0`: rounds of `el_any_bits`, each
+/// thread ORing at most 256 values (0 values give 0).
+fn any_bits_into<E: Executor>(
+    e: &E,
+    (x, at): (&E::Buf, usize),
+    n: usize,
+    out: (&E::Buf, usize),
+) -> Result<(), GpuError> {
+    let (mut src, mut at, mut n) = (None::<E::Buf>, at, n);
     loop {
-        let parts = n.div_ceil(256);
-        let flags = e.alloc(parts * 4)?;
-        let input = src.as_ref().map_or(Arg::Buf(x, at), |b| Arg::Buf(b, at));
-        e.launch(
-            "el_any_bits",
-            grid_for(parts),
-            &[
-                input,
-                Arg::I64(n as i64),
-                Arg::U32(mask),
-                Arg::I64(parts as i64),
-                buf(&flags),
-            ],
-        )?;
-        (src, at, n, mask) = (Some(flags), 0, parts, u32::MAX);
-        if n == 1 {
-            break;
+        let parts = n.div_ceil(256).max(1);
+        let next = if parts == 1 {
+            None
+        } else {
+            Some(e.alloc(parts * 4)?)
+        };
+        let input = Arg::Buf(src.as_ref().unwrap_or(x), at);
+        let output = next
+            .as_ref()
+            .map_or(Arg::Buf(out.0, out.1), |b| Arg::Buf(b, 0));
+        // The flags are 0 / 1, so later rounds keep the mask.
+        let args = [
+            input,
+            Arg::I64(n as i64),
+            Arg::U32(0xFFFF),
+            Arg::I64(parts as i64),
+            output,
+        ];
+        e.launch("el_any_bits", grid_for(parts), &args)?;
+        match next {
+            None => return Ok(()),
+            Some(b) => (src, at, n) = (Some(b), 0, parts),
         }
     }
-    let mut any = [0u32];
-    download(e, src.as_ref().expect("one round ran"), &mut any)?;
-    Ok(any[0] == 0)
+}
+
+/// Whether every value of every part (`(buffer, byte offset, values)`) is exactly a bf16 (its
+/// low 16 bits are zero): one flag per part ([`any_bits_into`]), a round over the flags, one
+/// 4-byte download.
+fn bf16_exact_on<E: Executor>(e: &E, parts: &[(&E::Buf, usize, usize)]) -> Result<bool, GpuError> {
+    let flags = e.alloc(parts.len().max(1) * 4)?;
+    for (i, &(x, at, n)) in parts.iter().enumerate() {
+        any_bits_into(e, (x, at), n, (&flags, i * 4))?;
+    }
+    let any = if parts.len() > 1 {
+        let one = e.alloc(4)?;
+        any_bits_into(e, (&flags, 0), parts.len(), (&one, 0))?;
+        one
+    } else {
+        flags
+    };
+    let mut flag = [0u32];
+    download(e, &any, &mut flag)?;
+    Ok(flag[0] == 0)
 }
 
 /// [`index_scores_batch`] with an explicit tile (tests use small ones to cross tile edges;
@@ -159,8 +179,8 @@ pub fn index_scores_batch_tiled<E: Executor>(
     first: usize,
     heads: usize,
     dim: usize,
-    keys: &[f32],
-    key_scales: &[f32],
+    keys: &Act<E>,
+    key_scales: &Act<E>,
     visible: &[usize],
     out: &mut Act<E>,
     tile: TileShape,
@@ -186,56 +206,50 @@ pub fn index_scores_batch_tiled<E: Executor>(
     let dev = g.current_index();
     let e = g.dev_at(dev);
     let (values, weights) = (g.on(queries, dev)?, g.on(weights, dev)?);
+    let (keys_b, scales_b) = (g.on(keys, dev)?, g.on(key_scales, dev)?);
     let block = Block {
         values: &*values,
         weights: &*weights,
         first,
         heads,
         dim,
-        keys,
-        key_scales,
+        keys: (&*keys_b, keys.len()),
+        key_scales: (&*scales_b, key_scales.len()),
         visible,
     };
-    let n = tokens * heads * dim;
-    let exact = || bf16_exact_on(e, &values, first * heads * dim * 4, n);
-    scores_on(e, profile, &block, exact, g.output(out, dev)?, stride, tile)
+    scores_on(e, profile, &block, g.output(out, dev)?, stride, tile)
 }
 
 /// A block of T prepared queries on the device (from query `first` of `values [.., heads,
-/// dim]` / `weights [.., heads]`) and the host key rows they see.
+/// dim]` / `weights [.., heads]`) and the device key rows they see: `(buffer, values)` of the
+/// prepared keys `[>= rows, dim]` and their scales `[>= rows]`.
 struct Block<'a, B> {
     values: &'a B,
     weights: &'a B,
     first: usize,
     heads: usize,
     dim: usize,
-    keys: &'a [f32],
-    key_scales: &'a [f32],
+    keys: (&'a B, usize),
+    key_scales: (&'a B, usize),
     visible: &'a [usize],
 }
 
-/// The scores of a block into `out_b [T, stride]` on device `e`, tiled; `queries_exact` says
-/// whether the block's query values are all bf16 (asked only when the keys are).
+/// The scores of a block into `out_b [T, stride]` on device `e`, tiled.
 fn scores_on<E: Executor>(
     e: &E,
     profile: IndexProfile,
     b: &Block<'_, E::Buf>,
-    queries_exact: impl FnOnce() -> Result<bool, GpuError>,
     out_b: &E::Buf,
     stride: usize,
     tile: TileShape,
 ) -> Result<(), GpuError> {
     let (heads, dim, visible, tokens) = (b.heads, b.dim, b.visible, b.visible.len());
-    assert_eq!(
-        b.keys.len(),
-        b.key_scales.len() * dim,
-        "index scores: keys not [rows, dim]"
-    );
+    let ((keys, keys_len), (scales, scales_len)) = (b.keys, b.key_scales);
     let max_visible = visible.iter().copied().max().unwrap_or(0);
     assert!(
-        max_visible <= stride && max_visible <= b.key_scales.len(),
-        "index scores: {max_visible} visible rows, but stride {stride} and {} keys",
-        b.key_scales.len()
+        max_visible <= stride && max_visible <= scales_len && max_visible * dim <= keys_len,
+        "index scores: {max_visible} visible rows, but stride {stride}, {scales_len} scales and \
+         {keys_len} key values of dim {dim}"
     );
     assert!(
         max_visible <= i32::MAX as usize,
@@ -256,20 +270,20 @@ fn scores_on<E: Executor>(
     if max_visible == 0 {
         return Ok(());
     }
-    let keys = &b.keys[..max_visible * dim];
-    let ty = if bf16_exact(keys) && queries_exact()? {
+    let (q_at, q_n, k_n) = (
+        b.first * heads * dim * 4,
+        tokens * heads * dim,
+        max_visible * dim,
+    );
+    let ty = if bf16_exact_on(e, &[(keys, 0, k_n), (b.values, q_at, q_n)])? {
         GemmType::Bf16
     } else {
         GemmType::F32
     };
-    let k_f32 = upload(e, keys)?;
     let (mut q_scratch, mut k_scratch) = (None, None);
-    let q_at = b.first * heads * dim * 4;
-    let (q_b, q_base) =
-        to_gemm_type_at(e, b.values, q_at, tokens * heads * dim, ty, &mut q_scratch)?;
-    let k_b = to_gemm_type(e, &k_f32, keys.len(), ty, &mut k_scratch)?;
+    let (q_b, q_base) = to_gemm_type_at(e, b.values, q_at, q_n, ty, &mut q_scratch)?;
+    let k_b = to_gemm_type(e, keys, k_n, ty, &mut k_scratch)?;
     let w_arg = Arg::Buf(b.weights, b.first * heads * 4);
-    let s_b = upload(e, &b.key_scales[..max_visible])?;
     let tile_tokens = tile.tokens.clamp(1, tokens);
     let tile_rows = tile.rows.clamp(1, max_visible);
     let mut d = e.alloc((tile_tokens * heads * tile_rows * 4).max(1))?;
@@ -303,7 +317,7 @@ fn scores_on<E: Executor>(
                 &[
                     buf(&d),
                     w_arg,
-                    buf(&s_b),
+                    buf(scales),
                     buf(&vis_b),
                     buf(out_b),
                     Arg::I64(t0 as i64),

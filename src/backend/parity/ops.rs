@@ -284,8 +284,8 @@ fn index_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut Rng)
         let name = profile.name();
         let (mut kb, mut kc) = (vec![0f32; rows * dim], vec![0f32; rows * dim]);
         let (mut sb, mut sc) = (vec![0f32; rows], vec![0f32; rows]);
-        b.index_prepare_keys(profile, &raw_keys, dim, &mut kb, &mut sb);
-        cpu.index_prepare_keys(profile, &raw_keys, dim, &mut kc, &mut sc);
+        b.index_prepare_keys_host(profile, &raw_keys, dim, &mut kb, &mut sb);
+        cpu.index_prepare_keys_host(profile, &raw_keys, dim, &mut kc, &mut sc);
         out.push(check(format!("index keys {name}"), &kb, &kc, 0.0));
         out.push(check(format!("index key scales {name}"), &sb, &sc, 0.0));
         let mut qv = Vec::new();
@@ -341,12 +341,12 @@ fn attention_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut 
     let kv = r.values(pool * hd, 1.0);
     let queries = r.values(t * h * hd, 3.0);
     let sinks = r.values(h, 2.0);
-    let entries: Vec<Vec<&[f32]>> = (0..t)
+    // Rows 0..pool/2 are the window's, the rest compressed rows: entries index both.
+    let (window, compressed) = kv.split_at(pool / 2 * hd);
+    let entries: Vec<Vec<u32>> = (0..t)
         .map(|i| {
             let n = dims.entries - (i * 7) % (dims.entries / 2);
-            (0..n)
-                .map(|e| &kv[((e + i) % pool) * hd..((e + i) % pool + 1) * hd])
-                .collect()
+            (0..n).map(|e| ((e + i) % pool) as u32).collect()
         })
         .collect();
     let want_probs: Vec<bool> = (0..t).map(|i| i % 3 == 1).collect();
@@ -356,6 +356,7 @@ fn attention_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut 
         scale: (hd as f32).powf(-0.5),
         sinks: &sinks,
         queries: queries.as_slice(),
+        kv: [window, compressed],
         entries: &entries,
         want_probs: &want_probs,
     };
