@@ -173,7 +173,7 @@ extern "C" __global__ void el_kv_fp8_sim(const float* in, float* out, i64 rows, 
 
 // out[p] = 1 when some x[i] with i % parts == p has a bit of `mask` set, else 0 (a strided
 // OR, coalesced across threads). With mask 0xFFFF over f32 bits: "not exactly a bf16"; the
-// host repeats it over the flags with mask ~0 until one flag is left.
+// host repeats it over the 0/1 flags (same mask) until one flag is left.
 extern "C" __global__ void el_any_bits(const u32* x, i64 n, u32 mask, i64 parts, u32* out) {
     NS_FOR(p, parts) {
         u32 any = 0u;

@@ -36,7 +36,9 @@
 //!   mixed; queries and attention output; one query's attention probabilities over window,
 //!   selected CSA rows and all HCA rows; one query's indexer scores after the head reduction;
 //!   the routed experts' SwiGLU intermediates. The last device adds the logits of up to
-//!   [`PROBED_LOGIT_ROWS`] probed positions (`4 B x vocab` each).
+//!   [`PROBED_LOGIT_ROWS`] probed positions (`4 B x vocab` each). Every device adds the largest
+//!   single cache allocation ([`largest_cache_bytes`]): the moment a cache grows or drops its
+//!   front, two of its allocations coexist.
 //!
 //! Placement: devices are filled in order towards a share of the total proportional to their
 //! capacity (a layer goes to the device whose cumulative target its midpoint falls under). If

@@ -54,6 +54,20 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
     }
 }
 
+/// The largest single device cache allocation of any layer at `context`: while a cache grows
+/// (old and doubled allocation) or drops its front (old and new allocation), two of its
+/// allocations coexist for a moment, so every device keeps this much headroom on top of the
+/// caches counted in [`layer_state`].
+pub fn largest_cache_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
+    (0..cfg.num_hidden_layers)
+        .map(|l| {
+            let s = layer_state(cfg, l, context, chunk);
+            s.window.max(s.compressed_kv).max(s.index_keys)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Workspace of one device for a prefill chunk of `chunk` tokens at context `context`; `last`
 /// adds the probed positions' logits.
 pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bool) -> u64 {
@@ -70,7 +84,7 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
     } else {
         0
     };
-    FIXED_WORKSPACE + 4 * t * per_token + logits
+    FIXED_WORKSPACE + 4 * t * per_token + logits + largest_cache_bytes(cfg, context, chunk)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -243,3 +243,26 @@ fn flash_fits_8x96g_at_128k_and_not_1x96g() {
         p.shortfall
     );
 }
+
+#[test]
+fn workspace_has_room_for_one_cache_to_grow() {
+    let cfg = ModelConfig::flash();
+    let (c, t) = (1 << 20, 2048);
+    // The biggest cache at 1M tokens: a CSA layer's compressed rows, 2 x 262,144 x 2 KiB.
+    assert_eq!(largest_cache_bytes(&cfg, c, t), 2 * (c as u64 / 4) * 2048);
+    assert_eq!(
+        workspace_bytes(&cfg, c, t, false) - workspace_bytes(&cfg, 1, 1, false),
+        {
+            let per_token = |ctx: u64, chunk: u64| {
+                4 * chunk
+                    * (3 * 4 * 4096
+                        + 2 * 64 * 512
+                        + 64 * (128 + 512 + ctx / 128)
+                        + ctx / 4
+                        + 3 * 6 * 2048)
+            };
+            per_token(c as u64, t as u64) - per_token(1, 1) + largest_cache_bytes(&cfg, c, t)
+                - largest_cache_bytes(&cfg, 1, 1)
+        }
+    );
+}

@@ -32,11 +32,20 @@ pub struct CudaBuf {
 unsafe impl Send for CudaBuf {}
 unsafe impl Sync for CudaBuf {}
 
+/// Ops drop temporaries (and grown caches drop their old allocation) right after queueing the
+/// kernels that read them. That is safe because everything runs on the legacy default stream
+/// and `cuMemFree` waits for the device's queued work first; moving to other streams,
+/// `cuMemFreeAsync` or a caching allocator must keep each buffer alive until its kernels are
+/// done. An error here (a kernel that faulted after its launch returned) is printed, since
+/// the op that queued it has already returned; run with `CUDA_LAUNCH_BLOCKING=1` to have the
+/// failing launch itself report it (scripts/gpu-check.sh does for the op parity step).
 impl Drop for CudaBuf {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by malloc_sync in this context, freed once.
-            let _ = unsafe { drv::free_sync(self.ptr) };
+            if let Err(e) = unsafe { drv::free_sync(self.ptr) } {
+                eprintln!("warning: cuMemFree of a {}-byte buffer: {e:?}", self.len);
+            }
         }
     }
 }

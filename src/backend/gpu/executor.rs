@@ -274,6 +274,13 @@ pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<
     if g.ldx < g.k || g.ldw < g.k || g.ldy < g.n.max(1) {
         return bad("a leading dimension is smaller than its row".into());
     }
+    // cuBLAS takes every dimension as a 32-bit int.
+    if [g.m, g.n, g.k, g.ldx, g.ldw, g.ldy]
+        .iter()
+        .any(|&v| i32::try_from(v).is_err())
+    {
+        return bad("a dimension does not fit cuBLAS's 32-bit int".into());
+    }
     let need = |off: usize, rows: usize, ld: usize, cols: usize, es: usize| {
         if rows == 0 {
             off
@@ -359,5 +366,21 @@ pub mod bytemuck_lite {
     pub fn bytes_of_mut<T: Pod>(x: &mut [T]) -> &mut [u8] {
         // SAFETY: as above, and every byte pattern is a valid T.
         unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), std::mem::size_of_val(x)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_dimensions_must_fit_cublas_ints() {
+        let ok = Gemm::dense(4, 3, 2, GemmType::F32);
+        assert!(check_gemm(&ok, 4 * 2 * 4, 3 * 2 * 4, 4 * 3 * 4).is_ok());
+        // 2^31 rows of one column: the buffers are big enough, cuBLAS's int is not.
+        let rows = 1usize << 31;
+        let big = Gemm::dense(rows, 1, 1, GemmType::F32);
+        let e = check_gemm(&big, rows * 4, 4, rows * 4).unwrap_err();
+        assert!(e.to_string().contains("32-bit"), "{e}");
     }
 }
