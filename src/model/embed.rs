@@ -55,15 +55,16 @@ impl<M> Embedding<M> {
         e
     }
 
-    /// Initial residual streams `[T, n, D]`: each embedding repeated `n` times.
-    pub fn expand(&self, e: &[f32]) -> Vec<f32> {
-        let d = self.dim;
-        let mut streams = Vec::with_capacity(e.len() * self.streams);
-        for row in e.chunks_exact(d) {
-            for _ in 0..self.streams {
-                streams.extend_from_slice(row);
-            }
-        }
-        streams
+    /// Initial residual streams `[T, n, D]` of validated `tokens`, gathered where the backend
+    /// computes: each token's row gathered `n` times (each stream a copy of the
+    /// token's [`Embedding::lookup`] row, without a trip through the host).
+    pub fn streams<B: Backend<Matrix = M>>(&self, backend: &B, tokens: &[u32]) -> B::Act {
+        let rows: Vec<usize> = tokens
+            .iter()
+            .flat_map(|&t| std::iter::repeat_n(t as usize, self.streams))
+            .collect();
+        let mut s = backend.act_zeros(rows.len() * self.dim);
+        backend.gather_rows(&self.table, &rows, &mut s);
+        s
     }
 }

@@ -42,7 +42,7 @@
 use super::embed::Embedding;
 use super::head::Head;
 use super::hyper::hc_params;
-use super::layer::{emit, Layer, LayerSwitches};
+use super::layer::{emit_act, Layer, LayerSwitches};
 use super::observer::Observer;
 use super::state::SequenceState;
 use super::EngineError;
@@ -319,11 +319,12 @@ impl<B: Backend> Engine<B> {
             let d = self.cfg.hidden_size;
             let t_site = std::time::Instant::now();
             self.backend.enter_site(Site::Embed);
-            let e = self.embed.lookup(&self.backend, chunk);
+            if observer.wants_intermediate("embed") {
+                let e = self.embed.lookup(&self.backend, chunk);
+                emit_act(&self.backend, observer, "embed", p0, &[chunk.len(), d], &e);
+            }
+            let mut streams = self.embed.streams(&self.backend, chunk);
             backend_result(&self.backend)?;
-            let e = self.backend.act_into_host(e);
-            emit(observer, "embed", p0, &[chunk.len(), d], &e);
-            let mut streams = self.backend.act_from(self.embed.expand(&e));
             self.add_site_seconds(0, t_site);
             for (l, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
                 let t_site = std::time::Instant::now();
