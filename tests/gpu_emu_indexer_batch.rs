@@ -9,6 +9,7 @@
 use needlescope::backend::gpu::executor::{Arg, Executor, Gemm, GpuError};
 use needlescope::backend::gpu::topk::topk_batch_grouped;
 use needlescope::backend::gpu::{EmuExecutor, GemmType, GpuBackend};
+use needlescope::backend::parity::Rng;
 use needlescope::backend::{Backend, CpuBackend, HostOps};
 use needlescope::numerics::IndexProfile;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -75,19 +76,6 @@ fn counts(g: &GpuBackend<Counting>) -> (usize, usize) {
     )
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn uniform(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 fn assert_bits_eq(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -109,9 +97,9 @@ fn raw_queries(n_heads: usize, dim: usize, rng: &mut Rng) -> Vec<f32> {
                 0 => 7.0,
                 1 => 1.0625 / 64.0,
                 2 => 1.0 + 1.0 / 256.0,
-                _ => rng.uniform() * 0.01,
+                _ => rng.signed() * 0.01,
             })),
-            _ => v.extend((0..dim).map(|_| rng.uniform() * scale)),
+            _ => v.extend((0..dim).map(|_| rng.signed() * scale)),
         }
     }
     v
@@ -122,9 +110,9 @@ fn batched_query_preparation_is_bit_identical_to_the_cpu_per_token() {
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     for (heads, dim) in [(4usize, 64usize), (64, 128), (4, 128), (64, 64)] {
         for tokens in [1usize, 7, 33] {
-            let mut rng = Rng(1000 + (heads * dim + tokens) as u64);
+            let mut rng = Rng::new(1000 + (heads * dim + tokens) as u64);
             let q = raw_queries(tokens * heads, dim, &mut rng);
-            let mut w: Vec<f32> = (0..tokens * heads).map(|_| rng.uniform() * 3.0).collect();
+            let mut w: Vec<f32> = (0..tokens * heads).map(|_| rng.signed() * 3.0).collect();
             w[0] = 1.0 + 1.0 / 256.0; // a bf16 tie
             for p in IndexProfile::ALL {
                 let (hd, what) = (heads * dim, format!("{p} T {tokens} {heads}x{dim}"));
@@ -166,7 +154,7 @@ fn batched_query_preparation_records_a_bad_dim() {
 
 /// Scores drawn from a small set with NaN, infinities and signed zeros: ties everywhere.
 fn tricky(rng: &mut Rng) -> f32 {
-    match rng.next() % 12 {
+    match rng.next_u64() % 12 {
         0 => f32::NAN,
         1 => f32::NEG_INFINITY,
         2 => 0.0,
@@ -174,21 +162,21 @@ fn tricky(rng: &mut Rng) -> f32 {
         4 => f32::INFINITY,
         5 => 1.5,
         6 => -f32::MIN_POSITIVE / 4.0,
-        _ => (rng.next() % 1000) as f32 / 37.0 - 13.0,
+        _ => (rng.next_u64() % 1000) as f32 / 37.0 - 13.0,
     }
 }
 
 /// `[T, stride]` scores: row t has `visible[t]` scores of `kind` (0 tricky, 1 smooth, 2 all
 /// equal, 3 all NaN but the last, -inf), then +inf padding that must never be selected.
 fn batch_scores(stride: usize, visible: &[usize], seed: u64) -> Vec<f32> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut s = vec![f32::INFINITY; visible.len() * stride];
     for (t, &v) in visible.iter().enumerate() {
         let row = &mut s[t * stride..t * stride + v];
         for (i, x) in row.iter_mut().enumerate() {
             *x = match t % 4 {
                 0 => tricky(&mut rng),
-                1 => rng.uniform() * 10.0,
+                1 => rng.signed() * 10.0,
                 2 => 0.25,
                 _ if i + 1 == v => f32::NEG_INFINITY,
                 _ => f32::NAN,
@@ -231,12 +219,12 @@ fn topk_batch_matches_cpu_per_row_with_ragged_visibility() {
     let (stride, k) = (8192usize, 512usize);
     // Ragged: 0, 1, < k, = k, > k, = stride, and a spread in between.
     let mut visible = vec![0usize, 1, 2, 100, 511, 512, 513, 1000, 8191, 8192, 0, 8192];
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     while visible.len() < 300 {
-        visible.push(match rng.next() % 4 {
-            0 => (rng.next() % 600) as usize,
+        visible.push(match rng.next_u64() % 4 {
+            0 => (rng.next_u64() % 600) as usize,
             1 => stride,
-            _ => (rng.next() % stride as u64) as usize,
+            _ => (rng.next_u64() % stride as u64) as usize,
         });
     }
     let scores = batch_scores(stride, &visible, 6);
@@ -348,13 +336,13 @@ fn per_row_topk_goes_through_the_batch_and_matches_cpu() {
 fn batched_scores_read_the_visible_rows_of_a_device_key_cache() {
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     let (p, heads, dim, rows) = (IndexProfile::SglangFp8, 4usize, 64usize, 40usize);
-    let mut rng = Rng(17);
+    let mut rng = Rng::new(17);
     let raw = raw_queries(rows, dim, &mut rng);
     let (mut keys, mut scales) = (vec![0.0; rows * dim], vec![0.0; rows]);
     cpu.index_prepare_keys(p, &raw, dim, &mut keys, &mut scales);
     let tokens = 3;
     let q_raw = raw_queries(tokens * heads, dim, &mut rng);
-    let w_raw: Vec<f32> = (0..tokens * heads).map(|_| rng.uniform()).collect();
+    let w_raw: Vec<f32> = (0..tokens * heads).map(|_| rng.signed()).collect();
     let (mut q, mut w) = (vec![0.0; q_raw.len()], vec![0.0; w_raw.len()]);
     cpu.index_prepare_queries_host(p, &q_raw, &w_raw, heads, dim, &mut q, &mut w);
     let (q_act, w_act) = (gpu.act_of(&q), gpu.act_of(&w));

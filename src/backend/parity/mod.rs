@@ -105,6 +105,16 @@ impl Rng {
         }
     }
 
+    /// Uniform in [-1, 1).
+    pub fn signed(&mut self) -> f32 {
+        self.unit() * 2.0 - 1.0
+    }
+
+    /// `n` values of [`Rng::signed`].
+    pub fn signed_n(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.signed()).collect()
+    }
+
     pub fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.value() * scale).collect()
     }
