@@ -10,7 +10,8 @@
 #      configuration; GEMM=f32 for the reference one), skipped with SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 150, BENCH_TIMEOUT 240) so a run can be
-# fitted to the device tool's 10 minutes (skip steps with SKIP_FLASH_PARITY=1 / SKIP_BENCH=1);
+# fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1, SKIP_TINY_PARITY=1,
+# SKIP_FLASH_PARITY=1, SKIP_BENCH=1);
 # bench prints each length as it ends.
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
@@ -26,16 +27,9 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 ))s; }
 
-# 1. Libraries: the toolkit, distribution packages, pip wheels (nvidia-*-cu13).
-for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         /usr/lib/x86_64-linux-gnu /usr/lib64 \
-         $(python3 -c 'import site,glob;print(" ".join(glob.glob(site.getsitepackages()[0]+"/nvidia/*/lib")))' 2>/dev/null) \
-         "$PWD/.whl/nvidia/cu13/lib"; do
-  [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export LD_LIBRARY_PATH
-# f32 GEMMs must stay f32 (never TF32), whatever the environment says.
-export NVIDIA_TF32_OVERRIDE=0
+# 1. Libraries: the toolkit, distribution packages, pip wheels (nvidia-*-cu13); f32 GEMMs stay
+#    f32 (NVIDIA_TF32_OVERRIDE=0).
+. scripts/cuda-env.sh
 for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13; do
   found=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d/$lib" 2>/dev/null; done | head -1)
   [ -z "$found" ] && found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
@@ -76,8 +70,8 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
     grep -E '^(FAIL|== )|panicked|error' "$OUT/parity-$name.txt" | head -30 | tee -a "$SUMMARY"
   fi
 }
-parity ops cuda_ops_match_the_cpu_at_flash_dims "${OPS_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
-parity tiny cuda_forward_matches_the_cpu_on_tiny "${TINY_TIMEOUT:-120}"
+[ "${SKIP_OPS_PARITY:-0}" = 1 ] || parity ops cuda_ops_match_the_cpu_at_flash_dims "${OPS_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
+[ "${SKIP_TINY_PARITY:-0}" = 1 ] || parity tiny cuda_forward_matches_the_cpu_on_tiny "${TINY_TIMEOUT:-120}"
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
 # 5. Benchmark at Flash dimensions.
