@@ -38,6 +38,8 @@ fn bench_prints_per_layer_type_figures_on_cpu_and_emulated_gpu() {
             );
         }
         assert!(!out.contains("tok/s for the 43-layer"), "{out}");
+        // Profiling is off unless asked for.
+        assert!(!out.contains("op profile"), "{out}");
         // The counted TFLOP/s are positive numbers.
         let tflops: Vec<f64> = out
             .lines()
@@ -54,4 +56,51 @@ fn bench_prints_per_layer_type_figures_on_cpu_and_emulated_gpu() {
         assert_eq!(tflops.len(), 6, "{out}");
         assert!(tflops.iter().all(|&t| t > 0.0), "{out}");
     }
+}
+
+/// `NEEDLESCOPE_PROFILE=1`: after each length, the device operations by wall time (kernels by
+/// name, GEMMs by shape, allocations, copies) and what they leave of the prefill.
+#[test]
+fn bench_prints_an_op_profile_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth_tiny(&model, &["--layers", "4"]);
+    let out = bin()
+        .args(["bench", "--model"])
+        .arg(&model)
+        .args(["--lengths", "200,400", "--device", "emu"])
+        .env("NEEDLESCOPE_PROFILE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    // One profile per length, each with kernels, GEMMs and the remainder line.
+    assert_eq!(text.matches("op profile").count(), 2, "{text}");
+    for section in text.split("op profile").skip(1) {
+        for needle in [
+            "attn_logits",
+            "gemm f32 n",
+            "alloc (zeroed)",
+            "(not in a timed op",
+        ] {
+            assert!(section.contains(needle), "{needle}:\n{text}");
+        }
+    }
+    // Shares are of the length's own prefill: the timed rows cannot exceed 100% in sum.
+    let profile = text.split("op profile").nth(2).unwrap();
+    let share: f64 = profile
+        .lines()
+        .filter_map(|l| {
+            l.split('%')
+                .next()?
+                .split_whitespace()
+                .last()?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        share > 50.0 && share < 100.5,
+        "shares sum to {share}:\n{text}"
+    );
 }

@@ -192,6 +192,15 @@ pub struct AttentionProbs {
     pub sink: Vec<f32>,
 }
 
+/// One row of a backend's operation profile ([`Backend::op_profile`]): an operation (a kernel
+/// name, a GEMM shape, an allocation or a copy), how often it ran, and its total wall time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpTime {
+    pub op: String,
+    pub calls: u64,
+    pub seconds: f64,
+}
+
 /// The operations of the DeepSeek-V4 forward pass. Shapes are in each method's docs; arguments
 /// whose lengths disagree with them are a caller bug (methods may panic).
 pub trait Backend: Send + Sync {
@@ -226,6 +235,13 @@ pub trait Backend: Send + Sync {
     /// everything), for benchmarks and transfer tests. The CPU copies nothing: `(0, 0)`.
     fn transfer_bytes(&self) -> (u64, u64) {
         (0, 0)
+    }
+
+    /// Wall time per device operation so far, when the backend profiles
+    /// (`NEEDLESCOPE_PROFILE=1` on GPU backends: each operation synchronised and timed); empty
+    /// otherwise and on the CPU.
+    fn op_profile(&self) -> Vec<OpTime> {
+        Vec::new()
     }
 
     /// Tells a multi-device backend which part of the model the following uploads and ops

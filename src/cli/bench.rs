@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::device::DeviceArgs;
 use super::engine::{EngineTask, Target};
 use super::values::parse_token_count;
-use crate::backend::{Backend, WeightResidency};
+use crate::backend::{Backend, OpTime, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, PrefillProfile};
@@ -79,6 +79,7 @@ impl EngineTask for BenchTask<'_> {
             "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
             "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
         )?;
+        let mut profiled = engine.backend().op_profile();
         for tokens in &self.prompts {
             let f = time_prefill(engine, tokens)?;
             writeln!(
@@ -92,6 +93,11 @@ impl EngineTask for BenchTask<'_> {
                 self.weights
             )?;
             layer_breakdown(self.ckpt, self.topk, &f, reference.as_ref(), self.out)?;
+            let now = engine.backend().op_profile();
+            if !now.is_empty() {
+                write_op_profile(&profile_since(&profiled, &now), f.seconds, self.out)?;
+            }
+            profiled = now;
             self.out.flush()?;
         }
         writeln!(
@@ -100,6 +106,76 @@ impl EngineTask for BenchTask<'_> {
         )?;
         Ok(())
     }
+}
+
+/// The operations' calls and seconds since `before` (a profile is cumulative), largest first.
+fn profile_since(before: &[OpTime], now: &[OpTime]) -> Vec<OpTime> {
+    let mut rows: Vec<OpTime> = now
+        .iter()
+        .map(|r| {
+            let (calls, seconds) = before
+                .iter()
+                .find(|b| b.op == r.op)
+                .map_or((0, 0.0), |b| (b.calls, b.seconds));
+            OpTime {
+                op: r.op.clone(),
+                calls: r.calls - calls,
+                seconds: r.seconds - seconds,
+            }
+        })
+        .filter(|r| r.calls > 0)
+        .collect();
+    rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    rows
+}
+
+/// Rows shown of an operation profile; the rest are summed in one line.
+const PROFILE_ROWS: usize = 24;
+
+/// One length's operation profile (`NEEDLESCOPE_PROFILE=1`): the largest operations by wall
+/// time, then what the timed operations leave of the prefill (host work, frees, launch gaps).
+fn write_op_profile(rows: &[OpTime], prefill_s: f64, out: &mut dyn Write) -> anyhow::Result<()> {
+    let timed: f64 = rows.iter().map(|r| r.seconds).sum();
+    writeln!(
+        out,
+        "  op profile (NEEDLESCOPE_PROFILE: every device op synchronised and timed, so the prefill above is slower than unprofiled):"
+    )?;
+    writeln!(
+        out,
+        "  {:<44} {:>9} {:>10} {:>7} {:>10}",
+        "operation", "calls", "total ms", "share", "mean us"
+    )?;
+    let line = |out: &mut dyn Write, op: &str, calls: u64, s: f64| {
+        writeln!(
+            out,
+            "  {:<44} {:>9} {:>10.1} {:>6.1}% {:>10}",
+            op,
+            calls,
+            s * 1e3,
+            100.0 * s / prefill_s.max(1e-12),
+            if calls > 0 {
+                format!("{:.1}", s * 1e6 / calls as f64)
+            } else {
+                "-".into()
+            }
+        )
+    };
+    for r in rows.iter().take(PROFILE_ROWS) {
+        line(out, &r.op, r.calls, r.seconds)?;
+    }
+    if rows.len() > PROFILE_ROWS {
+        let rest = &rows[PROFILE_ROWS..];
+        let calls = rest.iter().map(|r| r.calls).sum();
+        let s = rest.iter().map(|r| r.seconds).sum();
+        line(out, &format!("({} more operations)", rest.len()), calls, s)?;
+    }
+    line(
+        out,
+        "(not in a timed op: host work, frees)",
+        0,
+        (prefill_s - timed).max(0.0),
+    )?;
+    Ok(())
 }
 
 /// One length's time and counted TFLOP/s per layer type (model::bench's FLOP model), against the

@@ -152,6 +152,8 @@ impl<M> Indexer<M> {
         }
 
         self.observe(backend, &q, &w, first_pos, store, &kept, &selected, run);
+        run.observer
+            .replace_selection(run.layer, first_pos, k, &mut selected);
         selected
     }
 

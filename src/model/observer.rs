@@ -69,6 +69,19 @@ pub trait Observer {
         false
     }
     fn indexer(&mut self, _obs: &IndexerObservation<'_>) {}
+    /// Parity hook, called once per chunk at every CSA layer after the indexer observations:
+    /// `selected` is `[tokens, k]` for positions `first_pos..` (as observed), and whatever this
+    /// leaves in it is what attention uses. A harness replays another engine's selections here so
+    /// that one legitimate rounding flip (a row crossing the cut-off) does not make two forwards
+    /// diverge from that position on (backend::parity::forward). The default keeps the engine's.
+    fn replace_selection(
+        &mut self,
+        _layer: usize,
+        _first_pos: usize,
+        _k: usize,
+        _selected: &mut [i32],
+    ) {
+    }
     fn attention(&mut self, _obs: &AttentionObservation<'_>) {}
     /// A named intermediate for consecutive positions `first_pos..first_pos + shape[0]`,
     /// row-major `data` of `shape`.

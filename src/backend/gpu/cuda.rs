@@ -8,7 +8,8 @@
 //! first launch.
 
 use super::executor::{
-    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, Transfers, BLOCK,
+    arg_slots, check_gemm, check_range, gemm_key, Arg, Executor, Gemm, GemmType, GpuError,
+    OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::kernels;
 use cudarc::cublas::sys as blas;
@@ -67,6 +68,7 @@ pub struct CudaExecutor {
     loaded: Mutex<Loaded>,
     blas: Mutex<BlasHandle>,
     transfers: Transfers,
+    profile: OpProfile,
 }
 
 struct BlasHandle(blas::cublasHandle_t);
@@ -118,6 +120,7 @@ impl CudaExecutor {
             }),
             blas: Mutex::new(BlasHandle(handle)),
             transfers: Transfers::default(),
+            profile: OpProfile::from_env(),
         })
     }
 
@@ -170,15 +173,9 @@ impl Drop for CudaExecutor {
     }
 }
 
-impl Executor for CudaExecutor {
-    type Buf = CudaBuf;
-    const KIND: &'static str = "cuda";
-
-    fn name(&self) -> String {
-        format!("cuda:{}", self.ordinal)
-    }
-
-    fn alloc(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
+/// The untimed operations ([`Executor`]'s methods time them when profiling).
+impl CudaExecutor {
+    fn alloc_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
         self.bind()?;
         let bytes = bytes.max(1);
         // SAFETY: plain allocation, zeroed below before use.
@@ -204,11 +201,7 @@ impl Executor for CudaExecutor {
         })
     }
 
-    fn len(&self, b: &CudaBuf) -> usize {
-        b.len
-    }
-
-    fn write(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+    fn write_now(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
         check_range("write", offset, src.len(), dst.len)?;
         self.bind()?;
         // SAFETY: bounds checked; synchronous copy from a live host slice.
@@ -218,7 +211,7 @@ impl Executor for CudaExecutor {
         Ok(())
     }
 
-    fn read(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+    fn read_now(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
         check_range("read", offset, dst.len(), src.len)?;
         self.bind()?;
         // SAFETY: bounds checked; the synchronous copy waits for the default stream.
@@ -228,7 +221,12 @@ impl Executor for CudaExecutor {
         Ok(())
     }
 
-    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, CudaBuf>]) -> Result<(), GpuError> {
+    fn launch_now(
+        &self,
+        kernel: &str,
+        grid: u32,
+        args: &[Arg<'_, CudaBuf>],
+    ) -> Result<(), GpuError> {
         let f = self.function(kernel)?;
         self.bind()?;
         let mut slots = arg_slots(kernel, args, |b| (b.ptr, b.len))?;
@@ -254,7 +252,13 @@ impl Executor for CudaExecutor {
         })
     }
 
-    fn gemm(&self, g: &Gemm, x: &CudaBuf, w: &CudaBuf, y: &mut CudaBuf) -> Result<(), GpuError> {
+    fn gemm_now(
+        &self,
+        g: &Gemm,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        y: &mut CudaBuf,
+    ) -> Result<(), GpuError> {
         check_gemm(g, x.len, w.len, y.len)?;
         if g.m == 0 || g.n == 0 {
             return Ok(());
@@ -294,6 +298,60 @@ impl Executor for CudaExecutor {
         }
         .map_err(|e| GpuError::Cublas(format!("gemm {}x{}x{}: {e:?}", g.m, g.n, g.k)))
     }
+}
+
+impl Executor for CudaExecutor {
+    type Buf = CudaBuf;
+    const KIND: &'static str = "cuda";
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
+        let key = || "alloc (zeroed)".to_string();
+        self.profile
+            .time(key, || self.synchronize(), || self.alloc_now(bytes))
+    }
+
+    fn len(&self, b: &CudaBuf) -> usize {
+        b.len
+    }
+
+    fn write(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        let key = || "copy host->device".to_string();
+        self.profile.time(
+            key,
+            || self.synchronize(),
+            || self.write_now(dst, offset, src),
+        )
+    }
+
+    fn read(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        let key = || "copy device->host".to_string();
+        self.profile.time(
+            key,
+            || self.synchronize(),
+            || self.read_now(src, offset, dst),
+        )
+    }
+
+    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, CudaBuf>]) -> Result<(), GpuError> {
+        let key = || kernel.to_string();
+        self.profile.time(
+            key,
+            || self.synchronize(),
+            || self.launch_now(kernel, grid, args),
+        )
+    }
+
+    fn gemm(&self, g: &Gemm, x: &CudaBuf, w: &CudaBuf, y: &mut CudaBuf) -> Result<(), GpuError> {
+        self.profile.time(
+            || gemm_key(g),
+            || self.synchronize(),
+            || self.gemm_now(g, x, w, y),
+        )
+    }
 
     fn synchronize(&self) -> Result<(), GpuError> {
         self.bind()?;
@@ -307,5 +365,9 @@ impl Executor for CudaExecutor {
 
     fn transfer_bytes(&self) -> (u64, u64) {
         self.transfers.get()
+    }
+
+    fn op_profile(&self) -> Vec<OpTime> {
+        self.profile.rows()
     }
 }

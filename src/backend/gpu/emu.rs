@@ -8,7 +8,8 @@
 //! built with, so placement across several "devices" can be tested too.
 
 use super::executor::{
-    arg_slots, check_gemm, check_range, Arg, Executor, Gemm, GemmType, GpuError, Transfers, BLOCK,
+    arg_slots, check_gemm, check_range, gemm_key, Arg, Executor, Gemm, GemmType, GpuError,
+    OpProfile, OpTime, Transfers, BLOCK,
 };
 use rayon::prelude::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -84,6 +85,7 @@ pub struct EmuExecutor {
     capacity: usize,
     used: Arc<AtomicUsize>,
     transfers: Transfers,
+    profile: OpProfile,
 }
 
 impl Default for EmuExecutor {
@@ -100,6 +102,7 @@ impl EmuExecutor {
             capacity,
             used: Arc::new(AtomicUsize::new(0)),
             transfers: Transfers::default(),
+            profile: OpProfile::from_env(),
         }
     }
 
@@ -130,15 +133,9 @@ fn to_f32(bytes: &[u8], ty: GemmType, offset: usize, count: usize) -> Vec<f32> {
     }
 }
 
-impl Executor for EmuExecutor {
-    type Buf = EmuBuf;
-    const KIND: &'static str = "cuda-emu";
-
-    fn name(&self) -> String {
-        format!("emu:{}", self.ordinal)
-    }
-
-    fn alloc(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
+/// The untimed operations ([`Executor`]'s methods time them when profiling).
+impl EmuExecutor {
+    fn alloc_now(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
         let used = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if used > self.capacity {
             self.used.fetch_sub(bytes, Ordering::Relaxed);
@@ -163,11 +160,7 @@ impl Executor for EmuExecutor {
         })
     }
 
-    fn len(&self, b: &EmuBuf) -> usize {
-        b.len
-    }
-
-    fn write(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+    fn write_now(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
         check_range("write", offset, src.len(), dst.len)?;
         // SAFETY: bounds checked above; dst is exclusively borrowed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
@@ -175,14 +168,19 @@ impl Executor for EmuExecutor {
         Ok(())
     }
 
-    fn read(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+    fn read_now(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
         check_range("read", offset, dst.len(), src.len)?;
         dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
         self.transfers.read(dst.len());
         Ok(())
     }
 
-    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, EmuBuf>]) -> Result<(), GpuError> {
+    fn launch_now(
+        &self,
+        kernel: &str,
+        grid: u32,
+        args: &[Arg<'_, EmuBuf>],
+    ) -> Result<(), GpuError> {
         // One 8-byte slot per argument (signature checked); params[i] points at slot i.
         let mut slots = arg_slots(kernel, args, |b| (b.ptr as u64, b.len))?;
         let index = Self::index_of(kernel).expect("a kernel with a signature is in the table");
@@ -203,7 +201,7 @@ impl Executor for EmuExecutor {
         Ok(())
     }
 
-    fn gemm(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
+    fn gemm_now(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
         check_gemm(g, x.len, w.len, y.len)?;
         let es = g.ty.bytes();
         let (xs, ws) = (x.as_slice(), w.as_slice());
@@ -227,6 +225,60 @@ impl Executor for EmuExecutor {
         });
         Ok(())
     }
+}
+
+impl Executor for EmuExecutor {
+    type Buf = EmuBuf;
+    const KIND: &'static str = "cuda-emu";
+
+    fn name(&self) -> String {
+        format!("emu:{}", self.ordinal)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
+        let key = || "alloc (zeroed)".to_string();
+        self.profile
+            .time(key, || self.synchronize(), || self.alloc_now(bytes))
+    }
+
+    fn len(&self, b: &EmuBuf) -> usize {
+        b.len
+    }
+
+    fn write(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        let key = || "copy host->device".to_string();
+        self.profile.time(
+            key,
+            || self.synchronize(),
+            || self.write_now(dst, offset, src),
+        )
+    }
+
+    fn read(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        let key = || "copy device->host".to_string();
+        self.profile.time(
+            key,
+            || self.synchronize(),
+            || self.read_now(src, offset, dst),
+        )
+    }
+
+    fn launch(&self, kernel: &str, grid: u32, args: &[Arg<'_, EmuBuf>]) -> Result<(), GpuError> {
+        let key = || kernel.to_string();
+        self.profile.time(
+            key,
+            || self.synchronize(),
+            || self.launch_now(kernel, grid, args),
+        )
+    }
+
+    fn gemm(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
+        self.profile.time(
+            || gemm_key(g),
+            || self.synchronize(),
+            || self.gemm_now(g, x, w, y),
+        )
+    }
 
     fn synchronize(&self) -> Result<(), GpuError> {
         Ok(())
@@ -239,5 +291,9 @@ impl Executor for EmuExecutor {
 
     fn transfer_bytes(&self) -> (u64, u64) {
         self.transfers.get()
+    }
+
+    fn op_profile(&self) -> Vec<OpTime> {
+        self.profile.rows()
     }
 }

@@ -11,6 +11,7 @@
 //! checked against the kernel's C signature before every launch (see [`signature_of`]), so a
 //! marshalling mistake is an error, not undefined behaviour on the device.
 
+pub use crate::backend::OpTime;
 use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
@@ -186,6 +187,79 @@ pub trait Executor: Send + Sync {
     fn transfer_bytes(&self) -> (u64, u64) {
         (0, 0)
     }
+
+    /// Wall time per operation when `NEEDLESCOPE_PROFILE` is set ([`OpProfile`]); empty
+    /// otherwise.
+    fn op_profile(&self) -> Vec<OpTime> {
+        Vec::new()
+    }
+}
+
+/// Wall time per device operation (kernel name, GEMM shape, allocation, copy), collected when
+/// the environment variable `NEEDLESCOPE_PROFILE` is set (not `0`): each timed operation is
+/// bracketed by device synchronisations, so a profiled run is slower than a plain one and the
+/// times are each operation's own. `bench` prints the table (see [`Executor::op_profile`]).
+#[derive(Debug, Default)]
+pub struct OpProfile {
+    enabled: bool,
+    rows: std::sync::Mutex<std::collections::BTreeMap<String, (u64, f64)>>,
+}
+
+impl OpProfile {
+    /// On when `NEEDLESCOPE_PROFILE` is set to anything but `0` or the empty string.
+    pub fn from_env() -> Self {
+        let enabled = std::env::var("NEEDLESCOPE_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+        Self::new(enabled)
+    }
+
+    pub fn new(enabled: bool) -> Self {
+        OpProfile {
+            enabled,
+            rows: Default::default(),
+        }
+    }
+
+    /// Runs `op`; when profiling, waits for earlier work first (`sync`), then for `op`'s own,
+    /// and adds the wall time to `key()`.
+    pub fn time<R>(
+        &self,
+        key: impl FnOnce() -> String,
+        sync: impl Fn() -> Result<(), GpuError>,
+        op: impl FnOnce() -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        if !self.enabled {
+            return op();
+        }
+        sync()?;
+        let t0 = std::time::Instant::now();
+        let r = op()?;
+        sync()?;
+        let dt = t0.elapsed().as_secs_f64();
+        let mut rows = self.rows.lock().unwrap();
+        let e = rows.entry(key()).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += dt;
+        Ok(r)
+    }
+
+    /// (operation, calls, seconds) so far, in name order.
+    pub fn rows(&self) -> Vec<OpTime> {
+        self.rows
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, &(calls, seconds))| OpTime {
+                op: k.clone(),
+                calls,
+                seconds,
+            })
+            .collect()
+    }
+}
+
+/// The [`OpProfile`] key of a GEMM: operand type and weight shape `[n, k]`.
+pub fn gemm_key(g: &Gemm) -> String {
+    format!("gemm {:?} n{} k{}", g.ty, g.n, g.k).to_lowercase()
 }
 
 /// Host <-> device byte counters of an executor (its [`Executor::transfer_bytes`]).

@@ -52,7 +52,7 @@ pub use executor::{Executor, GemmType, GpuError};
 pub use matrix::GpuMatrix;
 
 use super::{
-    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, Routes, Site,
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, OpTime, Routes, Site,
 };
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
@@ -168,6 +168,10 @@ impl<E: Executor> Backend for GpuBackend<E> {
             let (h2d, d2h) = e.transfer_bytes();
             (h + h2d, d + d2h)
         })
+    }
+
+    fn op_profile(&self) -> Vec<OpTime> {
+        merge_profiles(self.devices.iter().map(|e| e.op_profile()))
     }
 
     fn enter_site(&self, site: Site) {
@@ -469,4 +473,18 @@ impl<E: Executor> Backend for GpuBackend<E> {
         let r = norm::swiglu(self, gate, up, limit);
         self.settle_acts("swiglu", r, &mut [gate]);
     }
+}
+
+/// Sums the rows of several devices' profiles by operation, in name order.
+fn merge_profiles(profiles: impl Iterator<Item = Vec<OpTime>>) -> Vec<OpTime> {
+    let mut by_op: std::collections::BTreeMap<String, (u64, f64)> = Default::default();
+    for row in profiles.flatten() {
+        let e = by_op.entry(row.op).or_insert((0, 0.0));
+        e.0 += row.calls;
+        e.1 += row.seconds;
+    }
+    by_op
+        .into_iter()
+        .map(|(op, (calls, seconds))| OpTime { op, calls, seconds })
+        .collect()
 }

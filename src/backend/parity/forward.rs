@@ -3,6 +3,15 @@
 //! logits of every position, the indexer scores of every CSA layer at every position, and the
 //! selected row sets (near-ties aside: a row selected by one side only counts when its
 //! reference score is further than the score tolerance from the reference's k-th score).
+//!
+//! The reference replays the tested engine's selections (`Observer::replace_selection`): it
+//! computes and reports its own scores and top-k, but attends to the rows the tested engine
+//! picked. Under a rounding profile a one-ulp difference in a GEMM's summation order can flip
+//! one key's rounding and move one row across the cut-off; without the replay that single
+//! legitimate flip changes the attention output at that position, then every later layer and
+//! position (on `tiny`, 1,500 tokens: logits off by 0.16-0.31 on an H200, from one row of
+//! 88,000). With it, each layer is compared on the same inputs, and the selection checks still
+//! compare both engines' own top-k.
 
 use super::{normalised_error, Check};
 use crate::backend::{Backend, CpuBackend};
@@ -29,9 +38,13 @@ pub struct ForwardCase {
 /// the fraction of scores off by more than `scores` (at most `rounding_flips`), and the largest
 /// error must stay within `rounding_step` (a few code steps), while `exact` keeps the plain
 /// maximum.
+///
+/// With fp8 KV the main KV rows are rounded to e4m3 too, where a flipped element moves by one
+/// code step (up to 1/8 of its value): then logits are held to `logits_kv_fp8`.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardTolerance {
     pub logits: f64,
+    pub logits_kv_fp8: f64,
     pub scores: f64,
     pub selection: f64,
     pub rounding_flips: f64,
@@ -39,19 +52,24 @@ pub struct ForwardTolerance {
 }
 
 impl ForwardTolerance {
-    /// For f32 GEMMs (the CPU's arithmetic up to summation order). `rounding_flips` 3%: the
+    /// For f32 GEMMs (the CPU's arithmetic up to summation order). `rounding_flips` 5%: the
     /// CPU itself changes about 3% of its top-k lists between chunk sizes under official-fp4 +
-    /// fp8 KV (summation order alone; tests/engine_invariants.rs).
+    /// fp8 KV (summation order alone; tests/engine_invariants.rs), and the emulator (host GEMMs
+    /// in another order) moves 3.3% of the scores of `tiny`'s second CSA layer by more than
+    /// 1e-4 under fp8 + fp8 KV at 1,500 tokens, where its logits differ by 3.5e-4 (leaving
+    /// out the KV rounding altogether: 0.47).
     pub const F32: ForwardTolerance = ForwardTolerance {
         logits: 1e-4,
+        logits_kv_fp8: 3e-3,
         scores: 1e-4,
         selection: 0.0,
-        rounding_flips: 0.03,
+        rounding_flips: 0.05,
         rounding_step: 5e-2,
     };
     /// For bf16 GEMMs (activations and weights rounded to bf16, f32 accumulation).
     pub const BF16: ForwardTolerance = ForwardTolerance {
         logits: 5e-2,
+        logits_kv_fp8: 5e-2,
         scores: 5e-2,
         selection: 0.02,
         rounding_flips: 0.05,
@@ -78,13 +96,20 @@ fn flipped_fraction(got: &[f32], want: &[f32], tol: f64) -> (usize, usize) {
     (off, n)
 }
 
-/// Scores and selections of every CSA layer at every position.
+/// Scores and selections per (CSA layer, position).
+type Seen = BTreeMap<(usize, usize), (Vec<f32>, Vec<i32>)>;
+
+/// Scores and selections of every CSA layer at every position, as the engine computed them;
+/// with `replay`, attention then uses the replayed engine's selections instead.
 #[derive(Default)]
-struct IndexRecorder {
-    seen: BTreeMap<(usize, usize), (Vec<f32>, Vec<i32>)>,
+struct IndexRecorder<'r> {
+    seen: Seen,
+    replay: Option<&'r Seen>,
+    /// Positions (over all CSA layers) whose replayed selection differed from the engine's own.
+    replaced: usize,
 }
 
-impl Observer for IndexRecorder {
+impl Observer for IndexRecorder<'_> {
     fn wants_position(&self, _pos: usize) -> bool {
         true
     }
@@ -94,16 +119,34 @@ impl Observer for IndexRecorder {
             (obs.scores.to_vec(), obs.selected.to_vec()),
         );
     }
+    fn replace_selection(
+        &mut self,
+        layer: usize,
+        first_pos: usize,
+        k: usize,
+        selected: &mut [i32],
+    ) {
+        let Some(replay) = self.replay else { return };
+        for (i, own) in selected.chunks_mut(k.max(1)).enumerate() {
+            if let Some((_, theirs)) = replay.get(&(layer, first_pos + i)) {
+                if theirs.len() == own.len() && theirs != own {
+                    own.copy_from_slice(theirs);
+                    self.replaced += 1;
+                }
+            }
+        }
+    }
 }
 
 /// Logits of every position (position, vocab values).
 type AllLogits = Vec<(usize, Vec<f32>)>;
 
-fn run<B: Backend>(
+fn run<'r, B: Backend>(
     engine: &mut Engine<B>,
     case: &ForwardCase,
     tokens: &[u32],
-) -> Result<(AllLogits, IndexRecorder), EngineError> {
+    replay: Option<&'r Seen>,
+) -> Result<(AllLogits, IndexRecorder<'r>), EngineError> {
     let topk = engine.options().topk;
     engine.set_options(EngineOptions {
         index: case.profile,
@@ -111,7 +154,10 @@ fn run<B: Backend>(
         topk,
         chunk: case.chunk,
     })?;
-    let mut rec = IndexRecorder::default();
+    let mut rec = IndexRecorder {
+        replay,
+        ..IndexRecorder::default()
+    };
     let mut state = engine.new_sequence();
     let out = engine.forward(&mut state, tokens, &mut rec, LogitsRequest::All)?;
     Ok((out.logits, rec))
@@ -164,15 +210,18 @@ pub fn check_forward<B: Backend>(
             case.chunk,
             tokens.len()
         );
-        let (lg, rg) = run(engine, case, tokens)?;
-        let (lc, rc) = run(reference, case, tokens)?;
+        let (lg, rg) = run(engine, case, tokens, None)?;
+        let (lc, rc) = run(reference, case, tokens, Some(&rg.seen))?;
         let flat = |l: &[(usize, Vec<f32>)]| -> Vec<f32> {
             l.iter().flat_map(|(_, v)| v.iter().copied()).collect()
         };
         out.push(Check {
             what: format!("logits, {label}"),
             error: normalised_error(&flat(&lg), &flat(&lc)),
-            threshold: tol.logits,
+            threshold: match case.kv {
+                KvMode::Fp8 => tol.logits_kv_fp8,
+                KvMode::Exact => tol.logits,
+            },
         });
         let layers: std::collections::BTreeSet<usize> = rc.seen.keys().map(|k| k.0).collect();
         for layer in layers {
