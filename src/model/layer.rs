@@ -117,7 +117,9 @@ impl<M> Layer<M> {
         backend.rms_norm(&mut h, d, Some(&self.ffn_norm), self.eps);
         let name = format!("layers.{l}.ffn.input");
         emit_act(backend, observer, &name, first_pos, &[t, d], &h);
-        let y = self.moe.forward(backend, &h, tokens);
+        let y = self
+            .moe
+            .forward(backend, &h, tokens, (l, first_pos), &mut *observer);
         let name = format!("layers.{l}.ffn.output");
         emit_act(backend, observer, &name, first_pos, &[t, d], &y);
         backend.hc_post(streams, &y, &post, &comb, n);

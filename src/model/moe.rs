@@ -10,6 +10,7 @@
 //!   consulted);
 //! - `out = Σ_i w_i · Expert_i(u) + Shared(u)`, SwiGLU clamped at `swiglu_limit` in both.
 
+use super::observer::Observer;
 use super::{load_matrix, EngineError};
 use crate::backend::{Backend, FfnWeights, Routes};
 use crate::checkpoint::Checkpoint;
@@ -105,17 +106,23 @@ impl<M> Moe<M> {
         })
     }
 
-    /// MoE output `[T, D]` for `u [T, D]` whose input token ids are `tokens [T]`.
+    /// MoE output `[T, D]` for `u [T, D]` whose input token ids are `tokens [T]` at positions
+    /// `first_pos..` of layer `layer`; the observer may replace the chosen experts
+    /// ([`Observer::replace_routes`], a parity harness's replay).
     pub fn forward<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
         u: &B::Act,
         tokens: &[u32],
+        (layer, first_pos): (usize, usize),
+        observer: &mut dyn Observer,
     ) -> B::Act {
         let t = tokens.len();
         let mut scores = vec![0.0f32; t * self.n_experts];
         backend.router_scores(u, &self.gate, &mut scores);
-        let (experts, weights) = self.route(&scores, tokens);
+        let mut experts = self.choose(&scores, tokens);
+        observer.replace_routes(layer, first_pos, self.top_k, &mut experts);
+        let weights = self.weigh(&scores, &experts);
         let routes = Routes {
             per_token: self.top_k,
             experts: &experts,
@@ -133,23 +140,38 @@ impl<M> Moe<M> {
 
     /// Chosen experts and weights `[T, k]` from the router scores `[T, E]`.
     pub fn route(&self, scores: &[f32], tokens: &[u32]) -> (Vec<usize>, Vec<f32>) {
+        let experts = self.choose(scores, tokens);
+        let weights = self.weigh(scores, &experts);
+        (experts, weights)
+    }
+
+    /// Chosen experts `[T, k]` from the router scores `[T, E]` (hash table or biased top-k).
+    fn choose(&self, scores: &[f32], tokens: &[u32]) -> Vec<usize> {
         let (e, k) = (self.n_experts, self.top_k);
         let mut experts = Vec::with_capacity(tokens.len() * k);
-        let mut weights = Vec::with_capacity(tokens.len() * k);
         for (i, &tok) in tokens.iter().enumerate() {
             let s = &scores[i * e..(i + 1) * e];
-            let chosen = match (&self.tid2eid, &self.bias) {
-                (Some(table), _) => table[tok as usize * k..(tok as usize + 1) * k].to_vec(),
-                (None, Some(bias)) => top_k_biased(s, bias, k),
-                (None, None) => top_k_biased(s, &vec![0.0; e], k),
-            };
-            let sum: f32 = chosen.iter().map(|&x| s[x]).sum();
-            for &x in &chosen {
-                experts.push(x);
-                weights.push(s[x] / sum * self.scaling);
+            match (&self.tid2eid, &self.bias) {
+                (Some(table), _) => {
+                    experts.extend_from_slice(&table[tok as usize * k..(tok as usize + 1) * k])
+                }
+                (None, Some(bias)) => experts.extend(top_k_biased(s, bias, k)),
+                (None, None) => experts.extend(top_k_biased(s, &vec![0.0; e], k)),
             }
         }
-        (experts, weights)
+        experts
+    }
+
+    /// Weights `[T, k]` of the chosen experts: their unbiased scores renormalised, scaled.
+    fn weigh(&self, scores: &[f32], experts: &[usize]) -> Vec<f32> {
+        let (e, k) = (self.n_experts, self.top_k);
+        let mut weights = Vec::with_capacity(experts.len());
+        for (i, chosen) in experts.chunks(k.max(1)).enumerate() {
+            let s = &scores[i * e..(i + 1) * e];
+            let sum: f32 = chosen.iter().map(|&x| s[x]).sum();
+            weights.extend(chosen.iter().map(|&x| s[x] / sum * self.scaling));
+        }
+        weights
     }
 }
 

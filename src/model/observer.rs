@@ -82,6 +82,19 @@ pub trait Observer {
         _selected: &mut [i32],
     ) {
     }
+    /// Parity hook, called once per chunk at every MoE layer: `experts` is `[tokens, k]`, the
+    /// routed experts of positions `first_pos..` (hash table or top-k of the router scores);
+    /// whatever this leaves in it is what the layer runs, weighted by its own router scores. A
+    /// harness replays another engine's routes here, for the reason of `replace_selection`
+    /// (a near-tie between two experts' scores). The default keeps the engine's.
+    fn replace_routes(
+        &mut self,
+        _layer: usize,
+        _first_pos: usize,
+        _k: usize,
+        _experts: &mut [usize],
+    ) {
+    }
     fn attention(&mut self, _obs: &AttentionObservation<'_>) {}
     /// A named intermediate for consecutive positions `first_pos..first_pos + shape[0]`,
     /// row-major `data` of `shape`.

@@ -12,6 +12,7 @@ use super::executor::{
     OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::kernels;
+use super::pool::BufferPool;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result as drv, sys, CudaContext};
 use std::collections::HashMap;
@@ -22,11 +23,13 @@ fn driver_err(what: &str, e: drv::DriverError) -> GpuError {
     GpuError::Driver(format!("{what}: {e:?}"))
 }
 
-/// A device allocation.
+/// A device allocation of `len` bytes (`cap` really allocated: its pool size class).
 pub struct CudaBuf {
     ptr: sys::CUdeviceptr,
     len: usize,
+    cap: usize,
     ctx: Arc<CudaContext>,
+    pool: Option<Arc<BufferPool>>,
 }
 
 // SAFETY: a device pointer is a plain address; access goes through the driver.
@@ -34,14 +37,23 @@ unsafe impl Send for CudaBuf {}
 unsafe impl Sync for CudaBuf {}
 
 /// Ops drop temporaries (and grown caches drop their old allocation) right after queueing the
-/// kernels that read them. That is safe because everything runs on the legacy default stream
-/// and `cuMemFree` waits for the device's queued work first; moving to other streams,
-/// `cuMemFreeAsync` or a caching allocator must keep each buffer alive until its kernels are
-/// done. An error here (a kernel that faulted after its launch returned) is printed, since
-/// the op that queued it has already returned; run with `CUDA_LAUNCH_BLOCKING=1` to have the
-/// failing launch itself report it (scripts/gpu-check.sh does for the op parity step).
+/// kernels that read them. That is safe because everything runs on the legacy default stream:
+/// a buffer goes back to the executor's [`BufferPool`] and is handed out again only to work
+/// queued after those kernels, and a buffer really freed goes through `cuMemFree`, which waits
+/// for the device's queued work first. Moving to other streams or `cuMemFreeAsync` must keep
+/// each buffer alive until its kernels are done. An error here (a kernel that faulted after its
+/// launch returned) is printed, since the op that queued it has already returned; run with
+/// `CUDA_LAUNCH_BLOCKING=1` to have the failing launch itself report it (scripts/gpu-check.sh
+/// does for the op parity step).
 impl Drop for CudaBuf {
     fn drop(&mut self) {
+        if self
+            .pool
+            .as_ref()
+            .is_some_and(|p| p.give(self.cap, self.ptr))
+        {
+            return;
+        }
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by malloc_sync in this context, freed once.
             if let Err(e) = unsafe { drv::free_sync(self.ptr) } {
@@ -69,6 +81,7 @@ pub struct CudaExecutor {
     blas: Mutex<BlasHandle>,
     transfers: Transfers,
     profile: OpProfile,
+    pool: Option<Arc<BufferPool>>,
 }
 
 struct BlasHandle(blas::cublasHandle_t);
@@ -121,7 +134,50 @@ impl CudaExecutor {
             blas: Mutex::new(BlasHandle(handle)),
             transfers: Transfers::default(),
             profile: OpProfile::from_env(),
+            pool: BufferPool::from_env().map(Arc::new),
         })
+    }
+
+    /// `cuMemAlloc` of `bytes`; when the device is out of memory, frees what the pool keeps and
+    /// tries once more.
+    fn malloc(&self, bytes: usize) -> Result<sys::CUdeviceptr, GpuError> {
+        for attempt in 0..2 {
+            // SAFETY: plain allocation, zeroed by the caller before use.
+            match unsafe { drv::malloc_sync(bytes) } {
+                Ok(p) => return Ok(p),
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
+                    if attempt == 0 && !kept.is_empty() {
+                        self.free_all(kept);
+                        continue;
+                    }
+                    let (free, total) = drv::mem_get_info().unwrap_or((0, 0));
+                    return Err(GpuError::OutOfMemory {
+                        device: self.ordinal,
+                        bytes,
+                        free,
+                        total,
+                    });
+                }
+                Err(e) => return Err(driver_err("cuMemAlloc", e)),
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    /// Really frees allocations taken out of the pool.
+    fn free_all(&self, kept: Vec<(usize, u64)>) {
+        for (bytes, ptr) in kept {
+            // SAFETY: allocated by malloc_sync in this context, owned by the pool until now.
+            if let Err(e) = unsafe { drv::free_sync(ptr) } {
+                eprintln!("warning: cuMemFree of a pooled {bytes}-byte buffer: {e:?}");
+            }
+        }
+    }
+
+    /// Allocations served from the buffer pool so far (0 without a pool).
+    pub fn pool_reuses(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.reused())
     }
 
     /// The architecture kernels are compiled for (`sm_90`).
@@ -167,6 +223,9 @@ impl CudaExecutor {
 impl Drop for CudaExecutor {
     fn drop(&mut self) {
         if self.bind().is_ok() {
+            if let Some(pool) = &self.pool {
+                self.free_all(pool.close());
+            }
             // SAFETY: created in `new`, destroyed once.
             let _ = unsafe { cudarc::cublas::result::destroy_handle(self.blas.lock().unwrap().0) };
         }
@@ -178,26 +237,23 @@ impl CudaExecutor {
     fn alloc_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
         self.bind()?;
         let bytes = bytes.max(1);
-        // SAFETY: plain allocation, zeroed below before use.
-        let ptr = match unsafe { drv::malloc_sync(bytes) } {
-            Ok(p) => p,
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                let (free, total) = drv::mem_get_info().unwrap_or((0, 0));
-                return Err(GpuError::OutOfMemory {
-                    device: self.ordinal,
-                    bytes,
-                    free,
-                    total,
-                });
-            }
-            Err(e) => return Err(driver_err("cuMemAlloc", e)),
+        let cap = match self.pool {
+            Some(_) => BufferPool::class(bytes),
+            None => bytes,
         };
-        // SAFETY: ptr is valid for bytes.
+        let ptr = match self.pool.as_ref().and_then(|p| p.take(cap)) {
+            Some(p) => p,
+            None => self.malloc(cap)?,
+        };
+        // SAFETY: ptr is valid for cap >= bytes; the memset is ordered after earlier users of a
+        // reused buffer (one stream).
         unsafe { drv::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| driver_err("cuMemsetD8", e))?;
         Ok(CudaBuf {
             ptr,
             len: bytes,
+            cap,
             ctx: self.ctx.clone(),
+            pool: self.pool.clone(),
         })
     }
 

@@ -11,6 +11,7 @@ use super::executor::{
     arg_slots, check_gemm, check_range, gemm_key, Arg, Executor, Gemm, GemmType, GpuError,
     OpProfile, OpTime, Transfers, BLOCK,
 };
+use super::pool::BufferPool;
 use rayon::prelude::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,11 +50,14 @@ pub fn kernel_table() -> &'static [(String, String)] {
 
 const ALIGN: usize = 256;
 
-/// A host allocation standing in for device memory (256-byte aligned, zero-filled).
+/// A host allocation standing in for device memory (256-byte aligned, zero-filled): `len`
+/// bytes, `cap` really allocated (its pool size class when the executor pools).
 pub struct EmuBuf {
     ptr: *mut u8,
     len: usize,
+    cap: usize,
     used: Arc<AtomicUsize>,
+    pool: Option<Arc<BufferPool>>,
 }
 
 // SAFETY: the buffer is plain memory owned by this value; kernels write disjoint elements.
@@ -73,10 +77,23 @@ impl EmuBuf {
 
 impl Drop for EmuBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `alloc` with the same layout.
-        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
-        self.used.fetch_sub(self.len, Ordering::Relaxed);
+        // A pooled buffer stays allocated (and counted as used), as on a device.
+        if self
+            .pool
+            .as_ref()
+            .is_some_and(|p| p.give(self.cap, self.ptr as u64))
+        {
+            return;
+        }
+        free_host(&self.used, self.cap, self.ptr);
     }
+}
+
+/// Really frees an emulated allocation of `cap` bytes.
+fn free_host(used: &AtomicUsize, cap: usize, ptr: *mut u8) {
+    // SAFETY: allocated in `alloc_now` with the layout of `cap`.
+    unsafe { std::alloc::dealloc(ptr, EmuBuf::layout(cap)) }
+    used.fetch_sub(cap, Ordering::Relaxed);
 }
 
 /// The host emulator (one emulated device with a stated memory capacity).
@@ -86,6 +103,7 @@ pub struct EmuExecutor {
     used: Arc<AtomicUsize>,
     transfers: Transfers,
     profile: OpProfile,
+    pool: Option<Arc<BufferPool>>,
 }
 
 impl Default for EmuExecutor {
@@ -103,7 +121,40 @@ impl EmuExecutor {
             used: Arc::new(AtomicUsize::new(0)),
             transfers: Transfers::default(),
             profile: OpProfile::from_env(),
+            pool: None,
         }
+    }
+
+    /// The same executor keeping up to `limit` bytes of freed buffers for reuse, as the CUDA
+    /// executor does (`backend::gpu::pool`); without it every buffer is freed when dropped.
+    pub fn with_pool(mut self, limit: usize) -> Self {
+        self.pool = Some(Arc::new(BufferPool::new(limit)));
+        self
+    }
+
+    /// Allocations served from the buffer pool so far (0 without a pool).
+    pub fn pool_reuses(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.reused())
+    }
+
+    /// Bytes of the emulated device in use (pooled buffers included).
+    pub fn used_bytes(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Counts `cap` bytes as used, or fails as a full device would.
+    fn reserve(&self, cap: usize) -> Result<(), GpuError> {
+        let used = self.used.fetch_add(cap, Ordering::Relaxed) + cap;
+        if used <= self.capacity {
+            return Ok(());
+        }
+        self.used.fetch_sub(cap, Ordering::Relaxed);
+        Err(GpuError::OutOfMemory {
+            device: self.ordinal,
+            bytes: cap,
+            free: self.capacity.saturating_sub(used - cap),
+            total: self.capacity,
+        })
     }
 
     fn index_of(kernel: &str) -> Option<c_int> {
@@ -111,6 +162,16 @@ impl EmuExecutor {
             .iter()
             .position(|(n, _)| n == kernel)
             .map(|i| i as c_int)
+    }
+}
+
+impl Drop for EmuExecutor {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            for (class, addr) in pool.close() {
+                free_host(&self.used, class, addr as *mut u8);
+            }
+        }
     }
 }
 
@@ -136,28 +197,43 @@ fn to_f32(bytes: &[u8], ty: GemmType, offset: usize, count: usize) -> Vec<f32> {
 /// The untimed operations ([`Executor`]'s methods time them when profiling).
 impl EmuExecutor {
     fn alloc_now(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
-        let used = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if used > self.capacity {
-            self.used.fetch_sub(bytes, Ordering::Relaxed);
-            return Err(GpuError::OutOfMemory {
-                device: self.ordinal,
-                bytes,
-                free: self.capacity.saturating_sub(used - bytes),
-                total: self.capacity,
-            });
+        let cap = match self.pool {
+            Some(_) => BufferPool::class(bytes),
+            None => bytes,
+        };
+        let buf = |ptr| EmuBuf {
+            ptr,
+            len: bytes,
+            cap,
+            used: self.used.clone(),
+            pool: self.pool.clone(),
+        };
+        if let Some(addr) = self.pool.as_ref().and_then(|p| p.take(cap)) {
+            let ptr = addr as *mut u8;
+            // SAFETY: a pooled allocation of `cap >= bytes` bytes, owned by nobody else now.
+            unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+            return Ok(buf(ptr));
+        }
+        if let Err(e) = self.reserve(cap) {
+            // Out of memory: free what the pool keeps, then try once more.
+            let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
+            if kept.is_empty() {
+                return Err(e);
+            }
+            for (class, addr) in kept {
+                free_host(&self.used, class, addr as *mut u8);
+            }
+            self.reserve(cap)?;
         }
         // SAFETY: non-zero size layout.
-        let ptr = unsafe { std::alloc::alloc_zeroed(EmuBuf::layout(bytes)) };
+        let ptr = unsafe { std::alloc::alloc_zeroed(EmuBuf::layout(cap)) };
         if ptr.is_null() {
+            self.used.fetch_sub(cap, Ordering::Relaxed);
             return Err(GpuError::Other(format!(
                 "host allocation of {bytes} bytes failed"
             )));
         }
-        Ok(EmuBuf {
-            ptr,
-            len: bytes,
-            used: self.used.clone(),
-        })
+        Ok(buf(ptr))
     }
 
     fn write_now(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {

@@ -42,6 +42,7 @@ pub mod kernel_scan;
 pub mod kernels;
 pub mod matrix;
 pub mod norm;
+pub mod pool;
 pub mod scores;
 pub mod topk;
 

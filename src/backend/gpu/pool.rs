@@ -1,0 +1,147 @@
+//! A per-device cache of freed allocations, reused by later allocations of the same size class,
+//! so that the many short-lived op outputs and scratch buffers of a forward cost neither a
+//! `cuMemAlloc` nor a `cuMemFree` (which waits for all queued device work) each time.
+//!
+//! Reuse is safe because an executor queues everything on one in-order stream (the legacy
+//! default stream): a buffer handed back while kernels that read it are still queued is only
+//! handed out again to work queued after them. Sizes are rounded up to classes (multiples of
+//! 256 bytes up to 4 KiB, then 8 classes per power of two: at most 12.5% slack) so that buffers
+//! whose size varies a little from chunk to chunk (tokens per expert) still meet. The pool keeps
+//! at most `limit` bytes; what would exceed it is really freed. An allocation that fails for
+//! lack of memory empties the pool and tries again ([`BufferPool::drain`]), so the memory plan's
+//! guarantee holds as without a pool.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Freed allocations by size class: device addresses (or host pointers on the emulator).
+#[derive(Debug)]
+pub struct BufferPool {
+    limit: usize,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    free: HashMap<usize, Vec<u64>>,
+    kept: usize,
+    closed: bool,
+    reused: u64,
+}
+
+/// Default bytes a pool keeps; `NEEDLESCOPE_POOL_MIB` overrides it (0 turns pooling off).
+pub const DEFAULT_POOL_BYTES: usize = 4 << 30;
+
+impl BufferPool {
+    /// A pool keeping at most `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        BufferPool {
+            limit,
+            state: Mutex::new(PoolState::default()),
+        }
+    }
+
+    /// The pool of a real device: `NEEDLESCOPE_POOL_MIB` MiB, else [`DEFAULT_POOL_BYTES`];
+    /// `None` when that is 0.
+    pub fn from_env() -> Option<Self> {
+        let limit = std::env::var("NEEDLESCOPE_POOL_MIB")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(DEFAULT_POOL_BYTES, |mib| mib << 20);
+        (limit > 0).then(|| Self::new(limit))
+    }
+
+    /// The size class of an allocation of `bytes`: what is really allocated for it.
+    pub fn class(bytes: usize) -> usize {
+        let bytes = bytes.max(1);
+        if bytes <= 4096 {
+            return bytes.div_ceil(256) * 256;
+        }
+        let step = 1usize << (usize::BITS - 1 - bytes.leading_zeros() - 3);
+        bytes.div_ceil(step) * step
+    }
+
+    /// A kept allocation of class `class`, if there is one.
+    pub fn take(&self, class: usize) -> Option<u64> {
+        let mut s = self.state.lock().unwrap();
+        let addr = s.free.get_mut(&class)?.pop()?;
+        s.kept -= class;
+        s.reused += 1;
+        Some(addr)
+    }
+
+    /// Offers a freed allocation of class `class`; false when the caller must free it (the
+    /// pool is full or closed).
+    pub fn give(&self, class: usize, addr: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if s.closed || s.kept + class > self.limit {
+            return false;
+        }
+        s.kept += class;
+        s.free.entry(class).or_default().push(addr);
+        true
+    }
+
+    /// Takes every kept allocation out, `(class, address)`, for the caller to free.
+    pub fn drain(&self) -> Vec<(usize, u64)> {
+        let mut s = self.state.lock().unwrap();
+        s.kept = 0;
+        s.free
+            .drain()
+            .flat_map(|(class, addrs)| addrs.into_iter().map(move |a| (class, a)))
+            .collect()
+    }
+
+    /// [`drain`](Self::drain), and refuse everything given later (the executor is going away).
+    pub fn close(&self) -> Vec<(usize, u64)> {
+        self.state.lock().unwrap().closed = true;
+        self.drain()
+    }
+
+    /// Bytes kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.state.lock().unwrap().kept
+    }
+
+    /// Allocations served from the pool so far.
+    pub fn reused(&self) -> u64 {
+        self.state.lock().unwrap().reused
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_round_up_by_at_most_an_eighth() {
+        assert_eq!(BufferPool::class(0), 256);
+        assert_eq!(BufferPool::class(1), 256);
+        assert_eq!(BufferPool::class(257), 512);
+        assert_eq!(BufferPool::class(4096), 4096);
+        assert_eq!(BufferPool::class(4097), 4608);
+        for bytes in [5000usize, 65_537, 1 << 20, (1 << 20) + 1, 123_456_789] {
+            let c = BufferPool::class(bytes);
+            assert!(c >= bytes && (c - bytes) * 8 <= bytes, "{bytes} -> {c}");
+            assert_eq!(BufferPool::class(c), c, "a class is its own class");
+        }
+    }
+
+    #[test]
+    fn keeps_up_to_its_limit_and_hands_back_by_class() {
+        let p = BufferPool::new(1024);
+        assert!(p.give(512, 1));
+        assert!(p.give(512, 2));
+        assert!(!p.give(256, 3), "over the limit: the caller frees it");
+        assert_eq!(p.kept_bytes(), 1024);
+        assert_eq!(p.take(256), None);
+        assert_eq!(p.take(512), Some(2));
+        assert_eq!(p.kept_bytes(), 512);
+        assert_eq!(p.reused(), 1);
+        let mut drained = p.close();
+        drained.sort_unstable();
+        assert_eq!(drained, vec![(512, 1)]);
+        assert_eq!(p.kept_bytes(), 0);
+        assert!(!p.give(512, 4), "closed");
+    }
+}
