@@ -61,12 +61,14 @@ impl ForwardTolerance {
     /// For f32 GEMMs (the CPU's arithmetic up to summation order). `rounding_flips` 3%: the
     /// CPU itself changes about 3% of its top-k lists between chunk sizes under official-fp4 +
     /// fp8 KV (summation order alone; tests/engine_invariants.rs); an H200 against the CPU
-    /// moved at most 0.09% (tiny, 1,500 tokens). `logits_kv_fp8`: the emulator (host GEMMs in
-    /// another order) differs by 3.5e-4 under fp8 + fp8 KV on tiny at 1,500 tokens, the H200
-    /// by 8.9e-4; leaving out the KV rounding altogether gives 0.47.
+    /// moved at most 0.09% (tiny, 1,500 tokens). `logits_kv_fp8`: under fp8 + fp8 KV the
+    /// emulator (host GEMMs in another order) differs by 3.5e-4 on tiny at 1,500 tokens, an
+    /// H200 by 8.9e-4 there and by 3.2e-3 on Flash 4 layers at 300 tokens (more KV elements to
+    /// flip; the same forward with bf16 index keys and exact KV: 2.2e-6); leaving out the KV
+    /// rounding altogether gives 0.47 on tiny.
     pub const F32: ForwardTolerance = ForwardTolerance {
         logits: 1e-4,
-        logits_kv_fp8: 3e-3,
+        logits_kv_fp8: 1e-2,
         routes: 0.01,
         scores: 1e-4,
         selection: 0.0,
