@@ -73,10 +73,12 @@ static __device__ __forceinline__ float ns_e8m0_to_f32(u8 b) {
     return ns_bits_f32(((u32)b) << 23);
 }
 
-// e2m1 code (low nibble) -> f32.
+// e2m1 code (low nibble) -> f32: 0, 0.5, 1, 1.5, 2, 3, 4, 6 built from the bits (exponent e,
+// mantissa m: m/2 when e = 0, else (1 + m/2) * 2^(e-1)), with no table: a dynamically indexed
+// local array lives in slow local memory on the GPU.
 static __device__ __forceinline__ float ns_e2m1_to_f32(u32 code) {
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float v = mag[code & 7u];
+    u32 e = (code >> 1) & 3u, m = code & 1u;
+    float v = e == 0u ? (m ? 0.5f : 0.0f) : ns_bits_f32(((e + 126u) << 23) | (m << 22));
     return (code & 8u) ? -v : v;
 }
 

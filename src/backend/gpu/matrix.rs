@@ -127,7 +127,15 @@ pub fn dequant_rows<E: Executor>(
         buf(out),
         Arg::I32((ty == GemmType::Bf16) as i32),
     ];
-    let grid = grid_for(nrows * w.cols);
+    // The packed FP4 forms take eight values per thread when rows split into whole eights
+    // sharing a scale (every real checkpoint: groups of 32 / 16).
+    let by_eight = w.cols % 8 == 0
+        && match w.form {
+            LinearForm::Fp4Group { group } => group % 8 == 0,
+            LinearForm::Nvfp4 { .. } => true,
+            _ => false,
+        };
+    let grid = grid_for(nrows * w.cols / if by_eight { 8 } else { 1 });
     let data = w.data()?;
     let mut args: Vec<Arg<'_, E::Buf>> = vec![buf(data)];
     let kernel = match w.form {
@@ -143,11 +151,19 @@ pub fn dequant_rows<E: Executor>(
         }
         LinearForm::Fp4Group { group } => {
             args.extend([buf(w.scale()?), Arg::I64(group as i64)]);
-            "dequant_fp4_group"
+            if by_eight {
+                "dequant_fp4_group8"
+            } else {
+                "dequant_fp4_group"
+            }
         }
         LinearForm::Nvfp4 { scale_2 } => {
             args.extend([buf(w.scale()?), Arg::F32(scale_2)]);
-            "dequant_nvfp4"
+            if by_eight {
+                "dequant_nvfp4_8"
+            } else {
+                "dequant_nvfp4"
+            }
         }
     };
     args.extend(tail);

@@ -1,0 +1,84 @@
+//! The eight-values-per-thread FP4 dequant kernels (`dequant_fp4_group8`, `dequant_nvfp4_8`,
+//! used whenever a row splits into whole eights sharing a scale) write exactly what the
+//! one-value-per-thread kernels write, bit for bit, for every byte value and scale, f32 and bf16
+//! outputs, a band of rows and gathered rows.
+
+use needlescope::backend::gpu::executor::{buf, download, grid_for, upload, Arg};
+use needlescope::backend::gpu::{EmuExecutor, Executor};
+use needlescope::backend::parity::Rng;
+
+const ROWS: usize = 6;
+const COLS: usize = 96;
+
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| (r.next_u64() >> 56) as u8).collect()
+}
+
+/// Runs `kernel` (one value or eight per thread) and returns the output bits.
+type Buf = <EmuExecutor as Executor>::Buf;
+
+fn run(
+    e: &EmuExecutor,
+    (kernel, per_thread): (&str, usize),
+    scale_args: &[Arg<'_, Buf>],
+    packed: &Buf,
+    ids: Option<&[i32]>,
+    out_bf16: bool,
+) -> Vec<u32> {
+    let nrows = ids.map_or(ROWS - 1, |i| i.len());
+    let n = nrows * COLS;
+    let width = if out_bf16 { 2 } else { 4 };
+    let out = e.alloc(n * width).unwrap();
+    let ids_buf = ids.map(|i| upload(e, i).unwrap());
+    let mut args = vec![buf(packed)];
+    args.extend_from_slice(scale_args);
+    args.extend([
+        ids_buf.as_ref().map_or(Arg::Null, buf),
+        Arg::I64(1),
+        Arg::I64(nrows as i64),
+        Arg::I64(COLS as i64),
+        buf(&out),
+        Arg::I32(out_bf16 as i32),
+    ]);
+    e.launch(kernel, grid_for(n / per_thread), &args).unwrap();
+    if out_bf16 {
+        let mut v = vec![0u16; n];
+        download(e, &out, &mut v).unwrap();
+        v.into_iter().map(u32::from).collect()
+    } else {
+        let mut v = vec![0f32; n];
+        download(e, &out, &mut v).unwrap();
+        v.into_iter().map(f32::to_bits).collect()
+    }
+}
+
+#[test]
+fn eight_per_thread_fp4_kernels_match_the_per_value_ones() {
+    let e = EmuExecutor::default();
+    let packed = upload(&e, &bytes(ROWS * COLS / 2, 1)).unwrap();
+    // e8m0 scales per 32 values, every byte value (255 is NaN) somewhere.
+    let group = 32usize;
+    let mut e8m0 = bytes(ROWS * COLS / group, 2);
+    e8m0[0] = 255;
+    e8m0[1] = 0;
+    let e8m0 = upload(&e, &e8m0).unwrap();
+    // e4m3 scales per 16 values (0x7F is NaN).
+    let mut e4m3 = bytes(ROWS * COLS / 16, 3);
+    e4m3[2] = 0x7F;
+    let e4m3 = upload(&e, &e4m3).unwrap();
+    let gathered = [4i32, 0, 5, 2];
+    for ids in [None, Some(&gathered[..])] {
+        for out_bf16 in [false, true] {
+            let g = [buf(&e8m0), Arg::I64(group as i64)];
+            let one = run(&e, ("dequant_fp4_group", 1), &g, &packed, ids, out_bf16);
+            let eight = run(&e, ("dequant_fp4_group8", 8), &g, &packed, ids, out_bf16);
+            assert_eq!(one, eight, "fp4 group, ids {ids:?}, bf16 {out_bf16}");
+            assert!(one.iter().any(|&b| b != 0));
+            let n = [buf(&e4m3), Arg::F32(0.37)];
+            let one = run(&e, ("dequant_nvfp4", 1), &n, &packed, ids, out_bf16);
+            let eight = run(&e, ("dequant_nvfp4_8", 8), &n, &packed, ids, out_bf16);
+            assert_eq!(one, eight, "nvfp4, ids {ids:?}, bf16 {out_bf16}");
+        }
+    }
+}
