@@ -12,7 +12,8 @@
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 150, BENCH_TIMEOUT 240) so a run can be
 # fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1, SKIP_TINY_PARITY=1,
 # SKIP_FLASH_PARITY=1, SKIP_BENCH=1);
-# bench prints each length as it ends.
+# bench prints each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment adds a per-kernel
+# time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer pool off.
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
 # scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin.
