@@ -8,7 +8,7 @@
 // 1 / denominator and `sink_p [T, H]` the sink's share. Padding entries (e >= count[t]) are 0.
 //
 // Four launches, each thread owning its outputs:
-//   attn_logits  (t, h, e): w = dot8(q, table[idx]) * scale
+//   attn_logits  (t, h, e): w = dot8(q, table[idx]) * scale (attn_logits4: four heads a thread)
 //   attn_softmax (t, h):    m = max(sink, w...); w = exp(w - m); denominators in entry order
 //   attn_values  (t, h, c): out = (sum_e w_e * v_e[c]) * inv, entries in order
 //   attn_probs   (t, h, e): w = w * inv
@@ -54,6 +54,50 @@ extern "C" __global__ void attn_logits(const float* queries, const float* table,
             w[i] = attn_dot8(q, v, d) * scale;
         } else {
             w[i] = 0.0f;
+        }
+    }
+}
+
+// attn_logits for four heads per thread, when heads % 4 == 0: thread (t, g, e) reads the entry's
+// row once per 8-wide step for heads 4g..4g+3 (the query heads of a token share its entries).
+// Each head's sum is attn_dot8's, lane by lane and in the same order, so the logits are the same
+// bits.
+extern "C" __global__ void attn_logits4(const float* queries, const float* table, const int* idx,
+                                        const int* count, i64 tokens, i64 heads, i64 d, i64 emax,
+                                        float scale, float* w) {
+    i64 groups = heads / 4;
+    NS_FOR(i, tokens * groups * emax) {
+        i64 e = i % emax, tg = i / emax, t = tg / groups, h0 = (tg % groups) * 4;
+        float* out = w + (t * heads + h0) * emax + e;
+        if (e >= (i64)count[t]) {
+            for (int j = 0; j < 4; ++j) out[j * emax] = 0.0f;
+            continue;
+        }
+        const float* q = queries + (t * heads + h0) * d;
+        const float* v = table + (i64)idx[t * emax + e] * d;
+        float acc[4][8];
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 8; ++l) acc[j][l] = 0.0f;
+        i64 chunks = d / 8;
+        for (i64 c = 0; c < chunks; ++c) {
+            float vv[8];
+            for (int l = 0; l < 8; ++l) vv[l] = v[c * 8 + l];
+            for (int j = 0; j < 4; ++j) {
+                for (int l = 0; l < 8; ++l) {
+                    float p = q[j * d + c * 8 + l] * vv[l];
+                    acc[j][l] = acc[j][l] + p;
+                }
+            }
+        }
+        for (int j = 0; j < 4; ++j) {
+            float tail = 0.0f;
+            for (i64 k = chunks * 8; k < d; ++k) {
+                float p = q[j * d + k] * v[k];
+                tail = tail + p;
+            }
+            float lo = (acc[j][0] + acc[j][4]) + (acc[j][1] + acc[j][5]);
+            float hi = (acc[j][2] + acc[j][6]) + (acc[j][3] + acc[j][7]);
+            out[j * emax] = ((lo + hi) + tail) * scale;
         }
     }
 }

@@ -11,7 +11,8 @@
 //! uploaded; two `el_gather_rows` launches copy the distinct rows from `kv[0]` and `kv[1]` into
 //! one packed table `[U, head_dim]`. Four launches then compute, per query t and head h:
 //!
-//! - `attn_logits` (t, h, e): `ℓ = dot(q, v_e)·scale` with the CPU's 8-lane dot product;
+//! - `attn_logits` (t, h, e): `ℓ = dot(q, v_e)·scale` with the CPU's 8-lane dot product
+//!   (`attn_logits4` when the heads divide by four: four heads a thread, the same bits);
 //! - `attn_softmax` (t, h): `m = max(σ_h, ℓ…)`, `w_e = exp(ℓ_e - m)`, the denominator summed in
 //!   entry order plus `exp(σ_h - m)` (the sink: denominator only), `inv = 1/denominator`;
 //! - `attn_values` (t, h, c): `out = (Σ_e w_e·v_e[c])·inv`, entries in order;
@@ -175,9 +176,15 @@ pub fn sparse_attention<E: Executor>(
     let (t64, h64, d64, e64) = (tokens as i64, h as i64, d as i64, emax as i64);
     let wide = tokens * h * emax;
     if wide > 0 {
+        // Four heads a thread read each entry row once for all four (same bits).
+        let (kernel, threads) = if h % 4 == 0 {
+            ("attn_logits4", wide / 4)
+        } else {
+            ("attn_logits", wide)
+        };
         e.launch(
-            "attn_logits",
-            grid_for(wide),
+            kernel,
+            grid_for(threads),
             &[
                 buf(&*queries),
                 buf(&rows),

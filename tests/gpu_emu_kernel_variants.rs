@@ -1,7 +1,9 @@
-//! The eight-values-per-thread FP4 dequant kernels (`dequant_fp4_group8`, `dequant_nvfp4_8`,
-//! used whenever a row splits into whole eights sharing a scale) write exactly what the
-//! one-value-per-thread kernels write, bit for bit, for every byte value and scale, f32 and bf16
-//! outputs, a band of rows and gathered rows.
+//! Kernels that do the work of another with more per thread write exactly what the simple one
+//! writes, bit for bit: the eight-values-per-thread FP4 dequant kernels (`dequant_fp4_group8`,
+//! `dequant_nvfp4_8`, used whenever a row splits into whole eights sharing a scale) for every
+//! byte value and scale, f32 and bf16 outputs, a band of rows and gathered rows; and the
+//! four-heads-per-thread attention logits (`attn_logits4`, used when the heads divide by four),
+//! with a dot-product tail and padded entries.
 
 use needlescope::backend::gpu::executor::{buf, download, grid_for, upload, Arg};
 use needlescope::backend::gpu::{EmuExecutor, Executor};
@@ -81,4 +83,52 @@ fn eight_per_thread_fp4_kernels_match_the_per_value_ones() {
             assert_eq!(one, eight, "nvfp4, ids {ids:?}, bf16 {out_bf16}");
         }
     }
+}
+
+#[test]
+fn four_heads_per_thread_logits_match_one_head_per_thread() {
+    let e = EmuExecutor::default();
+    let (tokens, heads, d, emax, rows) = (5usize, 8usize, 44usize, 7usize, 9usize);
+    let mut r = Rng::new(9);
+    let queries = upload(&e, &r.values(tokens * heads * d, 1.0)).unwrap();
+    let table = upload(&e, &r.values(rows * d, 1.0)).unwrap();
+    let count: Vec<i32> = vec![7, 3, 0, 5, 1];
+    let idx: Vec<i32> = (0..tokens * emax)
+        .map(|i| {
+            let (t, j) = (i / emax, i % emax);
+            if (j as i32) < count[t] {
+                ((t * 3 + j * 5) % rows) as i32
+            } else {
+                -1
+            }
+        })
+        .collect();
+    let (idx, count) = (upload(&e, &idx).unwrap(), upload(&e, &count).unwrap());
+    let logits = |kernel: &str, threads: usize| {
+        let w = upload(&e, &vec![f32::NAN; tokens * heads * emax]).unwrap();
+        let args = [
+            buf(&queries),
+            buf(&table),
+            buf(&idx),
+            buf(&count),
+            Arg::I64(tokens as i64),
+            Arg::I64(heads as i64),
+            Arg::I64(d as i64),
+            Arg::I64(emax as i64),
+            Arg::F32(0.125),
+            buf(&w),
+        ];
+        e.launch(kernel, grid_for(threads), &args).unwrap();
+        let mut v = vec![0f32; tokens * heads * emax];
+        download(&e, &w, &mut v).unwrap();
+        v.into_iter().map(f32::to_bits).collect::<Vec<u32>>()
+    };
+    let one = logits("attn_logits", tokens * heads * emax);
+    let four = logits("attn_logits4", tokens * heads * emax / 4);
+    assert_eq!(one, four);
+    assert!(
+        one.iter().all(|b| !f32::from_bits(*b).is_nan()),
+        "every logit written"
+    );
+    assert!(one.iter().any(|&b| b != 0));
 }
