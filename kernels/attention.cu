@@ -102,6 +102,22 @@ extern "C" __global__ void attn_logits4(const float* queries, const float* table
     }
 }
 
+// The GEMM path (src/backend/gpu/attention.rs, NEEDLESCOPE_ATTENTION=gemm), for `tokens` queries:
+// each query's entries gathered densely, out[t, e, :] = table[idx[t, e]] (zeros past count[t]).
+extern "C" __global__ void attn_gather(const float* table, const int* idx, const int* count,
+                                       i64 tokens, i64 emax, i64 d, float* out) {
+    NS_FOR(i, tokens * emax * d) {
+        i64 c = i % d, te = i / d, t = te / emax, e = te % emax;
+        out[i] = e < (i64)count[t] ? table[(i64)idx[t * emax + e] * d + c] : 0.0f;
+    }
+}
+
+// x[r, :] *= s[r] for rows of dim values; with s null, x *= scale.
+extern "C" __global__ void attn_scale_rows(float* x, const float* s, float scale, i64 rows,
+                                           i64 dim) {
+    NS_FOR(i, rows * dim) { x[i] = x[i] * (s ? s[i / dim] : scale); }
+}
+
 // One thread per (t, h): logits -> exp(l - m) in place, inv = 1 / denominator, sink share.
 extern "C" __global__ void attn_softmax(const float* sinks, const int* count, i64 tokens,
                                         i64 heads, i64 emax, float* w, float* inv,

@@ -4,14 +4,15 @@
 #   2. builds (or uses prebuilt binaries from $NS_BIN_DIR: needlescope + gpu_cuda_parity-*);
 #   3. `doctor`: driver, GPUs, NVRTC, and every kernel compiled for this GPU's architecture;
 #   4. the GPU parity tests (tests/gpu_cuda_parity.rs): every op at Flash dims first (blocking
-#      launches), then forwards on tiny and on Flash 4 layers (SKIP_FLASH_PARITY=1 skips those);
+#      launches), then forwards on tiny, the opt-in GEMM attention path (ops and tiny), and
+#      Flash 4 layers (SKIP_FLASH_PARITY=1 skips that one);
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
 #      FP8 + FP4) at the lengths in $LENGTHS (default 8k,32k,128k) with bf16 GEMMs (the speed
 #      configuration; GEMM=f32 for the reference one), skipped with SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 150, BENCH_TIMEOUT 240) so a run can be
 # fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1, SKIP_TINY_PARITY=1,
-# SKIP_FLASH_PARITY=1, SKIP_BENCH=1);
+# SKIP_ATTN_GEMM_PARITY=1, SKIP_FLASH_PARITY=1, SKIP_BENCH=1);
 # bench prints each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment adds a per-kernel
 # time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer pool off.
 # Usage: scripts/gpu-check.sh [OUT_DIR]
@@ -73,6 +74,7 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 }
 [ "${SKIP_OPS_PARITY:-0}" = 1 ] || parity ops cuda_ops_match_the_cpu_at_flash_dims "${OPS_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
 [ "${SKIP_TINY_PARITY:-0}" = 1 ] || parity tiny cuda_forward_matches_the_cpu_on_tiny "${TINY_TIMEOUT:-120}"
+[ "${SKIP_ATTN_GEMM_PARITY:-0}" = 1 ] || parity attn-gemm cuda_attention_by_gemm_matches_the_cpu "${TINY_TIMEOUT:-120}"
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
 # 5. Benchmark at Flash dimensions.

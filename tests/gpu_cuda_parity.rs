@@ -124,3 +124,26 @@ fn cuda_forward_matches_the_cpu_on_flash_four_layers() {
         &few,
     );
 }
+
+/// Sparse attention as batched cuBLAS GEMMs (`NEEDLESCOPE_ATTENTION=gemm`, off by default until
+/// this has passed on a GPU): every op at Flash dims, then the tiny forwards, f32 GEMMs.
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-check.sh"]
+fn cuda_attention_by_gemm_matches_the_cpu() {
+    let g = || gpu(GemmType::F32).with_attention_gemm(true);
+    report(
+        "ops, f32 GEMMs, attention by GEMM",
+        &check_ops(&g(), &OpDims::flash(), 13, 1e-5),
+    );
+    let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), None);
+    let opts = EngineOptions {
+        topk: Some(64),
+        ..EngineOptions::default()
+    };
+    let mut cpu = Engine::load(&m.ckpt, opts.clone()).expect("CPU engine");
+    let toks = tokens(1500, m.ckpt.config().vocab_size, 3);
+    let mut e = Engine::load_with(g(), &m.ckpt, opts).expect("GPU engine");
+    let checks =
+        check_forward(&mut e, &mut cpu, &toks, &cases(), ForwardTolerance::F32).expect("forwards");
+    report("Tiny Official 4 layers, attention by GEMM", &checks);
+}

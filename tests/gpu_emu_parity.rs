@@ -96,6 +96,16 @@ fn forward_with_bf16_gemms_stays_close_through_the_first_csa_layer() {
     forward_parity(WeightFormat::Official, 2, b, ForwardTolerance::BF16);
 }
 
+/// Sparse attention as batched GEMMs (`NEEDLESCOPE_ATTENTION=gemm`): every op and whole
+/// forwards still match the CPU.
+#[test]
+fn attention_by_gemm_matches_the_cpu() {
+    let b = EmuBackend::single(EmuExecutor::default(), GemmType::F32).with_attention_gemm(true);
+    assert!(b.attention_gemm());
+    assert_all_pass(&check_ops(&b, &OpDims::small(), 3, 1e-5));
+    forward_parity(WeightFormat::Official, 4, b, F32_TOL);
+}
+
 #[test]
 fn forward_across_two_devices_matches_one() {
     // Layers 0-1 on emulated device 0, layers 2-3 on device 1.

@@ -23,7 +23,7 @@
 //! holds the probabilities of every query `[T, H, E]` (+ sink shares `[T, H]`) but only the
 //! queries with `want_probs` are downloaded, compacted to the CPU's `[H, entries]` layout.
 
-use super::executor::{buf, bytemuck_lite, grid_for, Arg, Executor};
+use super::executor::{buf, bytemuck_lite, grid_for, Arg, Executor, Gemm, GemmType};
 use super::{Act, GpuBackend, GpuError};
 use crate::backend::{AttentionBatch, AttentionProbs};
 
@@ -169,66 +169,86 @@ pub fn sparse_attention<E: Executor>(
     let count = g.up_i32(&table.count)?;
     let queries = g.on(batch.queries, dev)?;
     let sinks = g.up(batch.sinks)?;
-    let weights = g.zeros((tokens * h * emax).max(1))?;
+    let mut weights = g.zeros((tokens * h * emax).max(1))?;
     let inv = g.zeros(tokens * h)?;
     let sink_p = g.zeros(tokens * h)?;
     let outb = g.output(out, dev)?;
     let (t64, h64, d64, e64) = (tokens as i64, h as i64, d as i64, emax as i64);
     let wide = tokens * h * emax;
-    if wide > 0 {
-        // Four heads a thread read each entry row once for all four (same bits).
-        let (kernel, threads) = if h % 4 == 0 {
-            ("attn_logits4", wide / 4)
-        } else {
-            ("attn_logits", wide)
+    if g.attention_gemm() && d > 0 && emax > 0 {
+        let bufs = Resident {
+            rows: &rows,
+            index: &index,
+            count: &count,
+            queries: &queries,
+            sinks: &sinks,
+            inv: &inv,
+            sink_p: &sink_p,
         };
+        attention_by_gemm(
+            e,
+            &bufs,
+            &mut weights,
+            outb,
+            (tokens, h, d, emax),
+            batch.scale,
+        )?;
+    } else {
+        if wide > 0 {
+            // Four heads a thread read each entry row once for all four (same bits).
+            let (kernel, threads) = if h % 4 == 0 {
+                ("attn_logits4", wide / 4)
+            } else {
+                ("attn_logits", wide)
+            };
+            e.launch(
+                kernel,
+                grid_for(threads),
+                &[
+                    buf(&*queries),
+                    buf(&rows),
+                    buf(&index),
+                    buf(&count),
+                    Arg::I64(t64),
+                    Arg::I64(h64),
+                    Arg::I64(d64),
+                    Arg::I64(e64),
+                    Arg::F32(batch.scale),
+                    buf(&weights),
+                ],
+            )?;
+        }
         e.launch(
-            kernel,
-            grid_for(threads),
+            "attn_softmax",
+            grid_for(tokens * h),
             &[
-                buf(&*queries),
+                buf(&sinks),
+                buf(&count),
+                Arg::I64(t64),
+                Arg::I64(h64),
+                Arg::I64(e64),
+                buf(&weights),
+                buf(&inv),
+                buf(&sink_p),
+            ],
+        )?;
+        e.launch(
+            "attn_values",
+            grid_for(tokens * h * d),
+            &[
                 buf(&rows),
                 buf(&index),
                 buf(&count),
+                buf(&weights),
+                buf(&inv),
                 Arg::I64(t64),
                 Arg::I64(h64),
                 Arg::I64(d64),
                 Arg::I64(e64),
-                Arg::F32(batch.scale),
-                buf(&weights),
+                buf(outb),
             ],
         )?;
     }
-    e.launch(
-        "attn_softmax",
-        grid_for(tokens * h),
-        &[
-            buf(&sinks),
-            buf(&count),
-            Arg::I64(t64),
-            Arg::I64(h64),
-            Arg::I64(e64),
-            buf(&weights),
-            buf(&inv),
-            buf(&sink_p),
-        ],
-    )?;
-    e.launch(
-        "attn_values",
-        grid_for(tokens * h * d),
-        &[
-            buf(&rows),
-            buf(&index),
-            buf(&count),
-            buf(&weights),
-            buf(&inv),
-            Arg::I64(t64),
-            Arg::I64(h64),
-            Arg::I64(d64),
-            Arg::I64(e64),
-            buf(outb),
-        ],
-    )?;
     if !batch.want_probs.iter().any(|&w| w) {
         return Ok(());
     }
@@ -249,6 +269,113 @@ pub fn sparse_attention<E: Executor>(
     let mut sink_all = vec![0f32; tokens * h];
     g.down(&sink_p, &mut sink_all)?;
     download_probs(e, &weights, &table, h, batch.want_probs, &sink_all, probs)
+}
+
+/// The batch's device inputs and per-(query, head) outputs (layouts in the module docs).
+struct Resident<'a, B> {
+    rows: &'a B,
+    index: &'a B,
+    count: &'a B,
+    queries: &'a B,
+    sinks: &'a B,
+    inv: &'a B,
+    sink_p: &'a B,
+}
+
+/// Sparse attention as batched GEMMs (`GpuBackend::with_attention_gemm`): every head of a query
+/// attends to the same entries, so per query `logits [H, E] = q [H, d] · G [E, d]ᵀ` and
+/// `out [H, d] = w [H, E] · G [E, d]` with `G` its entries gathered densely (`attn_gather`,
+/// zeros past the count, so padding adds nothing), in tiles of queries whose `G` fits
+/// [`super::matrix::WORKSPACE_BYTES`]. The softmax and sink are `attn_softmax`'s; the logits
+/// are scaled and the values multiplied by 1 / denominator by `attn_scale_rows`. f32 operands
+/// (cuBLAS's summation order, not the CPU's: equal to rounding).
+fn attention_by_gemm<E: Executor>(
+    e: &E,
+    b: &Resident<'_, E::Buf>,
+    weights: &mut E::Buf,
+    out: &mut E::Buf,
+    (tokens, h, d, emax): (usize, usize, usize, usize),
+    scale: f32,
+) -> Result<(), GpuError> {
+    let tile = (super::matrix::WORKSPACE_BYTES / (emax * d * 4)).clamp(1, tokens);
+    let gathered = e.alloc(tile * emax * d * 4)?;
+    let (h64, d64, e64) = (h as i64, d as i64, emax as i64);
+    // One query's products: [H, d] x [E, d]^T (logits), then [H, E] x [E, d] (values).
+    let product = |t0: usize, n: usize, values: bool| Gemm {
+        m: h,
+        n: if values { d } else { emax },
+        k: if values { emax } else { d },
+        ty: GemmType::F32,
+        x_offset: t0 * h * if values { emax } else { d } * 4,
+        ldx: if values { emax } else { d },
+        w_offset: 0,
+        ldw: d,
+        y_offset: t0 * h * if values { d } else { emax } * 4,
+        ldy: if values { d } else { emax },
+        accumulate: false,
+        batch: n,
+        stride_x: h * if values { emax } else { d },
+        stride_w: emax * d,
+        stride_y: h * if values { d } else { emax },
+        w_kn: values,
+    };
+    for t0 in (0..tokens).step_by(tile) {
+        let n = tile.min(tokens - t0);
+        let n64 = n as i64;
+        e.launch(
+            "attn_gather",
+            grid_for(n * emax * d),
+            &[
+                buf(b.rows),
+                Arg::Buf(b.index, t0 * emax * 4),
+                Arg::Buf(b.count, t0 * 4),
+                Arg::I64(n64),
+                Arg::I64(e64),
+                Arg::I64(d64),
+                buf(&gathered),
+            ],
+        )?;
+        e.gemm(&product(t0, n, false), b.queries, &gathered, weights)?;
+        let w_tile = t0 * h * emax * 4;
+        e.launch(
+            "attn_scale_rows",
+            grid_for(n * h * emax),
+            &[
+                Arg::Buf(&*weights, w_tile),
+                Arg::Null,
+                Arg::F32(scale),
+                Arg::I64(n64 * h64),
+                Arg::I64(e64),
+            ],
+        )?;
+        e.launch(
+            "attn_softmax",
+            grid_for(n * h),
+            &[
+                buf(b.sinks),
+                Arg::Buf(b.count, t0 * 4),
+                Arg::I64(n64),
+                Arg::I64(h64),
+                Arg::I64(e64),
+                Arg::Buf(&*weights, w_tile),
+                Arg::Buf(b.inv, t0 * h * 4),
+                Arg::Buf(b.sink_p, t0 * h * 4),
+            ],
+        )?;
+        e.gemm(&product(t0, n, true), weights, &gathered, out)?;
+        e.launch(
+            "attn_scale_rows",
+            grid_for(n * h * d),
+            &[
+                Arg::Buf(&*out, t0 * h * d * 4),
+                Arg::Buf(b.inv, t0 * h * 4),
+                Arg::F32(1.0),
+                Arg::I64(n64 * h64),
+                Arg::I64(d64),
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 /// Downloads the probabilities of the queries that want them (runs of consecutive queries in

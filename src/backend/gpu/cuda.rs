@@ -326,6 +326,48 @@ impl CudaExecutor {
         };
         let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
         let h = self.blas.lock().unwrap();
+        if g.batch > 1 || g.w_kn {
+            // w stored [k, n] is column-major [n, k] already: no transpose.
+            let transa = if g.w_kn {
+                blas::cublasOperation_t::CUBLAS_OP_N
+            } else {
+                blas::cublasOperation_t::CUBLAS_OP_T
+            };
+            // SAFETY: check_gemm sized every product of the batch inside its buffer.
+            return unsafe {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    h.0,
+                    transa,
+                    blas::cublasOperation_t::CUBLAS_OP_N,
+                    g.n as i32,
+                    g.m as i32,
+                    g.k as i32,
+                    &alpha as *const f32 as *const c_void,
+                    (w.ptr + g.w_offset as u64) as *const c_void,
+                    ty,
+                    g.ldw as i32,
+                    g.stride_w as i64,
+                    (x.ptr + g.x_offset as u64) as *const c_void,
+                    ty,
+                    g.ldx as i32,
+                    g.stride_x as i64,
+                    &beta as *const f32 as *const c_void,
+                    (y.ptr + g.y_offset as u64) as *mut c_void,
+                    blas::cudaDataType::CUDA_R_32F,
+                    g.ldy as i32,
+                    g.stride_y as i64,
+                    g.batch as i32,
+                    blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                )
+            }
+            .map_err(|e| {
+                GpuError::Cublas(format!(
+                    "batched gemm {}x{}x{} x{}: {e:?}",
+                    g.m, g.n, g.k, g.batch
+                ))
+            });
+        }
         // Row-major y[m,n] = x[m,k]·w[n,k]ᵀ is column-major Yᵀ[n,m] = Wᵀ·X with W, X read as
         // column-major [k,n] and [k,m] matrices.
         // SAFETY: offsets and leading dimensions were sized by the caller for these buffers.

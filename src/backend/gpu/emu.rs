@@ -281,24 +281,40 @@ impl EmuExecutor {
         check_gemm(g, x.len, w.len, y.len)?;
         let es = g.ty.bytes();
         let (xs, ws) = (x.as_slice(), w.as_slice());
-        let xrow = |r: usize| to_f32(xs, g.ty, g.x_offset + r * g.ldx * es, g.k);
-        let wrows: Vec<Vec<f32>> = (0..g.n)
-            .into_par_iter()
-            .map(|c| to_f32(ws, g.ty, g.w_offset + c * g.ldw * es, g.k))
-            .collect();
         let yptr = SendPtr(y.ptr as *mut *mut c_void);
-        (0..g.m).into_par_iter().for_each(|r| {
-            let xr = xrow(r);
-            let yp = &yptr;
-            for (c, wr) in wrows.iter().enumerate() {
-                let dot: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
-                // SAFETY: bounds checked above; each (r, c) is written by one task.
-                unsafe {
-                    let p = (yp.0 as *mut u8).add(g.y_offset + (r * g.ldy + c) * 4) as *mut f32;
-                    *p = if g.accumulate { *p + dot } else { dot };
+        for b in 0..g.batch {
+            let (x0, w0) = (
+                g.x_offset + b * g.stride_x * es,
+                g.w_offset + b * g.stride_w * es,
+            );
+            let y0 = g.y_offset + b * g.stride_y * 4;
+            let xrow = |r: usize| to_f32(xs, g.ty, x0 + r * g.ldx * es, g.k);
+            // w's rows as [n, k], whichever way it is stored.
+            let wrows: Vec<Vec<f32>> = (0..g.n)
+                .into_par_iter()
+                .map(|c| {
+                    if g.w_kn {
+                        (0..g.k)
+                            .map(|kk| to_f32(ws, g.ty, w0 + (kk * g.ldw + c) * es, 1)[0])
+                            .collect()
+                    } else {
+                        to_f32(ws, g.ty, w0 + c * g.ldw * es, g.k)
+                    }
+                })
+                .collect();
+            (0..g.m).into_par_iter().for_each(|r| {
+                let xr = xrow(r);
+                let yp = &yptr;
+                for (c, wr) in wrows.iter().enumerate() {
+                    let dot: f32 = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+                    // SAFETY: bounds checked above; each (b, r, c) is written by one task.
+                    unsafe {
+                        let p = (yp.0 as *mut u8).add(y0 + (r * g.ldy + c) * 4) as *mut f32;
+                        *p = if g.accumulate { *p + dot } else { dot };
+                    }
                 }
-            }
-        });
+            });
+        }
         Ok(())
     }
 }

@@ -110,6 +110,14 @@ pub struct Gemm {
     pub ldy: usize,
     /// Add into `y` (beta = 1) instead of overwriting it.
     pub accumulate: bool,
+    /// Independent products of the same shape (cuBLAS's strided batch): product `b` reads `x`
+    /// and `w` and writes `y` `b * stride_*` elements further on. 1 for a single product.
+    pub batch: usize,
+    pub stride_x: usize,
+    pub stride_w: usize,
+    pub stride_y: usize,
+    /// `w` is stored `[k, n]` (row-major, `ldw >= n`) instead of `[n, k]`: `y = x · w`.
+    pub w_kn: bool,
 }
 
 impl Gemm {
@@ -127,6 +135,11 @@ impl Gemm {
             y_offset: 0,
             ldy: n,
             accumulate: false,
+            batch: 1,
+            stride_x: 0,
+            stride_w: 0,
+            stride_y: 0,
+            w_kn: false,
         }
     }
 }
@@ -345,28 +358,42 @@ pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<
     if g.k == 0 {
         return bad("empty inner dimension".into());
     }
-    if g.ldx < g.k || g.ldw < g.k || g.ldy < g.n.max(1) {
+    // w's stored rows and row length.
+    let (w_rows, w_cols) = if g.w_kn { (g.k, g.n) } else { (g.n, g.k) };
+    if g.ldx < g.k || g.ldw < w_cols.max(1) || g.ldy < g.n.max(1) {
         return bad("a leading dimension is smaller than its row".into());
     }
+    if g.batch == 0 {
+        return bad("an empty batch".into());
+    }
     // cuBLAS takes every dimension as a 32-bit int.
-    if [g.m, g.n, g.k, g.ldx, g.ldw, g.ldy]
+    if [g.m, g.n, g.k, g.ldx, g.ldw, g.ldy, g.batch]
         .iter()
         .any(|&v| i32::try_from(v).is_err())
     {
         return bad("a dimension does not fit cuBLAS's 32-bit int".into());
     }
-    let need = |off: usize, rows: usize, ld: usize, cols: usize, es: usize| {
+    let b = g.batch - 1;
+    let need = |off: usize, stride: usize, rows: usize, ld: usize, cols: usize, es: usize| {
         if rows == 0 {
             off
         } else {
-            off + ((rows - 1) * ld + cols) * es
+            off + (b * stride + (rows - 1) * ld + cols) * es
         }
     };
     let es = g.ty.bytes();
     for (what, end, len) in [
-        ("x", need(g.x_offset, g.m, g.ldx, g.k, es), x_len),
-        ("w", need(g.w_offset, g.n, g.ldw, g.k, es), w_len),
-        ("y", need(g.y_offset, g.m, g.ldy, g.n, 4), y_len),
+        (
+            "x",
+            need(g.x_offset, g.stride_x, g.m, g.ldx, g.k, es),
+            x_len,
+        ),
+        (
+            "w",
+            need(g.w_offset, g.stride_w, w_rows, g.ldw, w_cols, es),
+            w_len,
+        ),
+        ("y", need(g.y_offset, g.stride_y, g.m, g.ldy, g.n, 4), y_len),
     ] {
         if end > len {
             return bad(format!("{what} needs {end} bytes, its buffer has {len}"));

@@ -251,6 +251,7 @@ pub fn gemm_weight<E: Executor>(
             y_offset: p.y_offset + (r - rows.start) * 4,
             ldy: p.ldy,
             accumulate: false,
+            ..Gemm::dense(0, 0, 0, ty)
         };
         e.gemm(&g, p.x, &work, p.y)?;
         r += n;

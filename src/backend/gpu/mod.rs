@@ -78,6 +78,9 @@ pub struct GpuBackend<E: Executor> {
     current: AtomicUsize,
     gemm: GemmType,
     error: Mutex<Option<String>>,
+    /// Sparse attention as batched cuBLAS GEMMs over gathered entries instead of the
+    /// one-thread-per-product kernels (`attention::sparse_attention`).
+    attention_gemm: bool,
 }
 
 impl<E: Executor> GpuBackend<E> {
@@ -95,7 +98,21 @@ impl<E: Executor> GpuBackend<E> {
             current: AtomicUsize::new(0),
             gemm,
             error: Mutex::new(None),
+            attention_gemm: std::env::var("NEEDLESCOPE_ATTENTION").is_ok_and(|v| v == "gemm"),
         }
+    }
+
+    /// The same backend with sparse attention on batched GEMMs (`true`) or on the per-product
+    /// kernels (`false`, the default; `NEEDLESCOPE_ATTENTION=gemm` picks the GEMMs). The GEMM
+    /// path sums in cuBLAS's order (f32), so it matches the CPU to rounding, not bit for bit.
+    pub fn with_attention_gemm(mut self, on: bool) -> Self {
+        self.attention_gemm = on;
+        self
+    }
+
+    /// Whether sparse attention runs as batched GEMMs.
+    pub fn attention_gemm(&self) -> bool {
+        self.attention_gemm
     }
 
     /// A single-device backend.

@@ -308,6 +308,7 @@ fn scores_on<E: Executor>(
                     y_offset: 0,
                     ldy: n,
                     accumulate: false,
+                    ..Gemm::dense(0, 0, 0, ty)
                 };
                 e.gemm(&gemm, q_b, k_b, &mut d)?;
             }
