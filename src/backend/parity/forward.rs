@@ -4,14 +4,16 @@
 //! selected row sets (near-ties aside: a row selected by one side only counts when its
 //! reference score is further than the score tolerance from the reference's k-th score).
 //!
-//! The reference replays the tested engine's selections (`Observer::replace_selection`): it
-//! computes and reports its own scores and top-k, but attends to the rows the tested engine
-//! picked. Under a rounding profile a one-ulp difference in a GEMM's summation order can flip
-//! one key's rounding and move one row across the cut-off; without the replay that single
-//! legitimate flip changes the attention output at that position, then every later layer and
-//! position (on `tiny`, 1,500 tokens: logits off by 0.16-0.31 on an H200, from one row of
-//! 88,000). With it, each layer is compared on the same inputs, and the selection checks still
-//! compare both engines' own top-k.
+//! The reference replays the tested engine's discrete decisions (`Observer::replace_selection`,
+//! `Observer::replace_routes`): it computes and reports its own scores, top-k and routes, but
+//! attends to the rows and runs the experts the tested engine picked. Under a rounding profile
+//! a one-ulp difference in a GEMM's summation order can flip one key's rounding and move one
+//! row across the cut-off (or one expert across the router's); without the replay that single
+//! legitimate flip changes the output at that position, then every later layer and position
+//! (on `tiny`, 1,500 tokens: logits off by 0.16-0.31 on an H200, from one row of 88,000). With
+//! it, each layer is compared on the same inputs, and the selection checks still compare both
+//! engines' own top-k. The tested engine's scores are also recomputed on the host from its own
+//! raw query, weights and keys (`probe::observe::rescore`), which no upstream flip can move.
 
 use super::{normalised_error, Check};
 use crate::backend::{Backend, CpuBackend};
