@@ -7,13 +7,15 @@
 #      launches), then forwards on tiny, the opt-in GEMM attention path (ops and tiny), and
 #      Flash 4 layers (SKIP_FLASH_PARITY=1 skips that one);
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
-#      FP8 + FP4) at the lengths in $LENGTHS (default 8k,32k,128k) with bf16 GEMMs (the speed
-#      configuration; GEMM=f32 for the reference one), skipped with SKIP_BENCH=1;
+#      FP8 + FP4, written in the background during the parity steps) at the lengths in $LENGTHS
+#      (default 8k,32k,128k) with bf16 GEMMs (the speed configuration; GEMM=f32 for the reference
+#      one), then at 8k with the per-kernel profile and, if its parity passed, with GEMM
+#      attention; skipped with SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
-# TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 150, BENCH_TIMEOUT 240) so a run can be
-# fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1, SKIP_TINY_PARITY=1,
-# SKIP_ATTN_GEMM_PARITY=1, SKIP_FLASH_PARITY=1, SKIP_BENCH=1);
-# bench prints each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment adds a per-kernel
+# TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
+# so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
+# SKIP_TINY_PARITY=1, SKIP_ATTN_GEMM_PARITY=1, SKIP_FLASH_PARITY=1, SKIP_BENCH=1); bench prints
+# each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment adds a per-kernel
 # time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer pool off.
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
@@ -50,6 +52,16 @@ else
 fi
 note "binary   $BIN ($(elapsed))"
 
+# The benchmark model (19 GB) is written in the background while the parity tests run, into a
+# side folder renamed when complete.
+W=${BENCH_MODEL:-/tmp/ns-flash4}
+SYNTH_PID=
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -e "$W/config.json" ]; then
+  ( timeout "${SYNTH_TIMEOUT:-300}" "$BIN" synth --preset flash --layers 4 --format official \
+      --out "$W.partial" >"$OUT/synth.txt" 2>&1 && rm -rf "$W" && mv "$W.partial" "$W" ) &
+  SYNTH_PID=$!
+fi
+
 # 3. doctor (compiles every kernel for the GPU's own architecture).
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d . | sed 's/^/sm_/')
 if "$BIN" doctor --compile-kernels "${ARCH:-sm_90}" >"$OUT/doctor.txt" 2>&1; then
@@ -65,8 +77,10 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
   local name=$1 filter=$2 limit=$3; shift 3
   if [ -z "$PARITY" ]; then note "parity   $name: no test binary"; return; fi
   if env "$@" timeout "$limit" "$PARITY" --ignored --exact "$filter" --nocapture --test-threads 1 \
-       >"$OUT/parity-$name.txt" 2>&1; then
+       >"$OUT/parity-$name.txt" 2>&1 && grep -q '^ok ' "$OUT/parity-$name.txt"; then
     note "parity   $name ok: $(grep -c '^ok ' "$OUT/parity-$name.txt") checks passed ($(elapsed))"
+  elif grep -q '^running 0 tests' "$OUT/parity-$name.txt"; then
+    note "parity   $name FAILED: no test named $filter in $PARITY (a stale test binary?)"
   else
     note "parity   $name FAILED: $(grep -c '^FAIL ' "$OUT/parity-$name.txt") failing checks ($(elapsed))"
     grep -E '^(FAIL|== )|panicked|error' "$OUT/parity-$name.txt" | head -30 | tee -a "$SUMMARY"
@@ -77,21 +91,28 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 [ "${SKIP_ATTN_GEMM_PARITY:-0}" = 1 ] || parity attn-gemm cuda_attention_by_gemm_matches_the_cpu "${TINY_TIMEOUT:-120}"
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
-# 5. Benchmark at Flash dimensions.
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  W=${BENCH_MODEL:-/tmp/ns-flash4}
-  if [ ! -e "$W/config.json" ]; then
-    timeout "${SYNTH_TIMEOUT:-150}" "$BIN" synth --preset flash --layers 4 --format official --out "$W" \
-      >"$OUT/synth.txt" 2>&1 || note "synth    FAILED or timed out (see $OUT/synth.txt)"
-  fi
-  note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
-  if timeout "${BENCH_TIMEOUT:-240}" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
-       --index fp8 --kv fp8 --lengths "$LENGTHS" >"$OUT/bench.txt" 2>&1; then
-    note "bench    ok ($(elapsed))"
+# 5. Benchmark at Flash dimensions: the lengths in $LENGTHS, then at $PROFILE_LENGTH (8k) once
+#    with NEEDLESCOPE_PROFILE=1 (time per kernel) and, when its parity passed above, once with
+#    NEEDLESCOPE_ATTENTION=gemm (the opt-in GEMM attention path).
+bench() { # NAME TIMEOUT LENGTHS [ENV...]
+  local name=$1 limit=$2 lengths=$3; shift 3
+  if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
+       --index fp8 --kv fp8 --lengths "$lengths" >"$OUT/$name.txt" 2>&1; then
+    note "$name ok ($(elapsed))"
   else
-    note "bench    FAILED ($(elapsed))"
+    note "$name FAILED ($(elapsed))"
   fi
-  tee -a "$SUMMARY" <"$OUT/bench.txt"
+  tee -a "$SUMMARY" <"$OUT/$name.txt"
+}
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  [ -n "$SYNTH_PID" ] && { wait "$SYNTH_PID" || note "synth    FAILED or timed out (see $OUT/synth.txt)"; }
+  note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
+  bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS"
+  P8=${PROFILE_LENGTH:-8k}
+  bench bench-profile "${PROFILE_TIMEOUT:-90}" "$P8" NEEDLESCOPE_PROFILE=1
+  if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
+    bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
+  fi
 fi
 echo "== summary ($OUT/summary.txt)"
 cat "$SUMMARY"
