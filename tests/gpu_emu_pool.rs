@@ -93,3 +93,20 @@ fn a_forward_on_a_pooled_executor_matches_the_cpu() {
     let reuses = gpu.backend().devices()[0].pool_reuses();
     assert!(reuses > 1000, "the pool served only {reuses} allocations");
 }
+
+/// `alloc_uninit` (no zero fill on a device) is poisoned with NaN on the emulator, so any test
+/// path that reads an element it never wrote fails; a reused pooled buffer is poisoned too.
+#[test]
+fn uninitialised_allocations_read_nan_on_the_emulator() {
+    let e = EmuExecutor::new(0, 1 << 20).with_pool(1 << 16);
+    for _ in 0..2 {
+        let b = e.alloc_uninit(64).unwrap();
+        let mut v = vec![0f32; 16];
+        download(&e, &b, &mut v).unwrap();
+        assert!(v.iter().all(|x| x.is_nan()), "{v:?}");
+        let z = e.alloc(64).unwrap();
+        download(&e, &z, &mut v).unwrap();
+        assert!(v.iter().all(|&x| x == 0.0), "alloc still zero-fills");
+    }
+    assert!(e.pool_reuses() >= 2);
+}

@@ -298,7 +298,8 @@ fn attention_by_gemm<E: Executor>(
     scale: f32,
 ) -> Result<(), GpuError> {
     let tile = (super::matrix::WORKSPACE_BYTES / (emax * d * 4)).clamp(1, tokens);
-    let gathered = e.alloc(tile * emax * d * 4)?;
+    // attn_gather writes every element a tile's GEMMs read: no zero fill.
+    let gathered = e.alloc_uninit(tile * emax * d * 4)?;
     let (h64, d64, e64) = (h as i64, d as i64, emax as i64);
     // One query's products: [H, d] x [E, d]^T (logits), then [H, E] x [E, d] (values).
     let product = |t0: usize, n: usize, values: bool| Gemm {

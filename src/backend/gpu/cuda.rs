@@ -235,6 +235,14 @@ impl Drop for CudaExecutor {
 /// The untimed operations ([`Executor`]'s methods time them when profiling).
 impl CudaExecutor {
     fn alloc_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
+        let b = self.alloc_uninit_now(bytes)?;
+        // SAFETY: b.ptr is valid for b.cap >= b.len bytes; the memset is ordered after earlier
+        // users of a reused buffer (one stream).
+        unsafe { drv::memset_d8_sync(b.ptr, 0, b.len) }.map_err(|e| driver_err("cuMemsetD8", e))?;
+        Ok(b)
+    }
+
+    fn alloc_uninit_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
         self.bind()?;
         let bytes = bytes.max(1);
         let cap = match self.pool {
@@ -245,9 +253,6 @@ impl CudaExecutor {
             Some(p) => p,
             None => self.malloc(cap)?,
         };
-        // SAFETY: ptr is valid for cap >= bytes; the memset is ordered after earlier users of a
-        // reused buffer (one stream).
-        unsafe { drv::memset_d8_sync(ptr, 0, bytes) }.map_err(|e| driver_err("cuMemsetD8", e))?;
         Ok(CudaBuf {
             ptr,
             len: bytes,
@@ -414,6 +419,12 @@ impl Executor for CudaExecutor {
 
     fn len(&self, b: &CudaBuf) -> usize {
         b.len
+    }
+
+    fn alloc_uninit(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
+        let key = || "alloc (uninitialised)".to_string();
+        self.profile
+            .time(key, || self.synchronize(), || self.alloc_uninit_now(bytes))
     }
 
     fn write(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {

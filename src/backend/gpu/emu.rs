@@ -337,6 +337,13 @@ impl Executor for EmuExecutor {
         b.len
     }
 
+    fn alloc_uninit(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
+        let b = self.alloc(bytes)?;
+        // SAFETY: b owns len bytes; poison them so that reading an unwritten element is seen.
+        unsafe { std::ptr::write_bytes(b.ptr, 0xFF, b.len) };
+        Ok(b)
+    }
+
     fn write(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
         let key = || "copy host->device".to_string();
         self.profile.time(

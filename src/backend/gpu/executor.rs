@@ -167,6 +167,13 @@ pub trait Executor: Send + Sync {
     /// A zero-filled allocation of `bytes` (at least 1).
     fn alloc(&self, bytes: usize) -> Result<Self::Buf, GpuError>;
 
+    /// An allocation whose contents are undefined, for a caller that writes all of it before
+    /// reading any (a dequant workspace): no fill on the device. The emulator fills it with
+    /// 0xFF bytes (NaN as f32 and bf16), so a read of an unwritten element shows up in its tests.
+    fn alloc_uninit(&self, bytes: usize) -> Result<Self::Buf, GpuError> {
+        self.alloc(bytes)
+    }
+
     /// Size in bytes of an allocation.
     fn len(&self, b: &Self::Buf) -> usize;
 

@@ -234,7 +234,8 @@ pub fn gemm_weight<E: Executor>(
     }
     let es = ty.bytes();
     let band = (WORKSPACE_BYTES / (w.cols.max(1) * es)).clamp(1, rows.len());
-    let work = e.alloc(band * w.cols * es)?;
+    // Every band's rows are decoded before its GEMM reads them: no zero fill.
+    let work = e.alloc_uninit(band * w.cols * es)?;
     let mut r = rows.start;
     while r < rows.end {
         let n = band.min(rows.end - r);
