@@ -138,8 +138,10 @@ impl<M> Moe<M> {
         out
     }
 
-    /// Chosen experts and weights `[T, k]` from the router scores `[T, E]`.
-    pub fn route(&self, scores: &[f32], tokens: &[u32]) -> (Vec<usize>, Vec<f32>) {
+    /// Chosen experts and weights `[T, k]` from the router scores `[T, E]` (what `forward`
+    /// does when the observer keeps the engine's routes).
+    #[cfg(test)]
+    fn route(&self, scores: &[f32], tokens: &[u32]) -> (Vec<usize>, Vec<f32>) {
         let experts = self.choose(scores, tokens);
         let weights = self.weigh(scores, &experts);
         (experts, weights)
