@@ -104,3 +104,49 @@ fn bench_prints_an_op_profile_on_request() {
         "shares sum to {share}:\n{text}"
     );
 }
+
+/// `--warmup` runs an untimed prefill first; on the GPU backend the weights' decoded copies
+/// (within the memory plan's headroom, capped by `NEEDLESCOPE_DECODE_CACHE_MIB`) are reported
+/// after each length; a cap that is not a number is refused naming the variable.
+#[test]
+fn bench_warms_up_and_reports_decoded_weight_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth_tiny(&model, &["--layers", "2"]);
+    let bench = |env: Option<&str>| {
+        let mut cmd = bin();
+        cmd.args(["bench", "--model"])
+            .arg(&model)
+            .args(["--lengths", "200", "--warmup", "100", "--device", "emu"]);
+        if let Some(v) = env {
+            cmd.env("NEEDLESCOPE_DECODE_CACHE_MIB", v);
+        }
+        cmd.output().unwrap()
+    };
+    let out = bench(None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("warm-up: 100 tokens in "), "{text}");
+    let kept = text
+        .lines()
+        .find(|l| l.contains("kept decoded:"))
+        .unwrap_or_else(|| panic!("no decoded-copy line:\n{text}"));
+    let copies: usize = kept
+        .split(": ")
+        .nth(2)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{kept}"));
+    assert!(copies > 0, "{kept}");
+    // Capped at zero: no copies, no line.
+    let out = bench(Some("0"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && !text.contains("kept decoded:"), "{text}");
+    let out = bench(Some("plenty"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("NEEDLESCOPE_DECODE_CACHE_MIB") && err.contains("plenty"),
+        "{err}"
+    );
+}

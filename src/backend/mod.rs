@@ -237,6 +237,12 @@ pub trait Backend: Send + Sync {
         (0, 0)
     }
 
+    /// One line per device on weight copies the backend keeps beside the stored weights (the GPU
+    /// backend's decoded copies: bytes held, budget, copies), for benchmarks. Empty on the CPU.
+    fn resident_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Wall time per device operation so far, when the backend profiles
     /// (`NEEDLESCOPE_PROFILE=1` on GPU backends: each operation synchronised and timed); empty
     /// otherwise and on the CPU.

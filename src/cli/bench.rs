@@ -44,6 +44,11 @@ pub struct BenchArgs {
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
     pub chunk: usize,
 
+    /// Untimed prefill of this many tokens before the timed ones, so that one-off work (kernel
+    /// compilation, the GPU's decoded weight copies) stays out of the figures [default: none]
+    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count)]
+    pub warmup: Option<usize>,
+
     /// Weights on the CPU: decoded (f32 at load), streamed (stored format, decoded on use) or
     /// auto (decoded when the f32 model fits in a quarter of RAM); GPUs keep the stored format
     #[arg(long, value_name = "MODE", default_value = "auto")]
@@ -55,6 +60,8 @@ pub struct BenchArgs {
 struct BenchTask<'a> {
     ckpt: &'a Checkpoint,
     topk: usize,
+    /// Untimed prompt run first (empty: none).
+    warmup: Vec<u32>,
     prompts: Vec<Vec<u32>>,
     /// When loading began (the task starts right after it).
     load_started: Instant,
@@ -66,6 +73,14 @@ impl EngineTask for BenchTask<'_> {
     type Output = ();
     fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<()> {
         let load = self.load_started.elapsed().as_secs_f64();
+        if !self.warmup.is_empty() {
+            let w = time_prefill(engine, &self.warmup)?;
+            writeln!(
+                self.out,
+                "warm-up: {} tokens in {:.3} s (untimed below)",
+                w.tokens, w.seconds
+            )?;
+        }
         let reference = engine.backend().reference_gemm_tflops();
         if let Some((what, t)) = &reference {
             writeln!(
@@ -222,6 +237,9 @@ fn layer_breakdown(
             p.transfer_bytes.1 as f64 / (1 << 20) as f64,
         )?;
     }
+    for note in &p.resident_notes {
+        writeln!(out, "{:>14} {note}", "kept decoded:")?;
+    }
     if let Some(t) = projected_tokens_per_s(&flash, &types, p).filter(|_| flash_sized) {
         writeln!(
             out,
@@ -238,7 +256,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
     let work = Workload {
-        context: lengths.last().copied().unwrap_or(1),
+        context: lengths.last().copied().unwrap_or(1).max(args.warmup.unwrap_or(0)),
         chunk: args.chunk,
         topk: cfg.index_topk,
     };
@@ -256,20 +274,18 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         target.record()
     )?;
     // Deterministic ids in [3, vocab): the same prompts on every run.
-    let prompts = lengths
-        .iter()
-        .map(|&n| {
-            let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
-            (0..n)
-                .map(|_| {
-                    s = s
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    3 + ((s >> 33) % (cfg.vocab_size as u64 - 3)) as u32
-                })
-                .collect()
-        })
-        .collect();
+    let prompt = |n: usize| -> Vec<u32> {
+        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                3 + ((s >> 33) % (cfg.vocab_size as u64 - 3)) as u32
+            })
+            .collect()
+    };
+    let prompts = lengths.iter().map(|&n| prompt(n)).collect();
     let opts = EngineOptions {
         index: args.index,
         kv: args.kv,
@@ -280,6 +296,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let task = BenchTask {
         ckpt: &ckpt,
         topk: cfg.index_topk,
+        warmup: args.warmup.map_or_else(Vec::new, prompt),
         prompts,
         load_started: Instant::now(),
         weights,

@@ -17,6 +17,7 @@
 use std::io::Write;
 
 use super::device::{auto_note, gemm_name, resolve, DeviceArgs, DeviceSpec, Resolved};
+use crate::backend::gpu::decoded::{headroom_budget, DECODE_CACHE_ENV};
 use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
 use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
@@ -219,9 +220,27 @@ impl<E: Executor> GpuTarget<E> {
         opts: EngineOptions,
         task: T,
     ) -> anyhow::Result<T::Output> {
-        let backend = GpuBackend::new(self.devices, self.placement.layer_device, self.gemm);
+        let budgets = decode_budgets(&self.placement, self.devices.len())?;
+        let backend = GpuBackend::new(self.devices, self.placement.layer_device, self.gemm)
+            .with_decode_budgets(&budgets);
         task.run(&mut Engine::load_with(backend, ckpt, opts)?)
     }
+}
+
+/// Per used device, the bytes decoded weight copies may take: what the placement's memory plan
+/// leaves free there, less a margin, capped by `NEEDLESCOPE_DECODE_CACHE_MIB`
+/// ([`headroom_budget`]).
+fn decode_budgets(placement: &Placement, devices: usize) -> anyhow::Result<Vec<usize>> {
+    let cap = std::env::var(DECODE_CACHE_ENV).ok();
+    let mut budgets = placement
+        .plan
+        .devices
+        .iter()
+        .map(|d| headroom_budget(d.free, d.capacity, cap.as_deref()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    budgets.resize(devices, 0);
+    Ok(budgets)
 }
 
 /// Opens the CUDA devices, in order.

@@ -61,6 +61,9 @@ pub struct PrefillProfile {
     /// Bytes the backend copied (host -> device, device -> host) during the prefill
     /// ([`Backend::transfer_bytes`]; zero on the CPU).
     pub transfer_bytes: (u64, u64),
+    /// The backend's notes on weight copies it keeps, after the prefill
+    /// ([`Backend::resident_notes`]).
+    pub resident_notes: Vec<String>,
 }
 
 impl PrefillProfile {
@@ -95,6 +98,7 @@ pub fn time_prefill<B: Backend>(
         seconds,
         site_seconds: engine.take_site_seconds(),
         transfer_bytes: (up1 - up0, down1 - down0),
+        resident_notes: engine.backend().resident_notes(),
     })
 }
 
@@ -248,6 +252,7 @@ mod tests {
             seconds: 0.0,
             site_seconds: vec![0.5, 0.0, 0.5],
             transfer_bytes: (0, 0),
+            resident_notes: Vec::new(),
         };
         let counts = |k: LayerKind| {
             (0..target.num_hidden_layers)

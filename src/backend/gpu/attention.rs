@@ -109,7 +109,8 @@ fn gather_table<E: Executor>(
     d: usize,
 ) -> Result<E::Buf, GpuError> {
     let e = g.dev_at(dev);
-    let rows = e.alloc((table.unique() * d * 4).max(1))?;
+    // Both gathers together write all U rows.
+    let rows = e.alloc_uninit((table.unique() * d * 4).max(1))?;
     let ids = g.up_i32(&table.ids)?;
     let parts = [(0, table.window), (table.window, table.unique())];
     for (cache, (from, to)) in kv.into_iter().zip(parts) {

@@ -132,6 +132,13 @@ impl EmuExecutor {
         self
     }
 
+    /// The same executor recording [`Executor::op_profile`] (`on`) or not, whatever
+    /// `NEEDLESCOPE_PROFILE` says: tests count launches with it.
+    pub fn with_profile(mut self, on: bool) -> Self {
+        self.profile = OpProfile::new(on);
+        self
+    }
+
     /// Allocations served from the buffer pool so far (0 without a pool).
     pub fn pool_reuses(&self) -> u64 {
         self.pool.as_ref().map_or(0, |p| p.reused())

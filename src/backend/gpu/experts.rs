@@ -91,11 +91,12 @@ impl<B> Scratch<B> {
         d: usize,
         inter: usize,
     ) -> Result<Self, GpuError> {
+        // Every use writes the rows it reads first (GEMM outputs, SwiGLU): no zero fill.
         Ok(Scratch {
-            gate: e.alloc(rows * inter * 4)?,
-            up: e.alloc(rows * inter * 4)?,
-            act: e.alloc(rows * inter * ty.bytes())?,
-            y: e.alloc(rows * d * 4)?,
+            gate: e.alloc_uninit(rows * inter * 4)?,
+            up: e.alloc_uninit(rows * inter * 4)?,
+            act: e.alloc_uninit(rows * inter * ty.bytes())?,
+            y: e.alloc_uninit(rows * d * 4)?,
         })
     }
 }
@@ -267,8 +268,10 @@ pub fn moe_experts<E: Executor>(
     let token_ids = upload(e, &token_ids)?;
     let slot_ids = upload(e, &slot_ids)?;
     let row_w = upload(e, &row_w)?;
-    let per_slot = e.alloc(tokens * k * d * 4)?;
-    let xrows = e.alloc(rows_max * d * ty.bytes())?;
+    // Every slot belongs to exactly one used expert, whose scatter writes it; each expert's
+    // gather writes the rows its products read: no zero fill for either.
+    let per_slot = e.alloc_uninit(tokens * k * d * 4)?;
+    let xrows = e.alloc_uninit(rows_max * d * ty.bytes())?;
     let mut s = Scratch::new(e, ty, rows_max, d, inter_max)?;
     let mut first = 0usize;
     for &x in &used {

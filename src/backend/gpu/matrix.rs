@@ -11,10 +11,12 @@
 //! rounded to bf16 (ties to even) and so are decoded weights (exact for bf16, FP8 and FP4 values;
 //! NVFP4 values times their f32 global scale may round), as in the serving engines.
 
+use super::decoded::{resident_operand, DecodeBudget, DecodeSlot};
 use super::executor::{buf, grid_for, upload, Arg, Executor, Gemm, GemmType, GpuError};
 use super::{Act, GpuBackend};
 use crate::checkpoint::linear::{LinearForm, QuantWeight, SharedLinear};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Most bytes of decoded weight a product materialises at once.
 pub const WORKSPACE_BYTES: usize = 256 << 20;
@@ -30,6 +32,8 @@ pub struct GpuMatrix<B> {
     pub data: Option<B>,
     /// Scales (FP8 / FP4 / NVFP4 formats).
     pub scale: Option<B>,
+    /// The decoded copy products may keep (see [`super::decoded`]).
+    pub decode: DecodeSlot<B>,
 }
 
 impl<B> GpuMatrix<B> {
@@ -37,6 +41,12 @@ impl<B> GpuMatrix<B> {
         self.data
             .as_ref()
             .ok_or_else(|| GpuError::Other("weight was not uploaded (see the first error)".into()))
+    }
+
+    /// The same weight, its decoded copy (when made) counted against `budget`.
+    pub fn with_decode_budget(mut self, budget: Option<Arc<DecodeBudget>>) -> Self {
+        self.decode = DecodeSlot::new(budget);
+        self
     }
 
     fn scale(&self) -> Result<&B, GpuError> {
@@ -56,6 +66,7 @@ pub fn decoded<B>(data: Option<B>, rows: usize, cols: usize, device: usize) -> G
         form: LinearForm::F32,
         data,
         scale: None,
+        decode: DecodeSlot::default(),
     }
 }
 
@@ -101,6 +112,7 @@ pub fn upload_stored<E: Executor>(
         form: view.form(),
         data: Some(upload(e, data)?),
         scale: scale.map(|s| upload(e, s)).transpose()?,
+        decode: DecodeSlot::default(),
     })
 }
 
@@ -194,7 +206,7 @@ pub fn to_gemm_type_at<'a, E: Executor>(
     match ty {
         GemmType::F32 => Ok((x, at)),
         GemmType::Bf16 => {
-            let y = e.alloc(n * 2)?;
+            let y = e.alloc_uninit(n * 2)?;
             if n > 0 {
                 e.launch(
                     "f32_to_bf16",
@@ -233,6 +245,24 @@ pub fn gemm_weight<E: Executor>(
         return Ok(());
     }
     let es = ty.bytes();
+    let product = |n: usize, w_offset: usize, y_offset: usize| Gemm {
+        m: p.m,
+        n,
+        k: w.cols,
+        ty,
+        x_offset: p.x_offset,
+        ldx: p.ldx,
+        w_offset,
+        ldw: w.cols,
+        y_offset,
+        ldy: p.ldy,
+        accumulate: false,
+        ..Gemm::dense(0, 0, 0, ty)
+    };
+    if let Some(whole) = resident_operand(e, w, ty)? {
+        let g = product(rows.len(), rows.start * w.cols * es, p.y_offset);
+        return e.gemm(&g, p.x, whole, p.y);
+    }
     let band = (WORKSPACE_BYTES / (w.cols.max(1) * es)).clamp(1, rows.len());
     // Every band's rows are decoded before its GEMM reads them: no zero fill.
     let work = e.alloc_uninit(band * w.cols * es)?;
@@ -240,20 +270,7 @@ pub fn gemm_weight<E: Executor>(
     while r < rows.end {
         let n = band.min(rows.end - r);
         dequant_rows(e, w, None, r, n, &work, ty)?;
-        let g = Gemm {
-            m: p.m,
-            n,
-            k: w.cols,
-            ty,
-            x_offset: p.x_offset,
-            ldx: p.ldx,
-            w_offset: 0,
-            ldw: w.cols,
-            y_offset: p.y_offset + (r - rows.start) * 4,
-            ldy: p.ldy,
-            accumulate: false,
-            ..Gemm::dense(0, 0, 0, ty)
-        };
+        let g = product(n, 0, p.y_offset + (r - rows.start) * 4);
         e.gemm(&g, p.x, &work, p.y)?;
         r += n;
     }
@@ -297,7 +314,8 @@ pub fn matmul_device<E: Executor>(
     m: usize,
     w: &GpuMatrix<E::Buf>,
 ) -> Result<E::Buf, GpuError> {
-    let mut y = e.alloc(m * w.rows * 4)?;
+    // The product overwrites all of it.
+    let mut y = e.alloc_uninit(m * w.rows * 4)?;
     matmul_into(e, ty, x, m, w, &mut y)?;
     Ok(y)
 }

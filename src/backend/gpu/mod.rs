@@ -33,6 +33,7 @@
 pub mod act;
 pub mod attention;
 pub mod cuda;
+pub mod decoded;
 pub mod emu;
 pub mod executor;
 pub mod experts;
@@ -59,10 +60,11 @@ use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
 use crate::model::rope::RopeTable;
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
+use decoded::DecodeBudget;
 use executor::upload;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The backend on real GPUs.
 pub type CudaBackend = GpuBackend<CudaExecutor>;
@@ -81,6 +83,8 @@ pub struct GpuBackend<E: Executor> {
     /// Sparse attention as batched cuBLAS GEMMs over gathered entries instead of the
     /// one-thread-per-product kernels (`attention::sparse_attention`).
     attention_gemm: bool,
+    /// Per device: the budget for decoded weight copies (`decoded`); None: no copies.
+    decode_budgets: Vec<Option<Arc<DecodeBudget>>>,
 }
 
 impl<E: Executor> GpuBackend<E> {
@@ -88,6 +92,7 @@ impl<E: Executor> GpuBackend<E> {
     /// `layer_device[i]` (empty: everything on the first device), with GEMMs in `gemm`.
     pub fn new(devices: Vec<E>, layer_device: Vec<usize>, gemm: GemmType) -> Self {
         assert!(!devices.is_empty(), "a GPU backend needs a device");
+        let devices_len = devices.len();
         assert!(
             layer_device.iter().all(|&d| d < devices.len()),
             "layer placed on a device that does not exist"
@@ -99,7 +104,29 @@ impl<E: Executor> GpuBackend<E> {
             gemm,
             error: Mutex::new(None),
             attention_gemm: std::env::var("NEEDLESCOPE_ATTENTION").is_ok_and(|v| v == "gemm"),
+            decode_budgets: vec![None; devices_len],
         }
+    }
+
+    /// The same backend keeping decoded copies of the weights it loads from now on, up to
+    /// `limits[i]` bytes on device `i` (0: none; see [`decoded`]). Without this call no copies
+    /// are made and every quantised product decodes band by band.
+    pub fn with_decode_budgets(mut self, limits: &[usize]) -> Self {
+        assert_eq!(limits.len(), self.devices.len(), "one decode budget per device");
+        self.decode_budgets = limits
+            .iter()
+            .map(|&l| (l > 0).then(|| DecodeBudget::new(l)))
+            .collect();
+        self
+    }
+
+    /// Per device with a budget: `(device name, bytes held by decoded copies, budget, copies)`.
+    pub fn decode_cache_use(&self) -> Vec<(String, usize, usize, usize)> {
+        self.devices
+            .iter()
+            .zip(&self.decode_budgets)
+            .filter_map(|(e, b)| b.as_ref().map(|b| (e.name(), b.used(), b.limit(), b.copies())))
+            .collect()
     }
 
     /// The same backend with sparse attention on batched GEMMs (`true`) or on the per-product
@@ -188,6 +215,20 @@ impl<E: Executor> Backend for GpuBackend<E> {
         })
     }
 
+    fn resident_notes(&self) -> Vec<String> {
+        use crate::units::human_bytes;
+        self.decode_cache_use()
+            .into_iter()
+            .map(|(name, used, limit, copies)| {
+                format!(
+                    "{name}: {copies} decoded weight copies, {} of a {} budget",
+                    human_bytes(used as u64),
+                    human_bytes(limit as u64)
+                )
+            })
+            .collect()
+    }
+
     fn op_profile(&self) -> Vec<OpTime> {
         merge_profiles(self.devices.iter().map(|e| e.op_profile()))
     }
@@ -251,7 +292,10 @@ impl<E: Executor> Backend for GpuBackend<E> {
         // block decodes), so bad data fails at load on every backend.
         let probe = w.rows().min(w.row_alignment());
         w.decode_rows(0..probe)?;
-        matrix::upload_stored(self.dev(), self.current_index(), &w).map_err(|e| {
+        let device = self.current_index();
+        let budget = self.decode_budgets[device].clone();
+        let stored = matrix::upload_stored(self.dev(), device, &w);
+        stored.map(|m| m.with_decode_budget(budget)).map_err(|e| {
             CheckpointError::Device {
                 tensor: w.module().to_string(),
                 device: self.dev().name(),
