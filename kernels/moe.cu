@@ -8,6 +8,8 @@
 //                     (the route weight, applied before w2 as the CPU does), as f32 or bf16
 //   moe_scatter:      rows of y [n, d] to rows slots[i] of the per-slot buffer [T*k, d]
 //   moe_sum_slots:    out[t] = 0 + slot 0 + slot 1 + ... (slot order, as the CPU)
+//   moe_sum_rows:     moe_sum_slots reading slot s from row row_of_slot[s] of a row buffer
+//                     (the experts' outputs, grouped by expert): the same sums, bit for bit
 
 static __device__ __forceinline__ void moe_store(void* out, i64 e, float v, int out_bf16) {
     if (out_bf16) ((u16*)out)[e] = ns_f32_to_bf16(v);
@@ -64,6 +66,18 @@ extern "C" __global__ void moe_sum_slots(const float* per_slot, i64 tokens, i64 
         i64 t = e / d, c = e % d;
         float acc = 0.0f;
         for (i64 s = 0; s < k; ++s) acc = acc + per_slot[(t * k + s) * d + c];
+        out[e] = acc;
+    }
+}
+
+// rows [*, d] (slot s's value in row row_of_slot[s]) -> out [tokens, d], summing a token's
+// slots in slot order from 0 exactly as moe_sum_slots does.
+extern "C" __global__ void moe_sum_rows(const float* rows, const int* row_of_slot, i64 tokens,
+                                        i64 k, i64 d, float* out) {
+    NS_FOR(e, tokens * d) {
+        i64 t = e / d, c = e % d;
+        float acc = 0.0f;
+        for (i64 s = 0; s < k; ++s) acc = acc + rows[(i64)row_of_slot[t * k + s] * d + c];
         out[e] = acc;
     }
 }

@@ -9,8 +9,8 @@
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
 #      FP8 + FP4, written in the background during the parity steps) at the lengths in $LENGTHS
 #      (default 8k,32k,128k) with bf16 GEMMs (the speed configuration; GEMM=f32 for the reference
-#      one), then at 8k with the per-kernel profile and, if its parity passed, with GEMM
-#      attention; skipped with SKIP_BENCH=1;
+#      one), then at 8k with the per-kernel profile, without decoded weight copies, and, if
+#      its parity passed, with GEMM attention (chunk 2k and 8k); skipped with SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
 # so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
@@ -91,13 +91,16 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 [ "${SKIP_ATTN_GEMM_PARITY:-0}" = 1 ] || parity attn-gemm cuda_attention_by_gemm_matches_the_cpu "${TINY_TIMEOUT:-120}"
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
-# 5. Benchmark at Flash dimensions: the lengths in $LENGTHS, then at $PROFILE_LENGTH (8k) once
-#    with NEEDLESCOPE_PROFILE=1 (time per kernel) and, when its parity passed above, once with
-#    NEEDLESCOPE_ATTENTION=gemm (the opt-in GEMM attention path).
-bench() { # NAME TIMEOUT LENGTHS [ENV...]
-  local name=$1 limit=$2 lengths=$3; shift 3
+# 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation
+#    and the decoded weight copies stay out of the figures): the lengths in $LENGTHS; then at
+#    $PROFILE_LENGTH (8k) with NEEDLESCOPE_PROFILE=1 (time per kernel); without decoded weight
+#    copies (NEEDLESCOPE_DECODE_CACHE_MIB=0, what they gain); and, when its parity passed above,
+#    with NEEDLESCOPE_ATTENTION=gemm (the opt-in GEMM attention path) at chunk 2k and 8k.
+bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
+  local name=$1 limit=$2 lengths=$3 chunk=$4; shift 4
   if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
-       --index fp8 --kv fp8 --lengths "$lengths" >"$OUT/$name.txt" 2>&1; then
+       --index fp8 --kv fp8 --lengths "$lengths" --chunk "$chunk" --warmup 2k \
+       >"$OUT/$name.txt" 2>&1; then
     note "$name ok ($(elapsed))"
   else
     note "$name FAILED ($(elapsed))"
@@ -107,11 +110,13 @@ bench() { # NAME TIMEOUT LENGTHS [ENV...]
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   [ -n "$SYNTH_PID" ] && { wait "$SYNTH_PID" || note "synth    FAILED or timed out (see $OUT/synth.txt)"; }
   note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
-  bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS"
+  bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS" 2k
   P8=${PROFILE_LENGTH:-8k}
-  bench bench-profile "${PROFILE_TIMEOUT:-90}" "$P8" NEEDLESCOPE_PROFILE=1
+  bench bench-profile "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_PROFILE=1
+  bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
   if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
-    bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
+    bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
+    bench bench-attn-gemm-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k NEEDLESCOPE_ATTENTION=gemm
   fi
 fi
 echo "== summary ($OUT/summary.txt)"

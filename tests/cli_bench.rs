@@ -115,9 +115,14 @@ fn bench_warms_up_and_reports_decoded_weight_copies() {
     synth_tiny(&model, &["--layers", "2"]);
     let bench = |env: Option<&str>| {
         let mut cmd = bin();
-        cmd.args(["bench", "--model"])
-            .arg(&model)
-            .args(["--lengths", "200", "--warmup", "100", "--device", "emu"]);
+        cmd.args(["bench", "--model"]).arg(&model).args([
+            "--lengths",
+            "200",
+            "--warmup",
+            "100",
+            "--device",
+            "emu",
+        ]);
         if let Some(v) = env {
             cmd.env("NEEDLESCOPE_DECODE_CACHE_MIB", v);
         }
@@ -141,7 +146,10 @@ fn bench_warms_up_and_reports_decoded_weight_copies() {
     // Capped at zero: no copies, no line.
     let out = bench(Some("0"));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && !text.contains("kept decoded:"), "{text}");
+    assert!(
+        out.status.success() && !text.contains("kept decoded:"),
+        "{text}"
+    );
     let out = bench(Some("plenty"));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");

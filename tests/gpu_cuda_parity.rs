@@ -59,7 +59,8 @@ fn cases() -> Vec<ForwardCase> {
     v
 }
 
-/// bf16 GEMMs: checked end to end only through the first CSA layer (a model cut after it),
+/// Whole forwards with decoded weight copies, as the CLI runs them. bf16 GEMMs: checked end to
+/// end only through the first CSA layer (a model cut after it),
 /// because bf16 activation rounding flips MoE routing on the untrained synthetic weights
 /// further down (see tests/gpu_emu_parity.rs); f32 GEMMs on the full model.
 #[allow(clippy::too_many_arguments)]
@@ -85,7 +86,10 @@ fn forward(
         };
         let mut cpu = Engine::load(&m.ckpt, opts.clone()).expect("CPU engine");
         let toks = tokens(n, m.ckpt.config().vocab_size, 3);
-        let mut g = Engine::load_with(gpu(gemm), &m.ckpt, opts.clone()).expect("GPU engine");
+        // As the CLI runs it: decoded weight copies kept (the op checks above take the banded
+        // path, which the copies must equal).
+        let b = gpu(gemm).with_decode_budgets(&[8 << 30]);
+        let mut g = Engine::load_with(b, &m.ckpt, opts.clone()).expect("GPU engine");
         let checks = check_forward(&mut g, &mut cpu, &toks, cases, tol).expect("forwards");
         report(
             &format!("{preset:?} {format:?} {layers} layers, {gemm:?} GEMMs"),

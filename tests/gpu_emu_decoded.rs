@@ -84,7 +84,10 @@ fn copies_give_the_banded_products_bit_for_bit_and_are_made_once() {
                 for pass in 0..2 {
                     let mut got = vec![0f32; 3 * out];
                     copying.matmul_host(&x, &wc, &mut got);
-                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{format:?} {gemm:?} {} pass {pass}", w.module());
                 }
                 let decodes = launches(&copying, "dequant_") - before;
@@ -112,7 +115,11 @@ fn copies_give_the_banded_products_bit_for_bit_and_are_made_once() {
             let use_ = copying.decode_cache_use();
             assert_eq!(use_.len(), 1);
             let (_, used, limit, copies) = &use_[0];
-            assert_eq!((*used, *copies), (expected_bytes, copied), "{format:?} {gemm:?}");
+            assert_eq!(
+                (*used, *copies),
+                (expected_bytes, copied),
+                "{format:?} {gemm:?}"
+            );
             assert_eq!(*limit, 1 << 30);
             assert!(banded.take_error().is_none() && copying.take_error().is_none());
         }
@@ -144,7 +151,12 @@ fn the_budget_is_never_exceeded_and_comes_back_with_the_weights() {
         let (mut got, mut want) = (vec![0f32; 2 * w.rows()], vec![0f32; 2 * w.rows()]);
         b.matmul_host(&x, &wg, &mut got);
         reference.matmul_host(&x, &wr, &mut want);
-        assert_eq!(got, want, "{}: same product with or without a copy", w.module());
+        assert_eq!(
+            got,
+            want,
+            "{}: same product with or without a copy",
+            w.module()
+        );
         let (_, used, _, _) = b.decode_cache_use()[0].clone();
         assert!(used <= limit, "{used} > {limit}");
         if wg.decode.is_resident() {
@@ -154,7 +166,10 @@ fn the_budget_is_never_exceeded_and_comes_back_with_the_weights() {
         }
         held.push(wg);
     }
-    assert!(resident > 0 && banded > 0, "{resident} copied, {banded} banded");
+    assert!(
+        resident > 0 && banded > 0,
+        "{resident} copied, {banded} banded"
+    );
     assert!(b.decode_cache_use()[0].1 > 0);
     drop(held);
     assert_eq!(

@@ -256,7 +256,11 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
     let work = Workload {
-        context: lengths.last().copied().unwrap_or(1).max(args.warmup.unwrap_or(0)),
+        context: lengths
+            .last()
+            .copied()
+            .unwrap_or(1)
+            .max(args.warmup.unwrap_or(0)),
         chunk: args.chunk,
         topk: cfg.index_topk,
     };

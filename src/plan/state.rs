@@ -78,7 +78,10 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
         + cfg.num_attention_heads as u64
             * (cfg.sliding_window as u64 + cfg.index_topk as u64 + c / 128)
         + c / 4
-        + 3 * cfg.num_experts_per_tok as u64 * cfg.moe_intermediate_size as u64;
+        // Routed experts, all k slots of the chunk at once (GPU `moe_experts`): gate, up and
+        // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden].
+        + cfg.num_experts_per_tok as u64
+            * (3 * cfg.moe_intermediate_size as u64 + 2 * cfg.hidden_size as u64);
     let logits = if last {
         PROBED_LOGIT_ROWS * cfg.vocab_size as u64 * 4
     } else {

@@ -94,7 +94,9 @@ pub fn headroom_budget(
             .trim()
             .parse::<usize>()
             .map(|mib| headroom.min(mib.saturating_mul(1 << 20)))
-            .map_err(|_| format!("{DECODE_CACHE_ENV}: expected a whole number of MiB, found {v:?}")),
+            .map_err(|_| {
+                format!("{DECODE_CACHE_ENV}: expected a whole number of MiB, found {v:?}")
+            }),
     }
 }
 
@@ -157,11 +159,9 @@ pub fn resident_operand<'a, E: Executor>(
         (LinearForm::Bf16, GemmType::Bf16) | (LinearForm::F32, GemmType::F32)
     );
     if stored_as_gemm_type {
-        return w
-            .data
-            .as_ref()
-            .map(Some)
-            .ok_or_else(|| GpuError::Other("weight was not uploaded (see the first error)".into()));
+        return w.data.as_ref().map(Some).ok_or_else(|| {
+            GpuError::Other("weight was not uploaded (see the first error)".into())
+        });
     }
     let Some(budget) = &w.decode.budget else {
         return Ok(None);
@@ -211,7 +211,10 @@ mod tests {
         assert_eq!(headroom_budget(3 * gib, 8 << 30, None).unwrap(), 1 << 30);
         assert_eq!(headroom_budget(gib, 8 << 30, None).unwrap(), 0);
         assert_eq!(headroom_budget(-gib, 8 << 30, None).unwrap(), 0);
-        assert_eq!(headroom_budget(30 * gib, cap, Some("1024")).unwrap(), 1 << 30);
+        assert_eq!(
+            headroom_budget(30 * gib, cap, Some("1024")).unwrap(),
+            1 << 30
+        );
         assert_eq!(headroom_budget(30 * gib, cap, Some(" 0 ")).unwrap(), 0);
         assert_eq!(
             headroom_budget(30 * gib, cap, Some("999999")).unwrap(),
@@ -219,6 +222,9 @@ mod tests {
             "the cap never exceeds the plan's headroom"
         );
         let err = headroom_budget(30 * gib, cap, Some("lots")).unwrap_err();
-        assert!(err.contains(DECODE_CACHE_ENV) && err.contains("lots"), "{err}");
+        assert!(
+            err.contains(DECODE_CACHE_ENV) && err.contains("lots"),
+            "{err}"
+        );
     }
 }

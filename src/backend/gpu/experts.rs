@@ -7,12 +7,14 @@
 //! - `ffn`: `w1` and `w3` products in the backend's GEMM type, clamped SwiGLU (`moe_swiglu`,
 //!   written straight in the GEMM type), `w2` product → `[T, D]`.
 //! - `moe_experts`: `u` is read in place; the token slots are grouped by expert on the host (the
-//!   routes are host data), each group's token ids, slot ids and route weights concatenated
-//!   into one upload each. Per expert with tokens: `moe_gather` its token rows `[n, D]`, the
-//!   FFN above with the route weight multiplying the SwiGLU output before `w2` (as the CPU and
-//!   REF do), `moe_scatter` its rows into the per-slot buffer `[T·k, D]`. Finally
-//!   `moe_sum_slots` sums each token's slots in slot order starting from 0, the CPU's formula
-//!   and order (deterministic, no atomics). Scratch is sized for the largest group and reused.
+//!   routes are host data) into one group-major row order, uploaded as token ids, route weights
+//!   and each slot's row. One `moe_gather` writes all rows `[S, D]` (S = tokens·k) in the GEMM
+//!   type; per expert with tokens, the `w1` and `w3` products of its rows; one `moe_swiglu`
+//!   over all rows with each row's route weight multiplying the SwiGLU output (before `w2`, as
+//!   the CPU and REF do); per expert the `w2` product of its rows; finally `moe_sum_rows` sums
+//!   each token's slots in slot order starting from 0, the CPU's formula and order
+//!   (deterministic, no atomics). So a call launches three GEMMs per used expert and three
+//!   kernels, and its buffers hold all S rows (the memory plan's MoE workspace).
 //!
 //! With [`GemmType::F32`] every step equals the CPU's up to the GEMMs' summation order (and
 //! `expf` ulps); with [`GemmType::Bf16`] GEMM operands (gathered rows, SwiGLU output) are
@@ -250,7 +252,6 @@ pub fn moe_experts<E: Executor>(
     for &x in &used {
         inter_max = inter_max.max(ffn_inter(&experts[x], d, device)?);
     }
-    let rows_max = used.iter().map(|&x| members[x].len()).max().unwrap_or(0);
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| GpuError::Other("moe: slot index exceeds i32".into()))
     };
@@ -263,46 +264,93 @@ pub fn moe_experts<E: Executor>(
             row_w.push(routes.weights[slot]);
         }
     }
+    if used.iter().any(|&x| experts[x].w1.rows != inter_max) {
+        return Err(GpuError::Other(
+            "moe: routed experts of different intermediate sizes".into(),
+        ));
+    }
+    let inter = inter_max;
+    // Row of each slot in the group-major order (the inverse of slot_ids).
+    let mut row_of_slot = vec![0i32; slot_ids.len()];
+    for (row, &slot) in slot_ids.iter().enumerate() {
+        row_of_slot[slot as usize] = to_i32(row)?;
+    }
     let (e, ty) = (g.dev_of(&experts[used[0]].w1), g.gemm_type());
+    let es = ty.bytes();
+    let rows = token_ids.len();
     let ub = g.on(u, device)?;
     let token_ids = upload(e, &token_ids)?;
-    let slot_ids = upload(e, &slot_ids)?;
+    let row_of_slot = upload(e, &row_of_slot)?;
     let row_w = upload(e, &row_w)?;
-    // Every slot belongs to exactly one used expert, whose scatter writes it; each expert's
-    // gather writes the rows its products read: no zero fill for either.
-    let per_slot = e.alloc_uninit(tokens * k * d * 4)?;
-    let xrows = e.alloc_uninit(rows_max * d * ty.bytes())?;
-    let mut s = Scratch::new(e, ty, rows_max, d, inter_max)?;
-    let mut first = 0usize;
-    for &x in &used {
-        let n = members[x].len();
-        let at = first * 4;
-        gather(e, &ub, Arg::Buf(&token_ids, at), n, d, &xrows, ty)?;
-        let w = Arg::Buf(&row_w, at);
-        ffn_rows(e, ty, &experts[x], &xrows, n, w, swiglu_limit, &mut s)?;
-        if d > 0 {
-            e.launch(
-                "moe_scatter",
-                grid_for(n * d),
-                &[
-                    buf(&s.y),
-                    Arg::Buf(&slot_ids, at),
-                    Arg::I64(n as i64),
-                    Arg::I64(d as i64),
-                    buf(&per_slot),
-                ],
-            )?;
+    // Every buffer below is written in full before it is read (the gather, each expert's
+    // products over its own rows, the SwiGLU over all rows): no zero fill.
+    let xrows = e.alloc_uninit(rows * d * es)?;
+    let mut gate = e.alloc_uninit(rows * inter * 4)?;
+    let mut up = e.alloc_uninit(rows * inter * 4)?;
+    let act = e.alloc_uninit(rows * inter * es)?;
+    let mut y = e.alloc_uninit(rows * d * 4)?;
+    gather(e, &ub, buf(&token_ids), rows, d, &xrows, ty)?;
+    // Per expert, its rows of gate and up; then one SwiGLU over every row (route weights per
+    // row); then per expert its rows of y.
+    let spans: Vec<(usize, usize)> = used
+        .iter()
+        .scan(0usize, |first, &x| {
+            let span = (*first, members[x].len());
+            *first += span.1;
+            Some(span)
+        })
+        .collect();
+    for (&x, &(first, n)) in used.iter().zip(&spans) {
+        for (m, out_rows) in [(&experts[x].w1, &mut gate), (&experts[x].w3, &mut up)] {
+            let p = WeightProduct {
+                x: &xrows,
+                x_offset: first * d * es,
+                ldx: d,
+                m: n,
+                y: out_rows,
+                y_offset: first * inter * 4,
+                ldy: inter,
+            };
+            gemm_weight(e, ty, m, 0..inter, p)?;
         }
-        first += n;
+    }
+    if inter > 0 {
+        e.launch(
+            "moe_swiglu",
+            grid_for(rows * inter),
+            &[
+                buf(&gate),
+                buf(&up),
+                buf(&row_w),
+                Arg::I64(rows as i64),
+                Arg::I64(inter as i64),
+                Arg::F32(swiglu_limit),
+                buf(&act),
+                Arg::I32((ty == GemmType::Bf16) as i32),
+            ],
+        )?;
+    }
+    for (&x, &(first, n)) in used.iter().zip(&spans) {
+        let p = WeightProduct {
+            x: &act,
+            x_offset: first * inter * es,
+            ldx: inter,
+            m: n,
+            y: &mut y,
+            y_offset: first * d * 4,
+            ldy: d,
+        };
+        gemm_weight(e, ty, &experts[x].w2, 0..d, p)?;
     }
     if d == 0 {
         return Ok(());
     }
     e.launch(
-        "moe_sum_slots",
+        "moe_sum_rows",
         grid_for(tokens * d),
         &[
-            buf(&per_slot),
+            buf(&y),
+            buf(&row_of_slot),
             Arg::I64(tokens as i64),
             Arg::I64(k as i64),
             Arg::I64(d as i64),

@@ -112,7 +112,11 @@ impl<E: Executor> GpuBackend<E> {
     /// `limits[i]` bytes on device `i` (0: none; see [`decoded`]). Without this call no copies
     /// are made and every quantised product decodes band by band.
     pub fn with_decode_budgets(mut self, limits: &[usize]) -> Self {
-        assert_eq!(limits.len(), self.devices.len(), "one decode budget per device");
+        assert_eq!(
+            limits.len(),
+            self.devices.len(),
+            "one decode budget per device"
+        );
         self.decode_budgets = limits
             .iter()
             .map(|&l| (l > 0).then(|| DecodeBudget::new(l)))
@@ -125,7 +129,10 @@ impl<E: Executor> GpuBackend<E> {
         self.devices
             .iter()
             .zip(&self.decode_budgets)
-            .filter_map(|(e, b)| b.as_ref().map(|b| (e.name(), b.used(), b.limit(), b.copies())))
+            .filter_map(|(e, b)| {
+                b.as_ref()
+                    .map(|b| (e.name(), b.used(), b.limit(), b.copies()))
+            })
             .collect()
     }
 
@@ -295,13 +302,13 @@ impl<E: Executor> Backend for GpuBackend<E> {
         let device = self.current_index();
         let budget = self.decode_budgets[device].clone();
         let stored = matrix::upload_stored(self.dev(), device, &w);
-        stored.map(|m| m.with_decode_budget(budget)).map_err(|e| {
-            CheckpointError::Device {
+        stored
+            .map(|m| m.with_decode_budget(budget))
+            .map_err(|e| CheckpointError::Device {
                 tensor: w.module().to_string(),
                 device: self.dev().name(),
                 why: e.to_string(),
-            }
-        })
+            })
     }
 
     fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize) {
