@@ -265,9 +265,14 @@ impl CudaExecutor {
     fn write_now(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
         check_range("write", offset, src.len(), dst.len)?;
         self.bind()?;
-        // SAFETY: bounds checked; synchronous copy from a live host slice.
-        unsafe { drv::memcpy_htod_sync(dst.ptr + offset as u64, src) }
-            .map_err(|e| driver_err("cuMemcpyHtoD", e))?;
+        // The stream-ordered copy on the legacy default stream: a plain cuMemcpyHtoD from
+        // pageable memory first waits for all queued device work (CUDA's "API synchronization
+        // behavior"), which would stall the queue at every small upload (entry tables, routes,
+        // norm weights); the async form only stages the bytes. It returns once the pageable
+        // slice has been staged, so `src` may be dropped after it as before.
+        // SAFETY: bounds checked; `src` is a live host slice for the duration of the call.
+        unsafe { drv::memcpy_htod_async(dst.ptr + offset as u64, src, std::ptr::null_mut()) }
+            .map_err(|e| driver_err("cuMemcpyHtoDAsync", e))?;
         self.transfers.wrote(src.len());
         Ok(())
     }
