@@ -9,8 +9,9 @@
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
 #      FP8 + FP4, written in the background during the parity steps) at the lengths in $LENGTHS
 #      (default 8k,32k,128k) with bf16 GEMMs (the speed configuration; GEMM=f32 for the reference
-#      one), then at 8k with the per-kernel profile, without decoded weight copies, and, if
-#      its parity passed, with GEMM attention (chunk 2k and 8k); skipped with SKIP_BENCH=1;
+#      one), then at 8k with the per-kernel profile, without decoded weight copies, at chunk 8k,
+#      and, if its parity passed, with GEMM attention (chunk 2k and 8k); skipped with
+#      SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
 # so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
@@ -94,8 +95,9 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 # 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation
 #    and the decoded weight copies stay out of the figures): the lengths in $LENGTHS; then at
 #    $PROFILE_LENGTH (8k) with NEEDLESCOPE_PROFILE=1 (time per kernel); without decoded weight
-#    copies (NEEDLESCOPE_DECODE_CACHE_MIB=0, what they gain); and, when its parity passed above,
-#    with NEEDLESCOPE_ATTENTION=gemm (the opt-in GEMM attention path) at chunk 2k and 8k.
+#    copies (NEEDLESCOPE_DECODE_CACHE_MIB=0, what they gain); at chunk 8k; and, when its parity
+#    passed above, with NEEDLESCOPE_ATTENTION=gemm (the opt-in GEMM attention path) at chunk 2k
+#    and 8k.
 bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
   local name=$1 limit=$2 lengths=$3 chunk=$4; shift 4
   if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
@@ -114,6 +116,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   P8=${PROFILE_LENGTH:-8k}
   bench bench-profile "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_PROFILE=1
   bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
+  bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
   if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
     bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
     bench bench-attn-gemm-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k NEEDLESCOPE_ATTENTION=gemm
