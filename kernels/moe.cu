@@ -6,10 +6,8 @@
 //   moe_gather:       rows of x [T, d] picked by an i32 id list, as f32 or bf16 (GEMM operand)
 //   moe_swiglu:       a = silu(min(g, l)) * clamp(v, -l, l), times an optional per-row weight
 //                     (the route weight, applied before w2 as the CPU does), as f32 or bf16
-//   moe_scatter:      rows of y [n, d] to rows slots[i] of the per-slot buffer [T*k, d]
-//   moe_sum_slots:    out[t] = 0 + slot 0 + slot 1 + ... (slot order, as the CPU)
-//   moe_sum_rows:     moe_sum_slots reading slot s from row row_of_slot[s] of a row buffer
-//                     (the experts' outputs, grouped by expert): the same sums, bit for bit
+//   moe_sum_rows:     out[t] = 0 + slot 0 + slot 1 + ... (slot order, as the CPU), slot s
+//                     read from row row_of_slot[s] of the experts' outputs (grouped by expert)
 
 static __device__ __forceinline__ void moe_store(void* out, i64 e, float v, int out_bf16) {
     if (out_bf16) ((u16*)out)[e] = ns_f32_to_bf16(v);
@@ -50,28 +48,8 @@ extern "C" __global__ void moe_swiglu(const float* gate, const float* up, const 
     }
 }
 
-// dst[slots[i], c] = y[i, c] for i < rows.
-extern "C" __global__ void moe_scatter(const float* y, const int* slots, i64 rows, i64 d,
-                                       float* dst) {
-    NS_FOR(e, rows * d) {
-        i64 i = e / d, c = e % d;
-        dst[(i64)slots[i] * d + c] = y[e];
-    }
-}
-
-// per_slot [tokens*k, d] -> out [tokens, d], summing a token's slots in slot order from 0.
-extern "C" __global__ void moe_sum_slots(const float* per_slot, i64 tokens, i64 k, i64 d,
-                                         float* out) {
-    NS_FOR(e, tokens * d) {
-        i64 t = e / d, c = e % d;
-        float acc = 0.0f;
-        for (i64 s = 0; s < k; ++s) acc = acc + per_slot[(t * k + s) * d + c];
-        out[e] = acc;
-    }
-}
-
 // rows [*, d] (slot s's value in row row_of_slot[s]) -> out [tokens, d], summing a token's
-// slots in slot order from 0 exactly as moe_sum_slots does.
+// slots in slot order starting from 0 (the CPU's formula and order).
 extern "C" __global__ void moe_sum_rows(const float* rows, const int* row_of_slot, i64 tokens,
                                         i64 k, i64 d, float* out) {
     NS_FOR(e, tokens * d) {
