@@ -75,14 +75,19 @@ fn ffn_inter<B>(w: &FfnWeights<GpuMatrix<B>>, d: usize, device: usize) -> Result
     Ok(inter)
 }
 
-/// Device buffers of one FFN over up to `rows` rows (the input rows live elsewhere).
+/// Device buffers of FFNs over `rows` rows (the input rows live elsewhere): each FFN works on
+/// its own span of rows, so the routed experts of a call share one set.
 struct Scratch<B> {
+    /// f32 `[rows, I]` products of w1 and w3.
     gate: B,
     up: B,
     /// SwiGLU output in the GEMM type `[rows, I]`.
     act: B,
     /// f32 output `[rows, D]`.
     y: B,
+    ty: GemmType,
+    d: usize,
+    inter: usize,
 }
 
 impl<B> Scratch<B> {
@@ -93,71 +98,91 @@ impl<B> Scratch<B> {
         d: usize,
         inter: usize,
     ) -> Result<Self, GpuError> {
-        // Every use writes the rows it reads first (GEMM outputs, SwiGLU): no zero fill.
+        // Every step writes the rows the next one reads (GEMM outputs, SwiGLU): no zero fill.
         Ok(Scratch {
             gate: e.alloc_uninit(rows * inter * 4)?,
             up: e.alloc_uninit(rows * inter * 4)?,
             act: e.alloc_uninit(rows * inter * ty.bytes())?,
             y: e.alloc_uninit(rows * d * 4)?,
+            ty,
+            d,
+            inter,
         })
     }
-}
 
-/// `s.y [n, D]` = FFN(`x [n, D]`, in the GEMM type), the SwiGLU output scaled per row by
-/// `row_w` (or not, for [`Arg::Null`]) before the down projection.
-#[allow(clippy::too_many_arguments)]
-fn ffn_rows<E: Executor>(
-    e: &E,
-    ty: GemmType,
-    w: &FfnWeights<GpuMatrix<E::Buf>>,
-    x: &E::Buf,
-    n: usize,
-    row_w: Arg<'_, E::Buf>,
-    limit: f32,
-    s: &mut Scratch<E::Buf>,
-) -> Result<(), GpuError> {
-    let (d, inter) = (w.w1.cols, w.w1.rows);
-    if n == 0 {
-        return Ok(());
+    /// Rows `first..first + n` of gate and up: `x` rows (GEMM type, `[*, D]`) times w1 and w3.
+    fn gate_up<E: Executor<Buf = B>>(
+        &mut self,
+        e: &E,
+        w: &FfnWeights<GpuMatrix<B>>,
+        x: &B,
+        first: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        let (ty, d, inter) = (self.ty, self.d, self.inter);
+        for (m, y) in [(&w.w1, &mut self.gate), (&w.w3, &mut self.up)] {
+            let p = WeightProduct {
+                x,
+                x_offset: first * d * ty.bytes(),
+                ldx: d,
+                m: n,
+                y,
+                y_offset: first * inter * 4,
+                ldy: inter,
+            };
+            gemm_weight(e, ty, m, 0..inter, p)?;
+        }
+        Ok(())
     }
-    for (m, y) in [(&w.w1, &mut s.gate), (&w.w3, &mut s.up)] {
-        let p = WeightProduct {
-            x,
-            x_offset: 0,
-            ldx: d,
-            m: n,
-            y,
-            y_offset: 0,
-            ldy: inter,
-        };
-        gemm_weight(e, ty, m, 0..inter, p)?;
-    }
-    if inter > 0 {
+
+    /// The clamped SwiGLU of rows `0..rows` into `act`, each row times `row_w[row]` (or not,
+    /// for [`Arg::Null`]).
+    fn swiglu<E: Executor<Buf = B>>(
+        &self,
+        e: &E,
+        rows: usize,
+        row_w: Arg<'_, B>,
+        limit: f32,
+    ) -> Result<(), GpuError> {
+        if rows * self.inter == 0 {
+            return Ok(());
+        }
         e.launch(
             "moe_swiglu",
-            grid_for(n * inter),
+            grid_for(rows * self.inter),
             &[
-                buf(&s.gate),
-                buf(&s.up),
+                buf(&self.gate),
+                buf(&self.up),
                 row_w,
-                Arg::I64(n as i64),
-                Arg::I64(inter as i64),
+                Arg::I64(rows as i64),
+                Arg::I64(self.inter as i64),
                 Arg::F32(limit),
-                buf(&s.act),
-                Arg::I32((ty == GemmType::Bf16) as i32),
+                buf(&self.act),
+                Arg::I32((self.ty == GemmType::Bf16) as i32),
             ],
-        )?;
+        )
     }
-    let p = WeightProduct {
-        x: &s.act,
-        x_offset: 0,
-        ldx: inter,
-        m: n,
-        y: &mut s.y,
-        y_offset: 0,
-        ldy: d,
-    };
-    gemm_weight(e, ty, &w.w2, 0..d, p)
+
+    /// Rows `first..first + n` of y: those rows of `act` times w2.
+    fn down<E: Executor<Buf = B>>(
+        &mut self,
+        e: &E,
+        w: &FfnWeights<GpuMatrix<B>>,
+        first: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        let (ty, d, inter) = (self.ty, self.d, self.inter);
+        let p = WeightProduct {
+            x: &self.act,
+            x_offset: first * inter * ty.bytes(),
+            ldx: inter,
+            m: n,
+            y: &mut self.y,
+            y_offset: first * d * 4,
+            ldy: d,
+        };
+        gemm_weight(e, ty, &w.w2, 0..d, p)
+    }
 }
 
 /// Launches `moe_gather`: rows `ids[i]` of `src [*, d]` into `dst` in the GEMM type.
@@ -207,7 +232,9 @@ pub fn ffn<E: Executor>(
     let mut converted = None;
     let x = matrix::to_gemm_type(e, &ub, u.len(), ty, &mut converted)?;
     let mut s = Scratch::new(e, ty, tokens, d, inter)?;
-    ffn_rows(e, ty, ffn, x, tokens, Arg::Null, swiglu_limit, &mut s)?;
+    s.gate_up(e, ffn, x, 0, tokens)?;
+    s.swiglu(e, tokens, Arg::Null, swiglu_limit)?;
+    s.down(e, ffn, 0, tokens)?;
     g.replace(out, dev, s.y);
     Ok(())
 }
@@ -276,22 +303,17 @@ pub fn moe_experts<E: Executor>(
         row_of_slot[slot as usize] = to_i32(row)?;
     }
     let (e, ty) = (g.dev_of(&experts[used[0]].w1), g.gemm_type());
-    let es = ty.bytes();
     let rows = token_ids.len();
     let ub = g.on(u, device)?;
     let token_ids = upload(e, &token_ids)?;
     let row_of_slot = upload(e, &row_of_slot)?;
     let row_w = upload(e, &row_w)?;
-    // Every buffer below is written in full before it is read (the gather, each expert's
-    // products over its own rows, the SwiGLU over all rows): no zero fill.
-    let xrows = e.alloc_uninit(rows * d * es)?;
-    let mut gate = e.alloc_uninit(rows * inter * 4)?;
-    let mut up = e.alloc_uninit(rows * inter * 4)?;
-    let act = e.alloc_uninit(rows * inter * es)?;
-    let mut y = e.alloc_uninit(rows * d * 4)?;
+    // All rows gathered at once (written in full: no zero fill), then per expert its span of
+    // rows through w1 and w3, one SwiGLU over every row with its route weight, and per expert
+    // its span through w2.
+    let xrows = e.alloc_uninit(rows * d * ty.bytes())?;
     gather(e, &ub, buf(&token_ids), rows, d, &xrows, ty)?;
-    // Per expert, its rows of gate and up; then one SwiGLU over every row (route weights per
-    // row); then per expert its rows of y.
+    let mut s = Scratch::new(e, ty, rows, d, inter)?;
     let spans: Vec<(usize, usize)> = used
         .iter()
         .scan(0usize, |first, &x| {
@@ -301,46 +323,11 @@ pub fn moe_experts<E: Executor>(
         })
         .collect();
     for (&x, &(first, n)) in used.iter().zip(&spans) {
-        for (m, out_rows) in [(&experts[x].w1, &mut gate), (&experts[x].w3, &mut up)] {
-            let p = WeightProduct {
-                x: &xrows,
-                x_offset: first * d * es,
-                ldx: d,
-                m: n,
-                y: out_rows,
-                y_offset: first * inter * 4,
-                ldy: inter,
-            };
-            gemm_weight(e, ty, m, 0..inter, p)?;
-        }
+        s.gate_up(e, &experts[x], &xrows, first, n)?;
     }
-    if inter > 0 {
-        e.launch(
-            "moe_swiglu",
-            grid_for(rows * inter),
-            &[
-                buf(&gate),
-                buf(&up),
-                buf(&row_w),
-                Arg::I64(rows as i64),
-                Arg::I64(inter as i64),
-                Arg::F32(swiglu_limit),
-                buf(&act),
-                Arg::I32((ty == GemmType::Bf16) as i32),
-            ],
-        )?;
-    }
+    s.swiglu(e, rows, buf(&row_w), swiglu_limit)?;
     for (&x, &(first, n)) in used.iter().zip(&spans) {
-        let p = WeightProduct {
-            x: &act,
-            x_offset: first * inter * es,
-            ldx: inter,
-            m: n,
-            y: &mut y,
-            y_offset: first * d * 4,
-            ldy: d,
-        };
-        gemm_weight(e, ty, &experts[x].w2, 0..d, p)?;
+        s.down(e, &experts[x], first, n)?;
     }
     if d == 0 {
         return Ok(());
@@ -349,7 +336,7 @@ pub fn moe_experts<E: Executor>(
         "moe_sum_rows",
         grid_for(tokens * d),
         &[
-            buf(&y),
+            buf(&s.y),
             buf(&row_of_slot),
             Arg::I64(tokens as i64),
             Arg::I64(k as i64),
