@@ -4,20 +4,20 @@
 #   2. builds (or uses prebuilt binaries from $NS_BIN_DIR: needlescope + gpu_cuda_parity-*);
 #   3. `doctor`: driver, GPUs, NVRTC, and every kernel compiled for this GPU's architecture;
 #   4. the GPU parity tests (tests/gpu_cuda_parity.rs): every op at Flash dims first (blocking
-#      launches), then forwards on tiny, the opt-in GEMM attention path (ops and tiny), and
-#      Flash 4 layers (SKIP_FLASH_PARITY=1 skips that one);
+#      launches), then forwards on tiny, the opt-in GEMM attention path (ops and tiny), the
+#      opt-in batched experts (tiny), and Flash 4 layers (SKIP_FLASH_PARITY=1 skips that one);
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
 #      FP8 + FP4, written in the background during the parity steps) at the lengths in $LENGTHS
 #      (default 8k,32k,128k) with bf16 GEMMs (the speed configuration; GEMM=f32 for the reference
 #      one), then at 8k with the per-kernel profile, without decoded weight copies, at chunk 8k,
-#      and, if its parity passed, with GEMM attention (chunk 2k and 8k); skipped with
-#      SKIP_BENCH=1;
+#      and with the opt-in fast paths whose parity passed; skipped with SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
 # so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
-# SKIP_TINY_PARITY=1, SKIP_ATTN_GEMM_PARITY=1, SKIP_FLASH_PARITY=1, SKIP_BENCH=1); bench prints
-# each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment adds a per-kernel
-# time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer pool off.
+# SKIP_TINY_PARITY=1, SKIP_ATTN_GEMM_PARITY=1, SKIP_MOE_BATCHED_PARITY=1, SKIP_FLASH_PARITY=1,
+# SKIP_BENCH=1); bench prints each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment
+# adds a per-kernel time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer
+# pool off. A whole run was about 6 minutes on an H200 (estimate for this version: 7 bench runs).
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
 # scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin.
@@ -90,14 +90,16 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 [ "${SKIP_OPS_PARITY:-0}" = 1 ] || parity ops cuda_ops_match_the_cpu_at_flash_dims "${OPS_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
 [ "${SKIP_TINY_PARITY:-0}" = 1 ] || parity tiny cuda_forward_matches_the_cpu_on_tiny "${TINY_TIMEOUT:-120}"
 [ "${SKIP_ATTN_GEMM_PARITY:-0}" = 1 ] || parity attn-gemm cuda_attention_by_gemm_matches_the_cpu "${TINY_TIMEOUT:-120}"
+[ "${SKIP_MOE_BATCHED_PARITY:-0}" = 1 ] || parity moe-batched cuda_batched_experts_match_the_cpu "${TINY_TIMEOUT:-120}"
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
 # 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation
 #    and the decoded weight copies stay out of the figures): the lengths in $LENGTHS; then at
 #    $PROFILE_LENGTH (8k) with NEEDLESCOPE_PROFILE=1 (time per kernel); without decoded weight
-#    copies (NEEDLESCOPE_DECODE_CACHE_MIB=0, what they gain); at chunk 8k; and, when its parity
-#    passed above, with NEEDLESCOPE_ATTENTION=gemm (the opt-in GEMM attention path) at chunk 2k
-#    and 8k.
+#    copies (NEEDLESCOPE_DECODE_CACHE_MIB=0, what they gain); at chunk 8k; and for the opt-in
+#    fast paths whose parity passed above (NEEDLESCOPE_ATTENTION=gemm: attention as batched
+#    GEMMs; NEEDLESCOPE_MOE=batched: routed experts as batched GEMMs), each profiled at 8k and
+#    all together at chunk 8k.
 bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
   local name=$1 limit=$2 lengths=$3 chunk=$4; shift 4
   if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
@@ -117,9 +119,18 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   bench bench-profile "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_PROFILE=1
   bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
   bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
+  # The opt-in fast paths whose parity passed above, alone and together.
+  FAST=()
+  grep -q "parity   attn-gemm ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_ATTENTION=gemm)
+  grep -q "parity   moe-batched ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_MOE=batched)
+  if grep -q "parity   moe-batched ok" "$SUMMARY"; then
+    bench bench-moe-batched "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_MOE=batched NEEDLESCOPE_PROFILE=1
+  fi
   if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
     bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
-    bench bench-attn-gemm-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k NEEDLESCOPE_ATTENTION=gemm
+  fi
+  if [ ${#FAST[@]} -gt 0 ]; then
+    bench bench-fast-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k "${FAST[@]}"
   fi
 fi
 echo "== summary ($OUT/summary.txt)"

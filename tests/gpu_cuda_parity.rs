@@ -72,6 +72,7 @@ fn forward(
     experts: Option<usize>,
     n: usize,
     cases: &[ForwardCase],
+    moe_batched: bool,
 ) {
     // Open the GPU first: without one, fail before writing a checkpoint.
     drop(gpu(GemmType::F32));
@@ -88,13 +89,23 @@ fn forward(
         let toks = tokens(n, m.ckpt.config().vocab_size, 3);
         // As the CLI runs it: decoded weight copies kept (the op checks above take the banded
         // path, which the copies must equal).
-        let b = gpu(gemm).with_decode_budgets(&[8 << 30]);
+        let b = gpu(gemm)
+            .with_decode_budgets(&[8 << 30])
+            .with_moe_batched(moe_batched);
         let mut g = Engine::load_with(b, &m.ckpt, opts.clone()).expect("GPU engine");
         let checks = check_forward(&mut g, &mut cpu, &toks, cases, tol).expect("forwards");
         report(
-            &format!("{preset:?} {format:?} {layers} layers, {gemm:?} GEMMs"),
+            &format!(
+                "{preset:?} {format:?} {layers} layers, {gemm:?} GEMMs, batched MoE {moe_batched}"
+            ),
             &checks,
         );
+        if moe_batched {
+            assert!(
+                g.backend().moe_batched_calls() > 0,
+                "no MoE call ran batched"
+            );
+        }
     }
 }
 
@@ -109,6 +120,7 @@ fn cuda_forward_matches_the_cpu_on_tiny() {
         None,
         1500,
         &cases(),
+        false,
     );
 }
 
@@ -126,6 +138,24 @@ fn cuda_forward_matches_the_cpu_on_flash_four_layers() {
         Some(16),
         300,
         &few,
+        false,
+    );
+}
+
+/// Routed experts as batched cuBLAS GEMMs over their decoded copies (`NEEDLESCOPE_MOE=batched`,
+/// `cublasGemmBatchedEx`; off by default until this has passed on a GPU): forwards on tiny.
+#[test]
+#[ignore = "needs a GPU: scripts/gpu-check.sh"]
+fn cuda_batched_experts_match_the_cpu() {
+    forward(
+        Preset::Tiny,
+        WeightFormat::Official,
+        4,
+        2,
+        None,
+        1500,
+        &cases(),
+        true,
     );
 }
 

@@ -468,3 +468,53 @@ fn moe_failure_is_recorded_and_output_is_nan() {
     let e = g.take_error().expect("error recorded");
     assert!(e.contains("moe_experts"), "{e}");
 }
+
+/// Routed experts as batched GEMMs over padded groups (`with_moe_batched`): the same values as
+/// expert by expert, bit for bit on the emulator (every output element is the same dot
+/// product), with an unused expert and a token choosing one expert twice; and routing so
+/// skewed that padding would more than double the rows falls back to expert by expert.
+#[test]
+fn batched_routed_experts_match_expert_by_expert() {
+    let (t, d, inter, n_experts, limit) = (7, 40, 24, 5, 2.5f32);
+    let u = scaled(t * d, 31, 1.5);
+    let weights: Vec<[Vec<f32>; 3]> = (0..n_experts as u64)
+        .map(|i| {
+            [
+                random(inter * d, 400 + i),
+                random(d * inter, 500 + i),
+                random(inter * d, 600 + i),
+            ]
+        })
+        .collect();
+    let (uneven, route_w) = uneven_routes(t, n_experts);
+    // Expert 0 takes 15 of the 21 slots: 4 used experts x 15 rows > 2 x 21.
+    let skewed: Vec<usize> = (0..t * 3)
+        .map(|s| if s % 7 < 5 { 0 } else { 1 + s % 3 })
+        .collect();
+    assert_eq!(skewed.iter().filter(|&&x| x == 0).count(), 15);
+    for (experts, expect_batched) in [(&uneven, true), (&skewed, false)] {
+        let routes = Routes {
+            per_token: 3,
+            experts,
+            weights: &route_w,
+        };
+        let one_by_one = gpu(GemmType::F32);
+        let batched = gpu(GemmType::F32).with_moe_batched(true);
+        let mut outs = Vec::new();
+        for g in [&one_by_one, &batched] {
+            let ws: Vec<_> = weights.iter().map(|w| ffn_of(g, w, d, inter)).collect();
+            let mut out = vec![f32::NAN; t * d];
+            g.moe_experts_host(&u, &routes, &ws, limit, &mut out);
+            assert!(g.take_error().is_none());
+            outs.push(out);
+        }
+        assert!(outs[0].iter().all(|v| v.is_finite()));
+        let same = outs[0]
+            .iter()
+            .zip(&outs[1])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "batched differs: {}", worst(&outs[1], &outs[0]));
+        assert_eq!(one_by_one.moe_batched_calls(), 0);
+        assert_eq!(batched.moe_batched_calls(), expect_batched as usize);
+    }
+}

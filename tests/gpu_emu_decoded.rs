@@ -2,8 +2,8 @@
 //! gives the banded path's result bit for bit in every stored format and GEMM type, the copy is
 //! made once (later products launch no dequantisation), weights stored in the GEMM's own type
 //! are read in place with no copy, the budget is never exceeded (what does not fit keeps the
-//! banded path) and is given back with the weights, and whole forwards with copies match the
-//! CPU reference.
+//! banded path) and is given back with the weights, and whole forwards with copies (routed
+//! experts expert by expert or as batched GEMMs) match the CPU reference.
 
 mod engine_support;
 
@@ -187,13 +187,26 @@ fn the_budget_is_never_exceeded_and_comes_back_with_the_weights() {
 
 #[test]
 fn a_forward_with_copies_matches_the_cpu_and_decodes_each_weight_once() {
+    forward_with_copies(false);
+}
+
+/// The same with the routed experts as batched GEMMs over their decoded copies
+/// (`NEEDLESCOPE_MOE=batched`).
+#[test]
+fn a_forward_with_batched_experts_matches_the_cpu() {
+    forward_with_copies(true);
+}
+
+fn forward_with_copies(moe_batched: bool) {
     let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), Some(8));
     let opts = EngineOptions {
         topk: Some(16),
         ..EngineOptions::default()
     };
     let exec = EmuExecutor::default().with_profile(true);
-    let b = EmuBackend::single(exec, GemmType::F32).with_decode_budgets(&[1 << 32]);
+    let b = EmuBackend::single(exec, GemmType::F32)
+        .with_decode_budgets(&[1 << 32])
+        .with_moe_batched(moe_batched);
     let mut gpu = Engine::load_with(b, &m.ckpt, opts.clone()).unwrap();
     let mut cpu = Engine::load(&m.ckpt, opts).unwrap();
     let toks = tokens(200, m.ckpt.config().vocab_size, 9);
@@ -215,4 +228,10 @@ fn a_forward_with_copies_matches_the_cpu_and_decodes_each_weight_once() {
         products <= copies as u64,
         "{products} dequant launches for {copies} copies"
     );
+    let batched_calls = gpu.backend().moe_batched_calls();
+    if moe_batched {
+        assert!(batched_calls > 4, "only {batched_calls} batched MoE calls");
+    } else {
+        assert_eq!(batched_calls, 0);
+    }
 }

@@ -79,8 +79,9 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
             * (cfg.sliding_window as u64 + cfg.index_topk as u64 + c / 128)
         + c / 4
         // Routed experts, all k slots of the chunk at once (GPU `moe_experts`): gate, up and
-        // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden].
-        + cfg.num_experts_per_tok as u64
+        // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden]; twice that for the
+        // batched products' padding (at most as many padding rows as real ones).
+        + 2 * cfg.num_experts_per_tok as u64
             * (3 * cfg.moe_intermediate_size as u64 + 2 * cfg.hidden_size as u64);
     let logits = if last {
         PROBED_LOGIT_ROWS * cfg.vocab_size as u64 * 4

@@ -196,6 +196,24 @@ pub trait Executor: Send + Sync {
         y: &mut Self::Buf,
     ) -> Result<(), GpuError>;
 
+    /// `ws.len()` products of one shape, each with its own weight (the routed experts of a MoE
+    /// call as one GEMM): product `b` reads `x` from `b · g.stride_x` elements after
+    /// `g.x_offset`, its weight `ws[b].0` from byte `ws[b].1` (`g.w_offset` and `g.stride_w`
+    /// unused), and writes `y` from `b · g.stride_y` elements after `g.y_offset`. `g.batch`
+    /// must equal `ws.len()`; `g.w_kn` must be false. The default runs them one by one.
+    fn gemm_each_weight(
+        &self,
+        g: &Gemm,
+        x: &Self::Buf,
+        ws: &[(&Self::Buf, usize)],
+        y: &mut Self::Buf,
+    ) -> Result<(), GpuError> {
+        for (p, (w, _)) in per_weight_products(g, ws)?.iter().zip(ws) {
+            self.gemm(p, x, w, y)?;
+        }
+        Ok(())
+    }
+
     /// Waits for all queued work.
     fn synchronize(&self) -> Result<(), GpuError>;
 
@@ -360,6 +378,35 @@ pub fn check_args<B>(kernel: &str, args: &[Arg<'_, B>]) -> Result<(), GpuError> 
 /// Checks a GEMM against its buffers' sizes (bytes) before it runs, on every executor: on a GPU
 /// a wrong offset or leading dimension would corrupt memory or poison the context instead of
 /// failing here. Also refuses an empty inner dimension (cuBLAS rejects `k = 0`).
+/// The single products of [`Executor::gemm_each_weight`]: product `b` with its own `x`, `w`
+/// and `y` offsets (bytes), `batch` 1. Refuses a batch that does not match the weights or a
+/// `w_kn` layout.
+pub fn per_weight_products<B>(g: &Gemm, ws: &[(&B, usize)]) -> Result<Vec<Gemm>, GpuError> {
+    if g.batch != ws.len() || g.w_kn {
+        return Err(GpuError::Other(format!(
+            "gemm_each_weight: batch {} for {} weights (w_kn {})",
+            g.batch,
+            ws.len(),
+            g.w_kn
+        )));
+    }
+    let es = g.ty.bytes();
+    Ok(ws
+        .iter()
+        .enumerate()
+        .map(|(b, &(_, w_offset))| Gemm {
+            x_offset: g.x_offset + b * g.stride_x * es,
+            w_offset,
+            y_offset: g.y_offset + b * g.stride_y * 4,
+            batch: 1,
+            stride_x: 0,
+            stride_w: 0,
+            stride_y: 0,
+            ..*g
+        })
+        .collect())
+}
+
 pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<(), GpuError> {
     let bad = |why: String| Err(GpuError::Other(format!("gemm {g:?}: {why}")));
     if g.k == 0 {

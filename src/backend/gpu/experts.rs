@@ -23,7 +23,8 @@
 //! `u` and the outputs are device activations; only the router scores (which the model routes
 //! with) are downloaded, and the routes uploaded.
 
-use super::executor::{buf, download, grid_for, upload, Arg, Executor, GemmType};
+use super::decoded::resident_operand;
+use super::executor::{buf, download, grid_for, upload, Arg, Executor, Gemm, GemmType};
 use super::matrix::{self, gemm_weight, WeightProduct};
 use super::{Act, GpuBackend, GpuError, GpuMatrix};
 use crate::backend::{FfnWeights, Routes};
@@ -163,6 +164,45 @@ impl<B> Scratch<B> {
         )
     }
 
+    /// Gate and up of `experts` padded groups of `per` rows (group p: rows `p·per..`), each
+    /// group times its own w1 / w3, one batched GEMM each.
+    fn gate_up_each<E: Executor<Buf = B>>(
+        &mut self,
+        e: &E,
+        w: &ResidentExperts<'_, B>,
+        x: &B,
+        experts: usize,
+        per: usize,
+    ) -> Result<(), GpuError> {
+        let (ty, d, inter) = (self.ty, self.d, self.inter);
+        let g = Gemm {
+            batch: experts,
+            stride_x: per * d,
+            stride_y: per * inter,
+            ..Gemm::dense(per, inter, d, ty)
+        };
+        e.gemm_each_weight(&g, x, &w.w1, &mut self.gate)?;
+        e.gemm_each_weight(&g, x, &w.w3, &mut self.up)
+    }
+
+    /// y of the padded groups of [`Self::gate_up_each`]: each group's `act` rows times its w2.
+    fn down_each<E: Executor<Buf = B>>(
+        &mut self,
+        e: &E,
+        w: &ResidentExperts<'_, B>,
+        experts: usize,
+        per: usize,
+    ) -> Result<(), GpuError> {
+        let (ty, d, inter) = (self.ty, self.d, self.inter);
+        let g = Gemm {
+            batch: experts,
+            stride_x: per * inter,
+            stride_y: per * d,
+            ..Gemm::dense(per, d, inter, ty)
+        };
+        e.gemm_each_weight(&g, &self.act, &w.w2, &mut self.y)
+    }
+
     /// Rows `first..first + n` of y: those rows of `act` times w2.
     fn down<E: Executor<Buf = B>>(
         &mut self,
@@ -183,6 +223,39 @@ impl<B> Scratch<B> {
         };
         gemm_weight(e, ty, &w.w2, 0..d, p)
     }
+}
+
+/// The whole weights of a call's used experts, resident in the GEMM type (stored that way or
+/// decoded copies), as `(buffer, byte offset)` operands for [`Executor::gemm_each_weight`].
+struct ResidentExperts<'a, B> {
+    w1: Vec<(&'a B, usize)>,
+    w3: Vec<(&'a B, usize)>,
+    w2: Vec<(&'a B, usize)>,
+}
+
+/// [`ResidentExperts`] of `used`, or None when some weight has no resident form (no copy
+/// budget left): the call then runs expert by expert.
+fn resident_experts<'a, E: Executor>(
+    e: &E,
+    ty: GemmType,
+    experts: &'a [FfnWeights<GpuMatrix<E::Buf>>],
+    used: &[usize],
+) -> Result<Option<ResidentExperts<'a, E::Buf>>, GpuError> {
+    let mut r = ResidentExperts {
+        w1: Vec::with_capacity(used.len()),
+        w3: Vec::with_capacity(used.len()),
+        w2: Vec::with_capacity(used.len()),
+    };
+    for &x in used {
+        let f = &experts[x];
+        for (m, list) in [(&f.w1, &mut r.w1), (&f.w3, &mut r.w3), (&f.w2, &mut r.w2)] {
+            match resident_operand(e, m, ty)? {
+                Some(b) => list.push((b, 0)),
+                None => return Ok(None),
+            }
+        }
+    }
+    Ok(Some(r))
 }
 
 /// Launches `moe_gather`: rows `ids[i]` of `src [*, d]` into `dst` in the GEMM type.
@@ -279,55 +352,83 @@ pub fn moe_experts<E: Executor>(
     for &x in &used {
         inter_max = inter_max.max(ffn_inter(&experts[x], d, device)?);
     }
-    let to_i32 = |v: usize| {
-        i32::try_from(v).map_err(|_| GpuError::Other("moe: slot index exceeds i32".into()))
-    };
-    // Group-major token ids, slot ids and route weights of all used experts.
-    let (mut token_ids, mut slot_ids, mut row_w) = (Vec::new(), Vec::new(), Vec::new());
-    for &x in &used {
-        for &slot in &members[x] {
-            token_ids.push(to_i32(slot / k)?);
-            slot_ids.push(to_i32(slot)?);
-            row_w.push(routes.weights[slot]);
-        }
-    }
     if used.iter().any(|&x| experts[x].w1.rows != inter_max) {
         return Err(GpuError::Other(
             "moe: routed experts of different intermediate sizes".into(),
         ));
     }
     let inter = inter_max;
-    // Row of each slot in the group-major order (the inverse of slot_ids).
-    let mut row_of_slot = vec![0i32; slot_ids.len()];
-    for (row, &slot) in slot_ids.iter().enumerate() {
-        row_of_slot[slot as usize] = to_i32(row)?;
-    }
     let (e, ty) = (g.dev_of(&experts[used[0]].w1), g.gemm_type());
-    let rows = token_ids.len();
+    let counts: Vec<usize> = used.iter().map(|&x| members[x].len()).collect();
+    let slots = tokens * k;
+    // The batched products need every used expert's whole weights resident (stored in the
+    // GEMM type or decoded copies) and pad each expert to the largest group; beyond twice
+    // the real rows the padding is not worth it (and not in the memory plan).
+    let rows_max = counts.iter().copied().max().unwrap_or(0);
+    let batched = if g.moe_batched() && used.len() * rows_max <= 2 * slots {
+        resident_experts(e, ty, experts, &used)?
+    } else {
+        None
+    };
+    if batched.is_some() {
+        g.count_moe_batched();
+    }
+    // First row of each used expert: packed one after another, or every `rows_max` rows.
+    let starts: Vec<usize> = match batched {
+        Some(_) => (0..used.len()).map(|p| p * rows_max).collect(),
+        None => counts
+            .iter()
+            .scan(0usize, |first, &n| {
+                let start = *first;
+                *first += n;
+                Some(start)
+            })
+            .collect(),
+    };
+    let rows = match batched {
+        Some(_) => used.len() * rows_max,
+        None => slots,
+    };
+    let to_i32 = |v: usize| {
+        i32::try_from(v).map_err(|_| GpuError::Other("moe: row index exceeds i32".into()))
+    };
+    // Per row its token and route weight (padding rows: token 0, weight 0); per slot its row.
+    let (mut token_ids, mut row_w, mut row_of_slot) =
+        (vec![0i32; rows], vec![0f32; rows], vec![0i32; slots]);
+    for (p, &x) in used.iter().enumerate() {
+        for (r, &slot) in members[x].iter().enumerate() {
+            let row = starts[p] + r;
+            token_ids[row] = to_i32(slot / k)?;
+            row_w[row] = routes.weights[slot];
+            row_of_slot[slot] = to_i32(row)?;
+        }
+    }
     let ub = g.on(u, device)?;
     let token_ids = upload(e, &token_ids)?;
     let row_of_slot = upload(e, &row_of_slot)?;
     let row_w = upload(e, &row_w)?;
-    // All rows gathered at once (written in full: no zero fill), then per expert its span of
-    // rows through w1 and w3, one SwiGLU over every row with its route weight, and per expert
-    // its span through w2.
+    // All rows gathered at once (written in full: no zero fill), then each expert's rows
+    // through w1 and w3, one SwiGLU over every row with its route weight, and each expert's
+    // rows through w2.
     let xrows = e.alloc_uninit(rows * d * ty.bytes())?;
     gather(e, &ub, buf(&token_ids), rows, d, &xrows, ty)?;
     let mut s = Scratch::new(e, ty, rows, d, inter)?;
-    let spans: Vec<(usize, usize)> = used
-        .iter()
-        .scan(0usize, |first, &x| {
-            let span = (*first, members[x].len());
-            *first += span.1;
-            Some(span)
-        })
-        .collect();
-    for (&x, &(first, n)) in used.iter().zip(&spans) {
-        s.gate_up(e, &experts[x], &xrows, first, n)?;
+    match &batched {
+        Some(w) => s.gate_up_each(e, w, &xrows, used.len(), rows_max)?,
+        None => {
+            for ((&x, &first), &n) in used.iter().zip(&starts).zip(&counts) {
+                s.gate_up(e, &experts[x], &xrows, first, n)?;
+            }
+        }
     }
     s.swiglu(e, rows, buf(&row_w), swiglu_limit)?;
-    for (&x, &(first, n)) in used.iter().zip(&spans) {
-        s.down(e, &experts[x], first, n)?;
+    match &batched {
+        Some(w) => s.down_each(e, w, used.len(), rows_max)?,
+        None => {
+            for ((&x, &first), &n) in used.iter().zip(&starts).zip(&counts) {
+                s.down(e, &experts[x], first, n)?;
+            }
+        }
     }
     if d == 0 {
         return Ok(());

@@ -85,6 +85,11 @@ pub struct GpuBackend<E: Executor> {
     attention_gemm: bool,
     /// Per device: the budget for decoded weight copies (`decoded`); None: no copies.
     decode_budgets: Vec<Option<Arc<DecodeBudget>>>,
+    /// Routed experts as batched GEMMs over padded groups when their weights are resident
+    /// (`experts::moe_experts`).
+    moe_batched: bool,
+    /// MoE calls that ran batched so far.
+    moe_batched_calls: AtomicUsize,
 }
 
 impl<E: Executor> GpuBackend<E> {
@@ -105,7 +110,33 @@ impl<E: Executor> GpuBackend<E> {
             error: Mutex::new(None),
             attention_gemm: std::env::var("NEEDLESCOPE_ATTENTION").is_ok_and(|v| v == "gemm"),
             decode_budgets: vec![None; devices_len],
+            moe_batched: std::env::var("NEEDLESCOPE_MOE").is_ok_and(|v| v == "batched"),
+            moe_batched_calls: AtomicUsize::new(0),
         }
+    }
+
+    /// The same backend running a MoE call's routed experts as three batched GEMMs (one per
+    /// weight, every used expert padded to the largest group: `cublasGemmBatchedEx`) when all
+    /// their weights are resident (`true`), or expert by expert (`false`, the default;
+    /// `NEEDLESCOPE_MOE=batched` picks the batched GEMMs). Both give the same values up to the
+    /// GEMMs' summation order.
+    pub fn with_moe_batched(mut self, on: bool) -> Self {
+        self.moe_batched = on;
+        self
+    }
+
+    /// Whether routed experts run as batched GEMMs when their weights are resident.
+    pub fn moe_batched(&self) -> bool {
+        self.moe_batched
+    }
+
+    /// MoE calls that ran as batched GEMMs so far.
+    pub fn moe_batched_calls(&self) -> usize {
+        self.moe_batched_calls.load(Ordering::Relaxed)
+    }
+
+    fn count_moe_batched(&self) {
+        self.moe_batched_calls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The same backend keeping decoded copies of the weights it loads from now on, up to
