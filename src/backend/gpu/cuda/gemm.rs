@@ -11,6 +11,15 @@ use super::{CudaBuf, CudaExecutor};
 use cudarc::cublas::sys as blas;
 use std::ffi::c_void;
 
+/// cuBLAS's type of `g`'s x and w, and its alpha and beta (beta 1 to accumulate into y).
+fn operands(g: &Gemm) -> (blas::cudaDataType, f32, f32) {
+    let ty = match g.ty {
+        GemmType::Bf16 => blas::cudaDataType::CUDA_R_16BF,
+        GemmType::F32 => blas::cudaDataType::CUDA_R_32F,
+    };
+    (ty, 1.0, if g.accumulate { 1.0 } else { 0.0 })
+}
+
 impl CudaExecutor {
     pub(super) fn gemm_now(
         &self,
@@ -24,11 +33,7 @@ impl CudaExecutor {
             return Ok(());
         }
         self.bind()?;
-        let ty = match g.ty {
-            GemmType::Bf16 => blas::cudaDataType::CUDA_R_16BF,
-            GemmType::F32 => blas::cudaDataType::CUDA_R_32F,
-        };
-        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        let (ty, alpha, beta) = operands(g);
         let h = self.blas.lock().unwrap();
         if g.batch > 1 || g.w_kn {
             // w stored [k, n] is column-major [n, k] already: no transpose.
@@ -131,11 +136,7 @@ impl CudaExecutor {
             arrays.push(d);
         }
         self.bind()?;
-        let ty = match g.ty {
-            GemmType::Bf16 => blas::cudaDataType::CUDA_R_16BF,
-            GemmType::F32 => blas::cudaDataType::CUDA_R_32F,
-        };
-        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        let (ty, alpha, beta) = operands(g);
         let h = self.blas.lock().unwrap();
         // As in gemm_now: row-major y = x·wᵀ is column-major yᵀ = w·xᵀ, w transposed.
         // SAFETY: every product was checked inside its buffers; the pointer arrays are device
