@@ -77,10 +77,14 @@ fn bench_prints_an_op_profile_on_request() {
     // One profile per length, each with kernels, GEMMs and the remainder line.
     assert_eq!(text.matches("op profile").count(), 2, "{text}");
     for section in text.split("op profile").skip(1) {
+        // Allocations and copies are listed whatever their rank.
         for needle in [
             "attn_logits",
             "gemm f32 n",
             "alloc (zeroed)",
+            "alloc (uninitialised)",
+            "copy host->device",
+            "copy device->host",
             "(not in a timed op",
         ] {
             assert!(section.contains(needle), "{needle}:\n{text}");

@@ -144,11 +144,12 @@ fn profile_since(before: &[OpTime], now: &[OpTime]) -> Vec<OpTime> {
     rows
 }
 
-/// Rows shown of an operation profile; the rest are summed in one line.
+/// Kernel and GEMM rows shown of an operation profile; the rest are summed in one line.
 const PROFILE_ROWS: usize = 24;
 
-/// One length's operation profile (`NEEDLESCOPE_PROFILE=1`): the largest operations by wall
-/// time, then what the timed operations leave of the prefill (host work, frees, launch gaps).
+/// One length's operation profile (`NEEDLESCOPE_PROFILE=1`): the largest kernels and GEMMs by
+/// wall time, every allocation and copy row, the rest summed, then what the timed operations
+/// leave of the prefill (host work, frees, launch gaps).
 fn write_op_profile(rows: &[OpTime], prefill_s: f64, out: &mut dyn Write) -> anyhow::Result<()> {
     let timed: f64 = rows.iter().map(|r| r.seconds).sum();
     writeln!(
@@ -175,11 +176,16 @@ fn write_op_profile(rows: &[OpTime], prefill_s: f64, out: &mut dyn Write) -> any
             }
         )
     };
-    for r in rows.iter().take(PROFILE_ROWS) {
+    // The largest kernels and GEMMs, then always the allocations and copies (what the buffer
+    // pool, uninitialised allocations and stream-ordered uploads are judged by), then the rest.
+    let is_memory = |r: &&OpTime| r.op.starts_with("alloc ") || r.op.starts_with("copy ");
+    let (memory, compute): (Vec<&OpTime>, Vec<&OpTime>) = rows.iter().partition(is_memory);
+    let shown = compute.len().min(PROFILE_ROWS);
+    for r in compute[..shown].iter().chain(&memory) {
         line(out, &r.op, r.calls, r.seconds)?;
     }
-    if rows.len() > PROFILE_ROWS {
-        let rest = &rows[PROFILE_ROWS..];
+    if compute.len() > shown {
+        let rest = &compute[shown..];
         let calls = rest.iter().map(|r| r.calls).sum();
         let s = rest.iter().map(|r| r.seconds).sum();
         line(out, &format!("({} more operations)", rest.len()), calls, s)?;

@@ -345,7 +345,10 @@ impl Executor for EmuExecutor {
     }
 
     fn alloc_uninit(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
-        let b = self.alloc(bytes)?;
+        let key = || "alloc (uninitialised)".to_string();
+        let b = self
+            .profile
+            .time(key, || self.synchronize(), || self.alloc_now(bytes))?;
         // SAFETY: b owns len bytes; poison them so that reading an unwritten element is seen.
         unsafe { std::ptr::write_bytes(b.ptr, 0xFF, b.len) };
         Ok(b)
