@@ -9,8 +9,9 @@
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
 #      FP8 + FP4, written in the background during the parity steps) at the lengths in $LENGTHS
 #      (default 8k,32k,128k) with bf16 GEMMs (the speed configuration; GEMM=f32 for the reference
-#      one), then at 8k with the per-kernel profile, without decoded weight copies, at chunk 8k,
-#      and with the opt-in fast paths whose parity passed; skipped with SKIP_BENCH=1;
+#      one), then the opt-in fast paths whose parity passed (together at chunk 8k, each
+#      profiled at 8k), the default path profiled at 8k, without decoded weight copies and at
+#      chunk 8k; skipped with SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
 # so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
@@ -94,12 +95,12 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
 # 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation
-#    and the decoded weight copies stay out of the figures): the lengths in $LENGTHS; then at
-#    $PROFILE_LENGTH (8k) with NEEDLESCOPE_PROFILE=1 (time per kernel); without decoded weight
-#    copies (NEEDLESCOPE_DECODE_CACHE_MIB=0, what they gain); at chunk 8k; and for the opt-in
-#    fast paths whose parity passed above (NEEDLESCOPE_ATTENTION=gemm: attention as batched
-#    GEMMs; NEEDLESCOPE_MOE=batched: routed experts as batched GEMMs), each profiled at 8k and
-#    all together at chunk 8k.
+#    and the decoded weight copies stay out of the figures): the lengths in $LENGTHS at chunk
+#    2k (comparable with docs/gpu-backend.md); the opt-in fast paths whose parity passed above
+#    (NEEDLESCOPE_ATTENTION=gemm: attention as batched GEMMs; NEEDLESCOPE_MOE=batched: routed
+#    experts as batched GEMMs) together at chunk 8k, then each profiled at $PROFILE_LENGTH (8k);
+#    then the default path profiled (8k and 32k), without decoded copies
+#    (NEEDLESCOPE_DECODE_CACHE_MIB=0: what they gain), and at chunk 8k.
 bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
   local name=$1 limit=$2 lengths=$3 chunk=$4; shift 4
   if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
@@ -116,22 +117,24 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
   bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS" 2k
   P8=${PROFILE_LENGTH:-8k}
-  bench bench-profile "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_PROFILE=1
-  bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
-  bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
-  # The opt-in fast paths whose parity passed above, alone and together.
+  # The opt-in fast paths whose parity passed above: all together at chunk 8k first (the
+  # candidate defaults), then each profiled; then the default path profiled, without decoded
+  # copies, and at chunk 8k. Most decision-relevant first, in case the time limit cuts the end.
   FAST=()
   grep -q "parity   attn-gemm ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_ATTENTION=gemm)
   grep -q "parity   moe-batched ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_MOE=batched)
+  if [ ${#FAST[@]} -gt 0 ]; then
+    bench bench-fast-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k "${FAST[@]}"
+  fi
   if grep -q "parity   moe-batched ok" "$SUMMARY"; then
     bench bench-moe-batched "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_MOE=batched NEEDLESCOPE_PROFILE=1
   fi
   if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
     bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
   fi
-  if [ ${#FAST[@]} -gt 0 ]; then
-    bench bench-fast-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k "${FAST[@]}"
-  fi
+  bench bench-profile "${BENCH_TIMEOUT:-240}" "$P8,32k" 2k NEEDLESCOPE_PROFILE=1
+  bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
+  bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
 fi
 echo "== summary ($OUT/summary.txt)"
 cat "$SUMMARY"
