@@ -100,6 +100,8 @@ impl CudaExecutor {
                 "no CUDA driver (libcuda) could be loaded on this machine".into(),
             ));
         }
+        // A bad pool setting fails before any device state exists.
+        let pool = BufferPool::from_env().map_err(GpuError::Other)?;
         let count = crate::cuda_probe::quietly(CudaContext::device_count)
             .map_err(GpuError::Driver)?
             .map_err(|e| driver_err("cuDeviceGetCount", e))?;
@@ -137,7 +139,7 @@ impl CudaExecutor {
             blas: Mutex::new(BlasHandle(handle)),
             transfers: Transfers::default(),
             profile: OpProfile::from_env(),
-            pool: BufferPool::from_env().map(Arc::new),
+            pool: pool.map(Arc::new),
         })
     }
 
