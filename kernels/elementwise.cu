@@ -85,23 +85,55 @@ extern "C" __global__ void el_add_assign(float* x, const float* y, i64 n) {
 
 // ---- Compressor pooling -----------------------------------------------------------------------
 
-// out[r, c] = Σ_s softmax_s(logits[r, s, c]) · values[r, s, c]; max, exp, then num / den summed
-// over slots in order like backend::cpu::attention::compressor_pool. exp(-inf) = 0.
+// Backend::compressor_pool over the buffered token projections values / logits [n, width]
+// (width = 2c with overlap, else c) and the slot biases ape [ratio, width]; out [rows, c]. Row
+// i's current window starts at buffer token first_window + i*ratio; with overlap its slots are
+// the previous window's tokens through channels 0..c, then the current window's through c..2c,
+// and row 0's previous window is missing (logit -inf, value 0) unless has_previous. Logit =
+// g + ape; max, exp, then num / den summed over slots in order like
+// backend::cpu::attention::compressor_pool. exp(-inf) = 0.
+static __device__ __forceinline__ void el_pool_slot(const float* values, const float* logits,
+                                                    const float* ape, i64 i, i64 s, i64 k, i64 c,
+                                                    i64 ratio, int overlap, i64 first_window,
+                                                    int has_previous, float* l, float* v) {
+    i64 width = overlap ? 2 * c : c;
+    i64 j, off = 0;
+    if (!overlap) {
+        j = first_window + i * ratio + s;
+    } else if (s >= ratio) {
+        j = first_window + i * ratio + s - ratio;
+        off = c;
+    } else if (i == 0 && !has_previous) {
+        *l = -ns_inf();
+        *v = 0.0f;
+        return;
+    } else {
+        j = first_window + i * ratio + s - ratio;
+    }
+    *l = logits[j * width + off + k] + ape[(s % ratio) * width + off + k];
+    *v = values[j * width + off + k];
+}
+
 extern "C" __global__ void el_compressor_pool(const float* values, const float* logits,
-                                              float* out, i64 rows, i64 slots, i64 width) {
-    NS_FOR(e, rows * width) {
-        i64 r = e / width, c = e % width;
-        const float* l = logits + r * slots * width + c;
-        const float* v = values + r * slots * width + c;
-        float mx = -ns_inf();
+                                              const float* ape, float* out, i64 rows, i64 c,
+                                              i64 ratio, int overlap, i64 first_window,
+                                              int has_previous) {
+    i64 slots = overlap ? 2 * ratio : ratio;
+    NS_FOR(e, rows * c) {
+        i64 i = e / c, k = e % c;
+        float l, v, mx = -ns_inf();
         for (i64 s = 0; s < slots; ++s) {
-            if (l[s * width] > mx) mx = l[s * width];
+            el_pool_slot(values, logits, ape, i, s, k, c, ratio, overlap, first_window,
+                         has_previous, &l, &v);
+            if (l > mx) mx = l;
         }
         float num = 0.0f, den = 0.0f;
         for (i64 s = 0; s < slots; ++s) {
-            float w = expf(l[s * width] - mx);
+            el_pool_slot(values, logits, ape, i, s, k, c, ratio, overlap, first_window,
+                         has_previous, &l, &v);
+            float w = expf(l - mx);
             den = den + w;
-            num = num + w * v[s * width];
+            num = num + w * v;
         }
         out[e] = num / den;
     }

@@ -212,7 +212,8 @@ fn caches_grow_and_drop_their_front_with_device_copies_only() {
     let (mut a, mut model) = (g.act_zeros(0), Vec::new());
     // (appended, dropped, capacity after): appends that fit, that double, that outgrow a
     // doubling; drops whose rest overlaps what goes (a new buffer of the same capacity) and
-    // whose rest does not (in place); dropping everything keeps the buffer.
+    // whose rest does not (in place); a rest of at most a quarter of the buffer moves to one
+    // twice its size (at least MIN_CAPACITY), so dropping everything shrinks to MIN_CAPACITY.
     let steps = [
         (5, 0, MIN_CAPACITY),
         (300, 2, MIN_CAPACITY),
@@ -221,8 +222,11 @@ fn caches_grow_and_drop_their_front_with_device_copies_only() {
         (6000, 100, 6800),
         (7, 5000, 6800),
         (50, 0, 6800),
-        (0, usize::MAX, 6800),
-        (10, 0, 6800),
+        (0, 1000, 1514),
+        (0, usize::MAX, MIN_CAPACITY),
+        (10, 0, MIN_CAPACITY),
+        (3000, 0, 3010),
+        (0, 2900, MIN_CAPACITY),
     ];
     for (step, &(add, drop, capacity)) in steps.iter().enumerate() {
         let tail_values = rng.values(add, 1.0);

@@ -12,7 +12,7 @@
 //!   operands would give ~1e-2 after Sinkhorn), which the Bf16 case checks.
 
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights, HostOps};
+use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights, HostOps, PoolLayout};
 use needlescope::config::{LayerKind, ModelConfig};
 use needlescope::model::rope::RopeTable;
 
@@ -231,30 +231,35 @@ fn kv_fp8_sim_is_bit_exact() {
 fn compressor_pool_is_bit_exact() {
     let cpu = CpuBackend::new();
     for gpu in backends() {
-        for (i, &(rows, slots, width)) in [
-            (1usize, 1usize, 3usize),
-            (3, 8, 5),
-            (2, 4, 512),
-            (4, 128, 7),
-        ]
-        .iter()
-        .enumerate()
+        // (ratio, c, overlap, first window, row 0 has its previous window, rows, extra tokens)
+        let cases = [
+            (1usize, 3usize, false, 0usize, false, 1usize, 0usize),
+            (4, 5, true, 0, false, 3, 2),
+            (4, 5, true, 4, true, 3, 3),
+            (4, 512, true, 8, true, 2, 0),
+            (2, 4, false, 2, false, 2, 1),
+            (128, 7, false, 37, false, 4, 127),
+        ];
+        for (i, &(ratio, c, overlap, first_window, first_has_previous, rows, extra)) in
+            cases.iter().enumerate()
         {
-            let n = rows * slots * width;
+            let layout = PoolLayout {
+                ratio,
+                c,
+                overlap,
+                first_window,
+                first_has_previous,
+            };
+            let width = layout.width();
+            let n = (layout.tokens_needed(rows) + extra) * width;
             let values = random(n, 60 + i as u64);
-            let mut logits: Vec<f32> = random(n, 70 + i as u64).iter().map(|v| v * 8.0).collect();
-            // Row 0's first half of the slots missing (CSA's previous window), when there are
-            // slots to spare.
-            if slots > 1 {
-                for s in 0..slots / 2 {
-                    logits[s * width..(s + 1) * width].fill(f32::NEG_INFINITY);
-                }
-            }
-            let what = format!("compressor_pool [{rows}x{slots}x{width}]");
-            let mut want = vec![0f32; rows * width];
-            cpu.compressor_pool_host(&values, &logits, slots, width, &mut want);
-            let mut got = vec![f32::NAN; rows * width];
-            gpu.compressor_pool_host(&values, &logits, slots, width, &mut got);
+            let logits: Vec<f32> = random(n, 70 + i as u64).iter().map(|v| v * 8.0).collect();
+            let ape = random(ratio * width, 80 + i as u64);
+            let what = format!("compressor_pool {layout:?} x {rows} rows");
+            let mut want = vec![0f32; rows * c];
+            cpu.compressor_pool_host(&values, &logits, &ape, layout, &mut want);
+            let mut got = vec![f32::NAN; rows * c];
+            gpu.compressor_pool_host(&values, &logits, &ape, layout, &mut got);
             no_error(&gpu, &what);
             check_meaningful(&what, &want, None);
             assert_bits(&what, &got, &want);

@@ -6,7 +6,9 @@
 //! back (`act_read`): the op itself is the backend's, unchanged. Each method is the op's name
 //! with `_host` and the op's argument list with host slices in place of activations.
 
-use super::{AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, Routes};
+use super::{
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, PoolLayout, Routes,
+};
 use crate::model::rope::RopeTable;
 use crate::numerics::profiles::IndexProfile;
 
@@ -108,12 +110,13 @@ pub trait HostOps: Backend {
         &self,
         values: &[f32],
         logits: &[f32],
-        slots: usize,
-        width: usize,
+        ape: &[f32],
+        layout: PoolLayout,
         out: &mut [f32],
     ) {
         let mut o = self.act_zeros(out.len());
-        self.compressor_pool(values, logits, slots, width, &mut o);
+        let (v, l) = (self.act_of(values), self.act_of(logits));
+        self.compressor_pool(&v, &l, ape, layout, &mut o);
         self.act_to(&o, out);
     }
 

@@ -20,10 +20,10 @@
 //!   memory on a GPU, so a layer's chain of ops never leaves the device. The per-sequence
 //!   caches (window KV rows, compressed rows, prepared index keys) are activations too, grown
 //!   with [`Backend::act_append`]. The model moves values to the host only where it needs them
-//!   there (`act_*` methods): the compressor projections it pools from its state, the router
-//!   scores it routes with, the top-k rows, the raw index keys and what the observer asked
-//!   for. Small inputs that the model assembles on the host (the compressor's slot arrays,
-//!   routes, attention entry indices) stay host slices. [`HostOps`] runs any op on host slices
+//!   there (`act_*` methods): the router scores it routes with, the top-k rows, and what the
+//!   observer asked for (the raw index keys only then). Small inputs that the model
+//!   assembles on the host (routes, attention entry indices, position biases) stay host
+//!   slices. [`HostOps`] runs any op on host slices
 //!   (tests, parity).
 //!
 //! Rounding steps that belong to a numerics *profile* (index keys / queries) or to `--kv fp8`
@@ -190,6 +190,74 @@ pub struct AttentionProbs {
     pub probs: Vec<f32>,
     /// `[H]`: the sink's share of each head's denominator.
     pub sink: Vec<f32>,
+}
+
+/// Which buffered tokens a compressor pools into each output row ([`Backend::compressor_pool`]).
+///
+/// The buffer holds the projections `[n, width]` of consecutive tokens; output row i pools
+/// the window of `ratio` tokens starting at buffer token `first_window + i·ratio` (its
+/// *current* window; windows start at multiples of `ratio` in the sequence, so a token's slot
+/// `r` in its window is its position mod `ratio`). Without overlap (`width = c`) those `ratio`
+/// tokens are the row's slots. With overlap (CSA, `width = 2c`) the row has `2·ratio` slots:
+/// first the previous window's tokens (buffer tokens `first_window + (i-1)·ratio + r`) through
+/// channels `0..c`, then the current window's through channels `c..2c`; row 0's previous
+/// window is missing (-inf logits) unless `first_has_previous`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolLayout {
+    pub ratio: usize,
+    /// Output width c.
+    pub c: usize,
+    pub overlap: bool,
+    /// Buffer token where output row 0's current window starts.
+    pub first_window: usize,
+    /// Overlap only: whether output row 0 has a previous window in the buffer (then
+    /// `first_window >= ratio`).
+    pub first_has_previous: bool,
+}
+
+impl PoolLayout {
+    /// Projection width per token: `2c` with overlap, else `c`.
+    pub fn width(&self) -> usize {
+        if self.overlap {
+            2 * self.c
+        } else {
+            self.c
+        }
+    }
+
+    /// Slots per row: `2·ratio` with overlap, else `ratio`.
+    pub fn slots(&self) -> usize {
+        if self.overlap {
+            2 * self.ratio
+        } else {
+            self.ratio
+        }
+    }
+
+    /// Slot `s` of output row `i`: its buffer token and channel offset, or None for a missing
+    /// previous window.
+    pub fn slot(&self, i: usize, s: usize) -> Option<(usize, usize)> {
+        let m = self.ratio;
+        if !self.overlap {
+            return Some((self.first_window + i * m + s, 0));
+        }
+        if s >= m {
+            return Some((self.first_window + i * m + s - m, self.c));
+        }
+        if i == 0 && !self.first_has_previous {
+            return None;
+        }
+        Some((self.first_window + i * m + s - m, 0))
+    }
+
+    /// Buffer tokens the rows `0..rows` read: up to the end of the last current window.
+    pub fn tokens_needed(&self, rows: usize) -> usize {
+        if rows == 0 {
+            0
+        } else {
+            self.first_window + rows * self.ratio
+        }
+    }
 }
 
 /// One row of a backend's operation profile ([`Backend::op_profile`]): an operation (a kernel
@@ -367,16 +435,18 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Act,
     );
 
-    /// Compressor pooling: per output row and channel, a softmax over `slots` gate logits
-    /// weighting the slot values. `values`, `logits` are `[rows, slots, width]` (host: the
-    /// compressor assembles them from its state), `out` is `[rows, width]`. A logit of -inf
-    /// gives its slot weight 0.
+    /// Compressor pooling (attention.md 5.1-5.2): `values` and raw gate `logits` are the
+    /// projections `[n, κ·c]` of n consecutive tokens, `ape` `[ratio, κ·c]` the position
+    /// biases; `out [rows, c]` gets rows of `layout` (see [`PoolLayout`] for which tokens and
+    /// channels each row pools). Per row and channel: the slots' logits `g + ape[slot mod
+    /// ratio]`, their max, then `Σ exp(ℓ - max)·v / Σ exp(ℓ - max)` summed in slot order; a
+    /// missing previous window is a slot of logit -inf and value 0 (weight 0).
     fn compressor_pool(
         &self,
-        values: &[f32],
-        logits: &[f32],
-        slots: usize,
-        width: usize,
+        values: &Self::Act,
+        logits: &Self::Act,
+        ape: &[f32],
+        layout: PoolLayout,
         out: &mut Self::Act,
     );
 

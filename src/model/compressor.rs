@@ -22,7 +22,7 @@
 use super::rope::RopeTable;
 use super::state::CompressorState;
 use super::{load_matrix, EngineError};
-use crate::backend::Backend;
+use crate::backend::{Backend, PoolLayout};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 
@@ -107,12 +107,16 @@ impl<M> Compressor<M> {
     /// Feeds the chunk `x [T, D]` at positions `first_pos..`, updating `state`, and returns the
     /// post-processed rows (norm + RoPE at m·w) it completed, after `finish` (a last in-place
     /// step, e.g. `--kv fp8` rounding).
+    ///
+    /// The chunk's projections are appended to the state's buffered ones and pooled where they
+    /// are (on a GPU nothing leaves the device); then the buffer drops the tokens no later row
+    /// reads.
     pub fn feed<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
         x: &B::Act,
         first_pos: usize,
-        state: &mut CompressorState,
+        state: &mut CompressorState<B::Act>,
         rope: &RopeTable,
         finish: impl FnOnce(&mut B::Act),
     ) -> EmittedRows<B::Act> {
@@ -120,87 +124,54 @@ impl<M> Compressor<M> {
         let width = state.width;
         let tokens = backend.act_len(x) / backend.matrix_shape(&self.wkv).1;
         debug_assert_eq!(state.ratio, m, "compressor state of another ratio");
-        debug_assert_eq!(
-            state.filled(),
-            first_pos % m,
-            "compressor state out of step"
-        );
+        debug_assert_eq!(state.end(), first_pos, "compressor state out of step");
         let mut values = backend.act_zeros(tokens * width);
         let mut logits = backend.act_zeros(tokens * width);
         backend.matmul(x, &self.wkv, &mut values);
         backend.matmul(x, &self.wgate, &mut logits);
-        let values = backend.act_into_host(values);
-        let mut logits = backend.act_into_host(logits);
-        for (i, g) in logits.chunks_exact_mut(width).enumerate() {
-            let ape = &self.ape[((first_pos + i) % m) * width..][..width];
-            g.iter_mut().zip(ape).for_each(|(v, a)| *v += a);
-        }
+        state.values.append(backend, &values);
+        state.logits.append(backend, &logits);
+        drop((values, logits));
 
-        let slots = if self.overlap() { 2 * m } else { m };
         let first_row = state.rows_emitted;
-        let (mut slot_values, mut slot_logits) = (Vec::new(), Vec::new());
-        for i in 0..tokens {
-            state
-                .current_values
-                .extend_from_slice(&values[i * width..(i + 1) * width]);
-            state
-                .current_logits
-                .extend_from_slice(&logits[i * width..(i + 1) * width]);
-            if state.filled() < m {
-                continue;
-            }
-            if self.overlap() {
-                self.gather_overlap_slots(state, &mut slot_values, &mut slot_logits);
-                state.previous_values = std::mem::take(&mut state.current_values);
-                state.previous_logits = std::mem::take(&mut state.current_logits);
-            } else {
-                slot_values.append(&mut state.current_values);
-                slot_logits.append(&mut state.current_logits);
-            }
-            state.rows_emitted += 1;
-        }
-
-        let count = state.rows_emitted - first_row;
-        if count == 0 {
-            return EmittedRows {
-                first_row,
-                count,
-                rows: None,
+        let count = (first_pos + tokens) / m - first_row;
+        let rows = (count > 0).then(|| {
+            let layout = PoolLayout {
+                ratio: m,
+                c,
+                overlap: self.overlap(),
+                first_window: m * first_row - state.first_pos,
+                first_has_previous: self.overlap() && first_row > 0,
             };
-        }
-        let mut rows = backend.act_zeros(count * c);
-        backend.compressor_pool(&slot_values, &slot_logits, slots, c, &mut rows);
-        backend.rms_norm(&mut rows, c, Some(&self.norm), self.norm_eps);
-        let positions: Vec<usize> = (first_row..first_row + count).map(|w| m * w).collect();
-        backend.rope(rope, &mut rows, c, &positions, false);
-        finish(&mut rows);
+            let held = "rows are emitted from held tokens";
+            let (v, g) = (
+                state.values.data().expect(held),
+                state.logits.data().expect(held),
+            );
+            let mut rows = backend.act_zeros(count * c);
+            backend.compressor_pool(v, g, &self.ape, layout, &mut rows);
+            backend.rms_norm(&mut rows, c, Some(&self.norm), self.norm_eps);
+            let positions: Vec<usize> = (first_row..first_row + count).map(|w| m * w).collect();
+            backend.rope(rope, &mut rows, c, &positions, false);
+            finish(&mut rows);
+            rows
+        });
+        state.rows_emitted += count;
+
+        // Keep the current window's tokens, and with overlap the last full window before it.
+        let keep_from = if self.overlap() {
+            m * state.rows_emitted.saturating_sub(1)
+        } else {
+            m * state.rows_emitted
+        };
+        let drop = keep_from.saturating_sub(state.first_pos);
+        state.values.drop_front(backend, drop);
+        state.logits.drop_front(backend, drop);
+        state.first_pos += drop;
         EmittedRows {
             first_row,
             count,
-            rows: Some(rows),
-        }
-    }
-
-    /// Appends the 2m slots `[2m, c]` of the row completed by the current window.
-    fn gather_overlap_slots(
-        &self,
-        state: &CompressorState,
-        values: &mut Vec<f32>,
-        logits: &mut Vec<f32>,
-    ) {
-        let (m, c, width) = (self.ratio, self.c, state.width);
-        for r in 0..m {
-            if state.previous_values.is_empty() {
-                values.extend(std::iter::repeat_n(0.0, c));
-                logits.extend(std::iter::repeat_n(f32::NEG_INFINITY, c));
-            } else {
-                values.extend_from_slice(&state.previous_values[r * width..r * width + c]);
-                logits.extend_from_slice(&state.previous_logits[r * width..r * width + c]);
-            }
-        }
-        for r in 0..m {
-            values.extend_from_slice(&state.current_values[r * width + c..(r + 1) * width]);
-            logits.extend_from_slice(&state.current_logits[r * width + c..(r + 1) * width]);
+            rows,
         }
     }
 }
@@ -279,7 +250,7 @@ mod tests {
         x: &[f32],
         chunks: &[usize],
         rope: &RopeTable,
-    ) -> (Vec<f32>, CompressorState) {
+    ) -> (Vec<f32>, CompressorState<Vec<f32>>) {
         let mut state = CompressorState::new(comp.ratio, C);
         let (mut pos, mut rows) = (0, Vec::new());
         for &n in chunks {

@@ -179,7 +179,7 @@ impl<M> Indexer<M> {
         let mut prepared = backend.act_zeros(rows * self.dim);
         let mut scales = backend.act_zeros(rows);
         backend.index_prepare_keys(profile, &raw, self.dim, &mut prepared, &mut scales);
-        store.raw.extend_from_slice(&backend.act_host(&raw));
+        store.raw.append(backend, &raw);
         store.prepared.append(backend, &prepared);
         store.scales.append(backend, &scales);
     }
@@ -200,6 +200,8 @@ impl<M> Indexer<M> {
     ) {
         let (heads, dim, layer, k) = (self.heads, self.dim, run.layer, run.topk);
         let obs = &mut *run.observer;
+        // The raw key rows reach the host once per chunk, and only for a probed position.
+        let mut keys_raw: Option<Vec<f32>> = None;
         for (i, scores) in kept.iter().enumerate() {
             let pos = first_pos + i;
             let Some(scores) = scores else { continue };
@@ -218,7 +220,12 @@ impl<M> Indexer<M> {
                 head_dim: dim,
                 q_raw: &q_raw,
                 weights_raw: &weights_raw,
-                keys_raw: &store.raw[..n_t * dim],
+                keys_raw: &keys_raw.get_or_insert_with(|| {
+                    store
+                        .raw
+                        .data()
+                        .map_or_else(Vec::new, |a| backend.act_host(a).into_owned())
+                })[..n_t * dim],
                 visible_rows: n_t,
                 scores,
                 selected: &selected[i * k..(i + 1) * k],

@@ -16,10 +16,11 @@
 //!   and RoPE, before any Hadamard or rounding; what the observer sees) and prepared under the
 //!   driving profile, with one score multiplier per row ([`IndexKeyStore`]).
 //!
-//! [`CompressorState`] holds the gate logits (ape already added) and values of the tokens of the
-//! current, incomplete window and — for the overlapping ratio-4 compressor — the previous full
-//! window (both halves, as REF keeps them). A fresh state has no previous window, which is the
-//! "-inf logits, zero values" initial state REF needs but never resets.
+//! [`CompressorState`] holds the raw gate logits and values (activations, so on a GPU they never
+//! leave the device) of the tokens of the current, incomplete window and — for the overlapping
+//! ratio-4 compressor — the previous full window (both halves, as REF keeps them). A fresh
+//! state has no previous window, which is the "-inf logits, zero values" initial state REF
+//! needs but never resets.
 
 use crate::backend::Backend;
 use crate::config::{LayerKind, ModelConfig};
@@ -143,7 +144,7 @@ impl<A> SequenceState<A> {
 #[derive(Debug)]
 pub struct LayerState<A> {
     pub(crate) window: WindowCache<A>,
-    pub(crate) compressor: Option<CompressorState>,
+    pub(crate) compressor: Option<CompressorState<A>>,
     /// Emitted main compressed rows `[rows, head_dim]`.
     pub(crate) compressed: RowCache<A>,
     pub(crate) indexer: Option<IndexKeyStore<A>>,
@@ -230,54 +231,59 @@ impl<A> WindowCache<A> {
     }
 }
 
-/// A compressor's buffers between chunks. `width` is the per-token projection width (κ·c).
-#[derive(Clone, Debug)]
-pub struct CompressorState {
+/// A compressor's buffered token projections between chunks. `width` is the per-token
+/// projection width (κ·c).
+///
+/// `values` and `logits` (raw gate logits; the pooling adds the position biases) hold the
+/// tokens at positions `first_pos..first_pos + held`: the current, incomplete window and —
+/// for the overlapping ratio-4 compressor, once a row was emitted — the last full window
+/// before it (both halves, as REF keeps them). So `first_pos` is `ratio·rows_emitted`, or
+/// `ratio·(rows_emitted - 1)` with overlap.
+#[derive(Debug)]
+pub struct CompressorState<A> {
     pub(crate) ratio: usize,
     pub(crate) width: usize,
-    /// Tokens of the current window so far, `[filled, width]` each.
-    pub(crate) current_values: Vec<f32>,
-    pub(crate) current_logits: Vec<f32>,
-    /// The previous full window `[ratio, width]` (overlap only); empty before the first one.
-    pub(crate) previous_values: Vec<f32>,
-    pub(crate) previous_logits: Vec<f32>,
+    pub(crate) values: RowCache<A>,
+    pub(crate) logits: RowCache<A>,
+    /// Position of the first held token.
+    pub(crate) first_pos: usize,
     /// Rows emitted so far (= index of the next row).
     pub(crate) rows_emitted: usize,
 }
 
-impl CompressorState {
+impl<A> CompressorState<A> {
     /// State of a ratio-`ratio` compressor of output width `c` (κ = 2 when ratio is 4).
     pub fn new(ratio: usize, c: usize) -> Self {
-        let overlap = if ratio == 4 { 2 } else { 1 };
+        let width = if ratio == 4 { 2 * c } else { c };
         CompressorState {
             ratio,
-            width: overlap * c,
-            current_values: Vec::new(),
-            current_logits: Vec::new(),
-            previous_values: Vec::new(),
-            previous_logits: Vec::new(),
+            width,
+            values: RowCache::new(width),
+            logits: RowCache::new(width),
+            first_pos: 0,
             rows_emitted: 0,
         }
     }
 
     fn reset(&mut self) {
-        self.current_values.clear();
-        self.current_logits.clear();
-        self.previous_values.clear();
-        self.previous_logits.clear();
+        self.values.clear();
+        self.logits.clear();
+        self.first_pos = 0;
         self.rows_emitted = 0;
+    }
+
+    /// Position of the next token (one past the last held).
+    pub fn end(&self) -> usize {
+        self.first_pos + self.values.rows()
     }
 
     /// Tokens buffered in the current window.
     pub fn filled(&self) -> usize {
-        self.current_values.len() / self.width
+        self.end() - self.ratio * self.rows_emitted
     }
 
     fn floats(&self) -> usize {
-        self.current_values.len()
-            + self.current_logits.len()
-            + self.previous_values.len()
-            + self.previous_logits.len()
+        self.values.floats() + self.logits.floats()
     }
 }
 
@@ -285,10 +291,10 @@ impl CompressorState {
 #[derive(Debug)]
 pub struct IndexKeyStore<A> {
     pub(crate) dim: usize,
-    pub(crate) compressor: CompressorState,
-    /// `[rows, dim]` after norm and RoPE, before any Hadamard or rounding (host: the observer
-    /// reads them).
-    pub(crate) raw: Vec<f32>,
+    pub(crate) compressor: CompressorState<A>,
+    /// `[rows, dim]` after norm and RoPE, before any Hadamard or rounding (what the observer
+    /// sees; read to the host only when it asks).
+    pub(crate) raw: RowCache<A>,
     /// `[rows, dim]` prepared under the driving profile.
     pub(crate) prepared: RowCache<A>,
     /// `[rows]` score multipliers of the prepared rows.
@@ -300,7 +306,7 @@ impl<A> IndexKeyStore<A> {
         IndexKeyStore {
             dim,
             compressor: CompressorState::new(4, dim),
-            raw: Vec::new(),
+            raw: RowCache::new(dim),
             prepared: RowCache::new(dim),
             scales: RowCache::new(1),
         }
@@ -319,7 +325,7 @@ impl<A> IndexKeyStore<A> {
     }
 
     fn floats(&self) -> usize {
-        self.compressor.floats() + self.raw.len() + self.prepared.floats() + self.scales.floats()
+        self.compressor.floats() + self.raw.floats() + self.prepared.floats() + self.scales.floats()
     }
 }
 

@@ -27,15 +27,18 @@
 //!     the host);
 //!   - compressor carry (the unfinished pooling group, kv and gate projections in f32):
 //!     `c * ratio` tokens of `2 * c * head_dim` values, c = 2 on CSA (overlapping), 1 on HCA, plus
-//!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`); the engine
-//!     keeps it on the host, the plan counts it anyway (it is small);
+//!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`), kept on the
+//!     device with the other caches;
 //! - **workspace** ([`workspace_bytes`]): a fixed 1 GiB (CUDA context, cuBLAS workspace, kernel
 //!   modules, allocator slack) plus the f32 activations of one prefill chunk of `T` tokens,
 //!   `4 B x T x (3 * hc_mult * hidden + 2 * heads * head_dim + heads * (window + index_topk +
-//!   C / 128) + C / 4 + 3 * experts_per_tok * moe_intermediate)`: residual streams in, out and
-//!   mixed; queries and attention output; one query's attention probabilities over window,
-//!   selected CSA rows and all HCA rows; one query's indexer scores after the head reduction;
-//!   the routed experts' SwiGLU intermediates. The last device adds the logits of up to
+//!   C / 128) + C / 4 + 2 * experts_per_tok * (3 * moe_intermediate + 2 * hidden) + 8 *
+//!   head_dim)`: residual streams in, out and mixed; queries and attention output; one query's
+//!   attention probabilities over window, selected CSA rows and all HCA rows; one query's
+//!   indexer scores after the head reduction; the routed experts' rows of all k slots (gate,
+//!   up, SwiGLU, gathered inputs and outputs), twice for the batched products' padding; the
+//!   widest compressor's kv and gate projections of the chunk (`2 * 2 * head_dim` on CSA) and
+//!   their copy in its buffer of held tokens. The last device adds the logits of up to
 //!   [`PROBED_LOGIT_ROWS`] probed positions (`4 B x vocab` each). Every device adds the largest
 //!   single cache allocation ([`largest_cache_bytes`]): the moment a cache grows or drops its
 //!   front, two of its allocations coexist.

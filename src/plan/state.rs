@@ -82,7 +82,10 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
         // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden]; twice that for the
         // batched products' padding (at most as many padding rows as real ones).
         + 2 * cfg.num_experts_per_tok as u64
-            * (3 * cfg.moe_intermediate_size as u64 + 2 * cfg.hidden_size as u64);
+            * (3 * cfg.moe_intermediate_size as u64 + 2 * cfg.hidden_size as u64)
+        // The CSA compressor's kv and gate projections [T, 2 * head_dim] each, and their copy
+        // appended to its buffer of held tokens (pooled there, on the device).
+        + 4 * 2 * cfg.head_dim as u64;
     let logits = if last {
         PROBED_LOGIT_ROWS * cfg.vocab_size as u64 * 4
     } else {

@@ -259,7 +259,8 @@ fn workspace_has_room_for_one_cache_to_grow() {
                         + 2 * 64 * 512
                         + 64 * (128 + 512 + ctx / 128)
                         + ctx / 4
-                        + 2 * 6 * (3 * 2048 + 2 * 4096))
+                        + 2 * 6 * (3 * 2048 + 2 * 4096)
+                        + 4 * 2 * 512)
             };
             per_token(c as u64, t as u64) - per_token(1, 1) + largest_cache_bytes(&cfg, c, t)
                 - largest_cache_bytes(&cfg, 1, 1)

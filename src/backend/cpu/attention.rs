@@ -12,7 +12,7 @@
 //! slots with logit -inf (CSA row 0's missing previous window) get weight exactly 0.
 
 use super::linalg::{axpy, dot};
-use crate::backend::{AttentionBatch, AttentionProbs};
+use crate::backend::{AttentionBatch, AttentionProbs, PoolLayout};
 use rayon::prelude::*;
 
 /// One (query, head): writes `out [head_dim]`, and the probabilities when `probs` is given
@@ -122,34 +122,48 @@ pub fn sparse_attention(
     }
 }
 
+/// [`crate::backend::Backend::compressor_pool`]: `values`, `logits` `[n, width]`, `ape`
+/// `[ratio, width]`, `out [rows, c]`.
 pub fn compressor_pool(
     values: &[f32],
     logits: &[f32],
-    slots: usize,
-    width: usize,
+    ape: &[f32],
+    layout: PoolLayout,
     out: &mut [f32],
 ) {
-    let rows = out.len() / width;
-    assert_eq!(
+    let (c, width, slots) = (layout.c, layout.width(), layout.slots());
+    let rows = out.len() / c.max(1);
+    assert_eq!(rows * c, out.len(), "pool: out not [rows, c]");
+    assert_eq!(logits.len(), values.len(), "pool: logits and values differ");
+    assert!(
+        values.len() >= layout.tokens_needed(rows) * width,
+        "pool: {} buffered values, rows need {} tokens of {width}",
         values.len(),
-        rows * slots * width,
-        "pool: values not [rows, slots, c]"
+        layout.tokens_needed(rows)
     );
     assert_eq!(
-        logits.len(),
-        values.len(),
-        "pool: logits not [rows, slots, c]"
+        ape.len(),
+        layout.ratio * width,
+        "pool: ape not [ratio, width]"
     );
-    out.par_chunks_mut(width).enumerate().for_each(|(r, o)| {
-        let base = r * slots * width;
-        for (c, oc) in o.iter_mut().enumerate() {
-            let at = |s: usize| base + s * width + c;
-            let max = (0..slots).fold(f32::NEG_INFINITY, |m, s| m.max(logits[at(s)]));
+    let m = layout.ratio;
+    out.par_chunks_mut(c.max(1)).enumerate().for_each(|(i, o)| {
+        for (k, oc) in o.iter_mut().enumerate() {
+            // (logit, value) of slot s: the token's gate logit plus its window slot's bias.
+            let slot = |s: usize| match layout.slot(i, s) {
+                Some((j, off)) => (
+                    logits[j * width + off + k] + ape[(s % m) * width + off + k],
+                    values[j * width + off + k],
+                ),
+                None => (f32::NEG_INFINITY, 0.0),
+            };
+            let max = (0..slots).fold(f32::NEG_INFINITY, |mx, s| mx.max(slot(s).0));
             let (mut num, mut den) = (0.0f32, 0.0f32);
             for s in 0..slots {
-                let w = (logits[at(s)] - max).exp();
+                let (l, v) = slot(s);
+                let w = (l - max).exp();
                 den += w;
-                num += w * values[at(s)];
+                num += w * v;
             }
             *oc = num / den;
         }
@@ -189,12 +203,32 @@ mod tests {
     }
 
     #[test]
-    fn pooling_ignores_minus_infinity_slots() {
-        // 1 row, 3 slots, 1 channel: slot 0 masked.
-        let values = [100.0, 1.0, 3.0];
-        let logits = [f32::NEG_INFINITY, 0.0, 0.0];
+    fn pooling_ignores_the_missing_previous_window_and_adds_the_slot_bias() {
+        // Overlap, ratio 2, c = 1 (width 2): row 0 has no previous window, so it pools its
+        // current tokens 0 and 1 through channel 1 only: logits 0 + 1 and 1 + 0 (equal), values
+        // 1 and 3.
+        let layout = PoolLayout {
+            ratio: 2,
+            c: 1,
+            overlap: true,
+            first_window: 0,
+            first_has_previous: false,
+        };
+        let values = [100.0, 1.0, 100.0, 3.0];
+        let logits = [50.0, 0.0, 50.0, 1.0];
+        let ape = [0.0, 1.0, 0.0, 0.0];
         let mut out = [0.0];
-        compressor_pool(&values, &logits, 3, 1, &mut out);
+        compressor_pool(&values, &logits, &ape, layout, &mut out);
         assert_eq!(out[0], 2.0);
+        // With a previous window (the same two tokens, channel 0) their large logits win.
+        let layout = PoolLayout {
+            first_window: 2,
+            first_has_previous: true,
+            ..layout
+        };
+        let values = [100.0, 1.0, 100.0, 3.0, 7.0, 1.0, 7.0, 3.0];
+        let logits = [50.0, 0.0, 50.0, 1.0, 0.0, 0.0, 0.0, 1.0];
+        compressor_pool(&values, &logits, &ape, layout, &mut out);
+        assert_eq!(out[0], 100.0);
     }
 }

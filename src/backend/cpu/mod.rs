@@ -20,7 +20,7 @@ pub mod selection;
 pub use linalg::CpuMatrix;
 
 use crate::backend::{
-    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, Routes,
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, PoolLayout, Routes,
     WeightResidency,
 };
 use crate::checkpoint::linear::SharedLinear;
@@ -249,13 +249,13 @@ impl Backend for CpuBackend {
 
     fn compressor_pool(
         &self,
-        values: &[f32],
-        logits: &[f32],
-        slots: usize,
-        width: usize,
+        values: &Vec<f32>,
+        logits: &Vec<f32>,
+        ape: &[f32],
+        layout: PoolLayout,
         out: &mut Vec<f32>,
     ) {
-        attention::compressor_pool(values, logits, slots, width, out)
+        attention::compressor_pool(values, logits, ape, layout, out)
     }
 
     fn kv_fp8_sim(&self, rows: &mut Vec<f32>, row_len: usize, nope_dims: usize) {

@@ -260,8 +260,11 @@ impl<E: Executor> GpuBackend<E> {
 
     /// Drops the first `n` values of `a` (see [`crate::backend::Backend::act_drop_front`]): the
     /// rest moves to the front in place when the two ranges are disjoint (`n >= len - n`), else
-    /// into a new buffer of the same capacity (an overlapping copy would race). Panics when
-    /// `n > len`.
+    /// into a new buffer of the same capacity (an overlapping copy would race). A rest that
+    /// fills at most a quarter of a buffer larger than [`MIN_CAPACITY`] moves into a new buffer
+    /// of twice its length (at least [`MIN_CAPACITY`]) instead, so a cache that held a chunk for
+    /// a moment (a compressor's buffered tokens, the window rows) does not keep the chunk's
+    /// memory between chunks. Panics when `n > len`.
     pub fn drop_front(&self, a: &mut GpuAct<E::Buf>, n: usize) -> Result<(), GpuError> {
         assert!(
             n <= a.len,
@@ -270,16 +273,28 @@ impl<E: Executor> GpuBackend<E> {
         );
         let rest = a.len - n;
         a.len = rest;
-        if n == 0 || rest == 0 {
+        if n == 0 {
             return Ok(());
         }
         let e = &self.devices[a.device];
+        let cap = self.capacity(a);
+        let shrink = cap > MIN_CAPACITY && 4 * rest <= cap;
+        if rest == 0 && !shrink {
+            return Ok(());
+        }
         let b = a.buf.as_ref().ok_or_else(lost)?;
-        if n >= rest {
+        if n >= rest && !shrink {
             return copy_values(e, (b, n), (b, 0), rest);
         }
-        let moved = e.alloc(self.capacity(a) * 4)?;
-        copy_values(e, (b, n), (&moved, 0), rest)?;
+        let new_cap = if shrink {
+            (2 * rest).max(MIN_CAPACITY)
+        } else {
+            cap
+        };
+        let moved = e.alloc(new_cap * 4)?;
+        if rest > 0 {
+            copy_values(e, (b, n), (&moved, 0), rest)?;
+        }
         a.buf = Some(moved);
         Ok(())
     }

@@ -54,7 +54,8 @@ pub use executor::{Executor, GemmType, GpuError};
 pub use matrix::GpuMatrix;
 
 use super::{
-    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, OpTime, Routes, Site,
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, OpTime, PoolLayout,
+    Routes, Site,
 };
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
@@ -432,13 +433,13 @@ impl<E: Executor> Backend for GpuBackend<E> {
 
     fn compressor_pool(
         &self,
-        values: &[f32],
-        logits: &[f32],
-        slots: usize,
-        width: usize,
+        values: &Act<E>,
+        logits: &Act<E>,
+        ape: &[f32],
+        layout: PoolLayout,
         out: &mut Act<E>,
     ) {
-        let r = norm::compressor_pool(self, values, logits, slots, width, out);
+        let r = norm::compressor_pool(self, values, logits, ape, layout, out);
         self.settle_acts("compressor_pool", r, &mut [out]);
     }
 

@@ -6,9 +6,10 @@
 //! Shapes (the [`crate::backend::Backend`] contract): `rms_norm` on `x [rows, dim]` in place,
 //! optional `weight [dim]` (host, uploaded per call); `rope` on `x [P, vecs, vec_len]` with
 //! `positions [P]`, rotating the last `table.rope_dim()` dims of every vector; `swiglu` on
-//! `gate [n]`, `up [n]`; `add_assign` on `x [n]`, `y [n]`; `compressor_pool` from host
-//! `values`, `logits [rows, slots, width]` to `out [rows, width]`; `kv_fp8_sim` on
-//! `rows [R, row_len]` in place.
+//! `gate [n]`, `up [n]`; `add_assign` on `x [n]`, `y [n]`; `compressor_pool` from the
+//! device-resident token projections `values`, `logits [n, width]` (and host slot biases
+//! `ape [ratio, width]`, uploaded) to `out [rows, c]`, each output element gathering its slots
+//! by index ([`PoolLayout`]); `kv_fp8_sim` on `rows [R, row_len]` in place.
 //!
 //! Every op repeats the CPU reference's arithmetic in its order, so on the host emulator the
 //! results are bit-identical; on a GPU only `expf` (SwiGLU, pooling) may differ by an ulp.
@@ -23,6 +24,7 @@
 
 use super::executor::{buf, grid_for, Arg};
 use super::{Act, Executor, GpuAct, GpuBackend, GpuError};
+use crate::backend::PoolLayout;
 use crate::model::rope::RopeTable;
 use rayon::prelude::*;
 
@@ -201,43 +203,53 @@ pub fn kv_fp8_sim<E: Executor>(
     Ok(())
 }
 
-/// Compressor pooling: per row and channel a softmax over the slots' logits weights the values.
+/// Compressor pooling ([`crate::backend::Backend::compressor_pool`]) from the device-resident
+/// token projections: only the slot biases are uploaded.
 pub fn compressor_pool<E: Executor>(
     g: &GpuBackend<E>,
-    values: &[f32],
-    logits: &[f32],
-    slots: usize,
-    width: usize,
+    values: &GpuAct<E::Buf>,
+    logits: &GpuAct<E::Buf>,
+    ape: &[f32],
+    layout: PoolLayout,
     out: &mut GpuAct<E::Buf>,
 ) -> Result<(), GpuError> {
+    let (c, width) = (layout.c, layout.width());
+    let rows = out.len() / c.max(1);
+    assert_eq!(rows * c, out.len(), "pool: out not [rows, c]");
+    assert_eq!(logits.len(), values.len(), "pool: logits and values differ");
+    assert!(
+        values.len() >= layout.tokens_needed(rows) * width,
+        "pool: {} buffered values, rows need {} tokens of {width}",
+        values.len(),
+        layout.tokens_needed(rows)
+    );
+    assert_eq!(
+        ape.len(),
+        layout.ratio * width,
+        "pool: ape not [ratio, width]"
+    );
     if out.is_empty() {
         return Ok(());
     }
-    let (n, rows) = (out.len(), out.len() / width);
-    assert_eq!(
-        values.len(),
-        rows * slots * width,
-        "pool: values not [rows, slots, c]"
-    );
-    assert_eq!(
-        logits.len(),
-        values.len(),
-        "pool: logits not [rows, slots, c]"
-    );
     let d = g.current_index();
-    let vb = g.up(values)?;
-    let lb = g.up(logits)?;
+    let vb = g.on(values, d)?;
+    let lb = g.on(logits, d)?;
+    let ab = g.up(ape)?;
     let ob = g.output(out, d)?;
     g.dev_at(d).launch(
         "el_compressor_pool",
-        grid_for(n),
+        grid_for(rows * c),
         &[
-            buf(&vb),
-            buf(&lb),
+            buf(&*vb),
+            buf(&*lb),
+            buf(&ab),
             buf(ob),
             Arg::I64(rows as i64),
-            Arg::I64(slots as i64),
-            Arg::I64(width as i64),
+            Arg::I64(c as i64),
+            Arg::I64(layout.ratio as i64),
+            Arg::I32(layout.overlap as i32),
+            Arg::I64(layout.first_window as i64),
+            Arg::I32(layout.first_has_previous as i32),
         ],
     )
 }

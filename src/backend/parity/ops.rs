@@ -10,7 +10,7 @@
 use super::{normalised_error, Check, Rng};
 use crate::backend::{
     AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HcParams, HcWeights, HostOps,
-    Routes,
+    PoolLayout, Routes,
 };
 use crate::model::rope::RopeTable;
 use crate::numerics::profiles::IndexProfile;
@@ -253,19 +253,35 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     );
     out.push(check("hc_head".into(), &got, &want, 1e-4));
 
-    // Compressor pooling (some slots masked with -inf).
-    let (prow, slots, width) = (t, 8, 2 * dims.index_dim);
-    let values = r.values(prow * slots * width, 1.0);
-    let mut logits = r.values(prow * slots * width, 4.0);
-    for (i, l) in logits.iter_mut().enumerate() {
-        if (i / width) % slots == 0 && i % 3 == 0 {
-            *l = f32::NEG_INFINITY;
-        }
+    // Compressor pooling from buffered token projections: the overlapping ratio-4 layout
+    // (row 0 with and without its previous window) and a ratio-16 one without overlap, each
+    // row's window away from the buffer's start.
+    let c = dims.index_dim;
+    let layouts = [
+        (4, true, 0, false),
+        (4, true, 4, true),
+        (16, false, 16, false),
+    ];
+    for (ratio, overlap, first_window, first_has_previous) in layouts {
+        let layout = PoolLayout {
+            ratio,
+            c,
+            overlap,
+            first_window,
+            first_has_previous,
+        };
+        let width = layout.width();
+        let rows = (t / ratio).max(2);
+        let tokens = layout.tokens_needed(rows) + 3;
+        let values = r.values(tokens * width, 1.0);
+        let logits = r.values(tokens * width, 4.0);
+        let ape = r.values(ratio * width, 2.0);
+        let (mut got, mut want) = (vec![0f32; rows * c], vec![0f32; rows * c]);
+        b.compressor_pool_host(&values, &logits, &ape, layout, &mut got);
+        cpu.compressor_pool_host(&values, &logits, &ape, layout, &mut want);
+        let name = format!("compressor_pool ratio {ratio} window at {first_window}");
+        out.push(check(name, &got, &want, 1e-6));
     }
-    let (mut got, mut want) = (vec![0f32; prow * width], vec![0f32; prow * width]);
-    b.compressor_pool_host(&values, &logits, slots, width, &mut got);
-    cpu.compressor_pool_host(&values, &logits, slots, width, &mut want);
-    out.push(check("compressor_pool".into(), &got, &want, 1e-6));
 
     out.extend(index_checks(b, &cpu, dims, &mut r));
     out.extend(attention_checks(b, &cpu, dims, &mut r));
