@@ -11,14 +11,14 @@
 //! memory only. Ops run on the device of their weight, ops without a weight on the current
 //! [`Site`]'s device; an input activation living on another device is moved there through the host,
 //! an in-place one for good (see [`act`]), so with several devices the hidden state crosses once
-//! per device boundary. The per-sequence caches (window KV rows, compressed rows, prepared index
-//! keys) are activations too, grown and trimmed on the device ([`Backend::act_append`],
-//! [`Backend::act_drop_front`]); sparse attention gathers its entries from them there and the
-//! indexer scores against them in place. Per layer the host still sends the small inputs the trait
-//! keeps as slices (RMS-norm weights, RoPE cos / sin, attention entry indices, the compressor's
-//! slot arrays, routes) and receives what the model needs there: router scores, top-k selections,
-//! attention probabilities when observed, and what the model reads with `act_read` (compressor
-//! projections, raw index keys, observed tensors). Weights stay on their device in the stored
+//! per device boundary. The per-sequence caches (window KV rows, compressed rows, raw and
+//! prepared index keys, the compressors' held token projections) are activations too, grown and
+//! trimmed on the device ([`Backend::act_append`], [`Backend::act_drop_front`]); sparse attention
+//! gathers its entries from them there, the compressors pool from them and the indexer scores
+//! against them in place. Per layer the host still sends the small inputs the trait keeps as
+//! slices (RMS-norm weights, RoPE cos / sin, attention entry indices, the compressors' slot
+//! biases, routes) and receives what the model needs there: router scores, top-k selections,
+//! and what an observer asks for (attention probabilities, raw index keys, tensors). Weights stay on their device in the stored
 //! format ([`matrix::GpuMatrix`]); several devices are used by placing contiguous layer ranges on
 //! each ([`GpuBackend::new`] takes the layer -> device map from `crate::placement`).
 //! [`Backend::transfer_bytes`] sums the executors' copy counters.
