@@ -1,8 +1,8 @@
-// elementwise.cu: RMS norm, RoPE, clamped SwiGLU, the residual add, compressor pooling and the
-// `--kv fp8` e4m3 simulation (host side: src/backend/gpu/norm.rs), the bf16-exactness test of
-// the indexer's scores (src/backend/gpu/scores.rs), and the copies that grow and trim the
-// per-sequence caches (src/backend/gpu/act.rs) and gather attended rows
-// (src/backend/gpu/attention.rs).
+// elementwise.cu: RMS norm, RoPE, clamped SwiGLU, the residual add, split-K sums
+// (src/backend/gpu/matrix.rs), compressor pooling and the `--kv fp8` e4m3 simulation (host
+// side: src/backend/gpu/norm.rs), the bf16-exactness test of the indexer's scores
+// (src/backend/gpu/scores.rs), and the copies that grow and trim the per-sequence caches
+// (src/backend/gpu/act.rs) and gather attended rows (src/backend/gpu/attention.rs).
 //
 // Each kernel repeats the CPU reference's arithmetic in the same order, so on the host emulator
 // the results are bit-identical (the only transcendental, expf, is the same libm call there):
@@ -81,6 +81,20 @@ extern "C" __global__ void el_swiglu(float* gate, const float* up, i64 n, float 
 // x[i] = x[i] + y[i] (Backend::add_assign; one f32 addition, as the CPU).
 extern "C" __global__ void el_add_assign(float* x, const float* y, i64 n) {
     NS_FOR(i, n) { x[i] = x[i] + y[i]; }
+}
+
+// ---- Split-K sums ------------------------------------------------------------------------------
+
+// y[i*ldy + j] = parts[0][i][j] + parts[1][i][j] + ... in part order, parts [nparts, m, n]: the
+// partial products of a GEMM cut along its inner dimension (matrix::gemm_split_k).
+extern "C" __global__ void el_sum_parts(const float* parts, float* y, i64 nparts, i64 m, i64 n,
+                                        i64 ldy) {
+    NS_FOR(e, m * n) {
+        i64 i = e / n, j = e % n;
+        float acc = parts[e];
+        for (i64 p = 1; p < nparts; ++p) acc = acc + parts[p * m * n + e];
+        y[i * ldy + j] = acc;
+    }
 }
 
 // ---- Compressor pooling -----------------------------------------------------------------------

@@ -269,3 +269,52 @@ fn an_append_from_another_device_moves_the_tail_and_a_failed_one_reads_nan() {
     assert_eq!(g.act_len(&b), 2000, "the length is the appended one");
     assert!(g.act_host(&b).iter().all(|v| v.is_nan()));
 }
+
+#[test]
+fn narrow_products_over_long_inner_dimensions_are_split_and_summed_in_part_order() {
+    use needlescope::backend::gpu::executor::{download, upload, Gemm};
+    use needlescope::backend::gpu::matrix::{gemm_split_k, split_k_parts};
+    // The mHC mixes ([T, 16384] x [16384, 24]) and the indexer's head weights (n 64, k 4096).
+    assert_eq!(split_k_parts(2048, 24, 16384), Some(16));
+    assert_eq!(split_k_parts(2048, 64, 4096), Some(4));
+    assert_eq!(
+        split_k_parts(2048, 65, 16384),
+        None,
+        "wide outputs stay whole"
+    );
+    assert_eq!(
+        split_k_parts(2048, 24, 1024),
+        None,
+        "short inner dimensions stay whole"
+    );
+    assert_eq!(split_k_parts(7, 24, 3000), Some(2), "parts divide k");
+    assert_eq!(split_k_parts(7, 24, 4099), None, "a prime k stays whole");
+
+    // y = x · wᵀ for x [5, 3000], w [3, 3000], written at column 1 of a [5, 4] output.
+    let (m, n, k, parts) = (5, 3, 3000, 2);
+    let (xs, ws) = (random(m * k, 21), random(n * k, 22));
+    let e = EmuExecutor::default();
+    let (x, w) = (upload(&e, &xs).unwrap(), upload(&e, &ws).unwrap());
+    let mut y = upload(&e, &vec![7.0f32; m * 4]).unwrap();
+    let g = Gemm {
+        y_offset: 4,
+        ldy: 4,
+        ..Gemm::dense(m, n, k, GemmType::F32)
+    };
+    gemm_split_k(&e, &g, parts, &x, &w, &mut y).unwrap();
+    let mut got = vec![0f32; m * 4];
+    download(&e, &y, &mut got).unwrap();
+    for i in 0..m {
+        assert_eq!(got[i * 4], 7.0, "row {i}: column 0 untouched");
+        for j in 0..n {
+            // The emulator's GEMM sums each part in order; the parts add in order.
+            let part = |p: usize| -> f32 {
+                (p * k / parts..(p + 1) * k / parts)
+                    .map(|kk| xs[i * k + kk] * ws[j * k + kk])
+                    .sum()
+            };
+            let want = part(0) + part(1);
+            assert_eq!(got[i * 4 + 1 + j].to_bits(), want.to_bits(), "({i}, {j})");
+        }
+    }
+}

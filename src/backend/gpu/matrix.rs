@@ -6,6 +6,10 @@
 //! (`kernels/dequant.cu`) into a workspace of the GEMM's element type and runs one cuBLAS GEMM per
 //! band with f32 accumulation: at most [`WORKSPACE_BYTES`] of decoded weight exist at once.
 //!
+//! A narrow product over a long inner dimension (the mHC mixes, n = 24, k = 16,384) is cut
+//! along k into parts run as one strided-batched GEMM and summed in order ([`gemm_split_k`]),
+//! so it spreads over the GPU instead of occupying a handful of SMs.
+//!
 //! With [`GemmType::F32`] the dequantised weights equal the CPU decode bit for bit and only the
 //! GEMM's summation order differs from the reference. With [`GemmType::Bf16`] activations are
 //! rounded to bf16 (ties to even) and so are decoded weights (exact for bf16, FP8 and FP4 values;
@@ -261,7 +265,10 @@ pub fn gemm_weight<E: Executor>(
     };
     if let Some(whole) = resident_operand(e, w, ty)? {
         let g = product(rows.len(), rows.start * w.cols * es, p.y_offset);
-        return e.gemm(&g, p.x, whole, p.y);
+        return match split_k_parts(p.m, rows.len(), w.cols) {
+            Some(parts) => gemm_split_k(e, &g, parts, p.x, whole, p.y),
+            None => e.gemm(&g, p.x, whole, p.y),
+        };
     }
     let band = (WORKSPACE_BYTES / (w.cols.max(1) * es)).clamp(1, rows.len());
     // Every band's rows are decoded before its GEMM reads them: no zero fill.
@@ -275,6 +282,70 @@ pub fn gemm_weight<E: Executor>(
         r += n;
     }
     Ok(())
+}
+
+/// Fewest inner-dimension elements of one split-K part.
+const SPLIT_K_MIN: usize = 1024;
+
+/// How many parts [`gemm_split_k`] cuts the inner dimension of an `[m, k] x [k, n]` product
+/// into, or None to run it whole. A narrow output (n <= 64: the mHC mixes' 24 columns, the
+/// indexer's 64 head weights) over a long inner dimension gives cuBLAS too few output tiles to
+/// spread over the SMs (an H200 took 3.75 ms for the mixes' [2048, 16384] x [16384, 24] in
+/// f32, 25x what reading the operands costs); cut into parts of at least [`SPLIT_K_MIN`] it is
+/// up to 16 times as many independent tiles.
+pub fn split_k_parts(m: usize, n: usize, k: usize) -> Option<usize> {
+    if n > 64 || m == 0 {
+        return None;
+    }
+    let parts = (1..=16usize)
+        .rev()
+        .find(|&p| k.is_multiple_of(p) && k / p >= SPLIT_K_MIN)?;
+    (parts > 1).then_some(parts)
+}
+
+/// One product `g` (batch 1, no accumulation) as `parts` products over slices of its inner
+/// dimension (one strided-batched GEMM into an f32 workspace `[parts, m, n]`), then
+/// `el_sum_parts` adds the parts in order into `g`'s output. The same values as the whole
+/// product up to the f32 summation order.
+pub fn gemm_split_k<E: Executor>(
+    e: &E,
+    g: &Gemm,
+    parts: usize,
+    x: &E::Buf,
+    w: &E::Buf,
+    y: &mut E::Buf,
+) -> Result<(), GpuError> {
+    assert!(
+        g.batch == 1 && !g.accumulate && !g.w_kn && g.k.is_multiple_of(parts),
+        "split-K of {g:?} in {parts}"
+    );
+    let kp = g.k / parts;
+    let (m, n) = (g.m, g.n);
+    // The batched GEMM writes every part.
+    let mut partial = e.alloc_uninit(parts * m * n * 4)?;
+    let split = Gemm {
+        k: kp,
+        y_offset: 0,
+        ldy: n,
+        batch: parts,
+        stride_x: kp,
+        stride_w: kp,
+        stride_y: m * n,
+        ..*g
+    };
+    e.gemm(&split, x, w, &mut partial)?;
+    e.launch(
+        "el_sum_parts",
+        grid_for(m * n),
+        &[
+            buf(&partial),
+            Arg::Buf(&*y, g.y_offset),
+            Arg::I64(parts as i64),
+            Arg::I64(m as i64),
+            Arg::I64(n as i64),
+            Arg::I64(g.ldy as i64),
+        ],
+    )
 }
 
 /// Dense product of device activations `x [m, cols]` (f32) with all rows of `w` into the f32

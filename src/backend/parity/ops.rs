@@ -37,11 +37,12 @@ pub struct OpDims {
 }
 
 impl OpDims {
-    /// Small shapes (odd sizes on purpose) for the host emulator.
+    /// Small shapes (odd sizes on purpose) for the host emulator; the mHC mixes' inner
+    /// dimension (streams x hidden = 2,080) is long enough for split-K products.
     pub fn small() -> Self {
         OpDims {
             tokens: 13,
-            hidden: 96,
+            hidden: 520,
             streams: 4,
             heads: 4,
             head_dim: 40,
