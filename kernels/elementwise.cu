@@ -19,15 +19,30 @@
 
 // ---- RMS norm ---------------------------------------------------------------------------------
 
-// r[row] = (float)(1 / sqrt(mean(x[row]^2) + eps)) in double, for `rows` vectors of `dim`.
-extern "C" __global__ void el_rms_inv(const float* x, float* r, i64 rows, i64 dim, float eps) {
-    NS_FOR(row, rows) {
+// The mean square of each of `rows` vectors of `dim` in two launches, as
+// backend::cpu::rms_scale: el_rms_lanes runs one thread per (row, lane) of NS_RMS_LANES
+// interleaved lanes (lane l adds the squares of elements l, l + NS_RMS_LANES, ... in double;
+// adjacent threads read adjacent elements), then el_rms_inv adds each row's lanes in order from
+// 0.0 and writes r[row] = (float)(1 / sqrt(sum / dim + eps)).
+#define NS_RMS_LANES 32
+
+extern "C" __global__ void el_rms_lanes(const float* x, double* lanes, i64 rows, i64 dim) {
+    NS_FOR(e, rows * NS_RMS_LANES) {
+        i64 row = e / NS_RMS_LANES, lane = e % NS_RMS_LANES;
         const float* v = x + row * dim;
         double ss = 0.0;
-        for (i64 i = 0; i < dim; ++i) {
+        for (i64 i = lane; i < dim; i += NS_RMS_LANES) {
             double a = (double)v[i];
             ss += a * a;
         }
+        lanes[e] = ss;
+    }
+}
+
+extern "C" __global__ void el_rms_inv(const double* lanes, float* r, i64 rows, i64 dim, float eps) {
+    NS_FOR(row, rows) {
+        double ss = 0.0;
+        for (i64 l = 0; l < NS_RMS_LANES; ++l) ss = ss + lanes[row * NS_RMS_LANES + l];
         double ms = ss / (double)dim;
         r[row] = (float)(1.0 / sqrt(ms + (double)eps));
     }

@@ -20,8 +20,7 @@ fn scaled_mixes(streams: &[f32], mix: &CpuMatrix, eps: f32) -> Vec<f32> {
         .par_chunks_mut(mix.rows())
         .zip(streams.par_chunks(width))
         .for_each(|(m, x)| {
-            let mean_sq = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / width as f64;
-            let r = (1.0 / (mean_sq + eps as f64).sqrt()) as f32;
+            let r = super::rms_scale(x, eps);
             m.iter_mut().for_each(|v| *v *= r);
         });
     mixes

@@ -59,14 +59,32 @@ impl CpuBackend {
 }
 
 /// In-place RMS norm of every `dim`-long vector of `x`.
+/// Interleaved partial sums of [`rms_scale`]: lane `l` adds the squares of elements `l`,
+/// `l + RMS_LANES`, ... (so a GPU sums each vector with `RMS_LANES` threads reading adjacent
+/// elements, and gets these bits).
+pub const RMS_LANES: usize = 32;
+
+/// `1 / sqrt(mean(v²) + eps)` rounded to f32: squares summed in f64 in [`RMS_LANES`]
+/// interleaved lanes (each in element order), the lanes then added in order from 0.0.
+pub fn rms_scale(v: &[f32], eps: f32) -> f32 {
+    let mut lanes = [0.0f64; RMS_LANES];
+    for block in v.chunks(RMS_LANES) {
+        for (lane, &a) in lanes.iter_mut().zip(block) {
+            *lane += (a as f64) * (a as f64);
+        }
+    }
+    let sum = lanes.iter().fold(0.0f64, |s, &l| s + l);
+    let mean_sq = sum / v.len() as f64;
+    (1.0 / (mean_sq + eps as f64).sqrt()) as f32
+}
+
 pub fn rms_norm(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
     assert_eq!(x.len() % dim, 0, "rms_norm: length not a multiple of dim");
     if let Some(w) = weight {
         assert_eq!(w.len(), dim, "rms_norm: weight length");
     }
     let norm_one = |v: &mut [f32]| {
-        let mean_sq = v.iter().map(|&a| (a as f64) * (a as f64)).sum::<f64>() / dim as f64;
-        let r = (1.0 / (mean_sq + eps as f64).sqrt()) as f32;
+        let r = rms_scale(v, eps);
         match weight {
             Some(w) => v.iter_mut().zip(w).for_each(|(a, &wi)| *a = *a * r * wi),
             None => v.iter_mut().for_each(|a| *a *= r),
@@ -407,6 +425,28 @@ impl Backend for CpuBackend {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn rms_scale_sums_in_lanes_to_the_plain_formula() {
+        // Lengths around and across the lane count; values of mixed magnitude.
+        for n in [1usize, 5, 31, 32, 33, 100, 16384] {
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * if i % 3 == 0 { 1e3 } else { 1e-2 })
+                .collect();
+            let plain = v.iter().map(|&a| (a as f64) * (a as f64)).sum::<f64>() / n as f64;
+            let want = (1.0 / (plain + 1e-6).sqrt()) as f32;
+            let got = rms_scale(&v, 1e-6);
+            assert!(
+                (got - want).abs() <= want * 1e-7,
+                "{n} values: {got} vs {want}"
+            );
+        }
+        // Lanes: element 32 joins lane 0 after element 0, then lanes add in order.
+        let mut v = vec![0.0f32; 33];
+        v[0] = 3.0;
+        v[32] = 4.0;
+        assert_eq!(rms_scale(&v, 0.0), (1.0 / (25.0f64 / 33.0).sqrt()) as f32);
+    }
     use super::*;
 
     #[test]

@@ -8,13 +8,14 @@
 //! in [`HcWeights`]. `hc_pre` / `hc_head` run on the mix's device, `hc_post` on the current
 //! site's; its kernel writes a new streams buffer that replaces the old one.
 //!
-//! Sequence of `hc_pre` / `hc_head`: the mixes of all tokens are one GEMM, **always in f32**
-//! whatever the backend's GEMM type (the reference computes mHC in f32 and Sinkhorn's 20 rounds
-//! amplify operand rounding); the per-token RMS scale of the flattened streams is `el_rms_inv`
-//! (f64 accumulation, the CPU formula); one thread per token computes pre / post and runs
-//! Sinkhorn; the weighted stream sum runs one thread per output element. All per-token math is
-//! the CPU's f32 arithmetic in the CPU's order, so only the GEMM's summation order (and an ulp of
-//! `expf` on a real GPU) separates the results from the reference.
+//! Sequence of `hc_pre` / `hc_head`: the mixes of all tokens are one GEMM (split along k, see
+//! `matrix::gemm_split_k`), **always in f32** whatever the backend's GEMM type (the reference
+//! computes mHC in f32 and Sinkhorn's 20 rounds amplify operand rounding); the per-token RMS scale
+//! of the flattened streams is `norm::rms_scales` (f64 accumulation in 32 lanes, the CPU formula);
+//! one thread per token computes pre / post and runs Sinkhorn; the weighted stream sum runs one
+//! thread per output element. All per-token math is the CPU's f32 arithmetic in the CPU's order, so
+//! only the GEMM's summation order (and an ulp of `expf` on a real GPU) separates the results from
+//! the reference.
 
 use super::executor::{buf, grid_for, upload, Arg};
 use super::{matrix, Act, Executor, GemmType, GpuBackend, GpuError, GpuMatrix};
@@ -30,18 +31,7 @@ fn mixes_and_scale<E: Executor>(
     eps: f32,
 ) -> Result<(E::Buf, E::Buf), GpuError> {
     let mixes = matrix::matmul_device(e, GemmType::F32, xb, tokens, mix)?;
-    let r = e.alloc(tokens * 4)?;
-    e.launch(
-        "el_rms_inv",
-        grid_for(tokens),
-        &[
-            buf(xb),
-            buf(&r),
-            Arg::I64(tokens as i64),
-            Arg::I64(mix.cols as i64),
-            Arg::F32(eps),
-        ],
-    )?;
+    let r = super::norm::rms_scales(e, xb, tokens, mix.cols, eps)?;
     Ok((mixes, r))
 }
 
