@@ -475,6 +475,7 @@ fn moe_failure_is_recorded_and_output_is_nan() {
 /// skewed that padding would more than double the rows falls back to expert by expert.
 #[test]
 fn batched_routed_experts_match_expert_by_expert() {
+    use needlescope::backend::gpu::experts::BatchedLayout;
     let (t, d, inter, n_experts, limit) = (7, 40, 24, 5, 2.5f32);
     let u = scaled(t * d, 31, 1.5);
     let weights: Vec<[Vec<f32>; 3]> = (0..n_experts as u64)
@@ -487,12 +488,16 @@ fn batched_routed_experts_match_expert_by_expert() {
         })
         .collect();
     let (uneven, route_w) = uneven_routes(t, n_experts);
-    // Expert 0 takes 15 of the 21 slots: 4 used experts x 15 rows > 2 x 21.
+    // Expert 0 takes 15 of the 21 slots (padded to 16), the other three 2 each: two size
+    // classes, so two batched GEMMs per weight.
     let skewed: Vec<usize> = (0..t * 3)
         .map(|s| if s % 7 < 5 { 0 } else { 1 + s % 3 })
         .collect();
     assert_eq!(skewed.iter().filter(|&&x| x == 0).count(), 15);
-    for (experts, expect_batched) in [(&uneven, true), (&skewed, false)] {
+    let layout = BatchedLayout::new(&[15, 2, 2, 2]);
+    assert_eq!(layout.classes.len(), 2);
+    assert_eq!((layout.rows, layout.starts.clone()), (22, vec![6, 0, 2, 4]));
+    for (experts, expect_batched) in [(&uneven, true), (&skewed, true)] {
         let routes = Routes {
             per_token: 3,
             experts,
@@ -517,4 +522,41 @@ fn batched_routed_experts_match_expert_by_expert() {
         assert_eq!(one_by_one.moe_batched_calls(), 0);
         assert_eq!(batched.moe_batched_calls(), expect_batched as usize);
     }
+}
+
+#[test]
+fn padded_groups_stay_under_one_and_a_half_times_the_rows_in_few_sizes() {
+    use needlescope::backend::gpu::experts::{padded_group_rows, BatchedLayout, SizeClass};
+    let series: Vec<usize> = (1..=26).map(padded_group_rows).collect();
+    assert_eq!(
+        series,
+        [
+            1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24, 24, 24, 24, 24, 24, 24, 24,
+            32, 32
+        ]
+    );
+    for n in 1..5000 {
+        let p = padded_group_rows(n);
+        assert!(p >= n && 2 * p < 3 * n + 2, "{n} rows padded to {p}");
+    }
+    // 2,048 tokens on 256 experts, 6 slots each, unevenly: every expert's rows, few sizes.
+    let counts: Vec<usize> = (0..256).map(|x| 20 + (x * 37) % 60).collect();
+    let l = BatchedLayout::new(&counts);
+    let real: usize = counts.iter().sum();
+    assert!(2 * l.rows < 3 * real, "{} padded rows for {real}", l.rows);
+    assert!(l.classes.len() <= 5, "{:?}", l.classes.len());
+    for (p, &n) in counts.iter().enumerate() {
+        let class = l.classes.iter().find(|c| c.members.contains(&p)).unwrap();
+        assert!(class.per >= n);
+        let at = class.members.iter().position(|&q| q == p).unwrap();
+        assert_eq!(l.starts[p], class.first + at * class.per, "expert {p}");
+    }
+    assert_eq!(
+        BatchedLayout::new(&[3]).classes,
+        vec![SizeClass {
+            per: 3,
+            first: 0,
+            members: vec![0]
+        }]
+    );
 }

@@ -15,6 +15,12 @@
 //!   each token's slots in slot order starting from 0, the CPU's formula and order
 //!   (deterministic, no atomics). So a call launches three GEMMs per used expert and three
 //!   kernels, and its buffers hold all S rows (the memory plan's MoE workspace).
+//! - batched (`GpuBackend::with_moe_batched`, when every used expert's weights are resident):
+//!   each expert's rows are padded to a size of the series 1, 2, 3, 4, 6, 8, 12, ...
+//!   ([`padded_group_rows`], padding rows have token 0 and route weight 0 and are never
+//!   summed), the groups ordered by size ([`BatchedLayout`]); each size class is one
+//!   `gemm_each_weight` call per weight instead of one GEMM per expert. Less than 1.5 times
+//!   the real rows in all, within the plan's workspace (which counts twice).
 //!
 //! With [`GemmType::F32`] every step equals the CPU's up to the GEMMs' summation order (and
 //! `expf` ulps); with [`GemmType::Bf16`] GEMM operands (gathered rows, SwiGLU output) are
@@ -164,25 +170,27 @@ impl<B> Scratch<B> {
         )
     }
 
-    /// Gate and up of `experts` padded groups of `per` rows (group p: rows `p·per..`), each
-    /// group times its own w1 / w3, one batched GEMM each.
+    /// Gate and up of the padded groups of one size class (see [`BatchedLayout`]): group p of
+    /// `class` has rows `class.first + p·class.per ..`, times its own w1 / w3; one batched
+    /// GEMM each.
     fn gate_up_each<E: Executor<Buf = B>>(
         &mut self,
         e: &E,
         w: &ResidentExperts<'_, B>,
         x: &B,
-        experts: usize,
-        per: usize,
+        class: &SizeClass,
     ) -> Result<(), GpuError> {
         let (ty, d, inter) = (self.ty, self.d, self.inter);
         let g = Gemm {
-            batch: experts,
-            stride_x: per * d,
-            stride_y: per * inter,
-            ..Gemm::dense(per, inter, d, ty)
+            batch: class.members.len(),
+            x_offset: class.first * d * ty.bytes(),
+            stride_x: class.per * d,
+            y_offset: class.first * inter * 4,
+            stride_y: class.per * inter,
+            ..Gemm::dense(class.per, inter, d, ty)
         };
-        e.gemm_each_weight(&g, x, &w.w1, &mut self.gate)?;
-        e.gemm_each_weight(&g, x, &w.w3, &mut self.up)
+        e.gemm_each_weight(&g, x, &class.pick(&w.w1), &mut self.gate)?;
+        e.gemm_each_weight(&g, x, &class.pick(&w.w3), &mut self.up)
     }
 
     /// y of the padded groups of [`Self::gate_up_each`]: each group's `act` rows times its w2.
@@ -190,17 +198,18 @@ impl<B> Scratch<B> {
         &mut self,
         e: &E,
         w: &ResidentExperts<'_, B>,
-        experts: usize,
-        per: usize,
+        class: &SizeClass,
     ) -> Result<(), GpuError> {
         let (ty, d, inter) = (self.ty, self.d, self.inter);
         let g = Gemm {
-            batch: experts,
-            stride_x: per * inter,
-            stride_y: per * d,
-            ..Gemm::dense(per, d, inter, ty)
+            batch: class.members.len(),
+            x_offset: class.first * inter * ty.bytes(),
+            stride_x: class.per * inter,
+            y_offset: class.first * d * 4,
+            stride_y: class.per * d,
+            ..Gemm::dense(class.per, d, inter, ty)
         };
-        e.gemm_each_weight(&g, &self.act, &w.w2, &mut self.y)
+        e.gemm_each_weight(&g, &self.act, &class.pick(&w.w2), &mut self.y)
     }
 
     /// Rows `first..first + n` of y: those rows of `act` times w2.
@@ -231,6 +240,78 @@ struct ResidentExperts<'a, B> {
     w1: Vec<(&'a B, usize)>,
     w3: Vec<(&'a B, usize)>,
     w2: Vec<(&'a B, usize)>,
+}
+
+/// Rows of an expert's padded group in the batched products: the smallest of 1, 2, 3, 4, 6,
+/// 8, 12, 16, 24, ... (`2^i` and `3·2^(i-1)`) that holds `n` rows. Padding stays below half the
+/// real rows, and experts of similar load share a size and so one GEMM call.
+pub fn padded_group_rows(n: usize) -> usize {
+    if n <= 2 {
+        return n;
+    }
+    let pow = n.next_power_of_two();
+    if pow / 4 * 3 >= n {
+        pow / 4 * 3
+    } else {
+        pow
+    }
+}
+
+/// The used experts of one padded size: positions in the call's used list, `per` rows each,
+/// the groups one after another from row `first`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizeClass {
+    pub per: usize,
+    pub first: usize,
+    pub members: Vec<usize>,
+}
+
+impl SizeClass {
+    /// The members' entries of a per-used-expert list.
+    fn pick<T: Copy>(&self, all: &[T]) -> Vec<T> {
+        self.members.iter().map(|&p| all[p]).collect()
+    }
+}
+
+/// Row layout of the batched products: every used expert's rows padded to
+/// [`padded_group_rows`], the groups ordered by size (then by expert), so each size is one
+/// contiguous run of equal groups. `counts[p]` are the rows of used expert p.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchedLayout {
+    pub classes: Vec<SizeClass>,
+    /// First row of each used expert's group.
+    pub starts: Vec<usize>,
+    pub rows: usize,
+}
+
+impl BatchedLayout {
+    pub fn new(counts: &[usize]) -> Self {
+        let mut sizes: Vec<(usize, usize)> = counts
+            .iter()
+            .enumerate()
+            .map(|(p, &n)| (padded_group_rows(n), p))
+            .collect();
+        sizes.sort_unstable();
+        let (mut classes, mut starts, mut rows) =
+            (Vec::<SizeClass>::new(), vec![0; counts.len()], 0);
+        for (per, p) in sizes {
+            match classes.last_mut() {
+                Some(c) if c.per == per => c.members.push(p),
+                _ => classes.push(SizeClass {
+                    per,
+                    first: rows,
+                    members: vec![p],
+                }),
+            }
+            starts[p] = rows;
+            rows += per;
+        }
+        BatchedLayout {
+            classes,
+            starts,
+            rows,
+        }
+    }
 }
 
 /// [`ResidentExperts`] of `used`, or None when some weight has no resident form (no copy
@@ -362,20 +443,20 @@ pub fn moe_experts<E: Executor>(
     let counts: Vec<usize> = used.iter().map(|&x| members[x].len()).collect();
     let slots = tokens * k;
     // The batched products need every used expert's whole weights resident (stored in the
-    // GEMM type or decoded copies) and pad each expert to the largest group; beyond twice
-    // the real rows the padding is not worth it (and not in the memory plan).
-    let rows_max = counts.iter().copied().max().unwrap_or(0);
-    let batched = if g.moe_batched() && used.len() * rows_max <= 2 * slots {
+    // GEMM type or decoded copies); they pad each expert's rows to its size class (less than
+    // 1.5 times the real rows in all, within the memory plan's MoE workspace).
+    let batched = if g.moe_batched() {
         resident_experts(e, ty, experts, &used)?
     } else {
         None
     };
+    let layout = batched.as_ref().map(|_| BatchedLayout::new(&counts));
     if batched.is_some() {
         g.count_moe_batched();
     }
-    // First row of each used expert: packed one after another, or every `rows_max` rows.
-    let starts: Vec<usize> = match batched {
-        Some(_) => (0..used.len()).map(|p| p * rows_max).collect(),
+    // First row of each used expert: packed one after another, or as the batched layout says.
+    let starts: Vec<usize> = match &layout {
+        Some(l) => l.starts.clone(),
         None => counts
             .iter()
             .scan(0usize, |first, &n| {
@@ -385,10 +466,7 @@ pub fn moe_experts<E: Executor>(
             })
             .collect(),
     };
-    let rows = match batched {
-        Some(_) => used.len() * rows_max,
-        None => slots,
-    };
+    let rows = layout.as_ref().map_or(slots, |l| l.rows);
     let to_i32 = |v: usize| {
         i32::try_from(v).map_err(|_| GpuError::Other("moe: row index exceeds i32".into()))
     };
@@ -413,18 +491,26 @@ pub fn moe_experts<E: Executor>(
     let xrows = e.alloc_uninit(rows * d * ty.bytes())?;
     gather(e, &ub, buf(&token_ids), rows, d, &xrows, ty)?;
     let mut s = Scratch::new(e, ty, rows, d, inter)?;
-    match &batched {
-        Some(w) => s.gate_up_each(e, w, &xrows, used.len(), rows_max)?,
-        None => {
+    match (&batched, &layout) {
+        (Some(w), Some(l)) => {
+            for class in &l.classes {
+                s.gate_up_each(e, w, &xrows, class)?;
+            }
+        }
+        _ => {
             for ((&x, &first), &n) in used.iter().zip(&starts).zip(&counts) {
                 s.gate_up(e, &experts[x], &xrows, first, n)?;
             }
         }
     }
     s.swiglu(e, rows, buf(&row_w), swiglu_limit)?;
-    match &batched {
-        Some(w) => s.down_each(e, w, used.len(), rows_max)?,
-        None => {
+    match (&batched, &layout) {
+        (Some(w), Some(l)) => {
+            for class in &l.classes {
+                s.down_each(e, w, class)?;
+            }
+        }
+        _ => {
             for ((&x, &first), &n) in used.iter().zip(&starts).zip(&counts) {
                 s.down(e, &experts[x], first, n)?;
             }

@@ -116,9 +116,9 @@ impl<E: Executor> GpuBackend<E> {
         }
     }
 
-    /// The same backend running a MoE call's routed experts as three batched GEMMs (one per
-    /// weight, every used expert padded to the largest group: `cublasGemmBatchedEx`) when all
-    /// their weights are resident (`true`), or expert by expert (`false`, the default;
+    /// The same backend running a MoE call's routed experts as batched GEMMs (per weight, one
+    /// `cublasGemmBatchedEx` per size class of padded groups, `experts::BatchedLayout`) when
+    /// all their weights are resident (`true`), or expert by expert (`false`, the default;
     /// `NEEDLESCOPE_MOE=batched` picks the batched GEMMs). Both give the same values up to the
     /// GEMMs' summation order.
     pub fn with_moe_batched(mut self, on: bool) -> Self {
