@@ -15,6 +15,7 @@ use super::{load_matrix, EngineError};
 use crate::backend::{Backend, FfnWeights, Routes};
 use crate::checkpoint::Checkpoint;
 use crate::config::{ModelConfig, RouterKind};
+use rayon::prelude::*;
 
 /// One layer's MoE weights.
 pub struct Moe<M> {
@@ -150,18 +151,27 @@ impl<M> Moe<M> {
     /// Chosen experts `[T, k]` from the router scores `[T, E]` (hash table or biased top-k).
     fn choose(&self, scores: &[f32], tokens: &[u32]) -> Vec<usize> {
         let (e, k) = (self.n_experts, self.top_k);
-        let mut experts = Vec::with_capacity(tokens.len() * k);
-        let no_bias = vec![0.0; if self.bias.is_none() { e } else { 0 }];
-        for (i, &tok) in tokens.iter().enumerate() {
-            let s = &scores[i * e..(i + 1) * e];
-            match (&self.tid2eid, &self.bias) {
-                (Some(table), _) => {
-                    experts.extend_from_slice(&table[tok as usize * k..(tok as usize + 1) * k])
-                }
-                (None, Some(bias)) => experts.extend(top_k_biased(s, bias, k)),
-                (None, None) => experts.extend(top_k_biased(s, &no_bias, k)),
-            }
+        let mut experts = vec![0usize; tokens.len() * k];
+        if k == 0 {
+            return experts;
         }
+        let no_bias = vec![0.0; if self.bias.is_none() { e } else { 0 }];
+        let (tid2eid, bias) = (&self.tid2eid, &self.bias);
+        // Tokens in parallel (the GPU waits for the routes).
+        experts
+            .par_chunks_mut(k)
+            .zip(tokens.par_iter())
+            .enumerate()
+            .for_each(|(i, (out, &tok))| {
+                let s = &scores[i * e..(i + 1) * e];
+                match (tid2eid, bias) {
+                    (Some(table), _) => {
+                        out.copy_from_slice(&table[tok as usize * k..(tok as usize + 1) * k])
+                    }
+                    (None, Some(bias)) => out.copy_from_slice(&top_k_biased(s, bias, k)),
+                    (None, None) => out.copy_from_slice(&top_k_biased(s, &no_bias, k)),
+                }
+            });
         experts
     }
 
