@@ -27,6 +27,7 @@ use crate::backend::{AttentionBatch, AttentionProbs, Backend};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use rayon::prelude::*;
 
 /// Run-time switches of one attention call and the observer.
 pub struct AttentionRun<'a> {
@@ -206,36 +207,46 @@ impl<M> Attention<M> {
         let tokens = backend.act_len(q) / (self.heads * hd);
         let ratio = self.kind.ratio();
         let k = run.topk;
-        let mut windows = Vec::with_capacity(tokens);
-        let mut rows_per_query = Vec::with_capacity(tokens);
-        for i in 0..tokens {
-            let t = first_pos + i;
-            windows.push(((t + 1).saturating_sub(self.window)..=t).collect::<Vec<usize>>());
-            let rows: Vec<usize> = match (self.kind, selected) {
-                (LayerKind::Swa, _) => Vec::new(),
-                (LayerKind::Csa, Some(sel)) => sel[i * k..(i + 1) * k]
-                    .iter()
-                    .filter(|&&r| r >= 0)
-                    .map(|&r| r as usize)
-                    .collect(),
-                _ => (0..visible_rows(t, ratio)).collect(),
-            };
-            rows_per_query.push(rows);
-        }
-        // Indices into the window rows followed by the compressed rows.
         let window_rows = state.window.rows.rows() as u32;
-        let entries: Vec<Vec<u32>> = windows
-            .iter()
-            .zip(&rows_per_query)
-            .map(|(win, rows)| {
-                let mut e: Vec<u32> = win
-                    .iter()
-                    .map(|&p| state.window.index_of(p) as u32)
-                    .collect();
-                e.extend(rows.iter().map(|&r| window_rows + r as u32));
-                e
+        let window_first = state.window.first_pos;
+        debug_assert!(
+            window_first <= (first_pos + 1).saturating_sub(self.window)
+                && first_pos + tokens <= state.window.end(),
+            "window cache does not hold the chunk's windows"
+        );
+        // Per query (in parallel: on a GPU the device may be waiting for these lists): its
+        // window positions, its compressed rows and the entries indexing both caches.
+        let (kind, span) = (self.kind, self.window);
+        let per_query: Vec<(Vec<usize>, Vec<usize>, Vec<u32>)> = (0..tokens)
+            .into_par_iter()
+            .map(|i| {
+                let t = first_pos + i;
+                let window: Vec<usize> = ((t + 1).saturating_sub(span)..=t).collect();
+                let rows: Vec<usize> = match (kind, selected) {
+                    (LayerKind::Swa, _) => Vec::new(),
+                    (LayerKind::Csa, Some(sel)) => sel[i * k..(i + 1) * k]
+                        .iter()
+                        .filter(|&&r| r >= 0)
+                        .map(|&r| r as usize)
+                        .collect(),
+                    _ => (0..visible_rows(t, ratio)).collect(),
+                };
+                let mut entries = Vec::with_capacity(window.len() + rows.len());
+                entries.extend(window.iter().map(|&p| (p - window_first) as u32));
+                entries.extend(rows.iter().map(|&r| window_rows + r as u32));
+                (window, rows, entries)
             })
             .collect();
+        let (mut windows, mut rows_per_query, mut entries) = (
+            Vec::with_capacity(tokens),
+            Vec::with_capacity(tokens),
+            Vec::with_capacity(tokens),
+        );
+        for (w, r, e) in per_query {
+            windows.push(w);
+            rows_per_query.push(r);
+            entries.push(e);
+        }
         let empty = backend.act_zeros(0);
         let window_kv = state.window.rows.data().unwrap_or(&empty);
         let compressed_kv = state.compressed.data().unwrap_or(&empty);

@@ -26,6 +26,7 @@
 use super::executor::{buf, bytemuck_lite, grid_for, Arg, Executor, Gemm, GemmType};
 use super::{Act, GpuBackend, GpuError};
 use crate::backend::{AttentionBatch, AttentionProbs};
+use rayon::prelude::*;
 
 /// The deduplicated entries of a batch, as uploaded.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -76,13 +77,21 @@ impl EntryTable {
             }
         }
         let window = slot[..rows[0]].iter().filter(|&&s| s >= 0).count();
+        let count = entries
+            .iter()
+            .map(|list| i32::try_from(list.len()).map_err(|_| too_many()))
+            .collect::<Result<Vec<i32>, _>>()?;
+        // Queries in parallel (the device may be waiting for this table).
         let mut index = vec![-1i32; entries.len() * emax];
-        let mut count = Vec::with_capacity(entries.len());
-        for (t, list) in entries.iter().enumerate() {
-            count.push(i32::try_from(list.len()).map_err(|_| too_many())?);
-            for (e, &i) in list.iter().enumerate() {
-                index[t * emax + e] = slot[i as usize];
-            }
+        if emax > 0 {
+            index
+                .par_chunks_mut(emax)
+                .zip(entries.par_iter())
+                .for_each(|(row, list)| {
+                    for (r, &i) in row.iter_mut().zip(list) {
+                        *r = slot[i as usize];
+                    }
+                });
         }
         Ok(EntryTable {
             ids,
