@@ -179,6 +179,11 @@ impl Backend for CpuBackend {
 
     fn act_drop_front(&self, a: &mut Vec<f32>, n: usize) {
         a.drain(..n);
+        // A cache that held a chunk for a moment (a compressor's held tokens) gives the memory
+        // back, as the GPU backend's caches do.
+        if 4 * a.len() <= a.capacity() && a.capacity() > 1024 {
+            a.shrink_to((2 * a.len()).max(1024));
+        }
     }
 
     fn upload_matrix(&self, data: Vec<f32>, rows: usize, cols: usize) -> CpuMatrix {
