@@ -22,9 +22,9 @@
 //!     chunk's own rows join the window while the layer runs);
 //!   - compressed KV rows, CSA and HCA layers: `floor(C / ratio) x head_dim`, 2048 B per row on
 //!     Flash (`--kv fp8` rounds the values in place, it does not shrink the rows);
-//!   - index keys, CSA layers: `floor(C / 4) x (index_head_dim + 1)`, the keys prepared under
-//!     the run's profile and their score multipliers (the raw keys the observer reads stay on
-//!     the host);
+//!   - index keys, CSA layers: `floor(C / 4) x (2 * index_head_dim + 1)`: the raw keys (read
+//!     to the host only when an observer asks), the keys prepared under the run's profile and
+//!     their score multipliers;
 //!   - compressor carry (the unfinished pooling group, kv and gate projections in f32):
 //!     `c * ratio` tokens of `2 * c * head_dim` values, c = 2 on CSA (overlapping), 1 on HCA, plus
 //!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`), kept on the

@@ -41,7 +41,8 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
             LayerState {
                 window,
                 compressed_kv: cache(rows, hd),
-                index_keys: cache(rows, ihd) + cache(rows, 1),
+                // Raw (what the observer reads) and prepared keys, one multiplier per row.
+                index_keys: 2 * cache(rows, ihd) + cache(rows, 1),
                 compressor_carry: (8 * 2 * 2 * hd + 8 * 2 * 2 * ihd) * 4,
             }
         }

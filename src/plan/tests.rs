@@ -161,7 +161,8 @@ fn state_follows_the_layer_kind() {
     assert_eq!(swa.compressed_kv + swa.index_keys, 0);
     assert_eq!(csa.window, swa.window);
     assert_eq!(csa.compressed_kv, 2 * 32768 * 2048);
-    assert_eq!(csa.index_keys, 2 * 32768 * (128 + 1) * 4);
+    // Raw and prepared keys, one multiplier per row.
+    assert_eq!(csa.index_keys, 2 * 32768 * (2 * 128 + 1) * 4);
     assert_eq!(hca.compressed_kv, 2 * 1024 * 2048);
     assert_eq!(hca.index_keys, 0);
     // A short context counts its chunk at most once.
