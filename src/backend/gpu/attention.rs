@@ -179,9 +179,13 @@ pub fn sparse_attention<E: Executor>(
     let count = g.up_i32(&table.count)?;
     let queries = g.on(batch.queries, dev)?;
     let sinks = g.up(batch.sinks)?;
-    let mut weights = g.zeros((tokens * h * emax).max(1))?;
-    let inv = g.zeros(tokens * h)?;
-    let sink_p = g.zeros(tokens * h)?;
+    // No fill: the logits pass writes every weight the later passes read (the kernels stop at
+    // each query's count; the GEMM path writes whole rows, zero past the count), and the
+    // softmax writes every (query, head)'s inv and sink share. At 128K tokens the weights
+    // are [2,048, 64, 1,152] f32 per chunk, 600 MB.
+    let mut weights = e.alloc_uninit((tokens * h * emax).max(1) * 4)?;
+    let inv = e.alloc_uninit((tokens * h).max(1) * 4)?;
+    let sink_p = e.alloc_uninit((tokens * h).max(1) * 4)?;
     let outb = g.output(out, dev)?;
     let (t64, h64, d64, e64) = (tokens as i64, h as i64, d as i64, emax as i64);
     let wide = tokens * h * emax;
