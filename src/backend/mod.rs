@@ -250,6 +250,23 @@ impl PoolLayout {
         Some((self.first_window + i * m + s - m, 0))
     }
 
+    /// Checks the lengths of a [`Backend::compressor_pool`] call (values and logits `[n,
+    /// width]`, ape `[ratio, width]`, out `[rows, c]`, n enough for the rows) and returns the
+    /// rows. Panics on a mismatch (a caller bug).
+    pub fn check(&self, values: usize, logits: usize, ape: usize, out: usize) -> usize {
+        let (c, width) = (self.c, self.width());
+        let rows = out / c.max(1);
+        assert_eq!(rows * c, out, "pool: out not [rows, c]");
+        assert_eq!(logits, values, "pool: logits and values differ");
+        assert!(
+            values >= self.tokens_needed(rows) * width,
+            "pool: {values} buffered values, rows need {} tokens of {width}",
+            self.tokens_needed(rows)
+        );
+        assert_eq!(ape, self.ratio * width, "pool: ape not [ratio, width]");
+        rows
+    }
+
     /// Buffer tokens the rows `0..rows` read: up to the end of the last current window.
     pub fn tokens_needed(&self, rows: usize) -> usize {
         if rows == 0 {

@@ -132,20 +132,7 @@ pub fn compressor_pool(
     out: &mut [f32],
 ) {
     let (c, width, slots) = (layout.c, layout.width(), layout.slots());
-    let rows = out.len() / c.max(1);
-    assert_eq!(rows * c, out.len(), "pool: out not [rows, c]");
-    assert_eq!(logits.len(), values.len(), "pool: logits and values differ");
-    assert!(
-        values.len() >= layout.tokens_needed(rows) * width,
-        "pool: {} buffered values, rows need {} tokens of {width}",
-        values.len(),
-        layout.tokens_needed(rows)
-    );
-    assert_eq!(
-        ape.len(),
-        layout.ratio * width,
-        "pool: ape not [ratio, width]"
-    );
+    layout.check(values.len(), logits.len(), ape.len(), out.len());
     let m = layout.ratio;
     out.par_chunks_mut(c.max(1)).enumerate().for_each(|(i, o)| {
         for (k, oc) in o.iter_mut().enumerate() {

@@ -243,21 +243,8 @@ pub fn compressor_pool<E: Executor>(
     layout: PoolLayout,
     out: &mut GpuAct<E::Buf>,
 ) -> Result<(), GpuError> {
-    let (c, width) = (layout.c, layout.width());
-    let rows = out.len() / c.max(1);
-    assert_eq!(rows * c, out.len(), "pool: out not [rows, c]");
-    assert_eq!(logits.len(), values.len(), "pool: logits and values differ");
-    assert!(
-        values.len() >= layout.tokens_needed(rows) * width,
-        "pool: {} buffered values, rows need {} tokens of {width}",
-        values.len(),
-        layout.tokens_needed(rows)
-    );
-    assert_eq!(
-        ape.len(),
-        layout.ratio * width,
-        "pool: ape not [ratio, width]"
-    );
+    let c = layout.c;
+    let rows = layout.check(values.len(), logits.len(), ape.len(), out.len());
     if out.is_empty() {
         return Ok(());
     }
