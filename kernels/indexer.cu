@@ -2,9 +2,10 @@
 // the head combination of scores, and an exact top-k (src/backend/gpu/{indexer,topk}.rs drive them).
 //
 // Design: the rounding simulations are straight ports of numerics::{quant, codecs, hadamard} into
-// device functions, one thread per key row / query head working in place on its own row of the
-// output buffer (any dim; the Hadamard butterfly runs in the CPU's order, which matters only for
-// the final scale multiply since each stage is exact pairwise +/-). A row's recipe (bf16 before,
+// device functions, one thread per key row / query head working on its own row (in a local
+// array up to 128 values, else in place in the output; the Hadamard butterfly runs in the
+// CPU's order, which matters only for the final scale multiply since each stage is exact
+// pairwise +/-). A row's recipe (bf16 before,
 // rotation, bf16 after, one quantiser) is chosen by the host per profile, so every profile is
 // the same four steps with some switched off. Scores: the host runs the dot products as GEMM
 // tiles; idx_combine applies ReLU, head weights and row scales in the CPU's order (heads in
@@ -178,23 +179,44 @@ static __device__ float idx_prepare_vec(float* x, i64 n, int recipe, i64 block, 
     }
 }
 
+// idx_prepare_vec of the row src[0..n] into dst[0..n] (src may equal dst). A row of at most
+// IDX_LOCAL_DIM values (Flash's 128) is prepared in a per-thread local array: local memory is
+// interleaved across a warp's threads, so the ~20 passes over the row are coalesced, where
+// working in place touches one separate cache line per thread and pass. Longer rows work in
+// place in dst. The same arithmetic either way.
+#define IDX_LOCAL_DIM 128
+static __device__ float idx_prepare_copy(const float* src, float* dst, i64 n, int recipe, i64 block,
+                                         float had_scale) {
+    if (n <= IDX_LOCAL_DIM) {
+        float v[IDX_LOCAL_DIM];
+        for (i64 i = 0; i < n; ++i) v[i] = src[i];
+        float scale = idx_prepare_vec(v, n, recipe, block, had_scale);
+        for (i64 i = 0; i < n; ++i) dst[i] = v[i];
+        return scale;
+    }
+    if (src != dst) {
+        for (i64 i = 0; i < n; ++i) dst[i] = src[i];
+    }
+    return idx_prepare_vec(dst, n, recipe, block, had_scale);
+}
+
 // Key rows [rows, dim] prepared in place; scales[rows] their multipliers.
 extern "C" __global__ void idx_prepare_keys(float* rows_io, float* scales, i64 rows, i64 dim, int recipe,
                                             i64 block, float had_scale) {
-    NS_FOR(r, rows) { scales[r] = idx_prepare_vec(rows_io + r * dim, dim, recipe, block, had_scale); }
+    NS_FOR(r, rows) {
+        float* row = rows_io + r * dim;
+        scales[r] = idx_prepare_copy(row, row, dim, recipe, block, had_scale);
+    }
 }
 
-// Query heads q_in [heads, dim] prepared into q_out (each thread copies its head, then prepares
-// it in place there), and the effective head weights (profiles::head_weight): rule 0 w*S,
-// 1 bf(w)*S, 2 bf(bf(w)*S), 3 (bf(w)*S)*s_q. Heads are independent: `heads` may be T tokens x
-// their heads (S is the host's, from the per-token heads).
+// Query heads q_in [heads, dim] prepared into q_out, and the effective head weights
+// (profiles::head_weight): rule 0 w*S, 1 bf(w)*S, 2 bf(bf(w)*S), 3 (bf(w)*S)*s_q. Heads are
+// independent: `heads` may be T tokens x their heads (S is the host's, from the per-token heads).
 extern "C" __global__ void idx_prepare_query(const float* q_in, float* q_out, const float* w_raw, float* w_out,
                                              i64 heads, i64 dim, int recipe, int wrule, i64 block,
                                              float had_scale, float s) {
     NS_FOR(h, heads) {
-        float* q = q_out + h * dim;
-        for (i64 i = 0; i < dim; ++i) q[i] = q_in[h * dim + i];
-        float s_q = idx_prepare_vec(q, dim, recipe, block, had_scale);
+        float s_q = idx_prepare_copy(q_in + h * dim, q_out + h * dim, dim, recipe, block, had_scale);
         float w = w_raw[h];
         float out;
         if (wrule == 0) out = w * s;

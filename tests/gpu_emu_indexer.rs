@@ -141,7 +141,9 @@ fn rows(dim: usize, seed: u64) -> Vec<f32> {
 #[test]
 fn prepared_keys_and_queries_are_bit_identical_to_cpu_in_every_profile() {
     let (cpu, gpu) = (CpuBackend::new(), gpu());
-    for (dim, seed) in [(64usize, 3u64), (128, 4), (32, 5)] {
+    // Up to 128 values a row is prepared in a local array on the device, longer rows in place
+    // (256 here): both paths.
+    for (dim, seed) in [(64usize, 3u64), (128, 4), (32, 5), (256, 6)] {
         let raw = rows(dim, seed);
         let n = raw.len() / dim;
         let mut rng = Rng(seed + 100);
