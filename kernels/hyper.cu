@@ -50,6 +50,9 @@ static __device__ void hc_sinkhorn(float* a, i64 n, i64 iters, float eps) {
     }
 }
 
+// Largest n*n whose Sinkhorn runs in a per-thread local array (V4's hc_mult 4: 16).
+#define HC_LOCAL 16
+
 // Layer-site coefficients: mixes [T, (2+n)n] (unscaled GEMM output), r [T], base [(2+n)n],
 // scale [3] -> pre [T, n], post [T, n], comb [T, n, n] (comb[j·n + k]).
 extern "C" __global__ void hc_pre_coeffs(const float* mixes, const float* r, const float* base,
@@ -65,8 +68,18 @@ extern "C" __global__ void hc_pre_coeffs(const float* mixes, const float* r, con
             post[t * n + j] = 2.0f * hc_sigmoid((m[n + j] * rt) * scale[1] + base[n + j]);
         }
         float* c = comb + t * n * n;
-        for (i64 i = 0; i < n * n; ++i) c[i] = (m[2 * n + i] * rt) * scale[2] + base[2 * n + i];
-        hc_sinkhorn(c, n, iters, hc_eps);
+        if (n * n <= HC_LOCAL) {
+            // Sinkhorn's 20 rounds in a local array (coalesced across the warp, likely in
+            // registers), then one copy out: in place they touched the token's slice of comb
+            // in global memory some thousand times.
+            float local[HC_LOCAL];
+            for (i64 i = 0; i < n * n; ++i) local[i] = (m[2 * n + i] * rt) * scale[2] + base[2 * n + i];
+            hc_sinkhorn(local, n, iters, hc_eps);
+            for (i64 i = 0; i < n * n; ++i) c[i] = local[i];
+        } else {
+            for (i64 i = 0; i < n * n; ++i) c[i] = (m[2 * n + i] * rt) * scale[2] + base[2 * n + i];
+            hc_sinkhorn(c, n, iters, hc_eps);
+        }
     }
 }
 

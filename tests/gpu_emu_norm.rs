@@ -282,10 +282,18 @@ const HC_TOL: f32 = 2e-5;
 #[test]
 fn hc_pre_and_head_match_cpu_with_f32_mixes_under_both_gemm_types() {
     let cpu = CpuBackend::new();
-    let p = hc_params();
-    let n = p.streams;
     let mut worst = [0f32; 4];
-    for gpu in backends() {
+    // 4 streams (V4) run Sinkhorn in a local array on the device, 5 in place: both paths.
+    for (gpu, streams) in backends()
+        .into_iter()
+        .map(|g| (g, 4))
+        .chain(backends().into_iter().map(|g| (g, 5)))
+    {
+        let p = HcParams {
+            streams,
+            ..hc_params()
+        };
+        let n = p.streams;
         for (i, &(tokens, d)) in [(1usize, 7usize), (5, 64), (33, 129)].iter().enumerate() {
             let seed = 80 + 10 * i as u64;
             let width = n * d;
@@ -313,7 +321,7 @@ fn hc_pre_and_head_match_cpu_with_f32_mixes_under_both_gemm_types() {
                     base: &base,
                     scale: &scale,
                 };
-                let what = format!("{:?} T {tokens} D {d} rows {rows}", gpu.gemm_type());
+                let what = format!("{:?} T {tokens} D {d} n {n} rows {rows}", gpu.gemm_type());
                 let mut want_in = vec![0f32; tokens * d];
                 let mut got_in = vec![f32::NAN; tokens * d];
                 if rows == n {
