@@ -131,16 +131,17 @@ impl<M> Compressor<M> {
         backend.matmul(x, &self.wgate, &mut logits);
         state.values.append(backend, &values);
         state.logits.append(backend, &logits);
+        // The chunk's own copies are not needed past here (device memory for the pooling).
         drop((values, logits));
 
-        let first_row = state.rows_emitted;
+        let (first_row, held_from) = (state.rows_emitted, state.first_pos());
         let count = (first_pos + tokens) / m - first_row;
         let rows = (count > 0).then(|| {
             let layout = PoolLayout {
                 ratio: m,
                 c,
                 overlap: self.overlap(),
-                first_window: m * first_row - state.first_pos,
+                first_window: m * first_row - held_from,
                 first_has_previous: self.overlap() && first_row > 0,
             };
             let held = "rows are emitted from held tokens";
@@ -156,18 +157,12 @@ impl<M> Compressor<M> {
             finish(&mut rows);
             rows
         });
+        // The held tokens now start at the new current window (with overlap, the last full
+        // window before it): drop the ones before.
         state.rows_emitted += count;
-
-        // Keep the current window's tokens, and with overlap the last full window before it.
-        let keep_from = if self.overlap() {
-            m * state.rows_emitted.saturating_sub(1)
-        } else {
-            m * state.rows_emitted
-        };
-        let drop = keep_from.saturating_sub(state.first_pos);
+        let drop = state.first_pos() - held_from;
         state.values.drop_front(backend, drop);
         state.logits.drop_front(backend, drop);
-        state.first_pos += drop;
         EmittedRows {
             first_row,
             count,

@@ -235,18 +235,15 @@ impl<A> WindowCache<A> {
 /// projection width (κ·c).
 ///
 /// `values` and `logits` (raw gate logits; the pooling adds the position biases) hold the
-/// tokens at positions `first_pos..first_pos + held`: the current, incomplete window and —
-/// for the overlapping ratio-4 compressor, once a row was emitted — the last full window
-/// before it (both halves, as REF keeps them). So `first_pos` is `ratio·rows_emitted`, or
-/// `ratio·(rows_emitted - 1)` with overlap.
+/// tokens at positions `first_pos()..end()`: the current, incomplete window and — for the
+/// overlapping ratio-4 compressor, once a row was emitted — the last full window before it
+/// (both halves, as REF keeps them).
 #[derive(Debug)]
 pub struct CompressorState<A> {
     pub(crate) ratio: usize,
     pub(crate) width: usize,
     pub(crate) values: RowCache<A>,
     pub(crate) logits: RowCache<A>,
-    /// Position of the first held token.
-    pub(crate) first_pos: usize,
     /// Rows emitted so far (= index of the next row).
     pub(crate) rows_emitted: usize,
 }
@@ -260,7 +257,6 @@ impl<A> CompressorState<A> {
             width,
             values: RowCache::new(width),
             logits: RowCache::new(width),
-            first_pos: 0,
             rows_emitted: 0,
         }
     }
@@ -268,13 +264,23 @@ impl<A> CompressorState<A> {
     fn reset(&mut self) {
         self.values.clear();
         self.logits.clear();
-        self.first_pos = 0;
         self.rows_emitted = 0;
+    }
+
+    /// Position of the first held token: the current window's start, with overlap the previous
+    /// window's once there is one.
+    pub fn first_pos(&self) -> usize {
+        let windows = if self.ratio == 4 {
+            self.rows_emitted.saturating_sub(1)
+        } else {
+            self.rows_emitted
+        };
+        self.ratio * windows
     }
 
     /// Position of the next token (one past the last held).
     pub fn end(&self) -> usize {
-        self.first_pos + self.values.rows()
+        self.first_pos() + self.values.rows()
     }
 
     /// Tokens buffered in the current window.
