@@ -11,6 +11,7 @@
 //   attn_logits  (t, h, e): w = dot8(q, table[idx]) * scale (attn_logits4: four heads a thread)
 //   attn_softmax (t, h):    m = max(sink, w...); w = exp(w - m); denominators in entry order
 //   attn_values  (t, h, c): out = (sum_e w_e * v_e[c]) * inv, entries in order
+//                (attn_values4: four heads and four columns a thread)
 //   attn_probs   (t, h, e): w = w * inv
 // The dot product is linalg::dot's: eight interleaved f32 accumulators, a fixed pairwise
 // combine, then the tail. With -ffp-contract=off / --fmad=false every step rounds as the CPU's.
@@ -61,11 +62,13 @@ extern "C" __global__ void attn_logits(const float* queries, const float* table,
 // attn_logits for four heads per thread, when heads % 4 == 0: thread (t, g, e) reads the entry's
 // row once per 8-wide step for heads 4g..4g+3 (the query heads of a token share its entries).
 // Each head's sum is attn_dot8's, lane by lane and in the same order, so the logits are the same
-// bits.
+// bits. With d a multiple of 8 and aligned buffers, rows are read in 16-byte loads.
 extern "C" __global__ void attn_logits4(const float* queries, const float* table, const int* idx,
                                         const int* count, i64 tokens, i64 heads, i64 d, i64 emax,
                                         float scale, float* w) {
     i64 groups = heads / 4;
+    // 16-byte loads when every row starts 16-byte aligned (d a multiple of 8 keeps it so).
+    bool vec = (d & 7) == 0 && ns_aligned16(queries) && ns_aligned16(table);
     NS_FOR(i, tokens * groups * emax) {
         i64 e = i % emax, tg = i / emax, t = tg / groups, h0 = (tg % groups) * 4;
         float* out = w + (t * heads + h0) * emax + e;
@@ -81,10 +84,23 @@ extern "C" __global__ void attn_logits4(const float* queries, const float* table
         i64 chunks = d / 8;
         for (i64 c = 0; c < chunks; ++c) {
             float vv[8];
-            for (int l = 0; l < 8; ++l) vv[l] = v[c * 8 + l];
+            if (vec) {
+                ns_load4(v + c * 8, vv);
+                ns_load4(v + c * 8 + 4, vv + 4);
+            } else {
+                for (int l = 0; l < 8; ++l) vv[l] = v[c * 8 + l];
+            }
             for (int j = 0; j < 4; ++j) {
+                float qq[8];
+                const float* qj = q + j * d + c * 8;
+                if (vec) {
+                    ns_load4(qj, qq);
+                    ns_load4(qj + 4, qq + 4);
+                } else {
+                    for (int l = 0; l < 8; ++l) qq[l] = qj[l];
+                }
                 for (int l = 0; l < 8; ++l) {
-                    float p = q[j * d + c * 8 + l] * vv[l];
+                    float p = qq[l] * vv[l];
                     acc[j][l] = acc[j][l] + p;
                 }
             }
@@ -158,6 +174,47 @@ extern "C" __global__ void attn_values(const float* table, const int* idx, const
             acc = acc + p;
         }
         out[i] = acc * inv[th];
+    }
+}
+
+// attn_values for four heads and four columns a thread, when heads and d divide by four: thread
+// (t, g, q) reads columns 4q..4q+3 of each entry's row once (one 16-byte load when aligned) for
+// heads 4g..4g+3, where attn_values reads each value once per head and column. Each output's
+// sum is attn_values's, entry by entry in the same order, so the outputs are the same bits.
+extern "C" __global__ void attn_values4(const float* table, const int* idx, const int* count,
+                                        const float* w, const float* inv, i64 tokens, i64 heads,
+                                        i64 d, i64 emax, float* out) {
+    i64 groups = heads / 4, quads = d / 4;
+    bool vec = ns_aligned16(table);
+    NS_FOR(i, tokens * groups * quads) {
+        i64 c0 = (i % quads) * 4, tg = i / quads, t = tg / groups, h0 = (tg % groups) * 4;
+        i64 n = (i64)count[t];
+        const float* rows = w + (t * heads + h0) * emax;
+        const int* ids = idx + t * emax;
+        float acc[4][4];
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 4; ++l) acc[j][l] = 0.0f;
+        for (i64 e = 0; e < n; ++e) {
+            const float* src = table + (i64)ids[e] * d + c0;
+            float v[4];
+            if (vec) {
+                ns_load4(src, v);
+            } else {
+                for (int l = 0; l < 4; ++l) v[l] = src[l];
+            }
+            for (int j = 0; j < 4; ++j) {
+                float wj = rows[j * emax + e];
+                for (int l = 0; l < 4; ++l) {
+                    float p = wj * v[l];
+                    acc[j][l] = acc[j][l] + p;
+                }
+            }
+        }
+        for (int j = 0; j < 4; ++j) {
+            float r = inv[t * heads + h0 + j];
+            float* o = out + (t * heads + h0 + j) * d + c0;
+            for (int l = 0; l < 4; ++l) o[l] = acc[j][l] * r;
+        }
     }
 }
 

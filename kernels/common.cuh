@@ -82,4 +82,21 @@ static __device__ __forceinline__ float ns_e2m1_to_f32(u32 code) {
     return (code & 8u) ? -v : v;
 }
 
+// Four consecutive floats at p: one 16-byte load on the device (p must be 16-byte aligned: the
+// caller checks with ns_aligned16), four loads on the host emulator. The values are the same.
+static __device__ __forceinline__ bool ns_aligned16(const void* p) {
+    return ((u64)p & 15u) == 0;
+}
+static __device__ __forceinline__ void ns_load4(const float* p, float out[4]) {
+#ifdef __CUDA_ARCH__
+    float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+#else
+    for (int l = 0; l < 4; ++l) out[l] = p[l];
+#endif
+}
+
 #endif

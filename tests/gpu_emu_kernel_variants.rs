@@ -3,7 +3,8 @@
 //! `dequant_nvfp4_8`, used whenever a row splits into whole eights sharing a scale) for every
 //! byte value and scale, f32 and bf16 outputs, a band of rows and gathered rows; and the
 //! four-heads-per-thread attention logits (`attn_logits4`, used when the heads divide by four),
-//! with a dot-product tail and padded entries; and `moe_sum_rows` (the routed experts' sum read
+//! with a dot-product tail and padded entries, and with 16-byte loads; the four-heads,
+//! four-columns attention values (`attn_values4`); and `moe_sum_rows` (the routed experts' sum read
 //! through a row map) against the CPU's slot-order sum.
 
 use needlescope::backend::gpu::executor::{buf, download, grid_for, upload, Arg};
@@ -86,52 +87,120 @@ fn eight_per_thread_fp4_kernels_match_the_per_value_ones() {
     }
 }
 
+/// An attention batch for the kernel comparisons: `tokens` queries of `heads` heads over a
+/// table of `rows` rows of `d` values, entry lists of the given counts (0 and full included),
+/// padded to `emax` with -1.
+struct AttentionInputs {
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    emax: usize,
+    queries: Buf,
+    table: Buf,
+    idx: Buf,
+    count: Buf,
+}
+
+impl AttentionInputs {
+    fn new(e: &EmuExecutor, heads: usize, d: usize, seed: u64) -> Self {
+        let (tokens, emax, rows) = (5usize, 7usize, 9usize);
+        let mut r = Rng::new(seed);
+        let count: Vec<i32> = vec![7, 3, 0, 5, 1];
+        let idx: Vec<i32> = (0..tokens * emax)
+            .map(|i| {
+                let (t, j) = (i / emax, i % emax);
+                if (j as i32) < count[t] {
+                    ((t * 3 + j * 5) % rows) as i32
+                } else {
+                    -1
+                }
+            })
+            .collect();
+        AttentionInputs {
+            tokens,
+            heads,
+            d,
+            emax,
+            queries: upload(e, &r.values(tokens * heads * d, 1.0)).unwrap(),
+            table: upload(e, &r.values(rows * d, 1.0)).unwrap(),
+            idx: upload(e, &idx).unwrap(),
+            count: upload(e, &count).unwrap(),
+        }
+    }
+
+    fn dims(&self) -> [Arg<'static, Buf>; 4] {
+        [self.tokens, self.heads, self.d, self.emax].map(|v| Arg::I64(v as i64))
+    }
+}
+
+fn bits(e: &EmuExecutor, b: &Buf, n: usize) -> Vec<u32> {
+    let mut v = vec![0f32; n];
+    download(e, b, &mut v).unwrap();
+    v.into_iter().map(f32::to_bits).collect()
+}
+
+/// `attn_logits4` against `attn_logits`, with a dot-product tail (d = 44) and without (d = 48:
+/// the 16-byte loads).
 #[test]
 fn four_heads_per_thread_logits_match_one_head_per_thread() {
     let e = EmuExecutor::default();
-    let (tokens, heads, d, emax, rows) = (5usize, 8usize, 44usize, 7usize, 9usize);
-    let mut r = Rng::new(9);
-    let queries = upload(&e, &r.values(tokens * heads * d, 1.0)).unwrap();
-    let table = upload(&e, &r.values(rows * d, 1.0)).unwrap();
-    let count: Vec<i32> = vec![7, 3, 0, 5, 1];
-    let idx: Vec<i32> = (0..tokens * emax)
-        .map(|i| {
-            let (t, j) = (i / emax, i % emax);
-            if (j as i32) < count[t] {
-                ((t * 3 + j * 5) % rows) as i32
-            } else {
-                -1
-            }
-        })
-        .collect();
-    let (idx, count) = (upload(&e, &idx).unwrap(), upload(&e, &count).unwrap());
-    let logits = |kernel: &str, threads: usize| {
-        let w = upload(&e, &vec![f32::NAN; tokens * heads * emax]).unwrap();
-        let args = [
-            buf(&queries),
-            buf(&table),
-            buf(&idx),
-            buf(&count),
-            Arg::I64(tokens as i64),
-            Arg::I64(heads as i64),
-            Arg::I64(d as i64),
-            Arg::I64(emax as i64),
-            Arg::F32(0.125),
-            buf(&w),
-        ];
-        e.launch(kernel, grid_for(threads), &args).unwrap();
-        let mut v = vec![0f32; tokens * heads * emax];
-        download(&e, &w, &mut v).unwrap();
-        v.into_iter().map(f32::to_bits).collect::<Vec<u32>>()
-    };
-    let one = logits("attn_logits", tokens * heads * emax);
-    let four = logits("attn_logits4", tokens * heads * emax / 4);
-    assert_eq!(one, four);
-    assert!(
-        one.iter().all(|b| !f32::from_bits(*b).is_nan()),
-        "every logit written"
-    );
-    assert!(one.iter().any(|&b| b != 0));
+    for d in [44usize, 48] {
+        let a = AttentionInputs::new(&e, 8, d, 9);
+        let n = a.tokens * a.heads * a.emax;
+        let logits = |kernel: &str, threads: usize| {
+            let w = upload(&e, &vec![f32::NAN; n]).unwrap();
+            let mut args = vec![buf(&a.queries), buf(&a.table), buf(&a.idx), buf(&a.count)];
+            args.extend(a.dims());
+            args.extend([Arg::F32(0.125), buf(&w)]);
+            e.launch(kernel, grid_for(threads), &args).unwrap();
+            bits(&e, &w, n)
+        };
+        let one = logits("attn_logits", n);
+        let four = logits("attn_logits4", n / 4);
+        assert_eq!(one, four, "d {d}");
+        assert!(
+            one.iter().all(|b| !f32::from_bits(*b).is_nan()),
+            "every logit written (d {d})"
+        );
+        assert!(one.iter().any(|&b| b != 0));
+    }
+}
+
+/// `attn_values4` (four heads and four columns a thread) against `attn_values`, for d = 44 and
+/// 48, queries with no entry included.
+#[test]
+fn four_by_four_values_match_one_value_per_thread() {
+    let e = EmuExecutor::default();
+    for d in [44usize, 48] {
+        let a = AttentionInputs::new(&e, 8, d, 11);
+        let mut r = Rng::new(12);
+        let rows = a.tokens * a.heads;
+        let weights = upload(&e, &r.values(rows * a.emax, 1.0)).unwrap();
+        let inv = upload(&e, &r.values(rows, 1.0)).unwrap();
+        let n = rows * d;
+        let values = |kernel: &str, threads: usize| {
+            let out = upload(&e, &vec![f32::NAN; n]).unwrap();
+            let mut args = vec![
+                buf(&a.table),
+                buf(&a.idx),
+                buf(&a.count),
+                buf(&weights),
+                buf(&inv),
+            ];
+            args.extend(a.dims());
+            args.push(buf(&out));
+            e.launch(kernel, grid_for(threads), &args).unwrap();
+            bits(&e, &out, n)
+        };
+        let one = values("attn_values", n);
+        let sixteen = values("attn_values4", n / 16);
+        assert_eq!(one, sixteen, "d {d}");
+        assert!(
+            one.iter().all(|b| !f32::from_bits(*b).is_nan()),
+            "every value written (d {d})"
+        );
+        assert!(one.iter().any(|&b| b != 0));
+    }
 }
 
 /// Batched GEMMs (`Gemm::batch`, strides) and `w` stored `[k, n]` (`Gemm::w_kn`), as the

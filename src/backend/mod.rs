@@ -347,6 +347,13 @@ pub trait Backend: Send + Sync {
     /// An activation of `len` zeros.
     fn act_zeros(&self, len: usize) -> Self::Act;
 
+    /// An activation of `len` values for an output that the next operation writes completely
+    /// (a product's or the attention's): the GPU backend skips the zero fill (its emulator
+    /// fills NaN instead, so a test sees any element read before it is written); zeros here.
+    fn act_uninit(&self, len: usize) -> Self::Act {
+        self.act_zeros(len)
+    }
+
     /// Number of f32 values of an activation.
     fn act_len(&self, a: &Self::Act) -> usize;
 

@@ -127,15 +127,15 @@ impl<M> Attention<M> {
         let tokens = backend.act_len(x) / backend.matrix_shape(&self.wq_a).1;
         let positions: Vec<usize> = (first_pos..first_pos + tokens).collect();
 
-        let mut qr = backend.act_zeros(tokens * ql);
+        let mut qr = backend.act_uninit(tokens * ql);
         backend.matmul(x, &self.wq_a, &mut qr);
         backend.rms_norm(&mut qr, ql, Some(&self.q_norm), self.eps);
-        let mut q = backend.act_zeros(tokens * h * hd);
+        let mut q = backend.act_uninit(tokens * h * hd);
         backend.matmul(&qr, &self.wq_b, &mut q);
         backend.rms_norm(&mut q, hd, None, self.eps);
         backend.rope(&self.rope, &mut q, hd, &positions, false);
 
-        let mut kv = backend.act_zeros(tokens * hd);
+        let mut kv = backend.act_uninit(tokens * hd);
         backend.matmul(x, &self.wkv, &mut kv);
         backend.rms_norm(&mut kv, hd, Some(&self.kv_norm), self.eps);
         backend.rope(&self.rope, &mut kv, hd, &positions, false);
@@ -173,10 +173,10 @@ impl<M> Attention<M> {
         let mut o = self.attend(backend, &q, first_pos, state, selected.as_deref(), run);
         backend.rope(&self.rope, &mut o, hd, &positions, true);
         let (ro_total, _) = backend.matrix_shape(&self.wo_a);
-        let mut z = backend.act_zeros(tokens * ro_total);
+        let mut z = backend.act_uninit(tokens * ro_total);
         backend.matmul_grouped(&o, self.groups, &self.wo_a, &mut z);
         let d = backend.matrix_shape(&self.wo_b).0;
-        let mut out = backend.act_zeros(tokens * d);
+        let mut out = backend.act_uninit(tokens * d);
         backend.matmul(&z, &self.wo_b, &mut out);
 
         state.window.forget_before(
@@ -263,7 +263,7 @@ impl<M> Attention<M> {
             entries: &entries,
             want_probs: &want,
         };
-        let mut o = backend.act_zeros(backend.act_len(q));
+        let mut o = backend.act_uninit(backend.act_len(q));
         let mut probs: Vec<Option<AttentionProbs>> = vec![None; tokens];
         backend.sparse_attention(&batch, &mut o, &mut probs);
         for (i, p) in probs.iter().enumerate() {

@@ -125,8 +125,8 @@ impl<M> Compressor<M> {
         let tokens = backend.act_len(x) / backend.matrix_shape(&self.wkv).1;
         debug_assert_eq!(state.ratio, m, "compressor state of another ratio");
         debug_assert_eq!(state.end(), first_pos, "compressor state out of step");
-        let mut values = backend.act_zeros(tokens * width);
-        let mut logits = backend.act_zeros(tokens * width);
+        let mut values = backend.act_uninit(tokens * width);
+        let mut logits = backend.act_uninit(tokens * width);
         backend.matmul(x, &self.wkv, &mut values);
         backend.matmul(x, &self.wgate, &mut logits);
         state.values.append(backend, &values);
@@ -149,7 +149,7 @@ impl<M> Compressor<M> {
                 state.values.data().expect(held),
                 state.logits.data().expect(held),
             );
-            let mut rows = backend.act_zeros(count * c);
+            let mut rows = backend.act_uninit(count * c);
             backend.compressor_pool(v, g, &self.ape, layout, &mut rows);
             backend.rms_norm(&mut rows, c, Some(&self.norm), self.norm_eps);
             let positions: Vec<usize> = (first_row..first_row + count).map(|w| m * w).collect();

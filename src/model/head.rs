@@ -50,7 +50,7 @@ impl<M> Head<M> {
         let mut h = backend.act_zeros(rows * self.dim);
         backend.hc_head(streams, &self.hc.weights(), params, &mut h);
         backend.rms_norm(&mut h, self.dim, Some(&self.norm), self.eps);
-        let mut logits = backend.act_zeros(rows * self.vocab);
+        let mut logits = backend.act_uninit(rows * self.vocab);
         backend.matmul(&h, &self.lm_head, &mut logits);
         backend.act_into_host(logits)
     }

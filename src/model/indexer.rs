@@ -96,18 +96,18 @@ impl<M> Indexer<M> {
         let tokens = backend.act_len(qr) / backend.matrix_shape(&self.wq_b).1;
         self.emit_keys(backend, x, first_pos, store, rope, run.profile);
 
-        let mut q = backend.act_zeros(tokens * heads * dim);
+        let mut q = backend.act_uninit(tokens * heads * dim);
         backend.matmul(qr, &self.wq_b, &mut q);
         let positions: Vec<usize> = (first_pos..first_pos + tokens).collect();
         backend.rope(rope, &mut q, dim, &positions, false);
-        let mut w = backend.act_zeros(tokens * heads);
+        let mut w = backend.act_uninit(tokens * heads);
         backend.matmul(x, &self.weights_proj, &mut w);
 
         let profile = run.profile;
         let hd = heads * dim;
         // Prepared queries of the chunk, token after token ([T, heads, dim] and [T, heads]).
-        let mut q_prep = backend.act_zeros(tokens * hd);
-        let mut w_prep = backend.act_zeros(tokens * heads);
+        let mut q_prep = backend.act_uninit(tokens * hd);
+        let mut w_prep = backend.act_uninit(tokens * heads);
         backend.index_prepare_queries(profile, &q, &w, heads, dim, &mut q_prep, &mut w_prep);
 
         // Scores are kept only where the observer looks at them.
@@ -126,7 +126,7 @@ impl<M> Indexer<M> {
             let visible: Vec<usize> = (b0..b1).map(|i| visible_rows(first_pos + i, 4)).collect();
             let stride = visible.iter().copied().max().unwrap_or(0);
             // [block tokens, stride]: every element is written by the scorer.
-            let mut scores = backend.act_zeros((b1 - b0) * stride);
+            let mut scores = backend.act_uninit((b1 - b0) * stride);
             backend.index_scores_batch(
                 profile,
                 &q_prep,

@@ -147,6 +147,17 @@ impl<E: Executor> GpuBackend<E> {
         GpuAct { buf, len, device }
     }
 
+    /// [`Self::act_alloc`] without the zero fill (`Backend::act_uninit`).
+    pub fn act_alloc_uninit(&self, len: usize) -> GpuAct<E::Buf> {
+        let device = self.current_index();
+        let buf = self
+            .dev()
+            .alloc_uninit(len * 4)
+            .map_err(|e| self.fail("activation allocation", e))
+            .ok();
+        GpuAct { buf, len, device }
+    }
+
     /// Copies `out.len()` values from element `start` of `a` (NaN and a recorded failure when
     /// the read fails or the buffer was lost). Panics when the range is outside `a`.
     pub fn act_download(&self, a: &GpuAct<E::Buf>, start: usize, out: &mut [f32]) {

@@ -15,7 +15,9 @@
 //!   (`attn_logits4` when the heads divide by four: four heads a thread, the same bits);
 //! - `attn_softmax` (t, h): `m = max(σ_h, ℓ…)`, `w_e = exp(ℓ_e - m)`, the denominator summed in
 //!   entry order plus `exp(σ_h - m)` (the sink: denominator only), `inv = 1/denominator`;
-//! - `attn_values` (t, h, c): `out = (Σ_e w_e·v_e[c])·inv`, entries in order;
+//! - `attn_values` (t, h, c): `out = (Σ_e w_e·v_e[c])·inv`, entries in order (`attn_values4`
+//!   when heads and `head_dim` divide by four: four heads and four columns a thread, the same
+//!   bits);
 //! - `attn_probs` (t, h, e): `p = w·inv` (only when some query wants its probabilities).
 //!
 //! Numerics are the CPU reference's (`cpu/attention.rs`) operation for operation in f32: the
@@ -246,9 +248,15 @@ pub fn sparse_attention<E: Executor>(
                 buf(&sink_p),
             ],
         )?;
+        // Four heads and four columns a thread read each entry's values once for all of them.
+        let (kernel, threads) = if h % 4 == 0 && d % 4 == 0 {
+            ("attn_values4", tokens * h * d / 16)
+        } else {
+            ("attn_values", tokens * h * d)
+        };
         e.launch(
-            "attn_values",
-            grid_for(tokens * h * d),
+            kernel,
+            grid_for(threads),
             &[
                 buf(&rows),
                 buf(&index),

@@ -290,6 +290,10 @@ impl<E: Executor> Backend for GpuBackend<E> {
         self.act_alloc(len)
     }
 
+    fn act_uninit(&self, len: usize) -> Act<E> {
+        self.act_alloc_uninit(len)
+    }
+
     fn act_len(&self, a: &Act<E>) -> usize {
         a.len()
     }
