@@ -199,19 +199,14 @@ pub fn run_sweep(
     let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
     let scenario = Scenario::load(&plan.scenario)?;
     let marks = model_marks(model_dir);
-    let config_bytes = std::fs::read(model_dir.join("config.json")).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot read {}: {e}",
-            model_dir.join("config.json").display()
-        )
-    })?;
     let info = RunInfo::new(
         model_dir.display().to_string(),
-        config_hash(&config_bytes),
+        config_hash(&cfg),
         scenario.name.clone(),
         marks.synthetic,
         serde_json::to_value(plan)?,
     )
+    .with_fingerprints(ckpt.fingerprint(), scenario.fingerprint()?)
     .with_backend(target.record());
     let (run_dir, finished) = RunDir::create_or_resume(out_dir, info)?;
     let per_prompt = plan.indexes.len() * plan.topks.len();

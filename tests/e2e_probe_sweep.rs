@@ -1,7 +1,7 @@
 //! End to end through the binary on the planted synthetic model (real vocabulary and
 //! tokenizer): `probe` (JSON shape, ranks consistent with selection and with `trace` scores on
-//! the same prompt), `sweep` (resume after a kill gives the same records as an uninterrupted
-//! run; refusal to resume with other arguments) and `demo` on a reduced grid.
+//! the same prompt; `--out` report directories), `sweep` (resume after a kill gives the same records as an uninterrupted
+//! run; refusal to resume with other arguments or other weights) and `demo` on a reduced grid.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -224,11 +224,64 @@ fn probe_ranks_match_trace_scores_on_the_same_prompt() {
     assert_eq!(compared, 2, "both CSA layers compared");
 }
 
+fn probe_out(out: &Path, extra: &[&str]) -> Output {
+    bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args(["--length", "512", "--kv", "exact", "--generate", "0", "--topk", "64"])
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// `probe --out` writes a report directory (run.json, summary.json: `report` reads it); probes
+/// with the same shared arguments add their cells, an identical one adds nothing, and one with
+/// another seed, or into a sweep's directory, is refused before it runs.
+#[test]
+fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("probes");
+    ok(probe_out(&out, &["--depth", "25"]), "first probe");
+    for f in ["run.json", "cells.csv", "layers.csv", "summary.json"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    ok(probe_out(&out, &["--depth", "75"]), "second depth");
+    let again = probe_out(&out, &["--depth", "75"]);
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already recorded"),
+        "{again:?}"
+    );
+    ok(again, "the same probe again");
+    let cells = std::fs::read_to_string(out.join("cells.csv")).unwrap();
+    assert_eq!(cells.lines().count(), 3, "header + two cells: {cells}");
+    ok(bin().arg("report").arg(&out).output().unwrap(), "report");
+
+    let refused = probe_out(&out, &["--depth", "25", "--seed", "3"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("sweep_args.seed"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(out.join("cells.csv")).unwrap(), cells);
+
+    let sweep_dir = dir.path().join("sweep");
+    ok(sweep(&sweep_dir, "64").output().unwrap(), "sweep");
+    let refused = probe_out(&sweep_dir, &[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("sweep_args.command"), "{stderr}");
+}
+
 fn sweep(out: &Path, topk: &str) -> Command {
+    sweep_on(planted(), out, topk)
+}
+
+fn sweep_on(model: &Path, out: &Path, topk: &str) -> Command {
     let mut c = bin();
     c.arg("sweep")
         .arg("--model")
-        .arg(planted())
+        .arg(model)
         .args([
             "--lengths",
             "512,1k",
@@ -323,6 +376,28 @@ fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
     assert!(!refused.status.success());
     assert!(stderr.contains("topk"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Same arguments and config, other weights (another seed): refused too, and nothing added.
+    let other = dir.path().join("planted-seed-1");
+    ok(
+        bin()
+            .args(["synth", "--preset", "planted", "--format", "bf16", "--seed", "1"])
+            .arg("--out")
+            .arg(&other)
+            .output()
+            .unwrap(),
+        "synth planted seed 1",
+    );
+    assert_eq!(
+        std::fs::read(other.join("config.json")).unwrap(),
+        std::fs::read(planted().join("config.json")).unwrap(),
+        "the seed changes the weights only"
+    );
+    let refused = sweep_on(&other, &killed, "64").output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("model_fingerprint"), "{stderr}");
+    assert_eq!(records(&killed), (b_cells, b_layers, b_attn));
 }
 
 #[test]
@@ -379,5 +454,29 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
             .count(),
         5,
         "header + 4 cells (2 lengths x 2 top-k), no duplicates"
+    );
+
+    // Another command's report is never replaced by the demo.
+    let sweep_dir = dir.path().join("a-sweep");
+    std::fs::create_dir(&sweep_dir).unwrap();
+    let mut info: Value = run.clone();
+    info["command_line"] = serde_json::json!(["needlescope", "sweep", "--model", "m"]);
+    std::fs::write(sweep_dir.join("run.json"), info.to_string()).unwrap();
+    std::fs::write(sweep_dir.join("cells.csv"), "kept\n").unwrap();
+    let refused = bin()
+        .arg("demo")
+        .arg("--out")
+        .arg(&sweep_dir)
+        .arg("--cache")
+        .arg(&cache)
+        .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("needlescope sweep --model m"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(sweep_dir.join("cells.csv")).unwrap(),
+        "kept\n"
     );
 }

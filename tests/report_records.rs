@@ -91,6 +91,8 @@ fn written_files_start_with_the_design_headers() {
         "scenario",
         "synthetic",
         "sweep_args",
+        "model_fingerprint",
+        "scenario_fingerprint",
     ] {
         assert!(info.get(key).is_some(), "run.json lacks {key}: {info}");
     }
@@ -175,12 +177,16 @@ fn rfc3339_utc_matches_known_instants() {
     }
 }
 
+/// run.json's config hash is the one `inspect` and `trace` print (the canonical config's), so
+/// a reformatted config.json is the same model and a changed field is not.
 #[test]
-fn config_hash_is_sha256_hex() {
-    assert_eq!(
-        config_hash(b""),
-        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    );
+fn config_hash_is_the_canonical_config_hash() {
+    let cfg = needlescope::config::ModelConfig::flash();
+    assert_eq!(config_hash(&cfg), format!("sha256:{}", cfg.hash_hex()));
+    assert_eq!(config_hash(&cfg).len(), "sha256:".len() + 64);
+    let mut other = cfg.clone();
+    other.index_topk = 1024;
+    assert_ne!(config_hash(&cfg), config_hash(&other));
 }
 
 #[test]

@@ -211,6 +211,29 @@ fn resume_with_another_model_is_refused_naming_the_hash() {
     );
 }
 
+/// Same config, other weights (or a scenario file reusing a built-in's name): refused, naming
+/// the fingerprint.
+#[test]
+fn resume_with_other_weights_or_scenario_content_is_refused() {
+    for field in ["model_fingerprint", "scenario_fingerprint"] {
+        let dir = tempfile::tempdir().unwrap();
+        let first = run_info(false).with_fingerprints("sha256:aa".into(), "sha256:bb".into());
+        RunDir::create_or_resume(dir.path(), first.clone()).unwrap();
+        let again = first.clone();
+        assert!(RunDir::create_or_resume(dir.path(), again).is_ok());
+        let mut other = first.clone();
+        match field {
+            "model_fingerprint" => other.model_fingerprint = "sha256:cc".into(),
+            _ => other.scenario_fingerprint = "sha256:cc".into(),
+        }
+        let msg = RunDir::create_or_resume(dir.path(), other)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(msg.contains(field) && msg.contains("sha256:cc"), "{msg}");
+    }
+}
+
 #[test]
 fn resume_keeps_the_original_run_json() {
     let dir = tempfile::tempdir().unwrap();

@@ -60,6 +60,9 @@ pub struct Checkpoint {
     expected: OnceLock<HashMap<String, ExpectedTensor>>,
 }
 
+/// Windows of each shard read by [`Checkpoint::fingerprint`].
+pub const FINGERPRINT_SAMPLES: usize = 17;
+
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 
@@ -171,6 +174,33 @@ impl Checkpoint {
     /// The shard files, in the order they were opened.
     pub fn shard_paths(&self) -> &[PathBuf] {
         &self.shard_paths
+    }
+
+    /// `sha256:<hex>` identifying the weights cheaply, without reading them all (a resumed
+    /// sweep must run on the same model, not just one with the same config): per shard in
+    /// order, its file name, length, safetensors header, and [`FINGERPRINT_SAMPLES`] windows of
+    /// 4 KiB spread evenly over the file. Two checkpoints with different weights differ in
+    /// practically every window; a copy or a move of the directory keeps the fingerprint.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for (path, shard) in self.shard_paths.iter().zip(&self.shards) {
+            let bytes: &[u8] = &shard.mmap;
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            h.update(name.unwrap_or_default().as_bytes());
+            h.update((bytes.len() as u64).to_le_bytes());
+            let header_len = bytes
+                .get(..8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()) as usize);
+            h.update(&bytes[..(8 + header_len).min(bytes.len())]);
+            const WINDOW: usize = 4096;
+            for i in 0..FINGERPRINT_SAMPLES {
+                let start = bytes.len().saturating_sub(WINDOW) * i / (FINGERPRINT_SAMPLES - 1);
+                h.update(&bytes[start..(start + WINDOW).min(bytes.len())]);
+            }
+        }
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
     }
 
     /// Tensor names, sorted.

@@ -128,12 +128,31 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The demo always runs its sweep afresh (only the model is cached): a previous report in
-/// `out` — recognised by its run.json, so no other directory is ever touched — is removed
-/// file by file (records, summary and PNGs).
+/// The demo always runs its sweep afresh (only the model is cached): a previous demo report in
+/// `out` — recognised by its run.json, whose command must be `demo`, so no other directory and
+/// no other command's report is ever touched — is removed file by file (records, summary and
+/// PNGs). Another command's report there is refused.
 fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
-    if !out.join("run.json").exists() {
+    let run_json = out.join("run.json");
+    if !run_json.exists() {
         return Ok(());
+    }
+    let command = std::fs::read(&run_json)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<crate::report::records::RunInfo>(&b).ok())
+        .map(|info| info.command_line);
+    let subcommand = command
+        .as_ref()
+        .and_then(|argv| argv.iter().skip(1).find(|a| !a.starts_with('-')).cloned());
+    if subcommand.as_deref() != Some("demo") {
+        let found = command.map_or("an unreadable run.json".to_string(), |argv| {
+            format!("a report of `{}`", argv.join(" "))
+        });
+        anyhow::bail!(
+            "--out {}: expected no report or a previous demo report (the demo replaces only its \
+             own), found {found}; pass another --out",
+            out.display()
+        );
     }
     for entry in std::fs::read_dir(out)? {
         let path = entry?.path();

@@ -21,6 +21,7 @@ pub mod doctor;
 pub mod engine;
 pub mod inspect;
 pub mod probe;
+pub mod probe_out;
 pub mod report;
 pub mod sweep;
 pub mod synth;

@@ -87,7 +87,7 @@ pub struct ProbeArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Also write the records (layers.csv, attention.csv, summary.json) into this directory
+    /// Also write the records into this report directory (run.json, cells.csv, layers.csv, attention.csv, summary.json, PNGs; `report DIR` re-renders them); probes with the same model, scenario, --kv, --seed, --generate, --compare and --probe may share one
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
@@ -156,6 +156,17 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         chunk: args.chunk,
         probe_question: args.probe == ProbeSet::Question,
     };
+    // The records directory is checked before the model runs.
+    let store = match &args.out {
+        Some(dir) => Some(super::probe_out::open(
+            dir,
+            args,
+            &ckpt,
+            &scenario,
+            backend.clone(),
+        )?),
+        None => None,
+    };
     let mut progress = BarProgress::new();
     let task = ProbeTask {
         tok: &tok,
@@ -207,8 +218,9 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             marks.answers,
         )?;
     }
-    if let Some(dir) = &args.out {
-        write_records(dir, &prompt, &runs, args, marks.answers)?;
+    if let Some(store) = store {
+        let stderr = &mut std::io::stderr();
+        super::probe_out::record(store, &prompt, args.length, &runs, marks.answers, stderr)?;
     }
     for run in &runs {
         if run.selection_disagreements > 0 {
@@ -351,52 +363,6 @@ fn print_tables(
     }
     writeln!(out)?;
     writeln!(out, "conclusion: {}", conclusion(runs, last, judge_answers))?;
-    Ok(())
-}
-
-fn write_records(
-    dir: &Path,
-    prompt: &NeedlePrompt,
-    runs: &[ProbeRun],
-    args: &ProbeArgs,
-    judge_answers: bool,
-) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| anyhow::anyhow!("cannot create --out directory {}: {e}", dir.display()))?;
-    append_csv(
-        &dir.join("cells.csv"),
-        runs.iter()
-            .map(|r| crate::sweep::cell_record(prompt, args.length, r, judge_answers)),
-    )?;
-    append_csv(
-        &dir.join("layers.csv"),
-        runs.iter().flat_map(|r| r.layers.iter().cloned()),
-    )?;
-    append_csv(
-        &dir.join("attention.csv"),
-        runs.iter().flat_map(|r| r.attention.iter().cloned()),
-    )?;
-    Ok(())
-}
-
-/// Appends serialised rows to a CSV file, writing the header only when the file is new; flushed.
-fn append_csv<T: serde::Serialize>(
-    path: &Path,
-    rows: impl Iterator<Item = T>,
-) -> anyhow::Result<()> {
-    let exists = path.exists() && std::fs::metadata(path)?.len() > 0;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
-    let mut w = csv::WriterBuilder::new()
-        .has_headers(!exists)
-        .from_writer(file);
-    for row in rows {
-        w.serialize(row)?;
-    }
-    w.flush()?;
     Ok(())
 }
 

@@ -347,6 +347,26 @@ impl Scenario {
         })
     }
 
+    /// `sha256:<hex>` of what the scenario generates from: every field but `source`, and the
+    /// haystack file's bytes when it has one (a resumed sweep must run the same scenario, not
+    /// one that reuses its name). Fails when the haystack file cannot be read.
+    pub fn fingerprint(&self) -> Result<String, ScenarioError> {
+        use sha2::{Digest, Sha256};
+        let mut content = self.clone();
+        content.source.clear();
+        let mut h = Sha256::new();
+        h.update(format!("{content:?}").as_bytes());
+        if let HaystackKind::File(Some(path)) = &self.haystack {
+            let bytes = std::fs::read(path).map_err(|source| ScenarioError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            h.update(&bytes);
+        }
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("sha256:{hex}"))
+    }
+
     /// Uses `path` as the haystack text (`--haystack-file`); only for kind `file`.
     pub fn with_haystack_file(mut self, path: &Path) -> Result<Self, ScenarioError> {
         match self.haystack {

@@ -8,7 +8,6 @@
 //! [`CellRecord`] only combine its own fields (e.g. layers lost = non-trivial - selected).
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use crate::numerics::modes::{IndexProfile, KvMode};
@@ -205,14 +204,15 @@ impl std::fmt::Display for BackendRecord {
 }
 
 /// run.json: what was run, on what, when; the resume check compares `sweep_args`,
-/// `model_config_hash`, `scenario`, `synthetic` and the backend's numerics (see
+/// `model_config_hash`, `model_fingerprint`, `scenario`, `scenario_fingerprint`, `synthetic`
+/// and the backend's numerics (see
 /// [`RunInfo::resume_differences`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
     /// argv as given (program name first).
     pub command_line: Vec<String>,
     pub model_path: String,
-    /// [`config_hash`] of the model's config.json.
+    /// [`config_hash`] of the model's config.
     pub model_config_hash: String,
     pub needlescope_version: String,
     /// RFC 3339, UTC, seconds ([`rfc3339_utc`]).
@@ -224,6 +224,15 @@ pub struct RunInfo {
     /// samples, seeds...), as the sweep chooses to serialise them; compared key by key on
     /// resume. Leave out what does not change results (output directory, device, chunk size).
     pub sweep_args: serde_json::Value,
+    /// [`crate::checkpoint::Checkpoint::fingerprint`] of the weights (compared on resume: the
+    /// config alone does not tell two checkpoints apart); empty in runs written before it was
+    /// recorded, which therefore do not resume.
+    #[serde(default)]
+    pub model_fingerprint: String,
+    /// [`crate::probe::scenario::Scenario::fingerprint`] of the scenario's content (compared on
+    /// resume: a file may reuse a built-in's name); empty in older runs.
+    #[serde(default)]
+    pub scenario_fingerprint: String,
     /// The backend the run computes on ([`BackendRecord`]; `cpu` when absent, as in runs
     /// written before it was recorded). Its numerics (kind and GEMM precision) must match on
     /// resume, its device list need not.
@@ -249,8 +258,17 @@ impl RunInfo {
             scenario: scenario.into(),
             synthetic,
             sweep_args,
+            model_fingerprint: String::new(),
+            scenario_fingerprint: String::new(),
             backend: BackendRecord::cpu(),
         }
+    }
+
+    /// The same run with the weights' and the scenario's fingerprints.
+    pub fn with_fingerprints(mut self, model: String, scenario: String) -> Self {
+        self.model_fingerprint = model;
+        self.scenario_fingerprint = scenario;
+        self
     }
 
     /// The same run on another backend.
@@ -269,8 +287,8 @@ impl RunInfo {
     }
 
     /// Fields in which `now` (the run being started) differs from `self` (run.json): the
-    /// model config hash, scenario, synthetic flag, backend numerics (`cpu`, `cuda gemm bf16`,
-    /// ...) and each differing key of `sweep_args`.
+    /// model config hash and weights fingerprint, scenario name and content, synthetic flag,
+    /// backend numerics (`cpu`, `cuda gemm bf16`, ...) and each differing key of `sweep_args`.
     pub fn resume_differences(&self, now: &RunInfo) -> Vec<crate::report::FieldDifference> {
         use crate::report::FieldDifference;
         let mut out = Vec::new();
@@ -289,9 +307,19 @@ impl RunInfo {
             now.model_config_hash.clone().into(),
         );
         cmp(
+            "model_fingerprint".into(),
+            self.model_fingerprint.clone().into(),
+            now.model_fingerprint.clone().into(),
+        );
+        cmp(
             "scenario".into(),
             self.scenario.clone().into(),
             now.scenario.clone().into(),
+        );
+        cmp(
+            "scenario_fingerprint".into(),
+            self.scenario_fingerprint.clone().into(),
+            now.scenario_fingerprint.clone().into(),
         );
         cmp(
             "synthetic".into(),
@@ -321,11 +349,11 @@ impl RunInfo {
     }
 }
 
-/// `sha256:<hex>` of a config.json's bytes (the `model_config_hash` of run.json).
-pub fn config_hash(config_json: &[u8]) -> String {
-    let digest = Sha256::digest(config_json);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+/// `sha256:<hex>` of a model config (the `model_config_hash` of run.json): the hash of its
+/// canonical JSON ([`ModelConfig::hash_hex`], what `inspect` and `trace` print), so that a
+/// reformatted config.json is the same model.
+pub fn config_hash(cfg: &crate::config::ModelConfig) -> String {
+    format!("sha256:{}", cfg.hash_hex())
 }
 
 /// RFC 3339 UTC timestamp with whole seconds, e.g. `2025-11-29T17:23:05Z`, from std only
