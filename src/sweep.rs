@@ -178,6 +178,54 @@ pub struct SweepOutcome {
     pub cells_skipped: usize,
 }
 
+/// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:
+/// a value given twice in a list flag, a length (plus `--generate`) past the model's
+/// positions, or one too short for the scenario (one prompt per length is built here).
+pub fn check_plan(
+    plan: &SweepPlan,
+    tok: &V4Tokenizer,
+    scenario: &Scenario,
+    cfg: &ModelConfig,
+) -> anyhow::Result<()> {
+    use crate::cli::values::refuse_duplicates;
+    refuse_duplicates("--lengths", &plan.lengths, |&l| l)?;
+    refuse_duplicates("--depths", &plan.depths, |&d| d)?;
+    refuse_duplicates("--index", &plan.indexes, |p| p.name())?;
+    refuse_duplicates("--topk", &plan.topks, |&k| k)?;
+    let max = cfg.max_position_embeddings;
+    for &length in &plan.lengths {
+        if length + plan.generate > max {
+            anyhow::bail!(
+                "--lengths {length} with --generate {}: expected at most the model's \
+                 max_position_embeddings ({max}) positions, found {}",
+                plan.generate,
+                length + plan.generate
+            );
+        }
+        let depth = plan.depths.first().copied().unwrap_or(50.0);
+        sweep_prompt(tok, scenario, length, depth, plan.seed, max)?;
+    }
+    Ok(())
+}
+
+/// [`build_prompt`] for a sweep cell: a length error names `--lengths`.
+fn sweep_prompt(
+    tok: &V4Tokenizer,
+    scenario: &Scenario,
+    length: usize,
+    depth: f64,
+    seed: u64,
+    max_positions: usize,
+) -> anyhow::Result<NeedlePrompt> {
+    build_prompt(tok, scenario, length, depth, seed, max_positions).map_err(|e| {
+        let msg = e.to_string();
+        match msg.strip_prefix("--length ") {
+            Some(rest) => anyhow::anyhow!("--lengths {rest}"),
+            None => e.into(),
+        }
+    })
+}
+
 /// Runs (or resumes) the sweep into `out_dir` on the backend `device` asks for (decided and
 /// placed before run.json is written, which records it); prints a line per finished cell to
 /// `out`.
@@ -198,6 +246,7 @@ pub fn run_sweep(
     let target = Target::prepare(device, &ckpt, &work)?;
     let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
     let scenario = Scenario::load(&plan.scenario)?;
+    check_plan(plan, &tok, &scenario, &cfg)?;
     let marks = model_marks(model_dir);
     let info = RunInfo::new(
         model_dir.display().to_string(),
@@ -279,7 +328,7 @@ impl EngineTask for SweepTask<'_> {
                     if todo.is_empty() {
                         continue;
                     }
-                    let prompt = build_prompt(
+                    let prompt = sweep_prompt(
                         self.tok,
                         self.scenario,
                         length,

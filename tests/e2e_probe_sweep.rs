@@ -229,7 +229,16 @@ fn probe_out(out: &Path, extra: &[&str]) -> Output {
         .arg("probe")
         .arg("--model")
         .arg(planted())
-        .args(["--length", "512", "--kv", "exact", "--generate", "0", "--topk", "64"])
+        .args([
+            "--length",
+            "512",
+            "--kv",
+            "exact",
+            "--generate",
+            "0",
+            "--topk",
+            "64",
+        ])
         .arg("--out")
         .arg(out)
         .args(extra)
@@ -263,7 +272,10 @@ fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(stderr.contains("sweep_args.seed"), "{stderr}");
-    assert_eq!(std::fs::read_to_string(out.join("cells.csv")).unwrap(), cells);
+    assert_eq!(
+        std::fs::read_to_string(out.join("cells.csv")).unwrap(),
+        cells
+    );
 
     let sweep_dir = dir.path().join("sweep");
     ok(sweep(&sweep_dir, "64").output().unwrap(), "sweep");
@@ -271,6 +283,69 @@ fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(stderr.contains("sweep_args.command"), "{stderr}");
+}
+
+/// A grid that would fail or repeat cells midway is refused before anything runs or is
+/// written: a length too short for the scenario or past the model's positions (after finished
+/// cells, before), a profile named twice through an alias, a top-k given twice; likewise a
+/// probe's repeated `--compare`.
+#[test]
+fn sweep_and_probe_refuse_bad_grids_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (flags, expected)) in [
+        (
+            &["--lengths", "512,10", "--depths", "50"][..],
+            "--lengths 10: ",
+        ),
+        (
+            &["--lengths", "512,2m", "--depths", "50"][..],
+            "--lengths 2097152",
+        ),
+        (
+            &["--index", "fp8,sglang-fp8", "--depths", "50"][..],
+            "--index: expected each value once",
+        ),
+        (
+            &["--topk", "8,8", "--depths", "50"][..],
+            "--topk: expected each value once, found 8 twice",
+        ),
+        (
+            &["--depths", "50,50"][..],
+            "--depths: expected each value once",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = dir.path().join(format!("grid{i}"));
+        let run = bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(planted())
+            .args(["--kv", "exact", "--generate", "0", "--out"])
+            .arg(&out)
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(!out.join("run.json").exists(), "{flags:?}: nothing written");
+    }
+    let run = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args(["--length", "512", "--compare", "exact,exact"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        stderr.contains("--compare: expected each value once, found exact twice"),
+        "{stderr}"
+    );
 }
 
 fn sweep(out: &Path, topk: &str) -> Command {
@@ -381,7 +456,9 @@ fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
     let other = dir.path().join("planted-seed-1");
     ok(
         bin()
-            .args(["synth", "--preset", "planted", "--format", "bf16", "--seed", "1"])
+            .args([
+                "synth", "--preset", "planted", "--format", "bf16", "--seed", "1",
+            ])
             .arg("--out")
             .arg(&other)
             .output()

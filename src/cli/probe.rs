@@ -121,8 +121,22 @@ impl EngineTask for ProbeTask<'_> {
 }
 
 pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use super::values::refuse_duplicates;
+    refuse_duplicates("--index", &args.index, |p| p.name())?;
+    refuse_duplicates("--compare", &args.compare, |p| p.name())?;
+    refuse_duplicates("--topk", &args.topk, |&k| k)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
+    let positions = args.length + args.generate;
+    if positions > cfg.max_position_embeddings {
+        anyhow::bail!(
+            "--length {} with --generate {}: expected at most the model's \
+             max_position_embeddings ({}) positions, found {positions}",
+            args.length,
+            args.generate,
+            cfg.max_position_embeddings
+        );
+    }
     // The backend first: a device that cannot be used, or a model that does not fit, fails
     // before the prompt is built. The prompt is exactly `--length` tokens.
     let work = Workload {

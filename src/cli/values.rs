@@ -145,6 +145,22 @@ pub fn parse_arch(s: &str) -> Result<String, String> {
     }
 }
 
+/// Refuses a list flag that names one value twice (`key` says when two values are the same:
+/// an alias and its profile name, say), so that no grid cell is run or recorded twice.
+pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
+    flag: &str,
+    values: &[T],
+    key: impl Fn(&T) -> K,
+) -> anyhow::Result<()> {
+    let keys: Vec<K> = values.iter().map(key).collect();
+    for (i, k) in keys.iter().enumerate() {
+        if keys[..i].contains(k) {
+            anyhow::bail!("{flag}: expected each value once, found {k} twice");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
