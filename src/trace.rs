@@ -221,12 +221,30 @@ pub fn write_trace(
         f32_bytes(&logits),
     );
 
+    // Written beside `path` and renamed when complete: a failed write leaves no file that
+    // looks like a trace.
     let specs = tensors.iter().map(|(s, _)| s.clone()).collect();
-    let mut writer = SafetensorsWriter::create(path, specs, &metadata)?;
-    for (spec, bytes) in &tensors {
-        writer.write(&spec.name, bytes)?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let written = (|| {
+        let mut writer = SafetensorsWriter::create(&partial, specs, &metadata)?;
+        for (spec, bytes) in &tensors {
+            writer.write(&spec.name, bytes)?;
+        }
+        writer.finish()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e.into());
     }
-    writer.finish()?;
+    std::fs::rename(&partial, path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot move {} to {}: {e}",
+            partial.display(),
+            path.display()
+        )
+    })?;
     Ok(())
 }
 

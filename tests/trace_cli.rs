@@ -171,3 +171,58 @@ fn trace_rejects_a_token_id_outside_the_vocabulary() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Fewer than four tokens: no compressed row is visible yet, so the indexer tensors have zero
+/// rows (zero bytes); the trace is still written whole, readable, with the shapes design.md
+/// gives, and no `.partial` file is left beside it.
+#[test]
+fn trace_of_fewer_than_four_tokens_has_empty_indexer_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &model),
+        None,
+    )
+    .unwrap();
+    for count in [1usize, 3] {
+        let tokens_file = dir.path().join(format!("ids{count}.txt"));
+        let ids: Vec<String> = (0..count).map(|i| (5 + i).to_string()).collect();
+        std::fs::write(&tokens_file, ids.join(" ")).unwrap();
+        let out = dir.path().join(format!("t{count}.safetensors"));
+        let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+            .args(["trace", "--model"])
+            .arg(&model)
+            .arg("--tokens")
+            .arg(&tokens_file)
+            .args(["--positions", "all", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{count} tokens: {stderr}");
+        let bytes = std::fs::read(&out).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let scores: Vec<String> = st
+            .names()
+            .into_iter()
+            .filter(|n| n.ends_with("indexer.scores"))
+            .map(|n| n.to_string())
+            .collect();
+        assert!(!scores.is_empty(), "tiny has CSA layers");
+        for name in scores {
+            let (shape, data) = f32s(&st, &name);
+            assert_eq!(shape, vec![count, 0], "{name}");
+            assert!(data.is_empty());
+            let topk = name.replace("scores", "topk");
+            let t = st.tensor(&topk).unwrap();
+            assert_eq!(t.shape()[0], count, "{topk}");
+            // No row is visible: every slot is the -1 padding.
+            assert!(i32s(&st, &topk).iter().all(|&r| r == -1), "{topk}");
+        }
+        let (shape, _) = f32s(&st, "logits");
+        assert_eq!(shape, vec![count, 4096]);
+        let mut partial = out.clone().into_os_string();
+        partial.push(".partial");
+        assert!(!std::path::Path::new(&partial).exists());
+    }
+}

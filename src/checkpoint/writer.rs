@@ -90,8 +90,18 @@ impl SafetensorsWriter {
         self.tensors.get(self.cur)
     }
 
-    /// Appends bytes of the current tensor `name`; a piece may not run past its end.
+    /// Appends bytes of the current tensor `name`; a piece may not run past its end. Writing
+    /// nothing to a tensor of zero bytes is accepted whenever it comes (those need no data, so
+    /// the writer moves past them on its own).
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        if bytes.is_empty()
+            && self
+                .tensors
+                .iter()
+                .any(|t| t.name == name && t.bytes() == 0)
+        {
+            return Ok(());
+        }
         let Some(t) = self.tensors.get(self.cur) else {
             return Err(self.misuse(format!(
                 "tensor {name}: expected no more data, all tensors written"
