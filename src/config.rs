@@ -214,7 +214,10 @@ fn yes() -> bool {
 impl ModelConfig {
     /// Reads `config.json` from a file or from a model directory, then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let path = if path.is_dir() {
+        // A model directory (or a missing path that is not a .json file: its error then names
+        // the config.json the user's directory lacks).
+        let is_json = path.extension().is_some_and(|e| e == "json");
+        let path = if path.is_dir() || (!path.is_file() && !is_json) {
             path.join("config.json")
         } else {
             path.to_path_buf()

@@ -2,7 +2,7 @@
 //! an exit code. Nothing else lives here (everything testable is in `needlescope::cli`).
 //!
 //! Exit codes: 0 success (also when stdout is a closed pipe, e.g. `| head`), 1 any error (the
-//! whole error chain is printed to stderr), 2 a usage error (clap's default: unknown flag, bad
+//! whole error chain is printed to stderr, each cause once), 2 a usage error (clap's default: unknown flag, bad
 //! flag value, missing argument).
 
 use clap::Parser;
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if needlescope::cli::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", needlescope::cli::error_text(&err));
             ExitCode::from(1)
         }
     }

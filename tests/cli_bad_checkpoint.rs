@@ -250,6 +250,30 @@ fn missing_config_is_named() {
     broken(&dir).stderr_has(&["config.json"]);
 }
 
+/// A model directory that does not exist: `inspect` says so; `sweep` (which reads the config
+/// first) names the config.json the directory would hold, and says the cause once.
+#[test]
+fn missing_model_directory_is_named_with_the_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("nonexistent");
+    broken(&dir).stderr_has(&["nonexistent", "does not exist"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["sweep", "--model"])
+        .arg(&dir)
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("nonexistent/config.json"), "{stderr}");
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+}
+
 #[test]
 fn model_path_that_is_a_file_is_explained() {
     let (_t, dir) = tiny(&[]);

@@ -99,10 +99,43 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
+/// The error as the binary prints it: the chain of causes joined by ": ", leaving out a cause
+/// whose text is already in what precedes it (most errors here name their cause in their own
+/// message, so `{:#}` would repeat it).
+pub fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn error_text_names_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        // A message that already names its source, as the config errors do.
+        let named = crate::config::ConfigError::Io {
+            path: "m/config.json".into(),
+            source: io(),
+        };
+        let text = error_text(&anyhow::Error::new(named));
+        assert_eq!(text.matches("no such file").count(), 1, "{text}");
+        assert!(text.contains("m/config.json"), "{text}");
+        // Context over a cause it does not name: both, in order.
+        let err = anyhow::Error::new(io()).context("cannot open the report");
+        assert_eq!(error_text(&err), "cannot open the report: no such file");
+    }
 
     #[test]
     fn clap_definition_is_consistent() {
