@@ -453,6 +453,31 @@ impl ModelConfig {
         LayerKind::from_ratio(self.compress_ratios[layer]).expect("validated")
     }
 
+    /// The main layers whose attention is CSA (the ones with a lightning indexer).
+    pub fn csa_layers(&self) -> Vec<usize> {
+        (0..self.num_hidden_layers)
+            .filter(|&l| self.layer_kind(l) == LayerKind::Csa)
+            .collect()
+    }
+
+    /// Refuses a model without a CSA layer for the needle diagnostics (`probe`, `sweep`): there is
+    /// no indexer whose selection could lose the needle, so every verdict would be vacuous.
+    pub fn require_csa_layer(&self, path: &Path) -> Result<(), ConfigError> {
+        if self.csa_layers().is_empty() {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field: "compress_ratios".into(),
+                found: format!(
+                    "{:?} for its {} layers, with no 4 (no CSA layer, so no indexer to probe)",
+                    &self.compress_ratios[..self.num_hidden_layers],
+                    self.num_hidden_layers
+                ),
+                expected: "at least one CSA layer (ratio 4)".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Attention type of MTP layer `i`, if the config lists it (sliding otherwise).
     pub fn mtp_layer_kind(&self, i: usize) -> LayerKind {
         self.compress_ratios

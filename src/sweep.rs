@@ -238,6 +238,7 @@ pub fn run_sweep(
 ) -> anyhow::Result<SweepOutcome> {
     let ckpt = Checkpoint::open(model_dir)?;
     let cfg = ckpt.config().clone();
+    cfg.require_csa_layer(&model_dir.join("config.json"))?;
     let work = Workload {
         context: plan.lengths.iter().copied().max().unwrap_or(0) + plan.generate,
         chunk: plan.chunk,

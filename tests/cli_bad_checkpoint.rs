@@ -279,3 +279,31 @@ fn model_path_that_is_a_file_is_explained() {
     let (_t, dir) = tiny(&[]);
     broken(&dir.join("model.safetensors")).stderr_has(&["model.safetensors", "directory"]);
 }
+
+/// A model without a CSA layer has no indexer to probe: `probe` and `sweep` refuse it up front,
+/// naming compress_ratios (every verdict would otherwise be a vacuous "trivially kept").
+#[test]
+fn probe_and_sweep_refuse_a_model_without_a_csa_layer() {
+    let (tmp, dir) = tiny(&["--layers", "1"]);
+    for args in [
+        vec!["probe", "--length", "300"],
+        vec!["sweep", "--lengths", "300", "--out"],
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"));
+        cmd.args(&args[..1])
+            .arg("--model")
+            .arg(&dir)
+            .args(&args[1..]);
+        if args[0] == "sweep" {
+            cmd.arg(tmp.path().join("sweep"));
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("compress_ratios") && stderr.contains("no CSA layer"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert!(!tmp.path().join("sweep").exists(), "nothing written");
+}

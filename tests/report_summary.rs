@@ -28,7 +28,7 @@ fn median_worst_and_recall_by_answer() {
     assert_eq!(g.len(), 1);
     let g = &g[0];
     assert_eq!((g.cells, g.recalled), (5, 4));
-    assert_eq!(g.recall_rate, 0.8);
+    assert_eq!(g.recall_rate, Some(0.8));
     assert_eq!(g.judged_by, "answer");
     assert_eq!(g.median_rank, Some(8.5), "median of 3, 7, 10, 100");
     assert_eq!(g.worst_rank, Some(100));
@@ -53,6 +53,34 @@ fn indexer_recall_and_layers_lost_when_there_is_no_verdict() {
     assert_eq!((g.layers_lost_worst, g.layers_nontrivial_of_worst), (2, 21));
     assert_eq!(g.layers_lost_total, 3);
     assert_eq!(g.trivial_cells, 0);
+}
+
+/// design.md 4: a trivial cell is shown, never evidence. An indexer-judged cell whose every
+/// CSA layer is trivial counts neither as recalled nor as lost; an answer verdict always
+/// counts; a group of trivial cells only has no rate and reads `trivial` in the table.
+#[test]
+fn trivial_cells_are_not_evidence_for_recall() {
+    let mut trivial = with("t", 2048, Some(1), None);
+    trivial.csa_layers_nontrivial = 0;
+    let mut lost = with("l", 2048, Some(600), None);
+    lost.csa_layers_nontrivial = 3;
+    lost.csa_layers_selected = 2;
+    let g = &summarize(&[trivial.clone(), lost])[0];
+    assert_eq!((g.cells, g.evidence_cells, g.recalled), (2, 1, 0));
+    assert_eq!(g.recall_rate, Some(0.0));
+    assert_eq!(g.trivial_cells, 1);
+
+    let mut answered = trivial.clone();
+    answered.cell_id = "a".into();
+    answered.answer_correct = Some(false);
+    let g = &summarize(&[trivial.clone(), answered])[0];
+    assert_eq!((g.evidence_cells, g.recalled), (1, 0));
+
+    let only = summarize(std::slice::from_ref(&trivial));
+    assert_eq!((only[0].evidence_cells, only[0].recall_rate), (0, None));
+    let table = render_table(&only, false);
+    let row = table.lines().nth(2).unwrap();
+    assert!(row.contains("trivial") && !row.contains('%'), "{table}");
 }
 
 #[test]
@@ -88,7 +116,7 @@ fn groups_split_by_length_profile_and_topk_in_order() {
     assert_eq!(g[0].judged_by, "mixed");
     assert_eq!(g[0].median_rank, Some(5.0));
     assert_eq!(g[2].trivial_cells, 1);
-    assert_eq!(g[1].recall_rate, 0.0);
+    assert_eq!(g[1].recall_rate, Some(0.0));
 }
 
 #[test]

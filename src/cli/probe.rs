@@ -127,6 +127,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
+    cfg.require_csa_layer(&args.model.join("config.json"))?;
     let positions = args.length + args.generate;
     if positions > cfg.max_position_embeddings {
         anyhow::bail!(

@@ -73,10 +73,13 @@ struct Tile {
 }
 
 fn tile(samples: &[&CellRecord]) -> Tile {
-    let n = samples.len();
-    let recalled = samples.iter().filter(|c| c.recalled()).count();
-    let by_answer = samples.iter().any(|c| c.answer_correct.is_some());
-    let trivial = !by_answer && samples.iter().all(|c| c.all_trivial());
+    // Trivial indexer-judged samples are no evidence: counted neither way.
+    let n = samples.iter().filter(|c| c.is_evidence()).count();
+    let recalled = samples
+        .iter()
+        .filter(|c| c.is_evidence() && c.recalled())
+        .count();
+    let trivial = n == 0;
     let fill = if trivial {
         GREY
     } else if recalled == n {

@@ -144,6 +144,13 @@ impl CellRecord {
         self.csa_layers_nontrivial == 0
     }
 
+    /// Whether the cell counts towards a recall rate: it has an answer verdict, or a CSA layer
+    /// where the indexer could have lost the needle (design.md 4: a trivial cell is shown,
+    /// never counted as evidence).
+    pub fn is_evidence(&self) -> bool {
+        self.answer_correct.is_some() || !self.all_trivial()
+    }
+
     /// The answer position: the last prompt token.
     pub fn answer_position(&self) -> usize {
         self.prompt_tokens.saturating_sub(1)

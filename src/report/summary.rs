@@ -5,6 +5,9 @@
 //! Definitions (all from [`CellRecord`] fields, nothing recomputed from layers):
 //! - a cell is recalled when `answer_correct` is true, or, when it is empty, when the needle was
 //!   selected on every non-trivial CSA layer at the answer position (indexer recall);
+//! - the recall rate counts evidence cells only ([`CellRecord::is_evidence`]): a cell judged by
+//!   the indexer whose every CSA layer is trivial is left out (it cannot lose the needle), and a
+//!   group with no evidence cell has no rate (null, shown as `trivial`);
 //! - median / worst rank: median / maximum of the cells' `min_needle_rank` (cells without one
 //!   are left out); the median of an even count is the mean of the two middle values;
 //! - layers lost per cell = `csa_layers_nontrivial - csa_layers_selected`; the group reports
@@ -26,8 +29,12 @@ pub struct GroupSummary {
     pub topk: usize,
     /// Finished cells (depths x samples).
     pub cells: usize,
+    /// Cells that count towards the recall rate ([`CellRecord::is_evidence`]).
+    pub evidence_cells: usize,
+    /// Evidence cells recalled.
     pub recalled: usize,
-    pub recall_rate: f64,
+    /// `recalled / evidence_cells`; None without evidence cells.
+    pub recall_rate: Option<f64>,
     /// "answer", "indexer" or "mixed": how the cells were judged.
     pub judged_by: &'static str,
     pub median_rank: Option<f64>,
@@ -72,7 +79,8 @@ pub fn summarize(cells: &[CellRecord]) -> Vec<GroupSummary> {
         .into_values()
         .map(|cs| {
             let first = cs[0];
-            let recalled = cs.iter().filter(|c| c.recalled()).count();
+            let evidence: Vec<&&CellRecord> = cs.iter().filter(|c| c.is_evidence()).collect();
+            let recalled = evidence.iter().filter(|c| c.recalled()).count();
             let answers = cs.iter().filter(|c| c.answer_correct.is_some()).count();
             let mut ranks: Vec<usize> = cs.iter().filter_map(|c| c.min_needle_rank).collect();
             ranks.sort_unstable();
@@ -86,8 +94,10 @@ pub fn summarize(cells: &[CellRecord]) -> Vec<GroupSummary> {
                 kv: first.kv,
                 topk: first.topk,
                 cells: cs.len(),
+                evidence_cells: evidence.len(),
                 recalled,
-                recall_rate: recalled as f64 / cs.len() as f64,
+                recall_rate: (!evidence.is_empty())
+                    .then(|| recalled as f64 / evidence.len() as f64),
                 judged_by: match answers {
                     0 => "indexer",
                     n if n == cs.len() => "answer",
@@ -154,20 +164,23 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
     ];
     let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
     for g in groups {
-        let recall = format!(
-            "{}/{} {:>3.0}%{}",
-            g.recalled,
-            g.cells,
-            g.recall_rate * 100.0,
-            match g.judged_by {
-                "answer" => "",
-                "indexer" => " idx",
-                _ => " mix",
-            }
-        );
-        let tone = if g.trivial_cells == g.cells {
+        let recall = match g.recall_rate {
+            Some(rate) => format!(
+                "{}/{} {:>3.0}%{}",
+                g.recalled,
+                g.evidence_cells,
+                rate * 100.0,
+                match g.judged_by {
+                    "answer" => "",
+                    "indexer" => " idx",
+                    _ => " mix",
+                }
+            ),
+            None => "trivial".to_string(),
+        };
+        let tone = if g.evidence_cells == 0 {
             Some(DIM)
-        } else if g.recalled == g.cells {
+        } else if g.recalled == g.evidence_cells {
             Some(GREEN)
         } else if g.recalled == 0 {
             Some(RED)
@@ -240,7 +253,8 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
     }
     out.push_str(
         "recall: answer correct; \"idx\": no answer verdict, judged by indexer recall (needle \
-         selected on every non-trivial CSA layer at the answer position).\n\
+         selected on every non-trivial CSA layer at the answer position), over the cells that \
+         count (an indexer-judged cell with only trivial CSA layers does not).\n\
          rank: min_needle_rank (the needle rank on the worst CSA layer of a cell), median and worst over cells.\n\
          CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
          lost/non-trivial in the worst cell and summed over cells;\n\
