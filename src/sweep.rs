@@ -53,6 +53,10 @@ pub struct SweepPlan {
     /// Not part of the results (left out of the resume check).
     #[serde(skip)]
     pub chunk: usize,
+    /// `--haystack-file` (scenarios of haystack kind `file`); its content is in run.json's
+    /// `scenario_fingerprint`, which the resume check compares, so the path itself is not.
+    #[serde(skip)]
+    pub haystack_file: Option<PathBuf>,
 }
 
 /// What the model's config.json says about itself, beyond the architecture.
@@ -246,7 +250,7 @@ pub fn run_sweep(
     };
     let target = Target::prepare(device, &ckpt, &work)?;
     let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
-    let scenario = Scenario::load(&plan.scenario)?;
+    let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     check_plan(plan, &tok, &scenario, &cfg)?;
     let marks = model_marks(model_dir);
     let info = RunInfo::new(

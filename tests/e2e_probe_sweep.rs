@@ -348,6 +348,61 @@ fn sweep_and_probe_refuse_bad_grids_up_front() {
     );
 }
 
+/// `--haystack-file` feeds scenarios of haystack kind `file` (the built-in `essay`) in probe and
+/// sweep; without it they say which flag to pass; a sweep resumed with another file's text is
+/// refused (the scenario fingerprint covers the file's content).
+#[test]
+fn essay_scenario_runs_with_a_haystack_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("essay.txt");
+    let sentences: Vec<String> = (0..400)
+        .map(|i| format!("Paragraph {i} considers how rivers shape the valleys they cross."))
+        .collect();
+    std::fs::write(&text, sentences.join(" ")).unwrap();
+    let probe = |extra: &[&str]| {
+        bin()
+            .arg("probe")
+            .arg("--model")
+            .arg(planted())
+            .args(["--scenario", "essay", "--length", "512", "--kv", "exact"])
+            .args(["--generate", "0", "--topk", "64"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let missing = probe(&[]);
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success());
+    assert!(stderr.contains("--haystack-file"), "{stderr}");
+    ok(
+        probe(&["--haystack-file", text.to_str().unwrap()]),
+        "essay probe",
+    );
+
+    let out = dir.path().join("essay-sweep");
+    let sweep = |file: &Path| {
+        bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(planted())
+            .args(["--scenario", "essay", "--lengths", "512", "--depths", "50"])
+            .args(["--kv", "exact", "--generate", "0", "--topk", "64"])
+            .arg("--haystack-file")
+            .arg(file)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    ok(sweep(&text), "essay sweep");
+    let other = dir.path().join("other.txt");
+    std::fs::write(&other, sentences.join(" ").replace("rivers", "glaciers")).unwrap();
+    let refused = sweep(&other);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("scenario_fingerprint"), "{stderr}");
+}
+
 fn sweep(out: &Path, topk: &str) -> Command {
     sweep_on(planted(), out, topk)
 }

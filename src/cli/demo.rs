@@ -103,6 +103,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         seed: 0,
         generate: 0,
         chunk: 4096,
+        haystack_file: None,
     };
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();

@@ -94,6 +94,10 @@ pub struct ProbeArgs {
     /// Seed of the haystack filler
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)
+    #[arg(long, value_name = "FILE")]
+    pub haystack_file: Option<PathBuf>,
 }
 
 /// The probe's body on a loaded engine of any backend.
@@ -148,7 +152,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let target = Target::prepare(&args.device, &ckpt, &work)?;
     let backend = target.record();
     let tok = load_tokenizer(&args.model, cfg.vocab_size)?;
-    let scenario = Scenario::load(&args.scenario)?;
+    let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
     let prompt = build_prompt(
         &tok,
         &scenario,

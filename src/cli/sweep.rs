@@ -68,6 +68,10 @@ pub struct SweepArgs {
     /// Maximum generated tokens per cell (greedy, stops at EOS)
     #[arg(long, value_name = "N", default_value_t = 24)]
     pub generate: usize,
+
+    /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)
+    #[arg(long, value_name = "FILE")]
+    pub haystack_file: Option<PathBuf>,
 }
 
 pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -87,6 +91,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         seed: args.seed,
         generate: args.generate,
         chunk: args.chunk,
+        haystack_file: args.haystack_file.clone(),
     };
     let dir = match &args.out {
         Some(d) => d.clone(),

@@ -367,6 +367,19 @@ impl Scenario {
         Ok(format!("sha256:{hex}"))
     }
 
+    /// [`Scenario::load`], then [`Scenario::with_haystack_file`] when `haystack_file` is given
+    /// (the `--haystack-file` of `probe` and `sweep`).
+    pub fn load_with(
+        name_or_path: &str,
+        haystack_file: Option<&Path>,
+    ) -> Result<Self, ScenarioError> {
+        let scenario = Self::load(name_or_path)?;
+        match haystack_file {
+            Some(path) => scenario.with_haystack_file(path),
+            None => Ok(scenario),
+        }
+    }
+
     /// Uses `path` as the haystack text (`--haystack-file`); only for kind `file`.
     pub fn with_haystack_file(mut self, path: &Path) -> Result<Self, ScenarioError> {
         match self.haystack {
