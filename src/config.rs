@@ -276,6 +276,18 @@ impl ModelConfig {
                 return Err(bad(field, "0".into(), "a positive integer"));
             }
         }
+        for (field, id) in [
+            ("bos_token_id", self.bos_token_id),
+            ("eos_token_id", self.eos_token_id),
+        ] {
+            if id as usize >= self.vocab_size {
+                return Err(bad(
+                    field,
+                    id.to_string(),
+                    &format!("a token id below vocab_size ({})", self.vocab_size),
+                ));
+            }
+        }
         if self.num_key_value_heads != 1 {
             return Err(bad(
                 "num_key_value_heads",

@@ -244,6 +244,16 @@ fn invalid_config_value_names_the_field_found_and_expected() {
 }
 
 #[test]
+fn special_token_id_outside_the_vocabulary_is_named() {
+    let (_t, dir) = tiny(&[]);
+    let cfg = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["eos_token_id"] = json!(999_999);
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    broken(&dir).stderr_has(&["config.json", "eos_token_id", "999999", "vocab_size (4096)"]);
+}
+
+#[test]
 fn missing_config_is_named() {
     let (_t, dir) = tiny(&[]);
     std::fs::remove_file(dir.join("config.json")).unwrap();

@@ -55,6 +55,7 @@ fn each_subcommand_help_lists_its_flags() {
                 "--json",
                 "--out",
                 "--seed",
+                "--haystack-file",
             ],
         ),
         (
@@ -72,6 +73,7 @@ fn each_subcommand_help_lists_its_flags() {
                 "--chunk",
                 "--device",
                 "--gpu-gemm",
+                "--haystack-file",
             ],
         ),
         ("report", &["<DIR>"]),

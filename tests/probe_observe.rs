@@ -298,6 +298,26 @@ fn attention_mass_counts_needle_window_tokens_and_rows_that_pool_needle_tokens()
     assert!(!r.needle_in_window);
     assert!((r.needle_mass_mean - 0.7).abs() < 1e-6);
 
+    // No needle token in the window and no compressed row (an SWA layer past the needle): the
+    // mass is +0.0, never -0.0 (an empty f32 sum), so the CSV says 0.0.
+    o.attention(&AttentionObservation {
+        layer: 0,
+        kind: LayerKind::Swa,
+        query_pos: 300,
+        heads: 2,
+        window_positions: &[299],
+        compressed_rows: &[],
+        ratio: 0,
+        probs: &[0.9, 0.8],
+        sink_probs: &[0.1, 0.2],
+    });
+    let r = &o.attention_records[2];
+    assert_eq!(r.needle_mass_mean.to_bits(), 0.0f32.to_bits());
+    assert_eq!(r.needle_mass_max_head.to_bits(), 0.0f32.to_bits());
+    let mut none = o.attention_records.clone();
+    none.truncate(2);
+    o.attention_records = none;
+
     // Wrong probability count: an error, no record.
     o.attention(&AttentionObservation {
         layer: 5,

@@ -122,6 +122,25 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn synth_takes_a_negative_margin() {
+        let cli = Cli::try_parse_from([
+            "needlescope",
+            "synth",
+            "--preset",
+            "planted",
+            "--margin",
+            "-3",
+            "--out",
+            "x",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Synth(args) => assert_eq!(args.margin, Some(-3.0)),
+            _ => panic!("not synth"),
+        }
+    }
+
+    #[test]
     fn error_text_names_each_cause_once() {
         let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
         // A message that already names its source, as the config errors do.

@@ -52,7 +52,7 @@ pub struct SynthArgs {
     pub experts: Option<usize>,
 
     /// planted only: score margin of the needle over the best distractor
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub margin: Option<f64>,
 }
 

@@ -47,8 +47,12 @@ pub enum EngineError {
         vocab: usize,
     },
 
-    #[error("tensor {tensor}: {problem}")]
-    BadTensor { tensor: String, problem: String },
+    #[error("{}: tensor {tensor}: {problem}", .file.display())]
+    BadTensor {
+        file: std::path::PathBuf,
+        tensor: String,
+        problem: String,
+    },
 
     #[error(
         "logits requested for position {position}, expected a position of this call \

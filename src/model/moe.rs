@@ -74,6 +74,7 @@ impl<M> Moe<M> {
                     .map(|&v| usize::try_from(v).ok().filter(|&u| u < e))
                     .collect::<Option<Vec<usize>>>()
                     .ok_or_else(|| EngineError::BadTensor {
+                        file: ckpt.info(&name).map(|t| t.file.clone()).unwrap_or_default(),
                         tensor: name.clone(),
                         problem: format!("expected expert ids in 0..{e}, found one outside"),
                     })?;

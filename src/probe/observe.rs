@@ -353,8 +353,7 @@ impl Observer for NeedleObserver {
                 p.iter()
                     .zip(&mask)
                     .filter(|(_, &m)| m)
-                    .map(|(x, _)| *x)
-                    .sum()
+                    .fold(0.0f32, |a, (x, _)| a + *x)
             })
             .collect();
         let heads = obs.heads.max(1) as f32;
@@ -369,10 +368,11 @@ impl Observer for NeedleObserver {
             layer_type: obs.kind.name().to_string(),
             query_pos: t,
             phase: self.phase(t),
-            needle_mass_mean: masses.iter().sum::<f32>() / heads,
+            // Sums from +0.0: an empty sum (an SWA layer has no compressed row) prints 0.0.
+            needle_mass_mean: masses.iter().fold(0.0f32, |a, &m| a + m) / heads,
             needle_mass_max_head: masses.iter().copied().fold(0.0, f32::max),
             needle_in_window: obs.window_positions.iter().any(|&p| in_needle(p)),
-            sink_mass_mean: obs.sink_probs.iter().sum::<f32>() / heads,
+            sink_mass_mean: obs.sink_probs.iter().fold(0.0f32, |a, &m| a + m) / heads,
         };
         self.attention_records.push(record);
     }
