@@ -588,6 +588,35 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
         "header + 4 cells (2 lengths x 2 top-k), no duplicates"
     );
 
+    // A damaged cached model is written again, not reported as a broken checkpoint.
+    let cached_model = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("model.safetensors").exists())
+        .expect("the demo caches its model");
+    let weights = cached_model.join("model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let healed = ok(
+        bin()
+            .arg("demo")
+            .arg("--out")
+            .arg(&out)
+            .arg("--cache")
+            .arg(&cache)
+            .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
+            .output()
+            .unwrap(),
+        "demo over a damaged cache",
+    );
+    assert!(healed.contains("damaged"), "{healed}");
+    assert_eq!(std::fs::metadata(&weights).unwrap().len(), len);
+
     // Another command's report is never replaced by the demo.
     let sweep_dir = dir.path().join("a-sweep");
     std::fs::create_dir(&sweep_dir).unwrap();

@@ -73,11 +73,21 @@ fn model_dir(args: &DemoArgs) -> PathBuf {
 
 pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let dir = model_dir(args);
-    let cached = planted_info(&dir).is_some_and(|info| {
+    let mut cached = planted_info(&dir).is_some_and(|info| {
         info.margin == args.margin
             && info.construction == CONSTRUCTION_VERSION
             && dir.join("config.json").exists()
     });
+    // A cache cut short (an interrupted write, a full disk) is ours to rebuild.
+    if cached {
+        if let Err(e) = crate::checkpoint::Checkpoint::open(&dir) {
+            writeln!(
+                out,
+                "the cached planted model is damaged ({e}); writing it again"
+            )?;
+            cached = false;
+        }
+    }
     if cached {
         writeln!(out, "planted model: {} (cached)", dir.display())?;
     } else {
