@@ -137,6 +137,7 @@ extern "C" void ns_emu_run(int index, unsigned grid, unsigned block, unsigned b0
         .flag_if_supported("-fno-fast-math")
         .flag_if_supported("-Wno-unused-function")
         .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-unknown-pragmas")
         .opt_level(2)
         .compile("ns_emu");
 }

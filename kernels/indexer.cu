@@ -275,34 +275,47 @@ static __device__ __forceinline__ i64 idx_min64(i64 a, i64 b) { return a < b ? a
 
 // state[2r..2r+2] = {prefix, rank}: the bits of row r's k-th key found so far and the wanted
 // rank (1-based, by descending key) among its keys that share them (0: the row takes nothing).
+// Radix digits of IDX_DIGIT_BITS bits, most significant first: shifts 28, 24, ..., 0.
+#define IDX_DIGIT_BITS 4
+#define IDX_BINS 16
+
 static __device__ __forceinline__ bool idx_matches(u32 key, u32 prefix, int shift) {
-    return shift == 24 || ((key ^ prefix) >> (shift + 8)) == 0u;
+    return shift == 32 - IDX_DIGIT_BITS || ((key ^ prefix) >> (shift + IDX_DIGIT_BITS)) == 0u;
 }
 
-// Per (row, chunk) e: hist[e*256 + digit] counts the keys of the chunk matching the row's prefix.
+// Per (row, chunk) e: hist[e*IDX_BINS + digit] counts the keys of the chunk matching the row's
+// prefix.
+// The counters are registers (a compare per bin and key, no memory traffic), written once.
 extern "C" __global__ void idx_topk_hist(const float* s, i64 stride, const int* visible, i64 rows, i64 chunk,
                                          i64 chunks, const u32* state, int shift, u32* hist) {
     NS_FOR(e, rows * chunks) {
         i64 r = e / chunks, c = e % chunks;
-        u32* h = hist + e * 256;
-        for (int b = 0; b < 256; ++b) h[b] = 0u;
+        u32 count[IDX_BINS];
+#pragma unroll
+        for (int b = 0; b < IDX_BINS; ++b) count[b] = 0u;
         u32 prefix = state[2 * r];
         const float* row = s + r * stride;
         i64 end = idx_min64((c + 1) * chunk, (i64)visible[r]);
         for (i64 i = c * chunk; i < end; ++i) {
             u32 key = idx_order_key(row[i]);
-            if (idx_matches(key, prefix, shift)) h[(key >> shift) & 255u] += 1u;
+            if (!idx_matches(key, prefix, shift)) continue;
+            u32 digit = (key >> shift) & (IDX_BINS - 1u);
+#pragma unroll
+            for (int b = 0; b < IDX_BINS; ++b) count[b] += digit == (u32)b ? 1u : 0u;
         }
+        u32* h = hist + e * IDX_BINS;
+#pragma unroll
+        for (int b = 0; b < IDX_BINS; ++b) h[b] = count[b];
     }
 }
 
-// total[r*256 + b] = sum over the chunks c of row r of hist[(r*chunks + c)*256 + b].
+// total[r*IDX_BINS + b] = sum over the chunks c of row r of hist[(r*chunks + c)*IDX_BINS + b].
 extern "C" __global__ void idx_topk_total(const u32* hist, i64 rows, i64 chunks, u32* total) {
-    NS_FOR(e, rows * 256) {
-        i64 r = e / 256, b = e % 256;
-        const u32* h = hist + r * chunks * 256 + b;
+    NS_FOR(e, rows * IDX_BINS) {
+        i64 r = e / IDX_BINS, b = e % IDX_BINS;
+        const u32* h = hist + r * chunks * IDX_BINS + b;
         u32 sum = 0u;
-        for (i64 c = 0; c < chunks; ++c) sum += h[c * 256];
+        for (i64 c = 0; c < chunks; ++c) sum += h[c * IDX_BINS];
         total[e] = sum;
     }
 }
@@ -312,8 +325,8 @@ extern "C" __global__ void idx_topk_pick(const u32* total, u32* state, i64 rows,
     NS_FOR(r, rows) {
         u32 rank = state[2 * r + 1];
         if (rank == 0u) continue;
-        const u32* t = total + r * 256;
-        for (int b = 255; b >= 0; --b) {
+        const u32* t = total + r * IDX_BINS;
+        for (int b = IDX_BINS - 1; b >= 0; --b) {
             if (t[b] >= rank) {
                 state[2 * r] |= (u32)b << shift;
                 state[2 * r + 1] = rank;

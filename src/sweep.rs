@@ -248,10 +248,10 @@ pub fn run_sweep(
         chunk: plan.chunk,
         topk: plan.topks.iter().copied().max().unwrap_or(cfg.index_topk),
     };
-    let target = Target::prepare(device, &ckpt, &work)?;
     let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     check_plan(plan, &tok, &scenario, &cfg)?;
+    let target = Target::prepare(device, &ckpt, &work)?;
     let marks = model_marks(model_dir);
     let info = RunInfo::new(
         model_dir.display().to_string(),
