@@ -205,7 +205,7 @@ fn four_by_four_values_match_one_value_per_thread() {
 
 /// Batched GEMMs (`Gemm::batch`, strides) and `w` stored `[k, n]` (`Gemm::w_kn`), as the
 /// GEMM attention path uses them, against plain loops; a batch reaching past its buffer is
-/// refused.
+/// refused, as is an offset that is not a whole number of elements.
 #[test]
 fn batched_and_kn_gemms_match_loops() {
     use needlescope::backend::gpu::executor::Gemm;
@@ -259,6 +259,18 @@ fn batched_and_kn_gemms_match_loops() {
             e.gemm(&too_far, &xb, &wb, &mut y).is_err(),
             "a batch past the buffers"
         );
+        // An offset inside an element would fault on a GPU: refused here too.
+        for misaligned in [
+            Gemm { x_offset: 2, ..g },
+            Gemm { w_offset: 1, ..g },
+            Gemm { y_offset: 2, ..g },
+        ] {
+            let err = e.gemm(&misaligned, &xb, &wb, &mut y).unwrap_err();
+            assert!(
+                err.to_string().contains("whole number of elements"),
+                "{err}"
+            );
+        }
     }
 }
 

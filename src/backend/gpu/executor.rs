@@ -427,6 +427,14 @@ pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<
     {
         return bad("a dimension does not fit cuBLAS's 32-bit int".into());
     }
+    // A misaligned operand faults on the device (and poisons its context) where the emulator,
+    // which reads bytes, would not notice: offsets must be whole elements.
+    let es = g.ty.bytes();
+    if g.x_offset % es != 0 || g.w_offset % es != 0 || g.y_offset % 4 != 0 {
+        return bad(format!(
+            "an offset is not a whole number of elements (x and w: {es} bytes, y: 4)"
+        ));
+    }
     let b = g.batch - 1;
     let need = |off: usize, stride: usize, rows: usize, ld: usize, cols: usize, es: usize| {
         if rows == 0 {
@@ -435,7 +443,6 @@ pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<
             off + (b * stride + (rows - 1) * ld + cols) * es
         }
     };
-    let es = g.ty.bytes();
     for (what, end, len) in [
         (
             "x",

@@ -5,8 +5,9 @@
 //! Reuse is safe because an executor queues everything on one in-order stream (the legacy
 //! default stream): a buffer handed back while kernels that read it are still queued is only
 //! handed out again to work queued after them. Sizes are rounded up to classes (multiples of
-//! 256 bytes up to 4 KiB, then 8 classes per power of two: at most 12.5% slack) so that buffers
-//! whose size varies a little from chunk to chunk (tokens per expert) still meet. The pool keeps
+//! 256 bytes up to 4 KiB, then 8 classes per power of two up to 64 MiB: at most 12.5% slack,
+//! then multiples of 2 MiB: at most 3%) so that buffers whose size varies a little from chunk
+//! to chunk (tokens per expert) still meet. The pool keeps
 //! at most `limit` bytes; what would exceed it is really freed. An allocation that fails for
 //! lack of memory empties the pool and tries again ([`BufferPool::drain`]), so the memory plan's
 //! guarantee holds as without a pool.
@@ -28,6 +29,14 @@ struct PoolState {
     closed: bool,
     reused: u64,
 }
+
+/// Above this size classes are multiples of [`LARGE_STEP`] (at most 3% slack; the driver's own
+/// granularity), not eighths of a power of two: the big buffers are mostly long-lived (weights,
+/// decoded copies, caches), and the memory plan counts their exact bytes with no room for
+/// 12.5% more (a 1.06 GB embedding would take 1.125 GB).
+pub const LARGE_BYTES: usize = 64 << 20;
+/// Class step above [`LARGE_BYTES`].
+pub const LARGE_STEP: usize = 2 << 20;
 
 /// Default bytes a pool keeps; [`POOL_ENV`] overrides it (0 turns pooling off).
 pub const DEFAULT_POOL_BYTES: usize = 4 << 30;
@@ -71,6 +80,9 @@ impl BufferPool {
         let bytes = bytes.max(1);
         if bytes <= 4096 {
             return bytes.div_ceil(256) * 256;
+        }
+        if bytes > LARGE_BYTES {
+            return bytes.div_ceil(LARGE_STEP) * LARGE_STEP;
         }
         let step = 1usize << (usize::BITS - 1 - bytes.leading_zeros() - 3);
         bytes.div_ceil(step) * step
@@ -135,9 +147,26 @@ mod tests {
         assert_eq!(BufferPool::class(257), 512);
         assert_eq!(BufferPool::class(4096), 4096);
         assert_eq!(BufferPool::class(4097), 4608);
-        for bytes in [5000usize, 65_537, 1 << 20, (1 << 20) + 1, 123_456_789] {
+        for bytes in [
+            5000usize,
+            65_537,
+            1 << 20,
+            (1 << 20) + 1,
+            60 << 20,
+            123_456_789,
+        ] {
             let c = BufferPool::class(bytes);
             assert!(c >= bytes && (c - bytes) * 8 <= bytes, "{bytes} -> {c}");
+            assert_eq!(BufferPool::class(c), c, "a class is its own class");
+        }
+        // Large buffers (a Flash embedding: 129,280 x 4,096 bf16) round to 2 MiB only.
+        for bytes in [(64 << 20) + 1, 129_280 * 4096 * 2, 3 << 30] {
+            let c = BufferPool::class(bytes);
+            assert!(c >= bytes && c - bytes < LARGE_STEP, "{bytes} -> {c}");
+            assert!(
+                (c - bytes) * 32 <= bytes,
+                "{bytes} -> {c}: at most 3% slack"
+            );
             assert_eq!(BufferPool::class(c), c, "a class is its own class");
         }
     }

@@ -192,7 +192,7 @@ fn select_group<E: Executor>(
         buf(&state),
     ];
     for shift in (0..32).step_by(DIGIT_BITS).rev() {
-        let hist_args = chain(&head, &[Arg::I32(shift as i32), buf(&hist)]);
+        let hist_args = chain(&head, &[Arg::I32(shift), buf(&hist)]);
         e.launch("idx_topk_hist", grid_for(pairs), &hist_args)?;
         e.launch(
             "idx_topk_total",
@@ -211,18 +211,21 @@ fn select_group<E: Executor>(
                 buf(&total),
                 buf(&state),
                 Arg::I64(rows as i64),
-                Arg::I32(shift as i32),
+                Arg::I32(shift),
             ],
         )?;
     }
-    let counts = e.alloc(pairs * 2 * 4)?;
+    // Written whole too: the counts by idx_topk_count, the first min(k, visible) candidate slots
+    // of each row by idx_topk_collect (the only ones idx_topk_rank reads), every output slot by
+    // idx_topk_rank (a winner's place or the -1 padding).
+    let counts = e.alloc_uninit(pairs * 2 * 4)?;
     e.launch(
         "idx_topk_count",
         grid_for(pairs),
         &chain(&head, &[buf(&counts)]),
     )?;
-    let cand_key = e.alloc(rows * k * 4)?;
-    let cand_row = e.alloc(rows * k * 4)?;
+    let cand_key = e.alloc_uninit(rows * k * 4)?;
+    let cand_row = e.alloc_uninit(rows * k * 4)?;
     let tail = [
         buf(&counts),
         Arg::I64(k as i64),
@@ -230,7 +233,7 @@ fn select_group<E: Executor>(
         buf(&cand_row),
     ];
     e.launch("idx_topk_collect", grid_for(pairs), &chain(&head, &tail))?;
-    let out_b = e.alloc(rows * k * 4)?;
+    let out_b = e.alloc_uninit(rows * k * 4)?;
     e.launch(
         "idx_topk_rank",
         grid_for(rows * k),

@@ -129,6 +129,14 @@ impl CudaExecutor {
             .collect();
         let b: Vec<u64> = products.iter().map(|p| x.ptr + p.x_offset as u64).collect();
         let c: Vec<u64> = products.iter().map(|p| y.ptr + p.y_offset as u64).collect();
+        // cuBLAS's batched bf16 kernels want 16-byte aligned matrices and cannot check pointers
+        // that live in device memory (a misaligned one faults): such a batch runs one by one.
+        if a.iter().chain(&b).chain(&c).any(|&p| p % 16 != 0) {
+            for (p, (w, _)) in products.iter().zip(ws) {
+                self.gemm_now(p, x, w, y)?;
+            }
+            return Ok(());
+        }
         let mut arrays = Vec::with_capacity(3);
         for v in [&a, &b, &c] {
             let mut d = self.alloc_uninit_now(v.len() * 8)?;
