@@ -537,18 +537,19 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("demo");
     let cache = dir.path().join("cache");
-    let text = ok(
+    // The demo on a reduced grid (one depth, fp8) into `out`, the model cached in `cache`.
+    let demo = |out: &Path, lengths: &str| {
         bin()
             .arg("demo")
             .arg("--out")
-            .arg(&out)
+            .arg(out)
             .arg("--cache")
             .arg(&cache)
-            .args(["--lengths", "512,1k", "--depths", "50", "--index", "fp8"])
+            .args(["--lengths", lengths, "--depths", "50", "--index", "fp8"])
             .output()
-            .unwrap(),
-        "demo",
-    );
+            .unwrap()
+    };
+    let text = ok(demo(&out, "512,1k"), "demo");
     assert!(text.contains("heatmap_fp8_64.png"), "{text}");
     for f in [
         "run.json",
@@ -564,18 +565,7 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(run["synthetic"], true);
     // The second run reuses the cached model and runs the sweep afresh over the old report.
-    let again = ok(
-        bin()
-            .arg("demo")
-            .arg("--out")
-            .arg(&out)
-            .arg("--cache")
-            .arg(&cache)
-            .args(["--lengths", "512,1k", "--depths", "50", "--index", "fp8"])
-            .output()
-            .unwrap(),
-        "demo again",
-    );
+    let again = ok(demo(&out, "512,1k"), "demo again");
     assert!(again.contains("(cached)"), "{again}");
     assert!(!again.contains("already finished"), "{again}");
     assert!(again.contains("4 cells in"), "{again}");
@@ -602,18 +592,7 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let healed = ok(
-        bin()
-            .arg("demo")
-            .arg("--out")
-            .arg(&out)
-            .arg("--cache")
-            .arg(&cache)
-            .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
-            .output()
-            .unwrap(),
-        "demo over a damaged cache",
-    );
+    let healed = ok(demo(&out, "512"), "demo over a damaged cache");
     assert!(healed.contains("damaged"), "{healed}");
     assert_eq!(std::fs::metadata(&weights).unwrap().len(), len);
 
@@ -624,15 +603,7 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
     info["command_line"] = serde_json::json!(["needlescope", "sweep", "--model", "m"]);
     std::fs::write(sweep_dir.join("run.json"), info.to_string()).unwrap();
     std::fs::write(sweep_dir.join("cells.csv"), "kept\n").unwrap();
-    let refused = bin()
-        .arg("demo")
-        .arg("--out")
-        .arg(&sweep_dir)
-        .arg("--cache")
-        .arg(&cache)
-        .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
-        .output()
-        .unwrap();
+    let refused = demo(&sweep_dir, "512");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(stderr.contains("needlescope sweep --model m"), "{stderr}");

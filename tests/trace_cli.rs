@@ -28,6 +28,17 @@ fn i32s(st: &SafeTensors, name: &str) -> Vec<i32> {
         .collect()
 }
 
+/// A bf16 `tiny` checkpoint in `dir/tiny`.
+fn tiny_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let model = dir.join("tiny");
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &model),
+        None,
+    )
+    .unwrap();
+    model
+}
+
 fn run_trace(
     model: &std::path::Path,
     tokens: &std::path::Path,
@@ -144,12 +155,7 @@ fn trace_scores_recompute_from_dumped_inputs_under_each_profile() {
 #[test]
 fn trace_rejects_a_token_id_outside_the_vocabulary() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    synth(
-        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &model),
-        None,
-    )
-    .unwrap();
+    let model = tiny_model(dir.path());
     let tokens_file = dir.path().join("ids.txt");
     std::fs::write(&tokens_file, "0 5 99999 7").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
@@ -178,12 +184,7 @@ fn trace_rejects_a_token_id_outside_the_vocabulary() {
 #[test]
 fn trace_of_fewer_than_four_tokens_has_empty_indexer_tensors() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    synth(
-        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &model),
-        None,
-    )
-    .unwrap();
+    let model = tiny_model(dir.path());
     for count in [1usize, 3] {
         let tokens_file = dir.path().join(format!("ids{count}.txt"));
         let ids: Vec<String> = (0..count).map(|i| (5 + i).to_string()).collect();
