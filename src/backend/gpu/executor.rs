@@ -430,7 +430,10 @@ pub fn check_gemm(g: &Gemm, x_len: usize, w_len: usize, y_len: usize) -> Result<
     // A misaligned operand faults on the device (and poisons its context) where the emulator,
     // which reads bytes, would not notice: offsets must be whole elements.
     let es = g.ty.bytes();
-    if g.x_offset % es != 0 || g.w_offset % es != 0 || g.y_offset % 4 != 0 {
+    if !g.x_offset.is_multiple_of(es)
+        || !g.w_offset.is_multiple_of(es)
+        || !g.y_offset.is_multiple_of(4)
+    {
         return bad(format!(
             "an offset is not a whole number of elements (x and w: {es} bytes, y: 4)"
         ));
