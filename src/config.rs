@@ -2,7 +2,8 @@
 //! validated once at load (spec/model.md section 1).
 //!
 //! Accepts the HF-style config shipped with DeepSeek-V4-Flash (44-entry `compress_ratios` whose
-//! trailing entries belong to the MTP layer(s), top-level `expert_dtype`, `quantization_config`,
+//! trailing entries belong to the MTP layer(s); 46 in the 0731 release, whose three DSpark
+//! stages replace the MTP layer), top-level `expert_dtype`, `quantization_config`,
 //! `rope_scaling`, `compress_rope_theta`) and V4-Pro. Unknown keys are ignored (the 0731 release
 //! adds `dspark_*` keys). Every check names the field, the value found and what was expected.
 //! Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
@@ -381,16 +382,20 @@ impl ModelConfig {
                 "false (V4 has separate embed and head)",
             ));
         }
-        let want = self.num_hidden_layers + self.num_nextn_predict_layers;
-        if self.compress_ratios.len() != want
-            && self.compress_ratios.len() != self.num_hidden_layers
-        {
+        // One entry per main layer, then (optionally) entries for the MTP / draft stages: 44
+        // for Flash (one MTP layer), 46 for Flash-0731 (three DSpark stages). Only the first
+        // num_hidden_layers entries schedule the model (as in transformers).
+        if self.compress_ratios.len() < self.num_hidden_layers {
             return Err(bad(
                 "compress_ratios",
                 format!("a list of {} entries", self.compress_ratios.len()),
                 &format!(
-                    "{} entries (num_hidden_layers {} + num_nextn_predict_layers {})",
-                    want, self.num_hidden_layers, self.num_nextn_predict_layers
+                    "at least {} entries (one per layer, num_hidden_layers {}; {} with the \
+                     num_nextn_predict_layers {})",
+                    self.num_hidden_layers,
+                    self.num_hidden_layers,
+                    self.num_hidden_layers + self.num_nextn_predict_layers,
+                    self.num_nextn_predict_layers
                 ),
             ));
         }
@@ -726,6 +731,19 @@ mod tests {
         assert!(msg.contains("16"), "{msg}");
         assert!(msg.contains("0, 4, 128"), "{msg}");
         assert!(msg.contains("cfg.json"), "{msg}");
+    }
+
+    /// Flash-0731 lists 46 ratios (`..., 4, 0, 0, 0`): extra trailing entries are accepted and
+    /// the 43 main layers keep their schedule.
+    #[test]
+    fn extra_trailing_ratios_are_accepted() {
+        let mut v = flash_config_json();
+        let ratios = v["compress_ratios"].as_array_mut().unwrap();
+        ratios.extend([serde_json::json!(0), serde_json::json!(0)]);
+        assert_eq!(ratios.len(), 46);
+        let cfg = ModelConfig::from_json_str(&v.to_string(), Path::new("c")).unwrap();
+        assert_eq!(cfg.csa_layers().len(), 21);
+        assert_eq!(cfg.layer_kind(42), LayerKind::Csa);
     }
 
     #[test]

@@ -38,6 +38,10 @@ fn bench_prints_per_layer_type_figures_on_cpu_and_emulated_gpu() {
             );
         }
         assert!(!out.contains("tok/s for the 43-layer"), "{out}");
+        assert!(
+            out.contains("none: not Flash-sized (hidden_size"),
+            "the missing projection is explained:\n{out}"
+        );
         // Profiling is off unless asked for.
         assert!(!out.contains("op profile"), "{out}");
         // The counted TFLOP/s are positive numbers.
@@ -161,4 +165,26 @@ fn bench_warms_up_and_reports_decoded_weight_copies() {
         err.contains("NEEDLESCOPE_DECODE_CACHE_MIB") && err.contains("plenty"),
         "{err}"
     );
+}
+
+/// A length past the model's positions is refused before anything runs.
+#[test]
+fn bench_refuses_lengths_past_the_positions() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth_tiny(&model, &[]);
+    let m = model.to_string_lossy().to_string();
+    let r = run(&[
+        "bench",
+        "--model",
+        &m,
+        "--device",
+        "cpu",
+        "--lengths",
+        "300,2m",
+    ])
+    .fails();
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+    let r = r.stderr_has(&["--lengths 2097152", "max_position_embeddings"]);
+    assert!(!r.stdout.contains("prefill s"), "{}", r.dump());
 }

@@ -218,3 +218,35 @@ fn a_closed_stdout_is_not_an_error() {
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Flags that would be ignored are refused instead: `--format` with `--model` (the checkpoint
+/// says its format), `--context` / `--chunk` without `--devices` (no plan to use them); and a
+/// context past the model's positions is refused, not planned.
+#[test]
+fn ignored_or_impossible_flags_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny");
+    synth_tiny(&dir, &[]);
+    let m = dir.to_str().unwrap();
+    let r = run(&["inspect", "--model", m, "--format", "nvfp4"]).fails();
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+    r.stderr_has(&["--format nvfp4", "--config only"]);
+    for flag in ["--context", "--chunk"] {
+        let r = run(&["inspect", "--model", m, flag, "4k"]).fails();
+        assert_eq!(r.code, Some(2), "{}", r.dump());
+        r.stderr_has(&["--devices"]);
+    }
+    let cfg = flash_config(tmp.path());
+    let r = run(&[
+        "inspect",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--devices",
+        "8x96G",
+        "--context",
+        "2m",
+    ])
+    .fails();
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+    r.stderr_has(&["--context 2097152", "max_position_embeddings (1048576)"]);
+}

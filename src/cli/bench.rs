@@ -210,11 +210,33 @@ fn layer_breakdown(
 ) -> anyhow::Result<()> {
     let flash = ModelConfig::flash();
     let cfg = ckpt.config();
-    // Projecting only makes sense from layers of Flash's own size.
-    let flash_sized = cfg.hidden_size == flash.hidden_size
-        && cfg.n_routed_experts == flash.n_routed_experts
-        && cfg.num_attention_heads == flash.num_attention_heads
-        && cfg.moe_intermediate_size == flash.moe_intermediate_size;
+    // Projecting only makes sense from layers of Flash's own size: the first dimension that
+    // differs, if any, is what the projection line says instead.
+    let differs = [
+        ("hidden_size", cfg.hidden_size, flash.hidden_size),
+        (
+            "n_routed_experts",
+            cfg.n_routed_experts,
+            flash.n_routed_experts,
+        ),
+        (
+            "num_attention_heads",
+            cfg.num_attention_heads,
+            flash.num_attention_heads,
+        ),
+        ("head_dim", cfg.head_dim, flash.head_dim),
+        (
+            "moe_intermediate_size",
+            cfg.moe_intermediate_size,
+            flash.moe_intermediate_size,
+        ),
+        ("index_n_heads", cfg.index_n_heads, flash.index_n_heads),
+        ("index_head_dim", cfg.index_head_dim, flash.index_head_dim),
+        ("sliding_window", cfg.sliding_window, flash.sliding_window),
+        ("vocab_size", cfg.vocab_size, flash.vocab_size),
+    ]
+    .into_iter()
+    .find(|(_, a, b)| a != b);
     let types = by_layer_type(ckpt, p, topk);
     for f in &types {
         let pct = reference.map_or(String::new(), |(_, r)| {
@@ -246,12 +268,22 @@ fn layer_breakdown(
     for note in &p.resident_notes {
         writeln!(out, "{:>14} {note}", "kept decoded:")?;
     }
-    if let Some(t) = projected_tokens_per_s(&flash, &types, p).filter(|_| flash_sized) {
-        writeln!(
+    match (differs, projected_tokens_per_s(&flash, &types, p)) {
+        (None, Some(t)) => writeln!(
             out,
             "{:>14} {t:.0} tok/s for the 43-layer Flash prefill at {} tokens",
             "projected:", p.tokens
-        )?;
+        )?,
+        (Some((field, found, want)), _) => writeln!(
+            out,
+            "{:>14} none: not Flash-sized ({field} {found}, Flash has {want})",
+            "projected:"
+        )?,
+        (None, None) => writeln!(
+            out,
+            "{:>14} none: not every layer type (SWA, CSA, HCA) was measured",
+            "projected:"
+        )?,
     }
     Ok(())
 }
@@ -261,6 +293,14 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let cfg = ckpt.config().clone();
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
+    if let Some(&longest) = lengths.last() {
+        if longest > cfg.max_position_embeddings {
+            anyhow::bail!(
+                "--lengths {longest}: expected at most the model's max_position_embeddings ({})",
+                cfg.max_position_embeddings
+            );
+        }
+    }
     let work = Workload {
         context: lengths
             .last()

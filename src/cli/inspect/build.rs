@@ -19,6 +19,12 @@ const LIST_LIMIT: usize = 20;
 
 /// Opens the checkpoint or config and computes the report.
 pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
+    if let (Some(_), Some(format)) = (&args.model, args.format) {
+        bail!(
+            "--format {format}: applies to --config only; with --model the format is read from \
+             the checkpoint's tensors"
+        );
+    }
     let (source, cfg, footprint, inventory) = if let Some(dir) = &args.model {
         from_checkpoint(dir)?
     } else {
@@ -28,6 +34,13 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             .expect("clap requires --model or --config");
         from_config(path, args.format)?
     };
+    if args.devices.is_some() && args.context > cfg.max_position_embeddings {
+        bail!(
+            "--context {}: expected at most the model's max_position_embeddings ({})",
+            args.context,
+            cfg.max_position_embeddings
+        );
+    }
     let plan = args
         .devices
         .as_ref()

@@ -50,12 +50,12 @@ pub struct InspectArgs {
     #[arg(long, value_name = "COUNTxSIZE")]
     pub devices: Option<DeviceSet>,
 
-    /// Context length the memory plan provisions state for (k = 1024, m = 1048576)
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "128k")]
+    /// With --devices: context length the memory plan provisions state for (k = 1024, m = 1048576), at most the config's max_position_embeddings
+    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "128k", requires = "devices")]
     pub context: usize,
 
-    /// Prefill chunk the memory plan provisions workspace for
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    /// With --devices: prefill chunk the memory plan provisions workspace for
+    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048", requires = "devices")]
     pub chunk: usize,
 
     /// Print everything as one JSON object
