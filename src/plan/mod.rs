@@ -267,21 +267,23 @@ fn assumptions(cfg: &ModelConfig, context: usize, chunk: usize) -> Vec<String> {
             "weights in their stored formats; embed on the first device, head + final norm + hc_head on the last; MTP not placed (never run)"
         ),
         format!(
-            "window ring per layer: {} tokens x {} dims bf16",
+            "caches are f32 rows in allocations that double when full: counted at {CACHE_GROWTH_SLACK}x the rows they hold"
+        ),
+        format!(
+            "window per layer: {} + {t} (one chunk) rows x {} dims",
             cfg.sliding_window, cfg.head_dim
         ),
         format!(
-            "compressed KV rows: context/ratio rows x {} dims bf16 ({} B/row; fp8 rows would be 584 B)",
-            cfg.head_dim,
-            cfg.head_dim * 2
+            "compressed KV on CSA / HCA layers: context/4 or context/128 rows x {} dims",
+            cfg.head_dim
         ),
         format!(
-            "index keys on CSA layers: context/4 rows x {} dims f32 (raw keys; profiles applied at scoring)",
+            "index keys on CSA layers: context/4 rows x {} dims twice (raw, for the observer and --compare; prepared under the driving profile) + one scale per row",
             cfg.index_head_dim
         ),
-        "compressor carry: the unfinished pooling group's kv and gate projections in f32".into(),
+        "compressor carry: the unfinished pooling group's kv and gate projections".into(),
         format!(
-            "workspace per device: 1 GiB fixed + f32 activations of a {t}-token prefill chunk (residual streams, q and output, one query's attention probabilities and indexer scores, expert intermediates); last device + logits of {PROBED_LOGIT_ROWS} probed positions"
+            "workspace per device: 1 GiB fixed + f32 activations of a {t}-token prefill chunk (residual streams, q and output, attention weights over window + top-k + HCA rows, indexer scores, expert intermediates, compressor projections) + the largest single cache allocation (a growing cache briefly holds its old and new allocation); last device + logits of {PROBED_LOGIT_ROWS} probed positions"
         ),
     ]
 }

@@ -167,6 +167,18 @@ fn state_follows_the_layer_kind() {
     assert_eq!(hca.index_keys, 0);
     // A short context counts its chunk at most once.
     assert_eq!(layer_state(&cfg, 0, 100, 2048).window, 2 * 228 * 512 * 4);
+    // The plan's printed assumptions say what these figures count (they once said bf16 rows
+    // and a 128-token window while the figures were f32, doubled, window plus a chunk).
+    let text = assumptions(&cfg, 131072, 2048).join("\n");
+    for said in [
+        "f32 rows",
+        "2x the rows",
+        "128 + 2048 (one chunk) rows x 512",
+        "twice",
+    ] {
+        assert!(text.contains(said), "{said}: {text}");
+    }
+    assert!(!text.contains("bf16"), "{text}");
 }
 
 fn flash_footprint() -> Footprint {
