@@ -403,6 +403,46 @@ fn essay_scenario_runs_with_a_haystack_file() {
     assert!(stderr.contains("scenario_fingerprint"), "{stderr}");
 }
 
+/// The text report shows every probed position, not only the answer position: question tokens
+/// (`--probe question`) and decode steps get one line each.
+#[test]
+fn probe_text_lists_question_and_decode_positions() {
+    let run = |extra: &[&str]| {
+        ok(
+            bin()
+                .arg("probe")
+                .arg("--model")
+                .arg(planted())
+                .args(["--length", "512", "--kv", "exact", "--topk", "64"])
+                .args(extra)
+                .output()
+                .unwrap(),
+            "probe",
+        )
+    };
+    let plain = run(&["--generate", "0"]);
+    assert!(!plain.contains("other probed positions"), "{plain}");
+    let text = run(&["--generate", "2", "--probe", "question"]);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("other probed positions"))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    let phases: Vec<&str> = table
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert!(
+        phases.contains(&"prompt") && phases.contains(&"1"),
+        "{text}"
+    );
+    assert!(
+        table.iter().all(|l| l.split_whitespace().count() == 4),
+        "{text}"
+    );
+}
+
 fn sweep(out: &Path, topk: &str) -> Command {
     sweep_on(planted(), out, topk)
 }

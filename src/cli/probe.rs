@@ -354,6 +354,7 @@ fn print_tables(
                 if driving.trivial { "yes" } else { "no" }
             )?;
         }
+        print_other_positions(out, run, last)?;
     }
     if let Some(run) = runs.first() {
         writeln!(out)?;
@@ -382,6 +383,52 @@ fn print_tables(
     }
     writeln!(out)?;
     writeln!(out, "conclusion: {}", conclusion(runs, last, judge_answers))?;
+    Ok(())
+}
+
+/// The probed positions other than the answer position (question tokens with `--probe
+/// question`, generated tokens), one line each under the driving profile: the worst needle rank
+/// over the CSA layers and how many non-trivial layers selected the needle (every record is in
+/// `--json` and `--out`).
+fn print_other_positions(out: &mut dyn Write, run: &ProbeRun, last: usize) -> anyhow::Result<()> {
+    let mut positions: Vec<(usize, &str)> = run
+        .layers
+        .iter()
+        .filter(|r| r.driving && r.query_pos != last)
+        .map(|r| (r.query_pos, r.phase.as_str()))
+        .collect();
+    positions.sort_unstable();
+    positions.dedup();
+    if positions.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "other probed positions ({} under {}): worst needle rank over the CSA layers",
+        positions.len(),
+        run.index
+    )?;
+    writeln!(
+        out,
+        "{:>7} {:>7} {:>10} {:>22}",
+        "query", "phase", "worst rank", "selected/non-trivial"
+    )?;
+    for (pos, phase) in positions {
+        let here: Vec<&LayerRecord> = run
+            .layers
+            .iter()
+            .filter(|r| r.driving && r.query_pos == pos)
+            .collect();
+        let worst = here.iter().filter_map(|r| r.needle_rank).max();
+        let nontrivial = here.iter().filter(|r| !r.trivial).count();
+        let selected = here.iter().filter(|r| !r.trivial && r.selected).count();
+        writeln!(
+            out,
+            "{pos:>7} {phase:>7} {:>10} {:>22}",
+            fmt_opt(worst),
+            format!("{selected}/{nontrivial}")
+        )?;
+    }
     Ok(())
 }
 
