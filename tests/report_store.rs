@@ -309,3 +309,18 @@ fn a_row_torn_inside_a_quoted_newline_is_dropped() {
     let (_store, done) = RunDir::create_or_resume(run, run_info(false)).unwrap();
     assert_eq!(done.len(), 1);
 }
+
+/// `report` on a run that stopped before its first cell: says there is nothing yet, exit 0.
+#[test]
+fn report_on_a_run_without_cells_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(RunDir::create_or_resume(dir.path(), run_info(false)).unwrap());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .arg("report")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("no finished cell recorded yet"), "{stdout}");
+}

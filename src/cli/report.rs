@@ -7,13 +7,22 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
-    /// Report directory written by `sweep` or `demo` (holds run.json and cells.csv)
+    /// Report directory written by `sweep`, `demo` or `probe --out` (holds run.json and cells.csv)
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
 }
 
 pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let colour = crate::report::stdout_wants_colour();
+    let cells = crate::report::RunRecords::read(&args.dir)?.cells.len();
+    if cells == 0 {
+        writeln!(
+            out,
+            "{}: no finished cell recorded yet (a run that stopped before its first cell ended); \
+             the table and plots below are empty",
+            args.dir.display()
+        )?;
+    }
     let (table, files) = crate::report::rerender(&args.dir, colour)?;
     write!(out, "{table}")?;
     writeln!(out)?;
