@@ -212,6 +212,19 @@ fn uuid_values_and_key_value_needles_give_exact_spans() {
         2,
         "key in the needle and the question only"
     );
+    // A long kv haystack never gives one key two values (about 16k lines at 128K tokens; at
+    // 16k tokens, about 2,000 lines, random two-word keys used to repeat).
+    let p = build_prompt(&t, &kv, 16384, 50.0, 1, MAX).unwrap();
+    let mut keys = std::collections::HashSet::new();
+    let mut lines = 0;
+    for line in p.prompt_text.lines() {
+        if let Some(rest) = line.trim().strip_prefix("The value for key ") {
+            let key = rest.split(" is ").next().unwrap().to_string();
+            assert!(keys.insert(key.clone()), "key {key} on two lines");
+            lines += 1;
+        }
+    }
+    assert!(lines > 1000, "{lines} kv lines");
 }
 
 #[test]

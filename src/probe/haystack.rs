@@ -58,6 +58,8 @@ enum GenKind {
         value: ValueSpec,
         needle_key: String,
         needle_value: String,
+        /// Keys of the lines so far: a key never comes back with another value.
+        used_keys: std::collections::HashSet<String>,
     },
     Tools,
     File {
@@ -83,6 +85,7 @@ impl HaystackGen {
                 value: sc.value.clone(),
                 needle_key: needle_key.to_string(),
                 needle_value: needle_value.to_string(),
+                used_keys: Default::default(),
             },
             HaystackKind::File(path) => {
                 let path = path
@@ -125,16 +128,24 @@ impl HaystackGen {
                 value,
                 needle_key,
                 needle_value,
+                used_keys,
             } => {
-                // Distinct from the needle's key and value; give up on distinctness only for
-                // degenerate generators (e.g. one-word lists), after many tries.
+                // Distinct from the needle's key and value, and a key not used by an earlier
+                // line (two values for one key would make the haystack contradict itself);
+                // give up on distinctness only for degenerate generators (e.g. one-word
+                // lists), after many tries.
                 let mut line = String::new();
                 for _ in 0..64 {
                     let k = key.as_ref().map(|s| s.generate(&mut self.rng));
                     let v = value.generate(&mut self.rng);
-                    let k_ok = k.as_deref() != Some(needle_key.as_str());
+                    let k_ok = k
+                        .as_deref()
+                        .is_none_or(|k| k != needle_key.as_str() && !used_keys.contains(k));
                     line = fill(template, k.as_deref().unwrap_or(""), &v);
                     if k_ok && v != *needle_value {
+                        if let Some(k) = k {
+                            used_keys.insert(k);
+                        }
                         break;
                     }
                 }
