@@ -20,6 +20,36 @@ use crate::config::ModelConfig;
 use crate::plan::{self, DeviceSet, Footprint, MemoryPlan};
 use crate::units::{group_digits, human_bytes};
 
+/// `--chunk auto` ([`Workload::chunk`]): the prefill chunk is chosen with the backend.
+pub const AUTO_CHUNK: usize = 0;
+/// On GPUs `auto` takes the largest of these that the placement fits: a bigger chunk amortises
+/// the per-chunk launches, host round trips and small-M expert GEMMs (on an H200 at 8K, chunk
+/// 8,192 ran the 4-layer Flash prefill 18% faster than 2,048). Results do not depend on it.
+pub const GPU_AUTO_CHUNKS: [usize; 3] = [8192, 4096, 2048];
+/// On the CPU `auto` is this chunk.
+pub const CPU_AUTO_CHUNK: usize = 2048;
+
+/// [`place`], with `work.chunk` == [`AUTO_CHUNK`] resolved to the largest of
+/// [`GPU_AUTO_CHUNKS`] that fits (the refusal, when none does, is the smallest one's).
+pub fn place_auto(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &[DeviceMemory],
+    work: &Workload,
+) -> Result<Placement, PlacementError> {
+    if work.chunk != AUTO_CHUNK {
+        return place(cfg, footprint, devices, work);
+    }
+    let mut last = None;
+    for chunk in GPU_AUTO_CHUNKS {
+        match place(cfg, footprint, devices, &Workload { chunk, ..*work }) {
+            Ok(p) => return Ok(p),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("at least one candidate chunk"))
+}
+
 /// One device offered to the placement: its name (`cuda:0`) and its free memory in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceMemory {
@@ -32,7 +62,7 @@ pub struct DeviceMemory {
 pub struct Workload {
     /// Tokens the longest sequence of the run reaches (prompt plus generated tokens).
     pub context: usize,
-    /// Prefill chunk in tokens.
+    /// Prefill chunk in tokens ([`AUTO_CHUNK`]: chosen with the backend, see [`place_auto`]).
     pub chunk: usize,
     /// The largest indexer top-k of the run.
     pub topk: usize,
@@ -295,6 +325,46 @@ mod tests {
         (0..p.used.len())
             .map(|d| p.layer_device.iter().filter(|&&x| x == d).count())
             .collect()
+    }
+
+    /// `--chunk auto` takes the largest candidate chunk that fits: 8,192 on a roomy device, a
+    /// smaller one when the bigger workspace does not fit, and the smallest one's refusal when
+    /// none does; an explicit chunk is kept as given.
+    #[test]
+    fn auto_chunk_is_the_largest_that_fits() {
+        let cfg = ModelConfig::flash();
+        let fp = footprint(43, GIB);
+        let auto = Workload {
+            context: 32768,
+            chunk: AUTO_CHUNK,
+            topk: 512,
+        };
+        let roomy = place_auto(&cfg, &fp, &devices(&[400 * GIB]), &auto).unwrap();
+        assert_eq!(roomy.plan.chunk, 8192);
+        // Room for the 2,048-chunk plan only.
+        let need = |chunk| {
+            place(
+                &cfg,
+                &fp,
+                &devices(&[400 * GIB]),
+                &Workload { chunk, ..auto },
+            )
+            .unwrap()
+            .plan
+            .total
+        };
+        let (small, mid) = (need(2048), need(4096));
+        assert!(small < mid && mid < need(8192));
+        let tight = place_auto(&cfg, &fp, &devices(&[small + (mid - small) / 2]), &auto);
+        assert_eq!(tight.unwrap().plan.chunk, 2048);
+        let none = place_auto(&cfg, &fp, &devices(&[small / 2]), &auto).unwrap_err();
+        let PlacementError::DoesNotFit { work, .. } = none else {
+            panic!("{none}")
+        };
+        assert_eq!(work.chunk, 2048);
+        let given = Workload { chunk: 512, ..auto };
+        let p = place_auto(&cfg, &fp, &devices(&[400 * GIB]), &given).unwrap();
+        assert_eq!(p.plan.chunk, 512);
     }
 
     #[test]

@@ -252,6 +252,11 @@ pub fn run_sweep(
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     check_plan(plan, &tok, &scenario, &cfg)?;
     let target = Target::prepare(device, &ckpt, &work)?;
+    // `--chunk auto` resolved with the backend (the chunk is not part of the results).
+    let plan = &SweepPlan {
+        chunk: target.chunk(),
+        ..plan.clone()
+    };
     let marks = model_marks(model_dir);
     let info = RunInfo::new(
         model_dir.display().to_string(),

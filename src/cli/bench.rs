@@ -40,8 +40,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MODE", default_value = "exact")]
     pub kv: KvMode,
 
-    /// Prefill chunk in tokens
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     /// Untimed prefill of this many tokens before the timed ones, so that one-off work (kernel
@@ -319,7 +319,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         cfg.schedule_summary(),
         args.index,
         args.kv,
-        args.chunk,
+        target.chunk(),
         rayon::current_num_threads(),
         target.record()
     )?;
@@ -340,7 +340,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         index: args.index,
         kv: args.kv,
         topk: None,
-        chunk: args.chunk,
+        chunk: target.chunk(),
     };
     let weights = target.weights_label();
     let task = BenchTask {

@@ -23,7 +23,7 @@ use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::cuda_probe::CudaReport;
 use crate::model::forward::{auto_residency, Engine, EngineOptions};
-use crate::placement::{place, DeviceMemory, Placement, Workload};
+use crate::placement::{place_auto, DeviceMemory, Placement, Workload, AUTO_CHUNK, CPU_AUTO_CHUNK};
 use crate::plan::Footprint;
 use crate::report::records::BackendRecord;
 
@@ -38,6 +38,8 @@ pub enum Target {
     /// The CPU reference, with linears resident as given (`Auto` already resolved).
     Cpu {
         weights: WeightResidency,
+        /// The prefill chunk (`auto` resolved).
+        chunk: usize,
     },
     Cuda(GpuTarget<CudaExecutor>),
     Emu(GpuTarget<EmuExecutor>),
@@ -89,14 +91,14 @@ impl Target {
                 // `auto` takes the GPUs only when they can be used.
                 Err(why) if args.device == DeviceSpec::Auto => {
                     let note = auto_note(&format!("the GPU backend cannot start ({why})"));
-                    return Self::cpu_with_note(args, ckpt, Some(note), notes);
+                    return Self::cpu_with_note(args, ckpt, work, Some(note), notes);
                 }
                 Err(why) => anyhow::bail!("--device {}: {why}", args.device),
             },
         };
         match target {
             Some(t) => Ok(t),
-            None => Self::cpu_with_note(args, ckpt, note, notes),
+            None => Self::cpu_with_note(args, ckpt, work, note, notes),
         }
     }
 
@@ -105,6 +107,7 @@ impl Target {
     fn cpu_with_note(
         args: &DeviceArgs,
         ckpt: &Checkpoint,
+        work: &Workload,
         note: Option<String>,
         notes: &mut dyn Write,
     ) -> anyhow::Result<Self> {
@@ -122,13 +125,17 @@ impl Target {
         }
         Ok(Target::Cpu {
             weights: auto_residency(ckpt),
+            chunk: match work.chunk {
+                AUTO_CHUNK => CPU_AUTO_CHUNK,
+                c => c,
+            },
         })
     }
 
     /// Sets the CPU weight residency (`Auto` resolved for `ckpt`); no effect on a GPU target,
     /// which keeps weights on the device in their stored format.
     pub fn set_cpu_weights(&mut self, ckpt: &Checkpoint, weights: WeightResidency) {
-        if let Target::Cpu { weights: w } = self {
+        if let Target::Cpu { weights: w, .. } = self {
             *w = match weights {
                 WeightResidency::Auto => auto_residency(ckpt),
                 other => other,
@@ -139,8 +146,18 @@ impl Target {
     /// Where the linear weights live: `decoded` / `streamed` on the CPU, `device` on a GPU.
     pub fn weights_label(&self) -> &'static str {
         match self {
-            Target::Cpu { weights } => weights.name(),
+            Target::Cpu { weights, .. } => weights.name(),
             _ => "device",
+        }
+    }
+
+    /// The prefill chunk of the run: `--chunk` as given, or what `auto` chose (see
+    /// [`crate::placement::place_auto`]); at most the context on a GPU (its plan's chunk).
+    pub fn chunk(&self) -> usize {
+        match self {
+            Target::Cpu { chunk, .. } => *chunk,
+            Target::Cuda(t) => t.placement.plan.chunk,
+            Target::Emu(t) => t.placement.plan.chunk,
         }
     }
 
@@ -161,7 +178,9 @@ impl Target {
         task: T,
     ) -> anyhow::Result<T::Output> {
         match self {
-            Target::Cpu { weights } => task.run(&mut Engine::load_weights(ckpt, opts, weights)?),
+            Target::Cpu { weights, .. } => {
+                task.run(&mut Engine::load_weights(ckpt, opts, weights)?)
+            }
             Target::Cuda(t) => t.run(ckpt, opts, task),
             Target::Emu(t) => t.run(ckpt, opts, task),
         }
@@ -187,7 +206,7 @@ impl<E: Executor> GpuTarget<E> {
                 free: free as u64,
             });
         }
-        let placement = place(
+        let placement = place_auto(
             ckpt.config(),
             &Footprint::of_checkpoint(ckpt),
             &memory,
@@ -310,6 +329,31 @@ mod tests {
         let (t, notes) = prepare("cpu", None);
         assert_eq!(t.unwrap().record(), BackendRecord::cpu());
         assert!(notes.is_empty());
+    }
+
+    /// `--chunk auto` is 2,048 on the CPU; an explicit chunk is kept; on the emulated GPU the
+    /// placement's choice (at most the context).
+    #[test]
+    fn auto_chunk_resolves_with_the_backend() {
+        let (_dir, ckpt) = tiny();
+        let run = |spec: &str, chunk: usize| {
+            let args = DeviceArgs {
+                device: spec.parse::<DeviceSpec>().unwrap(),
+                gpu_gemm: None,
+            };
+            let work = Workload { chunk, ..WORK };
+            Target::prepare_with(&args, &ckpt, &work, no_gpu, &mut Vec::new())
+                .unwrap()
+                .chunk()
+        };
+        assert_eq!(run("cpu", AUTO_CHUNK), CPU_AUTO_CHUNK);
+        assert_eq!(run("cpu", 32), 32);
+        assert_eq!(
+            run("emu", AUTO_CHUNK),
+            WORK.context,
+            "8,192 capped at the context"
+        );
+        assert_eq!(run("emu", 32), 32);
     }
 
     #[test]

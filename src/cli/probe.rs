@@ -72,8 +72,8 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "N", default_value_t = 24)]
     pub generate: usize,
 
-    /// Prefill chunk in tokens
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     #[command(flatten)]
@@ -172,7 +172,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         topks,
         kv: args.kv,
         generate: args.generate,
-        chunk: args.chunk,
+        chunk: target.chunk(),
         probe_question: args.probe == ProbeSet::Question,
     };
     // The records directory is checked before the model runs.

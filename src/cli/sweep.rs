@@ -54,8 +54,8 @@ pub struct SweepArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
-    /// Prefill chunk in tokens
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     #[command(flatten)]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::device::DeviceArgs;
 use super::engine::{EngineTask, Target};
-use super::values::{parse_positive, parse_token_count, Positions};
+use super::values::{parse_positive, Positions};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::model::forward::{Engine, EngineOptions};
@@ -44,8 +44,8 @@ pub struct TraceArgs {
     #[arg(long, value_name = "K", value_parser = parse_positive)]
     pub topk: Option<usize>,
 
-    /// Prefill chunk in tokens
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048")]
+    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     /// Output safetensors file
@@ -83,12 +83,6 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Positions::Last => vec![tokens.len() - 1],
         Positions::List(v) => v.clone(),
     };
-    let opts = EngineOptions {
-        index: args.index,
-        kv: args.kv,
-        topk: args.topk,
-        chunk: args.chunk,
-    };
     trace::check_inputs(&tokens, &positions)?;
     let work = Workload {
         context: tokens.len(),
@@ -97,6 +91,12 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let target = Target::prepare(&args.device, &ckpt, &work)?;
     let backend = target.record();
+    let opts = EngineOptions {
+        index: args.index,
+        kv: args.kv,
+        topk: args.topk,
+        chunk: target.chunk(),
+    };
     let started = std::time::Instant::now();
     let task = TraceTask {
         tokens: &tokens,

@@ -145,6 +145,15 @@ pub fn parse_arch(s: &str) -> Result<String, String> {
     }
 }
 
+/// `--chunk`: `auto` ([`crate::placement::AUTO_CHUNK`]: 2,048 on the CPU, on GPUs the largest
+/// of 8,192, 4,096 and 2,048 that fits) or a token count.
+pub fn parse_chunk(s: &str) -> Result<usize, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(crate::placement::AUTO_CHUNK);
+    }
+    parse_token_count(s).map_err(|e| format!("auto or {e}"))
+}
+
 /// Refuses a list flag that names one value twice (`key` says when two values are the same:
 /// an alias and its profile name, say), so that no grid cell is run or recorded twice.
 pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
@@ -159,6 +168,20 @@ pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+
+    #[test]
+    fn chunk_is_auto_or_a_token_count() {
+        assert_eq!(parse_chunk("auto"), Ok(crate::placement::AUTO_CHUNK));
+        assert_eq!(parse_chunk(" AUTO "), Ok(crate::placement::AUTO_CHUNK));
+        assert_eq!(parse_chunk("8k"), Ok(8192));
+        let e = parse_chunk("0").unwrap_err();
+        assert!(e.starts_with("auto or ") && e.contains("positive"), "{e}");
+    }
 }
 
 #[cfg(test)]
