@@ -3,7 +3,9 @@
 //! [`Target::prepare`] turns `--device` / `--gpu-gemm` ([`DeviceArgs`]) into a backend before any
 //! weight is read: it resolves the spec against the CUDA driver ([`super::device::resolve`]),
 //! opens the devices, asks them for their free memory and places the layers
-//! ([`crate::placement::place`]), refusing when the model does not fit. [`Target::run`] then
+//! ([`crate::placement::place_auto`]), refusing when the model does not fit; `--chunk auto` is
+//! resolved there too ([`Target::chunk`]: the largest candidate chunk that fits on GPUs, 2,048
+//! on the CPU). [`Target::run`] then
 //! loads the engine on that backend and hands it to an [`EngineTask`], the generic body of a
 //! command (probe, sweep, trace, bench), monomorphised for each backend type. Rust closures
 //! cannot be generic, hence the small trait instead of a callback.

@@ -138,23 +138,25 @@ impl<E: Executor> GpuBackend<E> {
 
     /// An activation of `len` zeros on the current site's device.
     pub fn act_alloc(&self, len: usize) -> GpuAct<E::Buf> {
-        let device = self.current_index();
-        let buf = self
-            .dev()
-            .alloc(len * 4)
-            .map_err(|e| self.fail("activation allocation", e))
-            .ok();
-        GpuAct { buf, len, device }
+        self.act_alloc_filled(len, true)
     }
 
     /// [`Self::act_alloc`] without the zero fill (`Backend::act_uninit`).
     pub fn act_alloc_uninit(&self, len: usize) -> GpuAct<E::Buf> {
+        self.act_alloc_filled(len, false)
+    }
+
+    /// An activation of `len` values on the current site's device, zeroed when `zeroed`; a
+    /// failed allocation is recorded and leaves no buffer (reads give NaN).
+    fn act_alloc_filled(&self, len: usize, zeroed: bool) -> GpuAct<E::Buf> {
         let device = self.current_index();
-        let buf = self
-            .dev()
-            .alloc_uninit(len * 4)
-            .map_err(|e| self.fail("activation allocation", e))
-            .ok();
+        let dev = self.dev();
+        let buf = if zeroed {
+            dev.alloc(len * 4)
+        } else {
+            dev.alloc_uninit(len * 4)
+        };
+        let buf = buf.map_err(|e| self.fail("activation allocation", e)).ok();
         GpuAct { buf, len, device }
     }
 
