@@ -180,15 +180,7 @@ impl<B> Scratch<B> {
         x: &B,
         class: &SizeClass,
     ) -> Result<(), GpuError> {
-        let (ty, d, inter) = (self.ty, self.d, self.inter);
-        let g = Gemm {
-            batch: class.members.len(),
-            x_offset: class.first * d * ty.bytes(),
-            stride_x: class.per * d,
-            y_offset: class.first * inter * 4,
-            stride_y: class.per * inter,
-            ..Gemm::dense(class.per, inter, d, ty)
-        };
+        let g = class.gemm(self.d, self.inter, self.ty);
         e.gemm_each_weight(&g, x, &class.pick(&w.w1), &mut self.gate)?;
         e.gemm_each_weight(&g, x, &class.pick(&w.w3), &mut self.up)
     }
@@ -200,15 +192,7 @@ impl<B> Scratch<B> {
         w: &ResidentExperts<'_, B>,
         class: &SizeClass,
     ) -> Result<(), GpuError> {
-        let (ty, d, inter) = (self.ty, self.d, self.inter);
-        let g = Gemm {
-            batch: class.members.len(),
-            x_offset: class.first * inter * ty.bytes(),
-            stride_x: class.per * inter,
-            y_offset: class.first * d * 4,
-            stride_y: class.per * d,
-            ..Gemm::dense(class.per, d, inter, ty)
-        };
+        let g = class.gemm(self.inter, self.d, self.ty);
         e.gemm_each_weight(&g, &self.act, &class.pick(&w.w2), &mut self.y)
     }
 
@@ -270,6 +254,19 @@ impl SizeClass {
     /// The members' entries of a per-used-expert list.
     fn pick<T: Copy>(&self, all: &[T]) -> Vec<T> {
         self.members.iter().map(|&p| all[p]).collect()
+    }
+
+    /// One product per member over its padded group of `per` rows: `[per, k]` inputs of type
+    /// `ty` to `[per, n]` f32 outputs, the groups contiguous from row `first` of both.
+    fn gemm(&self, k: usize, n: usize, ty: GemmType) -> Gemm {
+        Gemm {
+            batch: self.members.len(),
+            x_offset: self.first * k * ty.bytes(),
+            stride_x: self.per * k,
+            y_offset: self.first * n * 4,
+            stride_y: self.per * n,
+            ..Gemm::dense(self.per, n, k, ty)
+        }
     }
 }
 
