@@ -3,16 +3,24 @@
 //!
 //! Exit codes: 0 success (also when stdout is a closed pipe, e.g. `| head`), 1 any error (the
 //! whole error chain is printed to stderr, each cause once), 2 a usage error (clap's default: unknown flag, bad
-//! flag value, missing argument).
+//! flag value, missing argument), 130 stopped by Ctrl-C (a sweep or demo first commits the cell
+//! in flight and says how to resume; see `needlescope::interrupt`).
 
 use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = needlescope::cli::Cli::parse();
+    if let Err(err) = needlescope::interrupt::install() {
+        eprintln!("warning: Ctrl-C handler not installed ({err}); Ctrl-C will stop runs at once");
+    }
     match needlescope::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if needlescope::cli::is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) if err.is::<needlescope::interrupt::Interrupted>() => {
+            eprintln!("{}", needlescope::cli::error_text(&err));
+            ExitCode::from(needlescope::interrupt::EXIT_INTERRUPTED)
+        }
         Err(err) => {
             eprintln!("error: {}", needlescope::cli::error_text(&err));
             ExitCode::from(1)

@@ -10,7 +10,8 @@
 //! Resume: `RunDir::create_or_resume` refuses when the model or any result-determining argument
 //! differs from run.json, returns the finished cells, and repairs a torn last line; finished
 //! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
-//! sample) whose cells are all finished is not even tokenised again.
+//! sample) whose cells are all finished is not even tokenised again. Ctrl-C stops between cells
+//! (`crate::interrupt`: the first press lets the cell in flight finish, a second stops at once).
 //!
 //! Backend: `--device` is decided and the layers placed before run.json is written
 //! (`crate::cli::engine::Target`, planned for the longest length plus the generated tokens and
@@ -268,6 +269,8 @@ pub fn run_sweep(
     .with_fingerprints(ckpt.fingerprint(), scenario.fingerprint()?)
     .with_backend(target.record());
     let (run_dir, finished) = RunDir::create_or_resume(out_dir, info)?;
+    // From here on finished cells are on disk: Ctrl-C stops after the cell in flight.
+    let _resumable = crate::interrupt::Resumable::new(out_dir);
     let per_prompt = plan.indexes.len() * plan.topks.len();
     let total = plan.lengths.len() * plan.depths.len() * plan.samples * per_prompt;
     if !finished.is_empty() {
@@ -286,6 +289,7 @@ pub fn run_sweep(
         judge_by_answer: marks.answers,
         run_dir,
         bars: SweepBars::new(total as u64, finished.len() as u64),
+        total,
         out,
     };
     let (cells_run, cells_skipped) = target.run(&ckpt, EngineOptions::default(), task)?;
@@ -306,6 +310,7 @@ struct SweepTask<'a> {
     judge_by_answer: bool,
     run_dir: RunDir,
     bars: SweepBars,
+    total: usize,
     out: &'a mut dyn Write,
 }
 
@@ -348,6 +353,7 @@ impl EngineTask for SweepTask<'_> {
                     )?;
                     for (index, topk) in todo {
                         run_count += self.cell(engine, &prompt, length, index, topk, &suffix)?;
+                        self.stop_if_requested()?;
                     }
                 }
             }
@@ -359,6 +365,24 @@ impl EngineTask for SweepTask<'_> {
 }
 
 impl SweepTask<'_> {
+    /// Ends the sweep with [`Interrupted`](crate::interrupt::Interrupted) when Ctrl-C asked
+    /// for it and cells remain (checked after each committed cell, so the cell in flight at
+    /// the press, its prompt building included, is finished first).
+    fn stop_if_requested(&mut self) -> anyhow::Result<()> {
+        let finished = self.run_dir.cells().len();
+        if !crate::interrupt::stop_requested() || finished >= self.total {
+            return Ok(());
+        }
+        self.bars.prefill.finish_and_clear();
+        self.bars.cells.abandon();
+        Err(crate::interrupt::Interrupted {
+            dir: self.run_dir.path().to_path_buf(),
+            finished,
+            total: self.total,
+        }
+        .into())
+    }
+
     /// Runs one (index, top-k) combination of a prompt and commits its cell; returns the
     /// number of cells written.
     fn cell<B: Backend>(

@@ -652,3 +652,92 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
         "kept\n"
     );
 }
+
+/// A sweep of `lengths` (one depth, one profile) into `out`, its output piped.
+fn spawn_sweep(out: &Path, lengths: &str) -> std::process::Child {
+    bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args(["--lengths", lengths, "--depths", "50", "--index", "fp8"])
+        .args(["--topk", "64", "--kv", "exact", "--generate", "0", "--out"])
+        .arg(out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finished_cells(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("cells.csv")).map_or(0, |t| t.lines().count().max(1) - 1)
+}
+
+/// Waits until the sweep into `dir` has started (run.json written), then sends `presses`
+/// SIGINTs 300 ms apart, the first 300 ms after the start, while the first cell (8k or 16k
+/// tokens, about a second or more here) is still running; returns the exit code and stderr.
+fn ctrl_c_during_first_cell(
+    child: std::process::Child,
+    dir: &Path,
+    presses: usize,
+) -> (Option<i32>, String) {
+    let started = std::time::Instant::now();
+    while !dir.join("run.json").exists() && started.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for _ in 0..presses {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let sent = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn ctrl_c_stops_a_sweep_between_cells_and_the_rerun_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // One press: the cell in flight (8k) is finished and committed, the next never starts.
+    let once = dir.path().join("once");
+    let (code, stderr) = ctrl_c_during_first_cell(spawn_sweep(&once, "8k,512"), &once, 1);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("press Ctrl-C again"), "{stderr}");
+    assert!(
+        stderr.contains("1 of 2 cells are finished and kept in")
+            && stderr.contains("rerun the same command to resume"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(finished_cells(&once), 1);
+    let out = spawn_sweep(&once, "8k,512").wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(finished_cells(&once), 2);
+
+    // Two presses: stops at once; the cell in flight (16k) is lost, nothing else is written.
+    let twice = dir.path().join("twice");
+    let (code, stderr) = ctrl_c_during_first_cell(spawn_sweep(&twice, "16k,512"), &twice, 2);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("stopped by Ctrl-C: finished cells are kept in")
+            && stderr.contains("rerun the same command to resume"),
+        "{stderr}"
+    );
+    assert_eq!(finished_cells(&twice), 0);
+    let out = spawn_sweep(&twice, "16k,512").wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(finished_cells(&twice), 2);
+}
