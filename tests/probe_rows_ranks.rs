@@ -216,6 +216,50 @@ fn nan_scores_rank_below_everything() {
 }
 
 #[test]
+fn a_nan_needle_is_never_selected() {
+    // Three numbers, then NaNs; the needle rows (8, 9) are NaN. Rank 4 (below the numbers),
+    // but an engine's top-4 may keep row 3 (a NaN of another row) instead: not selected.
+    let mut s = vec![1.0, 2.0, 3.0];
+    s.extend([f32::NAN; 7]);
+    let r = rank_needle(&s, 8..10);
+    assert_eq!((r.needle_rank, r.rank_ties, r.needle_ties), (Some(4), 6, 1));
+    assert!(!r.selected(4) && !r.selected(10));
+    let all_nan = rank_needle(&[f32::NAN; 5], 2..3);
+    assert_eq!(all_nan.needle_rank, Some(1));
+    assert!(!all_nan.selected(1) && !all_nan.selected(5));
+    let meta = RecordMeta {
+        cell_id: "c",
+        layer: 2,
+        query_pos: 39,
+        phase: "prompt",
+        profile: "fp8",
+        driving: true,
+    };
+    let rec = LayerRecord::new(&meta, &r, kth_scores(&s, &[4])[0], 4);
+    assert!(!rec.selected && !rec.trivial);
+    assert!(rec.margin.unwrap().is_nan());
+}
+
+#[test]
+fn ties_among_needle_rows_only_do_not_straddle() {
+    // Rows 1 and 2 (both needle rows) share places 2-3; top-2 keeps one of them whatever the
+    // tie order, so an engine that dropped both would be wrong, not a tie-order choice.
+    let s = [5.0, 4.0, 4.0];
+    let r = rank_needle(&s, 1..3);
+    assert_eq!((r.needle_rank, r.rank_ties, r.needle_ties), (Some(2), 1, 1));
+    assert!(r.selected(2) && !r.ties_straddle(2));
+    // One needle row and one other row tied at places 2-3: the order decides.
+    let r = rank_needle(&[5.0, 4.0, 4.0, 1.0], 2..4);
+    assert_eq!((r.needle_rank, r.rank_ties, r.needle_ties), (Some(2), 1, 0));
+    assert!(r.ties_straddle(2));
+    // Two needle rows and two others tied at places 2-5, top-3 leaves two places: the two
+    // others can take both, so it straddles; top-4 leaves three: a needle row is kept.
+    let r = rank_needle(&[9.0, 4.0, 4.0, 4.0, 4.0], 3..5);
+    assert_eq!((r.needle_rank, r.rank_ties, r.needle_ties), (Some(2), 3, 1));
+    assert!(r.ties_straddle(3) && !r.ties_straddle(4));
+}
+
+#[test]
 fn layer_record_serialises_with_exactly_the_layers_csv_fields() {
     let meta = RecordMeta {
         cell_id: "16k-40-fp8-512",

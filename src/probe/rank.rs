@@ -7,10 +7,13 @@
 //!   exactly (other needle rows included);
 //! - k-th score = the k-th highest visible score (`None` if fewer than k rows are visible);
 //! - margin at k = best needle score - k-th score (positive = inside the top-k);
-//! - selected at k = needle rank <= k; trivial = n_t <= k (shown, never evidence).
+//! - selected at k = needle rank <= k and the needle score is a number; trivial = n_t <= k
+//!   (shown, never evidence).
 //!
-//! NaN scores (broken numerics) rank below everything, `-inf` included, and tie with each other,
-//! so they can never make a needle look selected. Inputs are `[visible_rows]` slices; nothing
+//! NaN scores (broken numerics) rank below everything, `-inf` included, and tie with each other.
+//! A needle whose best score is NaN still gets that rank (1 + the rows with a number) but is
+//! never selected: an engine's top-k may keep any of the tied NaN rows, so nothing says it kept
+//! the needle's. Inputs are `[visible_rows]` slices; nothing
 //! here allocates more than one copy of the scores (for the k-th score selection).
 
 use std::cmp::Ordering;
@@ -53,21 +56,25 @@ pub struct NeedleRank {
     pub needle_rank: Option<usize>,
     /// Other visible rows with exactly the best needle score.
     pub rank_ties: usize,
+    /// Of `rank_ties`, how many are needle rows themselves.
+    pub needle_ties: usize,
     /// Best needle-row score.
     pub needle_score: Option<f32>,
 }
 
 impl NeedleRank {
-    /// Selected at k: needle rank <= k.
+    /// Selected at k: needle rank <= k, with a needle score that is not NaN.
     pub fn selected(&self, k: usize) -> bool {
-        self.needle_rank.is_some_and(|r| r <= k)
+        self.needle_rank.is_some_and(|r| r <= k) && self.needle_score.is_some_and(|s| !s.is_nan())
     }
 
-    /// Whether the needle's tie group straddles the k-th place, so an engine may legitimately
-    /// select or drop it depending on tie order.
+    /// Whether the needle's tie group straddles the k-th place, so that an engine may
+    /// legitimately keep or drop every needle row of it depending on tie order: the group's
+    /// other rows that are not needle rows could fill all `k - rank + 1` places left to it.
+    /// (Tied needle rows do not count: if they outnumber the rest, some needle row is kept.)
     pub fn ties_straddle(&self, k: usize) -> bool {
-        self.needle_rank
-            .is_some_and(|r| r <= k && r + self.rank_ties > k)
+        let others = self.rank_ties - self.needle_ties;
+        self.needle_rank.is_some_and(|r| r <= k && r + others > k)
     }
 }
 
@@ -89,16 +96,19 @@ pub fn rank_needle(scores: &[f32], rows: Range<usize>) -> NeedleRank {
             best_row: None,
             needle_rank: None,
             rank_ties: 0,
+            needle_ties: 0,
             needle_score: None,
         };
     };
     let mut higher = 0usize;
     let mut ties = 0usize;
+    let mut needle_ties = 0usize;
     for (w, &s) in scores.iter().enumerate() {
         if greater(s, best_score) {
             higher += 1;
         } else if w != best_row && same(s, best_score) {
             ties += 1;
+            needle_ties += usize::from(rows.contains(&w));
         }
     }
     NeedleRank {
@@ -107,6 +117,7 @@ pub fn rank_needle(scores: &[f32], rows: Range<usize>) -> NeedleRank {
         best_row: Some(best_row),
         needle_rank: Some(higher + 1),
         rank_ties: ties,
+        needle_ties,
         needle_score: Some(best_score),
     }
 }
