@@ -34,10 +34,12 @@ pub enum ConfigError {
     },
 }
 
-/// YaRN parameters (`rope_scaling`).
+/// YaRN parameters (`rope_scaling`). The kind is read from `type` or `rope_type` (configs
+/// written by transformers 4.x carry both; they must then agree), `"yarn"` when neither.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RopeScalingKeys")]
 pub struct RopeScaling {
-    #[serde(rename = "type", alias = "rope_type", default = "default_yarn")]
+    #[serde(rename = "type")]
     pub kind: String,
     pub factor: f64,
     pub original_max_position_embeddings: u64,
@@ -47,8 +49,41 @@ pub struct RopeScaling {
     pub beta_slow: f64,
 }
 
-fn default_yarn() -> String {
-    "yarn".into()
+/// `rope_scaling` as written, before `type` and `rope_type` are reconciled.
+#[derive(Deserialize)]
+struct RopeScalingKeys {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    rope_type: Option<String>,
+    factor: f64,
+    original_max_position_embeddings: u64,
+    #[serde(default = "default_beta_fast")]
+    beta_fast: f64,
+    #[serde(default = "default_beta_slow")]
+    beta_slow: f64,
+}
+
+impl TryFrom<RopeScalingKeys> for RopeScaling {
+    type Error = String;
+
+    fn try_from(keys: RopeScalingKeys) -> Result<Self, String> {
+        let kind = match (keys.kind, keys.rope_type) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!(
+                    "rope_scaling: `type` is {a:?} but `rope_type` is {b:?}; expected the same kind"
+                ))
+            }
+            (Some(kind), _) | (None, Some(kind)) => kind,
+            (None, None) => "yarn".into(),
+        };
+        Ok(RopeScaling {
+            kind,
+            factor: keys.factor,
+            original_max_position_embeddings: keys.original_max_position_embeddings,
+            beta_fast: keys.beta_fast,
+            beta_slow: keys.beta_slow,
+        })
+    }
 }
 fn default_beta_fast() -> f64 {
     32.0
@@ -212,6 +247,36 @@ fn yes() -> bool {
     true
 }
 
+/// A config.json re-saved by transformers 5.x keeps the layer schedule in `layer_types` and
+/// the RoPE settings in `rope_parameters` (`main` / `compress`), not in the release's
+/// `compress_ratios` / `rope_scaling`. Reading it as a release config would lose the CSA/HCA
+/// layers' YaRN silently, so it is refused, naming what to use instead.
+fn refuse_resaved_by_transformers(text: &str, path: &Path) -> Result<(), ConfigError> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Ok(()); // the typed parse reports malformed JSON
+    };
+    let found: Vec<&str> = ["layer_types", "rope_parameters"]
+        .into_iter()
+        .filter(|k| map.contains_key(*k))
+        .collect();
+    let lacking: Vec<&str> = ["compress_ratios", "rope_scaling"]
+        .into_iter()
+        .filter(|k| !map.contains_key(*k))
+        .collect();
+    if found.is_empty() || lacking.is_empty() {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field: lacking.join(", "),
+        found: format!(
+            "absent, with transformers' {} instead (a config re-saved by transformers)",
+            found.join(" and ")
+        ),
+        expected: "the release's own config.json (with compress_ratios and rope_scaling)".into(),
+    })
+}
+
 impl ModelConfig {
     /// Reads `config.json` from a file or from a model directory, then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -232,6 +297,7 @@ impl ModelConfig {
 
     /// Parses and validates config text; `path` is only used in error messages.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        refuse_resaved_by_transformers(text, path)?;
         let cfg: ModelConfig = serde_json::from_str(text).map_err(|source| ConfigError::Parse {
             path: path.to_path_buf(),
             source,
@@ -676,132 +742,5 @@ pub fn flash_config_json() -> serde_json::Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flash_schedule_has_2_swa_21_csa_20_hca() {
-        let c = ModelConfig::flash();
-        c.validate(Path::new("flash")).unwrap();
-        assert_eq!(c.layers_of_kind(LayerKind::Swa), vec![0, 1]);
-        assert_eq!(c.layers_of_kind(LayerKind::Csa).len(), 21);
-        assert_eq!(c.layers_of_kind(LayerKind::Hca).len(), 20);
-        assert_eq!(c.layer_kind(2), LayerKind::Csa);
-        assert_eq!(c.layer_kind(3), LayerKind::Hca);
-        assert_eq!(c.layer_kind(42), LayerKind::Csa);
-        assert_eq!(c.mtp_layer_kind(0), LayerKind::Swa);
-        assert_eq!(c.router_kind(2), RouterKind::Hash);
-        assert_eq!(c.router_kind(3), RouterKind::Score);
-        assert_eq!(c.compress_ratios.len(), 44);
-    }
-
-    #[test]
-    fn tiny_has_every_layer_and_router_kind() {
-        let c = ModelConfig::tiny();
-        c.validate(Path::new("tiny")).unwrap();
-        let kinds: Vec<_> = (0..4).map(|l| c.layer_kind(l)).collect();
-        assert_eq!(
-            kinds,
-            vec![
-                LayerKind::Swa,
-                LayerKind::Csa,
-                LayerKind::Hca,
-                LayerKind::Csa
-            ]
-        );
-        assert_eq!(c.router_kind(1), RouterKind::Hash);
-        assert_eq!(c.router_kind(2), RouterKind::Score);
-        assert!(c.index_n_heads >= 16);
-    }
-
-    #[test]
-    fn config_round_trips_through_json() {
-        let c = ModelConfig::flash();
-        let back = ModelConfig::from_json_str(&c.to_json_string(), Path::new("x")).unwrap();
-        assert_eq!(c, back);
-    }
-
-    #[test]
-    fn bad_ratio_names_field_value_and_expectation() {
-        let mut v = flash_config_json();
-        v["compress_ratios"][5] = serde_json::json!(16);
-        let err = ModelConfig::from_json_str(&v.to_string(), Path::new("cfg.json")).unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("compress_ratios[5]"), "{msg}");
-        assert!(msg.contains("16"), "{msg}");
-        assert!(msg.contains("0, 4, 128"), "{msg}");
-        assert!(msg.contains("cfg.json"), "{msg}");
-    }
-
-    /// Flash-0731 lists 46 ratios (`..., 4, 0, 0, 0`): extra trailing entries are accepted and
-    /// the 43 main layers keep their schedule.
-    #[test]
-    fn extra_trailing_ratios_are_accepted() {
-        let mut v = flash_config_json();
-        let ratios = v["compress_ratios"].as_array_mut().unwrap();
-        ratios.extend([serde_json::json!(0), serde_json::json!(0)]);
-        assert_eq!(ratios.len(), 46);
-        let cfg = ModelConfig::from_json_str(&v.to_string(), Path::new("c")).unwrap();
-        assert_eq!(cfg.csa_layers().len(), 21);
-        assert_eq!(cfg.layer_kind(42), LayerKind::Csa);
-    }
-
-    #[test]
-    fn wrong_ratio_count_is_rejected() {
-        let mut v = flash_config_json();
-        v["compress_ratios"].as_array_mut().unwrap().pop();
-        v["compress_ratios"].as_array_mut().unwrap().pop();
-        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("compress_ratios") && msg.contains("42"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn missing_field_is_a_parse_error_naming_it() {
-        let mut v = flash_config_json();
-        v.as_object_mut().unwrap().remove("index_topk");
-        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
-            .unwrap_err()
-            .to_string();
-        assert!(msg.contains("index_topk"), "{msg}");
-    }
-
-    #[test]
-    fn rope_dim_larger_than_head_is_rejected() {
-        let mut v = flash_config_json();
-        v["qk_rope_head_dim"] = serde_json::json!(1024);
-        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("qk_rope_head_dim") && msg.contains("1024"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn pro_like_config_validates() {
-        let mut c = ModelConfig::flash();
-        c.hidden_size = 7168;
-        c.num_hidden_layers = 61;
-        c.num_attention_heads = 128;
-        c.q_lora_rank = 1536;
-        c.o_groups = 16;
-        c.n_routed_experts = 384;
-        c.moe_intermediate_size = 3072;
-        c.routed_scaling_factor = 2.5;
-        c.index_topk = 1024;
-        let mut r = vec![128, 128];
-        for l in 2..61 {
-            r.push(if l % 2 == 0 { 4 } else { 128 });
-        }
-        r.push(0);
-        c.compress_ratios = r;
-        c.validate(Path::new("pro")).unwrap();
-        assert_eq!(c.layers_of_kind(LayerKind::Csa).len(), 30);
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -174,6 +174,20 @@ fn nvfp4_config_weighs_more_than_official() {
     };
     assert!(bytes("nvfp4") > bytes("official"));
     assert!(bytes("bf16") > bytes("nvfp4"));
+
+    // Without --format the config's quant_method decides: ModelOpt's "modelopt" is NVFP4.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["quantization_config"]["quant_method"] = serde_json::json!("modelopt");
+    let modelopt = tmp.path().join("modelopt.json");
+    std::fs::write(&modelopt, v.to_string()).unwrap();
+    let r = run(&["inspect", "--config", modelopt.to_str().unwrap(), "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["source"]["format"], "nvfp4");
+    assert_eq!(
+        v["footprint"]["total"]["bytes"].as_u64().unwrap(),
+        bytes("nvfp4")
+    );
 }
 
 #[test]

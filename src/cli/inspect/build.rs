@@ -96,13 +96,23 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
     ))
 }
 
+/// The weight format a config implies when `--format` is not given: the official release's
+/// `quant_method: "fp8"`, ModelOpt's `"modelopt"` (NVIDIA's NVFP4 re-quantisation), else bf16.
+fn format_of_config(cfg: &ModelConfig) -> WeightFormat {
+    let method = cfg
+        .quantization_config
+        .as_ref()
+        .and_then(|q| q.quant_method.as_deref());
+    match method {
+        Some("fp8") => WeightFormat::Official,
+        Some("modelopt") => WeightFormat::Nvfp4,
+        _ => WeightFormat::Bf16,
+    }
+}
+
 fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Loaded> {
     let cfg = ModelConfig::load(path)?;
-    let format = format.unwrap_or(if cfg.is_fp8() {
-        WeightFormat::Official
-    } else {
-        WeightFormat::Bf16
-    });
+    let format = format.unwrap_or_else(|| format_of_config(&cfg));
     let expected = expected_inventory(&cfg, format);
     let footprint = Footprint::from_tensors(
         cfg.num_hidden_layers,
