@@ -193,6 +193,53 @@ fn refusal(names: &[String], p: &MemoryPlan, work: &Workload, idle: &[String]) -
     s
 }
 
+/// The memory plan a run would use over the devices of `devices` (what `inspect --devices`
+/// shows): [`place`] with the config's top-k, renumbered to the offered devices, with a row
+/// for each device it leaves idle (charged nothing) and capacities over every offered device.
+/// Refused plans are returned too (`fits` false), over the devices that would have been used.
+pub fn plan_over(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &DeviceSet,
+    context: usize,
+    chunk: usize,
+) -> MemoryPlan {
+    let offered: Vec<DeviceMemory> = devices
+        .capacities
+        .iter()
+        .enumerate()
+        .map(|(i, &free)| DeviceMemory {
+            name: i.to_string(),
+            free,
+        })
+        .collect();
+    let work = Workload {
+        context,
+        chunk,
+        topk: cfg.index_topk,
+    };
+    let (used, mut p) = match place(cfg, footprint, &offered, &work) {
+        Ok(placed) => (placed.used, placed.plan),
+        Err(PlacementError::DoesNotFit { names, plan, .. }) => {
+            (names.iter().filter_map(|n| n.parse().ok()).collect(), *plan)
+        }
+        // No device offered: the plan over none (the DeviceSet parser refuses this anyway).
+        Err(PlacementError::NoDevices) => {
+            return plan::plan(cfg, footprint, devices, context, chunk)
+        }
+    };
+    let mut rows: Vec<plan::DevicePlan> = (0..offered.len())
+        .map(|i| plan::DevicePlan::idle(i, offered[i].free))
+        .collect();
+    for (row, &i) in p.devices.drain(..).zip(&used) {
+        rows[i] = plan::DevicePlan { device: i, ..row };
+    }
+    p.devices = rows;
+    p.devices_spec = devices.spec.clone();
+    p.capacity = devices.capacities.iter().sum();
+    p
+}
+
 /// Lays the model out over `devices` for `work` (see the module docs). `footprint` gives the
 /// weight bytes per layer (e.g. [`Footprint::of_checkpoint`]).
 pub fn place(
@@ -325,6 +372,60 @@ mod tests {
         (0..p.used.len())
             .map(|d| p.layer_device.iter().filter(|&&x| x == d).count())
             .collect()
+    }
+
+    /// What `inspect --devices` shows is what a run does: the same layer ranges on the same
+    /// offered devices, idle devices as zero rows charged nothing, refusals over the devices a
+    /// run would have used.
+    #[test]
+    fn inspect_plan_is_the_placement_renumbered_with_idle_rows() {
+        let cfg = ModelConfig::tiny();
+        let f = footprint(cfg.num_hidden_layers, GIB);
+        let frees = [40 * GIB, GIB / 2, 40 * GIB, GIB / 4];
+        let set = DeviceSet {
+            capacities: frees.to_vec(),
+            spec: "40G,0.5G,40G,0.25G".into(),
+        };
+        let w = Workload {
+            topk: cfg.index_topk,
+            ..work()
+        };
+        let placed = place(&cfg, &f, &devices(&frees), &w).unwrap();
+        assert_eq!(placed.used, vec![0, 2]);
+        let p = plan_over(&cfg, &f, &set, w.context, w.chunk);
+        assert!(p.fits);
+        assert_eq!(p.devices.len(), 4);
+        assert_eq!(p.devices_spec, "40G,0.5G,40G,0.25G");
+        assert_eq!(p.capacity, frees.iter().sum::<u64>());
+        for (i, d) in p.devices.iter().enumerate() {
+            assert_eq!(d.device, i);
+            assert_eq!(d.capacity, frees[i]);
+        }
+        for (k, &i) in placed.used.iter().enumerate() {
+            let (a, b) = (&p.devices[i], &placed.plan.devices[k]);
+            assert!(!a.idle);
+            assert_eq!((a.layers, a.total), (b.layers, b.total));
+            assert_eq!((a.holds_embed, a.holds_head), (b.holds_embed, b.holds_head));
+        }
+        for i in [1, 3] {
+            let d = &p.devices[i];
+            assert!(d.idle && d.layers.is_none() && !d.holds_head);
+            assert_eq!((d.total, d.shortfall), (0, 0));
+        }
+        assert!(
+            p.devices[2].holds_head,
+            "the head goes to the last device that runs"
+        );
+
+        // Refused: the shortfall is over the devices a run would use, idle ones still zero.
+        let tight = [2 * GIB, GIB / 2];
+        let set = DeviceSet {
+            capacities: tight.to_vec(),
+            spec: "2G,0.5G".into(),
+        };
+        let p = plan_over(&cfg, &f, &set, w.context, w.chunk);
+        assert!(!p.fits && p.shortfall > 0);
+        assert!(p.devices[1].idle && p.devices[0].shortfall == p.shortfall);
     }
 
     /// `--chunk auto` takes the largest candidate chunk that fits: 8,192 on a roomy device, a

@@ -92,6 +92,26 @@ fn flash_fits_8x96g_at_128k() {
     );
 }
 
+/// Devices too small for a share of the layers are left idle, as a run leaves them, instead
+/// of being charged a workspace they cannot hold: 8x96G alone fits, so 8x96G,2x0.5G does too.
+#[test]
+fn small_devices_are_shown_idle_not_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let args = ["inspect", "--config", cfg.to_str().unwrap(), "--devices"];
+    let r = run(&[&args[..], &["8x96G,2x0.5G"]].concat())
+        .ok()
+        .stdout_has(&["fits", "idle: devices 8, 9", "     9  -       idle"]);
+    assert!(!r.stdout.contains("REFUSED"), "{}", r.stdout);
+    let r = run(&[&args[..], &["8x96G,2x0.5G", "--json"]].concat()).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let devices = v["plan"]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 10);
+    assert_eq!(devices[7]["holds_head"], true);
+    assert_eq!(devices[9]["idle"], true);
+    assert_eq!(devices[9]["total"], 0);
+}
+
 #[test]
 fn flash_is_refused_on_1x96g_with_a_shortfall() {
     let tmp = tempfile::tempdir().unwrap();

@@ -87,6 +87,28 @@ pub struct DevicePlan {
     pub free: i64,
     /// max(0, total - capacity).
     pub shortfall: u64,
+    /// Offered but left without work by the placement (everything else zero, nothing charged).
+    pub idle: bool,
+}
+
+impl DevicePlan {
+    /// The row of an offered device that the placement leaves idle.
+    pub fn idle(device: usize, capacity: u64) -> Self {
+        DevicePlan {
+            device,
+            layers: None,
+            holds_embed: false,
+            holds_head: false,
+            weights: 0,
+            state: 0,
+            workspace: 0,
+            total: 0,
+            capacity,
+            free: capacity as i64,
+            shortfall: 0,
+            idle: true,
+        }
+    }
 }
 
 /// The layout of a model over devices for one context length.
@@ -185,6 +207,7 @@ pub fn plan(
             capacity: cap,
             free: cap as i64 - total as i64,
             shortfall: total.saturating_sub(cap),
+            idle: false,
         });
     }
     let sum = |f: fn(&DevicePlan) -> u64| out.iter().map(f).sum::<u64>();
@@ -264,7 +287,7 @@ fn assumptions(cfg: &ModelConfig, context: usize, chunk: usize) -> Vec<String> {
     let t = chunk.min(context).max(1);
     vec![
         format!(
-            "weights in their stored formats; embed on the first device, head + final norm + hc_head on the last; MTP not placed (never run)"
+            "weights in their stored formats; embed on the first device that runs layers, head + final norm + hc_head on the last; MTP not placed (never run)"
         ),
         format!(
             "caches are f32 rows in allocations that double when full: counted at {CACHE_GROWTH_SLACK}x the rows they hold"

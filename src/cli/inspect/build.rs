@@ -12,7 +12,7 @@ use crate::checkpoint::{
     audit, expected_inventory, Checkpoint, Dtype, InventoryDiff, WeightFormat,
 };
 use crate::config::{ModelConfig, RouterKind};
-use crate::plan::{self, Footprint, TensorSpec};
+use crate::plan::{Footprint, TensorSpec};
 
 /// Entries of each inventory category listed in full.
 const LIST_LIMIT: usize = 20;
@@ -44,7 +44,7 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
     let plan = args
         .devices
         .as_ref()
-        .map(|d| plan::plan(&cfg, &footprint, d, args.context, args.chunk));
+        .map(|d| crate::placement::plan_over(&cfg, &footprint, d, args.context, args.chunk));
     Ok(InspectReport {
         source,
         config_hash: cfg.hash_hex(),

@@ -33,6 +33,7 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
             None => "-".into(),
         };
         let also = match (d.holds_embed, d.holds_head) {
+            _ if d.idle => "idle",
             (true, true) => "embed+head",
             (true, false) => "embed",
             (false, true) => "head",
@@ -88,6 +89,24 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
                 group_digits(p.total - p.capacity)
             )?;
         }
+    }
+    let idle: Vec<String> = p
+        .devices
+        .iter()
+        .filter(|d| d.idle)
+        .map(|d| d.device.to_string())
+        .collect();
+    if !idle.is_empty() {
+        let (what, them) = if idle.len() == 1 {
+            ("device", "it")
+        } else {
+            ("devices", "them")
+        };
+        writeln!(
+            out,
+            "  idle: {what} {} (free memory under the per-device workspace, or no layer in the balanced split): a run gives {them} no work and charges {them} nothing",
+            idle.join(", ")
+        )?;
     }
     writeln!(
         out,
