@@ -239,6 +239,7 @@ pub fn write_trace(
         return Err(e.into());
     }
     std::fs::rename(&partial, path).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
         anyhow::anyhow!(
             "cannot move {} to {}: {e}",
             partial.display(),
@@ -257,6 +258,16 @@ pub fn parse_token_file(path: &Path, vocab: usize) -> anyhow::Result<Vec<u32>> {
         .strip_prefix('[')
         .and_then(|s| s.strip_suffix(']'))
         .unwrap_or(trimmed);
+    // Entries are separated by whitespace and at most one comma; two commas with nothing
+    // between them are an empty entry, refused rather than skipped.
+    let separators = regex::Regex::new(r",\s*,").expect("valid regex");
+    if let Some(m) = separators.find(body) {
+        anyhow::bail!(
+            "token file {}: empty entry at byte {} (two commas with no token id between them), expected whitespace/comma separated integers",
+            path.display(),
+            m.start()
+        );
+    }
     let mut ids = Vec::new();
     for (i, piece) in body
         .split(|c: char| c.is_whitespace() || c == ',')

@@ -313,6 +313,10 @@ fn sweep_and_probe_refuse_bad_grids_up_front() {
             &["--depths", "50,50"][..],
             "--depths: expected each value once",
         ),
+        (
+            &["--topk", "64,100000000", "--depths", "50"][..],
+            "--topk 100000000: expected at most 262144",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -344,6 +348,20 @@ fn sweep_and_probe_refuse_bad_grids_up_front() {
     assert!(!run.status.success());
     assert!(
         stderr.contains("--compare: expected each value once, found exact twice"),
+        "{stderr}"
+    );
+    // A top-k past every row the model can have: refused, not an allocation abort.
+    let run = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args(["--length", "512", "--topk", "1000000000000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--topk 1000000000000: expected at most 262144"),
         "{stderr}"
     );
 }

@@ -227,3 +227,68 @@ fn trace_of_fewer_than_four_tokens_has_empty_indexer_tensors() {
         assert!(!std::path::Path::new(&partial).exists());
     }
 }
+
+/// Inputs that would be overwritten, shadowed or misread are refused before anything runs,
+/// naming the flag: --out as the token file, inside the model directory, or a directory; a
+/// position given twice; an empty entry in the token file; a top-k past every row.
+#[test]
+fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tokens_file = dir.path().join("ids.txt");
+    std::fs::write(&tokens_file, "5 6 7 8 9 10").unwrap();
+    let weights: Vec<_> = std::fs::read_dir(&model)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let before: Vec<Vec<u8>> = weights.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let trace = |out: &std::path::Path, tokens: &std::path::Path, extra: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+            .args(["trace", "--device", "cpu", "--model"])
+            .arg(&model)
+            .arg("--tokens")
+            .arg(tokens)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        // 1: refused by the command; 2: a flag value clap refuses (usage error).
+        assert!(matches!(output.status.code(), Some(1 | 2)), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stderr
+    };
+    let e = trace(&tokens_file, &tokens_file, &[]);
+    assert!(e.contains("is the token file given to --tokens"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(&tokens_file).unwrap(),
+        "5 6 7 8 9 10"
+    );
+    let e = trace(&model.join("model.safetensors"), &tokens_file, &[]);
+    assert!(e.contains("inside the model directory"), "{e}");
+    let e = trace(&model.join("new.safetensors"), &tokens_file, &[]);
+    assert!(e.contains("inside the model directory"), "{e}");
+    let after: Vec<Vec<u8>> = weights.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert!(before == after, "the model directory is untouched");
+    let out_dir = dir.path().join("a-dir");
+    std::fs::create_dir(&out_dir).unwrap();
+    let e = trace(&out_dir, &tokens_file, &[]);
+    assert!(e.contains("is a directory"), "{e}");
+    assert_eq!(std::fs::read_dir(&out_dir).unwrap().count(), 0);
+    assert!(!dir.path().join("a-dir.partial").exists());
+
+    let out = dir.path().join("t.safetensors");
+    let e = trace(&out, &tokens_file, &["--positions", "3,5,3"]);
+    assert!(
+        e.contains("--positions") && e.contains("found 3 twice"),
+        "{e}"
+    );
+    let gappy = dir.path().join("gappy.txt");
+    std::fs::write(&gappy, "5,6,,7").unwrap();
+    let e = trace(&out, &gappy, &[]);
+    assert!(e.contains("gappy.txt") && e.contains("empty entry"), "{e}");
+    let e = trace(&out, &tokens_file, &["--topk", "100000000"]);
+    assert!(e.contains("--topk 100000000: expected at most"), "{e}");
+    assert!(!out.exists());
+}

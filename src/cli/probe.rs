@@ -132,6 +132,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&args.model.join("config.json"))?;
+    super::values::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
     let positions = args.length + args.generate;
     if positions > cfg.max_position_embeddings {
         anyhow::bail!(

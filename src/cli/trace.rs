@@ -74,7 +74,47 @@ impl EngineTask for TraceTask<'_> {
     }
 }
 
+/// Refuses an `--out` that would overwrite or shadow an input, before anything runs: an
+/// existing directory, the token file itself, or a path inside the model directory (a
+/// safetensors file there would be read as model weights, or replace them).
+fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
+    let out = &args.out;
+    if out.is_dir() {
+        anyhow::bail!(
+            "--out {}: is a directory, expected the path of the safetensors file to write",
+            out.display()
+        );
+    }
+    let canonical_parent = |p: &std::path::Path| {
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::canonicalize(parent)
+            .ok()
+            .map(|d| d.join(p.file_name().unwrap_or_default()))
+    };
+    let out_full = canonical_parent(out);
+    if out_full.is_some() && out_full == canonical_parent(&args.tokens) {
+        anyhow::bail!(
+            "--out {}: is the token file given to --tokens; expected another path",
+            out.display()
+        );
+    }
+    if let (Some(full), Ok(model)) = (&out_full, std::fs::canonicalize(&args.model)) {
+        if full.starts_with(&model) {
+            anyhow::bail!(
+                "--out {}: is inside the model directory {}, where a safetensors file would be read as (or replace) model weights; expected a path outside it",
+                out.display(),
+                args.model.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    check_out_path(args)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
     let tokens = trace::parse_token_file(&args.tokens, cfg.vocab_size)?;
@@ -84,6 +124,9 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Positions::List(v) => v.clone(),
     };
     trace::check_inputs(&tokens, &positions)?;
+    if let Some(k) = args.topk {
+        super::values::refuse_topk_past_rows("--topk", &[k], &cfg)?;
+    }
     let work = Workload {
         context: tokens.len(),
         chunk: args.chunk,

@@ -109,7 +109,7 @@ pub enum Positions {
     All,
     /// The last input token only.
     Last,
-    /// Explicit 0-based positions, ascending, deduplicated.
+    /// Explicit 0-based positions, ascending (a position given twice is refused).
     List(Vec<usize>),
 }
 
@@ -127,7 +127,9 @@ impl std::str::FromStr for Positions {
                     .map(|p| p.trim().parse::<usize>().map_err(|_| FORM.to_string()))
                     .collect::<Result<Vec<_>, _>>()?;
                 v.sort_unstable();
-                v.dedup();
+                if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(format!("expected each position once, found {} twice", w[0]));
+                }
                 Ok(Positions::List(v))
             }
         }
@@ -166,6 +168,25 @@ pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
         if keys[..i].contains(k) {
             anyhow::bail!("{flag}: expected each value once, found {k} twice");
         }
+    }
+    Ok(())
+}
+
+/// Refuses a top-k larger than the compressed rows the model can ever hold
+/// (`max_position_embeddings / 4`): it would select every row at every position and only
+/// allocate (`[chunk, k]` selections per CSA layer, `[tokens, k]` in a trace).
+pub fn refuse_topk_past_rows(
+    flag: &str,
+    values: &[usize],
+    cfg: &crate::config::ModelConfig,
+) -> anyhow::Result<()> {
+    let rows = crate::model::max_compressed_rows(cfg);
+    if let Some(k) = values.iter().find(|&&k| k > rows) {
+        anyhow::bail!(
+            "{flag} {k}: expected at most {rows}, the compressed rows of the model's \
+             max_position_embeddings ({} tokens, one row per 4); a larger top-k selects every row",
+            cfg.max_position_embeddings
+        );
     }
     Ok(())
 }

@@ -221,6 +221,17 @@ impl<B: Backend> Engine<B> {
                 expected: "at least 1 row".into(),
             });
         }
+        let rows = super::max_compressed_rows(cfg);
+        if topk > rows {
+            return Err(EngineError::BadOption {
+                option: "topk",
+                found: topk.to_string(),
+                expected: format!(
+                    "at most {rows}, the compressed rows of max_position_embeddings {}",
+                    cfg.max_position_embeddings
+                ),
+            });
+        }
         if let Err(e) = opts.index.check_dim(cfg.index_head_dim) {
             return Err(EngineError::BadOption {
                 option: "index",

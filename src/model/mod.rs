@@ -86,3 +86,9 @@ pub(crate) fn load_matrix<B: Backend>(
 ) -> Result<B::Matrix, CheckpointError> {
     backend.upload_linear(ckpt.shared_linear(module, out, input)?)
 }
+
+/// The most compressed CSA rows (one per 4 tokens) a sequence of the model can reach: the
+/// largest top-k that is not trivially "every row" (`max_position_embeddings / 4`, rounded up).
+pub fn max_compressed_rows(cfg: &crate::config::ModelConfig) -> usize {
+    cfg.max_position_embeddings.div_ceil(4)
+}
