@@ -759,3 +759,19 @@ fn ctrl_c_stops_a_sweep_between_cells_and_the_rerun_resumes() {
     );
     assert_eq!(finished_cells(&twice), 2);
 }
+
+/// Paths that are not UTF-8 (legal on Linux) work: run.json records the command line lossily
+/// instead of panicking.
+#[test]
+fn a_report_directory_that_is_not_utf8_works() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join(std::ffi::OsStr::from_bytes(b"out\xff"));
+    let run = spawn_sweep(&out, "512").wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert_eq!(finished_cells(&out), 1);
+    let info: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert!(info["command_line"].to_string().contains("out\u{fffd}"), "{info}");
+}

@@ -257,7 +257,9 @@ impl RunInfo {
         sweep_args: serde_json::Value,
     ) -> Self {
         RunInfo {
-            command_line: std::env::args().collect(),
+            command_line: std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             model_path: model_path.into(),
             model_config_hash: model_config_hash.into(),
             needlescope_version: env!("CARGO_PKG_VERSION").to_string(),
