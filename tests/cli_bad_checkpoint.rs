@@ -317,3 +317,44 @@ fn probe_and_sweep_refuse_a_model_without_a_csa_layer() {
     }
     assert!(!tmp.path().join("sweep").exists(), "nothing written");
 }
+
+/// NaN weights (an intact file, a damaged value) make every indexer score NaN: probe fails
+/// naming the layer, position and profile instead of printing ranks and a verdict.
+#[test]
+fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("planted");
+    cli_support::run(&[
+        "synth",
+        "--preset",
+        "planted",
+        "--format",
+        "bf16",
+        "--out",
+        dir.to_str().unwrap(),
+    ])
+    .ok();
+    let name = "layers.1.attn.indexer.compressor.wkv.weight";
+    rebuild(&dir.join("model.safetensors"), |entries| {
+        let e = entries.iter_mut().find(|e| e.name == name).unwrap();
+        assert_eq!(e.dtype, "BF16");
+        for pair in e.bytes.chunks_mut(2) {
+            pair.copy_from_slice(&0x7FC0u16.to_le_bytes()); // bf16 NaN
+        }
+    });
+    let r = cli_support::run(&[
+        "probe",
+        "--model",
+        dir.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--length",
+        "1k",
+        "--compare",
+        "fp8",
+    ])
+    .fails()
+    .stderr_has(&["layer 1", "indexer scores", "NaN", "not finite"]);
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+    assert!(!r.stdout.contains("conclusion"), "{}", r.dump());
+}

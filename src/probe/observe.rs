@@ -173,6 +173,34 @@ impl NeedleObserver {
     }
 
     /// Checks shapes; records an error and returns false when the observation is unusable.
+    /// Non-finite index scores (NaN, ±inf) make every rank meaningless: an error naming the
+    /// layer, position and profile instead of records (the probe then fails, never reporting
+    /// a verdict from broken numbers).
+    fn check_finite(
+        &mut self,
+        obs: &IndexerObservation<'_>,
+        profile: IndexProfile,
+        scores: &[f32],
+    ) -> bool {
+        let nan = scores.iter().filter(|s| s.is_nan()).count();
+        let inf = scores.iter().filter(|s| s.is_infinite()).count();
+        if nan + inf == 0 {
+            return true;
+        }
+        self.error(
+            obs.layer,
+            obs.query_pos,
+            "indexer scores",
+            format!("finite numbers under {profile}"),
+            format!(
+                "{nan} NaN and {inf} infinite of {} (the model's weights or activations are not \
+                 finite: a damaged or mis-converted checkpoint?)",
+                scores.len()
+            ),
+        );
+        false
+    }
+
     fn check_indexer(&mut self, obs: &IndexerObservation<'_>) -> bool {
         let (l, t) = (obs.layer, obs.query_pos);
         let n_t = RowKind::Csa.visible_rows(t);
@@ -258,6 +286,9 @@ impl Observer for NeedleObserver {
         }
         let rows = RowKind::Csa.span_rows(self.cfg.needle);
         let driving = self.cfg.driving;
+        if !self.check_finite(obs, driving, obs.scores) {
+            return;
+        }
         let rank = rank_needle(obs.scores, rows.clone());
         self.push_records(obs, driving, &rank, obs.scores);
 
@@ -296,6 +327,9 @@ impl Observer for NeedleObserver {
                 continue;
             }
             let scores = rescore(profile, obs);
+            if !self.check_finite(obs, profile, &scores) {
+                continue;
+            }
             let rank = rank_needle(&scores, rows.clone());
             self.push_records(obs, profile, &rank, &scores);
         }

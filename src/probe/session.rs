@@ -179,7 +179,7 @@ pub fn run_probe<B: Backend>(
                     .unwrap_or_default();
             }
             if let Some(err) = observer.errors.first() {
-                anyhow::bail!("the engine's observation was unusable: {err}");
+                anyhow::bail!("cannot rank the needle: {err}");
             }
             let text_ids: Vec<u32> = generated.iter().copied().filter(|&t| t != eos).collect();
             let answer_text = tok.decode(&text_ids)?;
