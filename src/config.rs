@@ -6,6 +6,10 @@
 //! stages replace the MTP layer), top-level `expert_dtype`, `quantization_config`,
 //! `rope_scaling`, `compress_rope_theta`) and V4-Pro. Unknown keys are ignored (the 0731 release
 //! adds `dspark_*` keys). Every check names the field, the value found and what was expected.
+//! `model_type` must be `"deepseek_v4"` (or absent), `quantization_config.quant_method` absent,
+//! `"fp8"` or `"modelopt"`, and every size field lies under a generous sanity bound (at least 16x
+//! the largest released value, [`limits::SIZE_LIMITS`]) so that no memory figure computed from the
+//! config can overflow; those checks live in `config_limits.rs`.
 //! Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
 //! so there is one source of truth for the layer schedule.
 
@@ -20,6 +24,8 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("config {path} is a directory, expected a file (the model's config.json)")]
+    NotAFile { path: PathBuf },
     #[error("config {path} is not valid JSON for a DeepSeek-V4 config: {source}")]
     Parse {
         path: PathBuf,
@@ -281,13 +287,26 @@ impl ModelConfig {
     /// Reads `config.json` from a file or from a model directory, then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         // A model directory (or a missing path that is not a .json file: its error then names
-        // the config.json the user's directory lacks).
+        // the config.json the user's directory lacks). A directory that is itself named
+        // config.json is the file the user meant, not a model directory: it is reported as a
+        // directory, not as a missing `config.json/config.json`.
         let is_json = path.extension().is_some_and(|e| e == "json");
-        let path = if path.is_dir() || (!path.is_file() && !is_json) {
+        let named_config = path.file_name().is_some_and(|n| n == "config.json");
+        let path = if path.is_dir() {
+            let inner = path.join("config.json");
+            if named_config && !inner.exists() {
+                path.to_path_buf()
+            } else {
+                inner
+            }
+        } else if !path.is_file() && !is_json {
             path.join("config.json")
         } else {
             path.to_path_buf()
         };
+        if path.is_dir() {
+            return Err(ConfigError::NotAFile { path });
+        }
         let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
             path: path.clone(),
             source,
@@ -319,6 +338,7 @@ impl ModelConfig {
             found,
             expected: expected.to_string(),
         };
+        limits::check(self, path)?;
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -502,13 +522,7 @@ impl ModelConfig {
                     "\"yarn\"",
                 ));
             }
-            if rs.factor < 1.0 {
-                return Err(bad(
-                    "rope_scaling.factor",
-                    rs.factor.to_string(),
-                    "at least 1",
-                ));
-            }
+            // factor and original_max_position_embeddings: checked in `limits`.
         }
         for (field, v) in [
             ("rope_theta", self.rope_theta),
@@ -740,6 +754,9 @@ impl ModelConfig {
 pub fn flash_config_json() -> serde_json::Value {
     serde_json::to_value(ModelConfig::flash()).expect("config serialises")
 }
+
+#[path = "config_limits.rs"]
+pub mod limits;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

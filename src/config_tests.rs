@@ -185,3 +185,192 @@ fn a_config_resaved_by_transformers_is_refused_naming_what_is_missing() {
         .to_string();
     assert!(msg.contains("`compress_ratios, rope_scaling`"), "{msg}");
 }
+
+fn refusal(v: &serde_json::Value) -> String {
+    ModelConfig::from_json_str(&v.to_string(), Path::new("c/config.json"))
+        .unwrap_err()
+        .to_string()
+}
+
+/// `vocab_size` 2^63 used to pass and overflow every memory figure into `0 B`.
+#[test]
+fn a_size_field_past_its_sanity_bound_is_refused_naming_field_and_bound() {
+    let mut v = flash_config_json();
+    v["vocab_size"] = serde_json::json!(1u64 << 63);
+    let msg = refusal(&v);
+    assert!(msg.contains("c/config.json"), "{msg}");
+    assert!(
+        msg.contains("`vocab_size`") && msg.contains("9223372036854775808"),
+        "{msg}"
+    );
+    assert!(msg.contains("at most 2097152"), "{msg}");
+    // Every bounded field: one past its bound is refused by name, the bound itself is not
+    // refused for being too large.
+    for l in &limits::SIZE_LIMITS {
+        let mut v = flash_config_json();
+        v[l.field] = serde_json::json!(l.max + 1);
+        let msg = refusal(&v);
+        assert!(
+            msg.contains(&format!("`{}` is {}", l.field, l.max + 1)),
+            "{}: {msg}",
+            l.field
+        );
+        v[l.field] = serde_json::json!(l.max);
+        if let Err(e) = ModelConfig::from_json_str(&v.to_string(), Path::new("c")) {
+            assert!(!e.to_string().contains("sanity bound"), "{}: {e}", l.field);
+        }
+    }
+}
+
+#[test]
+fn size_bounds_are_at_least_16x_the_released_models() {
+    let flash = ModelConfig::flash();
+    for l in &limits::SIZE_LIMITS {
+        assert!(
+            l.max >= 16 * l.largest_released,
+            "{}: bound {} under 16 x {}",
+            l.field,
+            l.max,
+            l.largest_released
+        );
+        let v = serde_json::to_value(&flash).unwrap()[l.field]
+            .as_u64()
+            .unwrap();
+        assert!(
+            v as usize <= l.largest_released,
+            "{}: Flash has {v}",
+            l.field
+        );
+    }
+    // The released values of V4-Pro (spec/model.md 1.2) stay accepted.
+    let mut v = flash_config_json();
+    for (field, value) in [
+        ("hidden_size", 7168),
+        ("num_attention_heads", 128),
+        ("q_lora_rank", 1536),
+        ("o_groups", 16),
+        ("n_routed_experts", 384),
+        ("moe_intermediate_size", 3072),
+        ("index_topk", 1024),
+    ] {
+        v[field] = serde_json::json!(value);
+    }
+    ModelConfig::from_json_str(&v.to_string(), Path::new("pro")).unwrap();
+}
+
+#[test]
+fn oversized_block_ratio_list_and_rope_original_are_refused() {
+    let mut v = flash_config_json();
+    v["quantization_config"]["weight_block_size"] = serde_json::json!([128, 1u64 << 40]);
+    assert!(
+        refusal(&v).contains("quantization_config.weight_block_size"),
+        "{}",
+        refusal(&v)
+    );
+    let mut v = flash_config_json();
+    v["compress_ratios"] = serde_json::json!(vec![0; 100_000]);
+    assert!(refusal(&v).contains("`compress_ratios`"), "{}", refusal(&v));
+    let mut v = flash_config_json();
+    v["rope_scaling"]["original_max_position_embeddings"] = serde_json::json!(0);
+    let msg = refusal(&v);
+    assert!(
+        msg.contains("rope_scaling.original_max_position_embeddings") && msg.contains("is 0"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn zero_max_position_embeddings_is_refused_but_small_ones_load() {
+    let mut v = flash_config_json();
+    v["max_position_embeddings"] = serde_json::json!(0);
+    let msg = refusal(&v);
+    assert!(
+        msg.contains("c/config.json") && msg.contains("`max_position_embeddings` is 0"),
+        "{msg}"
+    );
+    assert!(msg.contains("positive"), "{msg}");
+    v["max_position_embeddings"] = serde_json::json!(64);
+    let c = ModelConfig::from_json_str(&v.to_string(), Path::new("c")).unwrap();
+    assert_eq!(c.max_position_embeddings, 64);
+}
+
+#[test]
+fn unknown_quant_method_is_refused_naming_the_accepted_ones() {
+    let mut v = flash_config_json();
+    v["quantization_config"]["quant_method"] = serde_json::json!("gptq");
+    let msg = refusal(&v);
+    assert!(msg.contains("c/config.json"), "{msg}");
+    assert!(
+        msg.contains("`quantization_config.quant_method` is \"gptq\""),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("\"fp8\"") && msg.contains("\"modelopt\"") && msg.contains("absent"),
+        "{msg}"
+    );
+    for method in [Some("fp8"), Some("modelopt"), None] {
+        let mut v = flash_config_json();
+        match method {
+            Some(m) => v["quantization_config"]["quant_method"] = serde_json::json!(m),
+            None => {
+                v["quantization_config"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("quant_method");
+            }
+        }
+        ModelConfig::from_json_str(&v.to_string(), Path::new("c")).unwrap();
+    }
+    // No quantization_config at all (bf16): accepted.
+    let mut v = flash_config_json();
+    v.as_object_mut().unwrap().remove("quantization_config");
+    ModelConfig::from_json_str(&v.to_string(), Path::new("c")).unwrap();
+}
+
+#[test]
+fn another_model_type_is_refused_and_an_absent_one_is_deepseek_v4() {
+    let mut v = flash_config_json();
+    v["model_type"] = serde_json::json!("llama");
+    let msg = refusal(&v);
+    assert!(
+        msg.contains("c/config.json") && msg.contains("`model_type` is \"llama\""),
+        "{msg}"
+    );
+    assert!(msg.contains("\"deepseek_v4\""), "{msg}");
+    v.as_object_mut().unwrap().remove("model_type");
+    let c = ModelConfig::from_json_str(&v.to_string(), Path::new("c")).unwrap();
+    assert_eq!(c.model_type, "deepseek_v4");
+}
+
+#[test]
+fn the_presets_still_validate() {
+    for c in [ModelConfig::flash(), ModelConfig::tiny()] {
+        let back = ModelConfig::from_json_str(&c.to_json_string(), Path::new("p")).unwrap();
+        assert_eq!(back, c);
+    }
+}
+
+#[test]
+fn a_directory_named_config_json_is_reported_as_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("config.json");
+    std::fs::create_dir(&dir).unwrap();
+    for given in [dir.clone(), tmp.path().to_path_buf()] {
+        let msg = ModelConfig::load(&given).unwrap_err().to_string();
+        assert!(
+            msg.contains(&format!(
+                "{} is a directory, expected a file",
+                dir.display()
+            )),
+            "{msg}"
+        );
+        assert!(!msg.contains("config.json/config.json"), "{msg}");
+    }
+    // A model directory without config.json still names the file it lacks.
+    let empty = tempfile::tempdir().unwrap();
+    let msg = ModelConfig::load(empty.path()).unwrap_err().to_string();
+    assert!(
+        msg.contains("config.json") && !msg.contains("is a directory"),
+        "{msg}"
+    );
+}

@@ -284,3 +284,72 @@ fn ignored_or_impossible_flags_are_refused() {
     assert_eq!(r.code, Some(1), "{}", r.dump());
     r.stderr_has(&["--context 2097152", "max_position_embeddings (1048576)"]);
 }
+
+/// Config values that used to be accepted and then gave wrong answers: an overflowing size
+/// (`vocab_size` 2^63 showed embed / head as `0 B` and a plan that fits), a zero
+/// `max_position_embeddings`, another quantisation method, another model type.
+#[test]
+fn bad_config_values_are_refused_at_load_naming_file_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&str, serde_json::Value, &[&str]); 4] = [
+        (
+            "vocab_size",
+            serde_json::json!(1u64 << 63),
+            &["`vocab_size` is 9223372036854775808", "at most"],
+        ),
+        (
+            "max_position_embeddings",
+            serde_json::json!(0),
+            &["`max_position_embeddings` is 0", "positive"],
+        ),
+        (
+            "quant_method",
+            serde_json::json!("gptq"),
+            &[
+                "`quantization_config.quant_method` is \"gptq\"",
+                "\"fp8\"",
+                "\"modelopt\"",
+            ],
+        ),
+        (
+            "model_type",
+            serde_json::json!("llama"),
+            &["`model_type` is \"llama\"", "\"deepseek_v4\""],
+        ),
+    ];
+    for (field, value, needles) in cases {
+        let mut v = needlescope::config::flash_config_json();
+        if field == "quant_method" {
+            v["quantization_config"][field] = value;
+        } else {
+            v[field] = value;
+        }
+        let dir = tmp.path().join(field);
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let r = run(&[
+            "inspect",
+            "--config",
+            path.to_str().unwrap(),
+            "--devices",
+            "8x96G",
+        ])
+        .fails()
+        .stderr_has(&[&path.display().to_string()]);
+        r.stderr_has(needles);
+    }
+}
+
+#[test]
+fn a_directory_named_config_json_is_reported_as_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("config.json");
+    std::fs::create_dir(&dir).unwrap();
+    run(&["inspect", "--config", dir.to_str().unwrap()])
+        .fails()
+        .stderr_has(&[&format!(
+            "{} is a directory, expected a file",
+            dir.display()
+        )]);
+}
