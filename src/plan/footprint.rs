@@ -138,7 +138,7 @@ pub fn logical_params(name: &str, dtype: &str, numel: u64) -> u64 {
         return 0;
     }
     match dtype {
-        "I8" | "U8" | "F4" => numel * 2,
+        "I8" | "U8" | "F4" => numel.saturating_mul(2),
         _ => numel,
     }
 }
@@ -168,10 +168,11 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// Saturating: a tally never wraps to a small, plausible figure.
     fn add(&mut self, params: u64, bytes: u64) {
-        self.tensors += 1;
-        self.params += params;
-        self.bytes += bytes;
+        self.tensors = self.tensors.saturating_add(1);
+        self.params = self.params.saturating_add(params);
+        self.bytes = self.bytes.saturating_add(bytes);
     }
 }
 
@@ -237,9 +238,9 @@ impl Footprint {
                 s => {
                     main.add(params, t.bytes);
                     match s {
-                        Slot::First => first_bytes += t.bytes,
-                        Slot::Layer(l) => layer_bytes[l] += t.bytes,
-                        Slot::Last => last_bytes += t.bytes,
+                        Slot::First => first_bytes = first_bytes.saturating_add(t.bytes),
+                        Slot::Layer(l) => layer_bytes[l] = layer_bytes[l].saturating_add(t.bytes),
+                        Slot::Last => last_bytes = last_bytes.saturating_add(t.bytes),
                         Slot::Excluded => unreachable!(),
                     }
                 }
@@ -279,18 +280,22 @@ impl Footprint {
     }
 
     /// Tallies the tensors of an opened checkpoint as stored (a packed FP4 byte is one
-    /// element; bytes are element count x dtype size).
+    /// element; bytes are element count x dtype size, saturating at `u64::MAX`).
     pub fn of_checkpoint(ckpt: &crate::checkpoint::Checkpoint) -> Self {
         let infos: Vec<_> = ckpt.names().filter_map(|n| ckpt.info(n)).collect();
         Footprint::from_tensors(
             ckpt.config().num_hidden_layers,
             infos.iter().map(|t| {
-                let numel = t.shape.iter().product::<usize>() as u64;
+                let numel = t
+                    .shape
+                    .iter()
+                    .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+                    .unwrap_or(u64::MAX);
                 TensorSpec {
                     name: &t.name,
                     dtype: t.dtype.as_str(),
                     numel,
-                    bytes: numel * t.dtype.size() as u64,
+                    bytes: numel.saturating_mul(t.dtype.size() as u64),
                 }
             }),
         )

@@ -43,6 +43,11 @@
 //!   single cache allocation ([`largest_cache_bytes`]): the moment a cache grows or drops its
 //!   front, two of its allocations coexist.
 //!
+//! Every byte figure is computed with saturating arithmetic ([`sat_sum`], [`sat_product`]): a
+//! figure too large for `u64` shows as `u64::MAX` and never fits, instead of wrapping to a small
+//! number that would (`ModelConfig::validate` bounds the size fields so real inputs stay far
+//! below that).
+//!
 //! Placement: devices are filled in order towards a share of the total proportional to their
 //! capacity (a layer goes to the device whose cumulative target its midpoint falls under). If
 //! that balanced split leaves a device over capacity, the layers are packed first-fit in order;
@@ -104,7 +109,7 @@ impl DevicePlan {
             workspace: 0,
             total: 0,
             capacity,
-            free: capacity as i64,
+            free: free_bytes(capacity, 0),
             shortfall: 0,
             idle: true,
         }
@@ -150,17 +155,19 @@ pub fn plan(
         .map(|l| layer_state(cfg, l, context, chunk).total())
         .collect();
     let items: Vec<u64> = (0..layers)
-        .map(|l| footprint.layer_bytes[l] + states[l])
+        .map(|l| footprint.layer_bytes[l].saturating_add(states[l]))
         .collect();
     let fixed: Vec<u64> = (0..n_dev)
         .map(|d| {
-            workspace_bytes(cfg, context, chunk, d == n_dev - 1)
-                + if d == 0 { footprint.first_bytes } else { 0 }
-                + if d == n_dev - 1 {
+            sat_sum([
+                workspace_bytes(cfg, context, chunk, d == n_dev - 1),
+                if d == 0 { footprint.first_bytes } else { 0 },
+                if d == n_dev - 1 {
                     footprint.last_bytes
                 } else {
                     0
-                }
+                },
+            ])
         })
         .collect();
 
@@ -185,16 +192,17 @@ pub fn plan(
     let mut out = Vec::with_capacity(n_dev);
     for (d, &cap) in caps.iter().enumerate() {
         let mine: Vec<usize> = (0..layers).filter(|&l| assign[l] == d).collect();
-        let weights = mine.iter().map(|&l| footprint.layer_bytes[l]).sum::<u64>()
-            + if d == 0 { footprint.first_bytes } else { 0 }
-            + if d == n_dev - 1 {
+        let weights = sat_sum(mine.iter().map(|&l| footprint.layer_bytes[l]).chain([
+            if d == 0 { footprint.first_bytes } else { 0 },
+            if d == n_dev - 1 {
                 footprint.last_bytes
             } else {
                 0
-            };
-        let state: u64 = mine.iter().map(|&l| states[l]).sum();
+            },
+        ]));
+        let state = sat_sum(mine.iter().map(|&l| states[l]));
         let workspace = workspace_bytes(cfg, context, chunk, d == n_dev - 1);
-        let total = weights + state + workspace;
+        let total = sat_sum([weights, state, workspace]);
         out.push(DevicePlan {
             device: d,
             layers: mine.first().map(|&f| [f, *mine.last().unwrap()]),
@@ -205,12 +213,12 @@ pub fn plan(
             workspace,
             total,
             capacity: cap,
-            free: cap as i64 - total as i64,
+            free: free_bytes(cap, total),
             shortfall: total.saturating_sub(cap),
             idle: false,
         });
     }
-    let sum = |f: fn(&DevicePlan) -> u64| out.iter().map(f).sum::<u64>();
+    let sum = |f: fn(&DevicePlan) -> u64| sat_sum(out.iter().map(f));
     MemoryPlan {
         devices_spec: devices.spec.clone(),
         context,
@@ -229,12 +237,18 @@ pub fn plan(
     }
 }
 
+/// `capacity - total` as a signed figure, clamped to the `i64` range.
+pub fn free_bytes(capacity: u64, total: u64) -> i64 {
+    let free = i128::from(capacity) - i128::from(total);
+    free.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
 /// Per-device load (fixed + assigned items) of an assignment.
 fn loads(items: &[u64], fixed: &[u64], assign: &[usize], n_dev: usize) -> Vec<u64> {
     let mut l = fixed.to_vec();
     l.resize(n_dev, 0);
     for (i, &d) in assign.iter().enumerate() {
-        l[d] += items[i];
+        l[d] = l[d].saturating_add(items[i]);
     }
     l
 }
@@ -243,7 +257,7 @@ fn loads(items: &[u64], fixed: &[u64], assign: &[usize], n_dev: usize) -> Vec<u6
 fn place_balanced(items: &[u64], fixed: &[u64], caps: &[u64]) -> Vec<usize> {
     let n_dev = caps.len();
     let cap_total: f64 = caps.iter().map(|&c| c as f64).sum::<f64>().max(1.0);
-    let need_total: f64 = (items.iter().sum::<u64>() + fixed.iter().sum::<u64>()) as f64;
+    let need_total: f64 = sat_sum(items.iter().chain(fixed).copied()) as f64;
     let mut target = Vec::with_capacity(n_dev);
     let mut acc = 0.0;
     for &c in caps {
@@ -272,12 +286,12 @@ fn place_first_fit(items: &[u64], fixed: &[u64], caps: &[u64]) -> Vec<usize> {
     let mut d = 0;
     let mut load = fixed[0];
     for &it in items {
-        while d + 1 < n_dev && load + it > caps[d] {
+        while d + 1 < n_dev && load.saturating_add(it) > caps[d] {
             d += 1;
             load = fixed[d];
         }
         assign.push(d);
-        load += it;
+        load = load.saturating_add(it);
     }
     assign
 }

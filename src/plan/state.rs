@@ -1,4 +1,5 @@
 //! Per-layer state for a context and the per-device workspace (see the module doc of `plan`).
+//! Every byte figure saturates at `u64::MAX` ([`sat_sum`], [`sat_product`]) instead of wrapping.
 
 use super::*;
 use serde::Serialize;
@@ -16,8 +17,24 @@ pub struct LayerState {
 
 impl LayerState {
     pub fn total(&self) -> u64 {
-        self.window + self.compressed_kv + self.index_keys + self.compressor_carry
+        sat_sum([
+            self.window,
+            self.compressed_kv,
+            self.index_keys,
+            self.compressor_carry,
+        ])
     }
+}
+
+/// The product of `factors`, `u64::MAX` if it overflows: byte figures saturate instead of
+/// wrapping to a small, plausible number (a saturated figure never fits a device).
+pub fn sat_product<const N: usize>(factors: [u64; N]) -> u64 {
+    factors.into_iter().fold(1u64, u64::saturating_mul)
+}
+
+/// The sum of `terms`, saturating at `u64::MAX` (see [`sat_product`]).
+pub fn sat_sum(terms: impl IntoIterator<Item = u64>) -> u64 {
+    terms.into_iter().fold(0u64, u64::saturating_add)
 }
 
 /// Growth slack of the device caches: they double their allocation when full.
@@ -28,8 +45,8 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
     let (c, hd) = (context as u64, cfg.head_dim as u64);
     let chunk = chunk.min(context).max(1) as u64;
     // f32 rows, allocations up to CACHE_GROWTH_SLACK x the rows held.
-    let cache = |rows: u64, width: u64| CACHE_GROWTH_SLACK * rows * width * 4;
-    let window = cache(cfg.sliding_window as u64 + chunk, hd);
+    let cache = |rows: u64, width: u64| sat_product([CACHE_GROWTH_SLACK, rows, width, 4]);
+    let window = cache((cfg.sliding_window as u64).saturating_add(chunk), hd);
     match cfg.layer_kind(layer) {
         LayerKind::Swa => LayerState {
             window,
@@ -42,15 +59,15 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
                 window,
                 compressed_kv: cache(rows, hd),
                 // Raw (what the observer reads) and prepared keys, one multiplier per row.
-                index_keys: 2 * cache(rows, ihd) + cache(rows, 1),
-                compressor_carry: (8 * 2 * 2 * hd + 8 * 2 * 2 * ihd) * 4,
+                index_keys: sat_sum([cache(rows, ihd).saturating_mul(2), cache(rows, 1)]),
+                compressor_carry: sat_product([8 * 2 * 2 * 4, hd.saturating_add(ihd)]),
             }
         }
         LayerKind::Hca => LayerState {
             window,
             compressed_kv: cache(c / 128, hd),
             index_keys: 0,
-            compressor_carry: 128 * 2 * hd * 4,
+            compressor_carry: sat_product([128 * 2 * 4, hd]),
         },
     }
 }
@@ -74,25 +91,41 @@ pub fn largest_cache_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u
 pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bool) -> u64 {
     let t = chunk.min(context).max(1) as u64;
     let c = context as u64;
-    let per_token = 3 * cfg.hc_mult as u64 * cfg.hidden_size as u64
-        + 2 * cfg.num_attention_heads as u64 * cfg.head_dim as u64
-        + cfg.num_attention_heads as u64
-            * (cfg.sliding_window as u64 + cfg.index_topk as u64 + c / 128)
-        + c / 4
+    let u = |v: usize| v as u64;
+    let per_token = sat_sum([
+        sat_product([3, u(cfg.hc_mult), u(cfg.hidden_size)]),
+        sat_product([2, u(cfg.num_attention_heads), u(cfg.head_dim)]),
+        sat_product([
+            u(cfg.num_attention_heads),
+            sat_sum([u(cfg.sliding_window), u(cfg.index_topk), c / 128]),
+        ]),
+        c / 4,
         // Routed experts, all k slots of the chunk at once (GPU `moe_experts`): gate, up and
         // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden]; twice that for the
         // batched products' padding (at most as many padding rows as real ones).
-        + 2 * cfg.num_experts_per_tok as u64
-            * (3 * cfg.moe_intermediate_size as u64 + 2 * cfg.hidden_size as u64)
+        sat_product([
+            2,
+            u(cfg.num_experts_per_tok),
+            sat_sum([
+                sat_product([3, u(cfg.moe_intermediate_size)]),
+                sat_product([2, u(cfg.hidden_size)]),
+            ]),
+        ]),
         // The CSA compressor's kv and gate projections [T, 2 * head_dim] each, and their copy
         // appended to its buffer of held tokens (pooled there, on the device).
-        + 4 * 2 * cfg.head_dim as u64;
+        sat_product([4, 2, u(cfg.head_dim)]),
+    ]);
     let logits = if last {
-        PROBED_LOGIT_ROWS * cfg.vocab_size as u64 * 4
+        sat_product([PROBED_LOGIT_ROWS, u(cfg.vocab_size), 4])
     } else {
         0
     };
-    FIXED_WORKSPACE + 4 * t * per_token + logits + largest_cache_bytes(cfg, context, chunk)
+    sat_sum([
+        FIXED_WORKSPACE,
+        sat_product([4, t, per_token]),
+        logits,
+        largest_cache_bytes(cfg, context, chunk),
+    ])
 }
 
 // ---------------------------------------------------------------------------------------------

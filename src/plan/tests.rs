@@ -280,3 +280,61 @@ fn workspace_has_room_for_one_cache_to_grow() {
         }
     );
 }
+
+/// Byte figures saturate instead of wrapping: a wrapped sum would be a small, plausible number
+/// (the `0 B` embed of a `vocab_size` 2^63 config) and the plan would say it fits.
+#[test]
+fn footprint_tallies_saturate_instead_of_wrapping() {
+    let huge = u64::MAX / 2 + 1;
+    let t = |name| TensorSpec {
+        name,
+        dtype: "I8",
+        numel: huge,
+        bytes: huge,
+    };
+    let f = Footprint::from_tensors(1, [t("embed.weight"), t("layers.0.attn.wq_a.weight")]);
+    assert_eq!(f.total.bytes, u64::MAX);
+    assert_eq!(f.main.bytes, u64::MAX);
+    assert_eq!(f.total.params, u64::MAX, "I8 counts two params per byte");
+    let f = Footprint::from_tensors(1, [t("embed.weight"), t("embed.weight")]);
+    assert_eq!(f.first_bytes, u64::MAX);
+    assert_eq!(f.component(Component::Embed).bytes, u64::MAX);
+}
+
+#[test]
+fn a_plan_too_large_for_u64_saturates_and_does_not_fit() {
+    // Field values past the config's bounds, set directly (validate would refuse them).
+    let mut cfg = ModelConfig::tiny();
+    cfg.vocab_size = 1 << 62;
+    cfg.hidden_size = 1 << 40;
+    cfg.head_dim = 1 << 40;
+    let huge = u64::MAX / 2 + 1;
+    let f = Footprint::from_tensors(
+        4,
+        (0..4).map(|l| TensorSpec {
+            name: ["layers.0.x", "layers.1.x", "layers.2.x", "layers.3.x"][l],
+            dtype: "BF16",
+            numel: huge,
+            bytes: huge,
+        }),
+    );
+    let context = usize::MAX / 2;
+    assert_eq!(workspace_bytes(&cfg, context, context, true), u64::MAX);
+    assert_eq!(layer_state(&cfg, 1, context, context).total(), u64::MAX);
+    let devices: DeviceSet = "8x96G".parse().unwrap();
+    let p = plan(&cfg, &f, &devices, context, 2048);
+    assert!(!p.fits, "a plan of saturated figures never fits");
+    assert_eq!(p.total, u64::MAX);
+    for d in &p.devices {
+        assert!(d.total >= d.workspace && d.total >= d.weights, "{d:?}");
+        assert!(d.free < 0 && d.shortfall > 0, "{d:?}");
+    }
+}
+
+#[test]
+fn free_bytes_clamps_to_the_i64_range() {
+    assert_eq!(free_bytes(10, 3), 7);
+    assert_eq!(free_bytes(3, 10), -7);
+    assert_eq!(free_bytes(0, u64::MAX), i64::MIN);
+    assert_eq!(free_bytes(u64::MAX, 0), i64::MAX);
+}
