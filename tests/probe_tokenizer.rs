@@ -7,6 +7,7 @@ use needlescope::probe::tokenizer::{
     USER,
 };
 use sha2::{Digest, Sha256};
+use std::path::Path;
 
 fn tok() -> V4Tokenizer {
     V4Tokenizer::builtin().expect("built-in tokenizer loads")
@@ -151,4 +152,124 @@ fn unknown_token_names_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no token named"), "{err}");
+}
+
+/// A 41-token WordLevel tokenizer: valid tokenizer.json, but not DeepSeek-V4's.
+pub fn word_level_json() -> String {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), 0.into());
+    for i in 1..41 {
+        vocab.insert(format!("w{i}"), i.into());
+    }
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    })
+    .to_string()
+}
+
+/// The built-in tokenizer.json without the added token `content` (so it is spelled as ordinary
+/// byte-level tokens).
+pub fn builtin_without_added(content: &str) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&builtin_json_bytes()).unwrap();
+    let added = v["added_tokens"].as_array_mut().unwrap();
+    let before = added.len();
+    added.retain(|t| t["content"] != content);
+    assert_eq!(added.len(), before - 1, "{content} was an added token");
+    serde_json::to_vec(&v).unwrap()
+}
+
+#[test]
+fn the_builtin_tokenizer_has_every_special_token_of_the_format() {
+    tok().check_special_tokens().unwrap();
+    tok()
+        .check_config_ids(0, 1, Path::new("m/config.json"))
+        .unwrap();
+}
+
+#[test]
+fn a_foreign_tokenizer_is_refused_naming_the_file_and_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, word_level_json()).unwrap();
+    let t = V4Tokenizer::from_file(&path).unwrap();
+    assert_eq!(t.vocab_size(), 41);
+    let err = t.check_special_tokens().unwrap_err().to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains("not a DeepSeek-V4 tokenizer"), "{err}");
+    assert!(err.contains(&format!("BOS {BOS:?}")), "{err}");
+    assert!(err.contains("expected the single token id 0"), "{err}");
+}
+
+#[test]
+fn a_tokenizer_without_its_bos_added_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, builtin_without_added(BOS)).unwrap();
+    let t = V4Tokenizer::from_file(&path).unwrap();
+    let err = t.check_special_tokens().unwrap_err().to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains(&format!("BOS {BOS:?} encodes as")), "{err}");
+    assert!(err.contains("tokens ["), "{err}");
+    assert!(err.contains("expected the single token id 0"), "{err}");
+    // Likewise a missing </think>: the prompt's last token.
+    std::fs::write(&path, builtin_without_added(THINK_END)).unwrap();
+    let err = V4Tokenizer::from_file(&path)
+        .unwrap()
+        .check_special_tokens()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("thinking end") && err.contains("128822"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_bos_and_eos_ids_must_be_the_tokenizers() {
+    let err = tok()
+        .check_config_ids(5, 1, Path::new("m/config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("tokenizer builtin") && err.contains("config m/config.json"),
+        "{err}"
+    );
+    assert!(
+        err.contains("BOS") && err.contains("is id 0") && err.contains("`bos_token_id` is 5"),
+        "{err}"
+    );
+    let err = tok()
+        .check_config_ids(0, 7, Path::new("m/config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("is id 1") && err.contains("`eos_token_id` is 7"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_directory_named_tokenizer_json_is_reported_as_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::create_dir(&path).unwrap();
+    for given in [path.as_path(), dir.path()] {
+        let err = V4Tokenizer::from_file(given).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "{} is a directory, expected a file",
+                path.display()
+            )),
+            "{err}"
+        );
+        assert!(!err.contains("tokenizer.json/tokenizer.json"), "{err}");
+    }
 }

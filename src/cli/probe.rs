@@ -255,14 +255,19 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The model directory's tokenizer.json, else the built-in V4 tokenizer; its vocabulary must fit
-/// the model.
+/// The model directory's tokenizer.json, else the built-in V4 tokenizer; checked up front: its
+/// vocabulary must fit the model, its special tokens must be DeepSeek-V4's
+/// ([`V4Tokenizer::check_special_tokens`]) and its BOS / EOS ids the config's `bos_token_id` /
+/// `eos_token_id` (the model directory's config.json).
 pub fn load_tokenizer(model: &Path, vocab: usize) -> anyhow::Result<V4Tokenizer> {
-    let tok = if model.join("tokenizer.json").exists() {
-        V4Tokenizer::from_file(&model.join("tokenizer.json"))?
+    let file = model.join("tokenizer.json");
+    // symlink_metadata: a dangling link is an error naming it, not a silent built-in fallback.
+    let tok = if file.symlink_metadata().is_ok() {
+        V4Tokenizer::from_file(&file)?
     } else {
         V4Tokenizer::builtin()?
     };
+    tok.check_special_tokens()?;
     if tok.vocab_size() > vocab {
         anyhow::bail!(
             "tokenizer {} has {} tokens but the model's vocab_size is {vocab}: needle prompts need a model with the real DeepSeek-V4 vocabulary (e.g. `synth --preset planted` or the official checkpoint)",
@@ -270,6 +275,9 @@ pub fn load_tokenizer(model: &Path, vocab: usize) -> anyhow::Result<V4Tokenizer>
             tok.vocab_size()
         );
     }
+    let config = model.join("config.json");
+    let cfg = crate::config::ModelConfig::load(&config)?;
+    tok.check_config_ids(cfg.bos_token_id, cfg.eos_token_id, &config)?;
     Ok(tok)
 }
 

@@ -12,6 +12,11 @@
 //! flate2 on first use (model.md section 7.1: byte-level BPE, 128,000 base + 1,283 added
 //! tokens, ids 0..=129,279; BOS 0, EOS 1; the tokenizer never adds BOS itself).
 //!
+//! A model's tokenizer is checked against the format before use
+//! ([`V4Tokenizer::check_special_tokens`]: BOS, EOS, the User / Assistant markers, `<think>`
+//! and `</think>` each encode as their one documented id) and against its config
+//! ([`V4Tokenizer::check_config_ids`]: `bos_token_id`, `eos_token_id`).
+//!
 //! Non-obvious choices:
 //! - `vocab_size` is the largest id + 1 (129,280, = config `vocab_size`), not "base + added":
 //!   three added tokens (BOS, EOS, pad) reuse base ids 0..=2.
@@ -43,6 +48,20 @@ pub const ASSISTANT: &str = "<｜Assistant｜>";
 pub const THINK_START: &str = "<think>";
 /// Thinking end (id 128822): ends the prompt in non-thinking ("chat") mode.
 pub const THINK_END: &str = "</think>";
+
+/// The special tokens the prompt format and the answer decoding need, each with its id in every
+/// DeepSeek-V4 tokenizer (model.md 7.1). A tokenizer that spells one of them as anything but
+/// that single id is not a DeepSeek-V4 tokenizer: the prompt would shift (the needle moves) or
+/// carry tokens the model never saw there, so it is refused
+/// ([`V4Tokenizer::check_special_tokens`]).
+pub const SPECIAL_TOKENS: [(&str, &str, u32); 6] = [
+    ("BOS", BOS, 0),
+    ("EOS", EOS, 1),
+    ("User marker", USER, 128_803),
+    ("Assistant marker", ASSISTANT, 128_804),
+    ("thinking start", THINK_START, 128_821),
+    ("thinking end", THINK_END, 128_822),
+];
 
 /// Errors loading or using a tokenizer; each names the tokenizer's source.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +99,32 @@ pub enum TokenizerError {
     },
     #[error("tokenizer {source_name}: no token named {name:?}")]
     UnknownToken { source_name: String, name: String },
+    #[error("tokenizer file {path} is a directory, expected a file (tokenizer.json)")]
+    NotAFile { path: PathBuf },
+    #[error(
+        "tokenizer {source_name} is not a DeepSeek-V4 tokenizer: the {role} {token:?} encodes as \
+         {found}, expected the single token id {expected}"
+    )]
+    SpecialToken {
+        source_name: String,
+        role: &'static str,
+        token: &'static str,
+        expected: u32,
+        found: String,
+    },
+    #[error(
+        "tokenizer {source_name} and config {config}: the tokenizer's {role} {token:?} is id \
+         {tokenizer_id} but the config's `{field}` is {config_id}; expected the same id"
+    )]
+    ConfigMismatch {
+        source_name: String,
+        config: PathBuf,
+        role: &'static str,
+        token: &'static str,
+        field: &'static str,
+        tokenizer_id: u32,
+        config_id: u32,
+    },
 }
 
 /// The uncompressed bytes of the built-in `tokenizer.json` (so `synth` can write it into
@@ -145,15 +190,27 @@ impl V4Tokenizer {
         })
     }
 
-    /// A tokenizer.json file, or a model directory holding one.
+    /// A tokenizer.json file, or a model directory holding one. A directory that is itself
+    /// named tokenizer.json (and holds none) is refused as a directory, not reported as a
+    /// missing `tokenizer.json/tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
         let joined;
         let path = if path.is_dir() {
             joined = path.join("tokenizer.json");
-            joined.as_path()
+            let named = path.file_name().is_some_and(|n| n == "tokenizer.json");
+            if named && !joined.exists() {
+                path
+            } else {
+                joined.as_path()
+            }
         } else {
             path
         };
+        if path.is_dir() {
+            return Err(TokenizerError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
         let bytes = std::fs::read(path).map_err(|source| TokenizerError::Read {
             path: path.to_path_buf(),
             source,
@@ -187,6 +244,57 @@ impl V4Tokenizer {
             source_name: source_name.to_string(),
             vocab_size,
         })
+    }
+
+    /// Checks that every token of [`SPECIAL_TOKENS`], written as text, encodes as exactly its
+    /// one documented id; the first that does not is the error (role, token, expected id and
+    /// the ids found).
+    pub fn check_special_tokens(&self) -> Result<(), TokenizerError> {
+        for (role, token, expected) in SPECIAL_TOKENS {
+            let found = match self.encode(token) {
+                Ok(ids) if ids == [expected] => continue,
+                Ok(ids) if ids.len() == 1 => format!("the token id {}", ids[0]),
+                Ok(ids) => format!("{} tokens {ids:?}", ids.len()),
+                Err(e) => format!("nothing ({e})"),
+            };
+            return Err(TokenizerError::SpecialToken {
+                source_name: self.source_name.clone(),
+                role,
+                token,
+                expected,
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that the config's `bos_token_id` and `eos_token_id` are this tokenizer's BOS and
+    /// EOS ids (the prompt starts with the tokenizer's BOS; generation stops at the config's
+    /// EOS). `config` names the config file in the error.
+    pub fn check_config_ids(
+        &self,
+        bos_token_id: u32,
+        eos_token_id: u32,
+        config: &Path,
+    ) -> Result<(), TokenizerError> {
+        for (role, token, field, config_id) in [
+            ("BOS", BOS, "bos_token_id", bos_token_id),
+            ("EOS", EOS, "eos_token_id", eos_token_id),
+        ] {
+            let tokenizer_id = self.token_id(token)?;
+            if tokenizer_id != config_id {
+                return Err(TokenizerError::ConfigMismatch {
+                    source_name: self.source_name.clone(),
+                    config: config.to_path_buf(),
+                    role,
+                    token,
+                    field,
+                    tokenizer_id,
+                    config_id,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Where this tokenizer came from ("builtin" or a path).
