@@ -236,7 +236,7 @@ pub fn plan_over(
     }
     p.devices = rows;
     p.devices_spec = devices.spec.clone();
-    p.capacity = devices.capacities.iter().sum();
+    p.capacity = crate::plan::sat_sum(devices.capacities.iter().copied());
     p
 }
 

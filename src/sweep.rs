@@ -250,7 +250,7 @@ pub fn run_sweep(
         chunk: plan.chunk,
         topk: plan.topks.iter().copied().max().unwrap_or(cfg.index_topk),
     };
-    let tok = crate::cli::probe::load_tokenizer(model_dir, cfg.vocab_size)?;
+    let tok = crate::cli::probe::load_tokenizer(model_dir, &cfg)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     check_plan(plan, &tok, &scenario, &cfg)?;
     let target = Target::prepare(device, &ckpt, &work)?;

@@ -143,8 +143,10 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             cfg.max_position_embeddings
         );
     }
-    // The backend first: a device that cannot be used, or a model that does not fit, fails
-    // before the prompt is built. The prompt is exactly `--length` tokens.
+    // The tokenizer (cheap, checked against the config), then the backend: a device that
+    // cannot be used, or a model that does not fit, fails before the prompt is built. The
+    // prompt is exactly `--length` tokens.
+    let tok = load_tokenizer(&args.model, &cfg)?;
     let work = Workload {
         context: args.length + args.generate,
         chunk: args.chunk,
@@ -152,7 +154,6 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let target = Target::prepare(&args.device, &ckpt, &work)?;
     let backend = target.record();
-    let tok = load_tokenizer(&args.model, cfg.vocab_size)?;
     let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
     let prompt = build_prompt(
         &tok,
@@ -259,7 +260,11 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// vocabulary must fit the model, its special tokens must be DeepSeek-V4's
 /// ([`V4Tokenizer::check_special_tokens`]) and its BOS / EOS ids the config's `bos_token_id` /
 /// `eos_token_id` (the model directory's config.json).
-pub fn load_tokenizer(model: &Path, vocab: usize) -> anyhow::Result<V4Tokenizer> {
+pub fn load_tokenizer(
+    model: &Path,
+    cfg: &crate::config::ModelConfig,
+) -> anyhow::Result<V4Tokenizer> {
+    let vocab = cfg.vocab_size;
     let file = model.join("tokenizer.json");
     // symlink_metadata: a dangling link is an error naming it, not a silent built-in fallback.
     let tok = if file.symlink_metadata().is_ok() {
@@ -276,7 +281,6 @@ pub fn load_tokenizer(model: &Path, vocab: usize) -> anyhow::Result<V4Tokenizer>
         );
     }
     let config = model.join("config.json");
-    let cfg = crate::config::ModelConfig::load(&config)?;
     tok.check_config_ids(cfg.bos_token_id, cfg.eos_token_id, &config)?;
     Ok(tok)
 }
