@@ -7,6 +7,10 @@
 //! A cell = one (length, depth, profile, top-k, sample); cell ids are
 //! `L{prompt tokens}-d{depth}-{profile}-k{topk}-s{sample}`.
 //!
+//! Lock: the output directory is locked (`crate::report::DirLock`) when run.json is written or
+//! checked, before the model runs, until the sweep returns; a second sweep into the same
+//! directory is refused ([`run_sweep_locked`] takes a lock the caller already holds).
+//!
 //! Resume: `RunDir::create_or_resume` refuses when the model or any result-determining argument
 //! differs from run.json, returns the finished cells, and repairs a torn last line; finished
 //! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
@@ -35,7 +39,7 @@ use crate::probe::session::{
 };
 use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
 use crate::report::records::{config_hash, CellRecord, RunInfo};
-use crate::report::RunDir;
+use crate::report::{DirLock, RunDir};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -242,6 +246,29 @@ pub fn run_sweep(
     device: &DeviceArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
+    sweep_into(model_dir, plan, out_dir, None, device, out)
+}
+
+/// [`run_sweep`] into the directory of `lock`, which the caller holds (and keeps holding after
+/// the sweep, e.g. to render the report).
+pub fn run_sweep_locked(
+    model_dir: &Path,
+    plan: &SweepPlan,
+    lock: &DirLock,
+    device: &DeviceArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<SweepOutcome> {
+    sweep_into(model_dir, plan, lock.dir(), Some(lock), device, out)
+}
+
+fn sweep_into(
+    model_dir: &Path,
+    plan: &SweepPlan,
+    out_dir: &Path,
+    lock: Option<&DirLock>,
+    device: &DeviceArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<SweepOutcome> {
     let ckpt = Checkpoint::open(model_dir)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&model_dir.join("config.json"))?;
@@ -269,7 +296,10 @@ pub fn run_sweep(
     )
     .with_fingerprints(ckpt.fingerprint(), scenario.fingerprint()?)
     .with_backend(target.record());
-    let (run_dir, finished) = RunDir::create_or_resume(out_dir, info)?;
+    let (run_dir, finished) = match lock {
+        Some(lock) => RunDir::create_or_resume_locked(lock.clone(), info)?,
+        None => RunDir::create_or_resume(out_dir, info)?,
+    };
     // From here on finished cells are on disk: Ctrl-C stops after the cell in flight.
     let _resumable = crate::interrupt::Resumable::new(out_dir);
     let per_prompt = plan.indexes.len() * plan.topks.len();

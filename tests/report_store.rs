@@ -300,7 +300,8 @@ fn a_row_torn_inside_a_quoted_newline_is_dropped() {
     let cut = row.iter().position(|&b| b == b'\n').unwrap() + 1; // just after the inner newline
     assert!(cut < row.len());
     append_bytes(&run.join("cells.csv"), &row[..cut]);
-    let (_store, done) = RunDir::create_or_resume(run, run_info(false)).unwrap();
+    let (store, done) = RunDir::create_or_resume(run, run_info(false)).unwrap();
+    drop(store); // the directory lock: one writer at a time
     assert_eq!(done, vec![first.clone()]);
     assert_eq!(strict::<CellRecord>(&run.join("cells.csv")), vec![first]);
 

@@ -9,6 +9,9 @@
 //! does not copy the needle, so cells are judged by indexer recall (needle selected on every
 //! non-trivial CSA layer at the answer position) and every title says "synthetic model". It
 //! runs on the CPU reference backend, so its numbers are the same on every machine.
+//!
+//! The report directory is locked (`crate::report::DirLock`) from the start, before the
+//! previous demo report is cleared, until the new one is rendered.
 
 use clap::Args;
 use std::io::Write;
@@ -21,7 +24,7 @@ use crate::checkpoint::planted::{
 };
 use crate::checkpoint::{Preset, SynthOptions, WeightFormat};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::sweep::{run_sweep, SweepPlan};
+use crate::sweep::{run_sweep_locked, SweepPlan};
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -72,6 +75,11 @@ fn model_dir(args: &DemoArgs) -> PathBuf {
 }
 
 pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    // Locked before anything is written (the model cache included) and held until the report
+    // is rendered: a second demo or a sweep into the same directory is refused.
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
+    let lock = crate::report::DirLock::acquire(&args.out)?;
     let dir = model_dir(args);
     let mut cached = planted_info(&dir).is_some_and(|info| {
         info.margin == args.margin
@@ -117,8 +125,10 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();
-    let outcome = run_sweep(&dir, &plan, &args.out, &DeviceArgs::cpu(), out)?;
-    let (table, files) = crate::report::rerender(&args.out, crate::report::stdout_wants_colour())?;
+    let outcome = run_sweep_locked(&dir, &plan, &lock, &DeviceArgs::cpu(), out)?;
+    let done = crate::report::rerender_locked(&lock, crate::report::stdout_wants_colour())?;
+    drop(lock);
+    let (table, files) = (done.table, done.files);
     writeln!(out)?;
     write!(out, "{table}")?;
     writeln!(

@@ -8,6 +8,10 @@
 //! `--generate`, `--compare` and `--probe`. Those are run.json's `sweep_args` (with
 //! `"command": "probe"`, so a sweep's directory is refused too), checked before the model
 //! runs. A cell already recorded is not written again.
+//!
+//! The directory is locked ([`crate::report::DirLock`]) from [`open`], before the model runs,
+//! until [`record`] has rendered the report: a probe is refused while another probe or a sweep
+//! writes there.
 
 use super::probe::{ProbeArgs, ProbeSet};
 use crate::checkpoint::Checkpoint;
@@ -82,8 +86,9 @@ pub fn record(
         let cell = crate::sweep::cell_record(prompt, target_tokens, run, judge_answers);
         store.append_cell(&cell, &run.layers, &run.attention)?;
     }
-    let dir = store.path().to_path_buf();
+    // The directory stays locked until the PNGs are rendered.
+    let lock = store.lock().clone();
     drop(store);
-    crate::report::rerender(&dir, false)?;
+    crate::report::rerender_locked(&lock, false)?;
     Ok(())
 }

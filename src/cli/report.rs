@@ -1,5 +1,10 @@
 //! `needlescope report DIR`: re-renders terminal tables, CSV summaries and PNG plots from the
 //! records of a sweep, without running the model (design.md 6).
+//!
+//! It holds the directory's lock while it rewrites summary.json and the PNGs, so it is refused
+//! while a sweep, demo or probe writes there. Records that are not understood (a line that does
+//! not parse, a duplicated or inconsistent cell) are an error that leaves every file as it was;
+//! a torn last line (a run stopped mid-write) is left out with a note on stderr.
 
 use clap::Args;
 use std::io::Write;
@@ -14,8 +19,13 @@ pub struct ReportArgs {
 
 pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let colour = crate::report::stdout_wants_colour();
-    let cells = crate::report::RunRecords::read(&args.dir)?.cells.len();
-    if cells == 0 {
+    let lock = crate::report::lock_existing(&args.dir)?;
+    let done = crate::report::rerender_locked(&lock, colour)?;
+    drop(lock);
+    for note in &done.notes {
+        eprintln!("note: {}: {note}", args.dir.display());
+    }
+    if done.cells == 0 {
         writeln!(
             out,
             "{}: no finished cell recorded yet (a run that stopped before its first cell ended); \
@@ -23,10 +33,9 @@ pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             args.dir.display()
         )?;
     }
-    let (table, files) = crate::report::rerender(&args.dir, colour)?;
-    write!(out, "{table}")?;
+    write!(out, "{}", done.table)?;
     writeln!(out)?;
-    for f in &files {
+    for f in &done.files {
         writeln!(out, "wrote {}", f.display())?;
     }
     Ok(())

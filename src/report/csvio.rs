@@ -1,12 +1,21 @@
 //! CSV and JSON file mechanics of the store: a reader that tolerates a torn last record, an
 //! append-mode writer, and atomic whole-file writes.
 //!
+//! Line ends. The store writes `\n`; a file re-saved by a Windows editor or Excel ends its
+//! lines in `\r\n` (the last one perhaps in a bare `\r`, or in nothing) and may start with a
+//! UTF-8 byte order mark. All of these read exactly like the store's own files: a record's byte
+//! range covers its whole terminator, and line numbers in errors count physical lines (`\n`,
+//! `\r\n` or a bare `\r`, including those inside a quoted `answer_text`).
+//!
 //! Torn tails. Records are written with a `\n` terminator and flushed; a kill mid-write can
-//! leave a partial last record. A record counts as complete when its bytes end with `\n`, it
-//! has the header's field count and it deserialises. An incomplete record is accepted only as
-//! the LAST one in the file (that is what a kill produces); anywhere else it is corruption and an
-//! error with its line number. This also covers a kill inside a quoted `answer_text` holding a
-//! newline: the partial record then has too few fields.
+//! leave a partial last record. A record is TORN when it does not end in a line terminator, or
+//! when it ends inside an open quote (an odd number of `"` bytes: a kill inside a quoted
+//! `answer_text` holding a newline). A torn record is accepted only as the LAST one in the
+//! file (that is what a kill produces) and is reported in [`ParsedCsv::torn_line`]; anywhere
+//! else, and a complete (terminated) record that does not parse anywhere including last, is an
+//! error with its line number: content that was written whole but is not understood is never
+//! skipped. A torn header must be a prefix of the expected header (a kill while writing it);
+//! anything else is a header error.
 
 use serde::de::DeserializeOwned;
 use std::fs::{self, File, OpenOptions};
@@ -16,16 +25,29 @@ use std::path::Path;
 
 use super::error::{ReportError, Result};
 
+/// One complete record of a CSV file.
+pub(crate) struct Row<T> {
+    pub value: T,
+    /// Its bytes, terminator included.
+    pub bytes: Range<u64>,
+    /// Its first physical line (the header is line 1).
+    pub line: u64,
+}
+
 /// A CSV file as read back: its complete records with their byte ranges.
 pub(crate) struct ParsedCsv<T> {
     /// Whether a complete header line is present (it then equals the expected columns).
     pub has_header: bool,
     /// Header bytes (including the terminator) when present.
     pub header_end: u64,
-    pub records: Vec<(T, Range<u64>)>,
+    pub records: Vec<Row<T>>,
     /// Length of the complete prefix (header + complete records).
     pub good_len: u64,
     pub file_len: u64,
+    /// The line where a torn last record (or torn header) starts, when there is one.
+    pub torn_line: Option<u64>,
+    /// The line a record appended after the complete prefix will start on.
+    pub next_line: u64,
 }
 
 impl<T> ParsedCsv<T> {
@@ -35,6 +57,23 @@ impl<T> ParsedCsv<T> {
     }
 }
 
+/// Physical line ends in `bytes[range]`: `\n`, `\r\n` (one) and a bare `\r`.
+fn line_ends(bytes: &[u8], range: Range<usize>) -> u64 {
+    let mut n = 0;
+    for i in range {
+        let b = bytes[i];
+        if b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Physical lines in `bytes` (as error line numbers count them).
+pub(crate) fn count_lines(bytes: &[u8]) -> u64 {
+    line_ends(bytes, 0..bytes.len())
+}
+
 /// Reads `path`, checking the header against `columns` (exact names and order).
 pub(crate) fn read_tolerant<T: DeserializeOwned>(
     path: &Path,
@@ -42,15 +81,7 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
 ) -> Result<ParsedCsv<T>> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(ParsedCsv {
-                has_header: false,
-                header_end: 0,
-                records: Vec::new(),
-                good_len: 0,
-                file_len: 0,
-            })
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(ReportError::io(path)(e)),
     };
     let len = bytes.len() as u64;
@@ -60,6 +91,8 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
         records: Vec::new(),
         good_len: 0,
         file_len: len,
+        torn_line: None,
+        next_line: 1,
     };
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
@@ -68,12 +101,27 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
     let header = csv::ByteRecord::from(columns.to_vec());
     let mut rec = csv::ByteRecord::new();
     let mut start = 0u64;
+    // Line ends before byte `counted` (counted incrementally: files can be large).
+    let (mut lines, mut counted) = (0u64, 0usize);
     loop {
-        let line = reader.position().line();
         let read = reader.read_byte_record(&mut rec);
-        let end = reader.position().byte();
+        let mut end = reader.position().byte();
+        // The reader stops after the `\r` of a `\r\n`: the record owns its `\n` too.
+        if end > 0 && bytes[end as usize - 1] == b'\r' && bytes.get(end as usize) == Some(&b'\n') {
+            end += 1;
+        }
+        let own = &bytes[start as usize..end as usize];
+        // Blank lines before a record are skipped by the reader and counted here.
+        let lead = own
+            .iter()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+        lines += line_ends(&bytes, counted..start as usize + lead);
+        counted = start as usize + lead;
+        let line = 1 + lines;
         let last = end >= len;
-        let terminated = end > 0 && end <= len && bytes[end as usize - 1] == b'\n';
+        let open_quote = own.iter().filter(|&&b| b == b'"').count() % 2 == 1;
+        let terminated = !open_quote && matches!(own.last(), Some(b'\n' | b'\r'));
         let fail = |message: String| -> Result<ParsedCsv<T>> {
             Err(ReportError::Csv {
                 path: path.to_path_buf(),
@@ -84,20 +132,26 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
         match read {
             Ok(false) => break,
             Ok(true) => {}
-            Err(_) if last => break,
+            Err(_) if last && !terminated => {
+                out.torn_line = Some(line);
+                break;
+            }
             Err(e) => return fail(e.to_string()),
         }
         if !out.has_header {
-            if !terminated {
-                break; // torn header: the file holds nothing usable
+            let expected = format!("{}\n", columns.join(","));
+            let text = String::from_utf8_lossy(own);
+            let text = text.trim_start_matches('\u{feff}');
+            if !terminated && last && expected.starts_with(text) {
+                // Torn header: a kill while writing it; the file holds nothing else.
+                out.torn_line = Some(line);
+                break;
             }
-            if rec != header {
+            if rec != header || !terminated {
                 return Err(ReportError::Header {
                     path: path.to_path_buf(),
                     expected: columns.join(","),
-                    found: String::from_utf8_lossy(&bytes[..end as usize])
-                        .trim_end()
-                        .to_string(),
+                    found: text.trim_end().to_string(),
                 });
             }
             out.has_header = true;
@@ -117,16 +171,24 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
                 .map_err(|e| e.to_string())
         };
         match (parsed, terminated) {
-            (Ok(r), true) => {
-                out.records.push((r, start..end));
+            (Ok(value), true) => {
+                out.records.push(Row {
+                    value,
+                    bytes: start..end,
+                    line,
+                });
                 out.good_len = end;
                 start = end;
             }
-            _ if last => break,
+            (_, false) if last => {
+                out.torn_line = Some(line);
+                break;
+            }
             (Err(m), _) => return fail(m),
             (Ok(_), false) => return fail("record without a line terminator".into()),
         }
     }
+    out.next_line = 1 + line_ends(&bytes, 0..out.good_len as usize);
     Ok(out)
 }
 

@@ -77,6 +77,22 @@ pub enum ReportError {
         .path.display()
     )]
     NotARunDir { path: PathBuf, found: String },
+    /// A cells.csv record that parses but cannot be right: a duplicated or inconsistent
+    /// cell_id, an impossible value, or a cell outside the run's arguments in run.json.
+    #[error("{}, line {line}, {field}: expected {expected}, found {found}", .path.display())]
+    Invalid {
+        path: PathBuf,
+        line: u64,
+        field: String,
+        expected: String,
+        found: String,
+    },
+    /// Another process holds the report directory's lock (it is writing there).
+    #[error(
+        "another needlescope is writing {} (lock {} held); wait for it to finish",
+        .dir.display(), .lock.display()
+    )]
+    Locked { dir: PathBuf, lock: PathBuf },
     #[error("{}: drawing failed: {message}", .path.display())]
     Plot { path: PathBuf, message: String },
 }

@@ -5,7 +5,11 @@
 //! - [`records`]: [`CellRecord`] (cells.csv), the probe's [`LayerRecord`] / [`AttentionRecord`]
 //!   (layers.csv / attention.csv), [`RunInfo`] (run.json) and the normative column lists.
 //! - [`store`]: [`RunDir`], the resumable report directory (commit protocol: layer and attention
-//!   rows first, the cells.csv row last), and [`RunRecords`] to read one back.
+//!   rows first, the cells.csv row last), and [`RunRecords`] to read one back; rows read back
+//!   are checked by `validate` (duplicated or inconsistent cell ids, impossible values, cells
+//!   outside run.json's grid).
+//! - [`lock`]: [`DirLock`], the directory lock every writer (sweep, demo, probe --out, report)
+//!   holds while it writes.
 //! - [`summary`]: per (length, profile, top-k) recall, median / worst rank, CSA layers lost; the
 //!   terminal table and summary.json.
 //! - [`plots`]: the PNGs ([`render_all`]) through the embedded DejaVu Sans font.
@@ -14,6 +18,7 @@
 
 mod csvio;
 pub mod error;
+pub mod lock;
 mod plot_heatmap;
 mod plot_layers;
 mod plot_ranks;
@@ -21,8 +26,10 @@ pub mod plots;
 pub mod records;
 pub mod store;
 pub mod summary;
+mod validate;
 
 pub use error::{FieldDifference, ReportError, Result};
+pub use lock::DirLock;
 pub use plots::{render_all, render_records};
 pub use records::{
     config_hash, format_tokens, rfc3339_utc, AttentionRecord, CellRecord, Judge, LayerRecord,
@@ -31,12 +38,46 @@ pub use records::{
 pub use store::{RunDir, RunRecords};
 pub use summary::{render_table, stdout_wants_colour, summarize, GroupSummary, SummaryJson};
 
-/// What `needlescope report DIR` does, without the model: reads the records, rewrites
-/// summary.json, renders every PNG, and returns the terminal table (with ANSI colour when
-/// `colour`) and the files written (summary.json first).
+/// What `needlescope report DIR` does, without the model: takes the directory's lock (refused
+/// while a sweep writes there), reads the records, rewrites summary.json, renders every PNG,
+/// and returns the terminal table (with ANSI colour when `colour`) and the files written
+/// (summary.json first).
 pub fn rerender(dir: &std::path::Path, colour: bool) -> Result<(String, Vec<std::path::PathBuf>)> {
-    let records = RunRecords::read(dir)?;
-    let mut written = vec![records.write_summary()?];
-    written.extend(render_records(&records, dir)?);
-    Ok((render_table(&summarize(&records.cells), colour), written))
+    let done = rerender_locked(&lock_existing(dir)?, colour)?;
+    Ok((done.table, done.files))
+}
+
+/// What [`rerender_locked`] did.
+#[derive(Clone, Debug)]
+pub struct Rerendered {
+    /// The terminal table.
+    pub table: String,
+    /// Files written, summary.json first.
+    pub files: Vec<std::path::PathBuf>,
+    /// Finished cells read.
+    pub cells: usize,
+    /// [`RunRecords::notes`]: what was read but left out (a torn last line).
+    pub notes: Vec<String>,
+}
+
+/// [`rerender`] in the directory of a lock the caller holds.
+pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
+    let records = RunRecords::read(lock.dir())?;
+    let mut files = vec![records.write_summary()?];
+    files.extend(render_records(&records, lock.dir())?);
+    Ok(Rerendered {
+        table: render_table(&summarize(&records.cells), colour),
+        files,
+        cells: records.cells.len(),
+        notes: records.notes,
+    })
+}
+
+/// The lock of `dir`, which must already be a report directory (holds run.json): `report` on
+/// a wrong path is [`ReportError::NotARunDir`] and leaves no `.lock` behind.
+pub fn lock_existing(dir: &std::path::Path) -> Result<DirLock> {
+    if !dir.join(store::RUN_JSON).exists() {
+        return Err(store::not_a_run_dir(dir));
+    }
+    DirLock::acquire(dir)
 }

@@ -20,6 +20,16 @@
 //!
 //! run.json is written once, atomically, when the directory is created; a resume checks it
 //! against the new run ([`RunInfo::resume_differences`]) and refuses on any difference.
+//!
+//! Every writer holds the directory's [`DirLock`] (`DIR/.lock`) from
+//! [`RunDir::create_or_resume`] until the [`RunDir`] is dropped; a second writer is refused
+//! before it reads or writes anything. [`RunRecords::read`] takes no lock.
+//!
+//! Records read back (on resume and by [`RunRecords::read`]) are checked beyond parsing
+//! ([`super::validate`]): a duplicated or inconsistent cell_id, an impossible value or a cell
+//! outside run.json's grid is an error naming file, line and field, never skipped. So is any
+//! complete line that does not parse; only a torn last line (a kill) is dropped, and
+//! [`RunRecords::notes`] says so. CRLF files (a CSV re-saved on Windows) read like LF ones.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -29,15 +39,17 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::csvio::{
-    atomic_write, csv_err, flush_sync, open_append, read_json, read_tolerant, truncate, write_json,
-    ParsedCsv,
+    atomic_write, count_lines, csv_err, flush_sync, open_append, read_json, read_tolerant,
+    truncate, write_json, ParsedCsv,
 };
 use super::error::{ReportError, Result};
+use super::lock::DirLock;
 use super::records::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
 };
 use super::summary::SummaryJson;
+use super::validate::CellCheck;
 
 pub const RUN_JSON: &str = "run.json";
 pub const CELLS_CSV: &str = "cells.csv";
@@ -54,15 +66,34 @@ pub struct RunDir {
     cells_w: csv::Writer<File>,
     layers_w: csv::Writer<File>,
     attention_w: csv::Writer<File>,
+    /// Checks each appended cell as a reader will.
+    check: CellCheck,
+    /// The cells.csv line the next appended row starts on.
+    next_line: u64,
+    /// Held until the store is dropped.
+    lock: DirLock,
 }
 
 impl RunDir {
     /// Creates `dir` for `info`, or resumes it when it already holds a run.json that records the
     /// same run. Returns the store and the cells already finished (in file order); the caller
     /// skips those. Refuses ([`ReportError::ResumeMismatch`], naming every differing field) when
-    /// run.json records other arguments, model hash or scenario.
+    /// run.json records other arguments, model hash or scenario, and
+    /// ([`ReportError::Locked`]) while another process writes there (see [`DirLock`]); the
+    /// lock is held until the store is dropped.
     pub fn create_or_resume(dir: &Path, info: RunInfo) -> Result<(RunDir, Vec<CellRecord>)> {
         std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
+        RunDir::create_or_resume_locked(DirLock::acquire(dir)?, info)
+    }
+
+    /// [`Self::create_or_resume`] in the directory of a lock the caller already holds (a clone
+    /// of it stays with the store).
+    pub fn create_or_resume_locked(
+        lock: DirLock,
+        info: RunInfo,
+    ) -> Result<(RunDir, Vec<CellRecord>)> {
+        let dir = lock.dir().to_path_buf();
+        let dir = dir.as_path();
         let run_json = dir.join(RUN_JSON);
         let info = if run_json.exists() {
             let on_disk: RunInfo = read_json(&run_json)?;
@@ -90,20 +121,18 @@ impl RunDir {
 
         let cells_path = dir.join(CELLS_CSV);
         let cells_csv: ParsedCsv<CellRecord> = read_tolerant(&cells_path, &CELLS_COLUMNS)?;
-        repair(&cells_path, &cells_csv, &CELLS_COLUMNS, |_| true)?;
-        let mut finished = HashSet::new();
-        let mut cells = Vec::with_capacity(cells_csv.records.len());
-        for (cell, _) in cells_csv.records {
-            if !finished.insert(cell.cell_id.clone()) {
-                return Err(ReportError::Mismatch {
-                    path: cells_path,
-                    what: format!("cell_id {}", cell.cell_id),
-                    expected: "one row per cell".into(),
-                    found: "a second row".into(),
-                });
-            }
-            cells.push(cell);
+        let mut check = CellCheck::new(dir, &info)?;
+        for row in &cells_csv.records {
+            check.check(&row.value, row.line)?;
         }
+        repair(&cells_path, &cells_csv, &CELLS_COLUMNS, |_| true)?;
+        let next_line = if cells_csv.has_header {
+            cells_csv.next_line
+        } else {
+            2
+        };
+        let cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
+        let finished: HashSet<String> = cells.iter().map(|c| c.cell_id.clone()).collect();
         let layers_path = dir.join(LAYERS_CSV);
         let layers: ParsedCsv<LayerRecord> = read_tolerant(&layers_path, &LAYERS_COLUMNS)?;
         repair(&layers_path, &layers, &LAYERS_COLUMNS, |r| {
@@ -123,6 +152,9 @@ impl RunDir {
             info,
             cells: cells.clone(),
             finished,
+            check,
+            next_line,
+            lock,
         };
         run.write_summary()?;
         Ok((run, cells))
@@ -158,6 +190,9 @@ impl RunDir {
             &cell.cell_id,
             attention.iter().map(|r| r.cell_id.as_str()),
         )?;
+        // What a reader would refuse is refused before anything is written.
+        self.check.check(cell, self.next_line)?;
+        self.next_line += 1 + count_lines(cell.answer_text.as_bytes());
 
         append(&mut self.layers_w, &layers_path, layers)?;
         append(&mut self.attention_w, &att_path, attention)?;
@@ -184,6 +219,11 @@ impl RunDir {
 
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// The directory's lock (clone it to keep the directory after the store is dropped).
+    pub fn lock(&self) -> &DirLock {
+        &self.lock
     }
 
     fn write_summary(&self) -> Result<()> {
@@ -229,7 +269,7 @@ fn repair<T>(
         line.push('\n');
         return atomic_write(path, line.as_bytes());
     }
-    if csv.records.iter().all(|(r, _)| keep(r)) {
+    if csv.records.iter().all(|r| keep(&r.value)) {
         if csv.torn() {
             truncate(path, csv.good_len)?;
         }
@@ -237,9 +277,9 @@ fn repair<T>(
     }
     let bytes = std::fs::read(path).map_err(ReportError::io(path))?;
     let mut out = bytes[..csv.header_end as usize].to_vec();
-    for (r, range) in &csv.records {
-        if keep(r) {
-            out.extend_from_slice(&bytes[range.start as usize..range.end as usize]);
+    for r in &csv.records {
+        if keep(&r.value) {
+            out.extend_from_slice(&bytes[r.bytes.start as usize..r.bytes.end as usize]);
         }
     }
     atomic_write(path, &out)
@@ -256,38 +296,35 @@ pub struct RunRecords {
     pub layers: Vec<LayerRecord>,
     /// attention.csv rows of finished cells.
     pub attention: Vec<AttentionRecord>,
+    /// What was read but left out, for the user: a torn last line per file (a run killed
+    /// while writing it), e.g. `cells.csv, line 5: incomplete last line ...`.
+    pub notes: Vec<String>,
 }
 
 impl RunRecords {
-    /// Reads `dir`; torn tails and rows of unfinished cells are ignored, files are not touched.
-    /// A missing layers.csv or attention.csv reads as empty; a missing run.json is an error.
+    /// Reads `dir`; torn tails (noted in [`Self::notes`]) and rows of unfinished cells are
+    /// ignored, files are not touched. A missing layers.csv or attention.csv reads as empty; a
+    /// missing run.json, a line that does not parse and a cell that fails the checks of
+    /// [`super::validate`] are errors.
     pub fn read(dir: &Path) -> Result<RunRecords> {
         let run_json = dir.join(RUN_JSON);
         if !run_json.exists() {
-            let found = match std::fs::read_dir(dir) {
-                Ok(entries) => {
-                    let mut names: Vec<String> = entries
-                        .filter_map(|e| e.ok())
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect();
-                    names.sort();
-                    names.truncate(8);
-                    format!("[{}]", names.join(", "))
-                }
-                Err(e) => e.to_string(),
-            };
-            return Err(ReportError::NotARunDir {
-                path: dir.to_path_buf(),
-                found,
-            });
+            return Err(not_a_run_dir(dir));
         }
         let info: RunInfo = read_json(&run_json)?;
-        let cells: Vec<CellRecord> = rows(&dir.join(CELLS_CSV), &CELLS_COLUMNS)?;
+        let mut notes = Vec::new();
+        let cells_csv: ParsedCsv<CellRecord> = read_tolerant(&dir.join(CELLS_CSV), &CELLS_COLUMNS)?;
+        note_torn(&mut notes, CELLS_CSV, &cells_csv);
+        let mut check = CellCheck::new(dir, &info)?;
+        for row in &cells_csv.records {
+            check.check(&row.value, row.line)?;
+        }
+        let cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
         let finished: HashSet<&str> = cells.iter().map(|c| c.cell_id.as_str()).collect();
-        let mut layers: Vec<LayerRecord> = rows(&dir.join(LAYERS_CSV), &LAYERS_COLUMNS)?;
+        let mut layers: Vec<LayerRecord> = rows(dir, LAYERS_CSV, &LAYERS_COLUMNS, &mut notes)?;
         layers.retain(|r| finished.contains(r.cell_id.as_str()));
         let mut attention: Vec<AttentionRecord> =
-            rows(&dir.join(ATTENTION_CSV), &ATTENTION_COLUMNS)?;
+            rows(dir, ATTENTION_CSV, &ATTENTION_COLUMNS, &mut notes)?;
         attention.retain(|r| finished.contains(r.cell_id.as_str()));
         Ok(RunRecords {
             dir: dir.to_path_buf(),
@@ -295,6 +332,7 @@ impl RunRecords {
             cells,
             layers,
             attention,
+            notes,
         })
     }
 
@@ -306,7 +344,42 @@ impl RunRecords {
     }
 }
 
-fn rows<T: DeserializeOwned>(path: &Path, columns: &[&str]) -> Result<Vec<T>> {
-    let csv: ParsedCsv<T> = read_tolerant(path, columns)?;
-    Ok(csv.records.into_iter().map(|(r, _)| r).collect())
+fn rows<T: DeserializeOwned>(
+    dir: &Path,
+    name: &str,
+    columns: &[&str],
+    notes: &mut Vec<String>,
+) -> Result<Vec<T>> {
+    let csv: ParsedCsv<T> = read_tolerant(&dir.join(name), columns)?;
+    note_torn(notes, name, &csv);
+    Ok(csv.records.into_iter().map(|r| r.value).collect())
+}
+
+fn note_torn<T>(notes: &mut Vec<String>, name: &str, csv: &ParsedCsv<T>) {
+    if let Some(line) = csv.torn_line {
+        notes.push(format!(
+            "{name}, line {line}: incomplete last line (a run stopped while writing it); \
+             ignored, and redone when the run is resumed"
+        ));
+    }
+}
+
+/// [`ReportError::NotARunDir`] for `dir`, listing a few of the names it holds.
+pub(crate) fn not_a_run_dir(dir: &Path) -> ReportError {
+    let found = match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            let mut names: Vec<String> = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names.truncate(8);
+            format!("[{}]", names.join(", "))
+        }
+        Err(e) => e.to_string(),
+    };
+    ReportError::NotARunDir {
+        path: dir.to_path_buf(),
+        found,
+    }
 }

@@ -1,0 +1,148 @@
+//! `report` and a resumed `sweep` through the binary on a tiny planted sweep: CSVs re-saved with
+//! CRLF line ends (Excel, a Windows editor) read like the originals; a duplicated cell is
+//! refused with a non-zero exit and summary.json left as it was; a directory another process
+//! writes to (holds `DIR/.lock`) is refused by `report` and `sweep` before anything is written.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_needlescope"))
+}
+
+fn ok(out: Output, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what} failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn refused(out: Output, what: &str) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{what} succeeded: {stderr}");
+    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    stderr
+}
+
+/// One planted checkpoint shared by the tests of this file.
+fn planted() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("planted");
+        ok(
+            bin()
+                .args(["synth", "--preset", "planted", "--format", "bf16", "--out"])
+                .arg(&model)
+                .output()
+                .unwrap(),
+            "synth planted",
+        );
+        (dir, model)
+    })
+    .1
+}
+
+/// A 4-cell sweep (512 tokens, depths 25 and 75, fp8, top-k 32 and 64).
+fn sweep(out: &Path) -> Output {
+    bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args(["--lengths", "512", "--depths", "25,75", "--index", "fp8"])
+        .args([
+            "--topk",
+            "32,64",
+            "--kv",
+            "exact",
+            "--generate",
+            "0",
+            "--out",
+        ])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+fn report(dir: &Path) -> Output {
+    bin().arg("report").arg(dir).output().unwrap()
+}
+
+fn cells_finished(dir: &Path) -> serde_json::Value {
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    summary["cells_finished"].clone()
+}
+
+#[test]
+fn report_and_resume_read_crlf_files_like_lf() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    ok(sweep(&out), "sweep");
+    assert_eq!(cells_finished(&out), 4);
+    for name in ["cells.csv", "layers.csv", "attention.csv"] {
+        let path = out.join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut crlf = text.replace('\n', "\r\n");
+        if name == "cells.csv" {
+            crlf.pop(); // the last line ends in a bare CR
+        }
+        std::fs::write(&path, crlf).unwrap();
+    }
+    let stdout = ok(report(&out), "report");
+    assert!(!stdout.contains("no finished cell"), "{stdout}");
+    assert_eq!(cells_finished(&out), 4);
+    let again = ok(sweep(&out), "resumed sweep");
+    assert!(again.contains("0 cells run, 4 already finished"), "{again}");
+    assert_eq!(cells_finished(&out), 4);
+}
+
+#[test]
+fn report_and_resume_refuse_a_duplicated_cell_and_keep_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    ok(sweep(&out), "sweep");
+    let cells = out.join("cells.csv");
+    let text = std::fs::read_to_string(&cells).unwrap();
+    let second = text.lines().nth(2).unwrap().to_string();
+    let id = second.split(',').next().unwrap().to_string();
+    assert!(id.starts_with("L512-d") && id.ends_with("-s0"), "{id}");
+    std::fs::write(&cells, format!("{text}{second}\n")).unwrap();
+    let summary = std::fs::read(out.join("summary.json")).unwrap();
+    let stderr = refused(report(&out), "report");
+    assert!(
+        stderr.contains("cells.csv, line 6, cell_id: expected one row per cell")
+            && stderr.contains(&format!("found {id} again (first at line 3)")),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
+    let stderr = refused(sweep(&out), "resumed sweep");
+    assert!(stderr.contains("cells.csv, line 6"), "{stderr}");
+    assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
+}
+
+#[test]
+fn report_and_sweep_are_refused_while_another_writer_holds_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    ok(sweep(&out), "sweep");
+    let cells_before = std::fs::read(out.join("cells.csv")).unwrap();
+    let summary_before = std::fs::read(out.join("summary.json")).unwrap();
+    let held = needlescope::report::DirLock::acquire(&out).unwrap();
+    let want = format!(
+        "another needlescope is writing {} (lock {} held); wait for it to finish",
+        out.display(),
+        out.join(".lock").display()
+    );
+    let stderr = refused(report(&out), "report");
+    assert!(stderr.contains(&want), "{stderr}");
+    let stderr = refused(sweep(&out), "sweep");
+    assert!(stderr.contains(&want), "{stderr}");
+    assert_eq!(std::fs::read(out.join("cells.csv")).unwrap(), cells_before);
+    assert_eq!(
+        std::fs::read(out.join("summary.json")).unwrap(),
+        summary_before
+    );
+    drop(held);
+    ok(report(&out), "report after the writer ended");
+}
