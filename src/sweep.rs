@@ -185,6 +185,9 @@ pub struct SweepOutcome {
     pub dir: PathBuf,
     pub cells_run: usize,
     pub cells_skipped: usize,
+    /// The directory's lock, still held: render the report with it
+    /// ([`crate::report::rerender_locked`]) so no other writer slips in between.
+    pub lock: DirLock,
 }
 
 /// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:
@@ -312,6 +315,7 @@ fn sweep_into(
             finished.len()
         )?;
     }
+    let dir_lock = run_dir.lock().clone();
     let task = SweepTask {
         plan,
         cfg: &cfg,
@@ -328,6 +332,7 @@ fn sweep_into(
         dir: out_dir.to_path_buf(),
         cells_run,
         cells_skipped,
+        lock: dir_lock,
     })
 }
 

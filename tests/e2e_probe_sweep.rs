@@ -773,5 +773,8 @@ fn a_report_directory_that_is_not_utf8_works() {
     assert_eq!(finished_cells(&out), 1);
     let info: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
-    assert!(info["command_line"].to_string().contains("out\u{fffd}"), "{info}");
+    assert!(
+        info["command_line"].to_string().contains("out\u{fffd}"),
+        "{info}"
+    );
 }

@@ -109,9 +109,11 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         outcome.cells_skipped,
         dir.display()
     )?;
-    let (table, files) = crate::report::rerender(&dir, crate::report::stdout_wants_colour())?;
-    write!(out, "{table}")?;
-    for f in files {
+    // Rendered under the sweep's own lock, so no other writer gets in between.
+    let done = crate::report::rerender_locked(&outcome.lock, crate::report::stdout_wants_colour())?;
+    drop(outcome);
+    write!(out, "{}", done.table)?;
+    for f in done.files {
         writeln!(out, "wrote {}", f.display())?;
     }
     Ok(())

@@ -239,10 +239,9 @@ mod tests {
     fn positions_accept_all_last_and_lists() {
         assert_eq!("all".parse::<Positions>(), Ok(Positions::All));
         assert_eq!("last".parse::<Positions>(), Ok(Positions::Last));
-        assert_eq!(
-            "5,1,5".parse::<Positions>(),
-            Ok(Positions::List(vec![1, 5]))
-        );
+        assert_eq!("5,1".parse::<Positions>(), Ok(Positions::List(vec![1, 5])));
+        let twice = "5,1,5".parse::<Positions>().unwrap_err();
+        assert!(twice.contains("found 5 twice"), "{twice}");
         assert!("first".parse::<Positions>().is_err());
     }
 
