@@ -415,3 +415,27 @@ fn a_short_essay_file_is_repeated_to_reach_the_length() {
             > 5
     );
 }
+
+/// Unit token counts are not additive (a one-word haystack line merges with its neighbours'
+/// newlines), which put the needle at 20% when 30% was asked: the placement now aims past the
+/// miss, so the achieved depth is within a point of the request.
+#[test]
+fn needle_lands_at_the_requested_depth_even_with_one_word_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one.txt");
+    std::fs::write(&path, "hello\n").unwrap();
+    let sc = Scenario::load("essay")
+        .unwrap()
+        .with_haystack_file(&path)
+        .unwrap();
+    let tok = tok();
+    for depth in [10.0, 30.0, 50.0, 90.0] {
+        let p = build_prompt(&tok, &sc, 2048, depth, 0, MAX).unwrap();
+        assert_eq!(p.tokens.len(), 2048);
+        assert!(
+            (p.actual_depth_pct - depth).abs() <= 1.0,
+            "asked {depth}%, got {:.1}%",
+            p.actual_depth_pct
+        );
+    }
+}
