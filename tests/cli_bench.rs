@@ -167,7 +167,8 @@ fn bench_warms_up_and_reports_decoded_weight_copies() {
     );
 }
 
-/// A length past the model's positions is refused before anything runs.
+/// A length (or warm-up) past the model's positions, or a length given twice, is refused
+/// before anything runs.
 #[test]
 fn bench_refuses_lengths_past_the_positions() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,4 +188,21 @@ fn bench_refuses_lengths_past_the_positions() {
     assert_eq!(r.code, Some(1), "{}", r.dump());
     let r = r.stderr_has(&["--lengths 2097152", "max_position_embeddings"]);
     assert!(!r.stdout.contains("prefill s"), "{}", r.dump());
+    // The warm-up prefill too (it ran for minutes before), and a length given twice.
+    for (flags, expected) in [
+        (
+            &["--lengths", "300", "--warmup", "2m"][..],
+            "--warmup 2097152",
+        ),
+        (
+            &["--lengths", "300,300"][..],
+            "--lengths: expected each value once",
+        ),
+    ] {
+        let args = [&["bench", "--model", &m, "--device", "cpu"][..], flags].concat();
+        let r = run(&args).fails();
+        assert_eq!(r.code, Some(1), "{}", r.dump());
+        let r = r.stderr_has(&[expected]);
+        assert!(!r.stdout.contains("prefill s"), "{}", r.dump());
+    }
 }

@@ -291,12 +291,16 @@ fn layer_breakdown(
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.model)?;
     let cfg = ckpt.config().clone();
+    super::values::refuse_duplicates("--lengths", &args.lengths, |&l| l)?;
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
-    if let Some(&longest) = lengths.last() {
-        if longest > cfg.max_position_embeddings {
+    let longest = [("--lengths", lengths.last().copied())]
+        .into_iter()
+        .chain([("--warmup", args.warmup)]);
+    for (flag, tokens) in longest {
+        if let Some(n) = tokens.filter(|&n| n > cfg.max_position_embeddings) {
             anyhow::bail!(
-                "--lengths {longest}: expected at most the model's max_position_embeddings ({})",
+                "{flag} {n}: expected at most the model's max_position_embeddings ({})",
                 cfg.max_position_embeddings
             );
         }
