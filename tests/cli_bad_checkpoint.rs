@@ -51,6 +51,30 @@ fn index_naming_an_absent_file_is_reported() {
     ]);
 }
 
+/// An index entry that points outside the checkpoint directory (a path, `..`, an absolute
+/// file) is refused, naming the entry: the reader never opens files elsewhere.
+#[test]
+fn index_entries_outside_the_directory_are_refused() {
+    for shard in [
+        "../model-00001-of-00002.safetensors",
+        "/etc/passwd",
+        "sub/model-00001-of-00002.safetensors",
+    ] {
+        let (_t, dir) = tiny(&["--shards", "2"]);
+        let index = dir.join("model.safetensors.index.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+        v["weight_map"]["layers.1.attn.wkv.weight"] = json!(shard);
+        std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+        broken(&dir).stderr_has(&[
+            "model.safetensors.index.json",
+            "layers.1.attn.wkv.weight",
+            shard,
+            "no directory part",
+        ]);
+    }
+}
+
 #[test]
 fn truncated_shard_names_the_file_and_a_tensor() {
     let (_t, dir) = tiny(&[]);

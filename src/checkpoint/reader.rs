@@ -385,6 +385,12 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> 
     };
     wm.iter()
         .map(|(k, v)| match v {
+            // A shard is a plain file name beside the index: no directory part, so an index
+            // can never make the reader open a file outside the checkpoint directory.
+            Value::String(s) if !is_plain_file_name(s) => Err(bad(
+                "shard file names beside the index (no directory part, no ..)",
+                format!("{k}: {s:?}"),
+            )),
             Value::String(s) => Ok((k.clone(), s.clone())),
             other => Err(bad(
                 "shard file names as strings in \"weight_map\"",
@@ -392,6 +398,15 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> 
             )),
         })
         .collect()
+}
+
+/// A file name with no directory part (`model-00001-of-00046.safetensors`).
+fn is_plain_file_name(name: &str) -> bool {
+    let path = Path::new(name);
+    !name.is_empty()
+        && path.file_name().is_some_and(|f| f == path.as_os_str())
+        && name != "."
+        && name != ".."
 }
 
 /// Every `*.safetensors` file in `dir`, sorted; an error if there is none.
