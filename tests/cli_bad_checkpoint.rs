@@ -312,6 +312,29 @@ fn missing_model_directory_is_named_with_the_cause_once() {
 fn model_path_that_is_a_file_is_explained() {
     let (_t, dir) = tiny(&[]);
     broken(&dir.join("model.safetensors")).stderr_has(&["model.safetensors", "directory"]);
+    // Every command that opens a model says the same (it said "Not a directory (os error 20)"
+    // about a config.json under the file).
+    let file = dir.join("model.safetensors");
+    let tokens = dir.join("ids.txt");
+    std::fs::write(&tokens, "5 6 7").unwrap();
+    let (f, t) = (file.to_str().unwrap(), tokens.to_str().unwrap());
+    for args in [
+        vec![
+            "trace",
+            "--model",
+            f,
+            "--tokens",
+            t,
+            "--out",
+            "/nonexistent/t.st",
+        ],
+        vec!["probe", "--model", f, "--length", "300"],
+        vec!["bench", "--model", f, "--lengths", "300"],
+    ] {
+        let r = cli_support::run(&args).fails();
+        assert_eq!(r.code, Some(1), "{}", r.dump());
+        r.stderr_has(&["model.safetensors: is a file, expected a directory"]);
+    }
 }
 
 /// A model without a CSA layer has no indexer to probe: `probe` and `sweep` refuse it up front,

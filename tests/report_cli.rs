@@ -146,3 +146,28 @@ fn report_and_sweep_are_refused_while_another_writer_holds_the_directory() {
     drop(held);
     ok(report(&out), "report after the writer ended");
 }
+
+/// `--out` naming an existing file: sweep and demo say so, naming the flag, and leave the
+/// file as it was (they said "File exists (os error 17)").
+#[test]
+fn out_that_is_a_file_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "keep me").unwrap();
+    let e = refused(sweep(&file), "sweep --out FILE");
+    assert!(
+        e.contains("afile") && e.contains("report directory (--out)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("expected a directory") && e.contains("found a file"),
+        "{e}"
+    );
+    let out = bin().arg("demo").arg("--out").arg(&file).output().unwrap();
+    let e = refused(out, "demo --out FILE");
+    assert!(
+        e.contains("--out") && e.contains("is a file, expected a directory"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+}

@@ -51,6 +51,13 @@ pub enum CheckpointError {
     },
 
     #[error(
+        "model directory {}: is a file, expected a directory holding config.json and the \
+         *.safetensors weights",
+        .0.display()
+    )]
+    NotADirectory(PathBuf),
+
+    #[error(
         "{dir}: no weights found: expected model.safetensors.index.json, model.safetensors \
          or *.safetensors files, found none"
     )]

@@ -69,6 +69,9 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 impl Checkpoint {
     /// Opens `dir`: config, shard list, mmaps and headers (see the module doc).
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+        if dir.is_file() {
+            return Err(CheckpointError::NotADirectory(dir.to_path_buf()));
+        }
         let config = ModelConfig::load(&dir.join("config.json"))?;
         let index_path = dir.join(INDEX_FILE);
         let (files, weight_map) = if index_path.is_file() {

@@ -77,6 +77,12 @@ fn model_dir(args: &DemoArgs) -> PathBuf {
 pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // Locked before anything is written (the model cache included) and held until the report
     // is rendered: a second demo or a sweep into the same directory is refused.
+    if args.out.exists() && !args.out.is_dir() {
+        anyhow::bail!(
+            "--out {}: is a file, expected a directory for the demo report",
+            args.out.display()
+        );
+    }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
     let lock = crate::report::DirLock::acquire(&args.out)?;
