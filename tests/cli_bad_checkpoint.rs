@@ -405,3 +405,36 @@ fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
     assert_eq!(r.code, Some(1), "{}", r.dump());
     assert!(!r.stdout.contains("conclusion"), "{}", r.dump());
 }
+
+/// A hash-routing table naming an expert that does not exist: the error gives the value and
+/// where it is (it said only "found one outside").
+#[test]
+fn tid2eid_out_of_range_names_the_value_and_its_place() {
+    let (tmp, dir) = tiny(&[]);
+    let name = "layers.1.ffn.gate.tid2eid";
+    rebuild(&dir.join("model.safetensors"), |entries| {
+        let e = entries.iter_mut().find(|e| e.name == name).unwrap();
+        assert_eq!(e.dtype, "I64");
+        let slots = e.shape[1];
+        let at = 7 * slots + slots - 1;
+        e.bytes[at * 8..at * 8 + 8].copy_from_slice(&999i64.to_le_bytes());
+    });
+    let tokens = tmp.path().join("ids.txt");
+    std::fs::write(&tokens, "5 6 7 8").unwrap();
+    let out = tmp.path().join("t.st");
+    let r = cli_support::run(&[
+        "trace",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        tokens.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .fails();
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+    let slots = 2; // tiny's num_experts_per_tok
+    r.stderr_has(&[name, &format!("found 999 at [token 7, slot {}]", slots - 1)]);
+}

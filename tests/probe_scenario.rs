@@ -189,3 +189,17 @@ fn generated_values_are_seeded_and_well_formed() {
     assert_eq!(value.len(), 8);
     assert_eq!(key.split('-').count(), 2, "{key}");
 }
+
+/// A `--scenario` that is neither a built-in nor a file says which: missing, or a directory.
+#[test]
+fn unknown_scenario_says_missing_or_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Scenario::load(dir.path().to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a directory, expected a TOML file"), "{e}");
+    let e = Scenario::load(dir.path().join("none.toml").to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no such file") && e.contains("passkey"), "{e}");
+}

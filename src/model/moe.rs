@@ -69,15 +69,22 @@ impl<M> Moe<M> {
             RouterKind::Hash => {
                 let name = format!("{p}.gate.tid2eid");
                 let raw = ckpt.i64_tensor(&name, &[cfg.vocab_size, k])?;
-                let ids = raw
+                if let Some(at) = raw
                     .iter()
-                    .map(|&v| usize::try_from(v).ok().filter(|&u| u < e))
-                    .collect::<Option<Vec<usize>>>()
-                    .ok_or_else(|| EngineError::BadTensor {
+                    .position(|&v| usize::try_from(v).map_or(true, |u| u >= e))
+                {
+                    return Err(EngineError::BadTensor {
                         file: ckpt.info(&name).map(|t| t.file.clone()).unwrap_or_default(),
                         tensor: name.clone(),
-                        problem: format!("expected expert ids in 0..{e}, found one outside"),
-                    })?;
+                        problem: format!(
+                            "expected expert ids in 0..{e}, found {} at [token {}, slot {}]",
+                            raw[at],
+                            at / k,
+                            at % k
+                        ),
+                    });
+                }
+                let ids: Vec<usize> = raw.iter().map(|&v| v as usize).collect();
                 (None, Some(ids))
             }
         };

@@ -40,8 +40,13 @@ pub const BUILTIN: &[(&str, &str)] = &[
 /// Errors loading or validating a scenario.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    #[error("unknown scenario {name:?}: not a built-in ({builtins}) and no such file")]
-    Unknown { name: String, builtins: String },
+    #[error("unknown scenario {name:?}: not a built-in ({builtins}) and {what}")]
+    Unknown {
+        name: String,
+        builtins: String,
+        /// "no such file", or "a directory, expected a TOML file".
+        what: &'static str,
+    },
     #[error("scenario file {path}: cannot read: {source}")]
     Read {
         path: PathBuf,
@@ -164,6 +169,11 @@ impl Scenario {
             return Err(ScenarioError::Unknown {
                 name: name_or_path.to_string(),
                 builtins: Self::builtin_names().join(", "),
+                what: if path.is_dir() {
+                    "a directory, expected a TOML file"
+                } else {
+                    "no such file"
+                },
             });
         }
         let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
