@@ -438,3 +438,20 @@ fn tid2eid_out_of_range_names_the_value_and_its_place() {
     let slots = 2; // tiny's num_experts_per_tok
     r.stderr_has(&[name, &format!("found 999 at [token 7, slot {}]", slots - 1)]);
 }
+
+/// A single-file checkpoint with other weight files beside it and no index: which one is the
+/// model is ambiguous, so it is refused naming the extra files (the extras were ignored).
+#[test]
+fn extra_safetensors_beside_a_single_file_checkpoint_are_refused() {
+    let (_t, dir) = tiny(&[]);
+    std::fs::copy(
+        dir.join("model.safetensors"),
+        dir.join("old-copy.safetensors"),
+    )
+    .unwrap();
+    broken(&dir).stderr_has(&[
+        "model.safetensors",
+        "old-copy.safetensors",
+        "no model.safetensors.index.json",
+    ]);
+}

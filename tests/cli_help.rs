@@ -243,3 +243,48 @@ fn version_is_printed() {
         .ok()
         .stdout_has(&[env!("CARGO_PKG_VERSION")]);
 }
+
+/// A negative number written with a space (`--depth -1`) is a bad value of that flag, named
+/// as such, not clap's "unexpected argument '-1'".
+#[test]
+fn negative_values_name_their_flag() {
+    for (args, flag) in [
+        (
+            &["probe", "--model", "m", "--depth", "-1"][..],
+            "'--depth <PCT>'",
+        ),
+        (
+            &["probe", "--model", "m", "--topk", "-1"][..],
+            "'--topk <K>'",
+        ),
+        (
+            &["probe", "--model", "m", "--length", "-2048"][..],
+            "'--length <TOKENS>'",
+        ),
+        (
+            &["sweep", "--model", "m", "--depths", "-5"][..],
+            "'--depths <PCTS>'",
+        ),
+        (
+            &["sweep", "--model", "m", "--samples", "-1"][..],
+            "'--samples <N>'",
+        ),
+        (
+            &[
+                "trace", "--model", "m", "--tokens", "t", "--out", "o", "--topk", "-3",
+            ][..],
+            "'--topk <K>'",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid value") && stderr.contains(flag),
+            "{args:?}: {stderr}"
+        );
+    }
+}

@@ -58,6 +58,15 @@ pub enum CheckpointError {
     NotADirectory(PathBuf),
 
     #[error(
+        "{}: both model.safetensors and other *.safetensors files ({}) but no \
+         model.safetensors.index.json: expected one single-file checkpoint, or shards with their \
+         index; move the extra files out",
+        .dir.display(),
+        .others.join(", ")
+    )]
+    AmbiguousWeights { dir: PathBuf, others: Vec<String> },
+
+    #[error(
         "{dir}: no weights found: expected model.safetensors.index.json, model.safetensors \
          or *.safetensors files, found none"
     )]

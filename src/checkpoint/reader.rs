@@ -92,6 +92,18 @@ impl Checkpoint {
             }
             (files.iter().map(|f| dir.join(f)).collect(), Some(wm))
         } else if dir.join(SINGLE_FILE).is_file() {
+            // Other weight files beside it would be ignored silently: refuse the ambiguity.
+            let others: Vec<String> = list_safetensors(dir)?
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .filter(|n| n != SINGLE_FILE)
+                .collect();
+            if !others.is_empty() {
+                return Err(CheckpointError::AmbiguousWeights {
+                    dir: dir.to_path_buf(),
+                    others,
+                });
+            }
             (vec![dir.join(SINGLE_FILE)], None)
         } else {
             (list_safetensors(dir)?, None)

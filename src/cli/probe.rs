@@ -40,11 +40,11 @@ pub struct ProbeArgs {
     pub scenario: String,
 
     /// Prompt length in tokens, e.g. 16000, 16k (= 16384) or 1m
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "16k")]
+    #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_parser = parse_token_count, default_value = "16k")]
     pub length: usize,
 
     /// Needle depth in percent of the haystack: 0 = start, 100 = end
-    #[arg(long, value_name = "PCT", value_parser = parse_depth, default_value = "50")]
+    #[arg(long, allow_negative_numbers = true, value_name = "PCT", value_parser = parse_depth, default_value = "50")]
     pub depth: f64,
 
     /// Driving index profiles, comma list (one run each): exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k
@@ -61,7 +61,7 @@ pub struct ProbeArgs {
     pub compare: Vec<IndexProfile>,
 
     /// Top-k values, comma list, one run each [default: the config's index_topk]
-    #[arg(long, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
+    #[arg(long, allow_negative_numbers = true, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
     pub topk: Vec<usize>,
 
     /// Main KV rounding: exact (f32) or fp8 (e4m3 blocks of 64 on the non-RoPE dims)

@@ -22,11 +22,16 @@ pub struct SweepArgs {
     pub scenario: String,
 
     /// Prompt lengths in tokens, comma list (k = 1024, m = 1048576)
-    #[arg(long, value_name = "TOKENS", value_delimiter = ',', value_parser = parse_token_count, default_value = "2k,4k,8k,16k,32k")]
+    #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_delimiter = ',', value_parser = parse_token_count, default_value = "2k,4k,8k,16k,32k")]
     pub lengths: Vec<usize>,
 
     /// Needle depths in percent: a comma list (10,50,90) or start:stop:step (0:100:10)
-    #[arg(long, value_name = "PCTS", default_value = "0:100:10")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        value_name = "PCTS",
+        default_value = "0:100:10"
+    )]
     pub depths: DepthList,
 
     /// Driving index profiles, comma list: exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k
@@ -39,7 +44,7 @@ pub struct SweepArgs {
     pub index: Vec<IndexProfile>,
 
     /// Top-k values, comma list [default: the config's index_topk]
-    #[arg(long, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
+    #[arg(long, allow_negative_numbers = true, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
     pub topk: Vec<usize>,
 
     /// Main KV rounding: exact or fp8
@@ -47,7 +52,7 @@ pub struct SweepArgs {
     pub kv: KvMode,
 
     /// Prompts per cell (different haystack seeds)
-    #[arg(long, value_name = "N", value_parser = parse_positive, default_value = "1")]
+    #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = parse_positive, default_value = "1")]
     pub samples: usize,
 
     /// Report directory (created; an existing one is resumed) [default: reports/<scenario>-<time>]

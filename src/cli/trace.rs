@@ -41,7 +41,7 @@ pub struct TraceArgs {
     pub kv: KvMode,
 
     /// Top-k of the indexer [default: the config's index_topk]
-    #[arg(long, value_name = "K", value_parser = parse_positive)]
+    #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = parse_positive)]
     pub topk: Option<usize>,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
