@@ -38,7 +38,7 @@ use crate::probe::session::{
     answer_position_records, run_probe, ProbeOptions, ProbeProgress, ProbeRun,
 };
 use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
-use crate::report::records::{config_hash, CellRecord, RunInfo};
+use crate::report::records::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -370,8 +370,8 @@ impl EngineTask for SweepTask<'_> {
                         .flat_map(|&i| plan.topks.iter().map(move |&k| (i, k)))
                         .filter(|&(i, k)| {
                             !self.run_dir.is_finished(&format!(
-                                "L{length}-d{depth}-{}-k{k}{suffix}",
-                                i.name()
+                                "{}{suffix}",
+                                cell_id_base(length, depth, i, k)
                             ))
                         })
                         .collect();

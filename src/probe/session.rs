@@ -85,13 +85,7 @@ pub fn question_positions(tok: &V4Tokenizer, prompt: &NeedlePrompt) -> Vec<usize
 
 /// The cell id of one combination.
 pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> String {
-    format!(
-        "L{}-d{}-{}-k{}",
-        prompt.tokens.len(),
-        prompt.depth_pct,
-        index.name(),
-        topk
-    )
+    crate::report::records::cell_id_base(prompt.tokens.len(), prompt.depth_pct, index, topk)
 }
 
 /// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend.

@@ -13,6 +13,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use crate::numerics::modes::{IndexProfile, KvMode};
 pub use crate::probe::{AttentionRecord, LayerRecord};
 
+/// A cell's id without the sample part: `L{prompt tokens}-d{depth}-{index}-k{topk}` (a
+/// `probe --out` cell; a sweep cell appends `-s{sample}`). The one place the form is written:
+/// the probe, the sweep's resume lookup and the report's checks all use it.
+pub fn cell_id_base(
+    prompt_tokens: usize,
+    depth_pct: f64,
+    index: IndexProfile,
+    topk: usize,
+) -> String {
+    format!("L{prompt_tokens}-d{depth_pct}-{}-k{topk}", index.name())
+}
+
 /// cells.csv columns, in order.
 pub const CELLS_COLUMNS: [&str; 17] = [
     "cell_id",

@@ -128,13 +128,8 @@ impl CellCheck {
                 cell.csa_layers_selected.to_string(),
             );
         }
-        let base = format!(
-            "L{}-d{}-{}-k{}",
-            cell.prompt_tokens,
-            cell.depth_pct,
-            cell.index.name(),
-            cell.topk
-        );
+        let base =
+            super::records::cell_id_base(cell.prompt_tokens, cell.depth_pct, cell.index, cell.topk);
         let from = "(from prompt_tokens, depth_pct, index and topk)";
         match &self.kind {
             RunKind::Other => {}
