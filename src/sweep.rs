@@ -27,7 +27,6 @@
 //! answer check.
 
 use crate::backend::Backend;
-use crate::checkpoint::Checkpoint;
 use crate::cli::device::DeviceArgs;
 use crate::cli::engine::{EngineTask, Target};
 use crate::config::ModelConfig;
@@ -71,6 +70,15 @@ pub struct ModelMarks {
     pub synthetic: bool,
     /// False when the LM path is not built to answer (judge by indexer recall).
     pub answers: bool,
+}
+
+impl ModelMarks {
+    /// Whether a run's verdict is its generated answer: the model is built to answer and the
+    /// run generates at least one token. With `--generate 0` there is no answer to judge, so
+    /// indexer recall decides (`answer_correct` empty), as for a model that cannot answer.
+    pub fn judges_answers(&self, generate: usize) -> bool {
+        self.answers && generate > 0
+    }
 }
 
 /// What a model directory says about itself beyond the architecture: a planted checkpoint's
@@ -272,7 +280,7 @@ fn sweep_into(
     device: &DeviceArgs,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
-    let ckpt = Checkpoint::open(model_dir)?;
+    let ckpt = crate::cli::engine::open_model(model_dir)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&model_dir.join("config.json"))?;
     let work = Workload {
@@ -321,7 +329,7 @@ fn sweep_into(
         cfg: &cfg,
         tok: &tok,
         scenario: &scenario,
-        judge_by_answer: marks.answers,
+        judge_by_answer: marks.judges_answers(plan.generate),
         run_dir,
         bars: SweepBars::new(total as u64, finished.len() as u64),
         total,

@@ -455,3 +455,100 @@ fn extra_safetensors_beside_a_single_file_checkpoint_are_refused() {
         "no model.safetensors.index.json",
     ]);
 }
+
+/// Weights the config has no place for (a layer past `num_hidden_layers`, an indexer on a layer
+/// the config calls sliding-window) mean config.json does not describe the checkpoint: every
+/// command that runs the model refuses before loading, naming config.json, the tensor, its
+/// file and the field, instead of silently running a shorter or different model. A tensor of
+/// a kind the forward never reads is ignored with one note.
+#[test]
+fn weights_the_config_does_not_describe_are_refused_by_every_run() {
+    let (tmp, dir) = tiny(&[]);
+    let tokens = tmp.path().join("tokens.txt");
+    std::fs::write(&tokens, "1 2 3 4 5 6 7 8 9 10").unwrap();
+    let runs = |dir: &Path| -> Vec<Run> {
+        let d = dir.to_str().unwrap();
+        let out = tmp.path().join("t.safetensors");
+        let sweep = tmp.path().join("sweep");
+        [
+            vec!["trace", "--device", "cpu", "--model", d, "--tokens"]
+                .into_iter()
+                .map(String::from)
+                .chain([tokens.display().to_string(), "--out".into()])
+                .chain([out.display().to_string()])
+                .collect::<Vec<_>>(),
+            ["bench", "--device", "cpu", "--model", d, "--lengths", "64"]
+                .map(String::from)
+                .to_vec(),
+            ["sweep", "--device", "cpu", "--model", d, "--lengths", "300"]
+                .map(String::from)
+                .into_iter()
+                .chain(["--out".into(), sweep.display().to_string()])
+                .collect(),
+        ]
+        .iter()
+        .map(|a| cli_support::run(a))
+        .collect()
+    };
+    let edit_config = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let path = dir.join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    };
+    let original = std::fs::read(dir.join("config.json")).unwrap();
+
+    // One layer fewer in the config than in the weights.
+    edit_config(&|v| {
+        let n = v["num_hidden_layers"].as_u64().unwrap() - 1;
+        v["num_hidden_layers"] = json!(n);
+    });
+    let last = serde_json::from_slice::<serde_json::Value>(&original).unwrap()
+        ["num_hidden_layers"]
+        .as_u64()
+        .unwrap()
+        - 1;
+    for r in runs(&dir) {
+        assert_eq!(r.code, Some(1), "{}", r.dump());
+        r.stderr_has(&[
+            "config.json: does not describe the checkpoint",
+            &format!("model.safetensors holds layers.{last}."),
+            &format!("num_hidden_layers is {last}"),
+            "more such tensors",
+            "inspect --model",
+        ]);
+    }
+    assert!(!tmp.path().join("sweep").exists(), "nothing written");
+
+    // A CSA layer (with its indexer and compressor) called sliding-window by the config.
+    std::fs::write(dir.join("config.json"), &original).unwrap();
+    let csa = serde_json::from_slice::<serde_json::Value>(&original).unwrap()["compress_ratios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|r| r == 4)
+        .expect("tiny has a CSA layer");
+    edit_config(&|v| v["compress_ratios"][csa] = json!(0));
+    for r in runs(&dir) {
+        assert_eq!(r.code, Some(1), "{}", r.dump());
+        r.stderr_has(&[
+            &format!("holds layers.{csa}.attn."),
+            &format!("compress_ratios[{csa}] is 0 (a SWA layer)"),
+        ]);
+    }
+
+    // A tensor of a kind nothing reads: ignored, with one note.
+    std::fs::write(dir.join("config.json"), &original).unwrap();
+    rebuild(&dir.join("model.safetensors"), |list| {
+        list.push(cli_support::Entry {
+            name: "layers.0.attn.surprise".into(),
+            dtype: "F32".into(),
+            shape: vec![2],
+            bytes: vec![0; 8],
+        })
+    });
+    let r = runs(&dir).remove(0).ok();
+    r.stderr_has(&["note: 1 tensor(s) of kinds the forward never reads are ignored (first: \
+                    layers.0.attn.surprise)"]);
+}

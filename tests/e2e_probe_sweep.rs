@@ -778,3 +778,76 @@ fn a_report_directory_that_is_not_utf8_works() {
         "{info}"
     );
 }
+
+/// `--generate 0` generates no answer, so there is nothing to judge: even on a model that is
+/// judged by its answers (no planted.json, as for a real checkpoint) the verdict is indexer
+/// recall, never "WRONG" for the empty text. With tokens generated the answer is judged.
+#[test]
+fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("answers");
+    std::fs::create_dir(&model).unwrap();
+    for entry in std::fs::read_dir(planted()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() != "planted.json" {
+            std::fs::copy(&path, model.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let probe = |generate: &str| -> Value {
+        let out = bin()
+            .arg("probe")
+            .arg("--model")
+            .arg(&model)
+            .args(["--length", "512", "--kv", "exact", "--topk", "64", "--json"])
+            .args(["--generate", generate])
+            .output()
+            .unwrap();
+        serde_json::from_str(&ok(out, "probe")).unwrap()
+    };
+    let none = probe("0");
+    for run in none["runs"].as_array().unwrap() {
+        assert!(run["answer_correct"].is_null(), "{run}");
+    }
+    let conclusion = none["conclusion"].as_str().unwrap();
+    assert!(!conclusion.contains("answer"), "{conclusion}");
+    let judged = probe("2");
+    for run in judged["runs"].as_array().unwrap() {
+        assert!(run["answer_correct"].is_boolean(), "{run}");
+    }
+
+    let out = tmp.path().join("sweep");
+    let mut cmd = sweep_on(&model, &out, "64");
+    ok(cmd.output().unwrap(), "sweep --generate 0");
+    let cells = std::fs::read_to_string(out.join("cells.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(cells.as_bytes());
+    let col = rdr
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == "answer_correct")
+        .unwrap();
+    for r in rdr.records() {
+        assert_eq!(&r.unwrap()[col], "", "no answer to judge: {cells}");
+    }
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+            .unwrap();
+    fn judged_by(v: &Value, found: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => m.iter().for_each(|(k, v)| {
+                if k == "judged_by" {
+                    found.push(v.as_str().unwrap_or_default().to_string());
+                }
+                judged_by(v, found)
+            }),
+            Value::Array(a) => a.iter().for_each(|v| judged_by(v, found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    judged_by(&summary, &mut found);
+    assert!(
+        !found.is_empty() && found.iter().all(|j| j == "indexer"),
+        "{found:?}: {summary}"
+    );
+}

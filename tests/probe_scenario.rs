@@ -155,13 +155,18 @@ fn answer_checks_use_the_expected_value() {
     assert_eq!(sc.answer, AnswerCheck::Substring);
     assert!(sc.check_answer("The code is 12345.", "12345"));
     assert!(!sc.check_answer("The code is 1234.", "12345"));
-    let kv = Scenario::load("kv-retrieval").unwrap();
-    assert!(kv.check_answer("12345678", "12345678"));
-    assert!(kv.check_answer("It is 12345678.", "12345678"));
-    assert!(
-        !kv.check_answer("912345678", "12345678"),
-        "regex demands digit boundaries"
-    );
+    // Every built-in scenario's value is digits: a longer number containing them is wrong.
+    for name in ["kv-retrieval", "passkey", "code-cwd", "essay"] {
+        let sc = Scenario::load(name).unwrap();
+        assert!(sc.check_answer("1234567", "1234567"), "{name}");
+        assert!(sc.check_answer("It is /srv/build/1234567.", "1234567"), "{name}");
+        for wrong in ["91234567", "12345678", "It is 1234567890."] {
+            assert!(
+                !sc.check_answer(wrong, "1234567"),
+                "{name}: {wrong:?} is not the value 1234567"
+            );
+        }
+    }
     let re = parse(&format!(
         "{BASE}[answer]\ncheck = \"regex\"\npattern = \"^\\\\s*{{value}}\\\\b\"\n"
     ))

@@ -114,3 +114,105 @@ pub fn audit(ckpt: &Checkpoint) -> InventoryDiff {
         &expected_inventory_with(ckpt.config(), options_for(ckpt)),
     )
 }
+
+/// `name` with every all-digit dotted part replaced by `#` (`layers.#.ffn.experts.#.w1.weight`):
+/// the kind of tensor, whatever layer or expert it belongs to.
+fn name_kind(name: &str) -> String {
+    name.split('.')
+        .map(|part| {
+            if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+                "#"
+            } else {
+                part
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Why `name` (a tensor of a kind the model knows, not expected by `cfg`) has no place in it:
+/// the config field most likely wrong.
+fn misfit_hint(cfg: &crate::config::ModelConfig, name: &str) -> String {
+    let parts: Vec<&str> = name.split('.').collect();
+    let number = |i: usize| parts.get(i).and_then(|p| p.parse::<usize>().ok());
+    let Some(layer) = (parts.first() == Some(&"layers")).then(|| number(1)).flatten() else {
+        return "a tensor of a kind the model uses, not expected at this place".into();
+    };
+    if layer >= cfg.num_hidden_layers {
+        return format!(
+            "num_hidden_layers is {}, so layers end at {}",
+            cfg.num_hidden_layers,
+            cfg.num_hidden_layers.saturating_sub(1)
+        );
+    }
+    let ratio = cfg.compress_ratios[layer];
+    let kind = cfg.layer_kind(layer).name().to_uppercase();
+    if name.contains(".attn.indexer.") || name.contains(".attn.compressor.") {
+        return format!(
+            "compress_ratios[{layer}] is {ratio} (a {kind} layer), whose attention has no such \
+             tensor"
+        );
+    }
+    if let Some(expert) = (parts.get(3) == Some(&"experts")).then(|| number(4)).flatten() {
+        if expert >= cfg.n_routed_experts {
+            return format!(
+                "n_routed_experts is {}, so experts end at {}",
+                cfg.n_routed_experts,
+                cfg.n_routed_experts.saturating_sub(1)
+            );
+        }
+    }
+    if name.ends_with(".ffn.gate.tid2eid") || name.ends_with(".ffn.gate.bias") {
+        return format!(
+            "num_hash_layers is {}: layer {layer} is {} routed",
+            cfg.num_hash_layers,
+            if layer < cfg.num_hash_layers {
+                "hash"
+            } else {
+                "score"
+            }
+        );
+    }
+    format!("layer {layer} ({kind}) expects no such tensor")
+}
+
+/// Checks, from the headers alone, that the config describes every tensor the model could use:
+/// a stored tensor of a kind the model knows (any decoder-layer or top-level tensor of a
+/// release, in the checkpoint's format) that the config has no place for means config.json and
+/// the weights disagree (a layer, an indexer or an expert the run would silently skip), and is
+/// refused, naming the tensor, its file and the config field. Tensors of unknown kinds and the
+/// MTP namespace (never run) are ignored; their names are returned for a note.
+pub fn check_config_describes(ckpt: &Checkpoint) -> Result<Vec<String>, super::CheckpointError> {
+    let diff = audit(ckpt);
+    if diff.extra.is_empty() {
+        return Ok(Vec::new());
+    }
+    let opts = options_for(ckpt);
+    let known: std::collections::HashSet<String> =
+        expected_inventory_with(&crate::config::ModelConfig::flash(), opts)
+            .iter()
+            .chain(&expected_inventory_with(ckpt.config(), opts))
+            .map(|t| name_kind(&t.name))
+            .collect();
+    let (misfits, ignored): (Vec<_>, Vec<_>) = diff
+        .extra
+        .iter()
+        .partition(|t| !t.name.starts_with("mtp.") && known.contains(&name_kind(&t.name)));
+    let Some(first) = misfits.first() else {
+        return Ok(ignored.into_iter().map(|t| t.name.clone()).collect());
+    };
+    let file = ckpt
+        .info(&first.name)
+        .map(|t| t.file.clone())
+        .unwrap_or_default();
+    Err(super::CheckpointError::UndescribedTensors {
+        config: ckpt.dir().join("config.json"),
+        file,
+        tensor: first.name.clone(),
+        dtype: first.dtype,
+        shape: first.shape.clone(),
+        hint: misfit_hint(ckpt.config(), &first.name),
+        others: misfits.len() - 1,
+        dir: ckpt.dir().to_path_buf(),
+    })
+}

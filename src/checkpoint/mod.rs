@@ -215,6 +215,26 @@ pub enum CheckpointError {
         what: String,
     },
 
+    #[error(
+        "{}: does not describe the checkpoint: {} holds {tensor} ({dtype} {shape:?}), expected no \
+         such tensor: {hint}{}; fix config.json to match the weights (`needlescope inspect \
+         --model {}` lists every difference)",
+        .config.display(),
+        .file.display(),
+        if *.others > 0 { format!(" ({} more such tensors)", .others) } else { String::new() },
+        .dir.display()
+    )]
+    UndescribedTensors {
+        config: PathBuf,
+        file: PathBuf,
+        tensor: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+        hint: String,
+        others: usize,
+        dir: PathBuf,
+    },
+
     #[error("tensor {tensor}: cannot decode: {source}")]
     Decode { tensor: String, source: FormatError },
 

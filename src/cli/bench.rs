@@ -289,7 +289,7 @@ fn layer_breakdown(
 }
 
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let ckpt = Checkpoint::open(&args.model)?;
+    let ckpt = crate::cli::engine::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
     super::values::refuse_duplicates("--lengths", &args.lengths, |&l| l)?;
     let mut lengths = args.lengths.clone();

@@ -10,6 +10,11 @@
 //! command (probe, sweep, trace, bench), monomorphised for each backend type. Rust closures
 //! cannot be generic, hence the small trait instead of a callback.
 //!
+//! [`open_model`] opens the checkpoint of a run and checks its headers against its config
+//! ([`crate::checkpoint::audit::check_config_describes`]): weights the config has no place for
+//! (a layer past `num_hidden_layers`, an indexer on a layer the config calls HCA) are refused
+//! before the tokenizer, the devices or any weight.
+//!
 //! `auto` runs on the GPUs when the driver sees one and they open (else on the CPU, with one
 //! note); a model that does not fit them is then refused as with `cuda`, not silently moved to
 //! the CPU. Notes for stderr (the `auto` fallback, an ignored `--gpu-gemm`: at most one line)
@@ -28,6 +33,20 @@ use crate::model::forward::{auto_residency, Engine, EngineOptions};
 use crate::placement::{place_auto, DeviceMemory, Placement, Workload, AUTO_CHUNK, CPU_AUTO_CHUNK};
 use crate::plan::Footprint;
 use crate::report::records::BackendRecord;
+
+/// Opens the model directory of a run (probe, sweep, trace, bench) and refuses weights its
+/// config does not describe; tensors of kinds the forward never reads get one note on stderr.
+pub fn open_model(dir: &std::path::Path) -> anyhow::Result<Checkpoint> {
+    let ckpt = Checkpoint::open(dir)?;
+    let ignored = crate::checkpoint::audit::check_config_describes(&ckpt)?;
+    if let Some(first) = ignored.first() {
+        eprintln!(
+            "note: {} tensor(s) of kinds the forward never reads are ignored (first: {first})",
+            ignored.len()
+        );
+    }
+    Ok(ckpt)
+}
 
 /// The body of a command, run on a loaded engine of whatever backend the run uses.
 pub trait EngineTask {

@@ -10,7 +10,6 @@ use super::device::DeviceArgs;
 use super::engine::{EngineTask, Target};
 use super::values::{parse_depth, parse_positive, parse_token_count};
 use crate::backend::Backend;
-use crate::checkpoint::Checkpoint;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
@@ -129,7 +128,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     refuse_duplicates("--index", &args.index, |p| p.name())?;
     refuse_duplicates("--compare", &args.compare, |p| p.name())?;
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
-    let ckpt = Checkpoint::open(&args.model)?;
+    let ckpt = crate::cli::engine::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&args.model.join("config.json"))?;
     super::values::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
@@ -199,7 +198,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let runs = target.run(&ckpt, EngineOptions::default(), task)?;
     progress.finish();
     let last = prompt.tokens.len() - 1;
-    let marks = crate::sweep::model_marks(&args.model);
+    let judge_answers = crate::sweep::model_marks(&args.model).judges_answers(args.generate);
     if args.json {
         let obj = serde_json::json!({
             "model": args.model.display().to_string(),
@@ -221,10 +220,10 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "kv": r.kv,
                 "topk": r.topk,
                 "answer_text": r.answer_text,
-                "answer_correct": marks.answers.then_some(r.answer_correct),
+                "answer_correct": judge_answers.then_some(r.answer_correct),
                 "layers": r.layers,
             })).collect::<Vec<_>>(),
-            "conclusion": conclusion(&runs, last, marks.answers),
+            "conclusion": conclusion(&runs, last, judge_answers),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     } else {
@@ -236,12 +235,12 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             &runs,
             &opts,
             &backend,
-            marks.answers,
+            judge_answers,
         )?;
     }
     if let Some(store) = store {
         let stderr = &mut std::io::stderr();
-        super::probe_out::record(store, &prompt, args.length, &runs, marks.answers, stderr)?;
+        super::probe_out::record(store, &prompt, args.length, &runs, judge_answers, stderr)?;
     }
     for run in &runs {
         if run.selection_disagreements > 0 {

@@ -11,7 +11,6 @@ use super::device::DeviceArgs;
 use super::engine::{EngineTask, Target};
 use super::values::{parse_positive, Positions};
 use crate::backend::Backend;
-use crate::checkpoint::Checkpoint;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
@@ -115,7 +114,7 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
 
 pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     check_out_path(args)?;
-    let ckpt = Checkpoint::open(&args.model)?;
+    let ckpt = crate::cli::engine::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
     let tokens = trace::parse_token_file(&args.tokens, cfg.vocab_size)?;
     let positions: Vec<usize> = match &args.positions {
