@@ -365,10 +365,8 @@ fn probe_and_sweep_refuse_a_model_without_a_csa_layer() {
     assert!(!tmp.path().join("sweep").exists(), "nothing written");
 }
 
-/// NaN weights (an intact file, a damaged value) make every indexer score NaN: probe fails
-/// naming the layer, position and profile instead of printing ranks and a verdict.
-#[test]
-fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
+/// A bf16 planted checkpoint whose tensor `name` is all NaN.
+fn planted_with_nan(name: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("planted");
     cli_support::run(&[
@@ -381,7 +379,6 @@ fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
         dir.to_str().unwrap(),
     ])
     .ok();
-    let name = "layers.1.attn.indexer.compressor.wkv.weight";
     rebuild(&dir.join("model.safetensors"), |entries| {
         let e = entries.iter_mut().find(|e| e.name == name).unwrap();
         assert_eq!(e.dtype, "BF16");
@@ -389,6 +386,45 @@ fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
             pair.copy_from_slice(&0x7FC0u16.to_le_bytes()); // bf16 NaN
         }
     });
+    (tmp, dir)
+}
+
+/// NaN in the output head leaves the indexer intact but the logits NaN: probe still ranks the
+/// needle without generating, and refuses to pick (and judge) answer tokens from NaN logits
+/// instead of taking token 0 and calling the answer wrong.
+#[test]
+fn nan_logits_fail_the_answer_instead_of_judging_it_wrong() {
+    let (_tmp, dir) = planted_with_nan("head.weight");
+    let d = dir.to_str().unwrap();
+    let probe = |generate: &str| {
+        cli_support::run(&[
+            "probe",
+            "--model",
+            d,
+            "--device",
+            "cpu",
+            "--length",
+            "512",
+            "--topk",
+            "64",
+            "--generate",
+            generate,
+        ])
+    };
+    probe("0").ok().stdout_has(&["conclusion"]);
+    let r = probe("2").fails().stderr_has(&[
+        "cannot judge the answer",
+        "position 511",
+        "NaN or infinite",
+    ]);
+    assert_eq!(r.code, Some(1), "{}", r.dump());
+}
+
+/// NaN weights (an intact file, a damaged value) make every indexer score NaN: probe fails
+/// naming the layer, position and profile instead of printing ranks and a verdict.
+#[test]
+fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
+    let (_tmp, dir) = planted_with_nan("layers.1.attn.indexer.compressor.wkv.weight");
     let r = cli_support::run(&[
         "probe",
         "--model",
@@ -504,8 +540,7 @@ fn weights_the_config_does_not_describe_are_refused_by_every_run() {
         let n = v["num_hidden_layers"].as_u64().unwrap() - 1;
         v["num_hidden_layers"] = json!(n);
     });
-    let last = serde_json::from_slice::<serde_json::Value>(&original).unwrap()
-        ["num_hidden_layers"]
+    let last = serde_json::from_slice::<serde_json::Value>(&original).unwrap()["num_hidden_layers"]
         .as_u64()
         .unwrap()
         - 1;
@@ -549,6 +584,8 @@ fn weights_the_config_does_not_describe_are_refused_by_every_run() {
         })
     });
     let r = runs(&dir).remove(0).ok();
-    r.stderr_has(&["note: 1 tensor(s) of kinds the forward never reads are ignored (first: \
-                    layers.0.attn.surprise)"]);
+    r.stderr_has(&[
+        "note: 1 tensor(s) of kinds the forward never reads are ignored (first: \
+                    layers.0.attn.surprise)",
+    ]);
 }

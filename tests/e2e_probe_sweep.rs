@@ -830,8 +830,7 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
         assert_eq!(&r.unwrap()[col], "", "no answer to judge: {cells}");
     }
     let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     fn judged_by(v: &Value, found: &mut Vec<String>) {
         match v {
             Value::Object(m) => m.iter().for_each(|(k, v)| {

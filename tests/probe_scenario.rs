@@ -159,7 +159,10 @@ fn answer_checks_use_the_expected_value() {
     for name in ["kv-retrieval", "passkey", "code-cwd", "essay"] {
         let sc = Scenario::load(name).unwrap();
         assert!(sc.check_answer("1234567", "1234567"), "{name}");
-        assert!(sc.check_answer("It is /srv/build/1234567.", "1234567"), "{name}");
+        assert!(
+            sc.check_answer("It is /srv/build/1234567.", "1234567"),
+            "{name}"
+        );
         for wrong in ["91234567", "12345678", "It is 1234567890."] {
             assert!(
                 !sc.check_answer(wrong, "1234567"),

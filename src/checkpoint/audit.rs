@@ -135,7 +135,10 @@ fn name_kind(name: &str) -> String {
 fn misfit_hint(cfg: &crate::config::ModelConfig, name: &str) -> String {
     let parts: Vec<&str> = name.split('.').collect();
     let number = |i: usize| parts.get(i).and_then(|p| p.parse::<usize>().ok());
-    let Some(layer) = (parts.first() == Some(&"layers")).then(|| number(1)).flatten() else {
+    let Some(layer) = (parts.first() == Some(&"layers"))
+        .then(|| number(1))
+        .flatten()
+    else {
         return "a tensor of a kind the model uses, not expected at this place".into();
     };
     if layer >= cfg.num_hidden_layers {
@@ -153,7 +156,10 @@ fn misfit_hint(cfg: &crate::config::ModelConfig, name: &str) -> String {
              tensor"
         );
     }
-    if let Some(expert) = (parts.get(3) == Some(&"experts")).then(|| number(4)).flatten() {
+    if let Some(expert) = (parts.get(3) == Some(&"experts"))
+        .then(|| number(4))
+        .flatten()
+    {
         if expert >= cfg.n_routed_experts {
             return format!(
                 "n_routed_experts is {}, so experts end at {}",

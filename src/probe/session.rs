@@ -157,7 +157,15 @@ pub fn run_probe<B: Backend>(
             }
             let mut generated = Vec::new();
             while generated.len() < opts.generate && !logits.is_empty() {
-                let next = argmax(&logits);
+                let position = prompt.tokens.len() + generated.len() - 1;
+                let next = argmax(&logits).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "cannot judge the answer: the logits at position {position} \
+                         (generated token {}) hold NaN or infinite values; check the weights \
+                         (`needlescope inspect --model DIR`) and --gpu-gemm",
+                        generated.len() + 1
+                    )
+                })?;
                 generated.push(next);
                 progress.generated(generated.len());
                 if next == eos || generated.len() == opts.generate {
@@ -199,15 +207,19 @@ pub fn run_probe<B: Backend>(
     Ok(runs)
 }
 
-/// Greedy choice: the highest logit, ties to the lower token id.
-pub fn argmax(logits: &[f32]) -> u32 {
+/// Greedy choice: the highest logit, ties to the lower token id; `None` when any logit is NaN
+/// or infinite (no honest choice exists, and a NaN at index 0 would otherwise win silently).
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    if logits.iter().any(|v| !v.is_finite()) {
+        return None;
+    }
     let mut best = 0;
     for (i, &v) in logits.iter().enumerate() {
         if v > logits[best] {
             best = i;
         }
     }
-    best as u32
+    Some(best as u32)
 }
 
 /// Driving-profile records of the answer position (the last prompt token) of one run.
