@@ -4,7 +4,9 @@
 //! (see tests/reference/README.md) from `needlescope synth --preset tiny --format bf16
 //! --seed 0`. This test rebuilds that checkpoint, checks that it is byte-identical to the one
 //! the fixture was made from (otherwise the fixture is stale and must be regenerated), runs
-//! the same token ids through the engine with `--index exact --kv exact`, and demands:
+//! the same token ids through the engine with `--index exact --kv exact` three ways (one call in
+//! chunks of 128, one call per token as in decoding, irregular calls not aligned to 4 or 128),
+//! and demands of each:
 //! - indexer scores of every visible row: error < 1e-4 relative to the layer's largest score;
 //! - identical top-k sets, except at positions whose fixture margin (k-th minus (k+1)-th
 //!   score) is below 1e-5;
@@ -88,10 +90,12 @@ impl Observer for Collector {
             || name == "logits"
     }
     fn intermediate(&mut self, name: &str, first_pos: usize, shape: &[usize], data: &[f32]) {
+        // Every position gets its row, an empty one too (indexer scores of a call whose
+        // queries see no compressed row yet are [T, 0]).
         let per = shape[1..].iter().product::<usize>();
         let entry = self.rows.entry(name.to_string()).or_default();
-        for (i, row) in data.chunks(per.max(1)).enumerate().take(shape[0]) {
-            entry.insert(first_pos + i, row.to_vec());
+        for i in 0..shape[0] {
+            entry.insert(first_pos + i, data[i * per..(i + 1) * per].to_vec());
         }
     }
 }
@@ -152,25 +156,75 @@ fn engine_matches_transformers_float32_on_tiny() {
         .map(|&v| v as usize)
         .collect();
 
-    // Chunks of 128 so the comparison also exercises the chunked state machine.
-    let engine = Engine::load(
-        &ckpt,
-        EngineOptions {
-            chunk: 128,
-            ..EngineOptions::default()
-        },
-    )
-    .expect("engine loads");
+    // One call in chunks of 128 (the chunked state machine); one call per token (the decode
+    // step of attention.md 8.3 at every position); irregular calls, none aligned to 4 or 128.
+    let one_call = [t_len];
+    let per_token = vec![1; t_len];
+    let irregular = [1, 2, 3, 7, 119, 1, 128, 39];
+    assert_eq!(
+        irregular.iter().sum::<usize>(),
+        t_len,
+        "pieces cover the fixture"
+    );
+    for (what, chunk, pieces) in [
+        ("chunks of 128", 128, &one_call[..]),
+        ("one token per call", 2048, &per_token[..]),
+        ("irregular calls", 5, &irregular[..]),
+    ] {
+        eprintln!("-- {what}");
+        let engine = Engine::load(
+            &ckpt,
+            EngineOptions {
+                chunk,
+                ..EngineOptions::default()
+            },
+        )
+        .expect("engine loads");
+        compare(
+            &fixture,
+            &cfg,
+            &engine,
+            &tokens,
+            &logit_positions,
+            pieces,
+            what,
+        );
+    }
+}
+
+/// Runs `tokens` through `engine` in calls of `pieces` tokens and compares with the fixture.
+fn compare(
+    fixture: &Fixture,
+    cfg: &needlescope::config::ModelConfig,
+    engine: &Engine,
+    tokens: &[u32],
+    logit_positions: &[usize],
+    pieces: &[usize],
+    what: &str,
+) {
+    let t_len = tokens.len();
     let mut state = engine.new_sequence();
     let mut collector = Collector::default();
-    let out = engine
-        .forward(
-            &mut state,
-            &tokens,
-            &mut collector,
-            LogitsRequest::Positions(logit_positions.clone()),
-        )
-        .expect("forward");
+    let mut logits = Vec::new();
+    let mut at = 0;
+    for &n in pieces {
+        let wanted = logit_positions
+            .iter()
+            .copied()
+            .filter(|p| (at..at + n).contains(p))
+            .collect();
+        let out = engine
+            .forward(
+                &mut state,
+                &tokens[at..at + n],
+                &mut collector,
+                LogitsRequest::Positions(wanted),
+            )
+            .expect("forward");
+        logits.extend(out.logits);
+        at += n;
+    }
+    let out = needlescope::model::forward::ForwardOutput { logits };
 
     let k = cfg.index_topk;
     for layer in 0..cfg.num_hidden_layers {
@@ -193,7 +247,7 @@ fn engine_matches_transformers_float32_on_tiny() {
             eprintln!("layer {layer} {scores_name}: normalised error {err:.3e}");
             assert!(
                 err < 1e-4,
-                "first divergence: layer {layer} tensor {scores_name}: normalised error {err:.3e} \
+                "{what}: first divergence: layer {layer} tensor {scores_name}: normalised error {err:.3e} \
                  at query {} row {}: ours {} vs transformers {}",
                 at[i].0,
                 at[i].1,
@@ -219,7 +273,7 @@ fn engine_matches_transformers_float32_on_tiny() {
                 theirs.sort_unstable();
                 assert_eq!(
                     mine, theirs,
-                    "first divergence: layer {layer} tensor {topk_name}: selected rows differ \
+                    "{what}: first divergence: layer {layer} tensor {topk_name}: selected rows differ \
                      at query {t} (margin {})",
                     margins[t]
                 );
@@ -227,7 +281,7 @@ fn engine_matches_transformers_float32_on_tiny() {
             }
             assert!(
                 compared > t_len / 2,
-                "too few positions compared: {compared}"
+                "{what}: too few positions compared: {compared}"
             );
         }
 
@@ -246,7 +300,7 @@ fn engine_matches_transformers_float32_on_tiny() {
         eprintln!("layer {layer} {hidden_name}: normalised error {err:.3e}");
         assert!(
             err < 1e-3,
-            "first divergence: layer {layer} tensor {hidden_name}: normalised error {err:.3e} at \
+            "{what}: first divergence: layer {layer} tensor {hidden_name}: normalised error {err:.3e} at \
              position {} element {}: ours {} vs transformers {}",
             i / per_pos,
             i % per_pos,
@@ -265,7 +319,7 @@ fn engine_matches_transformers_float32_on_tiny() {
         eprintln!("logits at {pos}: normalised error {err:.3e}");
         assert!(
             err < 1e-3,
-            "first divergence: logits at position {pos}: normalised error {err:.3e} at token {i}: \
+            "{what}: first divergence: logits at position {pos}: normalised error {err:.3e} at token {i}: \
              ours {} vs transformers {}",
             a[i],
             ref_logits[j * vocab + i]
