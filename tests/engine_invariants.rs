@@ -269,3 +269,43 @@ fn rounding_profiles_are_nearly_chunk_invariant() {
         );
     }
 }
+
+/// A sequence state reset after one sequence (under another profile and KV mode) runs the next
+/// exactly as a fresh state does: nothing of the first sequence, its rounding or its caches
+/// leaks into the second.
+#[test]
+fn a_reset_state_equals_a_fresh_one() {
+    use needlescope::numerics::profiles::{IndexProfile, KvMode};
+    let model = tiny();
+    let mut e = engine(&model, 64);
+    let first = tokens(T, 4096, 3);
+    let second = tokens(200, 4096, 4);
+    let fresh = run(&e, &second);
+
+    let mut state = e.new_sequence();
+    e.set_options(EngineOptions {
+        index: IndexProfile::OfficialFp4,
+        kv: KvMode::Fp8,
+        chunk: 64,
+        topk: None,
+    })
+    .unwrap();
+    e.forward(&mut state, &first, &mut NoObserver, LogitsRequest::None)
+        .unwrap();
+    e.set_options(EngineOptions {
+        chunk: 64,
+        ..EngineOptions::default()
+    })
+    .unwrap();
+    state.reset();
+    assert_eq!(state.len(), 0);
+    let mut rec = Recorder::all(&["layers.", "logits"]);
+    let out = e
+        .forward(&mut state, &second, &mut rec, LogitsRequest::All)
+        .expect("a reset state takes another profile");
+    let reused = (out, rec);
+    compare_runs(&reused, &fresh, "reset state");
+    for ((_, a), (_, b)) in reused.0.logits.iter().zip(&fresh.0.logits) {
+        assert_eq!(a, b, "a reset state is bit-identical to a fresh one");
+    }
+}
