@@ -168,7 +168,28 @@ fn every_visible_row_is_selected_while_n_t_is_at_most_k() {
         let used: Vec<i32> = att.compressed_rows.iter().map(|&w| w as i32).collect();
         assert_eq!(used, r.selected[..n_t.min(k)].to_vec());
     }
-    // HCA layer 2 attends every visible ratio-128 row; SWA layer 0 none.
+    // At every position of every layer: the window is the last `sliding_window` tokens up to
+    // the query (attention.md 4.3); an HCA layer attends every visible ratio-128 row
+    // (w < floor((t+1)/128), 5.4) and a SWA layer none.
+    let cfg = model.ckpt.config();
+    let window = cfg.sliding_window;
+    assert_eq!(rec.attention.len(), cfg.num_hidden_layers * T);
+    for (&(layer, pos), att) in &rec.attention {
+        assert_eq!(
+            att.window_positions,
+            (pos.saturating_sub(window - 1)..=pos).collect::<Vec<_>>(),
+            "layer {layer} pos {pos}: window"
+        );
+        match cfg.compress_ratios[layer] {
+            0 => assert!(att.compressed_rows.is_empty(), "SWA layer {layer} pos {pos}"),
+            128 => assert_eq!(
+                att.compressed_rows,
+                (0..(pos + 1) / 128).collect::<Vec<_>>(),
+                "HCA layer {layer} pos {pos}"
+            ),
+            _ => {}
+        }
+    }
     assert_eq!(rec.attention[&(2, 255)].compressed_rows, vec![0, 1]);
     assert_eq!(rec.attention[&(2, 254)].compressed_rows, vec![0]);
     assert!(rec.attention[&(0, 299)].compressed_rows.is_empty());
