@@ -589,3 +589,79 @@ fn weights_the_config_does_not_describe_are_refused_by_every_run() {
                     layers.0.attn.surprise)",
     ]);
 }
+
+/// A NaN scale code (E8M0 0xFF, e4m3 0x7F / 0xFF, a non-finite NVFP4 global scale) would make
+/// its block of weights NaN; the run refuses it at load, naming the file, tensor, position and
+/// code, instead of failing later on NaN scores.
+#[test]
+fn nan_scale_codes_are_refused_naming_the_tensor_and_position() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tokens = tmp.path().join("tokens.txt");
+    std::fs::write(&tokens, "1 2 3 4 5 6 7 8 9 10").unwrap();
+    let trace = |dir: &Path| {
+        cli_support::run(&[
+            "trace",
+            "--device",
+            "cpu",
+            "--model",
+            dir.to_str().unwrap(),
+            "--tokens",
+            tokens.to_str().unwrap(),
+            "--out",
+            tmp.path().join("t.safetensors").to_str().unwrap(),
+        ])
+    };
+    // (format, tensor, byte offset, bytes written, expected words)
+    let cases: [(&str, &str, usize, &[u8], &[&str]); 4] = [
+        (
+            "official",
+            "layers.1.attn.wq_b.scale",
+            1,
+            &[0xFF],
+            &["F8_E8M0", "[1, 0]", "0xFF"],
+        ),
+        (
+            "official",
+            "layers.2.ffn.experts.3.w2.scale",
+            5,
+            &[0xFF],
+            &["F8_E8M0", "[5, 0]", "0xFF"],
+        ),
+        (
+            "nvfp4",
+            "layers.1.ffn.experts.0.w1.weight_scale",
+            6,
+            &[0x7F],
+            &["F8_E4M3", "[1, 2]", "0x7F"],
+        ),
+        (
+            "nvfp4",
+            "layers.3.ffn.experts.1.w3.weight_scale_2",
+            0,
+            &[0x00, 0x00, 0xC0, 0x7F],
+            &["F32", "NaN"],
+        ),
+    ];
+    for (format, tensor, at, code, words) in cases {
+        let dir = tmp.path().join(format!("m-{tensor}"));
+        cli_support::run(&[
+            "synth",
+            "--preset",
+            "tiny",
+            "--format",
+            format,
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .ok();
+        trace(&dir).ok();
+        rebuild(&dir.join("model.safetensors"), |entries| {
+            let e = entries.iter_mut().find(|e| e.name == tensor).unwrap();
+            e.bytes[at..at + code.len()].copy_from_slice(code);
+        });
+        let r = trace(&dir).fails();
+        assert_eq!(r.code, Some(1), "{}", r.dump());
+        r.stderr_has(&["model.safetensors", tensor, "expected a finite scale"])
+            .stderr_has(words);
+    }
+}

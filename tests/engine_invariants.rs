@@ -181,7 +181,10 @@ fn every_visible_row_is_selected_while_n_t_is_at_most_k() {
             "layer {layer} pos {pos}: window"
         );
         match cfg.compress_ratios[layer] {
-            0 => assert!(att.compressed_rows.is_empty(), "SWA layer {layer} pos {pos}"),
+            0 => assert!(
+                att.compressed_rows.is_empty(),
+                "SWA layer {layer} pos {pos}"
+            ),
             128 => assert_eq!(
                 att.compressed_rows,
                 (0..(pos + 1) / 128).collect::<Vec<_>>(),

@@ -632,6 +632,43 @@ impl Checkpoint {
         if !scalar_ok {
             self.check_shape(s, shape, &format!(" ({why})"))?;
         }
+        self.check_scale_codes(s)?;
         Ok(s)
+    }
+
+    /// Refuses a scale tensor holding a NaN code (E8M0 0xFF; e4m3 S.1111.111; a non-finite f32
+    /// global scale): it would turn its whole block of weights into NaN and surface, far
+    /// away, as NaN scores or logits. One pass over the scale bytes (1/16 of the FP4 bytes).
+    fn check_scale_codes(&self, s: &TensorInfo) -> Result<(), CheckpointError> {
+        let bytes = self.bytes_of(s);
+        let bad = match s.dtype {
+            Dtype::F8E8M0 => bytes.iter().position(|&b| b == 0xFF),
+            Dtype::F8E4M3 => bytes.iter().position(|&b| b & 0x7F == 0x7F),
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .position(|c| !f32::from_le_bytes(c.try_into().expect("4 bytes")).is_finite()),
+            _ => None,
+        };
+        let Some(i) = bad else { return Ok(()) };
+        let mut at = vec![0; s.shape.len()];
+        let mut rest = i;
+        for (d, &n) in s.shape.iter().enumerate().rev() {
+            at[d] = rest % n.max(1);
+            rest /= n.max(1);
+        }
+        let code = match s.dtype {
+            Dtype::F32 => format!(
+                "{}",
+                f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes"))
+            ),
+            _ => format!("code 0x{:02X} (NaN)", bytes[i]),
+        };
+        Err(CheckpointError::BadScale {
+            file: s.file.clone(),
+            tensor: s.name.clone(),
+            dtype: s.dtype,
+            at,
+            code,
+        })
     }
 }

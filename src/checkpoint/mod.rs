@@ -235,6 +235,18 @@ pub enum CheckpointError {
         dir: PathBuf,
     },
 
+    #[error(
+        "{file}: tensor {tensor}: {dtype} scale at {at:?} is {code}, expected a finite scale \
+         (the file is damaged, or holds another format)"
+    )]
+    BadScale {
+        file: PathBuf,
+        tensor: String,
+        dtype: Dtype,
+        at: Vec<usize>,
+        code: String,
+    },
+
     #[error("tensor {tensor}: cannot decode: {source}")]
     Decode { tensor: String, source: FormatError },
 
