@@ -669,6 +669,10 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
         std::fs::read_to_string(sweep_dir.join("cells.csv")).unwrap(),
         "kept\n"
     );
+    assert!(
+        !sweep_dir.join(".lock").exists(),
+        "a refusal leaves the directory as it was"
+    );
 }
 
 /// A sweep of `lengths` (one depth, one profile) into `out`, its output piped.

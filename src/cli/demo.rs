@@ -83,6 +83,8 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             args.out.display()
         );
     }
+    // Refused before the lock file is made, so a refusal leaves the directory as it was.
+    refuse_foreign_report(&args.out)?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
     let lock = crate::report::DirLock::acquire(&args.out)?;
@@ -159,7 +161,8 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// `out` — recognised by its run.json, whose command must be `demo`, so no other directory and
 /// no other command's report is ever touched — is removed file by file (records, summary and
 /// PNGs). Another command's report there is refused.
-fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
+/// Refuses `out` when it holds a report of another command (the demo replaces only its own).
+fn refuse_foreign_report(out: &std::path::Path) -> anyhow::Result<()> {
     let run_json = out.join("run.json");
     if !run_json.exists() {
         return Ok(());
@@ -181,6 +184,12 @@ fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
             out.display()
         );
     }
+    Ok(())
+}
+
+/// Removes the files of a previous demo report in `out` (checked again under the lock).
+fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
+    refuse_foreign_report(out)?;
     for entry in std::fs::read_dir(out)? {
         let path = entry?.path();
         let name = path
