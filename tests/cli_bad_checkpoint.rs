@@ -457,19 +457,7 @@ fn tid2eid_out_of_range_names_the_value_and_its_place() {
     });
     let tokens = tmp.path().join("ids.txt");
     std::fs::write(&tokens, "5 6 7 8").unwrap();
-    let out = tmp.path().join("t.st");
-    let r = cli_support::run(&[
-        "trace",
-        "--device",
-        "cpu",
-        "--model",
-        dir.to_str().unwrap(),
-        "--tokens",
-        tokens.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ])
-    .fails();
+    let r = cli_support::trace_cpu(&dir, &tokens, &tmp.path().join("t.st")).fails();
     assert_eq!(r.code, Some(1), "{}", r.dump());
     let slots = 2; // tiny's num_experts_per_tok
     r.stderr_has(&[name, &format!("found 999 at [token 7, slot {}]", slots - 1)]);
@@ -598,19 +586,7 @@ fn nan_scale_codes_are_refused_naming_the_tensor_and_position() {
     let tmp = tempfile::tempdir().unwrap();
     let tokens = tmp.path().join("tokens.txt");
     std::fs::write(&tokens, "1 2 3 4 5 6 7 8 9 10").unwrap();
-    let trace = |dir: &Path| {
-        cli_support::run(&[
-            "trace",
-            "--device",
-            "cpu",
-            "--model",
-            dir.to_str().unwrap(),
-            "--tokens",
-            tokens.to_str().unwrap(),
-            "--out",
-            tmp.path().join("t.safetensors").to_str().unwrap(),
-        ])
-    };
+    let trace = |dir: &Path| cli_support::trace_cpu(dir, &tokens, &tmp.path().join("t.st"));
     // (format, tensor, byte offset, bytes written, expected words)
     let cases: [(&str, &str, usize, &[u8], &[&str]); 4] = [
         (
@@ -644,16 +620,7 @@ fn nan_scale_codes_are_refused_naming_the_tensor_and_position() {
     ];
     for (format, tensor, at, code, words) in cases {
         let dir = tmp.path().join(format!("m-{tensor}"));
-        cli_support::run(&[
-            "synth",
-            "--preset",
-            "tiny",
-            "--format",
-            format,
-            "--out",
-            dir.to_str().unwrap(),
-        ])
-        .ok();
+        cli_support::synth_tiny_as(&dir, format, &[]);
         trace(&dir).ok();
         rebuild(&dir.join("model.safetensors"), |entries| {
             let e = entries.iter_mut().find(|e| e.name == tensor).unwrap();

@@ -32,16 +32,7 @@ fn sharded_and_bf16_and_nvfp4_checkpoints_inspect_clean() {
         .stdout_has(&["3 shard files", "inventory   OK"]);
     for format in ["bf16", "nvfp4"] {
         let dir = tmp.path().join(format);
-        run(&[
-            "synth",
-            "--preset",
-            "tiny",
-            "--format",
-            format,
-            "--out",
-            dir.to_str().unwrap(),
-        ])
-        .ok();
+        cli_support::synth_tiny_as(&dir, format, &[]);
         inspect_model(&dir)
             .ok()
             .stdout_has(&[&format!("format      {format}"), "inventory   OK"]);

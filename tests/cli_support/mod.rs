@@ -92,13 +92,33 @@ pub fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
 
 /// `synth --preset tiny --format official --out DIR` plus `extra` flags.
 pub fn synth_tiny(dir: &Path, extra: &[&str]) -> Run {
-    let mut args: Vec<String> = ["synth", "--preset", "tiny", "--format", "official", "--out"]
+    synth_tiny_as(dir, "official", extra)
+}
+
+/// `synth --preset tiny --format FORMAT --out DIR` plus `extra` flags.
+pub fn synth_tiny_as(dir: &Path, format: &str, extra: &[&str]) -> Run {
+    let mut args: Vec<String> = ["synth", "--preset", "tiny", "--format", format, "--out"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     args.push(dir.display().to_string());
     args.extend(extra.iter().map(|s| s.to_string()));
     run(&args).ok()
+}
+
+/// `trace --device cpu --model DIR --tokens FILE --out FILE`.
+pub fn trace_cpu(model: &Path, tokens: &Path, out: &Path) -> Run {
+    run(&[
+        "trace".as_ref(),
+        "--device".as_ref(),
+        "cpu".as_ref(),
+        "--model".as_ref(),
+        model.as_os_str(),
+        "--tokens".as_ref(),
+        tokens.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ])
 }
 
 /// `inspect --model DIR`.
