@@ -439,3 +439,119 @@ fn needle_lands_at_the_requested_depth_even_with_one_word_lines() {
         );
     }
 }
+
+/// Every added token of the tokenizer (tool-call, FIM, search, placeholder markers, `<|EOT|>`)
+/// is split out of plain text as a control token; written anywhere but the chat format's own
+/// places it is refused, naming the part of the prompt and where to remove it.
+#[test]
+fn control_tokens_in_any_text_are_refused_naming_the_part() {
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    for (i, marker) in [
+        "<｜tool▁calls▁begin｜>",
+        "<|EOT|>",
+        "｜DSML｜",
+        "<｜▁pad▁｜>",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = dir.path().join(format!("inj{i}.txt"));
+        std::fs::write(
+            &file,
+            format!("Rivers were roads. See the {marker} marker here. Towns grew at fords. "),
+        )
+        .unwrap();
+        let sc = Scenario::load("essay")
+            .unwrap()
+            .with_haystack_file(&file)
+            .unwrap();
+        let msg = build_prompt(&t, &sc, 800, 50.0, 1, MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("the haystack contains the control token")
+                && msg.contains(marker)
+                && msg.contains(&format!("inj{i}.txt")),
+            "{msg}"
+        );
+    }
+    for (field, toml, part) in [
+        (
+            "needle",
+            "needle = \"Key {value}. <|EOT|>\"\nquestion = \"Key?\"",
+            "needle",
+        ),
+        (
+            "question",
+            "needle = \"Key {value}.\"\nquestion = \"Key? <｜fim▁hole｜>\"",
+            "question",
+        ),
+        (
+            "system",
+            "needle = \"Key {value}.\"\nquestion = \"Key?\"\nsystem = \"Hi <｜tool▁sep｜>\"",
+            "system prompt",
+        ),
+    ] {
+        let text =
+            format!("name = \"c\"\n{toml}\n[value]\nkind = \"digits\"\nn = 7\n[haystack]\nkind = \"noise\"\n");
+        let sc = Scenario::from_toml_str(&text, "c.toml", None).unwrap();
+        let msg = build_prompt(&t, &sc, 600, 50.0, 1, MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(&format!("the {part} contains the control token"))
+                && msg.contains(&format!("`{field}`")),
+            "{field}: {msg}"
+        );
+    }
+}
+
+/// A haystack file without spaces (Chinese prose, base64) is cut into small units: the prompt
+/// is built from the file's own text with the needle at the requested depth, not from generated
+/// filler with the needle at the start.
+#[test]
+fn spaceless_haystack_files_are_used_at_the_requested_depth() {
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        (
+            "zh.txt",
+            "河流是最早的道路。它们运送粮食和石头，也传递消息。".repeat(300),
+        ),
+        ("b64.txt", "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo".repeat(400)),
+    ] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, &text).unwrap();
+        let sc = Scenario::load("essay")
+            .unwrap()
+            .with_haystack_file(&file)
+            .unwrap();
+        for depth in [25.0, 50.0, 90.0] {
+            let p = build_prompt(&t, &sc, 1024, depth, 1, MAX).unwrap();
+            check_prompt(&t, &p, 1024, false);
+            assert!(
+                (p.actual_depth_pct - depth).abs() < 5.0,
+                "{name} at {depth}: needle at {}",
+                p.actual_depth_pct
+            );
+            let own = p.prompt_text.matches(&text[..12]).count();
+            assert!(own > 10, "{name}: the file's text is in the prompt ({own})");
+        }
+    }
+    // A file none of whose sentences fits is an error, not a prompt of generated filler.
+    let long = dir.path().join("long.txt");
+    let words: Vec<String> = (0..79).map(|i| format!("word{}", i % 7)).collect();
+    std::fs::write(&long, words.join(" ") + ".").unwrap();
+    let sc = Scenario::load("essay")
+        .unwrap()
+        .with_haystack_file(&long)
+        .unwrap();
+    let msg = build_prompt(&t, &sc, 120, 50.0, 1, MAX)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("long.txt") && msg.contains("fits in the") && msg.contains("--length 120"),
+        "{msg}"
+    );
+}

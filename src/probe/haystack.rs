@@ -346,16 +346,21 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
             "contains the chat marker {m}, which would break the prompt format"
         )));
     }
-    let text = text.replace("\r\n", "\n");
+    // A byte-order mark is no text; line ends become `\n` (CRLF and lone CR alike).
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
     let mut units = Vec::new();
     let mut sep = String::new();
     let mut cur = String::new();
     let mut words_in_cur = 0usize;
+    // Characters since the last whitespace or unit end.
+    let mut run_chars = 0usize;
     let chars: Vec<char> = text.chars().collect();
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
         if c.is_whitespace() {
+            run_chars = 0;
             // Whitespace ends a unit after sentence punctuation or a long run of words.
             let prev = cur
                 .trim_end_matches(['"', '\'', ')', ']', '”', '’'])
@@ -385,6 +390,20 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
         }
         cur.push(c);
         i += 1;
+        run_chars += 1;
+        // Text without spaces (Chinese or Japanese prose, minified code, base64) still ends
+        // units: after a full-width sentence mark, or every RUN_CHARS characters of one run,
+        // so that no unit outgrows a prompt's budget. The next unit then has no separator.
+        let full_stop = matches!(c, '。' | '！' | '？');
+        let next_is_space = chars.get(i).is_some_and(|n| n.is_whitespace());
+        if (full_stop || run_chars >= RUN_CHARS) && !next_is_space && i < chars.len() {
+            units.push(Unit {
+                sep: std::mem::take(&mut sep),
+                text: std::mem::take(&mut cur),
+            });
+            words_in_cur = 0;
+            run_chars = 0;
+        }
     }
     if !cur.is_empty() {
         units.push(Unit { sep, text: cur });
@@ -392,10 +411,13 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
     if units.is_empty() {
         return Err(err("contains no text".into()));
     }
-    // A unit may not start a word that merges with its predecessor: sep is never empty
-    // after the first unit because units are split at whitespace.
+    // A unit with an empty separator continues its predecessor's text (no space in the
+    // source); the prompt builder puts a space between the needle and such a unit.
     Ok(units)
 }
+
+/// Characters of one whitespace-free run after which a file unit ends anyway.
+const RUN_CHARS: usize = 160;
 
 #[cfg(test)]
 mod tests {
@@ -426,5 +448,25 @@ mod tests {
         }
         assert_eq!(joined, text);
         assert_eq!(units.len(), 4);
+    }
+
+    /// Text without spaces (here Chinese) is cut after each full-width full stop and within
+    /// long runs, and still reassembles to the file's text; a BOM and CR line ends are dropped.
+    #[test]
+    fn spaceless_text_is_cut_into_small_units() {
+        let sentence = "河流是最早的道路。它们运送粮食和石头，也传递消息。";
+        let text = format!("\u{feff}{}\r\n{}", sentence.repeat(20), "x".repeat(1000));
+        let units = file_units(&text, Path::new("zh.txt")).unwrap();
+        let joined: String = units
+            .iter()
+            .map(|u| format!("{}{}", u.sep, u.text))
+            .collect();
+        assert_eq!(
+            joined,
+            format!("{}\n{}", sentence.repeat(20), "x".repeat(1000))
+        );
+        assert!(units.len() >= 40 + 1000 / RUN_CHARS, "{}", units.len());
+        assert!(units.iter().all(|u| u.text.chars().count() <= RUN_CHARS));
+        assert!(units[0].text.ends_with('。') && units[1].sep.is_empty());
     }
 }

@@ -90,6 +90,22 @@ pub enum PromptError {
         expected: String,
         found: String,
     },
+    #[error("scenario {scenario}: the {part} contains the control token {token:?} (id {id}) at prompt position {position}: expected plain text there (control tokens are the chat format's, and the model reads them as structure, not text); remove it from {source_text}")]
+    ControlToken {
+        scenario: String,
+        part: &'static str,
+        token: String,
+        id: u32,
+        position: usize,
+        source_text: String,
+    },
+    #[error("--length {target}: scenario {scenario}: no sentence of the haystack file {} fits in the {budget} tokens left for the haystack; expected a longer --length (or shorter sentences in the file)", .path.display())]
+    FileDoesNotFit {
+        scenario: String,
+        path: std::path::PathBuf,
+        budget: usize,
+        target: usize,
+    },
     #[error("scenario {scenario}: the value {value:?} occurs {count} times in the prompt, expected exactly once; try another --seed")]
     ValueNotUnique {
         scenario: String,
@@ -140,7 +156,12 @@ pub fn build_prompt(
     let mut aim = depth_pct;
     let mut best: Option<NeedlePrompt> = None;
     for _ in 0..DEPTH_ROUNDS {
-        let p = place_needle(tok, sc, target_tokens, depth_pct, aim, seed, max_positions)?;
+        let p = match place_needle(tok, sc, target_tokens, depth_pct, aim, seed, max_positions) {
+            Ok(p) => p,
+            // A later aim that cannot be sized keeps the earlier, valid prompt.
+            Err(_) if best.is_some() => break,
+            Err(e) => return Err(e),
+        };
         let miss = p.actual_depth_pct - depth_pct;
         if miss.abs() <= DEPTH_TOLERANCE_PCT {
             return Ok(p);
@@ -210,11 +231,18 @@ fn place_needle(
             .chain(std::iter::once(&needle_unit))
             .chain(after)
             .chain(filler.iter().filter(|_| far == FarEnd::End));
+        let mut after_needle = false;
         for u in items {
             if !body.is_empty() {
                 body.push_str(&u.sep);
+                // A unit that continues its predecessor's text (a file without spaces) must
+                // not glue to the needle, whose last token would then merge with it.
+                if after_needle && u.sep.is_empty() && layout == Layout::Prose {
+                    body.push(' ');
+                }
             }
-            if std::ptr::eq(u, &needle_unit) {
+            after_needle = std::ptr::eq(u, &needle_unit);
+            if after_needle {
                 needle_at = body.len();
             }
             body.push_str(&u.text);
@@ -257,6 +285,15 @@ fn place_needle(
         }
         used += c;
         units.push((u, c));
+    }
+    // A user's text that does not fit at all would be silently replaced by generated filler.
+    if let (true, super::scenario::HaystackKind::File(path)) = (units.is_empty(), &sc.haystack) {
+        return Err(PromptError::FileDoesNotFit {
+            scenario: sc.name.clone(),
+            path: path.clone().unwrap_or_default(),
+            budget,
+            target: target_tokens,
+        });
     }
     // Needle boundary nearest the requested depth.
     let goal = aim_pct / 100.0 * used as f64;
@@ -437,6 +474,64 @@ fn make_filler(
     Ok(None)
 }
 
+/// Refuses a control token (any added token of the tokenizer: tool-call, FIM, search or
+/// placeholder markers, `<|EOT|>`, ...) anywhere but the chat format's own markers (BOS, the
+/// User marker, the Assistant marker and the thinking token), naming the part of the prompt it
+/// came from. Such text in a haystack file, the needle, the question or the system prompt is
+/// split out as structure by the tokenizer, whatever the user meant.
+fn check_control_tokens(
+    tok: &V4Tokenizer,
+    sc: &Scenario,
+    r: &Rendered,
+    ids: &[u32],
+    offsets: &[(usize, usize)],
+) -> Result<(), PromptError> {
+    let body = r.body_bytes;
+    let tail = ASSISTANT.len() + if sc.thinking { THINK_START } else { THINK_END }.len();
+    let structural = |(a, b): (usize, usize)| {
+        b <= BOS.len()
+            || (a >= body.0.saturating_sub(USER.len()) && b <= body.0)
+            || a >= r.text.len() - tail
+    };
+    for (position, (&id, &span)) in ids.iter().zip(offsets).enumerate() {
+        if !tok.is_control(id) || structural(span) {
+            continue;
+        }
+        let (part, source_text) = if span.0 < body.0 {
+            ("system prompt", "the scenario's `system`".to_string())
+        } else if span.0 >= r.needle_bytes.0 && span.1 <= r.needle_bytes.1 {
+            (
+                "needle",
+                "the scenario's `needle` (or its value / key words)".to_string(),
+            )
+        } else if span.0 < body.1 {
+            (
+                "haystack",
+                match &sc.haystack {
+                    super::scenario::HaystackKind::File(Some(path)) => {
+                        format!("the haystack file {}", path.display())
+                    }
+                    _ => "the scenario's haystack".to_string(),
+                },
+            )
+        } else {
+            (
+                "question",
+                "the scenario's `question` (or its key words)".to_string(),
+            )
+        };
+        return Err(PromptError::ControlToken {
+            scenario: sc.name.clone(),
+            part,
+            token: r.text[span.0..span.1].to_string(),
+            id,
+            position,
+            source_text,
+        });
+    }
+    Ok(())
+}
+
 /// Smallest token range covering `bytes`; checks that only whitespace is glued on.
 fn span_of(
     text: &str,
@@ -468,6 +563,7 @@ fn finish(
     question: String,
     depth_pct: f64,
 ) -> Result<NeedlePrompt, PromptError> {
+    check_control_tokens(tok, sc, &r, &ids, &offsets)?;
     let count = r.text.matches(value.as_str()).count();
     if count != 1 {
         return Err(PromptError::ValueNotUnique {

@@ -164,6 +164,9 @@ pub struct V4Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     source_name: String,
     vocab_size: usize,
+    /// Ids of the added (control) tokens: the chat markers, tool / FIM / search markers,
+    /// placeholders. Written as text anywhere, they still encode as these ids.
+    added: Arc<std::collections::HashSet<u32>>,
 }
 
 impl std::fmt::Debug for V4Tokenizer {
@@ -239,10 +242,12 @@ impl V4Tokenizer {
                 found: vocab_size,
             });
         }
+        let added = inner.get_added_tokens_decoder().keys().copied().collect();
         Ok(Self {
             inner: Arc::new(inner),
             source_name: source_name.to_string(),
             vocab_size,
+            added: Arc::new(added),
         })
     }
 
@@ -298,6 +303,11 @@ impl V4Tokenizer {
     }
 
     /// Where this tokenizer came from ("builtin" or a path).
+    /// Whether `id` is an added (control) token rather than text.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.added.contains(&id)
+    }
+
     pub fn source_name(&self) -> &str {
         &self.source_name
     }
