@@ -470,10 +470,16 @@ impl SweepTask<'_> {
                 None if cell.indexer_recall() => "recalled (indexer)".to_string(),
                 None => "LOST (indexer)".to_string(),
             };
+            // Coarse haystack units (tool definitions at short lengths) can leave the needle
+            // a few points off the requested depth; the line says where it is.
+            let depth = if (prompt.actual_depth_pct - cell.depth_pct).abs() > 1.0 {
+                format!("{:>5.1}% (needle at {:.1}%)", cell.depth_pct, prompt.actual_depth_pct)
+            } else {
+                format!("{:>5.1}%", cell.depth_pct)
+            };
             let line = format!(
-                "{:>7} tokens  depth {:>5.1}%  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s",
+                "{:>7} tokens  depth {depth}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s",
                 cell.prompt_tokens,
-                cell.depth_pct,
                 cell.index.name(),
                 cell.topk,
                 verdict,

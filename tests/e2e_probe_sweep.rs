@@ -854,3 +854,21 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
         "{found:?}: {summary}"
     );
 }
+
+/// Long haystack units (tool definitions) at a short length leave the needle off the requested
+/// depth; the sweep's cell line says where it landed.
+#[test]
+fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args(["--scenario", "code-cwd", "--lengths", "700", "--depths", "10"])
+        .args(["--index", "fp8", "--topk", "64", "--kv", "exact", "--out"])
+        .arg(tmp.path().join("s"))
+        .output()
+        .unwrap();
+    let text = ok(out, "sweep");
+    assert!(text.contains("depth  10.0% (needle at 0.0%)"), "{text}");
+}
