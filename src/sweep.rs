@@ -473,7 +473,10 @@ impl SweepTask<'_> {
             // Coarse haystack units (tool definitions at short lengths) can leave the needle
             // a few points off the requested depth; the line says where it is.
             let depth = if (prompt.actual_depth_pct - cell.depth_pct).abs() > 1.0 {
-                format!("{:>5.1}% (needle at {:.1}%)", cell.depth_pct, prompt.actual_depth_pct)
+                format!(
+                    "{:>5.1}% (needle at {:.1}%)",
+                    cell.depth_pct, prompt.actual_depth_pct
+                )
             } else {
                 format!("{:>5.1}%", cell.depth_pct)
             };

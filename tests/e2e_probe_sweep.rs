@@ -864,7 +864,14 @@ fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
         .arg("sweep")
         .arg("--model")
         .arg(planted())
-        .args(["--scenario", "code-cwd", "--lengths", "700", "--depths", "10"])
+        .args([
+            "--scenario",
+            "code-cwd",
+            "--lengths",
+            "700",
+            "--depths",
+            "10",
+        ])
         .args(["--index", "fp8", "--topk", "64", "--kv", "exact", "--out"])
         .arg(tmp.path().join("s"))
         .output()

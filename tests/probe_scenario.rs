@@ -211,3 +211,25 @@ fn unknown_scenario_says_missing_or_directory() {
         .to_string();
     assert!(e.contains("no such file") && e.contains("passkey"), "{e}");
 }
+
+/// In thinking mode the answer is the text after the last `</think>` (as the tokenizer decodes
+/// it): a value repeated while reasoning is no answer, and no `</think>` means no answer yet.
+#[test]
+fn thinking_mode_judges_only_the_text_after_the_reasoning() {
+    let tok = needlescope::probe::tokenizer::V4Tokenizer::builtin().unwrap();
+    let end = tok.decode(&[128_822]).unwrap();
+    assert_eq!(
+        end, "</think>",
+        "the decoded text keeps the end of thinking"
+    );
+    let chat = parse(BASE).unwrap();
+    let thinking = parse(&BASE.replace("name = \"t\"", "name = \"t\"\nthinking = true")).unwrap();
+    assert!(thinking.thinking);
+    let reasoning_only = "The code mentioned was 12345, so";
+    let answered = format!("The code mentioned was 12345.{end}12345");
+    let wrong_answer = format!("The code mentioned was 12345.{end}I do not know.");
+    assert!(chat.judge_generated(reasoning_only, "12345"));
+    assert!(!thinking.judge_generated(reasoning_only, "12345"));
+    assert!(thinking.judge_generated(&answered, "12345"));
+    assert!(!thinking.judge_generated(&wrong_answer, "12345"));
+}

@@ -7,7 +7,7 @@
 //! needle = "The pass key is {value}."       # exactly one {value}; optional {key}
 //! question = "What is the pass key?"         # may use {key}, never {value}
 //! system = "..."                             # optional system prompt (after BOS)
-//! thinking = false                           # prompt ends with <think> instead of </think>
+//! thinking = false                           # true: prompt ends with <think>; answer judged after </think>
 //! [value]     kind = "digits" | "words" | "uuid";  n = 7;  sep = "-";  words = [..]
 //! [key]       same fields as [value]; required iff the needle uses {key}
 //! [answer]    check = "substring" | "regex";  pattern = "\\b{value}\\b"   (regex only)
@@ -413,6 +413,18 @@ impl Scenario {
             .map(|k| k.generate(&mut Rng::stream(seed, "key")))
             .unwrap_or_default();
         (value, key)
+    }
+
+    /// Whether the generated text answers correctly for the expected `value`. In thinking
+    /// mode only the text after the last `</think>` is the answer (a value repeated while
+    /// reasoning is not an answer); without a `</think>` the answer was never reached.
+    pub fn judge_generated(&self, generated: &str, value: &str) -> bool {
+        if !self.thinking {
+            return self.check_answer(generated, value);
+        }
+        generated
+            .rsplit_once(super::tokenizer::THINK_END)
+            .is_some_and(|(_, answer)| self.check_answer(answer, value))
     }
 
     /// Whether `generated` answers correctly for the expected `value`.

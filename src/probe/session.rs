@@ -185,7 +185,7 @@ pub fn run_probe<B: Backend>(
             }
             let text_ids: Vec<u32> = generated.iter().copied().filter(|&t| t != eos).collect();
             let answer_text = tok.decode(&text_ids)?;
-            let answer_correct = scenario.check_answer(&answer_text, &prompt.answer_value);
+            let answer_correct = scenario.judge_generated(&answer_text, &prompt.answer_value);
             let run = ProbeRun {
                 cell_id: id,
                 index: index.name().to_string(),
