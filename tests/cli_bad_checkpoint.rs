@@ -587,8 +587,9 @@ fn nan_scale_codes_are_refused_naming_the_tensor_and_position() {
     let tokens = tmp.path().join("tokens.txt");
     std::fs::write(&tokens, "1 2 3 4 5 6 7 8 9 10").unwrap();
     let trace = |dir: &Path| cli_support::trace_cpu(dir, &tokens, &tmp.path().join("t.st"));
-    // (format, tensor, byte offset, bytes written, expected words)
-    let cases: [(&str, &str, usize, &[u8], &[&str]); 4] = [
+    /// (format, tensor, byte offset, bytes written, expected words)
+    type Case<'a> = (&'a str, &'a str, usize, &'a [u8], &'a [&'a str]);
+    let cases: [Case; 4] = [
         (
             "official",
             "layers.1.attn.wq_b.scale",

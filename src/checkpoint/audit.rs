@@ -211,14 +211,16 @@ pub fn check_config_describes(ckpt: &Checkpoint) -> Result<Vec<String>, super::C
         .info(&first.name)
         .map(|t| t.file.clone())
         .unwrap_or_default();
-    Err(super::CheckpointError::UndescribedTensors {
-        config: ckpt.dir().join("config.json"),
-        file,
-        tensor: first.name.clone(),
-        dtype: first.dtype,
-        shape: first.shape.clone(),
-        hint: misfit_hint(ckpt.config(), &first.name),
-        others: misfits.len() - 1,
-        dir: ckpt.dir().to_path_buf(),
-    })
+    Err(super::CheckpointError::UndescribedTensors(Box::new(
+        super::Undescribed {
+            config: ckpt.dir().join("config.json"),
+            file,
+            tensor: first.name.clone(),
+            dtype: first.dtype,
+            shape: first.shape.clone(),
+            hint: misfit_hint(ckpt.config(), &first.name),
+            others: misfits.len() - 1,
+            dir: ckpt.dir().to_path_buf(),
+        },
+    )))
 }

@@ -215,25 +215,8 @@ pub enum CheckpointError {
         what: String,
     },
 
-    #[error(
-        "{}: does not describe the checkpoint: {} holds {tensor} ({dtype} {shape:?}), expected no \
-         such tensor: {hint}{}; fix config.json to match the weights (`needlescope inspect \
-         --model {}` lists every difference)",
-        .config.display(),
-        .file.display(),
-        if *.others > 0 { format!(" ({} more such tensors)", .others) } else { String::new() },
-        .dir.display()
-    )]
-    UndescribedTensors {
-        config: PathBuf,
-        file: PathBuf,
-        tensor: String,
-        dtype: Dtype,
-        shape: Vec<usize>,
-        hint: String,
-        others: usize,
-        dir: PathBuf,
-    },
+    #[error("{0}")]
+    UndescribedTensors(Box<Undescribed>),
 
     #[error(
         "{file}: tensor {tensor}: {dtype} scale at {at:?} is {code}, expected a finite scale \
@@ -269,6 +252,47 @@ pub enum CheckpointError {
         device: String,
         why: String,
     },
+}
+
+/// A stored tensor of a kind the model knows that the config has no place for (boxed in
+/// [`CheckpointError::UndescribedTensors`]).
+#[derive(Debug)]
+pub struct Undescribed {
+    pub config: PathBuf,
+    pub file: PathBuf,
+    pub tensor: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// The config field most likely wrong, and why.
+    pub hint: String,
+    /// Further such tensors.
+    pub others: usize,
+    pub dir: PathBuf,
+}
+
+impl std::fmt::Display for Undescribed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: does not describe the checkpoint: {} holds {} ({} {:?}), expected no such \
+             tensor: {}",
+            self.config.display(),
+            self.file.display(),
+            self.tensor,
+            self.dtype,
+            self.shape,
+            self.hint
+        )?;
+        if self.others > 0 {
+            write!(f, " ({} more such tensors)", self.others)?;
+        }
+        write!(
+            f,
+            "; fix config.json to match the weights (`needlescope inspect --model {}` lists \
+             every difference)",
+            self.dir.display()
+        )
+    }
 }
 
 impl CheckpointError {
