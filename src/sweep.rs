@@ -22,9 +22,10 @@
 //! the largest top-k); run.json records it, and a resume on another backend kind or GEMM
 //! precision is refused (other devices are fine).
 //!
-//! Judging: a planted checkpoint whose `planted.json` says its LM path does not copy the needle
-//! is judged by indexer recall (`answer_correct` empty); everything else by the scenario's
-//! answer check.
+//! Judging: a planted checkpoint whose `planted.json` says its LM path does not copy the needle,
+//! and any run with `--generate 0` (no answer to judge), is judged by indexer recall
+//! (`answer_correct` empty); everything else by the scenario's answer check
+//! ([`ModelMarks::judges_answers`]).
 
 use crate::backend::Backend;
 use crate::cli::device::DeviceArgs;

@@ -5,7 +5,8 @@
 //! --seed 0`. This test rebuilds that checkpoint, checks that it is byte-identical to the one
 //! the fixture was made from (otherwise the fixture is stale and must be regenerated), runs
 //! the same token ids through the engine with `--index exact --kv exact` three ways (one call in
-//! chunks of 128, one call per token as in decoding, irregular calls not aligned to 4 or 128),
+//! chunks of 128, one call per token as in decoding, irregular calls mostly not aligned to 4 or
+//! 128),
 //! and demands of each:
 //! - indexer scores of every visible row: error < 1e-4 relative to the layer's largest score;
 //! - identical top-k sets, except at positions whose fixture margin (k-th minus (k+1)-th
@@ -157,7 +158,8 @@ fn engine_matches_transformers_float32_on_tiny() {
         .collect();
 
     // One call in chunks of 128 (the chunked state machine); one call per token (the decode
-    // step of attention.md 8.3 at every position); irregular calls, none aligned to 4 or 128.
+    // step of attention.md 8.3 at every position); irregular calls, mostly not aligned to 4 or
+    // 128, each cut into chunks of 5.
     let one_call = [t_len];
     let per_token = vec![1; t_len];
     let irregular = [1, 2, 3, 7, 119, 1, 128, 39];

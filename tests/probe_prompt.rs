@@ -537,6 +537,12 @@ fn spaceless_haystack_files_are_used_at_the_requested_depth() {
             );
             let own = p.prompt_text.matches(&text[..12]).count();
             assert!(own > 10, "{name}: the file's text is in the prompt ({own})");
+            // Runs of the file longer than a unit, unchanged (no space added at the cuts).
+            let run: String = text.chars().take(400).collect();
+            assert!(
+                p.prompt_text.contains(&run),
+                "{name}: the file's text is altered"
+            );
         }
     }
     // A file none of whose sentences fits is an error, not a prompt of generated filler.

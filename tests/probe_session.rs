@@ -84,8 +84,8 @@ fn greedy_tokens_equal_prefill_argmax_and_stop_at_eos() {
         );
     }
 
-    // The second generated token made EOS: generation stops there, EOS stays in the ids and
-    // is not part of the answer text.
+    // The second generated token made EOS: generation stops at its first occurrence, EOS stays
+    // in the ids and is not part of the answer text.
     let eos = generated[1];
     let stop = generated.iter().position(|&t| t == eos).unwrap();
     let config = dir.path().join("config.json");

@@ -638,7 +638,8 @@ impl Checkpoint {
 
     /// Refuses a scale tensor holding a NaN code (E8M0 0xFF; e4m3 S.1111.111; a non-finite f32
     /// global scale): it would turn its whole block of weights into NaN and surface, far
-    /// away, as NaN scores or logits. One pass over the scale bytes (1/16 of the FP4 bytes).
+    /// away, as NaN scores or logits. One pass over the scale bytes when the linear is located
+    /// (at load): 1/16 of the packed weight bytes for MXFP4, 1/8 for NVFP4, 1/16,384 for FP8.
     fn check_scale_codes(&self, s: &TensorInfo) -> Result<(), CheckpointError> {
         let bytes = self.bytes_of(s);
         let bad = match s.dtype {

@@ -157,10 +157,6 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The demo always runs its sweep afresh (only the model is cached): a previous demo report in
-/// `out` — recognised by its run.json, whose command must be `demo`, so no other directory and
-/// no other command's report is ever touched — is removed file by file (records, summary and
-/// PNGs). Another command's report there is refused.
 /// Refuses `out` when it holds a report of another command (the demo replaces only its own).
 fn refuse_foreign_report(out: &std::path::Path) -> anyhow::Result<()> {
     let run_json = out.join("run.json");
@@ -187,7 +183,10 @@ fn refuse_foreign_report(out: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes the files of a previous demo report in `out` (checked again under the lock).
+/// The demo always runs its sweep afresh (only the model is cached): a previous demo report in
+/// `out` — recognised by its run.json, whose command must be `demo` (checked again here, under
+/// the lock), so no other directory and no other command's report is ever touched — is
+/// removed file by file (records, summary and PNGs).
 fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
     refuse_foreign_report(out)?;
     for entry in std::fs::read_dir(out)? {

@@ -67,7 +67,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "MODE", default_value = "fp8")]
     pub kv: KvMode,
 
-    /// Tokens to generate after the prompt (to check the answer)
+    /// Tokens to generate after the prompt (to check the answer; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)
     #[arg(long, value_name = "N", default_value_t = 24)]
     pub generate: usize,
 

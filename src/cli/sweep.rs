@@ -70,7 +70,7 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Maximum generated tokens per cell (greedy, stops at EOS)
+    /// Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)
     #[arg(long, value_name = "N", default_value_t = 24)]
     pub generate: usize,
 

@@ -159,9 +159,11 @@ impl HaystackGen {
                 let mut u = units[*next % units.len()].clone();
                 if *next > 0 && *next % units.len() == 0 {
                     u.sep = "\n\n".into();
-                } else if u.sep.is_empty() {
+                } else if *next == 0 && u.sep.is_empty() {
                     // The file's first sentence: it may follow the needle, so it needs a
-                    // separator (a sentence never glues to the needle's last word).
+                    // separator (a sentence never glues to the needle's last word). Later
+                    // separator-less units (text without spaces, cut by `file_units`) keep
+                    // theirs: the prompt renderer spaces them from the needle and filler.
                     u.sep = " ".into();
                 }
                 *next += 1;

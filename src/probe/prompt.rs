@@ -99,12 +99,13 @@ pub enum PromptError {
         position: usize,
         source_text: String,
     },
-    #[error("--length {target}: scenario {scenario}: no sentence of the haystack file {} fits in the {budget} tokens left for the haystack; expected a longer --length (or shorter sentences in the file)", .path.display())]
+    #[error("--length {target}: scenario {scenario}: none of the first {tried} sentences of the haystack file {} fits in the {budget} tokens left for the haystack; expected a longer --length (or shorter sentences at the start of the file)", .path.display())]
     FileDoesNotFit {
         scenario: String,
         path: std::path::PathBuf,
         budget: usize,
         target: usize,
+        tried: usize,
     },
     #[error("scenario {scenario}: the value {value:?} occurs {count} times in the prompt, expected exactly once; try another --seed")]
     ValueNotUnique {
@@ -231,20 +232,21 @@ fn place_needle(
             .chain(std::iter::once(&needle_unit))
             .chain(after)
             .chain(filler.iter().filter(|_| far == FarEnd::End));
-        let mut after_needle = false;
+        // A unit that continues its predecessor's text (a file without spaces) must not glue
+        // to the needle (whose last token would merge with it) or to the generated filler.
+        let mut after_inserted = false;
         for u in items {
             if !body.is_empty() {
                 body.push_str(&u.sep);
-                // A unit that continues its predecessor's text (a file without spaces) must
-                // not glue to the needle, whose last token would then merge with it.
-                if after_needle && u.sep.is_empty() && layout == Layout::Prose {
+                if after_inserted && u.sep.is_empty() && layout == Layout::Prose {
                     body.push(' ');
                 }
             }
-            after_needle = std::ptr::eq(u, &needle_unit);
-            if after_needle {
+            let is_needle = std::ptr::eq(u, &needle_unit);
+            if is_needle {
                 needle_at = body.len();
             }
+            after_inserted = is_needle || filler.as_ref().is_some_and(|f| std::ptr::eq(u, f));
             body.push_str(&u.text);
         }
         let body = body.trim_end();
@@ -287,12 +289,15 @@ fn place_needle(
         units.push((u, c));
     }
     // A user's text that does not fit at all would be silently replaced by generated filler.
-    if let (true, super::scenario::HaystackKind::File(path)) = (units.is_empty(), &sc.haystack) {
+    if let (true, super::scenario::HaystackKind::File(path)) =
+        (units.is_empty() && budget > 0, &sc.haystack)
+    {
         return Err(PromptError::FileDoesNotFit {
             scenario: sc.name.clone(),
             path: path.clone().unwrap_or_default(),
             budget,
             target: target_tokens,
+            tried: MAX_MISSES,
         });
     }
     // Needle boundary nearest the requested depth.

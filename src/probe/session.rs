@@ -161,8 +161,9 @@ pub fn run_probe<B: Backend>(
                 let next = argmax(&logits).ok_or_else(|| {
                     anyhow::anyhow!(
                         "cannot judge the answer: the logits at position {position} \
-                         (generated token {}) hold NaN or infinite values; check the weights \
-                         (`needlescope inspect --model DIR`) and --gpu-gemm",
+                         (generated token {}) hold NaN or infinite values: damaged weight \
+                         values (e.g. head.weight or a norm) or an overflow (on a GPU, compare \
+                         with --gpu-gemm f32)",
                         generated.len() + 1
                     )
                 })?;

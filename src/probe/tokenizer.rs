@@ -302,12 +302,12 @@ impl V4Tokenizer {
         Ok(())
     }
 
-    /// Where this tokenizer came from ("builtin" or a path).
     /// Whether `id` is an added (control) token rather than text.
     pub fn is_control(&self, id: u32) -> bool {
         self.added.contains(&id)
     }
 
+    /// Where this tokenizer came from ("builtin" or a path).
     pub fn source_name(&self) -> &str {
         &self.source_name
     }
