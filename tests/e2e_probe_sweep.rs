@@ -4,39 +4,11 @@
 //! run; refusal to resume with other arguments or other weights) and `demo` on a reduced grid.
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_needlescope"))
-}
-
-fn ok(out: Output, what: &str) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{what} failed: {stderr}");
-    assert!(!stderr.contains("panicked"), "{what}: {stderr}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// One planted checkpoint shared by the tests of this file.
-fn planted() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("planted");
-        ok(
-            bin()
-                .args(["synth", "--preset", "planted", "--format", "bf16", "--out"])
-                .arg(&model)
-                .output()
-                .unwrap(),
-            "synth planted",
-        );
-        (dir, model)
-    })
-    .1
-}
+mod planted_support;
+use planted_support::{bin, ok, planted};
 
 fn probe_json(extra: &[&str]) -> Value {
     let out = bin()

@@ -3,44 +3,17 @@
 //! refused with a non-zero exit and summary.json left as it was; a directory another process
 //! writes to (holds `DIR/.lock`) is refused by `report` and `sweep` before anything is written.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::Output;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_needlescope"))
-}
-
-fn ok(out: Output, what: &str) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{what} failed: {stderr}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+mod planted_support;
+use planted_support::{bin, ok, planted};
 
 fn refused(out: Output, what: &str) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{what} succeeded: {stderr}");
     assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     stderr
-}
-
-/// One planted checkpoint shared by the tests of this file.
-fn planted() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("planted");
-        ok(
-            bin()
-                .args(["synth", "--preset", "planted", "--format", "bf16", "--out"])
-                .arg(&model)
-                .output()
-                .unwrap(),
-            "synth planted",
-        );
-        (dir, model)
-    })
-    .1
 }
 
 /// A 4-cell sweep (512 tokens, depths 25 and 75, fp8, top-k 32 and 64).
