@@ -456,18 +456,39 @@ impl Checkpoint {
         in_dim: usize,
     ) -> Result<SharedLinear, CheckpointError> {
         let l = self.locate(module, out_dim, in_dim)?;
+        Ok(self.share(module, l))
+    }
+
+    /// [`Checkpoint::shared_linear`] for a weight about to be loaded: also refuses a scale
+    /// tensor holding a NaN code ([`Checkpoint::check_scale_codes`], one pass over the scale
+    /// bytes, which loading reads anyway). Inspecting shapes (e.g. `bench`'s parameter count)
+    /// uses `shared_linear` and reads no scale.
+    pub fn loaded_linear(
+        &self,
+        module: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<SharedLinear, CheckpointError> {
+        let l = self.locate(module, out_dim, in_dim)?;
+        if let Some(scale) = l.scale {
+            self.check_scale_codes(scale)?;
+        }
+        Ok(self.share(module, l))
+    }
+
+    fn share(&self, module: &str, l: Located<'_>) -> SharedLinear {
         let mapped = |t: &TensorInfo| MappedBytes {
             map: Arc::clone(self.shard_map(t)),
             range: t.data_offsets.clone(),
         };
-        Ok(SharedLinear {
+        SharedLinear {
             module: module.to_string(),
             form: l.form,
             rows: l.rows,
             cols: l.cols,
             weight: mapped(l.weight),
             scale: l.scale.map(mapped),
-        })
+        }
     }
 
     /// Finds and checks the tensors of linear `module` (see the module doc).
@@ -573,6 +594,7 @@ impl Checkpoint {
                     &[],
                     "NVFP4 global scale",
                 )?;
+                self.check_scale_codes(s2)?;
                 let s2 = self.bytes_of(s2);
                 Ok(located(
                     Some(scale),
@@ -632,14 +654,14 @@ impl Checkpoint {
         if !scalar_ok {
             self.check_shape(s, shape, &format!(" ({why})"))?;
         }
-        self.check_scale_codes(s)?;
         Ok(s)
     }
 
     /// Refuses a scale tensor holding a NaN code (E8M0 0xFF; e4m3 S.1111.111; a non-finite f32
     /// global scale): it would turn its whole block of weights into NaN and surface, far
-    /// away, as NaN scores or logits. One pass over the scale bytes when the linear is located
-    /// (at load): 1/16 of the packed weight bytes for MXFP4, 1/8 for NVFP4, 1/16,384 for FP8.
+    /// away, as NaN scores or logits. One pass over the scale bytes ([`Checkpoint::loaded_linear`]
+    /// at load): 1/16 of the packed weight bytes for MXFP4, 1/8 for NVFP4, 1/16,384 for FP8; the
+    /// NVFP4 global scale (one value) is checked whenever the linear is located.
     fn check_scale_codes(&self, s: &TensorInfo) -> Result<(), CheckpointError> {
         let bytes = self.bytes_of(s);
         let bad = match s.dtype {

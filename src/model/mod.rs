@@ -84,7 +84,7 @@ pub(crate) fn load_matrix<B: Backend>(
     out: usize,
     input: usize,
 ) -> Result<B::Matrix, CheckpointError> {
-    backend.upload_linear(ckpt.shared_linear(module, out, input)?)
+    backend.upload_linear(ckpt.loaded_linear(module, out, input)?)
 }
 
 /// The most compressed CSA rows (one per 4 tokens) a sequence of the model can reach: the
