@@ -369,16 +369,7 @@ fn probe_and_sweep_refuse_a_model_without_a_csa_layer() {
 fn planted_with_nan(name: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("planted");
-    cli_support::run(&[
-        "synth",
-        "--preset",
-        "planted",
-        "--format",
-        "bf16",
-        "--out",
-        dir.to_str().unwrap(),
-    ])
-    .ok();
+    cli_support::synth_planted(&dir);
     rebuild(&dir.join("model.safetensors"), |entries| {
         let e = entries.iter_mut().find(|e| e.name == name).unwrap();
         assert_eq!(e.dtype, "BF16");

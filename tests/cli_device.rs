@@ -37,16 +37,7 @@ fn models() -> &'static Models {
         let tiny = dir.path().join("tiny");
         synth_tiny(&tiny, &[]);
         let planted = dir.path().join("planted");
-        run(&[
-            "synth",
-            "--preset",
-            "planted",
-            "--format",
-            "bf16",
-            "--out",
-            planted.to_str().unwrap(),
-        ])
-        .ok();
+        cli_support::synth_planted(&planted);
         let ids = dir.path().join("ids.txt");
         let text: Vec<String> = (0..300)
             .map(|i| ((i * 37) % 4000 + 3).to_string())

@@ -106,6 +106,20 @@ pub fn synth_tiny_as(dir: &Path, format: &str, extra: &[&str]) -> Run {
     run(&args).ok()
 }
 
+/// `synth --preset planted --format bf16 --out DIR` (real vocabulary).
+pub fn synth_planted(dir: &Path) -> Run {
+    run(&[
+        "synth".as_ref(),
+        "--preset".as_ref(),
+        "planted".as_ref(),
+        "--format".as_ref(),
+        "bf16".as_ref(),
+        "--out".as_ref(),
+        dir.as_os_str(),
+    ])
+    .ok()
+}
+
 /// `trace --device cpu --model DIR --tokens FILE --out FILE`.
 pub fn trace_cpu(model: &Path, tokens: &Path, out: &Path) -> Run {
     run(&[
