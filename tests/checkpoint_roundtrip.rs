@@ -4,7 +4,8 @@
 //! code path). Also: sharding changes nothing, the same seed gives the same bytes.
 
 use needlescope::checkpoint::inventory::{
-    expected_inventory, linear_storage, logical_inventory, LinearStorage, Role, FP4_GROUP,
+    expected_inventory_with, linear_storage, logical_inventory, CompressorKinds, InventoryOptions,
+    LinearStorage, Role, FP4_GROUP,
 };
 use needlescope::checkpoint::values::{generate, Values};
 use needlescope::checkpoint::{
@@ -18,9 +19,20 @@ use needlescope::numerics::formats::{
 use std::path::Path;
 
 fn tiny(dir: &Path, format: WeightFormat, shards: usize, seed: u64) -> SynthSummary {
+    tiny_with(dir, format, shards, seed, false)
+}
+
+fn tiny_with(
+    dir: &Path,
+    format: WeightFormat,
+    shards: usize,
+    seed: u64,
+    fp8_compressors: bool,
+) -> SynthSummary {
     let mut o = SynthOptions::new(Preset::Tiny, format, dir);
     o.shards = shards;
     o.seed = seed;
+    o.fp8_compressors = fp8_compressors;
     synth(&o, None).unwrap()
 }
 
@@ -54,13 +66,26 @@ fn rounded(storage: LinearStorage, x: &[f32], o: usize, i: usize) -> Vec<f32> {
 }
 
 fn check_every_tensor_decodes_to_the_generator(format: WeightFormat) {
+    check_every_tensor_decodes_with(format, false)
+}
+
+fn check_every_tensor_decodes_with(format: WeightFormat, fp8_compressors: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let summary = tiny(dir.path(), format, 1, 42);
+    let summary = tiny_with(dir.path(), format, 1, 42, fp8_compressors);
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     assert_eq!(ckpt.format(), format);
     let cfg = ckpt.config().clone();
     assert_eq!(cfg, summary.config);
-    let diff = compare(&ckpt, &expected_inventory(&cfg, format));
+    let opts = InventoryOptions {
+        fp8_compressor_linears: if fp8_compressors {
+            CompressorKinds::ALL
+        } else {
+            CompressorKinds::NONE
+        },
+        ..format.into()
+    };
+    assert_eq!(needlescope::checkpoint::options_for(&ckpt), opts);
+    let diff = compare(&ckpt, &expected_inventory_with(&cfg, opts));
     assert!(diff.is_clean(), "{}", diff.summary(10));
     assert!(audit(&ckpt).is_clean());
     assert_eq!(ckpt.len(), summary.tensors);
@@ -68,7 +93,7 @@ fn check_every_tensor_decodes_to_the_generator(format: WeightFormat) {
     let mut kinds = std::collections::BTreeSet::new();
     for lt in logical_inventory(&cfg) {
         let values = generate(&cfg, 42, &lt);
-        match (values, linear_storage(&cfg, format.into(), lt.role)) {
+        match (values, linear_storage(&cfg, opts, lt.role)) {
             (Values::I64(want), _) => {
                 assert_eq!(
                     ckpt.i64_tensor(&lt.name, &lt.shape).unwrap(),
@@ -98,6 +123,7 @@ fn check_every_tensor_decodes_to_the_generator(format: WeightFormat) {
         }
     }
     let want: &[&str] = match format {
+        WeightFormat::Bf16 if fp8_compressors => &["bf16", "fp8-block"],
         WeightFormat::Bf16 => &["bf16"],
         WeightFormat::Official => &["bf16", "fp4-group", "fp8-block"],
         WeightFormat::Nvfp4 => &["bf16", "fp4-group", "fp8-block", "nvfp4"],
@@ -118,6 +144,17 @@ fn official_tiny_round_trips_every_tensor() {
 #[test]
 fn nvfp4_tiny_round_trips_every_tensor() {
     check_every_tensor_decodes_to_the_generator(WeightFormat::Nvfp4);
+}
+
+#[test]
+fn fp8_compressor_tiny_round_trips_every_tensor() {
+    for format in [
+        WeightFormat::Bf16,
+        WeightFormat::Official,
+        WeightFormat::Nvfp4,
+    ] {
+        check_every_tensor_decodes_with(format, true);
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod engine_support;
 
-use engine_support::{synth_model, tokens};
+use engine_support::{synth_model, synth_model_with, tokens, SynthModel};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::parity::forward::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::ops::{check_ops, OpDims};
@@ -57,6 +57,10 @@ fn cases() -> Vec<ForwardCase> {
 
 fn forward_parity(format: WeightFormat, layers: usize, backend: EmuBackend, tol: ForwardTolerance) {
     let m = synth_model(Preset::Tiny, format, Some(layers), Some(8));
+    forward_parity_on(m, backend, tol)
+}
+
+fn forward_parity_on(m: SynthModel, backend: EmuBackend, tol: ForwardTolerance) {
     let opts = EngineOptions {
         topk: Some(16),
         ..EngineOptions::default()
@@ -83,6 +87,21 @@ fn forward_matches_the_cpu_bf16_weights_f32_gemms() {
 fn forward_matches_the_cpu_official_weights_f32_gemms() {
     let b = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
     forward_parity(WeightFormat::Official, 4, b, F32_TOL);
+}
+
+/// Compressor and indexer linears stored as FP8 blocks (a Flash-Base layout) take the GPU's
+/// FP8 dequantisation path instead of its BF16 one; the forward still matches the CPU.
+#[test]
+fn forward_matches_the_cpu_fp8_compressor_weights_f32_gemms() {
+    let b = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
+    let m = synth_model_with(
+        Preset::Tiny,
+        WeightFormat::Official,
+        Some(4),
+        Some(8),
+        |o| o.fp8_compressors = true,
+    );
+    forward_parity_on(m, b, F32_TOL);
 }
 
 /// bf16 GEMMs round activations (relative 2^-9) at every product; on the untrained synthetic

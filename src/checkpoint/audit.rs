@@ -1,24 +1,38 @@
 //! The diff of a checkpoint against the inventory its config implies (what `inspect` shows).
 //!
 //! [`audit`] compares against the checkpoint's own format ([`options_for`] also settles the one
-//! NVFP4 unknown: whether the MTP experts were re-quantised too). Shapes `[]` and `[1]` count as
+//! NVFP4 unknown, whether the MTP experts were re-quantised too, and which compressor / indexer
+//! linears are stored as FP8). Shapes `[]` and `[1]` count as
 //! equal (NVFP4 scalars are written either way); everything else must match exactly.
 
 use super::dtype::{numel, Dtype, WeightFormat};
-use super::inventory::{expected_inventory_with, ExpectedTensor, InventoryOptions};
+use super::inventory::{
+    expected_inventory_with, CompressorKinds, CompressorLinear, ExpectedTensor, InventoryOptions,
+};
 use super::reader::Checkpoint;
 
-/// The inventory options that match what `ckpt` holds (its format, and for NVFP4 whether the
-/// MTP experts were re-quantised too).
+/// The inventory options that match what `ckpt` holds: its format, for NVFP4 whether the MTP
+/// experts were re-quantised too, and which compressor / indexer linear kinds are stored as
+/// FP8 (a kind counts as FP8 when any of its weights is F8_E4M3; every layer is then expected
+/// so, and a layer storing it otherwise shows as a mismatch).
 pub fn options_for(ckpt: &Checkpoint) -> InventoryOptions {
     let format = ckpt.format();
     let mtp_experts_nvfp4 = format == WeightFormat::Nvfp4
         && ckpt.names().any(|n| {
             n.starts_with("mtp.") && n.contains(".experts.") && n.ends_with(".weight_scale_2")
         });
+    let mut fp8_compressor_linears = CompressorKinds::NONE;
+    for name in ckpt.names() {
+        if let Some(kind) = CompressorLinear::of_weight(name) {
+            if ckpt.info(name).is_some_and(|t| t.dtype == Dtype::F8E4M3) {
+                fp8_compressor_linears.insert(kind);
+            }
+        }
+    }
     InventoryOptions {
         format,
         mtp_experts_nvfp4,
+        fp8_compressor_linears,
     }
 }
 

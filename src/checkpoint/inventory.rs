@@ -20,6 +20,9 @@
 //! set; bf16: BF16). `Nvfp4`: as `Official` except main-layer routed experts, which are U8
 //! [o, i/2] + F8_E4M3 `weight_scale` [o, ceil(i/16)] + F32 `weight_scale_2` [] + F32
 //! `input_scale` []; MTP experts stay MXFP4 unless the checkpoint shows otherwise.
+//! Compressor / indexer linears (`wkv`, `wgate`, `weights_proj`) are BF16 in every format,
+//! except that a kind a checkpoint stores as F8_E4M3 is expected as the FP8 set in every layer
+//! (spec/model.md section 11: trust the safetensors dtype; see `audit::options_for`).
 
 use super::dtype::{numel, Dtype, WeightFormat};
 use crate::config::{LayerKind, ModelConfig, RouterKind};
@@ -34,9 +37,12 @@ pub const NVFP4_GROUP: usize = 16;
 pub enum Role {
     /// `embed.weight` `[vocab, hidden]`, BF16.
     Embed,
-    /// A linear stored BF16 in every format (`head`, router `gate`, compressor `wkv`/`wgate`,
-    /// indexer `weights_proj`).
+    /// A linear stored BF16 in every format (`head`, router `gate`).
     PlainLinear,
+    /// A compressor or indexer linear (`wkv`, `wgate`, `weights_proj`): BF16 in the Flash
+    /// release, FP8 blocks where a checkpoint stores them so (spec/model.md section 11: "trust
+    /// the safetensors dtype"; [`InventoryOptions::fp8_compressor_linears`]).
+    CompressorLinear(CompressorLinear),
     /// A linear of the FP8 set.
     QuantLinear,
     /// A routed expert's `w1`/`w2`/`w3`; `mtp` marks the MTP namespace.
@@ -63,8 +69,93 @@ impl Role {
     pub fn is_linear(self) -> bool {
         matches!(
             self,
-            Role::PlainLinear | Role::QuantLinear | Role::RoutedExpert { .. }
+            Role::PlainLinear
+                | Role::CompressorLinear(_)
+                | Role::QuantLinear
+                | Role::RoutedExpert { .. }
         )
+    }
+}
+
+/// The five compressor / indexer linears of an attention block, by module name after
+/// `attn.` (their storage is settled per kind, see [`CompressorKinds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompressorLinear {
+    /// `compressor.wkv`
+    Wkv,
+    /// `compressor.wgate`
+    Wgate,
+    /// `indexer.weights_proj`
+    IndexerWeightsProj,
+    /// `indexer.compressor.wkv`
+    IndexerWkv,
+    /// `indexer.compressor.wgate`
+    IndexerWgate,
+}
+
+impl CompressorLinear {
+    pub const ALL: [CompressorLinear; 5] = [
+        CompressorLinear::Wkv,
+        CompressorLinear::Wgate,
+        CompressorLinear::IndexerWeightsProj,
+        CompressorLinear::IndexerWkv,
+        CompressorLinear::IndexerWgate,
+    ];
+
+    /// The module name after the layer prefix (`attn.compressor.wkv`).
+    pub fn module(self) -> &'static str {
+        match self {
+            CompressorLinear::Wkv => "attn.compressor.wkv",
+            CompressorLinear::Wgate => "attn.compressor.wgate",
+            CompressorLinear::IndexerWeightsProj => "attn.indexer.weights_proj",
+            CompressorLinear::IndexerWkv => "attn.indexer.compressor.wkv",
+            CompressorLinear::IndexerWgate => "attn.indexer.compressor.wgate",
+        }
+    }
+
+    /// The kind of the stored weight `name` (`layers.3.attn.compressor.wkv.weight`), if it is
+    /// one of these.
+    pub fn of_weight(name: &str) -> Option<CompressorLinear> {
+        let module = name.strip_suffix(".weight")?;
+        CompressorLinear::ALL.into_iter().find(|k| {
+            module
+                .strip_suffix(k.module())
+                .is_some_and(|prefix| prefix.ends_with('.'))
+        })
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// A set of [`CompressorLinear`] kinds (those a checkpoint stores as FP8 blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CompressorKinds(u8);
+
+impl CompressorKinds {
+    pub const NONE: CompressorKinds = CompressorKinds(0);
+    pub const ALL: CompressorKinds = CompressorKinds(0b1_1111);
+
+    pub fn contains(self, kind: CompressorLinear) -> bool {
+        self.0 & kind.bit() != 0
+    }
+
+    pub fn insert(&mut self, kind: CompressorLinear) {
+        self.0 |= kind.bit();
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The module names of the kinds in the set, in [`CompressorLinear::ALL`] order.
+    pub fn modules(self) -> Vec<&'static str> {
+        CompressorLinear::ALL
+            .into_iter()
+            .filter(|k| self.contains(*k))
+            .map(CompressorLinear::module)
+            .collect()
     }
 }
 
@@ -110,6 +201,9 @@ pub struct InventoryOptions {
     pub format: WeightFormat,
     /// NVFP4 only: MTP routed experts are NVFP4 too (spec 2.5 says likely MXFP4; UNKNOWN).
     pub mtp_experts_nvfp4: bool,
+    /// Compressor / indexer linears stored as FP8 blocks + E8M0 `.scale` instead of BF16
+    /// (any format; the Flash release has none, a Flash-Base checkpoint is reported to).
+    pub fp8_compressor_linears: CompressorKinds,
 }
 
 impl From<WeightFormat> for InventoryOptions {
@@ -117,6 +211,7 @@ impl From<WeightFormat> for InventoryOptions {
         InventoryOptions {
             format,
             mtp_experts_nvfp4: false,
+            fp8_compressor_linears: CompressorKinds::NONE,
         }
     }
 }
@@ -280,12 +375,12 @@ fn layer(
     t("attn.compressor.ape".into(), Role::Ape, vec![ratio, c * hd]);
     t(
         "attn.compressor.wkv".into(),
-        Role::PlainLinear,
+        Role::CompressorLinear(CompressorLinear::Wkv),
         vec![c * hd, d],
     );
     t(
         "attn.compressor.wgate".into(),
-        Role::PlainLinear,
+        Role::CompressorLinear(CompressorLinear::Wgate),
         vec![c * hd, d],
     );
     t("attn.compressor.norm.weight".into(), Role::Norm, vec![hd]);
@@ -298,7 +393,7 @@ fn layer(
         );
         t(
             "attn.indexer.weights_proj".into(),
-            Role::PlainLinear,
+            Role::CompressorLinear(CompressorLinear::IndexerWeightsProj),
             vec![ih, d],
         );
         t(
@@ -308,12 +403,12 @@ fn layer(
         );
         t(
             "attn.indexer.compressor.wkv".into(),
-            Role::PlainLinear,
+            Role::CompressorLinear(CompressorLinear::IndexerWkv),
             vec![2 * ihd, d],
         );
         t(
             "attn.indexer.compressor.wgate".into(),
-            Role::PlainLinear,
+            Role::CompressorLinear(CompressorLinear::IndexerWgate),
             vec![2 * ihd, d],
         );
         t(
@@ -340,6 +435,8 @@ pub fn linear_storage(
     };
     Some(match (role, opts.format) {
         (Role::PlainLinear, _) => LinearStorage::Bf16,
+        (Role::CompressorLinear(kind), _) if opts.fp8_compressor_linears.contains(kind) => fp8,
+        (Role::CompressorLinear(_), _) => LinearStorage::Bf16,
         (r, WeightFormat::Bf16) if r.is_linear() => LinearStorage::Bf16,
         (Role::QuantLinear, _) => fp8,
         (Role::RoutedExpert { mtp }, WeightFormat::Nvfp4) if !mtp || opts.mtp_experts_nvfp4 => {

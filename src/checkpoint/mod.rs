@@ -27,7 +27,7 @@ pub mod synth;
 pub mod values;
 pub mod writer;
 
-pub use audit::{audit, compare, InventoryDiff, Mismatch};
+pub use audit::{audit, compare, options_for, InventoryDiff, Mismatch};
 pub use dtype::{Dtype, WeightFormat};
 pub use inventory::{expected_inventory, ExpectedTensor};
 pub use linear::QuantWeight;

@@ -17,7 +17,7 @@
 use super::audit::options_for;
 use super::dtype::{Dtype, WeightFormat};
 use super::header::parse_header;
-use super::inventory::{expected_inventory_with, ExpectedTensor};
+use super::inventory::{expected_inventory_with, CompressorLinear, ExpectedTensor};
 use super::CheckpointError;
 use crate::config::ModelConfig;
 use crate::numerics::formats::{
@@ -365,10 +365,11 @@ pub(crate) fn wrong_dtype(info: &TensorInfo, expected: &str, found: Dtype) -> Ch
 fn detect_format(tensors: &BTreeMap<String, TensorInfo>) -> WeightFormat {
     if tensors.keys().any(|n| n.ends_with(".weight_scale_2")) {
         WeightFormat::Nvfp4
-    } else if tensors
-        .values()
-        .any(|t| t.dtype == Dtype::F8E4M3 || t.dtype == Dtype::I8)
-    {
+    } else if tensors.values().any(|t| {
+        // FP8 compressor / indexer linears are a per-kind storage choice, not the format.
+        (t.dtype == Dtype::F8E4M3 && CompressorLinear::of_weight(&t.name).is_none())
+            || t.dtype == Dtype::I8
+    }) {
         WeightFormat::Official
     } else {
         WeightFormat::Bf16

@@ -7,7 +7,8 @@
 //! Flash). Official and NVFP4 outputs carry the official `quantization_config` and
 //! `expert_dtype: "fp4"`; bf16 outputs carry neither. `planted` is reserved (an error for now).
 //!
-//! Tensors: exactly `expected_inventory(cfg, format)`, values from `values.rs`, stored bytes
+//! Tensors: exactly `expected_inventory(cfg, format)` (with `fp8_compressors`, the compressor
+//! and indexer linears as FP8 blocks + E8M0 scales), values from `values.rs`, stored bytes
 //! produced by the `numerics::formats` encoders, so the reader decodes each quantised weight to
 //! `dequant(quant(generated))` and each plain one to the generated value rounded to its dtype.
 //! NVFP4 `input_scale` is written as 1.0 (it is ignored by every reader here).
@@ -22,8 +23,8 @@
 
 use super::dtype::{Dtype, WeightFormat};
 use super::inventory::{
-    expand, linear_storage, logical_inventory, ExpectedTensor, LinearStorage, LogicalTensor,
-    FP4_GROUP,
+    expand, linear_storage, logical_inventory, CompressorKinds, ExpectedTensor, InventoryOptions,
+    LinearStorage, LogicalTensor, FP4_GROUP,
 };
 use super::prng::CHUNK;
 use super::reader::INDEX_FILE;
@@ -75,6 +76,9 @@ pub struct SynthOptions {
     pub shards: usize,
     pub layers: Option<usize>,
     pub experts: Option<usize>,
+    /// Store every compressor / indexer linear (`wkv`, `wgate`, `weights_proj`) as FP8 blocks
+    /// + E8M0 scales instead of BF16, as a Flash-Base checkpoint is reported to.
+    pub fp8_compressors: bool,
     pub out: PathBuf,
 }
 
@@ -88,6 +92,7 @@ impl SynthOptions {
             shards: 1,
             layers: None,
             experts: None,
+            fp8_compressors: false,
             out: out.into(),
         }
     }
@@ -271,7 +276,14 @@ pub fn synth(
 ) -> Result<SynthSummary, CheckpointError> {
     let t0 = Instant::now();
     let cfg = synth_config(opts)?;
-    let inv_opts = opts.format.into();
+    let inv_opts = InventoryOptions {
+        fp8_compressor_linears: if opts.fp8_compressors {
+            CompressorKinds::ALL
+        } else {
+            CompressorKinds::NONE
+        },
+        ..opts.format.into()
+    };
     let groups: Vec<Group> = logical_inventory(&cfg)
         .into_iter()
         .map(|lt| Group {

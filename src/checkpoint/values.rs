@@ -58,7 +58,10 @@ enum Dist {
 fn dist(cfg: &ModelConfig, lt: &LogicalTensor) -> Dist {
     let fan_in = lt.shape.get(1).copied().unwrap_or(1).max(1) as f64;
     match lt.role {
-        Role::PlainLinear | Role::QuantLinear | Role::RoutedExpert { .. } => Dist::Normal {
+        Role::PlainLinear
+        | Role::CompressorLinear(_)
+        | Role::QuantLinear
+        | Role::RoutedExpert { .. } => Dist::Normal {
             mean: 0.0,
             std: 1.0 / fan_in.sqrt(),
         },

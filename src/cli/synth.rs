@@ -51,6 +51,11 @@ pub struct SynthArgs {
     #[arg(long, value_name = "N", value_parser = parse_positive)]
     pub experts: Option<usize>,
 
+    /// Store the compressor and indexer linears (wkv, wgate, weights_proj) as FP8 blocks with
+    /// E8M0 scales instead of BF16, as a Flash-Base checkpoint is reported to (tiny, flash)
+    #[arg(long)]
+    pub fp8_compressors: bool,
+
     /// planted only: score margin of the needle over the best distractor
     #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub margin: Option<f64>,
@@ -65,6 +70,12 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if args.margin.is_some() && preset != Preset::Planted {
         anyhow::bail!("--margin applies to --preset planted only");
     }
+    if args.fp8_compressors && preset == Preset::Planted {
+        anyhow::bail!(
+            "--fp8-compressors applies to --preset tiny and flash only (the planted model's \
+             compressors hold exact BF16 values)"
+        );
+    }
     let opts = SynthOptions {
         preset,
         format: args.format,
@@ -72,6 +83,7 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         shards: args.shards,
         layers: args.layers,
         experts: args.experts,
+        fp8_compressors: args.fp8_compressors,
         out: args.out.clone(),
     };
     let written = if preset == Preset::Planted {
@@ -84,10 +96,15 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .map_err(|e| e.context(format!("synth into {} failed", args.out.display())))?;
     writeln!(
         out,
-        "wrote {}: {} preset, {} format, seed {}",
+        "wrote {}: {} preset, {} format{}, seed {}",
         s.dir.display(),
         preset_name(args.preset),
         s.format,
+        if args.fp8_compressors {
+            " with FP8 compressors"
+        } else {
+            ""
+        },
         args.seed
     )?;
     writeln!(out, "  tensors   {}", group_digits(s.tensors as u64))?;

@@ -20,10 +20,22 @@ pub fn synth_model(
     layers: Option<usize>,
     experts: Option<usize>,
 ) -> SynthModel {
+    synth_model_with(preset, format, layers, experts, |_| {})
+}
+
+/// [`synth_model`] with further synth options set by `edit`.
+pub fn synth_model_with(
+    preset: Preset,
+    format: WeightFormat,
+    layers: Option<usize>,
+    experts: Option<usize>,
+    edit: impl FnOnce(&mut SynthOptions),
+) -> SynthModel {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut opts = SynthOptions::new(preset, format, dir.path());
     opts.layers = layers;
     opts.experts = experts;
+    edit(&mut opts);
     synth(&opts, None).expect("synth writes the checkpoint");
     let ckpt = Checkpoint::open(dir.path()).expect("synthetic checkpoint opens");
     SynthModel { dir, ckpt }

@@ -9,7 +9,7 @@ use std::path::Path;
 use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
 use super::InspectArgs;
 use crate::checkpoint::{
-    audit, expected_inventory, Checkpoint, Dtype, InventoryDiff, WeightFormat,
+    audit, expected_inventory, options_for, Checkpoint, Dtype, InventoryDiff, WeightFormat,
 };
 use crate::config::{ModelConfig, RouterKind};
 use crate::plan::{Footprint, TensorSpec};
@@ -146,6 +146,12 @@ fn inventory_report(
         missing_count: diff.missing.len(),
         extra_count: diff.extra.len(),
         mismatched_count: diff.mismatched.len(),
+        fp8_compressor_linears: options_for(ckpt)
+            .fp8_compressor_linears
+            .modules()
+            .into_iter()
+            .map(String::from)
+            .collect(),
         missing: diff
             .missing
             .iter()

@@ -91,6 +91,9 @@ pub struct InventoryReport {
     pub missing: Vec<InventoryEntry>,
     pub extra: Vec<InventoryEntry>,
     pub mismatched: Vec<InventoryEntry>,
+    /// Compressor / indexer linears (module names after `layers.L.`) this checkpoint stores as
+    /// FP8 blocks instead of the release's BF16; each is expected so in every layer.
+    pub fp8_compressor_linears: Vec<String>,
 }
 
 /// Everything `inspect` reports (the `--json` object).

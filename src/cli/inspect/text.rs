@@ -181,6 +181,14 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
                 }
             }
         }
+        if !inv.fp8_compressor_linears.is_empty() {
+            writeln!(
+                out,
+                "  note      FP8 blocks + E8M0 scales, not the release's BF16, for {} (the \
+                 stored dtype is used; every layer is expected so)",
+                inv.fp8_compressor_linears.join(", ")
+            )?;
+        }
     }
 
     // Memory plan.
