@@ -91,6 +91,50 @@ fn every_png_is_written_at_1000_by_700() {
     }
 }
 
+/// The share of `path`'s pixels in one of the heatmap's tile colours.
+fn tile_coloured_share(path: &Path) -> f64 {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(frame.color_type, png::ColorType::Rgb, "{}", path.display());
+    let tiles: [[u8; 3]; 4] = [
+        [122, 198, 126],
+        [236, 112, 99],
+        [247, 190, 85],
+        [205, 205, 205],
+    ];
+    let pixels = buf[..frame.buffer_size()].chunks(3);
+    let n = pixels.len();
+    let coloured = pixels.filter(|p| tiles.iter().any(|t| t == p)).count();
+    coloured as f64 / n as f64
+}
+
+/// Every grid shape fills the plot with tiles, including a single length or a single depth
+/// (a probe's report; one-depth sweeps), whose axis is one category.
+#[test]
+fn heatmap_tiles_fill_the_plot_for_every_grid_shape() {
+    for (lengths, depths) in [
+        (&[2048usize][..], &[50.0f64][..]),
+        (&[2048], &[0.0, 50.0, 100.0]),
+        (&[2048, 4096, 8192], &[50.0]),
+        (&[2048, 4096], &[10.0, 90.0]),
+    ] {
+        let (_keep, dir) = out_dir(&format!("grid-{}x{}", lengths.len(), depths.len()));
+        write_sample(&dir, true, lengths, depths, 1);
+        render_all(&dir).unwrap();
+        let share = tile_coloured_share(&dir.join("heatmap_fp8_512.png"));
+        // The plot area is about 60% of the image; the legend's squares alone are < 0.3%.
+        assert!(
+            share > 0.3,
+            "{} lengths x {} depths: only {:.1}% of the heatmap is tile-coloured",
+            lengths.len(),
+            depths.len(),
+            100.0 * share
+        );
+    }
+}
+
 #[test]
 fn synthetic_indexer_only_runs_render_too() {
     let (_keep, dir) = out_dir("synthetic");

@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -66,6 +66,29 @@ fn depth_label(d: f64) -> String {
     }
 }
 
+/// A category axis: category i spans `[i, i+1]` of an f64 axis over `[0, n]`, and the tick
+/// labels sit at the centres. (plotters' segmented integer axes collapse when an axis has a
+/// single category: its one-value range maps every value to the same pixel.)
+struct Categories(usize);
+
+impl Ranged for Categories {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        let share = value / self.0.max(1) as f64;
+        limit.0 + (share * (limit.1 - limit.0) as f64).round() as i32
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, _hint: Hint) -> Vec<f64> {
+        (0..self.0).map(|i| i as f64 + 0.5).collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        0.0..self.0 as f64
+    }
+}
+
 /// The verdict of one grid cell.
 struct Tile {
     fill: RGBColor,
@@ -95,14 +118,6 @@ fn tile(samples: &[&CellRecord]) -> Tile {
         text.push_str(&format!(" ({recalled}/{n})"));
     }
     Tile { fill, text }
-}
-
-fn seg(i: usize, n: usize) -> SegmentValue<i32> {
-    if i >= n {
-        SegmentValue::Last
-    } else {
-        SegmentValue::Exact(i as i32)
-    }
 }
 
 fn draw(
@@ -143,28 +158,27 @@ fn draw(
     let (_, body_h) = body.dim_in_pixel();
     let (plot_area, legend) = body.split_vertically(body_h - LEGEND_PX);
 
+    // Column i spans [i, i+1]; row r (from the bottom) spans [r, r+1] and shows depth ny-1-r,
+    // so 0 % is at the top.
     let mut chart = ChartBuilder::on(&plot_area)
         .margin(12)
         .margin_right(40)
         .x_label_area_size(64)
         .y_label_area_size(100)
         .build_cartesian_2d(
-            (0i32..nx as i32 - 1).into_segmented(),
-            (0i32..ny as i32 - 1).into_segmented(),
+            Categories(nx),
+            Categories(ny),
         )
         .map_err(&err)?;
-    // Row r (from the bottom) shows depth ny-1-r, so 0 % is at the top.
-    let x_fmt = |v: &SegmentValue<i32>| match v {
-        SegmentValue::CenterOf(i) => lengths
-            .get(*i as usize)
-            .map_or(String::new(), |&l| format_tokens(l)),
-        _ => String::new(),
+    let category = |v: f64, n: usize| {
+        let i = v.floor();
+        (i >= 0.0 && (i as usize) < n).then_some(i as usize)
     };
-    let y_fmt = |v: &SegmentValue<i32>| match v {
-        SegmentValue::CenterOf(r) if (*r as usize) < ny => {
-            depth_label(depths[ny - 1 - *r as usize])
-        }
-        _ => String::new(),
+    let x_fmt = |v: &f64| {
+        category(*v, nx).map_or(String::new(), |i| format_tokens(lengths[i]))
+    };
+    let y_fmt = |v: &f64| {
+        category(*v, ny).map_or(String::new(), |r| depth_label(depths[ny - 1 - r]))
     };
     chart
         .configure_mesh()
@@ -193,27 +207,22 @@ fn draw(
             if samples.is_empty() {
                 continue;
             }
-            let r = ny - 1 - j;
+            let (x, y) = (i as f64, (ny - 1 - j) as f64);
             let t = tile(&samples);
+            let corners = [(x, y), (x + 1.0, y + 1.0)];
             chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(seg(i, nx), seg(r, ny)), (seg(i + 1, nx), seg(r + 1, ny))],
-                    t.fill.filled(),
-                )))
+                .draw_series(std::iter::once(Rectangle::new(corners, t.fill.filled())))
                 .map_err(&err)?;
             chart
                 .draw_series(std::iter::once(Rectangle::new(
-                    [(seg(i, nx), seg(r, ny)), (seg(i + 1, nx), seg(r + 1, ny))],
+                    corners,
                     WHITE.stroke_width(2),
                 )))
                 .map_err(&err)?;
             chart
                 .draw_series(std::iter::once(Text::new(
                     t.text,
-                    (
-                        SegmentValue::CenterOf(i as i32),
-                        SegmentValue::CenterOf(r as i32),
-                    ),
+                    (x + 0.5, y + 0.5),
                     (FONT, text_px).into_font().color(&BLACK).pos(centred),
                 )))
                 .map_err(&err)?;
