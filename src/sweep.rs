@@ -468,6 +468,8 @@ impl SweepTask<'_> {
             let verdict = match cell.answer_correct {
                 Some(true) => "correct".to_string(),
                 Some(false) => "WRONG".to_string(),
+                // No evidence either way: every CSA layer keeps all its rows (n_t <= k).
+                None if !cell.is_evidence() => "trivial (n_t <= k)".to_string(),
                 None if cell.indexer_recall() => "recalled (indexer)".to_string(),
                 None => "LOST (indexer)".to_string(),
             };

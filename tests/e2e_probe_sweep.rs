@@ -851,3 +851,22 @@ fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
     let text = ok(out, "sweep");
     assert!(text.contains("depth  10.0% (needle at 0.0%)"), "{text}");
 }
+
+/// A cell whose every CSA layer keeps all its rows (n_t <= k) is no evidence either way: its
+/// line says "trivial", as the summary and the heatmap do, never "recalled".
+#[test]
+fn sweep_lines_call_cells_without_evidence_trivial() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("s");
+    // 512 tokens: at most 128 visible rows <= 200; 1k: 256 > 200.
+    let text = ok(sweep(&out, "200").output().unwrap(), "sweep");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" tokens  depth")).collect();
+    assert_eq!(lines.len(), 8, "{text}");
+    for line in &lines {
+        let short = line.trim_start().starts_with("512 tokens");
+        assert_eq!(line.contains("trivial (n_t <= k)"), short, "{line}");
+        if short {
+            assert!(!line.contains("recalled") && !line.contains("LOST"), "{line}");
+        }
+    }
+}
