@@ -474,18 +474,23 @@ impl SweepTask<'_> {
                 None => "LOST (indexer)".to_string(),
             };
             // Coarse haystack units (tool definitions at short lengths) can leave the needle
-            // a few points off the requested depth; the line says where it is.
-            let depth = if (prompt.actual_depth_pct - cell.depth_pct).abs() > 1.0 {
-                format!(
-                    "{:>5.1}% (needle at {:.1}%)",
-                    cell.depth_pct, prompt.actual_depth_pct
-                )
+            // a few points off the requested depth; the line ends saying where it is (at the
+            // end, so the columns stay aligned).
+            let landed = if (prompt.actual_depth_pct - cell.depth_pct).abs() > 1.0 {
+                format!("  (needle at {:.1}%)", prompt.actual_depth_pct)
             } else {
-                format!("{:>5.1}%", cell.depth_pct)
+                String::new()
+            };
+            // With several samples per grid point, the line says which prompt it was.
+            let sample = if plan.samples > 1 {
+                format!("  sample {}", suffix.trim_start_matches("-s"))
+            } else {
+                String::new()
             };
             let line = format!(
-                "{:>7} tokens  depth {depth}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s",
+                "{:>7} tokens  depth {:>5.1}%{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{landed}",
                 cell.prompt_tokens,
+                cell.depth_pct,
                 cell.index.name(),
                 cell.topk,
                 verdict,

@@ -828,7 +828,7 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
 }
 
 /// Long haystack units (tool definitions) at a short length leave the needle off the requested
-/// depth; the sweep's cell line says where it landed.
+/// depth; the sweep's cell line says where it landed (at its end, keeping the columns).
 #[test]
 fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -849,7 +849,9 @@ fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
         .output()
         .unwrap();
     let text = ok(out, "sweep");
-    assert!(text.contains("depth  10.0% (needle at 0.0%)"), "{text}");
+    let line = text.lines().find(|l| l.contains(" tokens  depth")).unwrap();
+    assert!(line.contains("depth  10.0%  fp8"), "{line}");
+    assert!(line.ends_with(" s  (needle at 0.0%)"), "{line}");
 }
 
 /// A cell whose every CSA layer keeps all its rows (n_t <= k) is no evidence either way: its
@@ -869,4 +871,24 @@ fn sweep_lines_call_cells_without_evidence_trivial() {
             assert!(!line.contains("recalled") && !line.contains("LOST"), "{line}");
         }
     }
+}
+
+/// With several samples per grid point, each cell line names its sample.
+#[test]
+fn sweep_lines_name_the_sample() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args(["--lengths", "512", "--depths", "50", "--samples", "2"])
+        .args(["--index", "fp8", "--topk", "64", "--kv", "exact", "--out"])
+        .arg(tmp.path().join("s"))
+        .output()
+        .unwrap();
+    let text = ok(out, "sweep");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" tokens  depth")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("depth  50.0%  sample 0  fp8"), "{text}");
+    assert!(lines[1].contains("depth  50.0%  sample 1  fp8"), "{text}");
 }
