@@ -11,10 +11,12 @@
 //! - with `dump_indexer_inputs`, per CSA layer: `layers.L.indexer.q` f32 `[P, heads, dim]`
 //!   (after RoPE, before any Hadamard or rounding), `layers.L.indexer.keys` f32
 //!   `[floor(T/4), dim]` (after norm and RoPE, before any Hadamard or rounding) and
-//!   `layers.L.indexer.weights` f32 `[P, heads]` (weights_proj output before the 2^-6.5 scale),
-//!   so anyone can recompute the scores under any profile.
+//!   `layers.L.indexer.weights` f32 `[P, heads]` (weights_proj output before the indexer scale
+//!   `index_head_dim^-0.5 · index_n_heads^-0.5`, 2^-6.5 on Flash), so anyone can recompute the
+//!   scores under any profile.
 //!
-//! Header metadata: profile, kv, topk, model (directory), model config hash, version.
+//! Header metadata: profile, kv, topk, model (directory), model config hash, backend, version,
+//! `index_weight_scale` (that scale, as the f32 the scores use).
 //! The keys of all floor(T/4) rows are taken from the observation of the last token, which is
 //! observed (but not recorded unless requested) whenever inputs are dumped.
 

@@ -862,13 +862,19 @@ fn sweep_lines_call_cells_without_evidence_trivial() {
     let out = tmp.path().join("s");
     // 512 tokens: at most 128 visible rows <= 200; 1k: 256 > 200.
     let text = ok(sweep(&out, "200").output().unwrap(), "sweep");
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" tokens  depth")).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" tokens  depth"))
+        .collect();
     assert_eq!(lines.len(), 8, "{text}");
     for line in &lines {
         let short = line.trim_start().starts_with("512 tokens");
         assert_eq!(line.contains("trivial (n_t <= k)"), short, "{line}");
         if short {
-            assert!(!line.contains("recalled") && !line.contains("LOST"), "{line}");
+            assert!(
+                !line.contains("recalled") && !line.contains("LOST"),
+                "{line}"
+            );
         }
     }
 }
@@ -887,7 +893,10 @@ fn sweep_lines_name_the_sample() {
         .output()
         .unwrap();
     let text = ok(out, "sweep");
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" tokens  depth")).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" tokens  depth"))
+        .collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].contains("depth  50.0%  sample 0  fp8"), "{text}");
     assert!(lines[1].contains("depth  50.0%  sample 1  fp8"), "{text}");

@@ -94,6 +94,9 @@ fn trace_scores_recompute_from_dumped_inputs_under_each_profile() {
         let meta = meta.metadata().clone().unwrap();
         let p: IndexProfile = profile.parse().unwrap();
         assert_eq!(meta["profile"], p.name());
+        // tiny: 16 index heads of 32, so the scale is 2^-4.5 (2^-6.5 only at Flash dims).
+        let scale: f32 = meta["index_weight_scale"].parse().unwrap();
+        assert_eq!(scale, (1.0 / 512f64.sqrt()) as f32);
         let positions: Vec<usize> = [5usize, 150, 299].to_vec();
         for layer in [1usize, 3] {
             let (sshape, scores) = f32s(&st, &format!("layers.{layer}.indexer.scores"));

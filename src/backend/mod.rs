@@ -490,7 +490,7 @@ pub trait Backend: Send + Sync {
     );
 
     /// Prepares one token's index query `[heads, dim]` (after RoPE) and raw head weights
-    /// `[heads]` (before the 2^-6.5 scale) under `profile`, on the host.
+    /// `[heads]` (before the indexer scale, 2^-6.5 on Flash) under `profile`, on the host.
     fn index_prepare_query(
         &self,
         profile: IndexProfile,

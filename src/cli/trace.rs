@@ -153,6 +153,11 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     metadata.insert("model".to_string(), args.model.display().to_string());
     metadata.insert("model_config_sha256".to_string(), cfg.hash_hex());
     metadata.insert("backend".to_string(), backend.to_string());
+    // What the dumped head weights are multiplied by in every score: dim^-0.5 · heads^-0.5.
+    metadata.insert(
+        "index_weight_scale".to_string(),
+        crate::numerics::profiles::weight_scale(cfg.index_n_heads, cfg.index_head_dim).to_string(),
+    );
     metadata.insert(
         "needlescope_version".to_string(),
         env!("CARGO_PKG_VERSION").to_string(),

@@ -7,8 +7,8 @@
 //!   `numerics::profiles`).
 //! - Query of token t: `indexer.wq_b · qr_t` (qr = the q_norm output of the attention), viewed
 //!   as `[index_n_heads, index_head_dim]`, RoPE on the last rope dims at position t; no
-//!   per-head norm. Head weights: `weights_proj · x_t` (raw, before the 2^-6.5-style scale,
-//!   which the profile applies).
+//!   per-head norm. Head weights: `weights_proj · x_t` (raw, before the indexer scale, 2^-6.5
+//!   on Flash, which the profile applies).
 //! - Score of row w: the profile's `Σ_h w_h · ReLU(q_h · k_w)`, for the visible rows
 //!   `w < n_t = floor((t+1)/4)` only, in blocks of 256 query tokens × their visible rows
 //!   ([`Backend::index_scores_batch`]: tiled GEMMs, never a `[tokens, rows, heads]` tensor).

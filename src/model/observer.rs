@@ -4,8 +4,8 @@
 //! the only contact between them (design.md section 3):
 //! - at every CSA layer and every probed query position, [`IndexerObservation`]: the raw index
 //!   query of that position (after RoPE, before any Hadamard or rounding), the raw head weights
-//!   (the `weights_proj` output before the 2^-6.5 scale), a *view* of the raw index keys of all
-//!   visible rows (after norm and RoPE, before any Hadamard or rounding; never a per-position
+//!   (the `weights_proj` output before the indexer scale, 2^-6.5 on Flash), a *view* of the
+//!   raw index keys of all visible rows (after norm and RoPE, before any Hadamard or rounding; never a per-position
 //!   copy of the cache), the driving profile's scores and the rows actually selected;
 //! - at every layer (SWA, CSA, HCA) and probed position, [`AttentionObservation`]: the softmax
 //!   probabilities of each head over the entries it attended (window tokens, compressed rows)
@@ -26,7 +26,8 @@ pub struct IndexerObservation<'a> {
     pub head_dim: usize,
     /// Raw index query, `[heads * head_dim]`, after RoPE, before Hadamard or rounding.
     pub q_raw: &'a [f32],
-    /// Raw head weights, `[heads]`: `weights_proj(x)` before the 2^-6.5 scale, un-rounded.
+    /// Raw head weights, `[heads]`: `weights_proj(x)` before the indexer scale (2^-6.5 on
+    /// Flash), un-rounded.
     pub weights_raw: &'a [f32],
     /// Raw index keys of the visible rows, `[visible_rows * head_dim]` (row w at `w*head_dim`).
     pub keys_raw: &'a [f32],

@@ -165,21 +165,15 @@ fn draw(
         .margin_right(40)
         .x_label_area_size(64)
         .y_label_area_size(100)
-        .build_cartesian_2d(
-            Categories(nx),
-            Categories(ny),
-        )
+        .build_cartesian_2d(Categories(nx), Categories(ny))
         .map_err(&err)?;
     let category = |v: f64, n: usize| {
         let i = v.floor();
         (i >= 0.0 && (i as usize) < n).then_some(i as usize)
     };
-    let x_fmt = |v: &f64| {
-        category(*v, nx).map_or(String::new(), |i| format_tokens(lengths[i]))
-    };
-    let y_fmt = |v: &f64| {
-        category(*v, ny).map_or(String::new(), |r| depth_label(depths[ny - 1 - r]))
-    };
+    let x_fmt = |v: &f64| category(*v, nx).map_or(String::new(), |i| format_tokens(lengths[i]));
+    let y_fmt =
+        |v: &f64| category(*v, ny).map_or(String::new(), |r| depth_label(depths[ny - 1 - r]));
     chart
         .configure_mesh()
         .disable_mesh()
