@@ -6,7 +6,8 @@
 //!   query of that position (after RoPE, before any Hadamard or rounding), the raw head weights
 //!   (the `weights_proj` output before the indexer scale, 2^-6.5 on Flash), a *view* of the
 //!   raw index keys of all visible rows (after norm and RoPE, before any Hadamard or rounding;
-//!   never a per-position copy of the cache), the driving profile's scores and the rows actually selected;
+//!   never a per-position copy of the cache), the driving profile's scores and the rows
+//!   actually selected;
 //! - at every layer (SWA, CSA, HCA) and probed position, [`AttentionObservation`]: the softmax
 //!   probabilities of each head over the entries it attended (window tokens, compressed rows)
 //!   and the sink's share of the denominator;
