@@ -113,6 +113,29 @@ fn bench_prints_an_op_profile_on_request() {
     );
 }
 
+/// On the CPU there are no device operations to time: the run says so instead of silently
+/// printing no profile.
+#[test]
+fn bench_says_the_op_profile_is_for_gpu_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth_tiny(&model, &["--layers", "2"]);
+    let out = bin()
+        .args(["bench", "--model"])
+        .arg(&model)
+        .args(["--lengths", "64", "--device", "cpu"])
+        .env("NEEDLESCOPE_PROFILE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("NEEDLESCOPE_PROFILE times the operations of a GPU backend"),
+        "{text}"
+    );
+    assert!(!text.contains("op profile ("), "{text}");
+}
+
 /// `--warmup` runs an untimed prefill first; on the GPU backend the weights' decoded copies
 /// (within the memory plan's headroom, capped by `NEEDLESCOPE_DECODE_CACHE_MIB`) are reported
 /// after each length; a cap that is not a number is refused naming the variable.

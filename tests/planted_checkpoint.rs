@@ -138,3 +138,29 @@ fn margin_outside_its_range_is_a_clear_error() {
     let msg = synth_planted(&opts, Some(50.0)).unwrap_err().to_string();
     assert!(msg.contains("margin") && msg.contains("50"), "{msg}");
 }
+
+/// Another synth into a planted model's directory leaves no `planted.json` (which would mark
+/// the new model as planted) and no copy of the built-in tokenizer; a user's own files stay.
+#[test]
+fn synth_over_a_planted_directory_removes_what_planted_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path(), WeightFormat::Bf16, 0, None);
+    assert!(planted_info(dir.path()).is_some());
+    std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+    let opts = SynthOptions::new(Preset::Tiny, WeightFormat::Official, dir.path());
+    needlescope::checkpoint::synth(&opts, None).unwrap();
+    assert!(!dir.path().join(INFO_FILE).exists());
+    assert!(!dir.path().join("tokenizer.json").exists());
+    assert!(planted_info(dir.path()).is_none());
+    assert!(dir.path().join("notes.txt").exists());
+
+    // A tokenizer.json that is not the built-in one is the user's: it stays.
+    let mut own = builtin_json_bytes();
+    own.extend_from_slice(b"\n");
+    std::fs::write(dir.path().join("tokenizer.json"), &own).unwrap();
+    needlescope::checkpoint::synth(&opts, None).unwrap();
+    assert_eq!(
+        std::fs::read(dir.path().join("tokenizer.json")).unwrap(),
+        own
+    );
+}

@@ -185,12 +185,25 @@ pub fn assign_shards(sizes: &[u64], n: usize) -> Vec<usize> {
     out
 }
 
-/// Removes files an earlier synth run may have left (only our own names).
+/// Removes files an earlier synth run may have left: shards, the index, `planted.json` (a
+/// planted model's description, which would otherwise mark the new model as planted) and a
+/// `tokenizer.json` that is byte for byte the built-in one synth copies (a user's own tokenizer
+/// stays).
 pub fn remove_stale(dir: &Path) -> Result<(), CheckpointError> {
     let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
     for entry in rd {
         let path = entry.map_err(|e| CheckpointError::io(dir, e))?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ours = match name {
+            super::planted::INFO_FILE => true,
+            "tokenizer.json" => std::fs::read(&path)
+                .is_ok_and(|b| b == crate::probe::tokenizer::builtin_json_bytes()),
+            _ => false,
+        };
+        if ours && path.is_file() {
+            std::fs::remove_file(&path).map_err(|e| CheckpointError::io(&path, e))?;
+            continue;
+        }
         let shard_like = name.len() == "model-00001-of-00001.safetensors".len()
             && name.starts_with("model-")
             && name.ends_with(".safetensors")

@@ -316,6 +316,14 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let mut target = Target::prepare(&args.device, &ckpt, &work)?;
     target.set_cpu_weights(&ckpt, args.weights);
+    let profiling = std::env::var("NEEDLESCOPE_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+    if profiling && matches!(target, Target::Cpu { .. }) {
+        writeln!(
+            out,
+            "note: NEEDLESCOPE_PROFILE times the operations of a GPU backend; this run is on the \
+             CPU, so no op profile follows"
+        )?;
+    }
     writeln!(
         out,
         "model {} ({}), index {}, kv {}, chunk {}, {} rayon threads, backend {}",

@@ -56,8 +56,9 @@ pub struct SynthArgs {
     #[arg(long)]
     pub fp8_compressors: bool,
 
-    /// planted only: score margin of the needle over the best distractor
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    /// planted only: the needle rows' score margin over the haystack rows, in haystack
+    /// standard deviations (needle about mean + margin x sd) [default: 2]
+    #[arg(long, value_name = "SIGMAS", allow_negative_numbers = true)]
     pub margin: Option<f64>,
 }
 
@@ -128,15 +129,21 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     } else {
         names.join(", ")
     };
+    // The other files synth writes (stale ones were removed first, so present means new).
+    let others: String = [
+        "model.safetensors.index.json",
+        "config.json",
+        "tokenizer.json",
+        "planted.json",
+    ]
+    .iter()
+    .filter(|f| s.dir.join(f).is_file())
+    .map(|f| format!(" + {f}"))
+    .collect();
     writeln!(
         out,
-        "  files     {} safetensors ({shown}) + config.json{}",
+        "  files     {} safetensors ({shown}){others}",
         names.len(),
-        if names.len() > 1 {
-            " + model.safetensors.index.json"
-        } else {
-            ""
-        }
     )?;
     writeln!(
         out,

@@ -73,7 +73,7 @@ pub enum ReportError {
         found: String,
     },
     #[error(
-        "{}: not a report directory: expected run.json (written by `sweep` or `demo`), found {found}",
+        "{}: not a report directory: expected run.json (written by `sweep`, `demo` or `probe --out`), found {found}",
         .path.display()
     )]
     NotARunDir { path: PathBuf, found: String },
