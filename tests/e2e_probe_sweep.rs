@@ -225,7 +225,17 @@ fn probe_out(out: &Path, extra: &[&str]) -> Output {
 fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("probes");
-    ok(probe_out(&out, &["--depth", "25"]), "first probe");
+    let first = probe_out(&out, &["--depth", "25"]);
+    // The probe says where its report went (on stderr: stdout may be --json).
+    let said = String::from_utf8_lossy(&first.stderr).to_string();
+    assert!(
+        said.contains(&format!(
+            "wrote in {}: summary.json, rank_vs_length.png",
+            out.display()
+        )),
+        "{said}"
+    );
+    ok(first, "first probe");
     for f in ["run.json", "cells.csv", "layers.csv", "summary.json"] {
         assert!(out.join(f).exists(), "{f} missing");
     }
@@ -900,4 +910,31 @@ fn sweep_lines_name_the_sample() {
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].contains("depth  50.0%  sample 0  fp8"), "{text}");
     assert!(lines[1].contains("depth  50.0%  sample 1  fp8"), "{text}");
+}
+
+/// The text report gives the real reason there is no verdict: nothing generated, or a planted
+/// model whose LM path does not answer.
+#[test]
+fn probe_text_says_why_there_is_no_verdict() {
+    let probe = |generate: &str| {
+        let out = bin()
+            .arg("probe")
+            .arg("--model")
+            .arg(planted())
+            .args(["--length", "512", "--kv", "exact", "--topk", "64"])
+            .args(["--index", "fp8", "--generate", generate])
+            .output()
+            .unwrap();
+        ok(out, "probe")
+    };
+    let none = probe("0");
+    assert!(
+        none.contains("no verdict (--generate 0: nothing generated)"),
+        "{none}"
+    );
+    let synthetic = probe("2");
+    assert!(
+        synthetic.contains("no verdict (synthetic model: its LM path does not answer)"),
+        "{synthetic}"
+    );
 }

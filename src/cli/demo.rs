@@ -136,19 +136,15 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let outcome = run_sweep_locked(&dir, &plan, &lock, &DeviceArgs::cpu(), out)?;
     let done = crate::report::rerender_locked(&lock, crate::report::stdout_wants_colour())?;
     drop(lock);
-    let (table, files) = (done.table, done.files);
     writeln!(out)?;
-    write!(out, "{table}")?;
+    write!(out, "{}", done.table)?;
     writeln!(
         out,
-        "\n{} cells in {:.0} s. Report in {}:",
+        "\n{} cells in {:.0} s.",
         outcome.cells_run,
         started.elapsed().as_secs_f64(),
-        args.out.display()
     )?;
-    for f in files {
-        writeln!(out, "  {}", f.display())?;
-    }
+    writeln!(out, "{}", done.files_line(&args.out))?;
     writeln!(
         out,
         "re-render any time with: needlescope report {}",

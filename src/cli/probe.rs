@@ -326,6 +326,7 @@ fn print_tables(
             run.topk,
             run.answer_text,
             match (judge_answers, run.answer_correct) {
+                (false, _) if opts.generate == 0 => "no verdict (--generate 0: nothing generated)",
                 (false, _) => "no verdict (synthetic model: its LM path does not answer)",
                 (true, true) => "CORRECT",
                 (true, false) => "WRONG",

@@ -64,7 +64,7 @@ pub fn open(
 }
 
 /// Appends the cells of `runs` not yet in `store`, then rewrites summary.json and the PNGs;
-/// says on `out` which cells were already there.
+/// says on `out` which cells were already there and what was written where.
 pub fn record(
     mut store: RunDir,
     prompt: &NeedlePrompt,
@@ -89,6 +89,7 @@ pub fn record(
     // The directory stays locked until the PNGs are rendered.
     let lock = store.lock().clone();
     drop(store);
-    crate::report::rerender_locked(&lock, false)?;
+    let done = crate::report::rerender_locked(&lock, false)?;
+    writeln!(out, "{}", done.files_line(lock.dir()))?;
     Ok(())
 }

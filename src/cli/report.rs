@@ -35,8 +35,6 @@ pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     write!(out, "{}", done.table)?;
     writeln!(out)?;
-    for f in &done.files {
-        writeln!(out, "wrote {}", f.display())?;
-    }
+    writeln!(out, "{}", done.files_line(&args.dir))?;
     Ok(())
 }

@@ -118,8 +118,6 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let done = crate::report::rerender_locked(&outcome.lock, crate::report::stdout_wants_colour())?;
     drop(outcome);
     write!(out, "{}", done.table)?;
-    for f in done.files {
-        writeln!(out, "wrote {}", f.display())?;
-    }
+    writeln!(out, "{}", done.files_line(&dir))?;
     Ok(())
 }

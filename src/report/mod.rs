@@ -81,3 +81,70 @@ pub fn lock_existing(dir: &std::path::Path) -> Result<DirLock> {
     }
     DirLock::acquire(dir)
 }
+
+impl Rerendered {
+    /// One line saying what was written where: summary.json and single plots by name, the
+    /// heatmaps and per-cell layer plots as counts (a sweep writes one layer plot per cell,
+    /// hundreds of them), e.g. `wrote in reports/run: summary.json, rank_vs_length.png, 4
+    /// heatmaps (heatmap_*.png), 100 layer plots (layers_*.png)`.
+    pub fn files_line(&self, dir: &std::path::Path) -> String {
+        let names: Vec<String> = self
+            .files
+            .iter()
+            .map(|f| {
+                f.file_name()
+                    .map_or_else(|| f.display().to_string(), |n| n.to_string_lossy().into())
+            })
+            .collect();
+        let mut parts: Vec<String> = Vec::new();
+        let mut grouped = |prefix: &str, what: &str| {
+            let n = names.iter().filter(|n| n.starts_with(prefix)).count();
+            match n {
+                0 => {}
+                1 => parts.extend(names.iter().filter(|n| n.starts_with(prefix)).cloned()),
+                _ => parts.push(format!("{n} {what} ({prefix}*.png)")),
+            }
+        };
+        let singles: Vec<String> = names
+            .iter()
+            .filter(|n| !n.starts_with("heatmap_") && !n.starts_with("layers_"))
+            .cloned()
+            .collect();
+        grouped("heatmap_", "heatmaps");
+        grouped("layers_", "layer plots");
+        let all: Vec<String> = singles.into_iter().chain(parts).collect();
+        format!("wrote in {}: {}", dir.display(), all.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rerendered;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn files_line_names_single_files_and_counts_plot_families() {
+        let dir = Path::new("reports/run");
+        let mut files: Vec<PathBuf> = ["summary.json", "heatmap_fp8_64.png", "rank_vs_length.png"]
+            .iter()
+            .map(|f| dir.join(f))
+            .collect();
+        let done = |files: &[PathBuf]| Rerendered {
+            table: String::new(),
+            files: files.to_vec(),
+            cells: 0,
+            notes: Vec::new(),
+        };
+        assert_eq!(
+            done(&files).files_line(dir),
+            "wrote in reports/run: summary.json, rank_vs_length.png, heatmap_fp8_64.png"
+        );
+        files.push(dir.join("heatmap_bf16_64.png"));
+        files.extend((0..100).map(|i| dir.join(format!("layers_L1024-d{i}-fp8-k64-s0.png"))));
+        assert_eq!(
+            done(&files).files_line(dir),
+            "wrote in reports/run: summary.json, rank_vs_length.png, 2 heatmaps (heatmap_*.png), \
+             100 layer plots (layers_*.png)"
+        );
+    }
+}
