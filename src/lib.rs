@@ -20,6 +20,7 @@ pub mod numerics;
 pub mod placement;
 pub mod plan;
 pub mod probe;
+pub mod progress;
 pub mod report;
 pub mod sweep;
 pub mod trace;

@@ -150,22 +150,10 @@ impl SweepBars {
         let multi =
             indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
         let cells = multi.add(indicatif::ProgressBar::new(total_cells));
-        cells.set_style(
-            indicatif::ProgressStyle::with_template(
-                "cells   [{bar:30}] {pos}/{len} (eta {eta}) {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
+        cells.set_style(crate::progress::style(crate::progress::SWEEP_CELLS));
         cells.set_position(done);
         let prefill = multi.add(indicatif::ProgressBar::new(0));
-        prefill.set_style(
-            indicatif::ProgressStyle::with_template(
-                "prefill [{bar:30}] {pos}/{len} tokens ({per_sec}) {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
+        prefill.set_style(crate::progress::style(crate::progress::SWEEP_PREFILL));
         SweepBars {
             cells,
             prefill,

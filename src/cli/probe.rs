@@ -468,13 +468,7 @@ impl ProbeProgress for BarProgress {
             Some(prompt_tokens as u64),
             indicatif::ProgressDrawTarget::stderr(),
         );
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg} [{bar:30}] {pos}/{len} tokens ({per_sec}, eta {eta})",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
+        bar.set_style(crate::progress::style(crate::progress::PROBE_PREFILL));
         bar.set_message(format!("prefill {index} top-{topk}"));
         self.bar = Some(bar);
     }
