@@ -101,16 +101,18 @@ pub(crate) fn render(
     chart
         .configure_mesh()
         .x_labels(span.min(12))
+        // Ticks are labelled only where a CSA layer is (the others have no indexer).
         .x_label_formatter(&|v: &f64| {
-            if (v - v.round()).abs() < 1e-6 {
-                format!("{}", v.round() as i64)
+            let layer = v.round();
+            if (v - layer).abs() < 1e-6 && layer >= 0.0 && layers.contains(&(layer as usize)) {
+                format!("{}", layer as i64)
             } else {
                 String::new()
             }
         })
         .y_label_formatter(&rank_label)
         .x_desc(format!(
-            "CSA layer index (query position {pos}, the last prompt token)"
+            "model layer, CSA layers only (query position {pos}, the last prompt token)"
         ))
         .y_desc("needle rank (log scale, 1 = best, at bottom)")
         .label_style((FONT, LABEL_PX))
