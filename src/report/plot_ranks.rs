@@ -1,6 +1,7 @@
 //! `rank_vs_length.png`: the median (solid) and worst (dashed) `min_needle_rank` over depths and
 //! samples against context length, one colour per (index profile, top-k) (and kv when a run
-//! mixes kv modes). Both axes are log scale: x in powers of two labelled "2k", "4k", ...; rank 1
+//! mixes kv modes; series of one profile with identical points are drawn once, labelled
+//! `k=64,128`). Both axes are log scale: x in powers of two labelled "2k", "4k", ...; rank 1
 //! at the bottom. The run's top-k values are grey dotted horizontal lines; the legend sits in a
 //! column right of the plot. The numbers are those
 //! of [`super::summary::summarize`].
@@ -135,8 +136,25 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
             .map_err(&err)?;
     }
 
+    // Series of one profile whose points are all equal (top-k values that did not change the
+    // hidden states, e.g. on a planted model) would hide one another: drawn once, labelled
+    // with every such k.
+    let points = |key: &(String, usize)| -> Vec<(usize, Option<u64>, Option<usize>)> {
+        series[key]
+            .iter()
+            .map(|g| {
+                (
+                    g.target_tokens,
+                    g.median_rank.map(f64::to_bits),
+                    g.worst_rank,
+                )
+            })
+            .collect()
+    };
+    let drawn = merge_identical(&order, points);
+
     let mut keys = Vec::new();
-    for (i, key) in order.iter().enumerate() {
+    for (i, (key, same_ks)) in drawn.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
         let gs = &series[key];
         let median: Vec<(f64, f64)> = gs
@@ -168,7 +186,8 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
                     .map(|&p| TriangleMarker::new(p, 6, colour.filled())),
             )
             .map_err(&err)?;
-        let label = format!("{} k={}", key.0, key.1);
+        let ks: Vec<String> = same_ks.iter().map(|k| k.to_string()).collect();
+        let label = format!("{} k={}", key.0, ks.join(","));
         keys.push(Key {
             colour,
             width: 3,
@@ -194,4 +213,52 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     draw_keys(&legend_area, &keys, &[], path)?;
     root.present().map_err(&err)?;
     Ok(())
+}
+
+/// `order`'s (profile, top-k) series with those of one profile and equal `points` merged into
+/// the first, which lists every top-k merged into it (in order).
+fn merge_identical<P: PartialEq>(
+    order: &[(String, usize)],
+    points: impl Fn(&(String, usize)) -> P,
+) -> Vec<((String, usize), Vec<usize>)> {
+    let mut drawn: Vec<((String, usize), Vec<usize>)> = Vec::new();
+    for key in order {
+        match drawn
+            .iter_mut()
+            .find(|(d, _)| d.0 == key.0 && points(d) == points(key))
+        {
+            Some((_, ks)) => ks.push(key.1),
+            None => drawn.push((key.clone(), vec![key.1])),
+        }
+    }
+    drawn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_identical;
+
+    #[test]
+    fn series_of_one_profile_with_equal_points_are_drawn_once() {
+        let order: Vec<(String, usize)> = [("fp8", 64), ("fp8", 128), ("bf16", 64), ("bf16", 128)]
+            .iter()
+            .map(|(p, k)| (p.to_string(), *k))
+            .collect();
+        // fp8 ranks do not depend on k; bf16's do; exact equality across profiles never merges.
+        let points = |key: &(String, usize)| match (key.0.as_str(), key.1) {
+            ("fp8", _) | ("bf16", 64) => vec![3, 9],
+            _ => vec![3, 8],
+        };
+        let drawn = merge_identical(&order, points);
+        let labels: Vec<(String, Vec<usize>)> =
+            drawn.into_iter().map(|((p, _), ks)| (p, ks)).collect();
+        assert_eq!(
+            labels,
+            vec![
+                ("fp8".to_string(), vec![64, 128]),
+                ("bf16".to_string(), vec![64]),
+                ("bf16".to_string(), vec![128]),
+            ]
+        );
+    }
 }
