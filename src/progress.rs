@@ -54,7 +54,7 @@ mod tests {
 
     #[test]
     fn rates_are_whole_grouped_numbers_and_unknown_says_so() {
-        assert_eq!(rate_text(11_632.6481), "11,633/s");
+        assert_eq!(rate_text(11_632.648_1), "11,633/s");
         assert_eq!(rate_text(0.0), "-/s");
         assert_eq!(rate_text(f64::NAN), "-/s");
         assert_eq!(eta_text(0.0, std::time::Duration::ZERO), "?");

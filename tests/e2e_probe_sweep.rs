@@ -590,7 +590,15 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
             .unwrap()
     };
     let text = ok(demo(&out, "512,1k"), "demo");
-    assert!(text.contains("heatmap_fp8_64.png"), "{text}");
+    // One line says what was written: 2 heatmaps (top-k 64 and 128), one layer plot per cell.
+    assert!(
+        text.contains(&format!(
+            "wrote in {}: summary.json, rank_vs_length.png, 2 heatmaps (heatmap_*.png), 4 layer \
+             plots (layers_*.png)",
+            out.display()
+        )),
+        "{text}"
+    );
     for f in [
         "run.json",
         "cells.csv",
