@@ -50,6 +50,10 @@ pub struct SweepPlan {
     pub lengths: Vec<usize>,
     pub depths: Vec<f64>,
     pub indexes: Vec<IndexProfile>,
+    /// `--compare`: extra profiles scored on the same hidden states (the other `indexes` are
+    /// scored too). Left out of run.json when empty, as runs before the flag wrote it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compare: Vec<IndexProfile>,
     pub topks: Vec<usize>,
     pub kv: KvMode,
     pub samples: usize,
@@ -200,6 +204,7 @@ pub fn check_plan(
     refuse_duplicates("--lengths", &plan.lengths, |&l| l)?;
     refuse_duplicates("--depths", &plan.depths, |&d| d)?;
     refuse_duplicates("--index", &plan.indexes, |p| p.name())?;
+    refuse_duplicates("--compare", &plan.compare, |p| p.name())?;
     refuse_duplicates("--topk", &plan.topks, |&k| k)?;
     crate::cli::values::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
     let max = cfg.max_position_embeddings;
@@ -430,7 +435,7 @@ impl SweepTask<'_> {
         let plan = self.plan;
         let opts = ProbeOptions {
             indexes: vec![index],
-            compare: plan.indexes.clone(),
+            compare: crate::probe::session::comparison_profiles(&plan.indexes, &plan.compare),
             topks: vec![topk],
             kv: plan.kv,
             generate: plan.generate,

@@ -73,9 +73,10 @@ fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
         );
         let topk = run["topk"].as_u64().unwrap();
         let layers = run["layers"].as_array().unwrap();
-        // Two CSA layers x (driving + exact) at the last prompt token at least.
+        // Two CSA layers x (driving + the other --index profile + exact) at the last prompt
+        // token.
         let at_answer: Vec<&Value> = layers.iter().filter(|r| r["query_pos"] == 2047).collect();
-        assert_eq!(at_answer.len(), 4, "{run}");
+        assert_eq!(at_answer.len(), 6, "{run}");
         for r in layers {
             let obj = r.as_object().unwrap();
             let keys: Vec<&str> = obj.keys().map(|k| k.as_str()).collect();
@@ -799,6 +800,8 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
         serde_json::from_str(&ok(out, "probe")).unwrap()
     };
     let none = probe("0");
+    // Without planted.json the model is not marked synthetic.
+    assert_eq!(none["synthetic"], false);
     for run in none["runs"].as_array().unwrap() {
         assert!(run["answer_correct"].is_null(), "{run}");
     }
@@ -940,9 +943,110 @@ fn probe_text_says_why_there_is_no_verdict() {
         none.contains("no verdict (--generate 0: nothing generated)"),
         "{none}"
     );
+    // The planted model is labelled synthetic in the text report, as in every other report.
+    assert!(
+        none.starts_with("synthetic model (written by `synth`)"),
+        "{none}"
+    );
     let synthetic = probe("2");
     assert!(
         synthetic.contains("no verdict (synthetic model: its LM path does not answer)"),
         "{synthetic}"
     );
+}
+
+/// Probe and sweep score the same comparisons: every run scores its driving profile, the
+/// command's other `--index` profiles and its `--compare` ones, on the same hidden states.
+/// A sweep's run.json records `--compare` only when given (older directories still resume); a
+/// resume with another `--compare` is refused.
+#[test]
+fn probe_and_sweep_score_the_other_index_profiles_and_compare() {
+    let profiles_of = |layers: &[Value]| -> Vec<String> {
+        let mut p: Vec<String> = layers
+            .iter()
+            .map(|l| l["profile"].as_str().unwrap().to_string())
+            .collect();
+        p.sort();
+        p.dedup();
+        p
+    };
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--length",
+            "512",
+            "--kv",
+            "exact",
+            "--topk",
+            "64",
+            "--generate",
+            "0",
+        ])
+        .args(["--index", "fp8,bf16", "--compare", "exact", "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(&ok(out, "probe")).unwrap();
+    assert_eq!(v["synthetic"], true);
+    for run in v["runs"].as_array().unwrap() {
+        let layers = run["layers"].as_array().unwrap();
+        assert_eq!(profiles_of(layers), ["bf16", "exact", "fp8"], "{run}");
+        for l in layers {
+            assert_eq!(l["driving"] == true, l["profile"] == run["index"], "{l}");
+        }
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    let sweep = |extra: &[&str]| {
+        bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(planted())
+            .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
+            .args(["--topk", "64", "--kv", "exact", "--generate", "0", "--out"])
+            .arg(&dir)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let text = ok(sweep(&[]), "sweep without --compare");
+    assert!(
+        text.contains("synthetic model (written by `synth`)"),
+        "{text}"
+    );
+    let run_json = std::fs::read_to_string(dir.join("run.json")).unwrap();
+    assert!(!run_json.contains("\"compare\""), "{run_json}");
+    let text = ok(sweep(&[]), "resume");
+    assert!(text.contains("0 cells run, 1 already finished"), "{text}");
+    let refused = sweep(&["--compare", "exact,bf16"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("compare"), "{stderr}");
+
+    let dir = tmp.path().join("c");
+    let out = bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
+        .args(["--topk", "64", "--kv", "exact", "--generate", "0"])
+        .args(["--compare", "exact,bf16", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    ok(out, "sweep --compare");
+    let layers = std::fs::read_to_string(dir.join("layers.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(layers.as_bytes());
+    let col = rdr
+        .headers()
+        .unwrap()
+        .iter()
+        .position(|h| h == "profile")
+        .unwrap();
+    let mut seen: Vec<String> = rdr.records().map(|r| r.unwrap()[col].to_string()).collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen, ["bf16", "exact", "fp8"]);
 }

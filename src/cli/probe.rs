@@ -55,7 +55,8 @@ pub struct ProbeArgs {
     )]
     pub index: Vec<IndexProfile>,
 
-    /// Extra profiles scored on the same hidden states (free counterfactuals), comma list
+    /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
+    /// other --index profiles are scored too
     #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub compare: Vec<IndexProfile>,
 
@@ -169,7 +170,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let opts = ProbeOptions {
         indexes: args.index.clone(),
-        compare: args.compare.clone(),
+        compare: crate::probe::session::comparison_profiles(&args.index, &args.compare),
         topks,
         kv: args.kv,
         generate: args.generate,
@@ -198,10 +199,12 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let runs = target.run(&ckpt, EngineOptions::default(), task)?;
     progress.finish();
     let last = prompt.tokens.len() - 1;
-    let judge_answers = crate::sweep::model_marks(&args.model).judges_answers(args.generate);
+    let marks = crate::sweep::model_marks(&args.model);
+    let judge_answers = marks.judges_answers(args.generate);
     if args.json {
         let obj = serde_json::json!({
             "model": args.model.display().to_string(),
+            "synthetic": marks.synthetic,
             "backend": backend,
             "scenario": scenario.name,
             "prompt": {
@@ -227,16 +230,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     } else {
-        print_tables(
-            out,
-            &cfg,
-            &scenario,
-            &prompt,
-            &runs,
-            &opts,
-            &backend,
-            judge_answers,
-        )?;
+        print_tables(out, &cfg, &scenario, &prompt, &runs, &opts, &backend, marks)?;
     }
     if let Some(store) = store {
         let stderr = &mut std::io::stderr();
@@ -297,9 +291,13 @@ fn print_tables(
     runs: &[ProbeRun],
     opts: &ProbeOptions,
     backend: &BackendRecord,
-    judge_answers: bool,
+    marks: crate::sweep::ModelMarks,
 ) -> anyhow::Result<()> {
+    let judge_answers = marks.judges_answers(opts.generate);
     let last = prompt.tokens.len() - 1;
+    if marks.synthetic {
+        write!(out, "{}", crate::report::SYNTHETIC_LINE)?;
+    }
     writeln!(
         out,
         "scenario {} | {} tokens | needle at depth {:.1}% (tokens {}..{}) | answer value {:?}",

@@ -43,6 +43,11 @@ pub struct SweepArgs {
     )]
     pub index: Vec<IndexProfile>,
 
+    /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
+    /// other --index profiles are scored too
+    #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
+    pub compare: Vec<IndexProfile>,
+
     /// Top-k values, comma list [default: the config's index_topk]
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
     pub topk: Vec<usize>,
@@ -86,6 +91,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         lengths: args.lengths.clone(),
         depths: args.depths.0.clone(),
         indexes: args.index.clone(),
+        compare: args.compare.clone(),
         topks: if args.topk.is_empty() {
             vec![cfg.index_topk]
         } else {

@@ -21,10 +21,27 @@ use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use std::time::Instant;
 
+/// The profiles every run of a probe or sweep scores besides its driving one, on the same
+/// hidden states: the command's other driving profiles (`--index`) and its `--compare` ones,
+/// in that order, each once. (A run's own driving profile is left out where it is used.)
+pub fn comparison_profiles(
+    indexes: &[IndexProfile],
+    compare: &[IndexProfile],
+) -> Vec<IndexProfile> {
+    let mut all: Vec<IndexProfile> = Vec::new();
+    for &p in indexes.iter().chain(compare) {
+        if !all.contains(&p) {
+            all.push(p);
+        }
+    }
+    all
+}
+
 /// What one probe runs.
 #[derive(Clone, Debug)]
 pub struct ProbeOptions {
     pub indexes: Vec<IndexProfile>,
+    /// Scored besides each run's driving profile ([`comparison_profiles`]).
     pub compare: Vec<IndexProfile>,
     pub topks: Vec<usize>,
     pub kv: KvMode,

@@ -47,6 +47,11 @@ pub fn rerender(dir: &std::path::Path, colour: bool) -> Result<(String, Vec<std:
     Ok((done.table, done.files))
 }
 
+/// The first line of the terminal table of a run on a synthetic model (run.json `synthetic`),
+/// as every plot title says "(synthetic model)" (design.md section 7).
+pub const SYNTHETIC_LINE: &str =
+    "synthetic model (written by `synth`): these results show the method, not DeepSeek-V4's weights\n";
+
 /// What [`rerender_locked`] did.
 #[derive(Clone, Debug)]
 pub struct Rerendered {
@@ -65,8 +70,12 @@ pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
     let records = RunRecords::read(lock.dir())?;
     let mut files = vec![records.write_summary()?];
     files.extend(render_records(&records, lock.dir())?);
+    let mut table = render_table(&summarize(&records.cells), colour);
+    if records.info.synthetic {
+        table.insert_str(0, SYNTHETIC_LINE);
+    }
     Ok(Rerendered {
-        table: render_table(&summarize(&records.cells), colour),
+        table,
         files,
         cells: records.cells.len(),
         notes: records.notes,
