@@ -174,6 +174,11 @@ pub fn check_ops<B: Backend>(b: &B, dims: &OpDims, seed: u64, gemm_tolerance: f6
     b.swiglu_host(&mut got, &up, 10.0);
     cpu.swiglu_host(&mut want, &up, 10.0);
     out.push(check("swiglu limit 10".into(), &got, &want, 1e-6));
+    let (addend, base) = (r.values(t * d, 1.0), r.values(t * d, 1.0));
+    let (mut got, mut want) = (base.clone(), base);
+    b.add_assign_host(&mut got, &addend);
+    cpu.add_assign_host(&mut want, &addend);
+    out.push(check("add_assign".into(), &got, &want, 0.0));
     let row_len = dims.head_dim;
     let nope = row_len - dims.rope_dim;
     let mut kv: Vec<f32> = r.values(t * row_len, 1.0);
@@ -338,6 +343,17 @@ fn index_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut Rng)
         b.index_scores_batch_host(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gb);
         cpu.index_scores_batch_host(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gc);
         out.push(check(format!("index scores batch {name}"), &gb, &gc, 1e-5));
+        // All queries at once, as the model prepares them: exactly the one-by-one results.
+        let (mut vb, mut wb) = (vec![0f32; qn * h * dim], vec![0f32; qn * h]);
+        b.index_prepare_queries_host(profile, &raw_q, &raw_w, h, dim, &mut vb, &mut wb);
+        out.push(check(format!("index queries batch {name}"), &vb, &qv, 0.0));
+        out.push(check(format!("index weights batch {name}"), &wb, &qw, 0.0));
+        // The batch's top-k on the reference's scores (each query sees its own rows).
+        let k = dims.topk;
+        let (mut tb, mut tc) = (vec![0i32; qn * k], vec![0i32; qn * k]);
+        b.topk_batch_host(&gc, rows, &visible, &mut tb);
+        cpu.topk_batch_host(&gc, rows, &visible, &mut tc);
+        out.push(exact_i32(format!("topk batch {name}"), &tb, &tc));
     }
     // Top-k on given scores, with ties, NaN and -inf, and fewer rows than k.
     let mut scores: Vec<f32> = (0..rows).map(|_| (r.value() * 8.0).round() / 8.0).collect();
