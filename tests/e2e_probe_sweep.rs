@@ -848,28 +848,34 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
     );
 }
 
-/// Long haystack units (tool definitions) at a short length leave the needle off the requested
-/// depth; the sweep's cell line says where it landed (at its end, keeping the columns).
-#[test]
-fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
+/// What `sweep --model planted --index fp8 --topk 64 --kv exact` plus `grid` printed, run into
+/// a fresh directory.
+fn small_sweep(grid: &[&str]) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let out = bin()
         .arg("sweep")
         .arg("--model")
         .arg(planted())
-        .args([
-            "--scenario",
-            "code-cwd",
-            "--lengths",
-            "700",
-            "--depths",
-            "10",
-        ])
+        .args(grid)
         .args(["--index", "fp8", "--topk", "64", "--kv", "exact", "--out"])
         .arg(tmp.path().join("s"))
         .output()
         .unwrap();
-    let text = ok(out, "sweep");
+    ok(out, "sweep")
+}
+
+/// Long haystack units (tool definitions) at a short length leave the needle off the requested
+/// depth; the sweep's cell line says where it landed (at its end, keeping the columns).
+#[test]
+fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
+    let text = small_sweep(&[
+        "--scenario",
+        "code-cwd",
+        "--lengths",
+        "700",
+        "--depths",
+        "10",
+    ]);
     let line = text.lines().find(|l| l.contains(" tokens  depth")).unwrap();
     assert!(line.contains("depth  10.0%  fp8"), "{line}");
     assert!(line.ends_with(" s  (needle at 0.0%)"), "{line}");
@@ -903,17 +909,7 @@ fn sweep_lines_call_cells_without_evidence_trivial() {
 /// With several samples per grid point, each cell line names its sample.
 #[test]
 fn sweep_lines_name_the_sample() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = bin()
-        .arg("sweep")
-        .arg("--model")
-        .arg(planted())
-        .args(["--lengths", "512", "--depths", "50", "--samples", "2"])
-        .args(["--index", "fp8", "--topk", "64", "--kv", "exact", "--out"])
-        .arg(tmp.path().join("s"))
-        .output()
-        .unwrap();
-    let text = ok(out, "sweep");
+    let text = small_sweep(&["--lengths", "512", "--depths", "50", "--samples", "2"]);
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains(" tokens  depth"))
