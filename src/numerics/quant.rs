@@ -233,6 +233,34 @@ mod tests {
         assert_eq!(row[5], bf16_round(1.1));
     }
 
+    /// A Flash KV row (512 = 448 nope + 64 rope): every 64-dim nope block has its own scale, so a
+    /// small value next to a huge block keeps its precision; the rope dims get bf16 only.
+    #[test]
+    fn kv_fp8_sim_scales_each_64_block_of_a_flash_row_on_its_own() {
+        let mut row = vec![0.0123f32; 512];
+        row[0] = 1.0; // block 0: amax 1 -> s = 2^-8
+        for v in &mut row[64..128] {
+            *v = 1000.0; // block 1: amax 1000 -> s = 4
+        }
+        row[384] = 1.0; // block 6 (the last nope block): amax 1
+        let alone = {
+            let mut first = row[..64].to_vec();
+            kv_fp8_sim(&mut first, 64);
+            first
+        };
+        kv_fp8_sim(&mut row, 448);
+        // bf16(0.0123) / 2^-8 = 3.148... -> e4m3 3.25 (step 0.25 in [2, 4)). With one scale of 4
+        // for 128 dims it would be the subnormal 2^-8 · 4 = 0.015625.
+        let small = 3.25 * p2(-8);
+        assert_eq!(row[1], small);
+        assert_eq!(&row[..64], &alone[..], "block 0 depends on block 1");
+        // Block 1 at s = 4: 1000 / 4 = 250 -> e4m3 256 (step 16 in [128, 256)).
+        assert_eq!(row[64], 1024.0);
+        assert_eq!(row[385], small, "the last nope block");
+        // Rope dims 448..512: bf16 rounding only.
+        assert!(row[448..].iter().all(|&v| v == bf16_round(0.0123)));
+    }
+
     #[test]
     fn fp4_sim_pow2_rne_hand_computed_block() {
         // amax 3 -> 3·fp32(1/6) = 0.5 exactly -> s = 0.5; x/s = 1.8, -6, 0.4, 2.6 -> 2, -6, 0.5, 3.
