@@ -966,24 +966,18 @@ fn probe_and_sweep_score_the_other_index_profiles_and_compare() {
         p.dedup();
         p
     };
-    let out = bin()
-        .arg("probe")
-        .arg("--model")
-        .arg(planted())
-        .args([
-            "--length",
-            "512",
-            "--kv",
-            "exact",
-            "--topk",
-            "64",
-            "--generate",
-            "0",
-        ])
-        .args(["--index", "fp8,bf16", "--compare", "exact", "--json"])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_str(&ok(out, "probe")).unwrap();
+    let v = probe_json(&[
+        "--length",
+        "512",
+        "--topk",
+        "64",
+        "--generate",
+        "0",
+        "--index",
+        "fp8,bf16",
+        "--compare",
+        "exact",
+    ]);
     assert_eq!(v["synthetic"], true);
     for run in v["runs"].as_array().unwrap() {
         let layers = run["layers"].as_array().unwrap();
@@ -994,19 +988,20 @@ fn probe_and_sweep_score_the_other_index_profiles_and_compare() {
     }
 
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("s");
-    let sweep = |extra: &[&str]| {
+    let sweep_into = |dir: &Path, extra: &[&str]| {
         bin()
             .arg("sweep")
             .arg("--model")
             .arg(planted())
             .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
             .args(["--topk", "64", "--kv", "exact", "--generate", "0", "--out"])
-            .arg(&dir)
+            .arg(dir)
             .args(extra)
             .output()
             .unwrap()
     };
+    let dir = tmp.path().join("s");
+    let sweep = |extra: &[&str]| sweep_into(&dir, extra);
     let text = ok(sweep(&[]), "sweep without --compare");
     assert!(
         text.contains("synthetic model (written by `synth`)"),
@@ -1022,17 +1017,10 @@ fn probe_and_sweep_score_the_other_index_profiles_and_compare() {
     assert!(stderr.contains("compare"), "{stderr}");
 
     let dir = tmp.path().join("c");
-    let out = bin()
-        .arg("sweep")
-        .arg("--model")
-        .arg(planted())
-        .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
-        .args(["--topk", "64", "--kv", "exact", "--generate", "0"])
-        .args(["--compare", "exact,bf16", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    ok(out, "sweep --compare");
+    ok(
+        sweep_into(&dir, &["--compare", "exact,bf16"]),
+        "sweep --compare",
+    );
     let layers = std::fs::read_to_string(dir.join("layers.csv")).unwrap();
     let mut rdr = csv::Reader::from_reader(layers.as_bytes());
     let col = rdr
