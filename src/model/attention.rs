@@ -284,3 +284,49 @@ impl<M> Attention<M> {
         o
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::checkpoint::{synth, Preset, SynthOptions, WeightFormat};
+    use crate::numerics::codecs::bf16_round;
+
+    /// `--kv fp8` on main KV rows of the tiny model (64 dims = 48 nope + 16 rope): the nope dims
+    /// get e4m3 with their block's power-of-two scale, the rope dims bf16 only (attention.md
+    /// 3.5, 9.1). Rounding all 64 dims would share the nope block's scale and move the rope dims.
+    #[test]
+    fn kv_fp8_rounds_the_nope_dims_and_leaves_the_rope_dims_bf16() {
+        let dir = tempfile::tempdir().unwrap();
+        synth(
+            &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path()),
+            None,
+        )
+        .unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let cfg = ckpt.config().clone();
+        let cpu = CpuBackend::new();
+        let attn = Attention::load(&cpu, &ckpt, &cfg, 1).unwrap();
+        let (hd, nope) = (cfg.head_dim, cfg.head_dim - cfg.qk_rope_head_dim);
+        assert_eq!(
+            (hd, nope),
+            (64, 48),
+            "the test's numbers assume the tiny dims"
+        );
+
+        let rows = vec![1.1f32; 2 * hd];
+        let mut kept = cpu.act_from(rows.clone());
+        attn.round_kv(&cpu, &mut kept, KvMode::Exact);
+        assert_eq!(cpu.act_host(&kept).as_ref(), &rows[..]);
+
+        let mut rounded = cpu.act_from(rows);
+        attn.round_kv(&cpu, &mut rounded, KvMode::Fp8);
+        let got = cpu.act_host(&rounded);
+        // bf16(1.1) = 1.1015625; block amax -> scale 2^-8; 282 -> e4m3 288 (step 32), 1.125.
+        let bf = bf16_round(1.1);
+        for row in got.chunks(hd) {
+            assert!(row[..nope].iter().all(|&v| v == 1.125), "nope: {row:?}");
+            assert!(row[nope..].iter().all(|&v| v == bf), "rope: {row:?}");
+        }
+    }
+}

@@ -125,6 +125,74 @@ fn fp4_profiles_by_hand_differ_on_the_tie() {
     assert_eq!(score_one(IndexProfile::OfficialFp4, &Q4, &W, &K4), 1.0625);
 }
 
+/// REF's bf16 score arithmetic step by step (attention.md 6.4), on a hand-made prepared query
+/// whose one-hot heads make each dot a key value: every one of the three bf16 roundings changes
+/// the result, so dropping any of them fails here.
+#[test]
+fn official_fp4_scores_round_dot_product_and_sum_to_bf16() {
+    let pq = PreparedQuery {
+        values: vec![1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+        weights: vec![2.5, 0.75],
+        heads: HEADS,
+        dim: DIM,
+    };
+    let key = [1.01f32, 1.03, 0.0, 0.0];
+    // bf(1.01) = 1.0078125; · 2.5 = 2.51953125 -> bf 2.515625 (step 2^-6 in [2, 4)).
+    // bf(1.03) = 1.03125; · 0.75 = 0.7734375 (bf16 exact).
+    // f32 sum 3.2890625 is a bf16 tie (210.5 steps) -> even: 3.28125.
+    assert_eq!(score(IndexProfile::OfficialFp4, &pq, &key, 1.0), 3.28125);
+    // Without the dot rounding: 2.525 -> 2.53125, 0.7725 -> 0.7734375, sum -> 3.3125.
+    // Without the product rounding: 3.29296875 -> 3.296875. Without the final rounding:
+    // 3.2890625. The f32 profiles: 2.5 · 1.01 + 0.75 · 1.03 = 3.2975.
+    let f32_score = score(IndexProfile::Exact, &pq, &key, 1.0);
+    assert!((f32_score - 3.2975).abs() < 1e-6, "{f32_score}");
+    // The key multiplier applies after the final rounding.
+    assert_eq!(score(IndexProfile::OfficialFp4, &pq, &key, 0.5), 1.640625);
+}
+
+/// REF's head weight is `bf(bf(w) · S)`: with `w = 1` it is bf16(S), not S.
+#[test]
+fn official_fp4_head_weight_is_rounded_to_bf16_after_the_scale() {
+    let w = [1.0f32, 1.01];
+    let pq = prepare_query(IndexProfile::OfficialFp4, &Q, &w, HEADS, DIM);
+    assert_eq!(pq.weights[0], 181.0 / 512.0);
+    assert_ne!(pq.weights[0], s());
+    // bf(1.01) = 1.0078125; · S = 0.356315... = 182.43 steps of 2^-9 -> bf16 182 / 512.
+    assert_eq!(pq.weights[1], 182.0 / 512.0);
+    let sglang = prepare_query(IndexProfile::SglangFp4, &Q, &w, HEADS, DIM);
+    assert_eq!(sglang.weights, vec![s(), 1.0078125 * s()]);
+}
+
+/// A 128-dim index row in the Hadamard basis `t` with t[0] = 4 (block 0) and t[32] = 0.7
+/// (block 1), so the rotated row the fp4 step sees is `t` up to rounding noise. With scales per
+/// 32 elements (attention.md 3.6) block 1 gets scale 2^-3 and 0.7 -> 5.6 -> e2m1 6 -> 0.75; a
+/// block of 64 or 128 would share block 0's scale 1 and give 0.5.
+#[test]
+fn fp4_profiles_scale_each_32_elements_of_a_128_dim_row_on_their_own() {
+    const N: usize = 128;
+    let sylvester = |i: usize, j: usize| {
+        if (i & j).count_ones() % 2 == 0 {
+            1.0
+        } else {
+            -1.0
+        }
+    };
+    let row: Vec<f32> = (0..N)
+        .map(|i| ((4.0 * sylvester(i, 0) + 0.7 * sylvester(i, 32)) / (N as f64).sqrt()) as f32)
+        .collect();
+    for p in [IndexProfile::OfficialFp4, IndexProfile::SglangFp4] {
+        let mut key = vec![0.0; N];
+        assert_eq!(prepare_key_row(p, &row, &mut key), 1.0);
+        assert_eq!((key[0], key[32]), (4.0, 0.75), "{p} key");
+        let query = prepare_query(p, &row, &[1.0], 1, N);
+        assert_eq!(
+            (query.values[0], query.values[32]),
+            (4.0, 0.75),
+            "{p} query"
+        );
+    }
+}
+
 #[test]
 fn exact_scores_are_invariant_under_hadamard_on_both_sides() {
     let (heads, dim, rows) = (4usize, 32usize, 10usize);
