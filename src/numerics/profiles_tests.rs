@@ -171,7 +171,7 @@ fn official_fp4_head_weight_is_rounded_to_bf16_after_the_scale() {
 fn fp4_profiles_scale_each_32_elements_of_a_128_dim_row_on_their_own() {
     const N: usize = 128;
     let sylvester = |i: usize, j: usize| {
-        if (i & j).count_ones() % 2 == 0 {
+        if (i & j).count_ones().is_multiple_of(2) {
             1.0
         } else {
             -1.0
