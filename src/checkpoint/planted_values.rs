@@ -110,7 +110,7 @@ impl Recipe {
         let mut rope_dims: Vec<usize> = freqs
             .iter()
             .enumerate()
-            .filter(|(_, f)| (ROPE_BAND.0..=ROPE_BAND.1).contains(&(4.0 * **f)))
+            .filter(|(_, f)| (ROPE_BAND.0..=ROPE_BAND.1).contains(&(4.0 * **f as f64)))
             .flat_map(|(i, _)| [nope + 2 * i, nope + 2 * i + 1])
             .collect();
         if rope_dims.is_empty() {

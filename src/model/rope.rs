@@ -10,10 +10,12 @@
 //!   `freq'_i = freq_i/factor · ramp_i + freq_i · (1 - ramp_i)`.
 //!   Without `rope_scaling` in the config the compress base is used plainly.
 //!
-//! Numerical choice: frequencies and angles are computed in f64 (`pos · freq'_i`), cos / sin in
-//! f64, then cast to f32. REF does the same in fp32 on the GPU (its last-ulp values are
-//! device-library dependent, attention.md 3.3); the f64 path is the correctly rounded reference
-//! and avoids the `fp32(pos)·freq` angle error that grows with position.
+//! Numerical choice: REF's fp32 pipeline (attention.md 3.3), so long-context angles carry the
+//! same rounding as the model's own table: `freq_i = fp32(1 / fp32(base^fp32(2i/d_r)))`, the
+//! YaRN blend in fp32 one operation at a time, angle `fp32(fp32(pos) · freq'_i)`, then cos / sin
+//! of that f32 angle evaluated in f64 and rounded (correctly rounded; REF's GPU `cosf` / `sinf`
+//! may differ in the last ulp). An f64 angle would differ from every engine by up to
+//! `pos · 2^-25` rad (4e-3 at 128k) on the fast pairs, more than a bf16 step of cos / sin.
 //! Angles are evaluated on the fly per position (d_r/2 sin/cos pairs), so there is no table
 //! length limit.
 
@@ -23,18 +25,22 @@ use crate::config::{LayerKind, ModelConfig, RopeScaling};
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeTable {
     rope_dim: usize,
-    inv_freq: Vec<f64>,
+    inv_freq: Vec<f32>,
 }
 
 impl RopeTable {
-    /// Plain RoPE: `freq_i = base^(-2i/rope_dim)`.
+    /// Plain RoPE: `freq_i = 1 / base^(2i/rope_dim)`, each step rounded to f32 as REF does.
     pub fn plain(rope_dim: usize, base: f64) -> Self {
         assert!(
             rope_dim.is_multiple_of(2) && rope_dim > 0,
             "rope dim must be even and positive"
         );
+        let base = base as f32 as f64;
         let inv_freq = (0..rope_dim / 2)
-            .map(|i| 1.0 / base.powf((2 * i) as f64 / rope_dim as f64))
+            .map(|i| {
+                let exponent = (2 * i) as f32 / rope_dim as f32;
+                1.0 / (base.powf(exponent as f64) as f32)
+            })
             .collect();
         RopeTable { rope_dim, inv_freq }
     }
@@ -43,10 +49,13 @@ impl RopeTable {
     pub fn yarn(rope_dim: usize, base: f64, scaling: &RopeScaling) -> Self {
         let mut table = Self::plain(rope_dim, base);
         let (low, high) = yarn_correction_range(rope_dim, base, scaling);
-        let span = if high == low { 0.001 } else { high - low };
+        let span = if high == low { 0.001 } else { high - low } as f32;
+        let factor = scaling.factor as f32;
         for (i, f) in table.inv_freq.iter_mut().enumerate() {
-            let ramp = ((i as f64 - low) / span).clamp(0.0, 1.0);
-            *f = *f / scaling.factor * ramp + *f * (1.0 - ramp);
+            // REF: smooth = 1 - ramp; freq / factor * (1 - smooth) + freq * smooth, in f32.
+            let ramp = ((i as f32 - low as f32) / span).clamp(0.0, 1.0);
+            let smooth = 1.0 - ramp;
+            *f = *f / factor * (1.0 - smooth) + *f * smooth;
         }
         table
     }
@@ -67,14 +76,16 @@ impl RopeTable {
     }
 
     /// `freq'_i` for i = 0..rope_dim/2.
-    pub fn frequencies(&self) -> &[f64] {
+    pub fn frequencies(&self) -> &[f32] {
         &self.inv_freq
     }
 
-    /// cos and sin of `pos · freq'_i`, each `[rope_dim/2]`, computed in f64 and cast.
+    /// cos and sin of the f32 angle `fp32(pos) · freq'_i`, each `[rope_dim/2]` (the sin / cos
+    /// themselves in f64, rounded to f32).
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
-        for (i, f) in self.inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f64 * f).sin_cos();
+        let pos = pos as f32;
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let (s, c) = ((pos * f) as f64).sin_cos();
             cos[i] = c as f32;
             sin[i] = s as f32;
         }
@@ -125,7 +136,11 @@ mod tests {
             (20, 2.9698e-4),
             (31, 5.6805e-7),
         ] {
-            assert!(close(f[i], want, 1e-4), "freq'_{i} = {} want {want}", f[i]);
+            assert!(
+                close(f[i] as f64, want, 1e-4),
+                "freq'_{i} = {} want {want}",
+                f[i]
+            );
         }
         let (low, high) = yarn_correction_range(64, 160000.0, cfg.rope_scaling.as_ref().unwrap());
         assert_eq!((low, high), (15.0, 25.0));
@@ -139,11 +154,38 @@ mod tests {
             RopeTable::for_layer(&cfg, LayerKind::Csa)
         );
         let swa = RopeTable::for_layer(&cfg, LayerKind::Swa);
+        // f32 steps: within an ulp or two of the exact value.
         assert!(close(
-            swa.frequencies()[31],
+            swa.frequencies()[31] as f64,
             10000f64.powf(-62.0 / 64.0),
-            1e-12
+            2.5e-7
         ));
+    }
+
+    /// The angle is REF's f32 product `fp32(pos) · freq'_i` (torch.outer on an f32 table), not
+    /// the exact one: at position 100,003 they are 2.6e-3 rad apart on pair 1 of the Flash
+    /// compress table, which moves cos by more than a bf16 step would.
+    #[test]
+    fn angles_are_f32_products_of_position_and_frequency() {
+        let t = RopeTable::for_layer(&ModelConfig::flash(), LayerKind::Csa);
+        let (mut c, mut s) = (vec![0.0; 32], vec![0.0; 32]);
+        let pos = 100_003usize;
+        t.cos_sin(pos, &mut c, &mut s);
+        let f1 = t.frequencies()[1];
+        let f32_angle = (pos as f32 * f1) as f64;
+        let exact_angle = pos as f64 * f1 as f64;
+        assert!(
+            (f32_angle - exact_angle).abs() > 2e-3,
+            "{f32_angle} vs {exact_angle}"
+        );
+        assert_eq!(
+            (c[1], s[1]),
+            (f32_angle.cos() as f32, f32_angle.sin() as f32)
+        );
+        assert!((c[1] as f64 - exact_angle.cos()).abs() > 1e-3);
+        // Pair 0 has freq 1: the angle is the position itself.
+        assert_eq!(t.frequencies()[0], 1.0);
+        assert_eq!(c[0], (pos as f64).cos() as f32);
     }
 
     #[test]

@@ -17,9 +17,10 @@
 //! - RMS norm takes the mean square in f64 over 32 interleaved lanes per vector (one thread per
 //!   lane, then one per vector adds the lanes), exactly the CPU's `rms_scale`; scaling runs one
 //!   thread per element.
-//! - RoPE's cos / sin are evaluated on the host by [`RopeTable::cos_sin`] (f64, then rounded to
-//!   f32), exactly the values the CPU uses, and uploaded as `[P, rope_dim/2]` tables; the kernel
-//!   only rotates. Device `sinf` / `cosf` of an f32 angle would lose accuracy with position.
+//! - RoPE's cos / sin are evaluated on the host by [`RopeTable::cos_sin`] (REF's f32 angle, its
+//!   sin / cos correctly rounded from f64), exactly the values the CPU uses, and uploaded as
+//!   `[P, rope_dim/2]` tables; the kernel only rotates. Device `sinf` / `cosf` may differ from
+//!   the correctly rounded value in the last ulp, which would break bit parity with the CPU.
 //! - `kv_fp8_sim` writes a new buffer that replaces the rows', because each element recomputes
 //!   its 64-block's amax from the original values.
 
@@ -135,7 +136,7 @@ pub fn rope<E: Executor>(
         vec![0f32; positions.len() * half],
         vec![0f32; positions.len() * half],
     );
-    // f64 sin_cos per (position, pair): spread over rayon's pool like the CPU's rope.
+    // sin_cos per (position, pair): spread over rayon's pool like the CPU's rope.
     cos.par_chunks_mut(half)
         .zip(sin.par_chunks_mut(half))
         .zip(positions.par_iter())
