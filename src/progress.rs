@@ -1,10 +1,13 @@
-//! Progress bar styles shared by `probe`, `sweep` and `demo` (indicatif, on stderr).
+//! Progress bar styles shared by `probe`, `sweep` and `demo` (indicatif, on stderr), and the
+//! sweep's pair of bars.
 //!
 //! Two keys replace indicatif's own: `{rate}` is a whole number of steps per second with digit
 //! groups and the template's unit after it (`1,234/s`; indicatif's `{per_sec}` prints four
 //! decimals), and `{eta_or_unknown}` says `?` until a rate is known (indicatif's `{eta}` says
 //! `0s` before the first step).
 
+use crate::numerics::profiles::IndexProfile;
+use crate::probe::session::ProbeProgress;
 use indicatif::{HumanDuration, ProgressState, ProgressStyle};
 use std::fmt::Write;
 
@@ -48,6 +51,48 @@ pub fn eta_text(per_sec: f64, eta: std::time::Duration) -> String {
     }
 }
 
+/// Progress of a sweep: a bar over cells (with ETA) and one over the running prefill, both on
+/// stderr and hidden when stderr is not a terminal.
+pub(crate) struct SweepBars {
+    pub(crate) cells: indicatif::ProgressBar,
+    pub(crate) prefill: indicatif::ProgressBar,
+    _multi: indicatif::MultiProgress,
+}
+
+impl SweepBars {
+    pub(crate) fn new(total_cells: u64, done: u64) -> Self {
+        let multi =
+            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
+        let cells = multi.add(indicatif::ProgressBar::new(total_cells));
+        cells.set_style(style(SWEEP_CELLS));
+        cells.set_position(done);
+        // Cells finished before a resume are not this run's speed: start the rate (and so the
+        // ETA) from here, or the jump to `done` in no time would read as a huge rate.
+        cells.reset_eta();
+        let prefill = multi.add(indicatif::ProgressBar::new(0));
+        prefill.set_style(style(SWEEP_PREFILL));
+        SweepBars {
+            cells,
+            prefill,
+            _multi: multi,
+        }
+    }
+}
+
+impl ProbeProgress for SweepBars {
+    fn run_started(&mut self, index: IndexProfile, topk: usize, prompt_tokens: usize) {
+        self.prefill.set_length(prompt_tokens as u64);
+        self.prefill.set_position(0);
+        self.prefill.set_message(format!("{index} top-{topk}"));
+    }
+    fn prefill(&mut self, done: usize, _total: usize) {
+        self.prefill.set_position(done as u64);
+    }
+    fn generated(&mut self, count: usize) {
+        self.prefill.set_message(format!("generated {count}"));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +108,17 @@ mod tests {
         for t in [SWEEP_CELLS, SWEEP_PREFILL, PROBE_PREFILL] {
             assert!(ProgressStyle::with_template(t).is_ok(), "{t}");
         }
+    }
+
+    /// A resumed sweep starts its cells bar at the finished count without taking that jump
+    /// for this run's speed (it would promise an ETA of about zero).
+    #[test]
+    fn a_resumed_sweep_has_no_rate_until_a_cell_finishes() {
+        let bars = SweepBars::new(100, 60);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(bars.cells.position(), 60);
+        assert_eq!(bars.cells.per_sec(), 0.0);
+        bars.cells.inc(1);
+        assert!(bars.cells.per_sec() > 0.0);
     }
 }

@@ -34,10 +34,9 @@ use crate::config::ModelConfig;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
-use crate::probe::session::{
-    answer_position_records, run_probe, ProbeOptions, ProbeProgress, ProbeRun,
-};
+use crate::probe::session::{answer_position_records, run_probe, ProbeOptions, ProbeRun};
 use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
+use crate::progress::SweepBars;
 use crate::report::records::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
 use std::io::Write;
@@ -138,45 +137,6 @@ pub fn cell_record(
         csa_layers_selected: recs.iter().filter(|r| r.selected && !r.trivial).count(),
         csa_layers_nontrivial: recs.iter().filter(|r| !r.trivial).count(),
         wall_seconds: run.wall_seconds,
-    }
-}
-
-/// Progress of a sweep: a bar over cells (with ETA) and one over the running prefill, both on
-/// stderr and hidden when stderr is not a terminal.
-struct SweepBars {
-    cells: indicatif::ProgressBar,
-    prefill: indicatif::ProgressBar,
-    _multi: indicatif::MultiProgress,
-}
-
-impl SweepBars {
-    fn new(total_cells: u64, done: u64) -> Self {
-        let multi =
-            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
-        let cells = multi.add(indicatif::ProgressBar::new(total_cells));
-        cells.set_style(crate::progress::style(crate::progress::SWEEP_CELLS));
-        cells.set_position(done);
-        let prefill = multi.add(indicatif::ProgressBar::new(0));
-        prefill.set_style(crate::progress::style(crate::progress::SWEEP_PREFILL));
-        SweepBars {
-            cells,
-            prefill,
-            _multi: multi,
-        }
-    }
-}
-
-impl ProbeProgress for SweepBars {
-    fn run_started(&mut self, index: IndexProfile, topk: usize, prompt_tokens: usize) {
-        self.prefill.set_length(prompt_tokens as u64);
-        self.prefill.set_position(0);
-        self.prefill.set_message(format!("{index} top-{topk}"));
-    }
-    fn prefill(&mut self, done: usize, _total: usize) {
-        self.prefill.set_position(done as u64);
-    }
-    fn generated(&mut self, count: usize) {
-        self.prefill.set_message(format!("generated {count}"));
     }
 }
 
