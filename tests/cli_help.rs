@@ -245,7 +245,9 @@ fn version_is_printed() {
 }
 
 /// A negative number written with a space (`--depth -1`) is a bad value of that flag, named
-/// as such, not clap's "unexpected argument '-1'".
+/// as such, not clap's "unexpected argument '-1'". Other values starting with `-` need `=`
+/// (`--length=-2k`): with a space clap takes them for flags, which keeps its clear "a value is
+/// required" for a forgotten value (`--length --out x`).
 #[test]
 fn negative_values_name_their_flag() {
     for (args, flag) in [
@@ -262,8 +264,16 @@ fn negative_values_name_their_flag() {
             "'--length <TOKENS>'",
         ),
         (
+            &["probe", "--model", "m", "--length=-2k"][..],
+            "'--length <TOKENS>'",
+        ),
+        (
             &["sweep", "--model", "m", "--depths", "-5"][..],
             "'--depths <PCTS>'",
+        ),
+        (
+            &["sweep", "--model", "m", "--lengths=-2k,4k"][..],
+            "'--lengths <TOKENS>'",
         ),
         (
             &["sweep", "--model", "m", "--samples", "-1"][..],

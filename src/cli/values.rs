@@ -12,6 +12,9 @@ pub fn parse_token_count(s: &str) -> Result<usize, String> {
     const FORM: &str =
         "expected a token count such as 16000, 16k or 1m (k = 1024, m = 1048576; no fractions)";
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("{FORM}; it must be positive"));
+    }
     let (digits, mult) = match t.char_indices().last() {
         Some((i, 'k' | 'K')) => (&t[..i], 1024usize),
         Some((i, 'm' | 'M')) => (&t[..i], 1024 * 1024),
@@ -218,6 +221,9 @@ mod tests {
         assert!(parse_token_count("12q").unwrap_err().contains("16k"));
         assert!(parse_token_count("k").is_err());
         assert!(parse_token_count("0").is_err());
+        assert!(parse_token_count("-2k")
+            .unwrap_err()
+            .ends_with("it must be positive"));
         assert!(parse_token_count("1.5k").is_err());
         assert!(parse_token_count("99999999999999999999m").is_err());
     }
