@@ -378,6 +378,20 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     std::fs::write(path, bytes).map_err(|e| CheckpointError::io(path, e))
 }
 
+/// Test helper: the tiny bf16 checkpoint in a fresh temporary directory, opened (keep the
+/// directory alive as long as the checkpoint).
+#[cfg(test)]
+pub(crate) fn tiny_for_tests() -> (tempfile::TempDir, super::Checkpoint) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path()),
+        None,
+    )
+    .expect("synth writes the tiny checkpoint");
+    let ckpt = super::Checkpoint::open(dir.path()).expect("the tiny checkpoint opens");
+    (dir, ckpt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

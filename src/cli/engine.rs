@@ -294,18 +294,10 @@ fn open_cuda(ordinals: &[usize]) -> Result<Vec<CudaExecutor>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{synth, Preset, SynthOptions, WeightFormat};
     use crate::cli::device::{DeviceSpec, GpuGemm};
 
     fn tiny() -> (tempfile::TempDir, Checkpoint) {
-        let dir = tempfile::tempdir().unwrap();
-        synth(
-            &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path()),
-            None,
-        )
-        .unwrap();
-        let ckpt = Checkpoint::open(dir.path()).unwrap();
-        (dir, ckpt)
+        crate::checkpoint::synth::tiny_for_tests()
     }
 
     fn no_gpu() -> CudaReport {

@@ -289,7 +289,6 @@ impl<M> Attention<M> {
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
-    use crate::checkpoint::{synth, Preset, SynthOptions, WeightFormat};
     use crate::numerics::codecs::bf16_round;
 
     /// `--kv fp8` on main KV rows of the tiny model (64 dims = 48 nope + 16 rope): the nope dims
@@ -297,13 +296,7 @@ mod tests {
     /// 3.5, 9.1). Rounding all 64 dims would share the nope block's scale and move the rope dims.
     #[test]
     fn kv_fp8_rounds_the_nope_dims_and_leaves_the_rope_dims_bf16() {
-        let dir = tempfile::tempdir().unwrap();
-        synth(
-            &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path()),
-            None,
-        )
-        .unwrap();
-        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let (_dir, ckpt) = crate::checkpoint::synth::tiny_for_tests();
         let cfg = ckpt.config().clone();
         let cpu = CpuBackend::new();
         let attn = Attention::load(&cpu, &ckpt, &cfg, 1).unwrap();
