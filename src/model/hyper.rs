@@ -254,6 +254,17 @@ mod tests {
         );
     }
 
+    /// The head's `pre` adds hc_eps after the sigmoid, as each layer site does (model.md 4.4).
+    #[test]
+    fn head_coefficients_add_hc_eps_after_the_sigmoid() {
+        let (mixes, base, scale) = ([0.5f32, -1.0, 0.0, 2.0], [0.1f32, 0.2, -0.3, 0.0], [1.5]);
+        let mut pre = [0.0f32; 4];
+        head_coefficients(&mixes, &base, &scale, 0.25, &mut pre);
+        for j in 0..4 {
+            assert_eq!(pre[j], sigmoid(mixes[j] * 1.5 + base[j]) + 0.25, "pre[{j}]");
+        }
+    }
+
     #[test]
     fn coefficients_follow_the_formulas() {
         let p = params();

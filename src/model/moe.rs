@@ -312,4 +312,53 @@ mod tests {
         assert!((w[0] - 0.375).abs() < 1e-6 && (w[1] - 1.125).abs() < 1e-6);
         assert!((w[2] - 1.125).abs() < 1e-6 && (w[3] - 0.375).abs() < 1e-6);
     }
+
+    /// The config's `swiglu_limit` reaches both the routed and the shared experts: with a limit
+    /// small enough to clamp the tiny model's activations, `forward` equals the ops called with
+    /// that limit by hand, and differs from the default limit (which never clamps here).
+    #[test]
+    fn forward_clamps_routed_and_shared_experts_at_the_config_limit() {
+        use crate::backend::cpu::CpuBackend;
+        use crate::model::NoObserver;
+        let (_dir, ckpt) = crate::checkpoint::synth::tiny_for_tests();
+        let mut cfg = ckpt.config().clone();
+        cfg.swiglu_limit = 0.05;
+        let cpu = CpuBackend::new();
+        let layer = 3; // score router, routed and shared experts
+        let moe = Moe::load(&cpu, &ckpt, &cfg, layer).unwrap();
+        assert!(moe.shared.is_some());
+        let d = cfg.hidden_size;
+        let tokens = [5u32, 17, 99];
+        let host: Vec<f32> = (0..tokens.len() * d)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.04)
+            .collect();
+        let u = cpu.act_from(host);
+        let got = moe.forward(&cpu, &u, &tokens, (layer, 0), &mut NoObserver);
+
+        let mut scores = vec![0.0f32; tokens.len() * moe.n_experts];
+        cpu.router_scores(&u, &moe.gate, &mut scores);
+        let (experts, weights) = moe.route(&scores, &tokens);
+        let routes = Routes {
+            per_token: moe.top_k,
+            experts: &experts,
+            weights: &weights,
+        };
+        let by_hand = |limit: f32| {
+            let mut out = cpu.act_zeros(tokens.len() * d);
+            cpu.moe_experts(&u, &routes, &moe.experts, limit, &mut out);
+            let mut shared = cpu.act_zeros(tokens.len() * d);
+            cpu.ffn(&u, moe.shared.as_ref().unwrap(), limit, &mut shared);
+            cpu.add_assign(&mut out, &shared);
+            out
+        };
+        assert_eq!(got, by_hand(0.05));
+        assert_ne!(got, by_hand(ModelConfig::tiny().swiglu_limit as f32));
+        // Each part clamps on its own: the shared expert alone at the default limit differs.
+        let mut routed_only = cpu.act_zeros(tokens.len() * d);
+        cpu.moe_experts(&u, &routes, &moe.experts, 0.05, &mut routed_only);
+        let mut shared_loose = cpu.act_zeros(tokens.len() * d);
+        cpu.ffn(&u, moe.shared.as_ref().unwrap(), 10.0, &mut shared_loose);
+        cpu.add_assign(&mut routed_only, &shared_loose);
+        assert_ne!(got, routed_only);
+    }
 }

@@ -166,11 +166,13 @@ mod tests {
         // Row 0 in the window, row 1 in the compressed rows.
         let (window, compressed) = ([1.0f32, 0.0], [0.0f32, 1.0]);
         let entries = vec![vec![0u32, 1]];
-        let q = [1.0f32, 0.0];
+        // Logit scale 0.5 on q·k = 2: the window row's logit is 1. The sink is a logit already
+        // and is not scaled.
+        let q = [2.0f32, 0.0];
         let batch = AttentionBatch {
             heads: 1,
             head_dim: 2,
-            scale: 1.0,
+            scale: 0.5,
             sinks: &[0.5],
             queries: &q[..],
             kv: [&window[..], &compressed[..]],

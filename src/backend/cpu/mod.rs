@@ -451,6 +451,11 @@ mod tests {
         v[0] = 3.0;
         v[32] = 4.0;
         assert_eq!(rms_scale(&v, 0.0), (1.0 / (25.0f64 / 33.0).sqrt()) as f32);
+        // eps inside the root: 1/sqrt(0 + 1e-6) = 1000 and 1/sqrt(1e-6 + 1e-6) = 707.1...
+        // (eps outside, 1/(sqrt(ms) + eps), would give 1e6 and 999).
+        assert!((rms_scale(&[0.0; 32], 1e-6) - 1000.0).abs() < 1e-3);
+        let small = rms_scale(&[1e-3; 32], 1e-6);
+        assert!((small - (0.5e6f64).sqrt() as f32).abs() < 1e-3, "{small}");
     }
     use super::*;
 
