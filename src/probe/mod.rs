@@ -7,7 +7,8 @@
 //! - [`haystack`]: seeded text generators for the haystack kinds (noise, kv, tools, file);
 //!   [`words`] holds their own word lists and templates, [`rng`] the portable PRNG.
 //! - [`value`]: needle value / kv key generators (`[value]`, `[key]` tables).
-//! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans.
+//! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans
+//!   (`spans.rs` derives and checks the spans from the final encoding).
 //! - [`rows`]: CSA/HCA row mapping and visibility (design.md section 4, normative).
 //! - [`rank`]: needle rank, ties, k-th score, margin, selection; the `LayerRecord`.
 //! - [`observe`]: `NeedleObserver`, the `model::observer::Observer` of a probe run.
@@ -23,6 +24,7 @@ pub mod rng;
 pub mod rows;
 pub mod scenario;
 pub mod session;
+mod spans;
 pub mod tokenizer;
 pub mod value;
 pub mod words;
