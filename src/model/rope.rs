@@ -15,7 +15,7 @@
 //! YaRN blend in fp32 one operation at a time, angle `fp32(fp32(pos) · freq'_i)`, then cos / sin
 //! of that f32 angle evaluated in f64 and rounded (correctly rounded; REF's GPU `cosf` / `sinf`
 //! may differ in the last ulp). An f64 angle would differ from every engine by up to
-//! `pos · 2^-25` rad (4e-3 at 128k) on the fast pairs, more than a bf16 step of cos / sin.
+//! `pos · 2^-24` rad (4e-3 just below 128k) on the fast pairs, more than a bf16 step of cos / sin.
 //! Angles are evaluated on the fly per position (d_r/2 sin/cos pairs), so there is no table
 //! length limit.
 
@@ -163,8 +163,8 @@ mod tests {
     }
 
     /// The angle is REF's f32 product `fp32(pos) · freq'_i` (torch.outer on an f32 table), not
-    /// the exact one: at position 100,003 they are 2.6e-3 rad apart on pair 1 of the Flash
-    /// compress table, which moves cos by more than a bf16 step would.
+    /// the exact one: at position 100,003 they are 3.4e-3 rad apart on pair 1 of the Flash
+    /// compress table, which moves cos by 3.3e-3, nearly a bf16 step at 1.
     #[test]
     fn angles_are_f32_products_of_position_and_frequency() {
         let t = RopeTable::for_layer(&ModelConfig::flash(), LayerKind::Csa);
