@@ -205,3 +205,58 @@ fn model_name_is_the_last_path_component() {
     info.model_path = "/models/x/".into();
     assert_eq!(info.model_name(), "x");
 }
+
+/// A cell's summary fields come from the driving profile's records at the last prompt token
+/// only: `min_needle_rank` is the worst rank over those CSA layers (design.md 6, despite the
+/// name), and the selected / non-trivial counts skip trivial layers. Comparison profiles and
+/// decode positions do not count.
+#[test]
+fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
+    let id = "L4096-d50-fp8-k512-s0";
+    let prompt = needlescope::probe::NeedlePrompt {
+        tokens: vec![0; 4096],
+        needle: (1000, 1012),
+        answer: (1005, 1007),
+        needle_text: "The pass key is 71432.".into(),
+        answer_value: "71432".into(),
+        key: String::new(),
+        question: "What is the pass key?".into(),
+        depth_pct: 50.0,
+        actual_depth_pct: 49.8,
+        needle_span_text: " The pass key is 71432.".into(),
+        answer_span_text: " 71432".into(),
+        prompt_text: String::new(),
+    };
+    let mut trivial = layer(id, 5, "fp8", true, 2);
+    trivial.trivial = true;
+    let mut decode = layer(id, 1, "fp8", true, 9000);
+    decode.query_pos = 4096;
+    decode.phase = "decode".into();
+    let run = needlescope::probe::session::ProbeRun {
+        cell_id: id.into(),
+        index: "fp8".into(),
+        kv: "fp8".into(),
+        topk: 512,
+        answer_text: "71432".into(),
+        answer_correct: true,
+        generated_ids: vec![],
+        layers: vec![
+            layer(id, 1, "fp8", true, 3),
+            layer(id, 3, "fp8", true, 700),
+            trivial,
+            layer(id, 3, "bf16", false, 5000),
+            decode,
+        ],
+        attention: vec![],
+        selection_disagreements: 0,
+        selection_checks: 3,
+        wall_seconds: 1.0,
+    };
+    let c = needlescope::sweep::cell_record(&prompt, 4096, &run, true);
+    assert_eq!(c.min_needle_rank, Some(700));
+    assert_eq!((c.csa_layers_selected, c.csa_layers_nontrivial), (1, 2));
+    assert_eq!((c.needle_start, c.needle_end), (1000, 1012));
+    assert_eq!(c.answer_correct, Some(true));
+    let unjudged = needlescope::sweep::cell_record(&prompt, 4096, &run, false);
+    assert_eq!(unjudged.answer_correct, None);
+}

@@ -274,3 +274,47 @@ fn draw_legend<DB: DrawingBackend>(
     .map_err(&err)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rank: Option<usize>, correct: bool) -> CellRecord {
+        CellRecord {
+            cell_id: "L4096-d50-fp8-k512-s0".into(),
+            target_tokens: 4096,
+            prompt_tokens: 4096,
+            depth_pct: 50.0,
+            needle_start: 100,
+            needle_end: 130,
+            answer_start: 120,
+            answer_end: 125,
+            index: IndexProfile::SglangFp8,
+            kv: KvMode::Fp8,
+            topk: 512,
+            answer_text: String::new(),
+            answer_correct: Some(correct),
+            min_needle_rank: rank,
+            csa_layers_selected: 2,
+            csa_layers_nontrivial: 2,
+            wall_seconds: 1.0,
+        }
+    }
+
+    /// A tile names the worst rank over its samples, and the recalled fraction when the samples
+    /// disagree.
+    #[test]
+    fn a_tile_shows_the_worst_rank_over_its_samples() {
+        let (a, b, c) = (
+            sample(Some(5), true),
+            sample(Some(900), true),
+            sample(None, true),
+        );
+        let t = tile(&[&a, &b, &c]);
+        assert_eq!((t.text.as_str(), t.fill), ("900", GREEN));
+        let lost = sample(Some(40), false);
+        let t = tile(&[&a, &lost]);
+        assert_eq!((t.text.as_str(), t.fill), ("40 (1/2)", AMBER));
+        assert_eq!(tile(&[&c]).text, "-");
+    }
+}

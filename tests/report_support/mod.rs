@@ -174,7 +174,7 @@ pub fn sample_sweep(
                     let selected = driving.iter().filter(|r| !r.trivial && r.selected).count();
                     let mut c = cell(&id, len, d, index, topk);
                     c.prompt_tokens = len;
-                    c.min_needle_rank = driving.iter().filter_map(|r| r.needle_rank).min();
+                    c.min_needle_rank = driving.iter().filter_map(|r| r.needle_rank).max();
                     c.csa_layers_nontrivial = nontrivial;
                     c.csa_layers_selected = selected;
                     c.answer_correct = judge_by_answer.then(|| selected + 2 >= nontrivial);
