@@ -851,6 +851,11 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
 /// What `sweep --model planted --index fp8 --topk 64 --kv exact` plus `grid` printed, run into
 /// a fresh directory.
 fn small_sweep(grid: &[&str]) -> String {
+    small_sweep_kept(grid).0
+}
+
+/// [`small_sweep`] keeping the run directory (`DIR/s`) for the caller to read.
+fn small_sweep_kept(grid: &[&str]) -> (String, tempfile::TempDir) {
     let tmp = tempfile::tempdir().unwrap();
     let out = bin()
         .arg("sweep")
@@ -861,7 +866,7 @@ fn small_sweep(grid: &[&str]) -> String {
         .arg(tmp.path().join("s"))
         .output()
         .unwrap();
-    ok(out, "sweep")
+    (ok(out, "sweep"), tmp)
 }
 
 /// Long haystack units (tool definitions) at a short length leave the needle off the requested
@@ -909,7 +914,11 @@ fn sweep_lines_call_cells_without_evidence_trivial() {
 /// With several samples per grid point, each cell line names its sample.
 #[test]
 fn sweep_lines_name_the_sample() {
-    let text = small_sweep(&["--lengths", "512", "--depths", "50", "--samples", "2"]);
+    let (text, dir) = small_sweep_kept(&["--lengths", "512", "--depths", "50", "--samples", "2"]);
+    // Each sample is its own cell: its own id in cells.csv (a resume tells them apart by it).
+    let records = needlescope::report::RunRecords::read(&dir.path().join("s")).unwrap();
+    let ids: Vec<&str> = records.cells.iter().map(|c| c.cell_id.as_str()).collect();
+    assert_eq!(ids, ["L512-d50-fp8-k64-s0", "L512-d50-fp8-k64-s1"]);
     let lines: Vec<&str> = text
         .lines()
         .filter(|l| l.contains(" tokens  depth"))
