@@ -10,9 +10,10 @@
 // the same four steps with some switched off. Scores: the host runs the dot products as GEMM
 // tiles; idx_combine applies ReLU, head weights and row scales in the CPU's order (heads in
 // order from -0.0). Top-k (src/backend/gpu/topk.rs), for many score rows in the same launches: a
-// radix select over order-preserving u32 keys across several small launches (per-(row, chunk)
-// histograms, a 256-bin reduction per row, one picking thread per row), then each row's winners
-// are collected per chunk in row order and placed by rank (each candidate counts who beats it).
+// radix select over order-preserving u32 keys across several small launches (per-(row, lane)
+// 16-bin histograms over interleaved scores, a 16-bin sum per row, one picking thread per row),
+// then each row's winners are collected per chunk in row order and placed by rank (each
+// candidate counts who beats it).
 
 #define IDX_BF_PRE 1
 #define IDX_ROTATE 2
@@ -262,8 +263,9 @@ extern "C" __global__ void idx_combine(const float* d, const float* weights, con
 
 // ---- top-k (selection::topk) of `rows` score rows at once ----
 // Row r is s[r*stride .. r*stride + visible[r]]; it takes min(k, visible[r]) winners into
-// out[r*k ..] (-1 after them). Per-chunk kernels run one thread per (row, chunk) pair
-// e = r*chunks + c; per-row state sits at index r.
+// out[r*k ..] (-1 after them). The count and collect kernels run one thread per (row, chunk)
+// pair e = r*chunks + c (contiguous chunks: collect keeps row order); per-row state sits at
+// index r.
 // A score as a totally ordered key: NaN 0 (lowest), then -inf .. +inf, -0.0 == +0.0.
 static __device__ __forceinline__ u32 idx_order_key(float s) {
     if (ns_isnan(s)) return 0u;
@@ -283,20 +285,21 @@ static __device__ __forceinline__ bool idx_matches(u32 key, u32 prefix, int shif
     return shift == 32 - IDX_DIGIT_BITS || ((key ^ prefix) >> (shift + IDX_DIGIT_BITS)) == 0u;
 }
 
-// Per (row, chunk) e: hist[e*IDX_BINS + digit] counts the keys of the chunk matching the row's
-// prefix.
-// The counters are registers (a compare per bin and key, no memory traffic), written once.
-extern "C" __global__ void idx_topk_hist(const float* s, i64 stride, const int* visible, i64 rows, i64 chunk,
-                                         i64 chunks, const u32* state, int shift, u32* hist) {
-    NS_FOR(e, rows * chunks) {
-        i64 r = e / chunks, c = e % chunks;
+// Per (row, lane) e: hist[e*IDX_BINS + digit] counts the keys of the lane matching the row's
+// prefix. Lane l of a row reads its keys l, l + lanes, l + 2*lanes, ... (interleaved, so the
+// adjacent threads of a row read adjacent scores: coalesced loads; the order of counting does
+// not matter). The counters are registers (a compare per bin and key), written once.
+extern "C" __global__ void idx_topk_hist(const float* s, i64 stride, const int* visible, i64 rows, i64 lanes,
+                                         const u32* state, int shift, u32* hist) {
+    NS_FOR(e, rows * lanes) {
+        i64 r = e / lanes, l = e % lanes;
         u32 count[IDX_BINS];
 #pragma unroll
         for (int b = 0; b < IDX_BINS; ++b) count[b] = 0u;
         u32 prefix = state[2 * r];
         const float* row = s + r * stride;
-        i64 end = idx_min64((c + 1) * chunk, (i64)visible[r]);
-        for (i64 i = c * chunk; i < end; ++i) {
+        i64 end = (i64)visible[r];
+        for (i64 i = l; i < end; i += lanes) {
             u32 key = idx_order_key(row[i]);
             if (!idx_matches(key, prefix, shift)) continue;
             u32 digit = (key >> shift) & (IDX_BINS - 1u);
@@ -309,13 +312,13 @@ extern "C" __global__ void idx_topk_hist(const float* s, i64 stride, const int* 
     }
 }
 
-// total[r*IDX_BINS + b] = sum over the chunks c of row r of hist[(r*chunks + c)*IDX_BINS + b].
-extern "C" __global__ void idx_topk_total(const u32* hist, i64 rows, i64 chunks, u32* total) {
+// total[r*IDX_BINS + b] = sum over the lanes l of row r of hist[(r*lanes + l)*IDX_BINS + b].
+extern "C" __global__ void idx_topk_total(const u32* hist, i64 rows, i64 lanes, u32* total) {
     NS_FOR(e, rows * IDX_BINS) {
         i64 r = e / IDX_BINS, b = e % IDX_BINS;
-        const u32* h = hist + r * chunks * IDX_BINS + b;
+        const u32* h = hist + r * lanes * IDX_BINS + b;
         u32 sum = 0u;
-        for (i64 c = 0; c < chunks; ++c) sum += h[c * IDX_BINS];
+        for (i64 l = 0; l < lanes; ++l) sum += h[l * IDX_BINS];
         total[e] = sum;
     }
 }

@@ -7,10 +7,11 @@
 //! `out[t·k..(t+1)·k]`; a single row is a batch of one.
 //!
 //! A radix select over order-preserving u32 keys of the scores (NaN lowest), 4 bits per pass
-//! (eight passes), finds each row's k-th key K: per (row, chunk) 16-bin histograms of the keys
+//! (eight passes), finds each row's k-th key K: per (row, lane) 16-bin histograms of the keys
 //! matching the row's prefix so far (counted in registers; 256-bin histograms in global memory
-//! took 136 us a launch at Flash's 8K on an H200), a 16-bin sum per row, one picking thread
-//! per row. Then the rows above K and
+//! took 136 us a launch at Flash's 8K on an H200; a row's lanes, a multiple of 32, take its
+//! scores interleaved, so a warp loads adjacent scores), a 16-bin sum per row, one picking
+//! thread per row. Then the rows above K and
 //! the first needed rows equal to K (ties to the lower row) are collected per chunk in row
 //! order, and each candidate is placed by counting the row's candidates that beat it. Every
 //! kernel runs over all rows of a group at once, so a call is 27 launches per group (one group
@@ -20,7 +21,7 @@
 //! O(k²) over k threads.
 //!
 //! Device memory per group is bounded: rows are processed in groups of at most
-//! [`TOPK_GROUP_SCORES`] scores and [`TOPK_GROUP_CHUNKS`] (row, chunk) histograms of 64 bytes.
+//! [`TOPK_GROUP_SCORES`] scores and [`TOPK_GROUP_CHUNKS`] (row, lane) histograms of 64 bytes.
 
 use super::executor::{buf, download, grid_for, upload, Arg, Executor, GpuError};
 use super::{Act, GpuBackend};
@@ -35,7 +36,8 @@ const TOPK_CHUNK: usize = 256;
 const TOPK_MAX_CHUNKS: usize = 1024;
 /// Most scores (`rows x stride`) of one group of rows on the device (64 MiB of f32).
 pub const TOPK_GROUP_SCORES: usize = 16 << 20;
-/// Most (row, chunk) histograms of one group (16 u32 each: 4 MiB).
+/// Most (row, lane) histograms of one group (16 u32 each: 4 MiB); lanes are at least the
+/// chunks, so this bounds the (row, chunk) counts too.
 pub const TOPK_GROUP_CHUNKS: usize = 1 << 16;
 
 /// `head` followed by `tail`, as one argument list.
@@ -47,6 +49,12 @@ fn chain<'a, B>(head: &[Arg<'a, B>], tail: &[Arg<'a, B>]) -> Vec<Arg<'a, B>> {
 fn chunking(n: usize) -> (usize, usize) {
     let chunk = TOPK_CHUNK.max(n.div_ceil(TOPK_MAX_CHUNKS));
     (chunk, n.div_ceil(chunk).max(1))
+}
+
+/// Threads per row of the histogram passes: the chunk count rounded up to a whole warp, so a
+/// warp's loads of one row are adjacent scores (`idx_topk_hist` interleaves its lanes).
+fn histogram_lanes(chunks: usize) -> usize {
+    chunks.next_multiple_of(32)
 }
 
 /// The top `out.len()` rows of one host score row.
@@ -145,7 +153,7 @@ fn select<E: Executor>(
     }
     let (_, chunks) = chunking(max_visible);
     let per_group = (group_scores / stride.max(1))
-        .min(TOPK_GROUP_CHUNKS / chunks)
+        .min(TOPK_GROUP_CHUNKS / histogram_lanes(chunks))
         .clamp(1, tokens);
     for r0 in (0..tokens).step_by(per_group) {
         let r1 = (r0 + per_group).min(tokens);
@@ -178,10 +186,11 @@ fn select_group<E: Executor>(
     let init: Vec<u32> = visible.iter().flat_map(|&v| [0, k.min(v) as u32]).collect();
     let state = upload(e, &init)?;
     let pairs = rows * chunks;
+    let lanes = histogram_lanes(chunks);
     // Every histogram and total is written whole by its kernel.
-    let hist = e.alloc_uninit(pairs * BINS * 4)?;
+    let hist = e.alloc_uninit(rows * lanes * BINS * 4)?;
     let total = e.alloc_uninit(rows * BINS * 4)?;
-    // The arguments of the per-(row, chunk) kernels, before their own.
+    // The arguments of the per-(row, chunk) kernels (count, collect), before their own.
     let head = [
         scores,
         Arg::I64(stride as i64),
@@ -192,15 +201,24 @@ fn select_group<E: Executor>(
         buf(&state),
     ];
     for shift in (0..32).step_by(DIGIT_BITS).rev() {
-        let hist_args = chain(&head, &[Arg::I32(shift), buf(&hist)]);
-        e.launch("idx_topk_hist", grid_for(pairs), &hist_args)?;
+        let hist_args = [
+            scores,
+            Arg::I64(stride as i64),
+            buf(&vis_b),
+            Arg::I64(rows as i64),
+            Arg::I64(lanes as i64),
+            buf(&state),
+            Arg::I32(shift),
+            buf(&hist),
+        ];
+        e.launch("idx_topk_hist", grid_for(rows * lanes), &hist_args)?;
         e.launch(
             "idx_topk_total",
             grid_for(rows * BINS),
             &[
                 buf(&hist),
                 Arg::I64(rows as i64),
-                Arg::I64(chunks as i64),
+                Arg::I64(lanes as i64),
                 buf(&total),
             ],
         )?;
