@@ -47,7 +47,7 @@ impl Checkpoint {
     }
 
     /// [`Checkpoint::shared_linear`] for a weight about to be loaded: also refuses a scale
-    /// tensor holding a NaN code ([`Checkpoint::check_scale_codes`], one pass over the scale
+    /// tensor holding a NaN code (`Checkpoint::check_scale_codes`, one pass over the scale
     /// bytes, which loading reads anyway). Inspecting shapes (e.g. `bench`'s parameter count)
     /// uses `shared_linear` and reads no scale.
     pub fn loaded_linear(

@@ -2,7 +2,7 @@
 //! (`0:100:10`), probed positions (`all|last|LIST`), GPU architectures (`sm_90`).
 //!
 //! Each parser returns `Err(String)` describing the expected form; clap prefixes it with the flag
-//! and the offending value ("invalid value '12q' for '--length <LENGTH>': expected ..."), and
+//! and the offending value (`invalid value '12q' for '--length <LENGTH>': expected ...`), and
 //! exits with the usage code 2.
 
 /// Token counts: a plain integer, or an integer with a binary suffix `k` (x1024) or `m`

@@ -5,7 +5,7 @@
 //! layer loop, the observer calls), [`bench`] the prefill benchmark, [`observer`] the fixed
 //! interface to the probe.
 //!
-//! Every op runs on a [`Backend`](crate::backend::Backend); the CPU backend is the reference.
+//! Every op runs on a [`Backend`]; the CPU backend is the reference.
 //! Linear weights are handed to the backend in their stored format (`load_matrix`); it decodes
 //! them at load or on use (`backend::WeightResidency`), so a model larger than RAM runs from
 //! the checkpoint's memory map.

@@ -211,7 +211,7 @@ impl<A> WindowCache<A> {
         self.rows.append(backend, rows);
     }
 
-    /// Index in [`WindowCache::rows`] of token `pos`'s row; `pos` must be held.
+    /// Index in `WindowCache::rows` of token `pos`'s row; `pos` must be held.
     pub fn index_of(&self, pos: usize) -> usize {
         debug_assert!(
             pos >= self.first_pos && pos < self.end(),

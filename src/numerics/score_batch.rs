@@ -87,7 +87,7 @@ const LANES: usize = 16;
 /// Combines the dot products of one token into scores: `d` is `[heads, n]` (row stride
 /// `d_rs`), `weights` `[heads]`, `scales` `[n]`, `out` `[n]`. The profile's arithmetic of
 /// [`score`](super::profiles::score) (heads summed in order, from -0.0 as `Iterator::sum`),
-/// vectorised across rows: blocks of [`LANES`] rows accumulate in registers over the heads.
+/// vectorised across rows: blocks of `LANES` rows accumulate in registers over the heads.
 pub fn combine_heads(
     profile: IndexProfile,
     d: &[f32],

@@ -146,7 +146,7 @@ const DEPTH_ROUNDS: usize = 4;
 ///
 /// Unit token counts are not additive (BPE merges across unit boundaries, most of all with
 /// short haystack lines), so the needle can land off the requested depth; the placement is
-/// redone aiming past the miss (at most [`DEPTH_ROUNDS`] times) and the closest prompt is kept
+/// redone aiming past the miss (at most `DEPTH_ROUNDS` times) and the closest prompt is kept
 /// (`actual_depth_pct` says where it is).
 pub fn build_prompt(
     tok: &V4Tokenizer,

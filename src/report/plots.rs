@@ -5,11 +5,11 @@
 //! `sans-serif` ([`ensure_font`]); no system font is ever looked up, so the PNGs are the same
 //! on every machine.
 //!
-//! - `heatmap_<index>_<topk>.png` ([`super::plot_heatmap`]): context length x depth, colour =
+//! - `heatmap_<index>_<topk>.png` (`plot_heatmap`): context length x depth, colour =
 //!   verdict, worst `min_needle_rank` over the samples written in each cell.
-//! - `layers_<cell_id>.png` ([`super::plot_layers`]): needle rank per CSA layer at the answer
+//! - `layers_<cell_id>.png` (`plot_layers`): needle rank per CSA layer at the answer
 //!   position, one line per scored profile, the run's top-k values as horizontal lines.
-//! - `rank_vs_length.png` ([`super::plot_ranks`]): median and worst `min_needle_rank` against
+//! - `rank_vs_length.png` (`plot_ranks`): median and worst `min_needle_rank` against
 //!   context length per (profile, top-k).
 //!
 //! Every plot is 1000 x 700 px with a two-line header (what is plotted; model, scenario,

@@ -371,7 +371,7 @@ impl RunInfo {
 }
 
 /// `sha256:<hex>` of a model config (the `model_config_hash` of run.json): the hash of its
-/// canonical JSON ([`ModelConfig::hash_hex`], what `inspect` and `trace` print), so that a
+/// canonical JSON ([`ModelConfig::hash_hex`](crate::config::ModelConfig::hash_hex), what `inspect` and `trace` print), so that a
 /// reformatted config.json is the same model.
 pub fn config_hash(cfg: &crate::config::ModelConfig) -> String {
     format!("sha256:{}", cfg.hash_hex())

@@ -26,7 +26,7 @@
 //! before it reads or writes anything. [`RunRecords::read`] takes no lock.
 //!
 //! Records read back (on resume and by [`RunRecords::read`]) are checked beyond parsing
-//! ([`super::validate`]): a duplicated or inconsistent cell_id, an impossible value or a cell
+//! (`validate`): a duplicated or inconsistent cell_id, an impossible value or a cell
 //! outside run.json's grid is an error naming file, line and field, never skipped. So is any
 //! complete line that does not parse; only a torn last line (a kill) is dropped, and
 //! [`RunRecords::notes`] says so. CRLF files (a CSV re-saved on Windows) read like LF ones.
@@ -313,7 +313,7 @@ impl RunRecords {
     /// Reads `dir`; torn tails (noted in [`Self::notes`]) and rows of unfinished cells are
     /// ignored, files are not touched. A missing layers.csv or attention.csv reads as empty; a
     /// missing run.json, a line that does not parse and a cell that fails the checks of
-    /// [`super::validate`] are errors.
+    /// `validate` are errors.
     pub fn read(dir: &Path) -> Result<RunRecords> {
         let run_json = dir.join(RUN_JSON);
         if !run_json.exists() {

@@ -1,7 +1,7 @@
 //! Device-resident activations of the GPU backend ([`GpuAct`]) and the helpers every op uses to
 //! place its operands: an input on the device the op runs on ([`GpuBackend::on`]), an in-place
 //! operand moved there for good ([`GpuBackend::migrate`]), an output buffer there
-//! ([`GpuBackend::output`]), and NaN outputs after a failure ([`GpuBackend::settle_acts`]).
+//! ([`GpuBackend::output`]), and NaN outputs after a failure (`GpuBackend::settle_acts`).
 //!
 //! An activation is `len` f32 values at the start of one buffer on one device of the backend;
 //! the buffer may hold more (its *capacity*, [`GpuBackend::capacity`]): the per-sequence caches

@@ -8,9 +8,9 @@
 //! before every driver call (the engine may call from any thread). Families are loaded on their
 //! first launch.
 
+use super::checks::{arg_slots, check_range};
 use super::executor::{
-    arg_slots, check_range, gemm_key, Arg, Executor, Gemm, GpuError, OpProfile, OpTime, Transfers,
-    BLOCK,
+    gemm_key, Arg, Executor, Gemm, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::kernels;
 use super::pool::BufferPool;

@@ -7,9 +7,9 @@
 //! exactly). Device memory is host memory; the reported capacity is whatever the executor was
 //! built with, so placement across several "devices" can be tested too.
 
+use super::checks::{arg_slots, check_gemm, check_range};
 use super::executor::{
-    arg_slots, check_gemm, check_range, gemm_key, Arg, Executor, Gemm, GemmType, GpuError,
-    OpProfile, OpTime, Transfers, BLOCK,
+    gemm_key, Arg, Executor, Gemm, GemmType, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::pool::BufferPool;
 use rayon::prelude::*;

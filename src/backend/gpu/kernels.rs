@@ -256,7 +256,7 @@ mod tests {
                 assert!(seen.insert(k.clone()), "kernel {k} defined twice");
                 assert_eq!(family_of(&k), Some(*family));
                 assert!(
-                    super::super::executor::signature_of(&k).is_some(),
+                    super::super::checks::signature_of(&k).is_some(),
                     "kernel {k} missing from the emulator table"
                 );
             }

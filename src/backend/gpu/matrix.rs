@@ -291,7 +291,7 @@ const SPLIT_K_MIN: usize = 1024;
 /// into, or None to run it whole. A narrow output (n <= 64: the mHC mixes' 24 columns, the
 /// indexer's 64 head weights) over a long inner dimension gives cuBLAS too few output tiles to
 /// spread over the SMs (an H200 took 3.75 ms for the mixes' [2048, 16384] x [16384, 24] in
-/// f32, 25x what reading the operands costs); cut into parts of at least [`SPLIT_K_MIN`] it is
+/// f32, 25x what reading the operands costs); cut into parts of at least `SPLIT_K_MIN` it is
 /// up to 16 times as many independent tiles.
 pub fn split_k_parts(m: usize, n: usize, k: usize) -> Option<usize> {
     if n > 64 || m == 0 {

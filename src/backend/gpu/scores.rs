@@ -17,7 +17,7 @@
 //! queries and head weights (a byte offset at query `first`, no copy), and the leading
 //! `max(visible)` rows of the prepared keys and their scales (the key cache may be longer); it
 //! writes a device activation. Only the visibility `[T]` is uploaded. The bf16 test is a device
-//! reduction over the keys the block reads and its queries ([`bf16_exact_on`]: `el_any_bits`
+//! reduction over the keys the block reads and its queries (`bf16_exact_on`: `el_any_bits`
 //! rounds, one 4-byte download). [`index_scores`] (one host query against host keys, host
 //! output) uploads its inputs and runs the same code.
 
