@@ -9,7 +9,7 @@
 //!   (the 512 / 1,024 boundary of the demo, at a quarter of its lengths), and the exact needle
 //!   z-score is the planted margin.
 //! - `planted_demo_grid` (ignored: the demo grid 1k-16k x 5 depths at the default margin, with
-//!   timings; about 40 s in release on 2 cores). `PLANTED_MARGIN=x` changes the margin:
+//!   timings; about 8 s in release on 2 cores). `PLANTED_MARGIN=x` changes the margin:
 //!   `cargo test --release --test planted_trends -- --ignored --nocapture planted_demo_grid`
 
 use needlescope::checkpoint::planted::{planted_info, synth_planted, DEFAULT_MARGIN, TITLE_NOTE};
@@ -355,7 +355,7 @@ fn planted_needle_rank_grows_with_context_and_fp8_loses_it_first() {
 }
 
 #[test]
-#[ignore = "the demo grid: about 40 s in release (see the module docs)"]
+#[ignore = "the demo grid: about 8 s in release (see the module docs)"]
 fn planted_demo_grid() {
     let margin = std::env::var("PLANTED_MARGIN")
         .ok()
