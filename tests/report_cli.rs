@@ -70,6 +70,38 @@ fn report_and_resume_read_crlf_files_like_lf() {
     assert_eq!(cells_finished(&out), 4);
 }
 
+/// A depth whose shortest decimal has 17 digits goes into run.json, cells.csv and the cell id;
+/// report and a resumed sweep must read it back as the same f64 (serde_json's default float
+/// parser was one ulp off: "expected one of run.json sweep_args.depths [.., 99.9], found
+/// 99.89999999999999", and the run could be neither reported nor resumed).
+#[test]
+fn a_depth_with_seventeen_digits_reads_back_exactly_for_report_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = || {
+        bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(planted())
+            .args(["--lengths", "512", "--depths", "99.89999999999999"])
+            .args(["--index", "fp8", "--topk", "32", "--kv", "exact"])
+            .args(["--generate", "0", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    ok(run(), "sweep");
+    let cells = std::fs::read_to_string(out.join("cells.csv")).unwrap();
+    assert!(
+        cells.contains("L512-d99.89999999999999-fp8-k32-s0"),
+        "{cells}"
+    );
+    ok(report(&out), "report");
+    assert_eq!(cells_finished(&out), 1);
+    let again = ok(run(), "resumed sweep");
+    assert!(again.contains("0 cells run, 1 already finished"), "{again}");
+}
+
 #[test]
 fn report_and_resume_refuse_a_duplicated_cell_and_keep_summary() {
     let dir = tempfile::tempdir().unwrap();

@@ -92,9 +92,18 @@ impl std::str::FromStr for DepthList {
                 return Err(format!("{FORM}; stop {stop} is below start {start}"));
             }
             let n = ((stop - start) / step + 1e-9).floor() as usize;
-            Ok(DepthList(
-                (0..=n).map(|i| start + step * i as f64).collect(),
-            ))
+            // `start + i·step` rounded to the decimals the user wrote (0:100:33.3 gives 99.9,
+            // not 99.89999999999999: the depth names cells and files).
+            let decimals = [parts[0], parts[2]]
+                .iter()
+                .map(|p| p.trim().split_once('.').map_or(0, |(_, f)| f.len()))
+                .max()
+                .unwrap_or(0);
+            let at = |i: usize| -> f64 {
+                let v = start + step * i as f64;
+                format!("{v:.decimals$}").parse().unwrap_or(v)
+            };
+            Ok(DepthList((0..=n).map(at).collect()))
         } else {
             let v = s
                 .split(',')
@@ -239,6 +248,19 @@ mod tests {
         assert!("0:100:0".parse::<DepthList>().is_err());
         assert!("50:10:5".parse::<DepthList>().is_err());
         assert!("1:2".parse::<DepthList>().is_err());
+    }
+
+    /// Summing a decimal step drifts in binary (3 x 33.3 = 99.89999999999999); the list holds
+    /// the decimal the user meant, as if typed.
+    #[test]
+    fn fractional_depth_steps_give_the_written_decimals() {
+        let d: DepthList = "0:100:33.3".parse().unwrap();
+        assert_eq!(d.0, vec![0.0, 33.3, 66.6, 99.9]);
+        let d: DepthList = "0.5:1:0.1".parse().unwrap();
+        assert_eq!(d.0, vec![0.5, 0.6, 0.7, 0.8, 0.9, 1.0]);
+        let d: DepthList = "12.5:100:12.5".parse().unwrap();
+        assert_eq!(d.0.len(), 8);
+        assert_eq!(d.0[7], 100.0);
     }
 
     #[test]
