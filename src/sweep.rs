@@ -277,6 +277,9 @@ fn sweep_into(
             finished.len()
         )?;
     }
+    for note in run_dir.notes() {
+        writeln!(out, "note: {}: {note}", out_dir.display())?;
+    }
     let dir_lock = run_dir.lock().clone();
     let task = SweepTask {
         plan,

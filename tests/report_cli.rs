@@ -176,3 +176,122 @@ fn out_that_is_a_file_is_refused_naming_the_flag() {
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
+
+/// The records of `dir` as sorted lines, cells.csv without its wall_seconds column (the only
+/// one a recomputed cell may change).
+fn records_without_times(dir: &Path) -> Vec<Vec<String>> {
+    ["cells.csv", "layers.csv", "attention.csv"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            let mut lines: Vec<String> = text
+                .lines()
+                .map(|l| {
+                    if *name == "cells.csv" {
+                        l.rsplit_once(',').unwrap().0.to_string()
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect();
+            lines.sort();
+            lines
+        })
+        .collect()
+}
+
+/// Damage a kill cannot cause (a layers.csv row deleted, the end of layers.csv cut off,
+/// layers.csv or cells.csv deleted): `report` refuses, naming the file and the cell, and leaves
+/// summary.json alone; the same sweep run again says what it found, computes the damaged cells
+/// again and ends with the records of the undamaged run. (Before, report rendered what was
+/// left without a word and resume called the run finished, or silently started over.)
+#[test]
+fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = dir.path().join("clean");
+    ok(sweep(&clean), "sweep");
+    let want = records_without_times(&clean);
+    let layers_text = std::fs::read_to_string(clean.join("layers.csv")).unwrap();
+    let lines: Vec<&str> = layers_text.lines().collect();
+    let victim = lines[3];
+    let victim_cell = victim.split(',').next().unwrap().to_string();
+
+    type Damage = fn(&Path, &str);
+    let cases: [(&str, Damage, &str, &str); 4] = [
+        (
+            "a middle layers.csv row deleted",
+            |run, victim| {
+                let text = std::fs::read_to_string(run.join("layers.csv")).unwrap();
+                let kept: String = text
+                    .lines()
+                    .filter(|l| *l != victim)
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                std::fs::write(run.join("layers.csv"), kept).unwrap();
+            },
+            "layers.csv: finished cell VICTIM: 1 of its 2 rows; missing layer",
+            "cell VICTIM: layers.csv, 1 of its 2 rows; missing layer",
+        ),
+        (
+            "the end of layers.csv cut off",
+            |run, _| {
+                let path = run.join("layers.csv");
+                let len = std::fs::metadata(&path).unwrap().len();
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                f.set_len(len - 30).unwrap();
+            },
+            "layers.csv: finished cell LAST: 1 of its 2 rows; missing layer",
+            "cell LAST: layers.csv, 1 of its 2 rows; missing layer",
+        ),
+        (
+            "layers.csv deleted",
+            |run, _| std::fs::remove_file(run.join("layers.csv")).unwrap(),
+            "layers.csv: finished cell FIRST: no rows; the files were edited or damaged",
+            "cell FIRST: layers.csv, no rows; it is computed again",
+        ),
+        (
+            "cells.csv deleted",
+            |run, _| std::fs::remove_file(run.join("cells.csv")).unwrap(),
+            "cells.csv: layers.csv or attention.csv holds rows of 4 cells that cells.csv does not list",
+            "dropped the rows of 4 cells that cells.csv does not list",
+        ),
+    ];
+    let cell_ids: Vec<String> = std::fs::read_to_string(clean.join("cells.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap().to_string())
+        .collect();
+    let name = |s: &str| {
+        s.replace("VICTIM", &victim_cell)
+            .replace("FIRST", &cell_ids[0])
+            .replace("LAST", &cell_ids[3])
+    };
+    for (i, (what, damage, refusal, note)) in cases.iter().enumerate() {
+        let run = dir.path().join(format!("run{i}"));
+        copy_dir(&clean, &run);
+        damage(&run, victim);
+        let summary = std::fs::read(run.join("summary.json")).unwrap();
+        let stderr = refused(report(&run), what);
+        assert!(stderr.contains(&name(refusal)), "{what}: {stderr}");
+        assert!(
+            stderr.contains("running the same command again computes those cells again"),
+            "{what}: {stderr}"
+        );
+        assert_eq!(std::fs::read(run.join("summary.json")).unwrap(), summary, "{what}");
+        let again = ok(sweep(&run), what);
+        assert!(again.contains(&name(note)), "{what}: {again}");
+        assert_eq!(records_without_times(&run), want, "{what}");
+        ok(report(&run), what);
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}

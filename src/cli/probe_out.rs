@@ -73,6 +73,9 @@ pub fn record(
     judge_answers: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    for note in store.notes() {
+        writeln!(out, "note: {}: {note}", store.path().display())?;
+    }
     for run in runs {
         if store.is_finished(&run.cell_id) {
             writeln!(

@@ -26,9 +26,8 @@ impl fmt::Display for FieldDifference {
 }
 
 fn join(diffs: &[FieldDifference]) -> String {
-    let names: Vec<&str> = diffs.iter().map(|d| d.field.as_str()).collect();
     let details: Vec<String> = diffs.iter().map(|d| d.to_string()).collect();
-    format!("it differs in {}: {}", names.join(", "), details.join("; "))
+    format!("it differs in {}", details.join("; "))
 }
 
 /// Errors of the report layer (records, store, summary, plots).
@@ -87,6 +86,13 @@ pub enum ReportError {
         expected: String,
         found: String,
     },
+    /// Records a kill cannot leave behind: a finished cell whose layers.csv or attention.csv
+    /// rows are not all there, or rows of several cells that cells.csv does not list.
+    #[error(
+        "{}: {problem}; the files were edited or damaged (running the same command again computes those cells again)",
+        .path.display()
+    )]
+    Damaged { path: PathBuf, problem: String },
     /// Another process holds the report directory's lock (it is writing there).
     #[error(
         "another needlescope is writing {} (lock {} held); wait for it to finish",

@@ -352,6 +352,12 @@ impl RunInfo {
             self.backend.numerics().into(),
             now.backend.numerics().into(),
         );
+        let (was, is) = (writer(&self.sweep_args), writer(&now.sweep_args));
+        if was != is {
+            // Every argument would differ: say which command wrote the directory instead.
+            cmp("command".into(), was.into(), is.into());
+            return out;
+        }
         match (&self.sweep_args, &now.sweep_args) {
             (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
                 let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
@@ -367,6 +373,18 @@ impl RunInfo {
             (a, b) => cmp("sweep_args".into(), a.clone(), b.clone()),
         }
         out
+    }
+}
+
+/// The command whose arguments `sweep_args` holds: `probe` (it records its name), `sweep`
+/// (`demo` too: a sweep plan, recognised by its `indexes`), else `other`.
+pub(crate) fn writer(sweep_args: &serde_json::Value) -> &'static str {
+    if sweep_args.get("command").and_then(|c| c.as_str()) == Some("probe") {
+        "probe"
+    } else if sweep_args.get("indexes").is_some() {
+        "sweep"
+    } else {
+        "other"
     }
 }
 

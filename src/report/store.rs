@@ -18,6 +18,11 @@
 //!    wherever they sit; a kill during the rewrite leaves the old file, which the next resume
 //!    cleans again. Files are rewritten only when they hold an orphan.
 //!
+//! 4. Damage a kill cannot cause (files edited, truncated or deleted by hand) is found on
+//!    resume by `completeness`: a finished cell whose layers.csv or attention.csv rows are not
+//!    its full grid loses its cells.csv row too and is computed again; rows of cells that
+//!    cells.csv does not list are dropped as in 3. [`RunDir::notes`] says what was changed.
+//!
 //! run.json is written once, atomically, when the directory is created; a resume checks it
 //! against the new run ([`RunInfo::resume_differences`]) and refuses on any difference.
 //!
@@ -38,6 +43,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::completeness::{incomplete_cells, orphan_cells, IncompleteCell};
 use super::csvio::{
     atomic_write, count_lines, csv_err, flush_sync, open_append, read_json, read_tolerant,
     truncate, write_json, ParsedCsv,
@@ -72,6 +78,8 @@ pub struct RunDir {
     next_line: u64,
     /// Held until the store is dropped.
     lock: DirLock,
+    /// See [`RunDir::notes`].
+    notes: Vec<String>,
 }
 
 impl RunDir {
@@ -133,24 +141,59 @@ impl RunDir {
         for row in &cells_csv.records {
             check.check(&row.value, row.line)?;
         }
-        repair(&cells_path, &cells_csv, &CELLS_COLUMNS, |_| true)?;
-        let next_line = if cells_csv.has_header {
-            cells_csv.next_line
-        } else {
-            2
-        };
-        let cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
-        let finished: HashSet<String> = cells.iter().map(|c| c.cell_id.clone()).collect();
         let layers_path = dir.join(LAYERS_CSV);
         let layers: ParsedCsv<LayerRecord> = read_tolerant(&layers_path, &LAYERS_COLUMNS)?;
+        let att_path = dir.join(ATTENTION_CSV);
+        let attention: ParsedCsv<AttentionRecord> = read_tolerant(&att_path, &ATTENTION_COLUMNS)?;
+
+        // Finished cells whose other rows are not all there (files damaged by hand) go back to
+        // the run, which computes them again; rows of unlisted cells are dropped.
+        let all: Vec<CellRecord> = cells_csv.records.iter().map(|r| r.value.clone()).collect();
+        let layer_values: Vec<LayerRecord> =
+            layers.records.iter().map(|r| r.value.clone()).collect();
+        let attention_values: Vec<AttentionRecord> =
+            attention.records.iter().map(|r| r.value.clone()).collect();
+        let damaged = incomplete_cells(&all, &layer_values, &attention_values);
+        let listed: HashSet<String> = all.iter().map(|c| c.cell_id.clone()).collect();
+        let orphans = orphan_cells(
+            layer_values
+                .iter()
+                .map(|r| r.cell_id.as_str())
+                .chain(attention_values.iter().map(|r| r.cell_id.as_str())),
+            &listed,
+        );
+        let notes = resume_notes(&damaged, &orphans);
+        let redo: HashSet<&str> = damaged.iter().map(|d| d.cell_id.as_str()).collect();
+        let cells: Vec<CellRecord> = all
+            .into_iter()
+            .filter(|c| !redo.contains(c.cell_id.as_str()))
+            .collect();
+        let finished: HashSet<String> = cells.iter().map(|c| c.cell_id.clone()).collect();
+        repair(&cells_path, &cells_csv, &CELLS_COLUMNS, |c| {
+            finished.contains(&c.cell_id)
+        })?;
         repair(&layers_path, &layers, &LAYERS_COLUMNS, |r| {
             finished.contains(&r.cell_id)
         })?;
-        let att_path = dir.join(ATTENTION_CSV);
-        let attention: ParsedCsv<AttentionRecord> = read_tolerant(&att_path, &ATTENTION_COLUMNS)?;
         repair(&att_path, &attention, &ATTENTION_COLUMNS, |r| {
             finished.contains(&r.cell_id)
         })?;
+        let next_line = if redo.is_empty() {
+            if cells_csv.has_header {
+                cells_csv.next_line
+            } else {
+                2
+            }
+        } else {
+            // Rows were taken out: check the kept ones afresh (a redone cell is not a
+            // duplicate) and count lines in the rewritten file.
+            check = CellCheck::new(dir, &info)?;
+            let kept: ParsedCsv<CellRecord> = read_tolerant(&cells_path, &CELLS_COLUMNS)?;
+            for row in &kept.records {
+                check.check(&row.value, row.line)?;
+            }
+            kept.next_line
+        };
 
         let run = RunDir {
             cells_w: open_append(&cells_path)?,
@@ -163,9 +206,17 @@ impl RunDir {
             check,
             next_line,
             lock,
+            notes,
         };
         run.write_summary()?;
         Ok((run, cells))
+    }
+
+    /// What a resume changed, one line each: finished cells given back to the run because
+    /// their rows were damaged, rows of unlisted cells dropped. Empty for a fresh directory or
+    /// a clean resume.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Records one finished cell: its layers.csv rows, then attention.csv rows, then (the commit
@@ -293,6 +344,41 @@ fn repair<T>(
     atomic_write(path, &out)
 }
 
+/// The notes of a resume that gives `damaged` cells back to the run and drops the rows of
+/// `orphans` (cells that cells.csv does not list).
+fn resume_notes(damaged: &[IncompleteCell], orphans: &[String]) -> Vec<String> {
+    let mut notes: Vec<String> = damaged
+        .iter()
+        .map(|d| {
+            format!(
+                "cell {}: {}, {}; it is computed again",
+                d.cell_id, d.file, d.why
+            )
+        })
+        .collect();
+    match orphans {
+        [] => {}
+        [one] => notes.push(format!(
+            "dropped the rows of cell {one}, which a stopped run had in flight; it is computed again"
+        )),
+        many => notes.push(format!(
+            "dropped the rows of {} cells that cells.csv does not list ({}); they are computed again",
+            many.len(),
+            list_some(many)
+        )),
+    }
+    notes
+}
+
+/// Up to three ids, then how many more.
+fn list_some(ids: &[String]) -> String {
+    let mut s = ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+    if ids.len() > 3 {
+        s.push_str(&format!(" and {} more", ids.len() - 3));
+    }
+    s
+}
+
 /// Everything a report directory holds, read without modifying it (for `needlescope report`).
 #[derive(Clone, Debug)]
 pub struct RunRecords {
@@ -310,10 +396,11 @@ pub struct RunRecords {
 }
 
 impl RunRecords {
-    /// Reads `dir`; torn tails (noted in [`Self::notes`]) and rows of unfinished cells are
-    /// ignored, files are not touched. A missing layers.csv or attention.csv reads as empty; a
-    /// missing run.json, a line that does not parse and a cell that fails the checks of
-    /// `validate` are errors.
+    /// Reads `dir`; torn tails and the rows of one unfinished cell (a stopped run's cell in
+    /// flight) are ignored and noted in [`Self::notes`], files are not touched. A missing
+    /// run.json, a line that does not parse, a cell that fails the checks of `validate`, a
+    /// finished cell whose layers.csv or attention.csv rows are not all there and rows of
+    /// several unlisted cells (`completeness`) are errors.
     pub fn read(dir: &Path) -> Result<RunRecords> {
         let run_json = dir.join(RUN_JSON);
         if !run_json.exists() {
@@ -328,12 +415,43 @@ impl RunRecords {
             check.check(&row.value, row.line)?;
         }
         let cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
-        let finished: HashSet<&str> = cells.iter().map(|c| c.cell_id.as_str()).collect();
+        let finished: HashSet<String> = cells.iter().map(|c| c.cell_id.clone()).collect();
         let mut layers: Vec<LayerRecord> = rows(dir, LAYERS_CSV, &LAYERS_COLUMNS, &mut notes)?;
-        layers.retain(|r| finished.contains(r.cell_id.as_str()));
         let mut attention: Vec<AttentionRecord> =
             rows(dir, ATTENTION_CSV, &ATTENTION_COLUMNS, &mut notes)?;
-        attention.retain(|r| finished.contains(r.cell_id.as_str()));
+        let orphans = orphan_cells(
+            layers
+                .iter()
+                .map(|r| r.cell_id.as_str())
+                .chain(attention.iter().map(|r| r.cell_id.as_str())),
+            &finished,
+        );
+        match orphans.as_slice() {
+            [] => {}
+            [one] => notes.push(format!(
+                "rows of cell {one}, which cells.csv does not list (a run stopped while \
+                 computing it); ignored, and redone when the run is resumed"
+            )),
+            many => {
+                return Err(ReportError::Damaged {
+                    path: dir.join(CELLS_CSV),
+                    problem: format!(
+                        "layers.csv or attention.csv holds rows of {} cells that cells.csv \
+                         does not list ({}); a stopped run leaves at most one",
+                        many.len(),
+                        list_some(many)
+                    ),
+                })
+            }
+        }
+        layers.retain(|r| finished.contains(&r.cell_id));
+        attention.retain(|r| finished.contains(&r.cell_id));
+        if let Some(d) = incomplete_cells(&cells, &layers, &attention).first() {
+            return Err(ReportError::Damaged {
+                path: dir.join(d.file),
+                problem: format!("finished cell {}: {}", d.cell_id, d.why),
+            });
+        }
         Ok(RunRecords {
             dir: dir.to_path_buf(),
             info,

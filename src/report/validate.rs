@@ -48,12 +48,13 @@ enum RunKind {
 impl RunKind {
     fn of(info: &RunInfo, run_json: &Path) -> Result<RunKind> {
         let args = &info.sweep_args;
-        if args.get("command").and_then(|c| c.as_str()) == Some("probe") {
-            let kv = args.get("kv").and_then(|k| k.as_str()).map(str::to_string);
-            return Ok(RunKind::Probe { kv });
-        }
-        if args.get("indexes").is_none() {
-            return Ok(RunKind::Other);
+        match super::records::writer(args) {
+            "probe" => {
+                let kv = args.get("kv").and_then(|k| k.as_str()).map(str::to_string);
+                return Ok(RunKind::Probe { kv });
+            }
+            "sweep" => {}
+            _ => return Ok(RunKind::Other),
         }
         serde_json::from_value(args.clone())
             .map(RunKind::Sweep)
