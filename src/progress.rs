@@ -11,8 +11,9 @@ use crate::probe::session::ProbeProgress;
 use indicatif::{HumanDuration, ProgressState, ProgressStyle};
 use std::fmt::Write;
 
-/// A sweep's bar over its cells.
-pub const SWEEP_CELLS: &str = "cells   [{bar:30}] {pos}/{len} (eta {eta_or_unknown}) {msg}";
+/// A sweep's bar over its cells: the bar and ETA count prompt tokens (a 16k cell is 16 times
+/// a 1k one, not one step like it), the message says how many cells are finished.
+pub const SWEEP_CELLS: &str = "cells   [{bar:30}] {msg} (eta {eta_or_unknown})";
 /// A sweep's bar over the running prefill.
 pub const SWEEP_PREFILL: &str = "prefill [{bar:30}] {pos}/{len} tokens ({rate}) {msg}";
 /// A probe's bar over one run's prefill.
@@ -54,18 +55,29 @@ pub fn eta_text(per_sec: f64, eta: std::time::Duration) -> String {
 /// Progress of a sweep: a bar over cells (with ETA) and one over the running prefill, both on
 /// stderr and hidden when stderr is not a terminal.
 pub(crate) struct SweepBars {
+    /// Position and length in prompt tokens; the message counts cells.
     pub(crate) cells: indicatif::ProgressBar,
     pub(crate) prefill: indicatif::ProgressBar,
+    cells_done: u64,
+    cells_total: u64,
     _multi: indicatif::MultiProgress,
 }
 
 impl SweepBars {
-    pub(crate) fn new(total_cells: u64, done: u64) -> Self {
+    /// Bars for `total_cells` cells of `total_tokens` prompt tokens in all, of which
+    /// `done_cells` with `done_tokens` were finished before this run (a resume).
+    pub(crate) fn new(
+        total_cells: u64,
+        done_cells: u64,
+        total_tokens: u64,
+        done_tokens: u64,
+    ) -> Self {
         let multi =
             indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
-        let cells = multi.add(indicatif::ProgressBar::new(total_cells));
+        let cells = multi.add(indicatif::ProgressBar::new(total_tokens));
         cells.set_style(style(SWEEP_CELLS));
-        cells.set_position(done);
+        cells.set_position(done_tokens);
+        cells.set_message(format!("{done_cells}/{total_cells}"));
         // Cells finished before a resume are not this run's speed: start the rate (and so the
         // ETA) from here, or the jump to `done` in no time would read as a huge rate.
         cells.reset_eta();
@@ -74,8 +86,18 @@ impl SweepBars {
         SweepBars {
             cells,
             prefill,
+            cells_done: done_cells,
+            cells_total: total_cells,
             _multi: multi,
         }
+    }
+
+    /// One more cell finished, of `tokens` prompt tokens.
+    pub(crate) fn cell_done(&mut self, tokens: usize) {
+        self.cells_done += 1;
+        self.cells
+            .set_message(format!("{}/{}", self.cells_done, self.cells_total));
+        self.cells.inc(tokens as u64);
     }
 }
 
@@ -110,15 +132,31 @@ mod tests {
         }
     }
 
-    /// A resumed sweep starts its cells bar at the finished count without taking that jump
+    /// A resumed sweep starts its cells bar at the finished work without taking that jump
     /// for this run's speed (it would promise an ETA of about zero).
     #[test]
     fn a_resumed_sweep_has_no_rate_until_a_cell_finishes() {
-        let bars = SweepBars::new(100, 60);
+        let mut bars = SweepBars::new(100, 60, 100_000, 30_000);
         std::thread::sleep(std::time::Duration::from_millis(5));
-        assert_eq!(bars.cells.position(), 60);
+        assert_eq!(bars.cells.position(), 30_000);
+        assert_eq!(bars.cells.message(), "60/100");
         assert_eq!(bars.cells.per_sec(), 0.0);
-        bars.cells.inc(1);
+        bars.cell_done(1024);
         assert!(bars.cells.per_sec() > 0.0);
+    }
+
+    /// The bar (and so the ETA) moves by a cell's prompt tokens: after a 1k cell of a 1k + 16k
+    /// grid it is 1/17 done, not half; the message counts cells.
+    #[test]
+    fn the_cells_bar_weighs_cells_by_their_tokens() {
+        let mut bars = SweepBars::new(2, 0, 17 * 1024, 0);
+        assert_eq!(bars.cells.message(), "0/2");
+        bars.cell_done(1024);
+        assert_eq!(bars.cells.message(), "1/2");
+        assert_eq!(bars.cells.position(), 1024);
+        assert_eq!(bars.cells.length(), Some(17 * 1024));
+        bars.cell_done(16 * 1024);
+        assert_eq!(bars.cells.message(), "2/2");
+        assert_eq!(bars.cells.position(), 17 * 1024);
     }
 }

@@ -288,7 +288,12 @@ fn sweep_into(
         scenario: &scenario,
         judge_by_answer: marks.judges_answers(plan.generate),
         run_dir,
-        bars: SweepBars::new(total as u64, finished.len() as u64),
+        bars: SweepBars::new(
+            total as u64,
+            finished.len() as u64,
+            (plan.lengths.iter().sum::<usize>() * total / plan.lengths.len().max(1)) as u64,
+            finished.iter().map(|c| c.target_tokens as u64).sum(),
+        ),
         total,
         out,
     };
@@ -420,7 +425,7 @@ impl SweepTask<'_> {
             self.run_dir
                 .append_cell(&cell, &run.layers, &run.attention)?;
             written += 1;
-            self.bars.cells.inc(1);
+            self.bars.cell_done(length);
             let verdict = match cell.answer_correct {
                 Some(true) => "correct".to_string(),
                 Some(false) => "WRONG".to_string(),

@@ -278,7 +278,11 @@ fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
             stderr.contains("running the same command again computes those cells again"),
             "{what}: {stderr}"
         );
-        assert_eq!(std::fs::read(run.join("summary.json")).unwrap(), summary, "{what}");
+        assert_eq!(
+            std::fs::read(run.join("summary.json")).unwrap(),
+            summary,
+            "{what}"
+        );
         let again = ok(sweep(&run), what);
         assert!(again.contains(&name(note)), "{what}: {again}");
         assert_eq!(records_without_times(&run), want, "{what}");
