@@ -893,6 +893,31 @@ fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
     assert!(line.ends_with(" s  (needle at 0.0%)"), "{line}");
 }
 
+/// The probe's header line says the same: where the needle landed and what was asked (37
+/// tokens leave the passkey prompt one haystack token, so depth 0 lands at 100%).
+#[test]
+fn probe_text_says_when_the_needle_is_off_the_asked_depth() {
+    let run = |length: &str, depth: &str| {
+        let out = bin()
+            .arg("probe")
+            .arg("--model")
+            .arg(planted())
+            .args(["--length", length, "--depth", depth])
+            .args(["--topk", "64", "--kv", "exact", "--generate", "0"])
+            .output()
+            .unwrap();
+        ok(out, "probe")
+    };
+    let off = run("37", "0");
+    assert!(
+        off.contains("needle at depth 100.0% (tokens 3..23, asked 0%: the nearest place the haystack offers)"),
+        "{off}"
+    );
+    let on = run("512", "50");
+    let header = on.lines().find(|l| l.contains("needle at depth")).unwrap();
+    assert!(!header.contains("asked"), "{header}");
+}
+
 /// A cell whose every CSA layer keeps all its rows (n_t <= k) is no evidence either way: its
 /// line says "trivial", as the summary and the heatmap do, never "recalled".
 #[test]

@@ -298,9 +298,18 @@ fn print_tables(
     if marks.synthetic {
         write!(out, "{}", crate::report::SYNTHETIC_LINE)?;
     }
+    // Same rule as the sweep's lines: more than a point off the request is said.
+    let asked = if (prompt.actual_depth_pct - prompt.depth_pct).abs() > 1.0 {
+        format!(
+            ", asked {}%: the nearest place the haystack offers",
+            prompt.depth_pct
+        )
+    } else {
+        String::new()
+    };
     writeln!(
         out,
-        "scenario {} | {} tokens | needle at depth {:.1}% (tokens {}..{}) | answer value {:?}",
+        "scenario {} | {} tokens | needle at depth {:.1}% (tokens {}..{}{asked}) | answer value {:?}",
         scenario.name,
         prompt.tokens.len(),
         prompt.actual_depth_pct,
