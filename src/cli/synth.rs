@@ -87,6 +87,23 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         fp8_compressors: args.fp8_compressors,
         out: args.out.clone(),
     };
+    if preset != Preset::Planted {
+        // A model without a CSA layer has no indexer: say so before writing gigabytes.
+        let cfg = crate::checkpoint::synth::synth_config(&opts)
+            .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))?;
+        if cfg.layers_of_kind(crate::config::LayerKind::Csa).is_empty() {
+            let kinds: Vec<&str> = (0..cfg.num_hidden_layers)
+                .map(|l| cfg.layer_kind(l).name())
+                .collect();
+            eprintln!(
+                "note: --layers {} keeps [{}]: no CSA layer, so probe, sweep and trace will \
+                 refuse this model (bench and inspect take it); --layers {} or more keeps one",
+                cfg.num_hidden_layers,
+                kinds.join(", "),
+                first_csa(preset) + 1
+            );
+        }
+    }
     let written = if preset == Preset::Planted {
         crate::checkpoint::planted::synth_planted(&opts, args.margin)
     } else {
@@ -162,4 +179,16 @@ fn preset_name(p: PresetArg) -> &'static str {
         PresetArg::Planted => "planted",
         PresetArg::Flash => "flash",
     }
+}
+
+/// The first CSA layer of a preset's full schedule.
+fn first_csa(preset: Preset) -> usize {
+    let cfg = match preset {
+        Preset::Tiny => crate::config::ModelConfig::tiny(),
+        _ => crate::config::ModelConfig::flash(),
+    };
+    cfg.layers_of_kind(crate::config::LayerKind::Csa)
+        .first()
+        .copied()
+        .unwrap_or(0)
 }
