@@ -152,7 +152,11 @@ fn corruption_before_the_last_line_is_an_error_with_its_line() {
         .err()
         .unwrap();
     let msg = err.to_string();
-    assert!(msg.contains("cells.csv") && msg.contains("line 3"), "{msg}");
+    // The column by name and 1-based number, and the value (not the csv crate's "field 1").
+    assert!(
+        msg.contains("cells.csv, line 3: target_tokens (column 2): cannot read \"lots\": invalid digit found in string"),
+        "{msg}"
+    );
 }
 
 #[test]

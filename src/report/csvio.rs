@@ -168,7 +168,7 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
             ))
         } else {
             rec.deserialize::<T>(Some(&header))
-                .map_err(|e| e.to_string())
+                .map_err(|e| field_error(&e, &rec, columns))
         };
         match (parsed, terminated) {
             (Ok(value), true) => {
@@ -190,6 +190,28 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
     }
     out.next_line = 1 + line_ends(&bytes, 0..out.good_len as usize);
     Ok(out)
+}
+
+/// A record's deserialisation error naming the column by name and 1-based number, and the
+/// value found (the csv crate says `record 4 (line: 5, byte: 1241): field 13: ...`, counting
+/// fields from 0 and naming none).
+fn field_error(e: &csv::Error, rec: &csv::ByteRecord, columns: &[&str]) -> String {
+    match e.kind() {
+        csv::ErrorKind::Deserialize { err, .. } => match err.field() {
+            Some(i) => {
+                let i = i as usize;
+                let found = rec.get(i).map(String::from_utf8_lossy).unwrap_or_default();
+                format!(
+                    "{} (column {}): cannot read {found:?}: {}",
+                    columns.get(i).copied().unwrap_or("?"),
+                    i + 1,
+                    err.kind()
+                )
+            }
+            None => err.kind().to_string(),
+        },
+        _ => e.to_string(),
+    }
 }
 
 /// Opens `path` for appending (creating it).
