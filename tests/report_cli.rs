@@ -299,3 +299,45 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A sweep stopped before its last cell committed (its layers.csv rows written, its cells.csv
+/// row not): report says how many of the grid's cells are finished, notes the stopped cell's
+/// rows it left out, and summary.json records the plan.
+#[test]
+fn report_on_a_stopped_sweep_says_how_many_cells_are_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    ok(sweep(&out), "sweep");
+    let cells = out.join("cells.csv");
+    let text = std::fs::read_to_string(&cells).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    let last = lines.pop().unwrap();
+    let last_id = last.split(',').next().unwrap();
+    std::fs::write(&cells, lines.join("\n") + "\n").unwrap();
+    let first = report(&out);
+    let stderr = String::from_utf8_lossy(&first.stderr).to_string();
+    let stdout = ok(first, "report");
+    assert!(
+        stdout.contains(
+            "3 of 4 cells finished (the run stopped early; the same sweep command resumes it)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "rows of cell {last_id}, which cells.csv does not list"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(cells_finished(&out), 3);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["cells_planned"], 4);
+    let again = ok(sweep(&out), "resumed sweep");
+    assert!(
+        again.contains(&format!("dropped the rows of cell {last_id}")),
+        "{again}"
+    );
+    let stdout = ok(report(&out), "report after the resume");
+    assert!(!stdout.contains("cells finished"), "{stdout}");
+}

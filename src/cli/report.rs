@@ -33,6 +33,15 @@ pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             args.dir.display()
         )?;
     }
+    if let Some(planned) = done.planned.filter(|&p| done.cells > 0 && done.cells < p) {
+        writeln!(
+            out,
+            "{}: {} of {planned} cells finished (the run stopped early; the same sweep command \
+             resumes it)",
+            args.dir.display(),
+            done.cells
+        )?;
+    }
     write!(out, "{}", done.table)?;
     writeln!(out)?;
     writeln!(out, "{}", done.files_line(&args.dir))?;

@@ -62,6 +62,8 @@ pub struct Rerendered {
     pub files: Vec<std::path::PathBuf>,
     /// Finished cells read.
     pub cells: usize,
+    /// The cells of the sweep's grid ([`RunInfo::cells_planned`]).
+    pub planned: Option<usize>,
     /// [`RunRecords::notes`]: what was read but left out (a torn last line).
     pub notes: Vec<String>,
 }
@@ -79,6 +81,7 @@ pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
         table,
         files,
         cells: records.cells.len(),
+        planned: records.info.cells_planned(),
         notes: records.notes,
     })
 }

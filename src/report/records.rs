@@ -298,6 +298,26 @@ impl RunInfo {
         self
     }
 
+    /// The cells a sweep's grid holds (lengths x depths x index profiles x top-k x samples),
+    /// or None for a directory that another command wrote (a probe's has no plan).
+    pub fn cells_planned(&self) -> Option<usize> {
+        if writer(&self.sweep_args) != "sweep" {
+            return None;
+        }
+        let count = |key: &str| self.sweep_args.get(key)?.as_array().map(Vec::len);
+        let samples = self
+            .sweep_args
+            .get("samples")
+            .map_or(Some(1), |s| s.as_u64().map(|n| n as usize))?;
+        Some(
+            ["lengths", "depths", "indexes", "topks"]
+                .iter()
+                .map(|k| count(k))
+                .product::<Option<usize>>()?
+                * samples,
+        )
+    }
+
     /// The short model name for plot titles: the last component of `model_path`.
     pub fn model_name(&self) -> &str {
         let p = self.model_path.trim_end_matches(['/', '\\']);

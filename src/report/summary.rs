@@ -121,6 +121,9 @@ pub struct SummaryJson {
     pub scenario: String,
     pub synthetic: bool,
     pub cells_finished: usize,
+    /// The cells of a sweep's grid (null for a probe's directory): fewer finished means the
+    /// run stopped early.
+    pub cells_planned: Option<usize>,
     pub groups: Vec<GroupSummary>,
 }
 
@@ -131,6 +134,7 @@ impl SummaryJson {
             scenario: info.scenario.clone(),
             synthetic: info.synthetic,
             cells_finished: cells.len(),
+            cells_planned: info.cells_planned(),
             groups: summarize(cells),
         }
     }
