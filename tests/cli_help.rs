@@ -162,6 +162,10 @@ fn model_commands_on_a_missing_directory_name_the_path() {
     for args in cases {
         let r = run(&args).fails().stderr_has(&["no-such-model"]);
         assert_eq!(r.code, Some(1), "{args:?}\n{}", r.dump());
+        if args[0] == "report" {
+            // Not the operating system's "No such file or directory (os error 2)".
+            r.stderr_has(&["not a report directory", "found no such directory"]);
+        }
     }
 }
 

@@ -502,6 +502,7 @@ pub(crate) fn not_a_run_dir(dir: &Path) -> ReportError {
             names.truncate(8);
             format!("[{}]", names.join(", "))
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "no such directory".to_string(),
         Err(e) => e.to_string(),
     };
     ReportError::NotARunDir {
