@@ -278,13 +278,13 @@ pub fn parse_token_file(path: &Path, vocab: usize) -> anyhow::Result<Vec<u32>> {
     {
         let id: u64 = piece.parse().map_err(|_| {
             anyhow::anyhow!(
-                "token file {}: entry {i} is {piece:?}, expected a non-negative integer token id",
+                "token file {}: the token at position {i} (0-based, as trace positions are) is {piece:?}, expected a non-negative integer token id",
                 path.display()
             )
         })?;
         if id as usize >= vocab {
             anyhow::bail!(
-                "token file {}: entry {i} is token id {id}, expected an id below the model's vocab_size {vocab}",
+                "token file {}: the token at position {i} (0-based) is id {id}, expected an id below the model's vocab_size {vocab}",
                 path.display()
             );
         }

@@ -173,7 +173,7 @@ fn trace_rejects_a_token_id_outside_the_vocabulary() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(
-        stderr.contains("99999")
+        stderr.contains("the token at position 2 (0-based) is id 99999")
             && stderr.contains("vocab_size 4096")
             && stderr.contains("ids.txt"),
         "{stderr}"
