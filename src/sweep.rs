@@ -245,6 +245,9 @@ fn sweep_into(
     let tok = crate::cli::probe::load_tokenizer(model_dir, &cfg)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     check_plan(plan, &tok, &scenario, &cfg)?;
+    if let Some(note) = scenario.competing_answers_note() {
+        writeln!(out, "note: {note}")?;
+    }
     let target = Target::prepare(device, &ckpt, &work)?;
     // `--chunk auto` resolved with the backend (the chunk is not part of the results).
     let plan = &SweepPlan {

@@ -382,10 +382,28 @@ fn essay_scenario_runs_with_a_haystack_file() {
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success());
     assert!(stderr.contains("--haystack-file"), "{stderr}");
-    ok(
-        probe(&["--haystack-file", text.to_str().unwrap()]),
-        "essay probe",
+    let clean = probe(&["--haystack-file", text.to_str().unwrap()]);
+    assert!(
+        !String::from_utf8_lossy(&clean.stderr).contains("note: --haystack-file"),
+        "{clean:?}"
     );
+    ok(clean, "essay probe");
+    // Numbers shaped like the pass key (7 digits; not 6, not 8, not inside a longer run) are
+    // named: the model could answer with one.
+    let numbered = dir.path().join("numbered.txt");
+    let mut with_numbers = sentences.clone();
+    with_numbers[3] = "Call 5551234 or 555123 or 55512345 or 1234567.".into();
+    with_numbers[9] = "The code was 7654321.".into();
+    std::fs::write(&numbered, with_numbers.join(" ")).unwrap();
+    let warned = probe(&["--haystack-file", numbered.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&warned.stderr).to_string();
+    assert!(
+        stderr.contains(
+            "holds 3 7-digit numbers (5551234, 1234567, 7654321), shaped like the needle's answer"
+        ),
+        "{stderr}"
+    );
+    ok(warned, "essay probe with numbers in the text");
 
     let out = dir.path().join("essay-sweep");
     let sweep = |file: &Path| {

@@ -155,6 +155,9 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let target = Target::prepare(&args.device, &ckpt, &work)?;
     let backend = target.record();
     let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
+    if let Some(note) = scenario.competing_answers_note() {
+        eprintln!("note: {note}");
+    }
     let prompt = build_prompt(
         &tok,
         &scenario,

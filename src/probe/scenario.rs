@@ -404,6 +404,32 @@ impl Scenario {
         }
     }
 
+    /// A note when the `--haystack-file` text holds numbers shaped like this scenario's
+    /// answer (a digits value: runs of exactly that many digits), which the model could
+    /// answer with instead of the needle's; None when there are none or the value is not
+    /// digits. The built-in haystacks never hold such numbers.
+    pub fn competing_answers_note(&self) -> Option<String> {
+        let (HaystackKind::File(Some(path)), ValueSpec::Digits { n }) =
+            (&self.haystack, &self.value)
+        else {
+            return None;
+        };
+        let text = std::fs::read_to_string(path).ok()?;
+        let runs = digit_runs_of(&text, *n);
+        let first: Vec<&str> = runs.iter().take(3).copied().collect();
+        (!runs.is_empty()).then(|| {
+            format!(
+                "--haystack-file {} holds {} {n}-digit number{} ({}{}), shaped like the needle's \
+                 answer: the model may answer with one of them",
+                path.display(),
+                runs.len(),
+                if runs.len() == 1 { "" } else { "s" },
+                first.join(", "),
+                if runs.len() > 3 { ", ..." } else { "" }
+            )
+        })
+    }
+
     /// Needle value and key (empty when the needle has no `{key}`) for a seed.
     pub fn generate_value(&self, seed: u64) -> (String, String) {
         let value = self.value.generate(&mut Rng::stream(seed, "value"));
@@ -438,4 +464,11 @@ impl Scenario {
             }
         }
     }
+}
+
+/// The maximal runs of ASCII digits in `text` that are exactly `n` long.
+fn digit_runs_of(text: &str, n: usize) -> Vec<&str> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|run| run.len() == n)
+        .collect()
 }
