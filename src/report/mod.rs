@@ -146,6 +146,7 @@ mod tests {
             table: String::new(),
             files: files.to_vec(),
             cells: 0,
+            planned: None,
             notes: Vec::new(),
         };
         assert_eq!(
