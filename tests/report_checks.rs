@@ -63,13 +63,20 @@ fn sweep_cells() -> Vec<Cell> {
     .map(|(l, d, i, k, s)| {
         let c = sweep_cell(l, d, i, k, s);
         let id = c.cell_id.clone();
-        let layers = vec![
-            layer(&id, 2, "fp8", true, 3),
-            layer(&id, 4, "bf16", false, 5),
-        ];
-        (c, layers, vec![attention(&id, 2)])
+        (c, grid_layers(&id), vec![attention(&id, 2)])
     })
     .collect()
+}
+
+/// A cell's layers.csv rows as the probe writes them: every CSA layer (2 and 4 here) under
+/// every profile (fp8 driving, bf16 compared) at the probed position.
+fn grid_layers(id: &str) -> Vec<LayerRecord> {
+    vec![
+        layer(id, 2, "fp8", true, 3),
+        layer(id, 2, "bf16", false, 4),
+        layer(id, 4, "fp8", true, 6),
+        layer(id, 4, "bf16", false, 5),
+    ]
 }
 
 fn write_run(dir: &Path, info: RunInfo, cells: &[Cell]) {
@@ -148,7 +155,7 @@ fn crlf_files_read_exactly_like_lf_for_report_and_resume() {
         drop(store);
         let back = RunRecords::read(run).unwrap();
         assert_eq!(back.cells.len(), 4);
-        assert_eq!(back.layers.len(), 8);
+        assert_eq!(back.layers.len(), 4 * grid_layers("x").len());
         assert_eq!(back.attention.len(), 4);
         let summary: serde_json::Value =
             serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
@@ -320,7 +327,8 @@ fn probe_cells_have_ids_without_a_sample() {
         IndexProfile::SglangFp8,
         512,
     );
-    write_run(run, probe_info(), &[(good, vec![], vec![])]);
+    let rows = grid_layers(&good.cell_id);
+    write_run(run, probe_info(), &[(good, rows, vec![])]);
     assert_eq!(RunRecords::read(run).unwrap().cells.len(), 1);
     let bad = cell(
         "L2048-d50-fp8-k512-s0",

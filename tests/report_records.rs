@@ -125,12 +125,13 @@ fn every_field_type_round_trips_through_the_files() {
     let mut b = cell("b", 2048, 0.0, IndexProfile::SglangBf16Keys, 512);
     b.answer_correct = Some(false);
     b.answer_text = String::new();
-    store.append_cell(&b, &[], &[]).unwrap();
+    let lb = layer("b", 7, "bf16", true, 2);
+    store.append_cell(&b, &[lb.clone()], &[]).unwrap();
     drop(store);
 
     let back = RunRecords::read(dir.path()).unwrap();
     assert_eq!(back.cells, vec![a.clone(), b.clone()]);
-    assert_eq!(back.layers, vec![la]);
+    assert_eq!(back.layers, vec![la, lb]);
     assert_eq!(back.attention, vec![aa]);
     assert_eq!(back.info.sweep_args, run_info(true).sweep_args);
     assert!(back.info.synthetic);

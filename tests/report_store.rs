@@ -67,35 +67,54 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
         }
     }
     // The kill: cell3's layer rows and half an attention row were written, and half its
-    // cells.csv row (plus an orphan layers row of another unfinished cell).
+    // cells.csv row.
     let c3 = cell("cell3", 65536, 10.0, IndexProfile::SglangFp8, 512);
-    append_bytes(
-        &run.join("layers.csv"),
-        &csv_line(&layer("cell3", 2, "fp8", true, 9)),
-    );
-    append_bytes(
-        &run.join("layers.csv"),
-        &csv_line(&layer("ghost", 4, "fp8", true, 9)),
-    );
+    let l3: Vec<LayerRecord> = csa_layers()
+        .iter()
+        .map(|&l| layer("cell3", l, "fp8", true, 9))
+        .collect();
+    for r in &l3 {
+        append_bytes(&run.join("layers.csv"), &csv_line(r));
+    }
     let att = csv_line(&attention("cell3", 2));
     append_bytes(&run.join("attention.csv"), &att[..att.len() / 2]);
     let row = csv_line(&c3);
     append_bytes(&run.join("cells.csv"), &row[..row.len() / 2]);
 
-    // Reading (the `report` path) already ignores the torn and orphan rows, without writing.
+    // Reading (the `report` path) already ignores the torn and orphan rows, without writing,
+    // and says so.
     let len_before = std::fs::metadata(run.join("layers.csv")).unwrap().len();
     let read = RunRecords::read(run).unwrap();
     assert_eq!(read.cells.len(), 3);
-    assert!(read
-        .layers
-        .iter()
-        .all(|r| r.cell_id != "cell3" && r.cell_id != "ghost"));
+    assert!(read.layers.iter().all(|r| r.cell_id != "cell3"));
+    assert!(
+        read.notes
+            .iter()
+            .any(|n| n.contains("rows of cell cell3, which cells.csv does not list")),
+        "{:?}",
+        read.notes
+    );
     assert_eq!(
         std::fs::metadata(run.join("layers.csv")).unwrap().len(),
         len_before
     );
+    // A second unlisted cell is no kill's doing (a run has one cell in flight): report
+    // refuses, naming both; a resume drops both.
+    append_bytes(
+        &run.join("layers.csv"),
+        &csv_line(&layer("ghost", 4, "fp8", true, 9)),
+    );
+    let err = RunRecords::read(run).err().unwrap().to_string();
+    assert!(
+        err.contains("holds rows of 2 cells that cells.csv does not list (cell3, ghost)"),
+        "{err}"
+    );
 
     let (mut store, done) = RunDir::create_or_resume(run, run_info(false)).unwrap();
+    assert_eq!(
+        store.notes(),
+        ["dropped the rows of 2 cells that cells.csv does not list (cell3, ghost); they are computed again"]
+    );
     let want: Vec<CellRecord> = cells.iter().map(|c| c.0.clone()).collect();
     assert_eq!(done, want);
     assert!(store.is_finished("cell2") && !store.is_finished("cell3"));
@@ -110,14 +129,13 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
     assert_eq!(att, want_att, "the torn attention row must be dropped");
 
     // The cell in flight is redone and lands once.
-    let l3 = vec![layer("cell3", 2, "fp8", true, 9)];
     store.append_cell(&c3, &l3, &[]).unwrap();
     drop(store);
     let back = RunRecords::read(run).unwrap();
     assert_eq!(back.cells.len(), 4);
     assert_eq!(
         back.layers.iter().filter(|r| r.cell_id == "cell3").count(),
-        1
+        l3.len()
     );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
@@ -296,7 +314,9 @@ fn a_row_torn_inside_a_quoted_newline_is_dropped() {
     let run = dir.path();
     let (mut store, _) = RunDir::create_or_resume(run, run_info(false)).unwrap();
     let first = cell("first", 2048, 0.0, IndexProfile::SglangFp8, 512);
-    store.append_cell(&first, &[], &[]).unwrap();
+    store
+        .append_cell(&first, &[layer("first", 2, "fp8", true, 1)], &[])
+        .unwrap();
     drop(store);
     let mut torn = cell("torn", 2048, 10.0, IndexProfile::SglangFp8, 512);
     torn.answer_text = "line one\nline two".into();
