@@ -126,7 +126,9 @@ fn every_field_type_round_trips_through_the_files() {
     b.answer_correct = Some(false);
     b.answer_text = String::new();
     let lb = layer("b", 7, "bf16", true, 2);
-    store.append_cell(&b, std::slice::from_ref(&lb), &[]).unwrap();
+    store
+        .append_cell(&b, std::slice::from_ref(&lb), &[])
+        .unwrap();
     drop(store);
 
     let back = RunRecords::read(dir.path()).unwrap();
