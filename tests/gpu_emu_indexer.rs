@@ -212,7 +212,9 @@ fn norm_err(a: &[f32], b: &[f32]) -> f32 {
     let mut worst = 0f32;
     for (x, y) in a.iter().zip(b) {
         if y.is_finite() {
-            worst = worst.max((x - y).abs());
+            // A NaN score where the CPU has a number is no match (`max` would skip it).
+            let gap = if x.is_nan() { f32::INFINITY } else { (x - y).abs() };
+            worst = worst.max(gap);
         } else {
             assert_eq!(x.to_bits(), y.to_bits(), "non-finite scores differ");
         }
