@@ -536,6 +536,55 @@ fn batched_routed_experts_match_expert_by_expert() {
     }
 }
 
+/// The batched experts with bf16 GEMMs over decoded copies of a checkpoint's FP4 experts
+/// (the serving configuration): bf16 operands are 2 bytes, so a size class's row offsets
+/// must count in the operand type. Same bits as expert by expert, over two size classes.
+#[test]
+fn batched_bf16_experts_from_a_checkpoint_match_expert_by_expert() {
+    let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(1), Some(4));
+    let cfg = m.ckpt.config();
+    let (d, inter, limit) = (
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+        cfg.swiglu_limit as f32,
+    );
+    let p = "layers.0.ffn";
+    let t = 7;
+    let u = scaled(t * d, 31, 1.5);
+    // Expert 0 takes 15 of the 21 slots (padded to 16), experts 1-3 two each: two classes.
+    let skewed: Vec<usize> = (0..t * 3)
+        .map(|s| if s % 7 < 5 { 0 } else { 1 + s % 3 })
+        .collect();
+    let route_w: Vec<f32> = random(t * 3, 77).iter().map(|v| 0.3 + v.abs()).collect();
+    let routes = Routes {
+        per_token: 3,
+        experts: &skewed,
+        weights: &route_w,
+    };
+    let mut outs = Vec::new();
+    let mut calls = Vec::new();
+    for batched in [false, true] {
+        let g = gpu(GemmType::Bf16)
+            .with_decode_budgets(&[64 << 20])
+            .with_moe_batched(batched);
+        let experts: Vec<_> = (0..4)
+            .map(|i| load_ffn(&g, &m.ckpt, &format!("{p}.experts.{i}"), d, inter))
+            .collect();
+        let mut out = vec![f32::NAN; t * d];
+        g.moe_experts_host(&u, &routes, &experts, limit, &mut out);
+        assert!(g.take_error().is_none());
+        outs.push(out);
+        calls.push(g.moe_batched_calls());
+    }
+    assert_eq!(calls, [0, 1]);
+    assert!(outs[0].iter().all(|v| v.is_finite()));
+    let same = outs[0]
+        .iter()
+        .zip(&outs[1])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "batched differs: {}", worst(&outs[1], &outs[0]));
+}
+
 #[test]
 fn padded_groups_stay_under_one_and_a_half_times_the_rows_in_few_sizes() {
     use needlescope::backend::gpu::experts::{padded_group_rows, BatchedLayout, SizeClass};

@@ -213,7 +213,11 @@ fn norm_err(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in a.iter().zip(b) {
         if y.is_finite() {
             // A NaN score where the CPU has a number is no match (`max` would skip it).
-            let gap = if x.is_nan() { f32::INFINITY } else { (x - y).abs() };
+            let gap = if x.is_nan() {
+                f32::INFINITY
+            } else {
+                (x - y).abs()
+            };
             worst = worst.max(gap);
         } else {
             assert_eq!(x.to_bits(), y.to_bits(), "non-finite scores differ");
