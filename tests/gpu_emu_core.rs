@@ -290,31 +290,45 @@ fn narrow_products_over_long_inner_dimensions_are_split_and_summed_in_part_order
     assert_eq!(split_k_parts(7, 24, 3000), Some(2), "parts divide k");
     assert_eq!(split_k_parts(7, 24, 4099), None, "a prime k stays whole");
 
-    // y = x · wᵀ for x [5, 3000], w [3, 3000], written at column 1 of a [5, 4] output.
-    let (m, n, k, parts) = (5, 3, 3000, 2);
-    let (xs, ws) = (random(m * k, 21), random(n * k, 22));
-    let e = EmuExecutor::default();
-    let (x, w) = (upload(&e, &xs).unwrap(), upload(&e, &ws).unwrap());
-    let mut y = upload(&e, &vec![7.0f32; m * 4]).unwrap();
-    let g = Gemm {
-        y_offset: 4,
-        ldy: 4,
-        ..Gemm::dense(m, n, k, GemmType::F32)
-    };
-    gemm_split_k(&e, &g, parts, &x, &w, &mut y).unwrap();
-    let mut got = vec![0f32; m * 4];
-    download(&e, &y, &mut got).unwrap();
-    for i in 0..m {
-        assert_eq!(got[i * 4], 7.0, "row {i}: column 0 untouched");
-        for j in 0..n {
-            // The emulator's GEMM sums each part in order; the parts add in order.
-            let part = |p: usize| -> f32 {
-                (p * k / parts..(p + 1) * k / parts)
-                    .map(|kk| xs[i * k + kk] * ws[j * k + kk])
-                    .sum()
-            };
-            let want = part(0) + part(1);
-            assert_eq!(got[i * 4 + 1 + j].to_bits(), want.to_bits(), "({i}, {j})");
+    // y = x · wᵀ for x [5, k], w [3, k], written at column 1 of a [5, 4] output; 2 parts, and
+    // 4 (two parts add the same either way round; four show the order).
+    for (k, parts) in [(3000, 2), (4000, 4)] {
+        let (m, n) = (5, 3);
+        let (xs, ws) = (random(m * k, 21), random(n * k, 22));
+        let e = EmuExecutor::default();
+        let (x, w) = (upload(&e, &xs).unwrap(), upload(&e, &ws).unwrap());
+        let mut y = upload(&e, &vec![7.0f32; m * 4]).unwrap();
+        let g = Gemm {
+            y_offset: 4,
+            ldy: 4,
+            ..Gemm::dense(m, n, k, GemmType::F32)
+        };
+        gemm_split_k(&e, &g, parts, &x, &w, &mut y).unwrap();
+        let mut got = vec![0f32; m * 4];
+        download(&e, &y, &mut got).unwrap();
+        let mut order_shows = false;
+        for i in 0..m {
+            assert_eq!(got[i * 4], 7.0, "row {i}: column 0 untouched");
+            for j in 0..n {
+                // The emulator's GEMM sums each part in order; the parts add in order.
+                let part = |p: usize| -> f32 {
+                    (p * k / parts..(p + 1) * k / parts)
+                        .map(|kk| xs[i * k + kk] * ws[j * k + kk])
+                        .sum()
+                };
+                let want = (0..parts).fold(0.0f32, |acc, p| acc + part(p));
+                let reversed = (0..parts).rev().fold(0.0f32, |acc, p| acc + part(p));
+                order_shows |= want.to_bits() != reversed.to_bits();
+                assert_eq!(
+                    got[i * 4 + 1 + j].to_bits(),
+                    want.to_bits(),
+                    "k {k}: ({i}, {j})"
+                );
+            }
         }
+        assert!(
+            parts == 2 || order_shows,
+            "k {k}: no output tells the part order"
+        );
     }
 }
