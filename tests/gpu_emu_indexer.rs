@@ -121,6 +121,12 @@ fn rows(dim: usize, seed: u64) -> Vec<f32> {
     v.extend(sat);
     v.extend(fp8_tie_row(dim));
     v.extend(fp4_tie_row(dim));
+    // A scale that is no power of two (amax 1344: s = 3, fp32(1/3) inexact): `x * fp32(1/s)`
+    // (REF's order) and `x / s` encode this x to neighbouring e4m3 codes.
+    let mut third = rng.vec(dim, 0.5);
+    third[1] = 1344.0;
+    third[2] = 0.055_664_058_774_709_7;
+    v.extend(third);
     if dim == 64 {
         for t in [fp8_tie_row(dim), fp4_tie_row(dim)] {
             let mut r = t.clone();
