@@ -395,6 +395,32 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
                     )
                     .unwrap();
                     gpu.act_to(&out, &mut got);
+                    // A block that starts at query 2 (the engine scores long chunks in blocks
+                    // of queries): its rows equal those queries' rows of the whole batch, so
+                    // its queries and head weights are read from query 2 on.
+                    let mut part = gpu.act_zeros((tokens - 2) * stride);
+                    index_scores_batch_tiled(
+                        &gpu,
+                        p,
+                        &q,
+                        &w,
+                        2,
+                        heads,
+                        dim,
+                        &k,
+                        &s,
+                        &visible[2..],
+                        &mut part,
+                        t,
+                    )
+                    .unwrap();
+                    let mut from_2 = vec![f32::NAN; (tokens - 2) * stride];
+                    gpu.act_to(&part, &mut from_2);
+                    assert_bits_eq(
+                        &from_2,
+                        &got[2 * stride..],
+                        &format!("{p} {t:?}: block from query 2"),
+                    );
                 }
             }
             assert!(gpu.take_error().is_none());
