@@ -227,6 +227,9 @@ fn caches_grow_and_drop_their_front_with_device_copies_only() {
         (10, 0, MIN_CAPACITY),
         (3000, 0, 3010),
         (0, 2900, MIN_CAPACITY),
+        // Exactly a quarter left (512 of 2048) already moves to half the buffer.
+        (2 * MIN_CAPACITY - 110, 0, 2 * MIN_CAPACITY),
+        (0, 3 * MIN_CAPACITY / 2, MIN_CAPACITY),
     ];
     for (step, &(add, drop, capacity)) in steps.iter().enumerate() {
         let tail_values = rng.values(add, 1.0);
