@@ -235,3 +235,33 @@ fn forward_with_copies(moe_batched: bool) {
         assert_eq!(batched_calls, 0);
     }
 }
+
+/// A copy the budget allows but the device cannot allocate is not made, and the budget it
+/// reserved comes back (else every such failure would shrink the room for later copies).
+#[test]
+fn a_copy_whose_allocation_fails_gives_its_budget_back() {
+    let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(2), Some(4));
+    let w = all_linears(&m.ckpt)
+        .into_iter()
+        .filter(|w| w.view().kind() == "fp8-block")
+        .max_by_key(|w| w.rows() * w.cols())
+        .expect("an FP8 weight");
+    let copy_bytes = w.rows() * w.cols() * 4;
+    // Room for the stored bytes (one a value), inputs and outputs; not for an f32 copy.
+    let device = EmuExecutor::new(0, 2 * w.rows() * w.cols());
+    let b = EmuBackend::single(device, GemmType::F32).with_decode_budgets(&[copy_bytes * 8]);
+    let wg = b.upload_linear(w.clone()).unwrap();
+    let x = Rng::new(5).values(w.cols(), 1.0);
+    let mut y = vec![0f32; w.rows()];
+    b.matmul_host(&x, &wg, &mut y);
+    // The banded path needs as much room as the copy here, so the product fails too; what
+    // matters is the budget.
+    let _ = b.take_error();
+    assert!(!wg.decode.is_resident());
+    let (_, used, _, copies) = b.decode_cache_use()[0].clone();
+    assert_eq!(
+        (used, copies),
+        (0, 0),
+        "the failed copy's reservation is released"
+    );
+}
