@@ -123,6 +123,12 @@ fn attention_by_gemm_matches_the_cpu() {
     assert!(b.attention_gemm());
     assert_all_pass(&check_ops(&b, &OpDims::small(), 3, 1e-5));
     forward_parity(WeightFormat::Official, 4, b, F32_TOL);
+    // One query a tile: every tile edge (the default tile holds every query here).
+    let b = EmuBackend::single(EmuExecutor::default(), GemmType::F32)
+        .with_attention_gemm(true)
+        .with_attention_tile_bytes(1);
+    assert_all_pass(&check_ops(&b, &OpDims::small(), 3, 1e-5));
+    forward_parity(WeightFormat::Official, 4, b, F32_TOL);
 }
 
 #[test]

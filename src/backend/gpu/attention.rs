@@ -208,6 +208,7 @@ pub fn sparse_attention<E: Executor>(
             outb,
             (tokens, h, d, emax),
             batch.scale,
+            g.attention_tile_bytes,
         )?;
     } else {
         if wide > 0 {
@@ -308,7 +309,8 @@ struct Resident<'a, B> {
 /// attends to the same entries, so per query `logits [H, E] = q [H, d] · G [E, d]ᵀ` and
 /// `out [H, d] = w [H, E] · G [E, d]` with `G` its entries gathered densely (`attn_gather`,
 /// zeros past the count, so padding adds nothing), in tiles of queries whose `G` fits
-/// [`super::matrix::WORKSPACE_BYTES`]. The softmax and sink are `attn_softmax`'s; the logits
+/// `tile_bytes` (`GpuBackend::with_attention_tile_bytes`, default
+/// [`super::matrix::WORKSPACE_BYTES`]). The softmax and sink are `attn_softmax`'s; the logits
 /// are scaled and the values multiplied by 1 / denominator by `attn_scale_rows`. f32 operands
 /// (cuBLAS's summation order, not the CPU's: equal to rounding).
 fn attention_by_gemm<E: Executor>(
@@ -318,8 +320,9 @@ fn attention_by_gemm<E: Executor>(
     out: &mut E::Buf,
     (tokens, h, d, emax): (usize, usize, usize, usize),
     scale: f32,
+    tile_bytes: usize,
 ) -> Result<(), GpuError> {
-    let tile = (super::matrix::WORKSPACE_BYTES / (emax * d * 4)).clamp(1, tokens);
+    let tile = (tile_bytes / (emax * d * 4)).clamp(1, tokens);
     // attn_gather writes every element a tile's GEMMs read: no zero fill.
     let gathered = e.alloc_uninit(tile * emax * d * 4)?;
     let (h64, d64, e64) = (h as i64, d as i64, emax as i64);

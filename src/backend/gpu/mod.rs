@@ -79,6 +79,8 @@ pub struct GpuBackend<E: Executor> {
     /// Sparse attention as batched cuBLAS GEMMs over gathered entries instead of the
     /// one-thread-per-product kernels (`attention::sparse_attention`).
     attention_gemm: bool,
+    /// Most bytes of gathered entries one tile of the GEMM attention holds.
+    attention_tile_bytes: usize,
     /// Per device: the budget for decoded weight copies (`decoded`); None: no copies.
     decode_budgets: Vec<Option<Arc<DecodeBudget>>>,
     /// Routed experts as batched GEMMs over padded groups when their weights are resident
@@ -105,6 +107,7 @@ impl<E: Executor> GpuBackend<E> {
             gemm,
             error: Mutex::new(None),
             attention_gemm: std::env::var("NEEDLESCOPE_ATTENTION").is_ok_and(|v| v == "gemm"),
+            attention_tile_bytes: matrix::WORKSPACE_BYTES,
             decode_budgets: vec![None; devices_len],
             moe_batched: std::env::var("NEEDLESCOPE_MOE").is_ok_and(|v| v == "batched"),
             moe_batched_calls: AtomicUsize::new(0),
@@ -174,6 +177,14 @@ impl<E: Executor> GpuBackend<E> {
     /// Whether sparse attention runs as batched GEMMs.
     pub fn attention_gemm(&self) -> bool {
         self.attention_gemm
+    }
+
+    /// The same backend with GEMM-attention tiles of at most `bytes` of gathered entries
+    /// (at least one query a tile; default [`matrix::WORKSPACE_BYTES`]). Results do not depend
+    /// on it; tests use small tiles to cross tile edges.
+    pub fn with_attention_tile_bytes(mut self, bytes: usize) -> Self {
+        self.attention_tile_bytes = bytes;
+        self
     }
 
     /// A single-device backend.
