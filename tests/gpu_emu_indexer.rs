@@ -125,7 +125,7 @@ fn rows(dim: usize, seed: u64) -> Vec<f32> {
     // (REF's order) and `x / s` encode this x to neighbouring e4m3 codes.
     let mut third = rng.vec(dim, 0.5);
     third[1] = 1344.0;
-    third[2] = 0.055_664_058_774_709_7;
+    third[2] = f32::from_bits(0x3d63_ffff); // 0.05566406
     v.extend(third);
     if dim == 64 {
         for t in [fp8_tie_row(dim), fp4_tie_row(dim)] {
