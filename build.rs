@@ -113,13 +113,18 @@ struct ns_entry { const char* name; ns_wrap_fn wrap; const char* (*sig)(); };
 extern "C" int ns_emu_kernel_count() { return ns_count; }
 extern "C" const char* ns_emu_kernel_name(int i) { return (i >= 0 && i < ns_count) ? ns_table[i].name : 0; }
 extern "C" const char* ns_emu_kernel_sig(int i) { return (i >= 0 && i < ns_count) ? ns_table[i].sig() : 0; }
-// Runs blocks [b0, b1) of a launch of kernel `index` with `grid` x `block` threads.
-extern "C" void ns_emu_run(int index, unsigned grid, unsigned block, unsigned b0, unsigned b1, void** params) {
+// Runs blocks [b0, b1) of a launch of kernel `index` with `grid` x `block` threads, in
+// ascending order, or in descending order of blocks and threads when `reverse` (a kernel whose
+// threads depend on each other's writes then computes something else).
+extern "C" void ns_emu_run(int index, unsigned grid, unsigned block, unsigned b0, unsigned b1, int reverse,
+                           void** params) {
     gridDim.x = grid; gridDim.y = 1; gridDim.z = 1;
     blockDim.x = block; blockDim.y = 1; blockDim.z = 1;
-    for (unsigned b = b0; b < b1; ++b) {
+    for (unsigned i = 0; i < b1 - b0; ++i) {
+        unsigned b = reverse ? b1 - 1 - i : b0 + i;
         blockIdx.x = b; blockIdx.y = 0; blockIdx.z = 0;
-        for (unsigned t = 0; t < block; ++t) {
+        for (unsigned j = 0; j < block; ++j) {
+            unsigned t = reverse ? block - 1 - j : j;
             threadIdx.x = t; threadIdx.y = 0; threadIdx.z = 0;
             ns_table[index].wrap(params);
         }

@@ -206,8 +206,16 @@ fn gemms_outside_their_buffers_are_refused_on_every_executor() {
 
 #[test]
 fn caches_grow_and_drop_their_front_with_device_copies_only() {
+    // Threads in both orders: an in-place move whose source overlaps its destination would
+    // come out right in one order only (on a GPU it races).
+    caches_grow_and_drop(false);
+    caches_grow_and_drop(true);
+}
+
+fn caches_grow_and_drop(reverse_threads: bool) {
     use needlescope::backend::gpu::act::MIN_CAPACITY;
-    let g = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
+    let exec = EmuExecutor::default().with_reverse_threads(reverse_threads);
+    let g = EmuBackend::single(exec, GemmType::F32);
     let mut rng = Rng::new(3);
     let (mut a, mut model) = (g.act_zeros(0), Vec::new());
     // (appended, dropped, capacity after): appends that fit, that double, that outgrow a
@@ -230,6 +238,10 @@ fn caches_grow_and_drop_their_front_with_device_copies_only() {
         // Exactly a quarter left (512 of 2048) already moves to half the buffer.
         (2 * MIN_CAPACITY - 110, 0, 2 * MIN_CAPACITY),
         (0, 3 * MIN_CAPACITY / 2, MIN_CAPACITY),
+        // A rest that starts just inside what goes (101 values after dropping 100): moved to a
+        // new buffer, never copied onto itself.
+        (0, 311, MIN_CAPACITY),
+        (0, 100, MIN_CAPACITY),
     ];
     for (step, &(add, drop, capacity)) in steps.iter().enumerate() {
         let tail_values = rng.values(add, 1.0);

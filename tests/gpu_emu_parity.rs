@@ -131,6 +131,17 @@ fn attention_by_gemm_matches_the_cpu() {
     forward_parity(WeightFormat::Official, 4, b, F32_TOL);
 }
 
+/// Every launch with its blocks and threads in descending order: the kernel rules (threads
+/// never read each other's writes) make results independent of the order, so every op and a
+/// whole forward still match the CPU (a kernel breaking the rule would race on a GPU).
+#[test]
+fn ops_and_a_forward_match_the_cpu_with_threads_in_reverse_order() {
+    let exec = EmuExecutor::default().with_reverse_threads(true);
+    let b = EmuBackend::single(exec, GemmType::F32);
+    assert_all_pass(&check_ops(&b, &OpDims::small(), 3, 1e-5));
+    forward_parity(WeightFormat::Official, 4, b, F32_TOL);
+}
+
 #[test]
 fn forward_across_two_devices_matches_one() {
     // Layers 0-1 on emulated device 0, layers 2-3 on device 1.

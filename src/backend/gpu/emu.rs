@@ -27,6 +27,7 @@ extern "C" {
         block: c_uint,
         b0: c_uint,
         b1: c_uint,
+        reverse: c_int,
         params: *mut *mut c_void,
     );
 }
@@ -104,6 +105,8 @@ pub struct EmuExecutor {
     transfers: Transfers,
     profile: OpProfile,
     pool: Option<Arc<BufferPool>>,
+    /// Run each launch's blocks and threads in descending order (see [`Self::with_reverse_threads`]).
+    reverse_threads: bool,
 }
 
 impl Default for EmuExecutor {
@@ -122,7 +125,18 @@ impl EmuExecutor {
             transfers: Transfers::default(),
             profile: OpProfile::from_env(),
             pool: None,
+            reverse_threads: false,
         }
+    }
+
+    /// The same executor running each launch's blocks and threads in descending order
+    /// (`on`) instead of ascending. The kernel rules say threads never read what another
+    /// thread of the launch writes, so results must not change; a kernel (or an in-place
+    /// copy whose source and destination overlap) that breaks the rule gives other values
+    /// in one order or the other, where on a GPU it would race.
+    pub fn with_reverse_threads(mut self, on: bool) -> Self {
+        self.reverse_threads = on;
+        self
     }
 
     /// The same executor keeping up to `limit` bytes of freed buffers for reuse, as the CUDA
@@ -272,6 +286,7 @@ impl EmuExecutor {
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         let p = SendPtr(params.as_mut_ptr());
+        let reverse = self.reverse_threads as c_int;
         let pieces = (rayon::current_num_threads() * 4).min(grid as usize).max(1) as u32;
         (0..pieces).into_par_iter().for_each(|i| {
             let b0 = (grid as u64 * i as u64 / pieces as u64) as u32;
@@ -279,7 +294,7 @@ impl EmuExecutor {
             let p = &p;
             // SAFETY: the arguments match the signature (checked); pointers are live buffers;
             // blocks write disjoint outputs (kernel rules).
-            unsafe { ns_emu_run(index, grid, BLOCK, b0, b1, p.0) };
+            unsafe { ns_emu_run(index, grid, BLOCK, b0, b1, reverse, p.0) };
         });
         Ok(())
     }
