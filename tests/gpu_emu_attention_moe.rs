@@ -14,6 +14,8 @@
 mod engine_support;
 
 use engine_support::synth_model;
+mod emu_support;
+use emu_support::{gap, norm_err};
 use needlescope::backend::gpu::attention::EntryTable;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::{
@@ -27,25 +29,6 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 
 fn scaled(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     random(n, seed).into_iter().map(|v| v * scale).collect()
-}
-
-/// |x - y|, but 0 for equal values (infinities included) and +inf when exactly one is NaN:
-/// `f32::max` skips NaN, so a plain fold would call a NaN output a perfect match.
-fn gap(x: f32, y: f32) -> f32 {
-    if x == y || (x.is_nan() && y.is_nan()) {
-        0.0
-    } else if x.is_nan() || y.is_nan() {
-        f32::INFINITY
-    } else {
-        (x - y).abs()
-    }
-}
-
-/// max |a-b| / max |b|.
-fn norm_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    a.iter().zip(b).fold(0f32, |m, (&x, &y)| m.max(gap(x, y))) / scale
 }
 
 /// Where `a` and `b` differ most, for failure messages.

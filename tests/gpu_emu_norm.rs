@@ -11,6 +11,8 @@
 //!   GEMM's summation order differs; the mixes must be f32 even on a bf16-GEMM backend (bf16
 //!   operands would give ~1e-2 after Sinkhorn), which the Bf16 case checks.
 
+mod emu_support;
+use emu_support::norm_err;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights, HostOps, PoolLayout};
 use needlescope::config::{LayerKind, ModelConfig};
@@ -26,25 +28,6 @@ fn backends() -> [EmuBackend; 2] {
         EmuBackend::single(EmuExecutor::default(), GemmType::F32),
         EmuBackend::single(EmuExecutor::default(), GemmType::Bf16),
     ]
-}
-
-/// max |a-b| / max |b| over finite reference values.
-/// |x - y|, but 0 for equal values (infinities included) and +inf when exactly one is NaN:
-/// `f32::max` skips NaN, so a plain fold would call a NaN output a perfect match.
-fn gap(x: f32, y: f32) -> f32 {
-    if x == y || (x.is_nan() && y.is_nan()) {
-        0.0
-    } else if x.is_nan() || y.is_nan() {
-        f32::INFINITY
-    } else {
-        (x - y).abs()
-    }
-}
-
-fn norm_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
-    a.iter().zip(b).fold(0f32, |m, (&x, &y)| m.max(gap(x, y))) / scale
 }
 
 /// The reference output is meaningful: not all zero, no NaN, and (when given) not the input.
