@@ -35,19 +35,19 @@ type Key<'a> = (usize, usize, &'a str);
 
 /// The first finished cells (in cells.csv order) whose layers.csv or attention.csv rows are
 /// not complete; empty when all are.
-pub fn incomplete_cells(
+pub fn incomplete_cells<'a>(
     cells: &[CellRecord],
-    layers: &[LayerRecord],
-    attention: &[AttentionRecord],
+    layers: impl IntoIterator<Item = &'a LayerRecord>,
+    attention: impl IntoIterator<Item = &'a AttentionRecord>,
 ) -> Vec<IncompleteCell> {
-    let layer_keys = layers.iter().map(|r| {
+    let layer_keys = layers.into_iter().map(|r| {
         (
             r.cell_id.as_str(),
             (r.layer, r.query_pos, r.profile.as_str()),
         )
     });
     let attention_keys = attention
-        .iter()
+        .into_iter()
         .map(|r| (r.cell_id.as_str(), (r.layer, r.query_pos, "")));
     let mut out = Vec::new();
     for (file, keys, required) in [

@@ -149,17 +149,18 @@ impl RunDir {
         // Finished cells whose other rows are not all there (files damaged by hand) go back to
         // the run, which computes them again; rows of unlisted cells are dropped.
         let all: Vec<CellRecord> = cells_csv.records.iter().map(|r| r.value.clone()).collect();
-        let layer_values: Vec<LayerRecord> =
-            layers.records.iter().map(|r| r.value.clone()).collect();
-        let attention_values: Vec<AttentionRecord> =
-            attention.records.iter().map(|r| r.value.clone()).collect();
-        let damaged = incomplete_cells(&all, &layer_values, &attention_values);
+        let damaged = incomplete_cells(
+            &all,
+            layers.records.iter().map(|r| &r.value),
+            attention.records.iter().map(|r| &r.value),
+        );
         let listed: HashSet<String> = all.iter().map(|c| c.cell_id.clone()).collect();
         let orphans = orphan_cells(
-            layer_values
+            layers
+                .records
                 .iter()
-                .map(|r| r.cell_id.as_str())
-                .chain(attention_values.iter().map(|r| r.cell_id.as_str())),
+                .map(|r| r.value.cell_id.as_str())
+                .chain(attention.records.iter().map(|r| r.value.cell_id.as_str())),
             &listed,
         );
         let notes = resume_notes(&damaged, &orphans);
