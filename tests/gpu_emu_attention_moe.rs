@@ -272,6 +272,17 @@ fn check(what: &str, ty: GemmType, got: &[f32], want: &[f32]) {
 
 /// Routes of `tokens` tokens over `n_experts`, k = 3: expert `n_experts - 2` never chosen,
 /// token 1 picks expert 0 twice, weights positive and uneven.
+/// Three slots for each of 7 tokens: expert 0 takes 15 of the 21 (padded to 16), experts 1-3
+/// two each, so the batched path has two size classes (two batched GEMMs per weight).
+fn skewed_routes(tokens: usize) -> Vec<usize> {
+    assert_eq!(tokens, 7, "the counts below are for 7 tokens");
+    let skewed: Vec<usize> = (0..tokens * 3)
+        .map(|s| if s % 7 < 5 { 0 } else { 1 + s % 3 })
+        .collect();
+    assert_eq!(skewed.iter().filter(|&&x| x == 0).count(), 15);
+    skewed
+}
+
 fn uneven_routes(tokens: usize, n_experts: usize) -> (Vec<usize>, Vec<f32>) {
     let k = 3;
     let skip = n_experts - 2;
@@ -483,12 +494,7 @@ fn batched_routed_experts_match_expert_by_expert() {
         })
         .collect();
     let (uneven, route_w) = uneven_routes(t, n_experts);
-    // Expert 0 takes 15 of the 21 slots (padded to 16), the other three 2 each: two size
-    // classes, so two batched GEMMs per weight.
-    let skewed: Vec<usize> = (0..t * 3)
-        .map(|s| if s % 7 < 5 { 0 } else { 1 + s % 3 })
-        .collect();
-    assert_eq!(skewed.iter().filter(|&&x| x == 0).count(), 15);
+    let skewed = skewed_routes(t);
     let layout = BatchedLayout::new(&[15, 2, 2, 2]);
     assert_eq!(layout.classes.len(), 2);
     assert_eq!((layout.rows, layout.starts.clone()), (22, vec![6, 0, 2, 4]));
@@ -534,10 +540,7 @@ fn batched_bf16_experts_from_a_checkpoint_match_expert_by_expert() {
     let p = "layers.0.ffn";
     let t = 7;
     let u = scaled(t * d, 31, 1.5);
-    // Expert 0 takes 15 of the 21 slots (padded to 16), experts 1-3 two each: two classes.
-    let skewed: Vec<usize> = (0..t * 3)
-        .map(|s| if s % 7 < 5 { 0 } else { 1 + s % 3 })
-        .collect();
+    let skewed = skewed_routes(t);
     let route_w: Vec<f32> = random(t * 3, 77).iter().map(|v| 0.3 + v.abs()).collect();
     let routes = Routes {
         per_token: 3,

@@ -89,9 +89,17 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     if preset != Preset::Planted {
         // A model without a CSA layer has no indexer: say so before writing gigabytes.
-        let cfg = crate::checkpoint::synth::synth_config(&opts)
-            .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))?;
-        if cfg.layers_of_kind(crate::config::LayerKind::Csa).is_empty() {
+        let config = |layers| {
+            crate::checkpoint::synth::synth_config(&SynthOptions {
+                layers,
+                ..opts.clone()
+            })
+            .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))
+        };
+        let cfg = config(opts.layers)?;
+        let csa = |c: &crate::config::ModelConfig| c.layers_of_kind(crate::config::LayerKind::Csa);
+        if csa(&cfg).is_empty() {
+            let first_csa = csa(&config(None)?).first().copied().unwrap_or(0);
             let kinds: Vec<&str> = (0..cfg.num_hidden_layers)
                 .map(|l| cfg.layer_kind(l).name())
                 .collect();
@@ -100,7 +108,7 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                  refuse this model (bench and inspect take it); --layers {} or more keeps one",
                 cfg.num_hidden_layers,
                 kinds.join(", "),
-                first_csa(preset) + 1
+                first_csa + 1
             );
         }
     }
@@ -179,16 +187,4 @@ fn preset_name(p: PresetArg) -> &'static str {
         PresetArg::Planted => "planted",
         PresetArg::Flash => "flash",
     }
-}
-
-/// The first CSA layer of a preset's full schedule.
-fn first_csa(preset: Preset) -> usize {
-    let cfg = match preset {
-        Preset::Tiny => crate::config::ModelConfig::tiny(),
-        _ => crate::config::ModelConfig::flash(),
-    };
-    cfg.layers_of_kind(crate::config::LayerKind::Csa)
-        .first()
-        .copied()
-        .unwrap_or(0)
 }
