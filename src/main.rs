@@ -10,7 +10,8 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = needlescope::cli::Cli::parse();
+    let args = needlescope::cli::values::join_hyphen_values(std::env::args_os());
+    let cli = needlescope::cli::Cli::parse_from(args);
     if let Err(err) = needlescope::interrupt::install() {
         eprintln!("warning: Ctrl-C handler not installed ({err}); Ctrl-C will stop runs at once");
     }

@@ -248,10 +248,10 @@ fn version_is_printed() {
         .stdout_has(&[env!("CARGO_PKG_VERSION")]);
 }
 
-/// A negative number written with a space (`--depth -1`) is a bad value of that flag, named
-/// as such, not clap's "unexpected argument '-1'". Other values starting with `-` need `=`
-/// (`--length=-2k`): with a space clap takes them for flags, which keeps its clear "a value is
-/// required" for a forgotten value (`--length --out x`).
+/// A value starting with `-` and a digit, written with a space (`--depth -1`, `--length -2k`,
+/// `--depths -10:50:10`) or with `=`, is a bad value of that flag, named as such, not clap's
+/// "unexpected argument '-2'"; a forgotten value (`--length --out x`) keeps clap's "a value is
+/// required" (`negative_values_name_their_flag`, `a_forgotten_value_is_named`).
 #[test]
 fn negative_values_name_their_flag() {
     for (args, flag) in [
@@ -270,6 +270,22 @@ fn negative_values_name_their_flag() {
         (
             &["probe", "--model", "m", "--length=-2k"][..],
             "'--length <TOKENS>'",
+        ),
+        (
+            &["probe", "--model", "m", "--length", "-2k"][..],
+            "'--length <TOKENS>'",
+        ),
+        (
+            &["probe", "--model", "m", "--chunk", "-2k"][..],
+            "'--chunk <TOKENS|auto>'",
+        ),
+        (
+            &["sweep", "--model", "m", "--depths", "-10:50:10"][..],
+            "'--depths <PCTS>'",
+        ),
+        (
+            &["bench", "--model", "m", "--lengths", "-1k,2k"][..],
+            "'--lengths <TOKENS>'",
         ),
         (
             &["sweep", "--model", "m", "--depths", "-5"][..],
@@ -301,4 +317,20 @@ fn negative_values_name_their_flag() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// The joining of `--flag -2k` leaves a flag given where a value belongs alone: clap's own
+/// error still names the flag that lacks its value.
+#[test]
+fn a_forgotten_value_is_named() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["probe", "--model", "m", "--length", "--topk", "5"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("a value is required for '--length <TOKENS>'"),
+        "{stderr}"
+    );
 }

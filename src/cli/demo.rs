@@ -2,7 +2,7 @@
 //! the next run), runs a small recall sweep on it and renders the report: the whole product in
 //! one command, with no downloads (design.md 1, 7).
 //!
-//! Default grid (sized for about 3 minutes on 2 cores): contexts 1k, 2k, 4k, 8k, 16k x depths
+//! Default grid (about 20 s on 2 cores): contexts 1k, 2k, 4k, 8k, 16k x depths
 //! 10, 30, 50, 70, 90 % x index profiles fp8 and bf16 x top-k 64 and 128 (the planted model's
 //! `index_topk` and twice it: at 1k-16k tokens they play the role of 512 / 1,024 at 8k-128k on
 //! the real model, the same rows per selected row), `--kv exact`. The planted model's LM path

@@ -3,7 +3,9 @@
 //!
 //! Each parser returns `Err(String)` describing the expected form; clap prefixes it with the flag
 //! and the offending value (`invalid value '12q' for '--length <LENGTH>': expected ...`), and
-//! exits with the usage code 2.
+//! exits with the usage code 2. [`join_hyphen_values`] lets such values start with `-`.
+
+use std::ffi::OsString;
 
 /// Token counts: a plain integer, or an integer with a binary suffix `k` (x1024) or `m`
 /// (x1048576), case-insensitive. `16k` = 16,384 and `1m` = 1,048,576, matching the powers of
@@ -168,6 +170,38 @@ pub fn parse_chunk(s: &str) -> Result<usize, String> {
     parse_token_count(s).map_err(|e| format!("auto or {e}"))
 }
 
+/// Joins a long flag and a following value that starts with `-` and a digit (`--length -2k`,
+/// `--depths -10:50:10`) into `--length=-2k` before clap sees them. Clap takes such a value for
+/// a short flag (`unexpected argument '-2'`) unless it parses as a plain number, so the flag's
+/// own parser never got to say what is wrong with it. No short flag starts with a digit, so
+/// nothing valid changes meaning; a forgotten value (`--length --out x`) keeps clap's "a value
+/// is required". Stops at `--`.
+pub fn join_hyphen_values(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut joined: Vec<OsString> = Vec::new();
+    let mut options_ended = false;
+    for arg in args {
+        let text = arg.to_str().unwrap_or("");
+        let starts_with_minus_digit = text
+            .strip_prefix('-')
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit() || c == '.'));
+        let flag_before = joined
+            .last()
+            .and_then(|a| a.to_str())
+            .filter(|f| f.len() > 2 && f.starts_with("--") && !f.contains('='));
+        match flag_before {
+            Some(flag) if !options_ended && starts_with_minus_digit => {
+                let merged = format!("{flag}={text}");
+                *joined.last_mut().expect("a flag precedes") = merged.into();
+            }
+            _ => {
+                options_ended |= text == "--";
+                joined.push(arg);
+            }
+        }
+    }
+    joined
+}
+
 /// Refuses a list flag that names one value twice (`key` says when two values are the same:
 /// an alias and its profile name, say), so that no grid cell is run or recorded twice.
 pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
@@ -206,6 +240,34 @@ pub fn refuse_topk_past_rows(
 #[cfg(test)]
 mod chunk_tests {
     use super::*;
+
+    fn joined(args: &[&str]) -> Vec<String> {
+        let os = args.iter().map(OsString::from);
+        let out = join_hyphen_values(os);
+        out.into_iter().map(|a| a.into_string().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_value_starting_with_minus_and_a_digit_joins_its_flag() {
+        assert_eq!(
+            joined(&["ns", "probe", "--length", "-2k", "--depth", "-.5"]),
+            ["ns", "probe", "--length=-2k", "--depth=-.5"]
+        );
+        assert_eq!(
+            joined(&["ns", "sweep", "--depths", "-10:50:10", "--lengths=-1k"]),
+            ["ns", "sweep", "--depths=-10:50:10", "--lengths=-1k"]
+        );
+        // Flags, a forgotten value, short flags, values after `--` and a second value stay.
+        for args in [
+            &["ns", "probe", "--length", "--out", "x"][..],
+            &["ns", "probe", "-h", "-2k"],
+            &["ns", "probe", "--length=1k", "-2k"],
+            &["ns", "probe", "--", "--length", "-2k"],
+            &["ns", "probe", "--length", "-k"],
+        ] {
+            assert_eq!(joined(args), args);
+        }
+    }
 
     #[test]
     fn chunk_is_auto_or_a_token_count() {
