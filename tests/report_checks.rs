@@ -349,8 +349,10 @@ fn probe_cells_have_ids_without_a_sample() {
 #[test]
 fn impossible_values_are_refused_naming_the_field() {
     type Edit = fn(&mut CellRecord);
-    let cases: [(&str, Edit, &str); 6] = [
+    let cases: [(&str, Edit, &str); 8] = [
         ("min_needle_rank", |c| c.min_needle_rank = Some(0), "0"),
+        ("needle_end", |c| c.needle_end = 2049, "100..2049"),
+        ("answer_end", |c| c.answer_end = 119, "120..119"),
         ("csa_layers_selected", |c| c.csa_layers_selected = 22, "22"),
         ("depth_pct", |c| c.depth_pct = f64::NAN, "NaN"),
         ("depth_pct", |c| c.depth_pct = 100.5, "100.5"),
@@ -428,4 +430,75 @@ fn a_second_writer_is_refused_until_the_first_is_dropped() {
     assert_eq!(done.len(), 1);
     drop(second);
     rerender(run, false).unwrap();
+}
+
+/// A layers.csv or attention.csv row that contradicts itself (a rank past the visible rows, a
+/// margin that is not score minus k-th score, a share above 1) is refused by `report` and by a
+/// resume naming the file, line and field; the store refuses to write such a row at all.
+#[test]
+fn inconsistent_layer_and_attention_rows_are_refused() {
+    type LayerEdit = fn(&mut LayerRecord);
+    let layer_cases: [(&str, LayerEdit, &str); 3] = [
+        ("needle_rank", |r| r.needle_rank = Some(2000), "2000"),
+        ("margin", |r| r.margin = Some(0.5), "0.5"),
+        ("needle_score", |r| r.needle_score = None, "(empty)"),
+    ];
+    for (field, edit, found) in layer_cases {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        let mut cells = sweep_cells();
+        write_run(run, sweep_info(), &cells[..1]);
+        edit(&mut cells[1].1[1]);
+        // The store refuses the row before writing anything of its cell.
+        let (mut store, _) = RunDir::create_or_resume(run, sweep_info()).unwrap();
+        let (c, l, a) = &cells[1];
+        let err = store.append_cell(c, l, a).err().unwrap().to_string();
+        assert!(
+            err.contains("layers.csv: ")
+                && err.contains(&format!("{field} of the row of cell {}", c.cell_id))
+                && err.ends_with(&format!("found {found}")),
+            "{err}"
+        );
+        drop(store);
+        let lines = |name: &str| {
+            std::fs::read_to_string(run.join(name))
+                .unwrap()
+                .lines()
+                .count()
+        };
+        assert_eq!((lines("cells.csv"), lines("layers.csv")), (2, 5));
+        // A row written by hand: line 2 + 4 rows of the first cell + its second row = line 7.
+        append_bytes(&run.join("layers.csv"), &csv_line(&cells[1].1[0]));
+        append_bytes(&run.join("layers.csv"), &csv_line(&cells[1].1[1]));
+        for err in [
+            RunRecords::read(run).err().unwrap(),
+            RunDir::create_or_resume(run, sweep_info()).err().unwrap(),
+        ] {
+            match err {
+                ReportError::Invalid {
+                    path,
+                    line,
+                    field: got,
+                    found: got_found,
+                    ..
+                } => {
+                    assert!(path.ends_with("layers.csv"), "{}", path.display());
+                    assert_eq!((line, got.as_str(), got_found.as_str()), (7, field, found));
+                }
+                other => panic!("{field}: expected ReportError::Invalid, found {other}"),
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path();
+    let cells = sweep_cells();
+    write_run(run, sweep_info(), &cells[..1]);
+    let mut bad = cells[0].2[0].clone();
+    bad.needle_mass_max_head = 1.5;
+    append_bytes(&run.join("attention.csv"), &csv_line(&bad));
+    let msg = RunRecords::read(run).err().unwrap().to_string();
+    assert!(
+        msg.contains("attention.csv, line 3, needle_mass_max_head: expected a share between 0 and 1, found 1.5"),
+        "{msg}"
+    );
 }

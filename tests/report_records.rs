@@ -110,22 +110,35 @@ fn every_field_type_round_trips_through_the_files() {
     a.answer_correct = None;
     a.min_needle_rank = None;
     a.wall_seconds = 0.1 + 0.2; // not exactly representable in short decimal
+                                // Rows as the probe writes them (the store refuses inconsistent ones): a -inf score with
+                                // no k-th score, and at an earlier position a needle not yet visible (rank fields empty).
     let mut la = layer(&a.cell_id, 7, "fp8-no-hadamard-k", false, 1);
-    la.needle_rank = None;
     la.needle_score = Some(f32::NEG_INFINITY);
+    la.rank_ties = 1023;
     la.kth_score = None;
-    la.margin = Some(1.0e-7);
+    la.margin = None;
     la.phase = "3".into();
+    let mut la_hidden = layer(&a.cell_id, 7, "fp8-no-hadamard-k", false, 1);
+    la_hidden.query_pos = 100;
+    la_hidden.needle_rows = 0;
+    la_hidden.needle_rank = None;
+    la_hidden.needle_score = None;
+    la_hidden.margin = None;
+    la_hidden.selected = false;
     let mut aa = attention(&a.cell_id, 7);
     aa.layer_type = "hca".into();
     aa.needle_mass_mean = 1.0 / 3.0;
     aa.needle_in_window = true;
-    store.append_cell(&a, &[la.clone()], &[aa.clone()]).unwrap();
+    let a_layers = [la.clone(), la_hidden.clone()];
+    store.append_cell(&a, &a_layers, &[aa.clone()]).unwrap();
 
     let mut b = cell("b", 2048, 0.0, IndexProfile::SglangBf16Keys, 512);
     b.answer_correct = Some(false);
     b.answer_text = String::new();
-    let lb = layer("b", 7, "bf16", true, 2);
+    let mut lb = layer("b", 7, "bf16", true, 2);
+    lb.needle_score = Some(1.0e-7);
+    lb.kth_score = Some(0.0);
+    lb.margin = Some(1.0e-7);
     store
         .append_cell(&b, std::slice::from_ref(&lb), &[])
         .unwrap();
@@ -133,7 +146,7 @@ fn every_field_type_round_trips_through_the_files() {
 
     let back = RunRecords::read(dir.path()).unwrap();
     assert_eq!(back.cells, vec![a.clone(), b.clone()]);
-    assert_eq!(back.layers, vec![la, lb]);
+    assert_eq!(back.layers, vec![la, la_hidden, lb]);
     assert_eq!(back.attention, vec![aa]);
     assert_eq!(back.info.sweep_args, run_info(true).sweep_args);
     assert!(back.info.synthetic);
@@ -157,6 +170,7 @@ fn nan_scores_round_trip_as_nan() {
     let mut l = layer("nan", 2, "exact", true, 1);
     l.needle_score = Some(f32::NAN);
     l.margin = Some(f32::NAN);
+    l.selected = false; // a NaN needle is never selected
     store.append_cell(&c, &[l], &[]).unwrap();
     let back = RunRecords::read(dir.path()).unwrap();
     assert!(back.layers[0].needle_score.unwrap().is_nan());

@@ -24,6 +24,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::error::{ReportError, Result};
+use super::row_checks::RowCheck;
 
 /// One complete record of a CSV file.
 pub(crate) struct Row<T> {
@@ -75,7 +76,7 @@ pub(crate) fn count_lines(bytes: &[u8]) -> u64 {
 }
 
 /// Reads `path`, checking the header against `columns` (exact names and order).
-pub(crate) fn read_tolerant<T: DeserializeOwned>(
+pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
     path: &Path,
     columns: &[&str],
 ) -> Result<ParsedCsv<T>> {
@@ -172,6 +173,15 @@ pub(crate) fn read_tolerant<T: DeserializeOwned>(
         };
         match (parsed, terminated) {
             (Ok(value), true) => {
+                if let Some(bad) = value.inconsistency() {
+                    return Err(ReportError::Invalid {
+                        path: path.to_path_buf(),
+                        line,
+                        field: bad.field.to_string(),
+                        expected: bad.expected,
+                        found: bad.found,
+                    });
+                }
                 out.records.push(Row {
                     value,
                     bytes: start..end,

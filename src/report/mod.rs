@@ -25,6 +25,7 @@ mod plot_layers;
 mod plot_ranks;
 pub mod plots;
 pub mod records;
+mod row_checks;
 pub mod store;
 pub mod summary;
 mod validate;

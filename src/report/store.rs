@@ -54,6 +54,7 @@ use super::records::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
 };
+use super::row_checks::RowCheck;
 use super::summary::SummaryJson;
 use super::validate::CellCheck;
 
@@ -252,6 +253,8 @@ impl RunDir {
         )?;
         // What a reader would refuse is refused before anything is written.
         self.check.check(cell, self.next_line)?;
+        refuse_inconsistent(&layers_path, layers)?;
+        refuse_inconsistent(&att_path, attention)?;
         self.next_line += 1 + count_lines(cell.answer_text.as_bytes());
 
         append(&mut self.layers_w, &layers_path, layers)?;
@@ -313,6 +316,48 @@ fn append<T: Serialize>(w: &mut csv::Writer<File>, path: &Path, rows: &[T]) -> R
         w.serialize(r).map_err(csv_err(path))?;
     }
     flush_sync(w, path)
+}
+
+/// Refuses rows that a reader would refuse as inconsistent ([`RowCheck`]), naming the file,
+/// the cell, the layer and the field.
+fn refuse_inconsistent<T: RowCheck + RowPlace>(path: &Path, rows: &[T]) -> Result<()> {
+    match rows
+        .iter()
+        .find_map(|r| r.inconsistency().map(|bad| (r, bad)))
+    {
+        None => Ok(()),
+        Some((row, bad)) => Err(ReportError::Mismatch {
+            path: path.to_path_buf(),
+            what: format!("{} of the row of {}", bad.field, row.place()),
+            expected: bad.expected,
+            found: bad.found,
+        }),
+    }
+}
+
+/// Where a row belongs, for errors: cell, layer and query position.
+trait RowPlace {
+    fn place(&self) -> String;
+}
+
+impl RowPlace for LayerRecord {
+    fn place(&self) -> String {
+        let r = self;
+        format!(
+            "cell {} at layer {}, query position {} ({})",
+            r.cell_id, r.layer, r.query_pos, r.profile
+        )
+    }
+}
+
+impl RowPlace for AttentionRecord {
+    fn place(&self) -> String {
+        let r = self;
+        format!(
+            "cell {} at layer {}, query position {}",
+            r.cell_id, r.layer, r.query_pos
+        )
+    }
 }
 
 /// Brings a CSV back to "header + complete rows that `keep` accepts": writes the header into an
@@ -471,7 +516,7 @@ impl RunRecords {
     }
 }
 
-fn rows<T: DeserializeOwned>(
+fn rows<T: DeserializeOwned + RowCheck>(
     dir: &Path,
     name: &str,
     columns: &[&str],

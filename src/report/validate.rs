@@ -5,7 +5,8 @@
 //! - a cell_id seen before (the store keeps one row per cell);
 //! - impossible values: `topk` 0, `depth_pct` not finite or outside 0..=100,
 //!   `min_needle_rank` 0 (ranks count from 1), `csa_layers_selected` above
-//!   `csa_layers_nontrivial`;
+//!   `csa_layers_nontrivial`, a needle or answer span that is reversed or ends past
+//!   `prompt_tokens`;
 //! - for a sweep or demo run (run.json's `sweep_args` is a sweep plan): a `target_tokens`,
 //!   `depth_pct`, `index`, `topk` or `kv` outside the plan, a `prompt_tokens` other than
 //!   `target_tokens` (sweep prompts are built to the exact length), and a cell_id other than
@@ -16,7 +17,8 @@
 //!   (`crate::probe::session::cell_id`).
 //!
 //! A run.json whose `sweep_args` is neither (written by hand or by another version) gets the
-//! first two groups only.
+//! first two groups only. layers.csv and attention.csv rows are checked one by one by
+//! [`super::row_checks`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -128,6 +130,21 @@ impl CellCheck {
                 ),
                 cell.csa_layers_selected.to_string(),
             );
+        }
+        for (name, start, end) in [
+            ("needle", cell.needle_start, cell.needle_end),
+            ("answer", cell.answer_start, cell.answer_end),
+        ] {
+            if start > end || end > cell.prompt_tokens {
+                return bad(
+                    &format!("{name}_end"),
+                    format!(
+                        "a span {name}_start..{name}_end within the prompt's {} tokens",
+                        cell.prompt_tokens
+                    ),
+                    format!("{start}..{end}"),
+                );
+            }
         }
         let base =
             super::records::cell_id_base(cell.prompt_tokens, cell.depth_pct, cell.index, cell.topk);
