@@ -87,7 +87,7 @@ impl RowCheck for LayerRecord {
             );
             return wrong("margin", expected, shown(r.margin));
         }
-        if r.selected && !r.needle_score.is_some_and(|s| !s.is_nan()) {
+        if r.selected && r.needle_score.is_none_or(|s| s.is_nan()) {
             let expected = format!(
                 "false with needle_score {} (a selected needle has a score that is a number)",
                 shown(r.needle_score)
