@@ -106,6 +106,17 @@ fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
                 (r["query_pos"].as_u64().unwrap() + 1) / 4
             );
         }
+        // The attention.csv records too: every layer at each probed position, the masses
+        // shares of the softmax.
+        let attention = run["attention"].as_array().unwrap();
+        let layers_at_answer = attention.iter().filter(|a| a["query_pos"] == 2047).count();
+        assert_eq!(layers_at_answer, 4, "every layer of planted at 2047: {run}");
+        for a in attention {
+            assert_eq!(a.as_object().unwrap().len(), 9, "attention.csv fields: {a}");
+            assert_eq!(a["cell_id"], run["cell_id"]);
+            let mass = a["needle_mass_mean"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&mass), "{a}");
+        }
     }
 }
 

@@ -327,8 +327,11 @@ fn probe_cells_have_ids_without_a_sample() {
         IndexProfile::SglangFp8,
         512,
     );
-    let rows = grid_layers(&good.cell_id);
-    write_run(run, probe_info(), &[(good, rows, vec![])]);
+    let (rows, att) = (
+        grid_layers(&good.cell_id),
+        vec![attention(&good.cell_id, 2)],
+    );
+    write_run(run, probe_info(), &[(good, rows, att)]);
     assert_eq!(RunRecords::read(run).unwrap().cells.len(), 1);
     let bad = cell(
         "L2048-d50-fp8-k512-s0",

@@ -201,7 +201,7 @@ fn records_without_times(dir: &Path) -> Vec<Vec<String>> {
 }
 
 /// Damage a kill cannot cause (a layers.csv row deleted, the end of layers.csv cut off,
-/// layers.csv or cells.csv deleted): `report` refuses, naming the file and the cell, and leaves
+/// layers.csv, attention.csv or cells.csv deleted): `report` refuses, naming the file and the cell, and leaves
 /// summary.json alone; the same sweep run again says what it found, computes the damaged cells
 /// again and ends with the records of the undamaged run. (Before, report rendered what was
 /// left without a word and resume called the run finished, or silently started over.)
@@ -217,7 +217,7 @@ fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
     let victim_cell = victim.split(',').next().unwrap().to_string();
 
     type Damage = fn(&Path, &str);
-    let cases: [(&str, Damage, &str, &str); 4] = [
+    let cases: [(&str, Damage, &str, &str); 5] = [
         (
             "a middle layers.csv row deleted",
             |run, victim| {
@@ -248,6 +248,12 @@ fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
             |run, _| std::fs::remove_file(run.join("layers.csv")).unwrap(),
             "layers.csv: finished cell FIRST: no rows; the files were edited or damaged",
             "cell FIRST: layers.csv, no rows; it is computed again",
+        ),
+        (
+            "attention.csv deleted",
+            |run, _| std::fs::remove_file(run.join("attention.csv")).unwrap(),
+            "attention.csv: finished cell FIRST: no rows; the files were edited or damaged",
+            "cell FIRST: attention.csv, no rows; it is computed again",
         ),
         (
             "cells.csv deleted",

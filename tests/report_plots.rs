@@ -164,7 +164,11 @@ fn cells_without_layer_rows_get_no_layer_plot() {
         512,
     );
     store
-        .append_cell(&c, &[layer("lonely", 2, "fp8", true, 3)], &[])
+        .append_cell(
+            &c,
+            &[layer("lonely", 2, "fp8", true, 3)],
+            &[attention("lonely", 2)],
+        )
         .unwrap();
     drop(store);
     // Records without the cell's layer rows (a directory read from disk refuses that as

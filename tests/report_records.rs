@@ -140,14 +140,14 @@ fn every_field_type_round_trips_through_the_files() {
     lb.kth_score = Some(0.0);
     lb.margin = Some(1.0e-7);
     store
-        .append_cell(&b, std::slice::from_ref(&lb), &[])
+        .append_cell(&b, std::slice::from_ref(&lb), &[attention("b", 7)])
         .unwrap();
     drop(store);
 
     let back = RunRecords::read(dir.path()).unwrap();
     assert_eq!(back.cells, vec![a.clone(), b.clone()]);
     assert_eq!(back.layers, vec![la, la_hidden, lb]);
-    assert_eq!(back.attention, vec![aa]);
+    assert_eq!(back.attention, vec![aa, attention("b", 7)]);
     assert_eq!(back.info.sweep_args, run_info(true).sweep_args);
     assert!(back.info.synthetic);
 
@@ -171,7 +171,7 @@ fn nan_scores_round_trip_as_nan() {
     l.needle_score = Some(f32::NAN);
     l.margin = Some(f32::NAN);
     l.selected = false; // a NaN needle is never selected
-    store.append_cell(&c, &[l], &[]).unwrap();
+    store.append_cell(&c, &[l], &[attention("nan", 2)]).unwrap();
     let back = RunRecords::read(dir.path()).unwrap();
     assert!(back.layers[0].needle_score.unwrap().is_nan());
     assert!(back.layers[0].margin.unwrap().is_nan());

@@ -129,7 +129,8 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
     assert_eq!(att, want_att, "the torn attention row must be dropped");
 
     // The cell in flight is redone and lands once.
-    store.append_cell(&c3, &l3, &[]).unwrap();
+    let a3 = [attention("cell3", 2), attention("cell3", 3)];
+    store.append_cell(&c3, &l3, &a3).unwrap();
     drop(store);
     let back = RunRecords::read(run).unwrap();
     assert_eq!(back.cells.len(), 4);
@@ -315,7 +316,11 @@ fn a_row_torn_inside_a_quoted_newline_is_dropped() {
     let (mut store, _) = RunDir::create_or_resume(run, run_info(false)).unwrap();
     let first = cell("first", 2048, 0.0, IndexProfile::SglangFp8, 512);
     store
-        .append_cell(&first, &[layer("first", 2, "fp8", true, 1)], &[])
+        .append_cell(
+            &first,
+            &[layer("first", 2, "fp8", true, 1)],
+            &[attention("first", 2)],
+        )
         .unwrap();
     drop(store);
     let mut torn = cell("torn", 2048, 10.0, IndexProfile::SglangFp8, 512);

@@ -52,7 +52,7 @@ pub enum Command {
     Probe(probe::ProbeArgs),
     /// Lengths x depths x profiles x top-k grid, resumable, into a report directory
     Sweep(sweep::SweepArgs),
-    /// Re-render tables, CSV and PNG of a finished or interrupted sweep
+    /// Re-render the summary table, summary.json and PNGs of a report directory from its CSV records
     Report(report::ReportArgs),
     /// Dump indexer scores, top-k and logits of a token file to safetensors
     Trace(trace::TraceArgs),

@@ -22,7 +22,7 @@ use std::path::Path;
 /// Which query positions are probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProbeSet {
-    /// The last prompt token and every generated token
+    /// Each position that produces an answer token: the last prompt token and every generated token but the last
     Answer,
     /// As `answer`, plus every token of the question
     Question,
@@ -30,7 +30,7 @@ pub enum ProbeSet {
 
 #[derive(Args, Debug, Clone)]
 pub struct ProbeArgs {
-    /// Model directory: config.json, safetensors (sharded with index.json or single), tokenizer.json
+    /// Model directory: config.json, safetensors (sharded with index.json or single), tokenizer.json (the built-in V4 tokenizer if absent; the model must have its 129,280-token vocabulary)
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
 
@@ -91,7 +91,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
-    /// Seed of the haystack filler
+    /// Seed of the needle value and the haystack
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
@@ -228,6 +228,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "answer_text": r.answer_text,
                 "answer_correct": judge_answers.then_some(r.answer_correct),
                 "layers": r.layers,
+                "attention": r.attention,
             })).collect::<Vec<_>>(),
             "conclusion": conclusion(&runs, last, judge_answers),
         });

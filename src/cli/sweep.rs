@@ -13,7 +13,7 @@ use crate::sweep::{run_sweep, SweepPlan};
 
 #[derive(Args, Debug, Clone)]
 pub struct SweepArgs {
-    /// Model directory: config.json, safetensors, tokenizer.json
+    /// Model directory: config.json, safetensors, tokenizer.json (the built-in V4 tokenizer if absent; the model must have its 129,280-token vocabulary)
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
 

@@ -6,8 +6,9 @@
 //! - layers.csv: one row per (CSA layer, probed query position, profile), the layers being
 //!   every CSA layer that appears in the run's rows (all cells share the model), the positions
 //!   and profiles the cell's own;
-//! - attention.csv: when the cell has attention rows, one per (layer, query position), over
-//!   every layer that appears in the run's attention rows;
+//! - attention.csv: one row per (layer, query position), over every layer that appears in the
+//!   run's attention rows (the probe records every layer at every probed position; a cell
+//!   without attention rows lost them, e.g. to a deleted attention.csv);
 //! - rows of cells that cells.csv does not list (orphans): at most one such cell, the one a
 //!   stopped run had in flight; several mean cells.csv lost rows.
 //!
@@ -50,16 +51,15 @@ pub fn incomplete_cells<'a>(
         .into_iter()
         .map(|r| (r.cell_id.as_str(), (r.layer, r.query_pos, "")));
     let mut out = Vec::new();
-    for (file, keys, required) in [
-        (LAYERS_CSV, grids(layer_keys), true),
-        (ATTENTION_CSV, grids(attention_keys), false),
+    for (file, keys) in [
+        (LAYERS_CSV, grids(layer_keys)),
+        (ATTENTION_CSV, grids(attention_keys)),
     ] {
         let run_layers: BTreeSet<usize> =
             keys.values().flat_map(|g| g.keys().map(|k| k.0)).collect();
         for cell in cells {
             let why = match keys.get(cell.cell_id.as_str()) {
-                None if required => Some("no rows".to_string()),
-                None => None,
+                None => Some("no rows".to_string()),
                 Some(grid) => grid_gap(grid, &run_layers),
             };
             if let Some(why) = why {
@@ -201,11 +201,17 @@ mod tests {
     fn a_full_grid_is_complete() {
         let (cells, layers, att) = full_grid();
         assert_eq!(incomplete_cells(&cells, &layers, &att), vec![]);
-        // A cell without attention rows is fine (they are optional); one without layer rows
-        // is not.
+        // A cell without attention rows or without layer rows lost them.
         let att_b: Vec<AttentionRecord> =
             att.iter().filter(|r| r.cell_id == "b").cloned().collect();
-        assert_eq!(incomplete_cells(&cells, &layers, &att_b), vec![]);
+        assert_eq!(
+            incomplete_cells(&cells, &layers, &att_b),
+            vec![IncompleteCell {
+                cell_id: "a".into(),
+                file: ATTENTION_CSV,
+                why: "no rows".into()
+            }]
+        );
         let layers_b: Vec<LayerRecord> = layers
             .iter()
             .filter(|r| r.cell_id == "b")
