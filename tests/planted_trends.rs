@@ -2,14 +2,14 @@
 //! CPU engine, passkey prompts from the real tokenizer, and the probe's own `NeedleObserver`.
 //! Nothing here knows how the model is built: the trends are read off the forward pass.
 //!
-//! - `planted_needle_rank_grows_with_context_and_fp8_loses_it_first` (default run, ~15 s: 1k /
+//! - `planted_needle_rank_grows_with_context_and_fp8_loses_it_first` (default run, ~2 s in release: 1k /
 //!   2k / 4k tokens x 5 depths at the default margin): the needle's rank grows with length
 //!   (exact, and fp8 re-scored by the probe from the raw q / keys), fp8 ranks it lower than
 //!   exact and bf16 on average, at 4k top-32 keeps it on every layer where top-16 loses it
 //!   (the 512 / 1,024 boundary of the demo, at a quarter of its lengths), and the exact needle
 //!   z-score is the planted margin.
 //! - `planted_demo_grid` (ignored: the demo grid 1k-16k x 5 depths at the default margin, with
-//!   timings; about 8 s in release on 2 cores). `PLANTED_MARGIN=x` changes the margin:
+//!   timings; about 7 s in release on 2 cores). `PLANTED_MARGIN=x` changes the margin:
 //!   `cargo test --release --test planted_trends -- --ignored --nocapture planted_demo_grid`
 
 use needlescope::checkpoint::planted::{planted_info, synth_planted, DEFAULT_MARGIN, TITLE_NOTE};
