@@ -24,6 +24,7 @@ mod plot_heatmap;
 mod plot_layers;
 mod plot_ranks;
 pub mod plots;
+mod read;
 pub mod records;
 mod row_checks;
 pub mod store;

@@ -12,6 +12,9 @@
 //! hidden). Relations across rows (every layer of a finished cell present) are
 //! [`super::completeness`]'s.
 
+use std::path::Path;
+
+use super::error::{ReportError, Result};
 use super::records::{AttentionRecord, CellRecord, LayerRecord};
 
 /// A row that contradicts itself: the field found wrong, what it should be, and its value.
@@ -122,6 +125,48 @@ impl RowCheck for AttentionRecord {
             return wrong("needle_mass_mean", expected, a.needle_mass_mean);
         }
         None
+    }
+}
+
+/// Refuses rows that a reader would refuse as inconsistent ([`RowCheck`]), naming the file,
+/// the cell, the layer and the field.
+pub(crate) fn refuse_inconsistent<T: RowCheck + RowPlace>(path: &Path, rows: &[T]) -> Result<()> {
+    match rows
+        .iter()
+        .find_map(|r| r.inconsistency().map(|bad| (r, bad)))
+    {
+        None => Ok(()),
+        Some((row, bad)) => Err(ReportError::Mismatch {
+            path: path.to_path_buf(),
+            what: format!("{} of the row of {}", bad.field, row.place()),
+            expected: bad.expected,
+            found: bad.found,
+        }),
+    }
+}
+
+/// Where a row belongs, for errors: cell, layer and query position.
+pub(crate) trait RowPlace {
+    fn place(&self) -> String;
+}
+
+impl RowPlace for LayerRecord {
+    fn place(&self) -> String {
+        let r = self;
+        format!(
+            "cell {} at layer {}, query position {} ({})",
+            r.cell_id, r.layer, r.query_pos, r.profile
+        )
+    }
+}
+
+impl RowPlace for AttentionRecord {
+    fn place(&self) -> String {
+        let r = self;
+        format!(
+            "cell {} at layer {}, query position {}",
+            r.cell_id, r.layer, r.query_pos
+        )
     }
 }
 

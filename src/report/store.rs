@@ -1,5 +1,5 @@
 //! The report directory on disk (design.md section 6): [`RunDir`] writes it cell by cell and
-//! resumes it; [`RunRecords`] reads it back for `needlescope report`.
+//! resumes it; [`RunRecords`] (`read.rs`) reads it back for `needlescope report`.
 //!
 //! Files: `run.json` ([`RunInfo`]), `cells.csv`, `layers.csv`, `attention.csv` (headers written
 //! once, rows appended), `summary.json` (rewritten after every cell).
@@ -40,7 +40,6 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::completeness::{incomplete_cells, orphan_cells, IncompleteCell};
@@ -50,11 +49,12 @@ use super::csvio::{
 };
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
+pub use super::read::RunRecords;
 use super::records::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
 };
-use super::row_checks::RowCheck;
+use super::row_checks::refuse_inconsistent;
 use super::summary::SummaryJson;
 use super::validate::CellCheck;
 
@@ -318,48 +318,6 @@ fn append<T: Serialize>(w: &mut csv::Writer<File>, path: &Path, rows: &[T]) -> R
     flush_sync(w, path)
 }
 
-/// Refuses rows that a reader would refuse as inconsistent ([`RowCheck`]), naming the file,
-/// the cell, the layer and the field.
-fn refuse_inconsistent<T: RowCheck + RowPlace>(path: &Path, rows: &[T]) -> Result<()> {
-    match rows
-        .iter()
-        .find_map(|r| r.inconsistency().map(|bad| (r, bad)))
-    {
-        None => Ok(()),
-        Some((row, bad)) => Err(ReportError::Mismatch {
-            path: path.to_path_buf(),
-            what: format!("{} of the row of {}", bad.field, row.place()),
-            expected: bad.expected,
-            found: bad.found,
-        }),
-    }
-}
-
-/// Where a row belongs, for errors: cell, layer and query position.
-trait RowPlace {
-    fn place(&self) -> String;
-}
-
-impl RowPlace for LayerRecord {
-    fn place(&self) -> String {
-        let r = self;
-        format!(
-            "cell {} at layer {}, query position {} ({})",
-            r.cell_id, r.layer, r.query_pos, r.profile
-        )
-    }
-}
-
-impl RowPlace for AttentionRecord {
-    fn place(&self) -> String {
-        let r = self;
-        format!(
-            "cell {} at layer {}, query position {}",
-            r.cell_id, r.layer, r.query_pos
-        )
-    }
-}
-
 /// Brings a CSV back to "header + complete rows that `keep` accepts": writes the header into an
 /// empty or headerless file, truncates a torn tail, rewrites the file without rejected rows.
 fn repair<T>(
@@ -417,123 +375,12 @@ fn resume_notes(damaged: &[IncompleteCell], orphans: &[String]) -> Vec<String> {
 }
 
 /// Up to three ids, then how many more.
-fn list_some(ids: &[String]) -> String {
+pub(crate) fn list_some(ids: &[String]) -> String {
     let mut s = ids.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
     if ids.len() > 3 {
         s.push_str(&format!(" and {} more", ids.len() - 3));
     }
     s
-}
-
-/// Everything a report directory holds, read without modifying it (for `needlescope report`).
-#[derive(Clone, Debug)]
-pub struct RunRecords {
-    pub dir: PathBuf,
-    pub info: RunInfo,
-    /// Finished cells (complete cells.csv rows), in file order.
-    pub cells: Vec<CellRecord>,
-    /// layers.csv rows of finished cells (orphans of a cell in flight are skipped).
-    pub layers: Vec<LayerRecord>,
-    /// attention.csv rows of finished cells.
-    pub attention: Vec<AttentionRecord>,
-    /// What was read but left out, for the user: a torn last line per file (a run killed
-    /// while writing it), e.g. `cells.csv, line 5: incomplete last line ...`.
-    pub notes: Vec<String>,
-}
-
-impl RunRecords {
-    /// Reads `dir`; torn tails and the rows of one unfinished cell (a stopped run's cell in
-    /// flight) are ignored and noted in [`Self::notes`], files are not touched. A missing
-    /// run.json, a line that does not parse, a cell that fails the checks of `validate`, a
-    /// finished cell whose layers.csv or attention.csv rows are not all there and rows of
-    /// several unlisted cells (`completeness`) are errors.
-    pub fn read(dir: &Path) -> Result<RunRecords> {
-        let run_json = dir.join(RUN_JSON);
-        if !run_json.exists() {
-            return Err(not_a_run_dir(dir));
-        }
-        let info: RunInfo = read_json(&run_json)?;
-        let mut notes = Vec::new();
-        let cells_csv: ParsedCsv<CellRecord> = read_tolerant(&dir.join(CELLS_CSV), &CELLS_COLUMNS)?;
-        note_torn(&mut notes, CELLS_CSV, &cells_csv);
-        let mut check = CellCheck::new(dir, &info)?;
-        for row in &cells_csv.records {
-            check.check(&row.value, row.line)?;
-        }
-        let cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
-        let finished: HashSet<String> = cells.iter().map(|c| c.cell_id.clone()).collect();
-        let mut layers: Vec<LayerRecord> = rows(dir, LAYERS_CSV, &LAYERS_COLUMNS, &mut notes)?;
-        let mut attention: Vec<AttentionRecord> =
-            rows(dir, ATTENTION_CSV, &ATTENTION_COLUMNS, &mut notes)?;
-        let orphans = orphan_cells(
-            layers
-                .iter()
-                .map(|r| r.cell_id.as_str())
-                .chain(attention.iter().map(|r| r.cell_id.as_str())),
-            &finished,
-        );
-        match orphans.as_slice() {
-            [] => {}
-            [one] => notes.push(format!(
-                "rows of cell {one}, which cells.csv does not list (a run stopped while \
-                 computing it); ignored, and redone when the run is resumed"
-            )),
-            many => {
-                return Err(ReportError::Damaged {
-                    path: dir.join(CELLS_CSV),
-                    problem: format!(
-                        "layers.csv or attention.csv holds rows of {} cells that cells.csv \
-                         does not list ({}); a stopped run leaves at most one",
-                        many.len(),
-                        list_some(many)
-                    ),
-                })
-            }
-        }
-        layers.retain(|r| finished.contains(&r.cell_id));
-        attention.retain(|r| finished.contains(&r.cell_id));
-        if let Some(d) = incomplete_cells(&cells, &layers, &attention).first() {
-            return Err(ReportError::Damaged {
-                path: dir.join(d.file),
-                problem: format!("finished cell {}: {}", d.cell_id, d.why),
-            });
-        }
-        Ok(RunRecords {
-            dir: dir.to_path_buf(),
-            info,
-            cells,
-            layers,
-            attention,
-            notes,
-        })
-    }
-
-    /// Rewrites `<dir>/summary.json` from these records (atomically); returns its path.
-    pub fn write_summary(&self) -> Result<PathBuf> {
-        let path = self.dir.join(SUMMARY_JSON);
-        write_json(&path, &SummaryJson::new(&self.info, &self.cells))?;
-        Ok(path)
-    }
-}
-
-fn rows<T: DeserializeOwned + RowCheck>(
-    dir: &Path,
-    name: &str,
-    columns: &[&str],
-    notes: &mut Vec<String>,
-) -> Result<Vec<T>> {
-    let csv: ParsedCsv<T> = read_tolerant(&dir.join(name), columns)?;
-    note_torn(notes, name, &csv);
-    Ok(csv.records.into_iter().map(|r| r.value).collect())
-}
-
-fn note_torn<T>(notes: &mut Vec<String>, name: &str, csv: &ParsedCsv<T>) {
-    if let Some(line) = csv.torn_line {
-        notes.push(format!(
-            "{name}, line {line}: incomplete last line (a run stopped while writing it); \
-             ignored, and redone when the run is resumed"
-        ));
-    }
 }
 
 /// [`ReportError::NotARunDir`] for `dir`, listing a few of the names it holds.
