@@ -26,6 +26,7 @@ mod plot_ranks;
 pub mod plots;
 mod read;
 pub mod records;
+mod resume;
 mod row_checks;
 pub mod store;
 pub mod summary;

@@ -225,7 +225,7 @@ impl std::fmt::Display for BackendRecord {
 /// run.json: what was run, on what, when; the resume check compares `sweep_args`,
 /// `model_config_hash`, `model_fingerprint`, `scenario`, `scenario_fingerprint`, `synthetic`
 /// and the backend's numerics (see
-/// [`RunInfo::resume_differences`]).
+/// [`RunInfo::resume_differences`] in `resume.rs`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
     /// argv as given (program name first).
@@ -301,7 +301,7 @@ impl RunInfo {
     /// The cells a sweep's grid holds (lengths x depths x index profiles x top-k x samples),
     /// or None for a directory that another command wrote (a probe's has no plan).
     pub fn cells_planned(&self) -> Option<usize> {
-        if writer(&self.sweep_args) != "sweep" {
+        if super::resume::writer(&self.sweep_args) != "sweep" {
             return None;
         }
         let count = |key: &str| self.sweep_args.get(key)?.as_array().map(Vec::len);
@@ -325,86 +325,6 @@ impl RunInfo {
             .next()
             .filter(|s| !s.is_empty())
             .unwrap_or(p)
-    }
-
-    /// Fields in which `now` (the run being started) differs from `self` (run.json): the
-    /// model config hash and weights fingerprint, scenario name and content, synthetic flag,
-    /// backend numerics (`cpu`, `cuda gemm bf16`, ...) and each differing key of `sweep_args`.
-    pub fn resume_differences(&self, now: &RunInfo) -> Vec<crate::report::FieldDifference> {
-        use crate::report::FieldDifference;
-        let mut out = Vec::new();
-        let mut cmp = |field: String, a: serde_json::Value, b: serde_json::Value| {
-            if a != b {
-                out.push(FieldDifference {
-                    field,
-                    expected: a.to_string(),
-                    found: b.to_string(),
-                });
-            }
-        };
-        cmp(
-            "model_config_hash".into(),
-            self.model_config_hash.clone().into(),
-            now.model_config_hash.clone().into(),
-        );
-        cmp(
-            "model_fingerprint".into(),
-            self.model_fingerprint.clone().into(),
-            now.model_fingerprint.clone().into(),
-        );
-        cmp(
-            "scenario".into(),
-            self.scenario.clone().into(),
-            now.scenario.clone().into(),
-        );
-        cmp(
-            "scenario_fingerprint".into(),
-            self.scenario_fingerprint.clone().into(),
-            now.scenario_fingerprint.clone().into(),
-        );
-        cmp(
-            "synthetic".into(),
-            self.synthetic.into(),
-            now.synthetic.into(),
-        );
-        cmp(
-            "backend".into(),
-            self.backend.numerics().into(),
-            now.backend.numerics().into(),
-        );
-        let (was, is) = (writer(&self.sweep_args), writer(&now.sweep_args));
-        if was != is {
-            // Every argument would differ: say which command wrote the directory instead.
-            cmp("command".into(), was.into(), is.into());
-            return out;
-        }
-        match (&self.sweep_args, &now.sweep_args) {
-            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-                keys.sort();
-                keys.dedup();
-                for k in keys {
-                    let get = |m: &serde_json::Map<String, serde_json::Value>| {
-                        m.get(k).cloned().unwrap_or(serde_json::Value::Null)
-                    };
-                    cmp(format!("sweep_args.{k}"), get(a), get(b));
-                }
-            }
-            (a, b) => cmp("sweep_args".into(), a.clone(), b.clone()),
-        }
-        out
-    }
-}
-
-/// The command whose arguments `sweep_args` holds: `probe` (it records its name), `sweep`
-/// (`demo` too: a sweep plan, recognised by its `indexes`), else `other`.
-pub(crate) fn writer(sweep_args: &serde_json::Value) -> &'static str {
-    if sweep_args.get("command").and_then(|c| c.as_str()) == Some("probe") {
-        "probe"
-    } else if sweep_args.get("indexes").is_some() {
-        "sweep"
-    } else {
-        "other"
     }
 }
 

@@ -50,7 +50,7 @@ enum RunKind {
 impl RunKind {
     fn of(info: &RunInfo, run_json: &Path) -> Result<RunKind> {
         let args = &info.sweep_args;
-        match super::records::writer(args) {
+        match super::resume::writer(args) {
             "probe" => {
                 let kv = args.get("kv").and_then(|k| k.as_str()).map(str::to_string);
                 return Ok(RunKind::Probe { kv });
