@@ -9,6 +9,7 @@
 //!   checked against the config-implied shapes, and its decode to f32.
 //! - [`inventory`]: the exact tensor list of a release computed from the config alone
 //!   (spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
+//!   `compressor_kinds`: the compressor / indexer linears whose storage a checkpoint chooses.
 //! - [`prng`], [`values`], [`writer`], [`synth`](mod@synth): the deterministic synthetic checkpoints of
 //!   design.md section 7.
 //!
@@ -16,6 +17,7 @@
 //! nothing here panics on a malformed file.
 
 pub mod audit;
+mod compressor_kinds;
 pub mod dtype;
 pub mod header;
 pub mod inventory;
