@@ -22,7 +22,7 @@ use std::path::Path;
 /// Which query positions are probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProbeSet {
-    /// Each position that produces an answer token: the last prompt token and every generated token but the last
+    /// The last prompt token (it produces the first answer token) and every generated token but the last
     Answer,
     /// As `answer`, plus every token of the question
     Question,
@@ -72,7 +72,7 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "N", default_value_t = 24)]
     pub generate: usize,
 
-    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
+    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
     #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 

@@ -43,7 +43,7 @@ pub struct TraceArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = parse_positive)]
     pub topk: Option<usize>,
 
-    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results do not depend on it)
+    /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
     #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
