@@ -178,6 +178,38 @@ fn launches_are_checked_against_the_kernel_signature() {
     assert!(past.contains("offset 17"), "{past}");
 }
 
+/// The launch check sees where each buffer argument starts, not how far the kernel writes:
+/// the emulator's guard after every buffer catches a kernel that writes past the end (here a
+/// count one too large), pooled buffers included (their size class leaves slack).
+#[test]
+fn a_kernel_writing_past_a_buffer_end_is_an_error() {
+    use needlescope::backend::gpu::executor::{buf, Arg, Executor};
+    for e in [
+        EmuExecutor::default(),
+        EmuExecutor::default().with_pool(1 << 20),
+    ] {
+        let x = e.alloc(5 * 4).unwrap();
+        let y = e.alloc(4 * 2).unwrap();
+        assert!(e
+            .launch("f32_to_bf16", 1, &[buf(&x), buf(&y), Arg::I64(4)])
+            .is_ok());
+        let err = e
+            .launch("f32_to_bf16", 1, &[buf(&x), buf(&y), Arg::I64(5)])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "kernel f32_to_bf16: argument 1 (a buffer of 8 bytes) was written past its end"
+        );
+        // A buffer reused from the pool is guarded at its new length.
+        drop(y);
+        let y = e.alloc(3 * 2).unwrap();
+        assert!(e
+            .launch("f32_to_bf16", 1, &[buf(&x), buf(&y), Arg::I64(4)])
+            .is_err());
+    }
+}
+
 #[test]
 fn gemms_outside_their_buffers_are_refused_on_every_executor() {
     use needlescope::backend::gpu::executor::{Executor, Gemm};

@@ -5,7 +5,10 @@
 //! block one after another; the kernel rules in `kernels/common.cuh` (threads never
 //! communicate) make this exact. GEMMs run in f32 on the CPU (bf16 operands are widened
 //! exactly). Device memory is host memory; the reported capacity is whatever the executor was
-//! built with, so placement across several "devices" can be tested too.
+//! built with, so placement across several "devices" can be tested too. Every buffer is
+//! followed by a guard ([`GUARD_BYTES`]) checked after each launch, so a kernel that writes
+//! past an argument's end fails here instead of corrupting a neighbour on a GPU; the launch
+//! check (`checks.rs`) only sees where each argument starts.
 
 use super::checks::{arg_slots, check_gemm, check_range};
 use super::executor::{
@@ -51,8 +54,18 @@ pub fn kernel_table() -> &'static [(String, String)] {
 
 const ALIGN: usize = 256;
 
+/// Bytes after every buffer's end holding [`GUARD_WORD`]s, checked after every launch: a
+/// kernel that writes past the end of an argument is an error naming the kernel and the
+/// argument (on a GPU it would corrupt a neighbouring allocation or fault later).
+pub const GUARD_BYTES: usize = 1024;
+
+/// The guard pattern: a NaN as f32 (a kernel reading past the end sees NaN), a huge index as
+/// i32 (not the -1 padding some kernels write), and a bf16 NaN in its high half.
+const GUARD_WORD: u32 = 0x7FC0_0A51;
+
 /// A host allocation standing in for device memory (256-byte aligned, zero-filled): `len`
-/// bytes, `cap` really allocated (its pool size class when the executor pools).
+/// bytes, `cap` really allocated (its pool size class when the executor pools), followed by
+/// [`GUARD_BYTES`] of guard words from `len` on.
 pub struct EmuBuf {
     ptr: *mut u8,
     len: usize,
@@ -66,8 +79,29 @@ unsafe impl Send for EmuBuf {}
 unsafe impl Sync for EmuBuf {}
 
 impl EmuBuf {
-    fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.max(1), ALIGN).expect("allocation size")
+    /// The host layout of an allocation of `cap` bytes (its guard included).
+    fn layout(cap: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(cap + GUARD_BYTES, ALIGN).expect("allocation size")
+    }
+
+    /// Writes the guard words after `len` bytes.
+    fn arm_guard(&mut self) {
+        let guard = GUARD_WORD.to_le_bytes();
+        // SAFETY: the allocation holds cap + GUARD_BYTES >= len + GUARD_BYTES bytes.
+        let tail = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(self.len), GUARD_BYTES) };
+        for (i, b) in tail.iter_mut().enumerate() {
+            *b = guard[(self.len + i) % 4];
+        }
+    }
+
+    /// Whether the guard after `len` bytes is as [`Self::arm_guard`] left it.
+    fn guard_intact(&self) -> bool {
+        let guard = GUARD_WORD.to_le_bytes();
+        // SAFETY: as in arm_guard.
+        let tail = unsafe { std::slice::from_raw_parts(self.ptr.add(self.len), GUARD_BYTES) };
+        tail.iter()
+            .enumerate()
+            .all(|(i, &b)| b == guard[(self.len + i) % 4])
     }
 
     fn as_slice(&self) -> &[u8] {
@@ -222,12 +256,16 @@ impl EmuExecutor {
             Some(_) => BufferPool::class(bytes),
             None => bytes,
         };
-        let buf = |ptr| EmuBuf {
-            ptr,
-            len: bytes,
-            cap,
-            used: self.used.clone(),
-            pool: self.pool.clone(),
+        let buf = |ptr| {
+            let mut b = EmuBuf {
+                ptr,
+                len: bytes,
+                cap,
+                used: self.used.clone(),
+                pool: self.pool.clone(),
+            };
+            b.arm_guard();
+            b
         };
         if let Some(addr) = self.pool.as_ref().and_then(|p| p.take(cap)) {
             let ptr = addr as *mut u8;
@@ -296,6 +334,17 @@ impl EmuExecutor {
             // blocks write disjoint outputs (kernel rules).
             unsafe { ns_emu_run(index, grid, BLOCK, b0, b1, reverse, p.0) };
         });
+        for (i, arg) in args.iter().enumerate() {
+            if let Arg::Buf(b, _) = arg {
+                if !b.guard_intact() {
+                    return Err(GpuError::Other(format!(
+                        "kernel {kernel}: argument {i} (a buffer of {} bytes) was written past \
+                         its end",
+                        b.len
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
