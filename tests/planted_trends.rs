@@ -355,7 +355,7 @@ fn planted_needle_rank_grows_with_context_and_fp8_loses_it_first() {
 }
 
 #[test]
-#[ignore = "the demo grid: about 8 s in release (see the module docs)"]
+#[ignore = "the demo grid: about 7 s in release (see the module docs)"]
 fn planted_demo_grid() {
     let margin = std::env::var("PLANTED_MARGIN")
         .ok()
