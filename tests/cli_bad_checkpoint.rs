@@ -51,6 +51,42 @@ fn index_naming_an_absent_file_is_reported() {
     ]);
 }
 
+/// A tensor a shard holds but index.json does not list (a stale index) is read, as serving
+/// engines read every tensor of the shard files, and said: `inspect` lists it, runs print a
+/// note.
+#[test]
+fn a_tensor_missing_from_the_index_is_read_and_noted() {
+    let (t, dir) = tiny(&["--shards", "2"]);
+    let index = dir.join("model.safetensors.index.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    let removed = v["weight_map"]
+        .as_object_mut()
+        .unwrap()
+        .remove("layers.1.attn.wkv.weight");
+    assert!(removed.is_some());
+    std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+    let note = "1 tensor(s) in the shards are not listed in";
+    inspect_model(&dir).ok().stdout_has(&[
+        "inventory   OK",
+        note,
+        "(first: layers.1.attn.wkv.weight)",
+    ]);
+    let tokens = t.path().join("tokens.txt");
+    std::fs::write(&tokens, "1 2 3 4 5 6 7 8 9 10 11 12").unwrap();
+    let out = t.path().join("trace.safetensors");
+    cli_support::run(&[
+        "trace".as_ref(),
+        "--model".as_ref(),
+        dir.as_os_str(),
+        "--tokens".as_ref(),
+        tokens.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ])
+    .ok()
+    .stderr_has(&[note, "model.safetensors.index.json's weight_map"]);
+}
+
 /// An index entry that points outside the checkpoint directory (a path, `..`, an absolute
 /// file) is refused, naming the entry: the reader never opens files elsewhere.
 #[test]

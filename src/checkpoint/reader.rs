@@ -58,6 +58,9 @@ pub struct Checkpoint {
     tensors: BTreeMap<String, TensorInfo>,
     format: WeightFormat,
     expected: OnceLock<HashMap<String, ExpectedTensor>>,
+    /// Tensors a shard holds that index.json's `weight_map` does not list (see
+    /// [`Checkpoint::unindexed`]).
+    unindexed: Vec<String>,
 }
 
 /// Windows of each shard read by [`Checkpoint::fingerprint`].
@@ -116,11 +119,18 @@ impl Checkpoint {
             tensors: BTreeMap::new(),
             format: WeightFormat::Bf16,
             expected: OnceLock::new(),
+            unindexed: Vec::new(),
         };
         for path in files {
             ckpt.add_shard(path)?;
         }
         if let Some(wm) = weight_map {
+            ckpt.unindexed = ckpt
+                .tensors
+                .keys()
+                .filter(|name| !wm.contains_key(*name))
+                .cloned()
+                .collect();
             for (tensor, shard) in wm {
                 let shard_path = dir.join(&shard);
                 if ckpt.tensors.get(&tensor).map(|t| &t.file) != Some(&shard_path) {
@@ -189,6 +199,14 @@ impl Checkpoint {
     /// The shard files, in the order they were opened.
     pub fn shard_paths(&self) -> &[PathBuf] {
         &self.shard_paths
+    }
+
+    /// Tensors present in a shard but not listed in index.json's `weight_map` (a stale or
+    /// hand-edited index), in name order. They are read like listed ones, as serving engines
+    /// do (they load every tensor of the shard files the index names); runs print a note and
+    /// `inspect` lists them. Empty without an index file.
+    pub fn unindexed(&self) -> &[String] {
+        &self.unindexed
     }
 
     /// `sha256:<hex>` identifying the weights cheaply, without reading them all (a resumed

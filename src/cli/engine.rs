@@ -35,9 +35,18 @@ use crate::plan::Footprint;
 use crate::report::records::BackendRecord;
 
 /// Opens the model directory of a run (probe, sweep, trace, bench) and refuses weights its
-/// config does not describe; tensors of kinds the forward never reads get one note on stderr.
+/// config does not describe; tensors of kinds the forward never reads, and tensors the
+/// index's weight_map does not list, get one note each on stderr.
 pub fn open_model(dir: &std::path::Path) -> anyhow::Result<Checkpoint> {
     let ckpt = Checkpoint::open(dir)?;
+    if let Some(first) = ckpt.unindexed().first() {
+        eprintln!(
+            "note: {} tensor(s) in the shards are not listed in {}'s weight_map (first: {first}); \
+             they are read like the listed ones, as serving engines do",
+            ckpt.unindexed().len(),
+            crate::checkpoint::reader::INDEX_FILE
+        );
+    }
     let ignored = crate::checkpoint::audit::check_config_describes(&ckpt)?;
     if let Some(first) = ignored.first() {
         eprintln!(

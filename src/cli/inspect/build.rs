@@ -146,6 +146,8 @@ fn inventory_report(
         missing_count: diff.missing.len(),
         extra_count: diff.extra.len(),
         mismatched_count: diff.mismatched.len(),
+        unindexed: ckpt.unindexed().iter().take(LIST_LIMIT).cloned().collect(),
+        unindexed_count: ckpt.unindexed().len(),
         fp8_compressor_linears: options_for(ckpt)
             .fp8_compressor_linears
             .modules()

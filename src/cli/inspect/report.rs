@@ -94,6 +94,9 @@ pub struct InventoryReport {
     /// Compressor / indexer linears (module names after `layers.L.`) this checkpoint stores as
     /// FP8 blocks instead of the release's BF16; each is expected so in every layer.
     pub fp8_compressor_linears: Vec<String>,
+    /// Tensors in a shard that index.json's weight_map does not list (first few, and how many).
+    pub unindexed: Vec<String>,
+    pub unindexed_count: usize,
 }
 
 /// Everything `inspect` reports (the `--json` object).

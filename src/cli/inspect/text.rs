@@ -181,6 +181,14 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
                 }
             }
         }
+        if let Some(first) = inv.unindexed.first() {
+            writeln!(
+                out,
+                "  note      {} tensor(s) in the shards are not listed in index.json's weight_map \
+                 (first: {first}); they are read like the listed ones, as serving engines do",
+                inv.unindexed_count
+            )?;
+        }
         if !inv.fp8_compressor_linears.is_empty() {
             writeln!(
                 out,
