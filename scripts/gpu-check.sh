@@ -7,21 +7,24 @@
 #      launches), then forwards on tiny, the opt-in GEMM attention path (ops and tiny), the
 #      opt-in batched experts (tiny), and Flash 4 layers (SKIP_FLASH_PARITY=1 skips that one);
 #   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
-#      FP8 + FP4, written in the background during the parity steps) at the lengths in $LENGTHS
-#      (default 8k,32k,128k) with bf16 GEMMs (the speed configuration; GEMM=f32 for the reference
-#      one), then the opt-in fast paths whose parity passed (together at chunk 8k, each
-#      profiled at 8k), the default path profiled at 8k, without decoded weight copies and at
-#      chunk 8k; skipped with SKIP_BENCH=1;
+#      FP8 + FP4, written in the background during the parity steps) with bf16 GEMMs (the speed
+#      configuration; GEMM=f32 for the reference one): first the opt-in fast paths whose parity
+#      passed, together at chunk 8k over $LENGTHS (default 8k,32k,128k), the default path at
+#      chunk 8k and the fast paths profiled; then the default path at chunk 2k over $LENGTHS and
+#      profiled, each fast path profiled, and without decoded weight copies; skipped with
+#      SKIP_BENCH=1;
 # and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
 # TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
 # so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
 # SKIP_TINY_PARITY=1, SKIP_ATTN_GEMM_PARITY=1, SKIP_MOE_BATCHED_PARITY=1, SKIP_FLASH_PARITY=1,
 # SKIP_BENCH=1); bench prints each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment
 # adds a per-kernel time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer
-# pool off. A whole run was about 6 minutes on an H200 (estimate for this version: 7 bench runs).
+# pool off. A whole run was about 6 minutes on an H200 (this version: 8 bench runs, the first three decide).
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
-# scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin.
+# scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin; give OUT_DIR under
+# the tool's $OUT (NS_BIN_DIR=gpu-bin scripts/gpu-check.sh $OUT/gc) so that whatever finished
+# comes back even when the run is cut off at its time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-gpu-check-out}}
@@ -95,12 +98,14 @@ parity() { # NAME FILTER TIMEOUT [ENV...]
 [ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
 
 # 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation
-#    and the decoded weight copies stay out of the figures): the lengths in $LENGTHS at chunk
-#    2k (comparable with docs/gpu-backend.md); the opt-in fast paths whose parity passed above
+#    and the decoded weight copies stay out of the figures). Most decision-relevant first, in
+#    case a time limit cuts the end: the opt-in fast paths whose parity passed above
 #    (NEEDLESCOPE_ATTENTION=gemm: attention as batched GEMMs; NEEDLESCOPE_MOE=batched: routed
-#    experts as batched GEMMs) together at chunk 8k, then each profiled at $PROFILE_LENGTH (8k);
-#    then the default path profiled (8k and 32k), without decoded copies
-#    (NEEDLESCOPE_DECODE_CACHE_MIB=0: what they gain), and at chunk 8k.
+#    experts as batched GEMMs) together at chunk 8k over $LENGTHS (the candidate defaults and
+#    the issue's target), the default path at chunk 8k (what they gain), the fast paths
+#    profiled at $PROFILE_LENGTH (where the time goes now); then the default path at chunk 2k
+#    over $LENGTHS and profiled (comparable with docs/gpu-backend.md), each fast path profiled
+#    alone, and the default path without decoded copies (NEEDLESCOPE_DECODE_CACHE_MIB=0).
 bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
   local name=$1 limit=$2 lengths=$3 chunk=$4; shift 4
   if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
@@ -115,26 +120,26 @@ bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   [ -n "$SYNTH_PID" ] && { wait "$SYNTH_PID" || note "synth    FAILED or timed out (see $OUT/synth.txt)"; }
   note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
-  bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS" 2k
   P8=${PROFILE_LENGTH:-8k}
-  # The opt-in fast paths whose parity passed above: all together at chunk 8k first (the
-  # candidate defaults), then each profiled; then the default path profiled, without decoded
-  # copies, and at chunk 8k. Most decision-relevant first, in case the time limit cuts the end.
   FAST=()
   grep -q "parity   attn-gemm ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_ATTENTION=gemm)
   grep -q "parity   moe-batched ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_MOE=batched)
   if [ ${#FAST[@]} -gt 0 ]; then
-    bench bench-fast-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k "${FAST[@]}"
+    bench bench-fast-chunk8k "${BENCH_TIMEOUT:-240}" "$LENGTHS" 8k "${FAST[@]}"
   fi
+  bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
+  if [ ${#FAST[@]} -gt 0 ]; then
+    bench bench-fast-profile "${PROFILE_TIMEOUT:-90}" "$P8" 8k "${FAST[@]}" NEEDLESCOPE_PROFILE=1
+  fi
+  bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS" 2k
+  bench bench-profile "${BENCH_TIMEOUT:-240}" "$P8,32k" 2k NEEDLESCOPE_PROFILE=1
   if grep -q "parity   moe-batched ok" "$SUMMARY"; then
     bench bench-moe-batched "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_MOE=batched NEEDLESCOPE_PROFILE=1
   fi
   if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
     bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
   fi
-  bench bench-profile "${BENCH_TIMEOUT:-240}" "$P8,32k" 2k NEEDLESCOPE_PROFILE=1
   bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
-  bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
 fi
 echo "== summary ($OUT/summary.txt)"
 cat "$SUMMARY"
