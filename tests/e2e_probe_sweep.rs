@@ -441,7 +441,7 @@ fn essay_scenario_runs_with_a_haystack_file() {
 }
 
 /// The text report shows every probed position, not only the answer position: question tokens
-/// (`--probe question`) and decode steps get one line each.
+/// (`--probe question`) and decode steps, consecutive ones with the same figures on one line.
 #[test]
 fn probe_text_lists_question_and_decode_positions() {
     let run = |extra: &[&str]| {
@@ -477,6 +477,51 @@ fn probe_text_lists_question_and_decode_positions() {
     assert!(
         table.iter().all(|l| l.split_whitespace().count() == 4),
         "{text}"
+    );
+    // Consecutive positions with the same figures share a line: the lines' query spans cover
+    // exactly the probed positions the header counts, in order, decode phases in step.
+    let text = run(&["--generate", "8"]);
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("other probed positions"))
+        .unwrap();
+    let count: usize = header["other probed positions (".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let span = |s: &str| -> (usize, usize) {
+        match s.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+            None => (s.parse().unwrap(), s.parse().unwrap()),
+        }
+    };
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("other probed positions"))
+        .skip(2)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let mut covered = 0;
+    let mut next = 512;
+    for l in &lines {
+        let (a, b) = span(l[0]);
+        let (p, q) = span(l[1]);
+        assert_eq!((a, b - a), (next, q - p), "{text}");
+        assert_eq!(
+            p,
+            a - 511,
+            "decode step = position - last prompt position: {text}"
+        );
+        covered += b - a + 1;
+        next = b + 1;
+    }
+    assert_eq!((covered, count), (7, 7), "{text}");
+    assert!(
+        lines.len() < count,
+        "identical decode rows share a line: {text}"
     );
 }
 

@@ -411,9 +411,11 @@ fn print_tables(
 }
 
 /// The probed positions other than the answer position (question tokens with `--probe
-/// question`, generated tokens), one line each under the driving profile: the worst needle rank
-/// over the CSA layers and how many non-trivial layers selected the needle (every record is in
-/// `--json` and `--out`).
+/// question`, generated tokens) under the driving profile: the worst needle rank over the CSA
+/// layers and how many non-trivial layers selected the needle. Consecutive positions of the
+/// same phase kind (prompt or decode) with the same figures share one line (`8192-8214`,
+/// phases `1-23`), so a long generation does not print a screen of identical rows (every
+/// record is in `--json` and `--out`).
 fn print_other_positions(out: &mut dyn Write, run: &ProbeRun, last: usize) -> anyhow::Result<()> {
     let mut positions: Vec<(usize, &str)> = run
         .layers
@@ -434,9 +436,18 @@ fn print_other_positions(out: &mut dyn Write, run: &ProbeRun, last: usize) -> an
     )?;
     writeln!(
         out,
-        "{:>7} {:>7} {:>10} {:>22}",
+        "{:>13} {:>7} {:>10} {:>22}",
         "query", "phase", "worst rank", "selected/non-trivial"
     )?;
+    // (first position, last position, first phase, last phase, figures)
+    type Group<'a> = (
+        usize,
+        usize,
+        &'a str,
+        &'a str,
+        (Option<usize>, usize, usize),
+    );
+    let mut groups: Vec<Group> = Vec::new();
     for (pos, phase) in positions {
         let here: Vec<&LayerRecord> = run
             .layers
@@ -446,9 +457,24 @@ fn print_other_positions(out: &mut dyn Write, run: &ProbeRun, last: usize) -> an
         let worst = here.iter().filter_map(|r| r.needle_rank).max();
         let nontrivial = here.iter().filter(|r| !r.trivial).count();
         let selected = here.iter().filter(|r| !r.trivial && r.selected).count();
+        let figures = (worst, selected, nontrivial);
+        match groups.last_mut() {
+            Some(g)
+                if g.1 + 1 == pos && g.4 == figures && (g.3 == "prompt") == (phase == "prompt") =>
+            {
+                g.1 = pos;
+                g.3 = phase;
+            }
+            _ => groups.push((pos, pos, phase, phase, figures)),
+        }
+    }
+    for (first, last_pos, phase0, phase1, (worst, selected, nontrivial)) in groups {
+        let span = |a: String, b: String| if a == b { a } else { format!("{a}-{b}") };
         writeln!(
             out,
-            "{pos:>7} {phase:>7} {:>10} {:>22}",
+            "{:>13} {:>7} {:>10} {:>22}",
+            span(first.to_string(), last_pos.to_string()),
+            span(phase0.to_string(), phase1.to_string()),
             fmt_opt(worst),
             format!("{selected}/{nontrivial}")
         )?;
