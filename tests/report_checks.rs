@@ -505,3 +505,19 @@ fn inconsistent_layer_and_attention_rows_are_refused() {
         "{msg}"
     );
 }
+
+/// A cell the store refused for an inconsistent row is not taken as written: the same cell
+/// with consistent rows is then accepted (not refused as a second row of that cell_id).
+#[test]
+fn a_cell_refused_for_its_rows_can_be_appended_once_fixed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path();
+    let (c, l, a) = sweep_cells().swap_remove(0);
+    let mut broken = l.clone();
+    broken[0].needle_rank = Some(5000);
+    let (mut store, _) = RunDir::create_or_resume(run, sweep_info()).unwrap();
+    assert!(store.append_cell(&c, &broken, &a).is_err());
+    store.append_cell(&c, &l, &a).unwrap();
+    drop(store);
+    assert_eq!(RunRecords::read(run).unwrap().cells, vec![c]);
+}

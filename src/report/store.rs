@@ -251,10 +251,11 @@ impl RunDir {
             &cell.cell_id,
             attention.iter().map(|r| r.cell_id.as_str()),
         )?;
-        // What a reader would refuse is refused before anything is written.
-        self.check.check(cell, self.next_line)?;
+        // What a reader would refuse is refused before anything is written (the rows first:
+        // the cell check remembers the cell's id once it passes).
         refuse_inconsistent(&layers_path, layers)?;
         refuse_inconsistent(&att_path, attention)?;
+        self.check.check(cell, self.next_line)?;
         self.next_line += 1 + count_lines(cell.answer_text.as_bytes());
 
         append(&mut self.layers_w, &layers_path, layers)?;
