@@ -22,6 +22,7 @@ pub mod engine;
 pub mod inspect;
 pub mod probe;
 pub mod probe_out;
+mod probe_text;
 pub mod report;
 pub mod sweep;
 pub mod synth;

@@ -60,8 +60,11 @@ pub struct SweepArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = parse_positive, default_value = "1")]
     pub samples: usize,
 
-    /// Report directory (created; an existing one is resumed) [default: reports/<scenario>-<time>]
-    #[arg(long, value_name = "DIR")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        help = "Report directory (created; an existing one is resumed) [default: reports/<scenario>-<time>]"
+    )]
     pub out: Option<PathBuf>,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
@@ -75,8 +78,12 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)
-    #[arg(long, value_name = "N", default_value_t = 24)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 24,
+        help = "Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
+    )]
     pub generate: usize,
 
     /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)

@@ -2,7 +2,7 @@
 //! [`embed`] → per layer { [`hyper`] (mHC pre) → [`attention`] (with [`rope`], [`compressor`],
 //! [`indexer`]) → mHC post → mHC pre → [`moe`] → mHC post } ([`layer`]) → [`head`].
 //! [`state`] holds the per-sequence caches, [`forward`] the [`Engine`] (loading, the chunk /
-//! layer loop, the observer calls), [`bench`] the prefill benchmark, [`observer`] the fixed
+//! layer loop, the observer calls), [`mod@bench`] the prefill benchmark, [`observer`] the fixed
 //! interface to the probe.
 //!
 //! Every op runs on a [`Backend`]; the CPU backend is the reference.

@@ -47,7 +47,7 @@ pub fn rms_norm(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
     }
 }
 
-/// In-place RoPE, see [`Backend::rope`].
+/// In-place RoPE, see [`crate::backend::Backend::rope`].
 pub fn rope(table: &RopeTable, x: &mut [f32], vec_len: usize, positions: &[usize], inverse: bool) {
     if positions.is_empty() {
         return;

@@ -54,7 +54,7 @@ pub fn kernel_table() -> &'static [(String, String)] {
 
 const ALIGN: usize = 256;
 
-/// Bytes after every buffer's end holding [`GUARD_WORD`]s, checked after every launch: a
+/// Bytes after every buffer's end holding the guard word (a NaN pattern), checked after every launch: a
 /// kernel that writes past the end of an argument is an error naming the kernel and the
 /// argument (on a GPU it would corrupt a neighbouring allocation or fault later).
 pub const GUARD_BYTES: usize = 1024;
