@@ -112,6 +112,10 @@ pub struct QuantizationConfig {
     pub scale_fmt: Option<String>,
     #[serde(default)]
     pub weight_block_size: Option<Vec<usize>>,
+    /// `"NVFP4"` in NVIDIA's ModelOpt re-quantisation (nvidia/DeepSeek-V4-Flash-NVFP4): the
+    /// routed experts are NVFP4 while `quant_method` stays `"fp8"` for everything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_quant_algo: Option<String>,
 }
 
 impl QuantizationConfig {
@@ -123,7 +127,27 @@ impl QuantizationConfig {
             quant_method: Some("fp8".into()),
             scale_fmt: Some("ue8m0".into()),
             weight_block_size: Some(vec![128, 128]),
+            moe_quant_algo: None,
         }
+    }
+
+    /// The official settings plus ModelOpt's `moe_quant_algo: "NVFP4"`, as NVIDIA's export
+    /// writes them for the NVFP4 re-quantisation.
+    pub fn nvfp4_experts() -> Self {
+        QuantizationConfig {
+            moe_quant_algo: Some("NVFP4".into()),
+            ..Self::official()
+        }
+    }
+
+    /// Whether the config says the routed experts are NVFP4: `moe_quant_algo: "NVFP4"` (what
+    /// ModelOpt's DeepSeek-V4 export writes beside `quant_method: "fp8"`) or `quant_method:
+    /// "modelopt"` (ModelOpt's generic Hugging Face export).
+    pub fn states_nvfp4_experts(&self) -> bool {
+        self.moe_quant_algo
+            .as_deref()
+            .is_some_and(|a| a.eq_ignore_ascii_case("nvfp4"))
+            || self.quant_method.as_deref() == Some("modelopt")
     }
 }
 

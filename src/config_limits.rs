@@ -10,9 +10,11 @@
 //!   loads while the products stay far below 2^64 (the largest tensor under these bounds is about
 //!   2^50 bytes, a whole model about 2^61);
 //! - the identity fields: `model_type` (absent or `"deepseek_v4"`) and
-//!   `quantization_config.quant_method` (absent, `"fp8"` for the official release or
-//!   `"modelopt"` for NVIDIA's NVFP4 re-quantisation); anything else is another model or another
-//!   weight format, which would be read with the wrong layout;
+//!   `quantization_config.quant_method` (absent, `"fp8"` for the official release and for
+//!   NVIDIA's NVFP4 re-quantisation, which adds `moe_quant_algo: "NVFP4"`, or `"modelopt"` for
+//!   ModelOpt's generic export); anything else is another model or another weight format, which
+//!   would be read with the wrong layout. A checkpoint's format is read from its tensors; the
+//!   config's statement only matters to `inspect --config`;
 //! - `max_position_embeddings` at least 1 (0 would make every command blame the user's
 //!   `--length` / `--context` instead of the config). Synthetic configs may use small values,
 //!   so there is no lower bound beyond that.

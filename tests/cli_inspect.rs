@@ -199,6 +199,27 @@ fn nvfp4_config_weighs_more_than_official() {
         v["footprint"]["total"]["bytes"].as_u64().unwrap(),
         bytes("nvfp4")
     );
+
+    // NVIDIA's DeepSeek-V4 export (ModelOpt examples/deepseek/deepseek_v4) keeps the official
+    // quant_method "fp8" and adds moe_quant_algo "NVFP4" (plus fields we do not read): that is
+    // NVFP4 too, not the official release.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let q = &mut v["quantization_config"];
+    assert_eq!(q["quant_method"], "fp8");
+    q["moe_quant_algo"] = serde_json::json!("NVFP4");
+    q["quant_algo"] = serde_json::json!("MIXED_PRECISION");
+    q["group_size"] = serde_json::json!(16);
+    q["ignore"] = serde_json::json!(["*.attn.*", "*.ffn.shared_experts.*", "head", "mtp.*"]);
+    let nvidia = tmp.path().join("nvidia.json");
+    std::fs::write(&nvidia, v.to_string()).unwrap();
+    let r = run(&["inspect", "--config", nvidia.to_str().unwrap(), "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["source"]["format"], "nvfp4", "{}", r.dump());
+    assert_eq!(
+        v["footprint"]["total"]["bytes"].as_u64().unwrap(),
+        bytes("nvfp4")
+    );
 }
 
 #[test]

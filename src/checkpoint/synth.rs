@@ -160,18 +160,17 @@ pub fn synth_config(opts: &SynthOptions) -> Result<ModelConfig, CheckpointError>
 }
 
 /// Sets the config keys a checkpoint of `format` carries: none for bf16; the official
-/// `quantization_config` (fp8 e4m3, ue8m0, 128x128 blocks) and `expert_dtype: "fp4"` otherwise.
+/// `quantization_config` (fp8 e4m3, ue8m0, 128x128 blocks) and `expert_dtype: "fp4"` for the
+/// official format; NVFP4 adds ModelOpt's `moe_quant_algo: "NVFP4"` to those, as NVIDIA's
+/// export does.
 pub fn set_weight_format(cfg: &mut ModelConfig, format: WeightFormat) {
-    match format {
-        WeightFormat::Bf16 => {
-            cfg.quantization_config = None;
-            cfg.expert_dtype = None;
-        }
-        WeightFormat::Official | WeightFormat::Nvfp4 => {
-            cfg.quantization_config = Some(QuantizationConfig::official());
-            cfg.expert_dtype = Some("fp4".into());
-        }
-    }
+    let (quantization, expert_dtype) = match format {
+        WeightFormat::Bf16 => (None, None),
+        WeightFormat::Official => (Some(QuantizationConfig::official()), Some("fp4")),
+        WeightFormat::Nvfp4 => (Some(QuantizationConfig::nvfp4_experts()), Some("fp4")),
+    };
+    cfg.quantization_config = quantization;
+    cfg.expert_dtype = expert_dtype.map(String::from);
 }
 
 /// One logical tensor and the stored tensors it becomes.

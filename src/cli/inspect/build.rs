@@ -96,16 +96,13 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
     ))
 }
 
-/// The weight format a config implies when `--format` is not given: the official release's
-/// `quant_method: "fp8"`, ModelOpt's `"modelopt"` (NVIDIA's NVFP4 re-quantisation), else bf16.
+/// The weight format a config implies when `--format` is not given: NVIDIA's NVFP4
+/// re-quantisation when it says so (`moe_quant_algo: "NVFP4"` beside `quant_method: "fp8"`, or
+/// `quant_method: "modelopt"`), the official release for `quant_method: "fp8"`, else bf16.
 fn format_of_config(cfg: &ModelConfig) -> WeightFormat {
-    let method = cfg
-        .quantization_config
-        .as_ref()
-        .and_then(|q| q.quant_method.as_deref());
-    match method {
-        Some("fp8") => WeightFormat::Official,
-        Some("modelopt") => WeightFormat::Nvfp4,
+    match cfg.quantization_config.as_ref() {
+        Some(q) if q.states_nvfp4_experts() => WeightFormat::Nvfp4,
+        Some(q) if q.quant_method.as_deref() == Some("fp8") => WeightFormat::Official,
         _ => WeightFormat::Bf16,
     }
 }
