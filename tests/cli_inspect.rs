@@ -220,6 +220,11 @@ fn nvfp4_config_weighs_more_than_official() {
         v["footprint"]["total"]["bytes"].as_u64().unwrap(),
         bytes("nvfp4")
     );
+    // What the published nvidia/DeepSeek-V4-Flash-NVFP4 holds (third-party count of its 46
+    // shards: 135,235 tensors; its shard files total 168,281,985,176 bytes, i.e. this payload
+    // plus about 15 MB of safetensors headers): NVFP4 trunk experts, MXFP4 MTP experts.
+    assert_eq!(v["footprint"]["total"]["tensors"], 135_235);
+    assert_eq!(v["footprint"]["total"]["bytes"], 168_266_793_544u64);
 }
 
 #[test]

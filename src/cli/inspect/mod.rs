@@ -42,7 +42,7 @@ pub struct InspectArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// With --config: the weight format to assume [default: official if the config says fp8, else bf16]
+    /// With --config: the weight format to assume [default: nvfp4 if the config says moe_quant_algo NVFP4 (NVIDIA's export) or quant_method modelopt, official if it says fp8, else bf16]
     #[arg(long, value_name = "bf16|official|nvfp4", requires = "config")]
     pub format: Option<WeightFormat>,
 
