@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod cuda_probe;
+pub mod host_room;
 pub mod interrupt;
 pub mod model;
 pub mod numerics;

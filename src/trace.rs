@@ -19,11 +19,16 @@
 //! `index_weight_scale` (that scale, as the f32 the scores use).
 //! The keys of all floor(T/4) rows are taken from the observation of the last token, which is
 //! observed (but not recorded unless requested) whenever inputs are dumped.
+//!
+//! [`TraceLayout`] gives the file's tensors and sizes, and the memory the recorded trace takes,
+//! from the config and the arguments alone, so `trace` can refuse a run that cannot fit before
+//! the model runs; [`write_trace`] writes from that same layout, one position's row at a time.
 
 use crate::backend::Backend;
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::inventory::ExpectedTensor;
 use crate::checkpoint::writer::SafetensorsWriter;
+use crate::checkpoint::CheckpointError;
 use crate::model::forward::{Engine, LogitsRequest};
 use crate::model::{IndexerObservation, Observer};
 use std::collections::{BTreeMap, BTreeSet};
@@ -134,106 +139,151 @@ pub fn run_trace<B: Backend>(
     Ok(result)
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// The sizes that fix a trace file's layout, known before the model runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceLayout {
+    /// T, the input tokens.
+    pub tokens: usize,
+    /// P, the recorded positions.
+    pub positions: usize,
+    pub topk: usize,
+    /// The CSA layers, ascending (one group of indexer tensors each).
+    pub csa_layers: Vec<usize>,
+    pub vocab: usize,
+    /// `Some((index heads, index head dim))` with `--dump-indexer-inputs`.
+    pub dump: Option<(usize, usize)>,
 }
 
-/// Writes a trace to `path` as safetensors (layout in the module docs).
+impl TraceLayout {
+    /// The layout a model's config implies for `tokens` inputs and `positions` recorded.
+    pub fn for_config(
+        cfg: &crate::config::ModelConfig,
+        tokens: usize,
+        positions: usize,
+        topk: usize,
+        dump: bool,
+    ) -> Self {
+        TraceLayout {
+            tokens,
+            positions,
+            topk,
+            csa_layers: cfg.csa_layers(),
+            vocab: cfg.vocab_size,
+            dump: dump.then_some((cfg.index_n_heads, cfg.index_head_dim)),
+        }
+    }
+
+    /// The tensors of the file, in file order (layout in the module docs).
+    pub fn tensors(&self) -> Vec<ExpectedTensor> {
+        let (t, p, rows) = (self.tokens, self.positions, self.tokens / 4);
+        let spec =
+            |name: String, dtype: Dtype, shape: Vec<usize>| ExpectedTensor { name, dtype, shape };
+        let mut out = vec![
+            spec("tokens".into(), Dtype::I64, vec![t]),
+            spec("positions".into(), Dtype::I64, vec![p]),
+        ];
+        for layer in &self.csa_layers {
+            let name = |what: &str| format!("layers.{layer}.indexer.{what}");
+            out.push(spec(name("scores"), Dtype::F32, vec![p, rows]));
+            out.push(spec(name("topk"), Dtype::I32, vec![p, self.topk]));
+            if let Some((heads, dim)) = self.dump {
+                out.push(spec(name("q"), Dtype::F32, vec![p, heads, dim]));
+                out.push(spec(name("weights"), Dtype::F32, vec![p, heads]));
+                out.push(spec(name("keys"), Dtype::F32, vec![rows, dim]));
+            }
+        }
+        out.push(spec("logits".into(), Dtype::F32, vec![p, self.vocab]));
+        out
+    }
+
+    /// Bytes of tensor data in the file (the header adds a few KiB).
+    pub fn file_bytes(&self) -> u64 {
+        self.tensors().iter().map(|t| t.bytes()).sum()
+    }
+
+    /// Bytes the recorded trace holds in memory before it is written, for these recorded
+    /// `positions` (each keeps the scores of its visible rows only, floor((t + 1) / 4)).
+    pub fn memory_bytes(&self, positions: &[usize]) -> u64 {
+        let rows = self.tokens as u64 / 4;
+        let visible: u64 = positions.iter().map(|&t| (t as u64 + 1) / 4).sum();
+        let p = positions.len() as u64;
+        let per_layer = 4 * (visible + p * self.topk as u64)
+            + self.dump.map_or(0, |(heads, dim)| {
+                4 * (p * heads as u64 * (dim as u64 + 1) + rows * dim as u64)
+            });
+        self.csa_layers.len() as u64 * per_layer + 4 * p * self.vocab as u64
+    }
+}
+
+/// Writes a trace to `path` as safetensors (layout in the module docs), one position's row at
+/// a time: besides the recorded trace, memory holds no more than a row.
 pub fn write_trace(
     path: &Path,
     trace: &TraceResult,
     metadata: BTreeMap<String, String>,
 ) -> anyhow::Result<()> {
-    let t = trace.tokens.len();
-    let p = trace.positions.len();
-    let rows = t / 4;
-    let mut tensors: Vec<(ExpectedTensor, Vec<u8>)> = Vec::new();
-    let mut push = |name: String, dtype: Dtype, shape: Vec<usize>, bytes: Vec<u8>| {
-        tensors.push((ExpectedTensor { name, dtype, shape }, bytes));
+    let layout = TraceLayout {
+        tokens: trace.tokens.len(),
+        positions: trace.positions.len(),
+        topk: trace.topk,
+        csa_layers: trace.indexer.keys().copied().collect(),
+        vocab: trace.logits.first().map_or(0, |l| l.len()),
+        dump: (!trace.inputs.is_empty()).then_some((trace.index_heads, trace.index_dim)),
     };
-    push(
-        "tokens".into(),
-        Dtype::I64,
-        vec![t],
-        trace
+    let rows = layout.tokens / 4;
+    let no_inputs = Vec::new();
+    let write_all = |w: &mut SafetensorsWriter| -> Result<(), CheckpointError> {
+        let tokens: Vec<u8> = trace
             .tokens
             .iter()
-            .flat_map(|&x| (x as i64).to_le_bytes())
-            .collect(),
-    );
-    push(
-        "positions".into(),
-        Dtype::I64,
-        vec![p],
-        trace
+            .flat_map(|&x| i64::from(x).to_le_bytes())
+            .collect();
+        w.write("tokens", &tokens)?;
+        let positions: Vec<u8> = trace
             .positions
             .iter()
             .flat_map(|&x| (x as i64).to_le_bytes())
-            .collect(),
-    );
-    for (layer, per_pos) in &trace.indexer {
-        let mut scores = vec![f32::NEG_INFINITY; p * rows];
-        let mut topk = Vec::with_capacity(p * trace.topk);
-        for (i, (s, sel)) in per_pos.iter().enumerate() {
-            scores[i * rows..i * rows + s.len()].copy_from_slice(s);
-            topk.extend(sel.iter().flat_map(|x| x.to_le_bytes()));
+            .collect();
+        w.write("positions", &positions)?;
+        for (layer, per_pos) in &trace.indexer {
+            let name = |what: &str| format!("layers.{layer}.indexer.{what}");
+            let scores = name("scores");
+            for (visible, _) in per_pos {
+                let mut row = vec![f32::NEG_INFINITY; rows];
+                row[..visible.len()].copy_from_slice(visible);
+                w.write(&scores, &f32_bytes(&row))?;
+            }
+            let topk = name("topk");
+            for (_, selected) in per_pos {
+                let row: Vec<u8> = selected.iter().flat_map(|x| x.to_le_bytes()).collect();
+                w.write(&topk, &row)?;
+            }
+            if layout.dump.is_some() {
+                let inputs = trace.inputs.get(layer).unwrap_or(&no_inputs);
+                for (q, _) in inputs {
+                    w.write(&name("q"), &f32_bytes(q))?;
+                }
+                for (_, weights) in inputs {
+                    w.write(&name("weights"), &f32_bytes(weights))?;
+                }
+                let keys = trace.keys.get(layer).map_or(&[][..], |k| &k[..]);
+                w.write(&name("keys"), &f32_bytes(keys))?;
+            }
         }
-        push(
-            format!("layers.{layer}.indexer.scores"),
-            Dtype::F32,
-            vec![p, rows],
-            f32_bytes(&scores),
-        );
-        push(
-            format!("layers.{layer}.indexer.topk"),
-            Dtype::I32,
-            vec![p, trace.topk],
-            topk,
-        );
-        if let Some(inputs) = trace.inputs.get(layer) {
-            let q: Vec<f32> = inputs.iter().flat_map(|(q, _)| q.iter().copied()).collect();
-            let w: Vec<f32> = inputs.iter().flat_map(|(_, w)| w.iter().copied()).collect();
-            push(
-                format!("layers.{layer}.indexer.q"),
-                Dtype::F32,
-                vec![p, trace.index_heads, trace.index_dim],
-                f32_bytes(&q),
-            );
-            push(
-                format!("layers.{layer}.indexer.weights"),
-                Dtype::F32,
-                vec![p, trace.index_heads],
-                f32_bytes(&w),
-            );
-            let keys = trace.keys.get(layer).cloned().unwrap_or_default();
-            push(
-                format!("layers.{layer}.indexer.keys"),
-                Dtype::F32,
-                vec![keys.len() / trace.index_dim.max(1), trace.index_dim],
-                f32_bytes(&keys),
-            );
+        for row in &trace.logits {
+            w.write("logits", &f32_bytes(row))?;
         }
-    }
-    let vocab = trace.logits.first().map_or(0, |l| l.len());
-    let logits: Vec<f32> = trace.logits.iter().flatten().copied().collect();
-    push(
-        "logits".into(),
-        Dtype::F32,
-        vec![p, vocab],
-        f32_bytes(&logits),
-    );
+        Ok(())
+    };
 
     // Written beside `path` and renamed when complete: a failed write leaves no file that
     // looks like a trace.
-    let specs = tensors.iter().map(|(s, _)| s.clone()).collect();
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
     let written = (|| {
-        let mut writer = SafetensorsWriter::create(&partial, specs, &metadata)?;
-        for (spec, bytes) in &tensors {
-            writer.write(&spec.name, bytes)?;
-        }
+        let mut writer = SafetensorsWriter::create(&partial, layout.tensors(), &metadata)?;
+        write_all(&mut writer)?;
         writer.finish()
     })();
     if let Err(e) = written {
@@ -249,6 +299,10 @@ pub fn write_trace(
         )
     })?;
     Ok(())
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// Parses a token file: whitespace/comma separated integers, or a JSON list.

@@ -295,3 +295,118 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     assert!(e.contains("--topk 100000000: expected at most"), "{e}");
     assert!(!out.exists());
 }
+
+/// The file a trace writes, and what it holds in memory before that, are what
+/// `TraceLayout` computes before the model runs (which is what the room check relies on):
+/// tensor names, shapes and order, data bytes, and the bytes of the recorded vectors.
+#[test]
+fn trace_size_is_known_before_the_run() {
+    use needlescope::checkpoint::Checkpoint;
+    use needlescope::model::forward::{Engine, EngineOptions};
+    use needlescope::trace::TraceLayout;
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let ckpt = Checkpoint::open(&model).unwrap();
+    let cfg = ckpt.config().clone();
+    let tokens: Vec<u32> = (0..203u32).map(|i| (i * 37) % 4000 + 3).collect();
+    let engine = Engine::load(
+        &ckpt,
+        EngineOptions {
+            chunk: 64,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let all: Vec<usize> = (0..tokens.len()).collect();
+    for (positions, dump) in [(vec![5usize, 150, 202], true), (all, false)] {
+        let result = needlescope::trace::run_trace(&engine, &tokens, &positions, dump).unwrap();
+        let layout =
+            TraceLayout::for_config(&cfg, tokens.len(), positions.len(), engine.topk(), dump);
+        let recorded: usize = result
+            .indexer
+            .values()
+            .flatten()
+            .map(|(s, sel)| 4 * (s.len() + sel.len()))
+            .chain(
+                result
+                    .inputs
+                    .values()
+                    .flatten()
+                    .map(|(q, w)| 4 * (q.len() + w.len())),
+            )
+            .chain(result.keys.values().map(|k| 4 * k.len()))
+            .chain(result.logits.iter().map(|l| 4 * l.len()))
+            .sum();
+        assert_eq!(
+            layout.memory_bytes(&positions),
+            recorded as u64,
+            "dump {dump}"
+        );
+
+        let out = dir.path().join(format!("t-{dump}.safetensors"));
+        needlescope::trace::write_trace(&out, &result, Default::default()).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert_eq!(
+            (bytes.len() - 8 - header) as u64,
+            layout.file_bytes(),
+            "dump {dump}"
+        );
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut stored: Vec<_> = st.tensors();
+        stored.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
+        let stored: Vec<(String, Vec<usize>)> = stored
+            .into_iter()
+            .map(|(n, v)| (n, v.shape().to_vec()))
+            .collect();
+        let expected: Vec<(String, Vec<usize>)> = layout
+            .tensors()
+            .into_iter()
+            .filter(|t| t.bytes() > 0)
+            .map(|t| (t.name, t.shape))
+            .collect();
+        let stored_nonempty: Vec<_> = stored
+            .into_iter()
+            .filter(|(_, s)| s.iter().product::<usize>() > 0)
+            .collect();
+        assert_eq!(stored_nonempty, expected, "dump {dump}");
+    }
+}
+
+/// A trace whose file or records cannot fit (here `--positions all` over a million tokens of
+/// a two-million-word vocabulary: terabytes of logits) is refused before the model runs,
+/// naming --out and --positions, and leaves no file.
+#[test]
+fn trace_that_cannot_fit_is_refused_before_the_model_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let config = model.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["vocab_size"] = serde_json::json!(2_000_000);
+    v["max_position_embeddings"] = serde_json::json!(1 << 20);
+    std::fs::write(&config, v.to_string()).unwrap();
+    let tokens_file = dir.path().join("ids.txt");
+    std::fs::write(&tokens_file, "5 ".repeat(1_000_000)).unwrap();
+    let out = dir.path().join("huge.safetensors");
+    let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["trace", "--model"])
+        .arg(&model)
+        .arg("--tokens")
+        .arg(&tokens_file)
+        .args(["--positions", "all", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    for part in [
+        "--out",
+        "1,000,000 positions over 1,000,000 tokens does not fit",
+        "TiB",
+        "--positions last",
+    ] {
+        assert!(stderr.contains(part), "missing {part:?} in: {stderr}");
+    }
+    assert!(!out.exists());
+}

@@ -112,6 +112,49 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a trace whose file would not fit on the filesystem of `--out`, or whose records
+/// would not fit in the memory available, before the model runs (`--positions all` over a long
+/// input on a full-size model is tens of GiB: the logits alone are 0.5 MiB per position).
+fn check_room(
+    args: &TraceArgs,
+    cfg: &crate::config::ModelConfig,
+    tokens: usize,
+    positions: &[usize],
+    topk: usize,
+) -> anyhow::Result<()> {
+    let layout = trace::TraceLayout::for_config(
+        cfg,
+        tokens,
+        positions.len(),
+        topk,
+        args.dump_indexer_inputs,
+    );
+    let dir = match args.out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let room = crate::host_room::Room {
+        memory_needed: layout.memory_bytes(positions),
+        memory_available: crate::host_room::meminfo_bytes("MemAvailable"),
+        // The header is a few KiB per tensor name at most.
+        disk_needed: layout.file_bytes() + 64 * 1024,
+        disk_free: crate::host_room::free_disk_bytes(&dir),
+    };
+    room.check().map_err(|short| {
+        anyhow::anyhow!(
+            "--out {}: a trace of {} positions over {} tokens does not fit: {short}; record fewer positions (--positions last, or a list){}",
+            args.out.display(),
+            crate::units::group_digits(positions.len() as u64),
+            crate::units::group_digits(tokens as u64),
+            if args.dump_indexer_inputs {
+                ", or leave out --dump-indexer-inputs"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
 pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     check_out_path(args)?;
     let ckpt = crate::cli::engine::open_model(&args.model)?;
@@ -126,10 +169,12 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(k) = args.topk {
         super::values::refuse_topk_past_rows("--topk", &[k], &cfg)?;
     }
+    let topk = args.topk.unwrap_or(cfg.index_topk);
+    check_room(args, &cfg, tokens.len(), &positions, topk)?;
     let work = Workload {
         context: tokens.len(),
         chunk: args.chunk,
-        topk: args.topk.unwrap_or(cfg.index_topk),
+        topk,
     };
     let target = Target::prepare(&args.device, &ckpt, &work)?;
     let backend = target.record();

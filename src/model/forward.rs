@@ -136,7 +136,7 @@ impl Engine<CpuBackend> {
 /// physical memory (`MemTotal`; 16 GiB assumed where /proc/meminfo is unreadable), else
 /// `Streamed`.
 pub fn auto_residency(ckpt: &Checkpoint) -> WeightResidency {
-    let budget = physical_memory_bytes().unwrap_or(16 << 30) / 4;
+    let budget = crate::host_room::meminfo_bytes("MemTotal").unwrap_or(16 << 30) / 4;
     if decoded_weight_bytes(ckpt) <= budget {
         WeightResidency::Decoded
     } else {
@@ -160,14 +160,6 @@ pub fn decoded_weight_bytes(ckpt: &Checkpoint) -> u64 {
             numel * per_elem * 4
         })
         .sum()
-}
-
-/// `MemTotal` of /proc/meminfo in bytes.
-fn physical_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 impl<B: Backend> Engine<B> {
