@@ -117,7 +117,106 @@ fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
             let mass = a["needle_mass_mean"].as_f64().unwrap();
             assert!((0.0..=1.0).contains(&mass), "{a}");
         }
+        // Why: one lost_layers entry per driving record at the answer position that is
+        // non-trivial and unselected, its cause read from the exact record of the same layer.
+        let lost = run["lost_layers"].as_array().unwrap();
+        let driving_lost: Vec<&&Value> = at_answer
+            .iter()
+            .filter(|r| r["driving"] == true && r["trivial"] == false && r["selected"] == false)
+            .collect();
+        assert_eq!(lost.len(), driving_lost.len(), "{run}");
+        for (l, d) in lost.iter().zip(&driving_lost) {
+            assert_eq!(l["layer"], d["layer"]);
+            assert_eq!(l["rank"], d["needle_rank"]);
+            let exact = at_answer
+                .iter()
+                .find(|r| r["layer"] == d["layer"] && r["profile"] == "exact")
+                .unwrap();
+            assert_eq!(l["exact_rank"], exact["needle_rank"]);
+            let cause = if exact["selected"] == true {
+                "rounding"
+            } else {
+                "exact_loses"
+            };
+            assert_eq!(l["cause"], cause, "{l}");
+        }
+        assert_eq!(run["why"].is_null(), lost.is_empty(), "{run}");
     }
+}
+
+/// At 16k on planted, fp8 keys at top-64 lose the needle on both CSA layers, for two different
+/// reasons that `--compare exact` tells apart: on layer 3 the exact math keeps it (rounding);
+/// on layer 1 the exact math loses it too (top-k too small). JSON and text say the same.
+#[test]
+fn probe_why_tells_rounding_from_a_small_topk() {
+    let args = [
+        "--length",
+        "16k",
+        "--depth",
+        "50",
+        "--index",
+        "fp8",
+        "--topk",
+        "64",
+        "--compare",
+        "exact,bf16",
+        "--generate",
+        "0",
+    ];
+    let v = probe_json(&args);
+    let run = &v["runs"][0];
+    let last = v["prompt"]["length"].as_u64().unwrap() - 1;
+    let lost = run["lost_layers"].as_array().unwrap();
+    let causes: Vec<(u64, &str)> = lost
+        .iter()
+        .map(|l| (l["layer"].as_u64().unwrap(), l["cause"].as_str().unwrap()))
+        .collect();
+    assert_eq!(causes, [(1, "exact_loses"), (3, "rounding")], "{run}");
+    for l in lost {
+        let record = |profile: &str| {
+            run["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| {
+                    r["query_pos"] == last && r["layer"] == l["layer"] && r["profile"] == profile
+                })
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(l["rank"], record("fp8")["needle_rank"]);
+        assert_eq!(l["exact_rank"], record("exact")["needle_rank"]);
+        let kept: Vec<&str> = l["kept_by"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["profile"].as_str().unwrap())
+            .collect();
+        for profile in ["exact", "bf16"] {
+            assert_eq!(
+                kept.contains(&profile),
+                record(profile)["selected"] == true,
+                "{profile}: {l}"
+            );
+        }
+    }
+    let why = run["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("fp8 rounding lost layer 3 (exact keeps it"),
+        "{why}"
+    );
+    assert!(why.contains("the exact math loses layer 1 too"), "{why}");
+
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args(["--scenario", "passkey", "--kv", "exact"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = ok(out, "probe");
+    assert!(text.contains(&format!("\nwhy: {why}\n")), "{text}");
 }
 
 #[test]

@@ -231,6 +231,8 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "answer_correct": judge_answers.then_some(r.answer_correct),
                 "layers": r.layers,
                 "attention": r.attention,
+                "lost_layers": crate::probe::why::lost_layers(r, last),
+                "why": crate::probe::why::why(r, last),
             })).collect::<Vec<_>>(),
             "conclusion": conclusion(&runs, last, judge_answers),
         });

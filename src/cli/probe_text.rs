@@ -105,6 +105,9 @@ pub(super) fn print_tables(
                 if driving.trivial { "yes" } else { "no" }
             )?;
         }
+        if let Some(why) = crate::probe::why::why(run, last) {
+            writeln!(out, "why: {why}")?;
+        }
         print_other_positions(out, run, last)?;
     }
     if let Some(run) = runs.first() {

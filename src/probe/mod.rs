@@ -27,6 +27,7 @@ pub mod session;
 mod spans;
 pub mod tokenizer;
 pub mod value;
+pub mod why;
 pub mod words;
 
 pub use observe::{AttentionRecord, CellTopk, NeedleObserver, NeedleObserverConfig};

@@ -1,0 +1,371 @@
+//! Why the needle was lost: each CSA layer that lost it at the answer position, told apart by
+//! the other profiles scored on the same hidden states (`--compare`, and the other `--index`
+//! profiles).
+//!
+//! The comparison is exact, not statistical: every scored profile ranks the same keys of the
+//! same forward, so a layer the `exact` profile (the un-quantised math) keeps and the driving
+//! profile loses was lost to the driving profile's rounding, and a layer `exact` loses too was
+//! lost by the math itself at this top-k (the driving rank says what top-k would have kept
+//! it). Without `exact` among the scored profiles, a layer another profile keeps, or none
+//! keeps, is said as such, and a run scored under no other profile cannot be told apart at
+//! all; the text then says to add `--compare exact`. Only the answer position counts, as in
+//! the conclusion: it produces the first answer token.
+
+use super::rank::LayerRecord;
+use super::session::ProbeRun;
+use serde::Serialize;
+
+/// What lost the needle on one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossCause {
+    /// `exact` keeps the needle: the driving profile's rounding lost it.
+    Rounding,
+    /// `exact` (driving or scored) loses it too: the top-k is too small for this needle here,
+    /// whatever the rounding.
+    ExactLoses,
+    /// `exact` was not scored; another scored profile keeps it.
+    KeptByOther,
+    /// `exact` was not scored; the other scored profiles lose it too.
+    NoProfileKeeps,
+    /// Only the driving profile was scored: nothing to tell causes apart.
+    Unknown,
+}
+
+/// A scored profile that selects the needle where the driving one does not.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Keeper {
+    pub profile: String,
+    pub rank: usize,
+}
+
+/// One non-trivial CSA layer whose driving selection missed the needle at the answer position.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LostLayer {
+    pub layer: usize,
+    /// The driving profile's needle rank (`None`: no needle row visible).
+    pub rank: Option<usize>,
+    /// The other scored profiles that select the needle at this top-k.
+    pub kept_by: Vec<Keeper>,
+    /// The `exact` profile's needle rank, when it was scored (driving or compared).
+    pub exact_rank: Option<usize>,
+    /// The best rank over every scored profile, the driving one included.
+    pub best_rank: Option<usize>,
+    pub cause: LossCause,
+}
+
+/// The lost layers of one run at the answer position (`last_prompt_pos`), in layer order.
+pub fn lost_layers(run: &ProbeRun, last_prompt_pos: usize) -> Vec<LostLayer> {
+    let here: Vec<&LayerRecord> = run
+        .layers
+        .iter()
+        .filter(|r| r.query_pos == last_prompt_pos)
+        .collect();
+    let exact = crate::numerics::profiles::IndexProfile::Exact.name();
+    let mut lost: Vec<LostLayer> = here
+        .iter()
+        .filter(|r| r.driving && !r.trivial && !r.selected)
+        .map(|driving| {
+            let others: Vec<&&LayerRecord> = here
+                .iter()
+                .filter(|r| !r.driving && r.layer == driving.layer)
+                .collect();
+            let kept_by: Vec<Keeper> = others
+                .iter()
+                .filter(|r| r.selected)
+                .filter_map(|r| {
+                    Some(Keeper {
+                        profile: r.profile.clone(),
+                        rank: r.needle_rank?,
+                    })
+                })
+                .collect();
+            let exact_rank = if driving.profile == exact {
+                Some(driving.needle_rank)
+            } else {
+                others
+                    .iter()
+                    .find(|r| r.profile == exact)
+                    .map(|r| r.needle_rank)
+            };
+            let cause = match exact_rank {
+                _ if kept_by.iter().any(|k| k.profile == exact) => LossCause::Rounding,
+                Some(_) => LossCause::ExactLoses,
+                None if !kept_by.is_empty() => LossCause::KeptByOther,
+                None if !others.is_empty() => LossCause::NoProfileKeeps,
+                None => LossCause::Unknown,
+            };
+            let best_rank = std::iter::once(driving.needle_rank)
+                .chain(others.iter().map(|r| r.needle_rank))
+                .flatten()
+                .min();
+            LostLayer {
+                layer: driving.layer,
+                rank: driving.needle_rank,
+                kept_by,
+                exact_rank: exact_rank.flatten(),
+                best_rank,
+                cause,
+            }
+        })
+        .collect();
+    lost.sort_by_key(|l| l.layer);
+    lost
+}
+
+/// One line saying why, e.g. `fp8 rounding lost layer 3 (exact keeps it: rank 16 vs 114);
+/// the exact math loses layer 1 too (exact rank 80 > 64): top-k too small; top-353 would keep
+/// it under fp8`; `None` when nothing was lost.
+pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
+    let lost = lost_layers(run, last_prompt_pos);
+    if lost.is_empty() {
+        return None;
+    }
+    let of = |cause: LossCause| -> Vec<&LostLayer> {
+        lost.iter().filter(|l| l.cause == cause).collect()
+    };
+    let layers = |ls: &[&LostLayer]| {
+        let names: Vec<String> = ls.iter().map(|l| l.layer.to_string()).collect();
+        let noun = if ls.len() == 1 { "layer" } else { "layers" };
+        format!("{noun} {}", names.join(", "))
+    };
+    let ranks = |ls: &[&LostLayer], f: &dyn Fn(&LostLayer) -> Option<usize>| {
+        ls.iter()
+            .map(|l| f(l).map_or("-".to_string(), |r| r.to_string()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let them = |ls: &[&LostLayer]| if ls.len() == 1 { "it" } else { "them" };
+    let mut parts = Vec::new();
+    let rounding = of(LossCause::Rounding);
+    if !rounding.is_empty() {
+        parts.push(format!(
+            "{} rounding lost {} (exact keeps {}: rank {} vs {})",
+            run.index,
+            layers(&rounding),
+            them(&rounding),
+            ranks(&rounding, &|l| l.exact_rank),
+            ranks(&rounding, &|l| l.rank)
+        ));
+    }
+    let exact_loses = of(LossCause::ExactLoses);
+    if !exact_loses.is_empty() {
+        let need = exact_loses.iter().filter_map(|l| l.rank).max();
+        let exact = crate::numerics::profiles::IndexProfile::Exact.name();
+        parts.push(format!(
+            "the exact math loses {}{} (exact rank {} > {}){}",
+            layers(&exact_loses),
+            if run.index == exact { "" } else { " too" },
+            ranks(&exact_loses, &|l| l.exact_rank),
+            run.topk,
+            need.map_or(String::new(), |k| format!(
+                ": top-k too small; top-{k} would keep {} under {}",
+                them(&exact_loses),
+                run.index
+            ))
+        ));
+    }
+    let other = of(LossCause::KeptByOther);
+    if !other.is_empty() {
+        let keepers: Vec<String> = other
+            .iter()
+            .map(|l| {
+                let k = &l.kept_by[0];
+                format!("{} rank {}", k.profile, k.rank)
+            })
+            .collect();
+        parts.push(format!(
+            "{} kept by another profile ({}), lost under {} (rank {})",
+            layers(&other),
+            keepers.join(", "),
+            run.index,
+            ranks(&other, &|l| l.rank)
+        ));
+    }
+    let none = of(LossCause::NoProfileKeeps);
+    if !none.is_empty() {
+        parts.push(format!(
+            "{} lost under every scored profile (best rank {})",
+            layers(&none),
+            ranks(&none, &|l| l.best_rank)
+        ));
+    }
+    let unknown = of(LossCause::Unknown);
+    if !unknown.is_empty() {
+        parts.push(format!(
+            "{} lost under {} (rank {})",
+            layers(&unknown),
+            run.index,
+            ranks(&unknown, &|l| l.rank)
+        ));
+    }
+    let unexplained = [
+        LossCause::KeptByOther,
+        LossCause::NoProfileKeeps,
+        LossCause::Unknown,
+    ];
+    if lost.iter().any(|l| unexplained.contains(&l.cause)) {
+        parts.push("add --compare exact to tell rounding from a too-small top-k".to_string());
+    }
+    Some(parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record at the answer position 99 of layer `layer` under `profile`, top-k 10.
+    fn rec(layer: usize, profile: &str, driving: bool, rank: Option<usize>) -> LayerRecord {
+        LayerRecord {
+            cell_id: "c".into(),
+            layer,
+            query_pos: 99,
+            phase: "prompt".into(),
+            profile: profile.into(),
+            driving,
+            visible_rows: 25,
+            needle_rows: 2,
+            needle_rank: rank,
+            rank_ties: 0,
+            needle_score: None,
+            kth_score: None,
+            margin: None,
+            selected: rank.is_some_and(|r| r <= 10),
+            trivial: false,
+        }
+    }
+
+    fn run(index: &str, layers: Vec<LayerRecord>) -> ProbeRun {
+        ProbeRun {
+            cell_id: "c".into(),
+            index: index.into(),
+            kv: "fp8".into(),
+            topk: 10,
+            answer_text: String::new(),
+            answer_correct: false,
+            generated_ids: vec![],
+            layers,
+            attention: vec![],
+            selection_disagreements: 0,
+            selection_checks: 0,
+            wall_seconds: 0.0,
+        }
+    }
+
+    fn causes(r: &ProbeRun) -> Vec<(usize, LossCause)> {
+        lost_layers(r, 99)
+            .iter()
+            .map(|l| (l.layer, l.cause))
+            .collect()
+    }
+
+    #[test]
+    fn exact_tells_rounding_from_a_small_topk() {
+        let r = run(
+            "fp8",
+            vec![
+                rec(2, "fp8", true, Some(40)),
+                rec(2, "exact", false, Some(3)),
+                rec(2, "bf16", false, Some(5)),
+                rec(4, "fp8", true, Some(70)),
+                rec(4, "exact", false, Some(30)),
+                rec(4, "bf16", false, Some(8)),
+                rec(6, "fp8", true, Some(2)),
+                rec(6, "exact", false, Some(50)),
+                // Another position: never counted.
+                LayerRecord {
+                    query_pos: 98,
+                    ..rec(8, "fp8", true, Some(90))
+                },
+            ],
+        );
+        assert_eq!(
+            causes(&r),
+            [(2, LossCause::Rounding), (4, LossCause::ExactLoses)]
+        );
+        let lost = lost_layers(&r, 99);
+        assert_eq!(lost[0].exact_rank, Some(3));
+        assert_eq!(lost[0].best_rank, Some(3));
+        assert_eq!(lost[1].best_rank, Some(8));
+        assert_eq!(
+            lost[1].kept_by,
+            [Keeper {
+                profile: "bf16".into(),
+                rank: 8
+            }]
+        );
+        let text = why(&r, 99).unwrap();
+        assert_eq!(
+            text,
+            "fp8 rounding lost layer 2 (exact keeps it: rank 3 vs 40); the exact math loses \
+             layer 4 too (exact rank 30 > 10): top-k too small; top-70 would keep it under fp8"
+        );
+    }
+
+    #[test]
+    fn without_exact_the_text_asks_for_it() {
+        let r = run(
+            "fp8",
+            vec![
+                rec(2, "fp8", true, Some(40)),
+                rec(2, "bf16", false, Some(5)),
+                rec(4, "fp8", true, Some(70)),
+                rec(4, "bf16", false, Some(30)),
+            ],
+        );
+        assert_eq!(
+            causes(&r),
+            [(2, LossCause::KeptByOther), (4, LossCause::NoProfileKeeps)]
+        );
+        let text = why(&r, 99).unwrap();
+        assert!(
+            text.contains("layer 2 kept by another profile (bf16 rank 5)"),
+            "{text}"
+        );
+        assert!(text.contains("layer 4 lost under every scored profile (best rank 30)"));
+        assert!(text.ends_with("add --compare exact to tell rounding from a too-small top-k"));
+        let alone = run(
+            "fp8",
+            vec![rec(2, "fp8", true, Some(40)), rec(4, "fp8", true, None)],
+        );
+        assert_eq!(
+            causes(&alone),
+            [(2, LossCause::Unknown), (4, LossCause::Unknown)]
+        );
+        assert_eq!(
+            why(&alone, 99).unwrap(),
+            "layers 2, 4 lost under fp8 (rank 40, -); add --compare exact to tell rounding \
+             from a too-small top-k"
+        );
+    }
+
+    #[test]
+    fn a_driving_exact_loss_is_the_math_itself_and_nothing_lost_says_nothing() {
+        let r = run(
+            "exact",
+            vec![
+                rec(2, "exact", true, Some(12)),
+                rec(2, "fp8", false, Some(9)),
+            ],
+        );
+        assert_eq!(causes(&r), [(2, LossCause::ExactLoses)]);
+        assert_eq!(
+            why(&r, 99).unwrap(),
+            "the exact math loses layer 2 (exact rank 12 > 10): top-k too small; top-12 would \
+             keep it under exact"
+        );
+        let kept = run("fp8", vec![rec(2, "fp8", true, Some(4))]);
+        assert!(lost_layers(&kept, 99).is_empty() && why(&kept, 99).is_none());
+        let trivial = run(
+            "fp8",
+            vec![LayerRecord {
+                trivial: true,
+                ..rec(2, "fp8", true, Some(40))
+            }],
+        );
+        assert!(
+            why(&trivial, 99).is_none(),
+            "a trivial layer is never a loss"
+        );
+    }
+}
