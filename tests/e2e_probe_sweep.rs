@@ -793,6 +793,15 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
     let run: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
     assert_eq!(run["synthetic"], true);
+    // The demo scores exact alongside, so every group says how many lost layers the exact math
+    // keeps (lost to rounding), and the table has the column.
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    for g in summary["groups"].as_array().unwrap() {
+        let rounding = g["layers_lost_to_rounding"].as_u64().expect("exact scored");
+        assert!(rounding <= g["layers_lost_total"].as_u64().unwrap(), "{g}");
+    }
+    assert!(text.contains("exact keeps"), "{text}");
     // The second run reuses the cached model and runs the sweep afresh over the old report.
     let again = ok(demo(&out, "512,1k"), "demo again");
     assert!(again.contains("(cached)"), "{again}");

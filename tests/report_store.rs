@@ -354,3 +354,84 @@ fn report_on_a_run_without_cells_says_so() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("no finished cell recorded yet"), "{stdout}");
 }
+
+/// summary.json carries the layers lost to rounding (a lost driving layer the exact record of
+/// the same layer selects) as cells are appended, and again after a resume, which recomputes
+/// them from layers.csv.
+#[test]
+fn summary_counts_layers_lost_to_rounding_across_a_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let lost = |id: &str, layer_no: usize, profile: &str, driving: bool, rank: usize| {
+        let mut r = layer(id, layer_no, profile, driving, rank);
+        if rank > 512 {
+            r.needle_score = Some(0.5);
+            r.margin = Some(-0.25);
+        }
+        r
+    };
+    let cells: Vec<(CellRecord, Vec<LayerRecord>)> = (0..2)
+        .map(|i| {
+            let id = format!("c{i}");
+            let mut c = cell(
+                &id,
+                4096,
+                10.0 + 40.0 * i as f64,
+                IndexProfile::SglangFp8,
+                512,
+            );
+            c.min_needle_rank = Some(900);
+            c.csa_layers_selected = 0;
+            c.csa_layers_nontrivial = 2;
+            c.answer_correct = None;
+            // Layer 2: exact keeps it (rounding); layer 3: exact loses it too.
+            let layers = vec![
+                lost(&id, 2, "fp8", true, 900),
+                lost(&id, 2, "exact", false, 40),
+                lost(&id, 3, "fp8", true, 800),
+                lost(&id, 3, "exact", false, 700),
+            ];
+            (c, layers)
+        })
+        .collect();
+    let group = |path: &Path| -> serde_json::Value {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path.join("summary.json")).unwrap())
+                .unwrap();
+        v["groups"][0].clone()
+    };
+    {
+        let (mut store, _) = RunDir::create_or_resume(dir.path(), run_info(true)).unwrap();
+        let (c, layers) = &cells[0];
+        let att = vec![attention(&c.cell_id, 2), attention(&c.cell_id, 3)];
+        store.append_cell(c, layers, &att).unwrap();
+        let g = group(dir.path());
+        assert_eq!(g["layers_lost_total"], 2);
+        assert_eq!(g["layers_lost_to_rounding"], 1);
+    }
+    let (mut store, done) = RunDir::create_or_resume(dir.path(), run_info(true)).unwrap();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        group(dir.path())["layers_lost_to_rounding"],
+        1,
+        "recomputed on resume"
+    );
+    let (c, layers) = &cells[1];
+    let att = vec![attention(&c.cell_id, 2), attention(&c.cell_id, 3)];
+    store.append_cell(c, layers, &att).unwrap();
+    let g = group(dir.path());
+    assert_eq!(
+        (
+            g["layers_lost_total"].clone(),
+            g["layers_lost_to_rounding"].clone()
+        ),
+        (4.into(), 2.into())
+    );
+    drop(store);
+    let records = RunRecords::read(dir.path()).unwrap();
+    records.write_summary().unwrap();
+    assert_eq!(
+        group(dir.path())["layers_lost_to_rounding"],
+        2,
+        "the reader agrees"
+    );
+}

@@ -5,7 +5,7 @@
 mod report_support;
 
 use needlescope::numerics::modes::IndexProfile;
-use needlescope::report::{render_table, summarize, CellRecord};
+use needlescope::report::{render_table, rounding_losses, summarize, CellRecord};
 use report_support::*;
 
 fn with(id: &str, target: usize, rank: Option<usize>, correct: Option<bool>) -> CellRecord {
@@ -24,7 +24,7 @@ fn median_worst_and_recall_by_answer() {
         with("d", 4096, Some(10), Some(true)),
         with("e", 4096, None, Some(true)),
     ];
-    let g = summarize(&cells);
+    let g = summarize(&cells, &Default::default());
     assert_eq!(g.len(), 1);
     let g = &g[0];
     assert_eq!((g.cells, g.recalled), (5, 4));
@@ -45,7 +45,7 @@ fn indexer_recall_and_layers_lost_when_there_is_no_verdict() {
     let mut lost1 = with("c", 8192, Some(513), None);
     lost1.csa_layers_nontrivial = 20;
     lost1.csa_layers_selected = 19;
-    let g = &summarize(&[lost2, kept, lost1])[0];
+    let g = &summarize(&[lost2, kept, lost1], &Default::default())[0];
     assert_eq!(g.judged_by, "indexer");
     assert_eq!((g.recalled, g.cells), (1, 3));
     assert_eq!(g.median_rank, Some(513.0));
@@ -65,7 +65,7 @@ fn trivial_cells_are_not_evidence_for_recall() {
     let mut lost = with("l", 2048, Some(600), None);
     lost.csa_layers_nontrivial = 3;
     lost.csa_layers_selected = 2;
-    let g = &summarize(&[trivial.clone(), lost])[0];
+    let g = &summarize(&[trivial.clone(), lost], &Default::default())[0];
     assert_eq!((g.cells, g.evidence_cells, g.recalled), (2, 1, 0));
     assert_eq!(g.recall_rate, Some(0.0));
     assert_eq!(g.trivial_cells, 1);
@@ -73,10 +73,10 @@ fn trivial_cells_are_not_evidence_for_recall() {
     let mut answered = trivial.clone();
     answered.cell_id = "a".into();
     answered.answer_correct = Some(false);
-    let g = &summarize(&[trivial.clone(), answered])[0];
+    let g = &summarize(&[trivial.clone(), answered], &Default::default())[0];
     assert_eq!((g.evidence_cells, g.recalled), (1, 0));
 
-    let only = summarize(std::slice::from_ref(&trivial));
+    let only = summarize(std::slice::from_ref(&trivial), &Default::default());
     assert_eq!((only[0].evidence_cells, only[0].recall_rate), (0, None));
     let table = render_table(&only, false);
     let row = table.lines().nth(2).unwrap();
@@ -99,7 +99,7 @@ fn groups_split_by_length_profile_and_topk_in_order() {
     cells.push(k1024);
     let mixed = with("e", 2048, Some(9), None);
     cells.push(mixed);
-    let g = summarize(&cells);
+    let g = summarize(&cells, &Default::default());
     let keys: Vec<(usize, &str, usize)> = g
         .iter()
         .map(|g| (g.target_tokens, g.index.name(), g.topk))
@@ -123,7 +123,7 @@ fn groups_split_by_length_profile_and_topk_in_order() {
 fn table_is_aligned_plain_text_without_colour() {
     let sweep = sample_sweep(&[2048, 8192], &[0.0, 50.0, 100.0], true, 1);
     let cells: Vec<CellRecord> = sweep.into_iter().map(|c| c.0).collect();
-    let table = render_table(&summarize(&cells), false);
+    let table = render_table(&summarize(&cells, &Default::default()), false);
     println!("{table}");
     assert!(!table.contains('\x1b'), "colour codes in a plain table");
     let lines: Vec<&str> = table.lines().collect();
@@ -138,6 +138,62 @@ fn table_is_aligned_plain_text_without_colour() {
             "{row}"
         );
     }
-    let coloured = render_table(&summarize(&cells), true);
+    let coloured = render_table(&summarize(&cells, &Default::default()), true);
     assert!(coloured.contains("\x1b[3"));
+}
+
+/// Layers lost to rounding come from layers.csv: a lost layer that the exact record of the same
+/// layer selects. A group has the figure only when every cell scored exact; the table shows it
+/// in "exact keeps", `-` otherwise.
+#[test]
+fn layers_lost_to_rounding_need_exact_in_every_cell() {
+    let mut a = with("a", 4096, Some(900), None);
+    a.csa_layers_nontrivial = 3;
+    a.csa_layers_selected = 1;
+    let mut b = with("b", 4096, Some(700), None);
+    b.csa_layers_nontrivial = 3;
+    b.csa_layers_selected = 2;
+    let layers = vec![
+        // a: layer 2 lost, exact keeps it; layer 4 lost, exact loses it too; layer 6 kept.
+        layer("a", 2, "fp8", true, 900),
+        layer("a", 2, "exact", false, 40),
+        layer("a", 4, "fp8", true, 800),
+        layer("a", 4, "exact", false, 600),
+        layer("a", 6, "fp8", true, 3),
+        layer("a", 6, "exact", false, 2),
+        // b: layer 2 lost, exact keeps it.
+        layer("b", 2, "fp8", true, 700),
+        layer("b", 2, "exact", false, 500),
+        layer("b", 4, "fp8", true, 5),
+        layer("b", 4, "exact", false, 6),
+    ];
+    let cells = [a.clone(), b.clone()];
+    let rounding = rounding_losses(&cells, &layers);
+    assert_eq!((rounding["a"], rounding["b"]), (1, 1));
+    let g = &summarize(&cells, &rounding)[0];
+    assert_eq!(g.layers_lost_total, 3);
+    assert_eq!(g.layers_lost_to_rounding, Some(2));
+    let table = render_table(std::slice::from_ref(g), false);
+    let head = table.lines().next().unwrap();
+    assert!(head.ends_with("exact keeps"), "{table}");
+    assert!(
+        table.lines().nth(2).unwrap().ends_with("  3            2"),
+        "{table}"
+    );
+
+    // Without exact records for cell b, the group has no figure.
+    let without_b: Vec<_> = layers
+        .iter()
+        .filter(|r| !(r.cell_id == "b" && r.profile == "exact"))
+        .cloned()
+        .collect();
+    let rounding = rounding_losses(&cells, &without_b);
+    assert!(!rounding.contains_key("b"));
+    let g = &summarize(&cells, &rounding)[0];
+    assert_eq!(g.layers_lost_to_rounding, None);
+    let table = render_table(std::slice::from_ref(g), false);
+    assert!(
+        table.lines().nth(2).unwrap().ends_with("  3            -"),
+        "{table}"
+    );
 }

@@ -123,7 +123,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         lengths: args.lengths.clone(),
         depths: args.depths.0.clone(),
         indexes: args.index.clone(),
-        compare: Vec::new(),
+        compare: vec![IndexProfile::Exact],
         topks: DEMO_TOPK.to_vec(),
         kv: KvMode::Exact,
         samples: 1,

@@ -56,9 +56,39 @@ pub struct LostLayer {
 
 /// The lost layers of one run at the answer position (`last_prompt_pos`), in layer order.
 pub fn lost_layers(run: &ProbeRun, last_prompt_pos: usize) -> Vec<LostLayer> {
-    let here: Vec<&LayerRecord> = run
-        .layers
-        .iter()
+    lost_layers_of(&run.layers, last_prompt_pos)
+}
+
+/// CSA layers lost to the driving profile's rounding ([`LossCause::Rounding`]) at the answer
+/// position, among the records of one run or cell; `None` when `exact` was not scored there
+/// (neither driving nor compared), so rounding cannot be told from the rest.
+pub fn rounding_losses<'a>(
+    records: impl IntoIterator<Item = &'a LayerRecord>,
+    last_prompt_pos: usize,
+) -> Option<usize> {
+    let exact = crate::numerics::profiles::IndexProfile::Exact.name();
+    let here: Vec<&LayerRecord> = records
+        .into_iter()
+        .filter(|r| r.query_pos == last_prompt_pos)
+        .collect();
+    if !here.iter().any(|r| r.profile == exact) {
+        return None;
+    }
+    let lost = lost_layers_of(here, last_prompt_pos);
+    Some(
+        lost.iter()
+            .filter(|l| l.cause == LossCause::Rounding)
+            .count(),
+    )
+}
+
+/// [`lost_layers`] over any records (those at other positions are skipped).
+pub fn lost_layers_of<'a>(
+    records: impl IntoIterator<Item = &'a LayerRecord>,
+    last_prompt_pos: usize,
+) -> Vec<LostLayer> {
+    let here: Vec<&LayerRecord> = records
+        .into_iter()
         .filter(|r| r.query_pos == last_prompt_pos)
         .collect();
     let exact = crate::numerics::profiles::IndexProfile::Exact.name();
@@ -300,6 +330,36 @@ mod tests {
             "fp8 rounding lost layer 2 (exact keeps it: rank 3 vs 40); the exact math loses \
              layer 4 too (exact rank 30 > 10): top-k too small; top-70 would keep it under fp8"
         );
+    }
+
+    #[test]
+    fn rounding_losses_count_only_where_exact_was_scored() {
+        let scored = [
+            rec(2, "fp8", true, Some(40)),
+            rec(2, "exact", false, Some(3)),
+            rec(4, "fp8", true, Some(70)),
+            rec(4, "exact", false, Some(30)),
+            rec(6, "fp8", true, Some(50)),
+            rec(6, "exact", false, Some(10)),
+        ];
+        assert_eq!(rounding_losses(&scored, 99), Some(2));
+        assert_eq!(
+            rounding_losses(&scored, 98),
+            None,
+            "nothing at that position"
+        );
+        let kept = [
+            rec(2, "fp8", true, Some(4)),
+            rec(2, "exact", false, Some(3)),
+        ];
+        assert_eq!(rounding_losses(&kept, 99), Some(0));
+        let unscored = [
+            rec(2, "fp8", true, Some(40)),
+            rec(2, "bf16", false, Some(3)),
+        ];
+        assert_eq!(rounding_losses(&unscored, 99), None);
+        let driving_exact = [rec(2, "exact", true, Some(40))];
+        assert_eq!(rounding_losses(&driving_exact, 99), Some(0));
     }
 
     #[test]

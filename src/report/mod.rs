@@ -40,7 +40,10 @@ pub use records::{
     RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS, LAYERS_COLUMNS,
 };
 pub use store::{RunDir, RunRecords};
-pub use summary::{render_table, stdout_wants_colour, summarize, GroupSummary, SummaryJson};
+pub use summary::{
+    render_table, rounding_losses, stdout_wants_colour, summarize, GroupSummary, RoundingLosses,
+    SummaryJson,
+};
 
 /// What `needlescope report DIR` does, without the model: takes the directory's lock (refused
 /// while a sweep writes there), reads the records, rewrites summary.json, renders every PNG,
@@ -76,7 +79,8 @@ pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
     let records = RunRecords::read(lock.dir())?;
     let mut files = vec![records.write_summary()?];
     files.extend(render_records(&records, lock.dir())?);
-    let mut table = render_table(&summarize(&records.cells), colour);
+    let rounding = summary::rounding_losses(&records.cells, &records.layers);
+    let mut table = render_table(&summarize(&records.cells, &rounding), colour);
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);
     }

@@ -22,7 +22,7 @@ use super::store::RunRecords;
 use super::summary::{summarize, GroupSummary};
 
 pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
-    let groups = summarize(&records.cells);
+    let groups = summarize(&records.cells, &Default::default());
     let kvs: BTreeSet<&str> = groups.iter().map(|g| g.kv.name()).collect();
     // Series in summary order: (profile, kv, topk) as first met while lengths ascend.
     let mut series: BTreeMap<(String, usize), Vec<&GroupSummary>> = BTreeMap::new();

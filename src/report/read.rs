@@ -18,7 +18,7 @@ use super::row_checks::RowCheck;
 use super::store::{
     list_some, not_a_run_dir, ATTENTION_CSV, CELLS_CSV, LAYERS_CSV, RUN_JSON, SUMMARY_JSON,
 };
-use super::summary::SummaryJson;
+use super::summary::{rounding_losses, SummaryJson};
 use super::validate::CellCheck;
 
 /// Everything a report directory holds, read without modifying it (for `needlescope report`).
@@ -107,7 +107,8 @@ impl RunRecords {
     /// Rewrites `<dir>/summary.json` from these records (atomically); returns its path.
     pub fn write_summary(&self) -> Result<PathBuf> {
         let path = self.dir.join(SUMMARY_JSON);
-        write_json(&path, &SummaryJson::new(&self.info, &self.cells))?;
+        let rounding = rounding_losses(&self.cells, &self.layers);
+        write_json(&path, &SummaryJson::new(&self.info, &self.cells, &rounding))?;
         Ok(path)
     }
 }

@@ -55,7 +55,7 @@ use super::records::{
     LAYERS_COLUMNS,
 };
 use super::row_checks::refuse_inconsistent;
-use super::summary::SummaryJson;
+use super::summary::{cell_rounding_losses, rounding_losses, RoundingLosses, SummaryJson};
 use super::validate::CellCheck;
 
 pub const RUN_JSON: &str = "run.json";
@@ -81,6 +81,8 @@ pub struct RunDir {
     lock: DirLock,
     /// See [`RunDir::notes`].
     notes: Vec<String>,
+    /// The finished cells' rounding losses, for summary.json.
+    rounding: RoundingLosses,
 }
 
 impl RunDir {
@@ -197,6 +199,13 @@ impl RunDir {
             kept.next_line
         };
 
+        let kept_layers: Vec<LayerRecord> = layers
+            .records
+            .into_iter()
+            .map(|r| r.value)
+            .filter(|r| finished.contains(&r.cell_id))
+            .collect();
+        let rounding = rounding_losses(&cells, &kept_layers);
         let run = RunDir {
             cells_w: open_append(&cells_path)?,
             layers_w: open_append(&layers_path)?,
@@ -209,6 +218,7 @@ impl RunDir {
             next_line,
             lock,
             notes,
+            rounding,
         };
         run.write_summary()?;
         Ok((run, cells))
@@ -262,6 +272,9 @@ impl RunDir {
         append(&mut self.attention_w, &att_path, attention)?;
         append(&mut self.cells_w, &cells_path, std::slice::from_ref(cell))?;
         self.finished.insert(cell.cell_id.clone());
+        if let Some(count) = cell_rounding_losses(cell, layers) {
+            self.rounding.insert(cell.cell_id.clone(), count);
+        }
         self.cells.push(cell.clone());
         self.write_summary()
     }
@@ -293,7 +306,7 @@ impl RunDir {
     fn write_summary(&self) -> Result<()> {
         write_json(
             &self.dir.join(SUMMARY_JSON),
-            &SummaryJson::new(&self.info, &self.cells),
+            &SummaryJson::new(&self.info, &self.cells, &self.rounding),
         )
     }
 }

@@ -12,13 +12,46 @@
 //!   are left out); the median of an even count is the mean of the two middle values;
 //! - layers lost per cell = `csa_layers_nontrivial - csa_layers_selected`; the group reports
 //!   the worst cell (and its non-trivial count) and the sum over cells;
-//! - a trivial cell has no non-trivial CSA layer: shown, never evidence.
+//! - a trivial cell has no non-trivial CSA layer: shown, never evidence;
+//! - layers lost to rounding: of those lost layers, the ones the `exact` profile selects on
+//!   the same hidden states ([`crate::probe::why`]), counted from layers.csv per cell
+//!   ([`RoundingLosses`]); a group has the figure only when `exact` was scored in every cell.
 
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 
 use super::records::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::probe::LayerRecord;
+
+/// Per cell id, the CSA layers lost to the driving profile's rounding at the answer position
+/// ([`crate::probe::why::rounding_losses`]); cells where `exact` was not scored are absent.
+pub type RoundingLosses = HashMap<String, usize>;
+
+/// [`RoundingLosses`] of `cells` from their layers.csv records.
+pub fn rounding_losses(cells: &[CellRecord], layers: &[LayerRecord]) -> RoundingLosses {
+    let mut by_cell: HashMap<&str, Vec<&LayerRecord>> = HashMap::new();
+    for r in layers {
+        by_cell.entry(r.cell_id.as_str()).or_default().push(r);
+    }
+    cells
+        .iter()
+        .filter_map(|c| {
+            let records = by_cell.get(c.cell_id.as_str())?;
+            let count = cell_rounding_losses(c, records.iter().copied())?;
+            Some((c.cell_id.clone(), count))
+        })
+        .collect()
+}
+
+/// The rounding losses of one cell from its records (`None`: `exact` not scored).
+pub fn cell_rounding_losses<'a>(
+    cell: &CellRecord,
+    records: impl IntoIterator<Item = &'a LayerRecord>,
+) -> Option<usize> {
+    let answer_pos = cell.prompt_tokens.checked_sub(1)?;
+    crate::probe::why::rounding_losses(records, answer_pos)
+}
 
 /// One group of cells: a target length under one (index, kv, top-k).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -46,6 +79,10 @@ pub struct GroupSummary {
     pub layers_nontrivial_of_worst: usize,
     /// CSA layers lost, summed over the cells.
     pub layers_lost_total: usize,
+    /// Of those, the layers `exact` selects on the same hidden states (lost to the profile's
+    /// rounding; the rest are lost by the exact math too); None unless `exact` was scored in
+    /// every cell of the group.
+    pub layers_lost_to_rounding: Option<usize>,
 }
 
 fn profile_order(p: IndexProfile) -> usize {
@@ -66,8 +103,8 @@ pub fn median(sorted: &[usize]) -> Option<f64> {
 }
 
 /// Groups `cells` by (target_tokens, index, kv, topk), ordered by length, then profile in
-/// design.md order, then kv, then top-k.
-pub fn summarize(cells: &[CellRecord]) -> Vec<GroupSummary> {
+/// design.md order, then kv, then top-k; `rounding` gives the cells' rounding losses.
+pub fn summarize(cells: &[CellRecord], rounding: &RoundingLosses) -> Vec<GroupSummary> {
     let mut groups: BTreeMap<(usize, usize, &str, usize), Vec<&CellRecord>> = BTreeMap::new();
     for c in cells {
         groups
@@ -109,6 +146,10 @@ pub fn summarize(cells: &[CellRecord]) -> Vec<GroupSummary> {
                 layers_lost_worst: worst_cell.layers_lost(),
                 layers_nontrivial_of_worst: worst_cell.csa_layers_nontrivial,
                 layers_lost_total: cs.iter().map(|c| c.layers_lost()).sum(),
+                layers_lost_to_rounding: cs
+                    .iter()
+                    .map(|c| rounding.get(&c.cell_id))
+                    .sum::<Option<usize>>(),
             }
         })
         .collect()
@@ -128,14 +169,14 @@ pub struct SummaryJson {
 }
 
 impl SummaryJson {
-    pub fn new(info: &RunInfo, cells: &[CellRecord]) -> Self {
+    pub fn new(info: &RunInfo, cells: &[CellRecord], rounding: &RoundingLosses) -> Self {
         SummaryJson {
             model: info.model_name().to_string(),
             scenario: info.scenario.clone(),
             synthetic: info.synthetic,
             cells_finished: cells.len(),
             cells_planned: info.cells_planned(),
-            groups: summarize(cells),
+            groups: summarize(cells, rounding),
         }
     }
 }
@@ -154,7 +195,7 @@ const RESET: &str = "\x1b[0m";
 /// The aligned table (columns padded by their plain-text width; colour codes, when asked for,
 /// wrap the padded cell so alignment holds), followed by a short legend.
 pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
-    const HEAD: [&str; 10] = [
+    const HEAD: [&str; 11] = [
         "length",
         "index",
         "kv",
@@ -165,6 +206,7 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
         "worst rank",
         "CSA lost (worst cell)",
         "CSA lost (sum)",
+        "exact keeps",
     ];
     let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
     for g in groups {
@@ -214,6 +256,7 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
                 opt(g.worst_rank.map(|w| w.to_string())),
                 lost,
                 g.layers_lost_total.to_string(),
+                opt(g.layers_lost_to_rounding.map(|n| n.to_string())),
             ],
             tone,
         ));
@@ -262,6 +305,9 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
          rank: min_needle_rank (the needle rank on the worst CSA layer of a cell), median and worst over cells.\n\
          CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
          lost/non-trivial in the worst cell and summed over cells;\n\
+         exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
+         hidden states: lost to the index profile's rounding (the rest are lost by the exact \
+         math too: the top-k is too small there); -: exact not scored (add --compare exact).\n\
          trivial: n_t <= k on every CSA layer of every cell (no evidence).\n",
     );
     out
