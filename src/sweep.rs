@@ -451,8 +451,14 @@ impl SweepTask<'_> {
             } else {
                 String::new()
             };
+            // With exact scored, how many of the lost layers the exact math keeps (lost to
+            // rounding; the summary's "exact keeps" column sums these).
+            let rounding = match crate::report::summary::cell_rounding_losses(&cell, &run.layers) {
+                Some(n) if cell.layers_lost() > 0 => format!("  exact keeps {n}"),
+                _ => String::new(),
+            };
             let line = format!(
-                "{:>7} tokens  depth {:>5.1}%{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{landed}",
+                "{:>7} tokens  depth {:>5.1}%{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{landed}",
                 cell.prompt_tokens,
                 cell.depth_pct,
                 cell.index.name(),

@@ -217,6 +217,40 @@ fn probe_why_tells_rounding_from_a_small_topk() {
         .unwrap();
     let text = ok(out, "probe");
     assert!(text.contains(&format!("\nwhy: {why}\n")), "{text}");
+
+    // The sweep's line for the same cell says how many lost layers the exact math keeps.
+    let dir = tempfile::tempdir().unwrap();
+    let out = bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--scenario",
+            "passkey",
+            "--kv",
+            "exact",
+            "--lengths",
+            "16k",
+            "--depths",
+            "50",
+        ])
+        .args([
+            "--index",
+            "fp8",
+            "--topk",
+            "64",
+            "--compare",
+            "exact",
+            "--generate",
+            "0",
+        ])
+        .arg("--out")
+        .arg(dir.path().join("sweep"))
+        .output()
+        .unwrap();
+    let text = ok(out, "sweep");
+    assert!(text.contains("lost 2/2 layers"), "{text}");
+    assert!(text.contains("exact keeps 1\n"), "{text}");
 }
 
 #[test]
