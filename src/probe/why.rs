@@ -30,6 +30,9 @@ pub enum LossCause {
     NoProfileKeeps,
     /// Only the driving profile was scored: nothing to tell causes apart.
     Unknown,
+    /// No needle row is visible to the query yet (the needle ends in the last few tokens), so
+    /// no profile can select it.
+    NotVisible,
 }
 
 /// A scored profile that selects the needle where the driving one does not.
@@ -119,6 +122,7 @@ pub fn lost_layers_of<'a>(
                     .map(|r| r.needle_rank)
             };
             let cause = match exact_rank {
+                _ if driving.needle_rows == 0 => LossCause::NotVisible,
                 _ if kept_by.iter().any(|k| k.profile == exact) => LossCause::Rounding,
                 Some(_) => LossCause::ExactLoses,
                 None if !kept_by.is_empty() => LossCause::KeptByOther,
@@ -227,6 +231,13 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
             layers(&unknown),
             run.index,
             ranks(&unknown, &|l| l.rank)
+        ));
+    }
+    let hidden = of(LossCause::NotVisible);
+    if !hidden.is_empty() {
+        parts.push(format!(
+            "{} cannot select the needle: none of its rows is visible to the query yet",
+            layers(&hidden)
         ));
     }
     let unexplained = [
@@ -384,6 +395,16 @@ mod tests {
         );
         assert!(text.contains("layer 4 lost under every scored profile (best rank 30)"));
         assert!(text.ends_with("add --compare exact to tell rounding from a too-small top-k"));
+        let hidden = LayerRecord {
+            needle_rows: 0,
+            ..rec(6, "fp8", true, None)
+        };
+        let not_yet = run("fp8", vec![hidden, rec(6, "exact", false, None)]);
+        assert_eq!(causes(&not_yet), [(6, LossCause::NotVisible)]);
+        assert_eq!(
+            why(&not_yet, 99).unwrap(),
+            "layer 6 cannot select the needle: none of its rows is visible to the query yet"
+        );
         let alone = run(
             "fp8",
             vec![rec(2, "fp8", true, Some(40)), rec(4, "fp8", true, None)],
