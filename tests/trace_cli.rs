@@ -39,6 +39,23 @@ fn tiny_model(dir: &std::path::Path) -> std::path::PathBuf {
     model
 }
 
+/// `trace --positions all` of `tokens` through `model` into `out`.
+fn trace_all_positions(
+    model: &std::path::Path,
+    tokens: &std::path::Path,
+    out: &std::path::Path,
+) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["trace", "--model"])
+        .arg(model)
+        .arg("--tokens")
+        .arg(tokens)
+        .args(["--positions", "all", "--out"])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
 fn run_trace(
     model: &std::path::Path,
     tokens: &std::path::Path,
@@ -193,15 +210,7 @@ fn trace_of_fewer_than_four_tokens_has_empty_indexer_tensors() {
         let ids: Vec<String> = (0..count).map(|i| (5 + i).to_string()).collect();
         std::fs::write(&tokens_file, ids.join(" ")).unwrap();
         let out = dir.path().join(format!("t{count}.safetensors"));
-        let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
-            .args(["trace", "--model"])
-            .arg(&model)
-            .arg("--tokens")
-            .arg(&tokens_file)
-            .args(["--positions", "all", "--out"])
-            .arg(&out)
-            .output()
-            .unwrap();
+        let output = trace_all_positions(&model, &tokens_file, &out);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{count} tokens: {stderr}");
         let bytes = std::fs::read(&out).unwrap();
@@ -389,15 +398,7 @@ fn trace_that_cannot_fit_is_refused_before_the_model_runs() {
     let tokens_file = dir.path().join("ids.txt");
     std::fs::write(&tokens_file, "5 ".repeat(1_000_000)).unwrap();
     let out = dir.path().join("huge.safetensors");
-    let output = Command::new(env!("CARGO_BIN_EXE_needlescope"))
-        .args(["trace", "--model"])
-        .arg(&model)
-        .arg("--tokens")
-        .arg(&tokens_file)
-        .args(["--positions", "all", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
+    let output = trace_all_positions(&model, &tokens_file, &out);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     for part in [
