@@ -462,10 +462,17 @@ impl ModelConfig {
         )
     }
 
-    /// SHA-256 of the canonical JSON of this config, to tie results to a model.
+    /// SHA-256 of the canonical JSON of this config, to tie results to a model. ModelOpt's
+    /// `moe_quant_algo` is left out: it only names the experts' storage (the weights' own hash
+    /// covers that), and configs hashed before the key was read keep their hash, so report
+    /// directories made with NVIDIA's NVFP4 checkpoint still resume.
     pub fn hash_hex(&self) -> String {
         use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(serde_json::to_vec(self).expect("config serialises"));
+        let mut hashed = self.clone();
+        if let Some(q) = hashed.quantization_config.as_mut() {
+            q.moe_quant_algo = None;
+        }
+        let digest = Sha256::digest(serde_json::to_vec(&hashed).expect("config serialises"));
         digest.iter().map(|b| format!("{b:02x}")).collect()
     }
 }

@@ -374,3 +374,27 @@ fn a_directory_named_config_json_is_reported_as_a_directory() {
         "{msg}"
     );
 }
+
+#[test]
+fn moe_quant_algo_is_read_but_not_hashed() {
+    let mut json = flash_config_json();
+    let plain = ModelConfig::from_json_str(&json.to_string(), Path::new("x")).unwrap();
+    json["quantization_config"]["moe_quant_algo"] = serde_json::json!("NVFP4");
+    let nvidia = ModelConfig::from_json_str(&json.to_string(), Path::new("x")).unwrap();
+    assert!(nvidia
+        .quantization_config
+        .as_ref()
+        .unwrap()
+        .states_nvfp4_experts());
+    assert!(!plain
+        .quantization_config
+        .as_ref()
+        .unwrap()
+        .states_nvfp4_experts());
+    assert_eq!(nvidia.hash_hex(), plain.hash_hex());
+    // The hash the released Flash config has had since before the key was read.
+    assert_eq!(
+        plain.hash_hex(),
+        "f0168d24b5c8a4c427814ef8bfc927e6a80b42b16794227a1a47572cee15503b"
+    );
+}

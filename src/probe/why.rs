@@ -5,11 +5,12 @@
 //! The comparison is exact, not statistical: every scored profile ranks the same keys of the
 //! same forward, so a layer the `exact` profile (the un-quantised math) keeps and the driving
 //! profile loses was lost to the driving profile's rounding, and a layer `exact` loses too was
-//! lost by the math itself at this top-k (the driving rank says what top-k would have kept
-//! it). Without `exact` among the scored profiles, a layer another profile keeps, or none
-//! keeps, is said as such, and a run scored under no other profile cannot be told apart at
-//! all; the text then says to add `--compare exact`. Only the answer position counts, as in
-//! the conclusion: it produces the first answer token.
+//! lost by the un-quantised math itself at this top-k. "Selected" is design.md's definition
+//! (rank <= k, rank = 1 + rows scoring strictly higher; ties are in `rank_ties`). Without
+//! `exact` among the scored profiles, a layer another profile keeps, or none keeps, is said as
+//! such, and a run scored under no other profile cannot be told apart at all; the text then
+//! says to add `--compare exact`. Only the answer position counts, as in the conclusion: it
+//! produces the first answer token.
 
 use super::rank::LayerRecord;
 use super::session::ProbeRun;
@@ -21,8 +22,8 @@ use serde::Serialize;
 pub enum LossCause {
     /// `exact` keeps the needle: the driving profile's rounding lost it.
     Rounding,
-    /// `exact` (driving or scored) loses it too: the top-k is too small for this needle here,
-    /// whatever the rounding.
+    /// `exact` (driving or scored) loses it too: at this top-k the un-quantised math itself
+    /// misses the needle here (another rounding may still keep it by chance).
     ExactLoses,
     /// `exact` was not scored; another scored profile keeps it.
     KeptByOther,
@@ -50,7 +51,8 @@ pub struct LostLayer {
     pub rank: Option<usize>,
     /// The other scored profiles that select the needle at this top-k.
     pub kept_by: Vec<Keeper>,
-    /// The `exact` profile's needle rank, when it was scored (driving or compared).
+    /// The `exact` profile's needle rank, when it was scored (driving or compared) and a needle
+    /// row is visible.
     pub exact_rank: Option<usize>,
     /// The best rank over every scored profile, the driving one included.
     pub best_rank: Option<usize>,
@@ -148,8 +150,9 @@ pub fn lost_layers_of<'a>(
 }
 
 /// One line saying why, e.g. `fp8 rounding lost layer 3 (exact keeps it: rank 16 vs 114);
-/// the exact math loses layer 1 too (exact rank 80 > 64): top-k too small; top-353 would keep
-/// it under fp8`; `None` when nothing was lost.
+/// the exact math loses layer 1 too (exact rank 80 > 64; fp8 rank 353): the top-k is too small
+/// there`; `None` when nothing was lost. Ranks are those of these hidden states: a larger top-k
+/// changes what earlier layers attend to, so later layers' ranks would move too.
 pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     let lost = lost_layers(run, last_prompt_pos);
     if lost.is_empty() {
@@ -184,19 +187,18 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     }
     let exact_loses = of(LossCause::ExactLoses);
     if !exact_loses.is_empty() {
-        let need = exact_loses.iter().filter_map(|l| l.rank).max();
         let exact = crate::numerics::profiles::IndexProfile::Exact.name();
+        let driving = if run.index == exact {
+            String::new()
+        } else {
+            format!("; {} rank {}", run.index, ranks(&exact_loses, &|l| l.rank))
+        };
         parts.push(format!(
-            "the exact math loses {}{} (exact rank {} > {}){}",
+            "the exact math loses {}{} (exact rank {} > {}{driving}): the top-k is too small there",
             layers(&exact_loses),
             if run.index == exact { "" } else { " too" },
             ranks(&exact_loses, &|l| l.exact_rank),
             run.topk,
-            need.map_or(String::new(), |k| format!(
-                ": top-k too small; top-{k} would keep {} under {}",
-                them(&exact_loses),
-                run.index
-            ))
         ));
     }
     let other = of(LossCause::KeptByOther);
@@ -339,7 +341,7 @@ mod tests {
         assert_eq!(
             text,
             "fp8 rounding lost layer 2 (exact keeps it: rank 3 vs 40); the exact math loses \
-             layer 4 too (exact rank 30 > 10): top-k too small; top-70 would keep it under fp8"
+             layer 4 too (exact rank 30 > 10; fp8 rank 70): the top-k is too small there"
         );
     }
 
@@ -432,8 +434,7 @@ mod tests {
         assert_eq!(causes(&r), [(2, LossCause::ExactLoses)]);
         assert_eq!(
             why(&r, 99).unwrap(),
-            "the exact math loses layer 2 (exact rank 12 > 10): top-k too small; top-12 would \
-             keep it under exact"
+            "the exact math loses layer 2 (exact rank 12 > 10): the top-k is too small there"
         );
         let kept = run("fp8", vec![rec(2, "fp8", true, Some(4))]);
         assert!(lost_layers(&kept, 99).is_empty() && why(&kept, 99).is_none());

@@ -306,8 +306,9 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
          CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
          lost/non-trivial in the worst cell and summed over cells;\n\
          exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
-         hidden states: lost to the index profile's rounding (the rest are lost by the exact \
-         math too: the top-k is too small there); -: exact not scored (add --compare exact).\n\
+         hidden states: lost to the index profile's rounding (the exact math loses the rest \
+         too: the top-k is too small there); -: exact not scored in every cell (add --compare \
+         exact).\n\
          trivial: n_t <= k on every CSA layer of every cell (no evidence).\n",
     );
     out
