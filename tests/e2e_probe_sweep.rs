@@ -140,7 +140,15 @@ fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
             };
             assert_eq!(l["cause"], cause, "{l}");
         }
-        assert_eq!(run["why"].is_null(), lost.is_empty(), "{run}");
+        // Nothing lost: no why, unless a selected needle ties rows across the cut-off.
+        if lost.is_empty() {
+            assert!(
+                run["why"].is_null() || run["why"].as_str().unwrap().contains("tie order"),
+                "{run}"
+            );
+        } else {
+            assert!(run["why"].is_string(), "{run}");
+        }
     }
 }
 

@@ -151,11 +151,13 @@ pub fn lost_layers_of<'a>(
 
 /// One line saying why, e.g. `fp8 rounding lost layer 3 (exact keeps it: rank 16 vs 114);
 /// the exact math loses layer 1 too (exact rank 80 > 64; fp8 rank 353): the top-k is too small
-/// there`; `None` when nothing was lost. Ranks are those of these hidden states: a larger top-k
+/// there`; `None` when nothing was lost and no selected needle ties rows across the cut-off
+/// ([`tied_at_cutoff`]). Ranks are those of these hidden states: a larger top-k
 /// changes what earlier layers attend to, so later layers' ranks would move too.
 pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     let lost = lost_layers(run, last_prompt_pos);
-    if lost.is_empty() {
+    let tied = tied_at_cutoff(run, last_prompt_pos);
+    if lost.is_empty() && tied.is_empty() {
         return None;
     }
     let of = |cause: LossCause| -> Vec<&LostLayer> {
@@ -250,7 +252,34 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     if lost.iter().any(|l| unexplained.contains(&l.cause)) {
         parts.push("add --compare exact to tell rounding from a too-small top-k".to_string());
     }
+    for r in tied {
+        let rank = r.needle_rank.unwrap_or_default();
+        parts.push(format!(
+            "layer {} counts as selected (rank {rank} <= {}), but its needle score ties {} other \
+             rows (ranks {rank}-{}), so whether an engine keeps it may depend on its tie order",
+            r.layer,
+            run.topk,
+            r.rank_ties,
+            rank + r.rank_ties
+        ));
+    }
     Some(parts.join("; "))
+}
+
+/// Non-trivial CSA layers at the answer position whose driving needle counts as selected
+/// (rank <= k) while rows of equal score reach past the k-th place: design.md's rank does not
+/// depend on tie order, an engine's top-k does (needlescope's engine keeps the lower row, and
+/// the tied rows may include other needle rows, so it may still keep one). Common under the
+/// fp4 profiles, whose scores take few distinct values.
+pub fn tied_at_cutoff(run: &ProbeRun, last_prompt_pos: usize) -> Vec<&LayerRecord> {
+    run.layers
+        .iter()
+        .filter(|r| r.driving && r.query_pos == last_prompt_pos && !r.trivial && r.selected)
+        .filter(|r| {
+            r.needle_rank
+                .is_some_and(|rank| rank + r.rank_ties > run.topk)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -435,6 +464,25 @@ mod tests {
         assert_eq!(
             why(&r, 99).unwrap(),
             "the exact math loses layer 2 (exact rank 12 > 10): the top-k is too small there"
+        );
+        let tie = LayerRecord {
+            rank_ties: 3,
+            ..rec(4, "official-fp4", true, Some(9))
+        };
+        let tied = run("official-fp4", vec![tie]);
+        assert!(lost_layers(&tied, 99).is_empty());
+        assert_eq!(
+            why(&tied, 99).unwrap(),
+            "layer 4 counts as selected (rank 9 <= 10), but its needle score ties 3 other rows \
+             (ranks 9-12), so whether an engine keeps it may depend on its tie order"
+        );
+        let clear = LayerRecord {
+            rank_ties: 1,
+            ..rec(4, "official-fp4", true, Some(9))
+        };
+        assert!(
+            why(&run("official-fp4", vec![clear]), 99).is_none(),
+            "ranks 9-10 fit in 10"
         );
         let kept = run("fp8", vec![rec(2, "fp8", true, Some(4))]);
         assert!(lost_layers(&kept, 99).is_empty() && why(&kept, 99).is_none());
