@@ -213,6 +213,10 @@ fn probe_why_tells_rounding_from_a_small_topk() {
         why.starts_with("fp8 rounding lost layer 3 (exact keeps it"),
         "{why}"
     );
+    assert_eq!(
+        v["conclusion"],
+        "needle lost on 2/2 CSA layers under fp8 at top-64 (exact keeps 1)"
+    );
     assert!(why.contains("the exact math loses layer 1 too"), "{why}");
 
     let out = bin()

@@ -281,8 +281,11 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
                 run.index, run.topk
             )
         } else {
+            // With exact scored, how many of those the exact math keeps (lost to rounding).
+            let rounding = crate::probe::why::rounding_losses(&run.layers, last_prompt_pos)
+                .map_or(String::new(), |n| format!(" (exact keeps {n})"));
             format!(
-                "needle lost on {lost}/{total} CSA layers under {} at top-{}",
+                "needle lost on {lost}/{total} CSA layers under {} at top-{}{rounding}",
                 run.index, run.topk
             )
         };
