@@ -4,9 +4,12 @@
 //! progress (a [`Resumable`] guard is alive), the first Ctrl-C asks it to stop once the cell in
 //! flight is committed ([`stop_requested`]; the run then returns [`Interrupted`]), and a second
 //! one exits at once. Either way the process exits 130 and says where the finished cells are and
-//! that rerunning the same command resumes. Outside such a run Ctrl-C ends the process at once,
-//! as without a handler. A library user that never calls [`install`] sees no change: the stop
-//! flag is never set.
+//! how to go on: a sweep resumes when rerun with `--out` naming that directory (its default
+//! `--out` has a timestamp, so the hint names it), the demo starts afresh ([`restart_hint`]).
+//! While the report is rendered after the last cell ([`Resumable::rendering`]) Ctrl-C exits
+//! at once, saying that the records are complete and `needlescope report` renders them. Outside
+//! such a run Ctrl-C ends the process at once, as without a handler. A library user that never
+//! calls [`install`] sees no change: the stop flag is never set.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,19 +20,51 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 static PRESSES: AtomicUsize = AtomicUsize::new(0);
-/// Where the run in progress keeps its finished cells (None: no resumable run).
-static ACTIVE: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// The run in progress (None: no resumable run).
+static ACTIVE: Mutex<Option<Active>> = Mutex::new(None);
+/// What to tell the user instead of "rerun to resume" (see [`restart_hint`]).
+static RESTART_HINT: Mutex<Option<String>> = Mutex::new(None);
 
-/// A resumable run stopped by Ctrl-C after committing `finished` of its `total` cells.
+struct Active {
+    /// Where the run keeps its finished cells.
+    dir: PathBuf,
+    /// All cells are finished and the report is being rendered.
+    rendering: bool,
+}
+
+/// A resumable run stopped by Ctrl-C after committing `finished` of its `total` cells; `next`
+/// says how to go on ([`next_step`]).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "interrupted by Ctrl-C: {finished} of {total} cells are finished and kept in {}; rerun the same command to resume",
+    "interrupted by Ctrl-C: {finished} of {total} cells are finished and kept in {}; {next}",
     dir.display()
 )]
 pub struct Interrupted {
     pub dir: PathBuf,
     pub finished: usize,
     pub total: usize,
+    pub next: String,
+}
+
+/// How to go on after a run into `dir` was stopped: rerun with `--out dir` (a sweep's default
+/// directory has a timestamp, so "the same command" alone would start a new one), unless a
+/// [`restart_hint`] says otherwise.
+pub fn next_step(dir: &Path) -> String {
+    if let Some(hint) = RESTART_HINT.lock().ok().and_then(|h| h.clone()) {
+        return hint;
+    }
+    format!(
+        "to resume, rerun the same command with --out {}",
+        dir.display()
+    )
+}
+
+/// Replaces the resume hint of the runs that follow (the demo, which starts afresh when rerun,
+/// says so); `None` restores it.
+pub fn restart_hint(hint: Option<String>) {
+    if let Ok(mut h) = RESTART_HINT.lock() {
+        *h = hint;
+    }
 }
 
 /// Installs the Ctrl-C handler (once per process; later calls do nothing).
@@ -42,10 +77,21 @@ pub fn install() -> Result<(), ctrlc::Error> {
 }
 
 fn on_ctrl_c() {
-    let dir = ACTIVE.lock().map(|d| d.clone()).unwrap_or(None);
-    let Some(dir) = dir else {
+    let active = ACTIVE
+        .lock()
+        .ok()
+        .and_then(|a| a.as_ref().map(|a| (a.dir.clone(), a.rendering)));
+    let Some((dir, rendering)) = active else {
         std::process::exit(i32::from(EXIT_INTERRUPTED));
     };
+    if rendering {
+        eprintln!(
+            "\nstopped by Ctrl-C while writing the report: every cell is finished in {0}; \
+             `needlescope report {0}` writes the summary and plots",
+            dir.display()
+        );
+        std::process::exit(i32::from(EXIT_INTERRUPTED));
+    }
     if PRESSES.fetch_add(1, Ordering::AcqRel) == 0 {
         STOP.store(true, Ordering::Release);
         eprintln!(
@@ -53,8 +99,9 @@ fn on_ctrl_c() {
         );
     } else {
         eprintln!(
-            "\nstopped by Ctrl-C: finished cells are kept in {}; rerun the same command to resume",
-            dir.display()
+            "\nstopped by Ctrl-C: finished cells are kept in {}; {}",
+            dir.display(),
+            next_step(&dir)
         );
         std::process::exit(i32::from(EXIT_INTERRUPTED));
     }
@@ -72,9 +119,22 @@ pub struct Resumable(());
 impl Resumable {
     pub fn new(dir: &Path) -> Self {
         if let Ok(mut active) = ACTIVE.lock() {
-            *active = Some(dir.to_path_buf());
+            *active = Some(Active {
+                dir: dir.to_path_buf(),
+                rendering: false,
+            });
         }
         Resumable(())
+    }
+
+    /// Every cell is finished: from now on (the summary and plots) Ctrl-C exits at once,
+    /// pointing at `needlescope report`.
+    pub fn rendering(&self) {
+        if let Ok(mut active) = ACTIVE.lock() {
+            if let Some(a) = active.as_mut() {
+                a.rendering = true;
+            }
+        }
     }
 }
 

@@ -67,10 +67,11 @@ pub struct SweepPlan {
     pub haystack_file: Option<PathBuf>,
 }
 
-/// What the model's config.json says about itself, beyond the architecture.
+/// What a model directory says about itself, beyond the architecture.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ModelMarks {
-    /// Written by `synth`: every report says "synthetic model".
+    /// Written by `synth` (its `synth.json` or a planted model's `planted.json`): every report
+    /// says "synthetic model".
     pub synthetic: bool,
     /// False when the LM path is not built to answer (judge by indexer recall).
     pub answers: bool,
@@ -87,14 +88,18 @@ impl ModelMarks {
 
 /// What a model directory says about itself beyond the architecture: a planted checkpoint's
 /// `planted.json` (see `checkpoint::planted`) marks it synthetic and says whether its LM path
-/// answers.
+/// answers; any other checkpoint `synth` wrote has its `synth.json` (random weights: synthetic,
+/// and its answers mean nothing, so indexer recall judges).
 pub fn model_marks(model_dir: &Path) -> ModelMarks {
     // Only the two fields needed, so a planted.json from another version still counts.
     let path = model_dir.join(crate::checkpoint::planted::INFO_FILE);
     let Ok(text) = std::fs::read_to_string(path) else {
+        let synthetic = model_dir
+            .join(crate::checkpoint::writer::SYNTH_MARK_FILE)
+            .is_file();
         return ModelMarks {
-            synthetic: false,
-            answers: true,
+            synthetic,
+            answers: !synthetic,
         };
     };
     let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
@@ -149,6 +154,9 @@ pub struct SweepOutcome {
     /// The directory's lock, still held: render the report with it
     /// ([`crate::report::rerender_locked`]) so no other writer slips in between.
     pub lock: DirLock,
+    /// Until dropped (after the report is rendered), Ctrl-C says that every cell is finished
+    /// and `needlescope report` renders them.
+    pub rendering: crate::interrupt::Resumable,
 }
 
 /// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:
@@ -269,7 +277,7 @@ fn sweep_into(
         None => RunDir::create_or_resume(out_dir, info)?,
     };
     // From here on finished cells are on disk: Ctrl-C stops after the cell in flight.
-    let _resumable = crate::interrupt::Resumable::new(out_dir);
+    let resumable = crate::interrupt::Resumable::new(out_dir);
     let per_prompt = plan.indexes.len() * plan.topks.len();
     let total = plan.lengths.len() * plan.depths.len() * plan.samples * per_prompt;
     if !finished.is_empty() {
@@ -301,11 +309,13 @@ fn sweep_into(
         out,
     };
     let (cells_run, cells_skipped) = target.run(&ckpt, EngineOptions::default(), task)?;
+    resumable.rendering();
     Ok(SweepOutcome {
         dir: out_dir.to_path_buf(),
         cells_run,
         cells_skipped,
         lock: dir_lock,
+        rendering: resumable,
     })
 }
 
@@ -384,8 +394,10 @@ impl SweepTask<'_> {
         }
         self.bars.prefill.finish_and_clear();
         self.bars.cells.abandon();
+        let dir = self.run_dir.path().to_path_buf();
         Err(crate::interrupt::Interrupted {
-            dir: self.run_dir.path().to_path_buf(),
+            next: crate::interrupt::next_step(&dir),
+            dir,
             finished,
             total: self.total,
         }

@@ -223,6 +223,51 @@ fn sharded_checkpoint_reads_the_same_as_a_single_file() {
     assert_eq!(Checkpoint::open(b.path()).unwrap().shard_paths().len(), 1);
 }
 
+/// A wrong `--out` never deletes weights synth did not write: a directory holding a checkpoint
+/// without synth's mark is refused untouched, naming the files; synth's own output (marked
+/// first, so even a run cut short) is replaced, and reports call it synthetic.
+#[test]
+fn synth_refuses_a_checkpoint_it_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("downloaded");
+    std::fs::create_dir(&user).unwrap();
+    for f in ["model-00001-of-00046.safetensors", "config.json"] {
+        std::fs::write(user.join(f), b"theirs").unwrap();
+    }
+    let o = SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &user);
+    let e = synth(&o, None).unwrap_err().to_string();
+    assert!(
+        e.contains("downloaded")
+            && e.contains("config.json, model-00001-of-00046.safetensors")
+            && e.contains("did not write"),
+        "{e}"
+    );
+    assert_eq!(dir_files(&user).len(), 2, "nothing written or removed");
+    assert_eq!(
+        std::fs::read(user.join("config.json")).unwrap(),
+        b"theirs".to_vec()
+    );
+    assert!(!needlescope::sweep::model_marks(&user).synthetic);
+
+    // A run cut short after its mark: the next run may replace it.
+    let ours = dir.path().join("ours");
+    std::fs::create_dir(&ours).unwrap();
+    std::fs::write(ours.join("synth.json"), b"{}").unwrap();
+    std::fs::write(ours.join("model-00001-of-00002.safetensors"), b"partial").unwrap();
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &ours),
+        None,
+    )
+    .unwrap();
+    assert!(!ours.join("model-00001-of-00002.safetensors").exists());
+    let marks = needlescope::sweep::model_marks(&ours);
+    assert!(marks.synthetic && !marks.answers);
+    let mark: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ours.join("synth.json")).unwrap()).unwrap();
+    assert_eq!(mark["preset"], "tiny");
+    assert_eq!(mark["synthetic"], true);
+}
+
 fn dir_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -253,7 +298,7 @@ fn same_seed_gives_byte_identical_files_and_another_seed_does_not() {
         dir_files(b.path()),
         dir_files(c.path()),
     );
-    assert_eq!(fa.len(), 4, "2 shards, index, config");
+    assert_eq!(fa.len(), 5, "2 shards, index, config, synth.json");
     for ((na, ba), (nb, bb)) in fa.iter().zip(&fb) {
         assert_eq!(na, nb);
         assert!(ba == bb, "{na} differs between two runs with seed 7");

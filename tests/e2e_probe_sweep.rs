@@ -958,7 +958,10 @@ fn ctrl_c_stops_a_sweep_between_cells_and_the_rerun_resumes() {
     assert!(stderr.contains("press Ctrl-C again"), "{stderr}");
     assert!(
         stderr.contains("1 of 2 cells are finished and kept in")
-            && stderr.contains("rerun the same command to resume"),
+            && stderr.contains(&format!(
+                "to resume, rerun the same command with --out {}",
+                once.display()
+            )),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
@@ -977,7 +980,10 @@ fn ctrl_c_stops_a_sweep_between_cells_and_the_rerun_resumes() {
     assert_eq!(code, Some(130), "{stderr}");
     assert!(
         stderr.contains("stopped by Ctrl-C: finished cells are kept in")
-            && stderr.contains("rerun the same command to resume"),
+            && stderr.contains(&format!(
+                "to resume, rerun the same command with --out {}",
+                twice.display()
+            )),
         "{stderr}"
     );
     assert_eq!(finished_cells(&twice), 0);
@@ -988,6 +994,61 @@ fn ctrl_c_stops_a_sweep_between_cells_and_the_rerun_resumes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(finished_cells(&twice), 2);
+}
+
+/// Ctrl-C after the last cell, while the summary and plots are written, exits at once and
+/// says that every cell is finished and `needlescope report` renders them (before, the process
+/// ended silently with a partial set of plots). The press must land while plots are written:
+/// the test waits for the first PNG and tries a few times, a run that finished first exiting 0.
+#[test]
+fn ctrl_c_while_plots_are_written_points_at_report() {
+    let dir = tempfile::tempdir().unwrap();
+    for attempt in 0..6 {
+        let out = dir.path().join(format!("r{attempt}"));
+        let child = bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(planted())
+            .args(["--lengths", "512", "--depths", "5,20,35,50,65,80,95"])
+            .args(["--index", "fp8,bf16", "--topk", "64,128", "--kv", "exact"])
+            .args(["--generate", "0", "--out"])
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let png = || {
+            std::fs::read_dir(&out).is_ok_and(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".png"))
+            })
+        };
+        while !png() && started.elapsed().as_secs() < 120 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let sent = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let run = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        if run.status.code() == Some(0) {
+            continue; // the plots were done before the press arrived
+        }
+        assert_eq!(run.status.code(), Some(130), "{stderr}");
+        assert!(
+            stderr.contains("while writing the report: every cell is finished in")
+                && stderr.contains(&format!("`needlescope report {}`", out.display())),
+            "{stderr}"
+        );
+        assert_eq!(finished_cells(&out), 28);
+        let again = bin().arg("report").arg(&out).output().unwrap();
+        assert!(again.status.success());
+        return;
+    }
+    panic!("no Ctrl-C landed while the plots were written in 6 attempts");
 }
 
 /// Paths that are not UTF-8 (legal on Linux) work: run.json records the command line lossily
@@ -1019,7 +1080,8 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
     std::fs::create_dir(&model).unwrap();
     for entry in std::fs::read_dir(planted()).unwrap() {
         let path = entry.unwrap().path();
-        if path.file_name().unwrap() != "planted.json" {
+        // Without synth's marks (planted.json, synth.json): a model that answers.
+        if !["planted.json", "synth.json"].contains(&path.file_name().unwrap().to_str().unwrap()) {
             std::fs::copy(&path, model.join(path.file_name().unwrap())).unwrap();
         }
     }
@@ -1035,7 +1097,7 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
         serde_json::from_str(&ok(out, "probe")).unwrap()
     };
     let none = probe("0");
-    // Without planted.json the model is not marked synthetic.
+    // Without planted.json and synth.json the model is not marked synthetic.
     assert_eq!(none["synthetic"], false);
     for run in none["runs"].as_array().unwrap() {
         assert!(run["answer_correct"].is_null(), "{run}");

@@ -105,6 +105,16 @@ fn forward(
                 g.backend().moe_batched_calls() > 0,
                 "no MoE call ran batched"
             );
+            // A batch with a misaligned matrix falls back to one GEMM per expert: the check
+            // must see cublasGemmBatchedEx itself run.
+            let calls: u64 = g
+                .backend()
+                .devices()
+                .iter()
+                .map(|d| d.batched_gemm_calls())
+                .sum();
+            assert!(calls > 0, "no cublasGemmBatchedEx call was made");
+            eprintln!("cublasGemmBatchedEx calls: {calls}");
         }
     }
 }

@@ -178,6 +178,40 @@ fn launches_are_checked_against_the_kernel_signature() {
     assert!(past.contains("offset 17"), "{past}");
 }
 
+/// A buffer of another device passed to a launch, a GEMM or a copy is an error naming the
+/// operation and the device (on a GPU it would be an illegal address; the emulator's devices
+/// share host memory, so without the check it would silently work). The whole-forward tests on
+/// two emulated devices run under the same check, so no op mixes devices.
+#[test]
+fn buffers_of_another_device_are_refused() {
+    use needlescope::backend::gpu::executor::{buf, Arg, Executor, Gemm};
+    let (d0, d1) = (EmuExecutor::new(0, 1 << 20), EmuExecutor::new(1, 1 << 20));
+    let x0 = d0.alloc(16).unwrap();
+    let (mut y0, y1) = (d0.alloc(8).unwrap(), d1.alloc(8).unwrap());
+    assert!(d0
+        .launch("f32_to_bf16", 1, &[buf(&x0), buf(&y0), Arg::I64(4)])
+        .is_ok());
+    let e = d0
+        .launch("f32_to_bf16", 1, &[buf(&x0), buf(&y1), Arg::I64(4)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("f32_to_bf16 on emu:0") && e.contains("buffer #1 belongs to another device"),
+        "{e}"
+    );
+    let e = d1.write(&mut y0, 0, &[0u8; 4]).unwrap_err().to_string();
+    assert!(e.contains("write on emu:1"), "{e}");
+    let e = d1.read(&y0, 0, &mut [0u8; 4]).unwrap_err().to_string();
+    assert!(e.contains("read on emu:1"), "{e}");
+    // y[1, 1] = x[1, 2] . w[1, 2]^T with w on the other device.
+    let w1 = d1.alloc(8).unwrap();
+    let mut out = d0.alloc(4).unwrap();
+    let g = Gemm::dense(1, 1, 2, GemmType::F32);
+    let e = d0.gemm(&g, &x0, &w1, &mut out).unwrap_err().to_string();
+    assert!(e.contains("buffer #1 belongs to another device"), "{e}");
+    assert!(d0.gemm(&g, &x0, &x0, &mut out).is_ok());
+}
+
 /// The launch check sees where each buffer argument starts, not how far the kernel writes:
 /// the emulator's guard after every buffer catches a kernel that writes past the end (here a
 /// count one too large), pooled buffers included (their size class leaves slack).

@@ -324,9 +324,11 @@ fn report_on_a_stopped_sweep_says_how_many_cells_are_finished() {
     let stderr = String::from_utf8_lossy(&first.stderr).to_string();
     let stdout = ok(first, "report");
     assert!(
-        stdout.contains(
-            "3 of 4 cells finished (the run stopped early; the same sweep command resumes it)"
-        ),
+        stdout.contains(&format!(
+            "3 of 4 cells finished (the run stopped early; the same sweep command with --out {} \
+             resumes it)",
+            out.display()
+        )),
         "{stdout}"
     );
     assert!(

@@ -238,6 +238,13 @@ pub enum CheckpointError {
     #[error("tensor {tensor}: cannot encode: {source}")]
     Encode { tensor: String, source: FormatError },
 
+    #[error(
+        "--out {}: holds a checkpoint that synth did not write ({files}); synth replaces only \
+         its own output (a directory with its synth.json): choose a new or empty directory",
+        dir.display()
+    )]
+    ForeignOutDir { dir: PathBuf, files: String },
+
     #[error("synth option {field}: expected {expected}, found {found}")]
     SynthOption {
         field: &'static str,

@@ -35,7 +35,7 @@ use super::inventory::{expand, linear_storage, logical_inventory, LinearStorage,
 use super::reader::INDEX_FILE;
 use super::synth::{set_weight_format, SynthOptions, SynthSummary};
 use super::values::Values;
-use super::writer::{assign_shards, remove_stale, shard_file_name, SafetensorsWriter};
+use super::writer::{assign_shards, claim_out_dir, shard_file_name, SafetensorsWriter};
 use super::CheckpointError;
 use crate::config::ModelConfig;
 use crate::numerics::formats::{
@@ -305,8 +305,7 @@ fn write_checkpoint(opts: &SynthOptions, r: &Recipe) -> Result<SynthSummary, Che
         ));
     }
     let dir = &opts.out;
-    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
-    remove_stale(dir)?;
+    claim_out_dir(dir, "planted")?;
     let sizes: Vec<u64> = groups
         .iter()
         .map(|g| g.1.iter().map(|t| t.bytes()).sum())

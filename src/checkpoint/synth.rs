@@ -29,7 +29,7 @@ use super::inventory::{
 use super::prng::CHUNK;
 use super::reader::INDEX_FILE;
 use super::values::{fill_f32, generate, Values};
-use super::writer::{assign_shards, remove_stale, shard_file_name, SafetensorsWriter};
+use super::writer::{assign_shards, claim_out_dir, shard_file_name, SafetensorsWriter};
 use super::CheckpointError;
 use crate::config::{ModelConfig, QuantizationConfig};
 use crate::numerics::formats::{
@@ -49,6 +49,17 @@ pub enum Preset {
     Flash,
     /// The demo model with a planted needle (reserved).
     Planted,
+}
+
+impl Preset {
+    /// The preset's name as `--preset` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Flash => "flash",
+            Preset::Planted => "planted",
+        }
+    }
 }
 
 impl FromStr for Preset {
@@ -299,8 +310,7 @@ pub fn synth(
         });
     }
     let dir = &opts.out;
-    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
-    remove_stale(dir)?;
+    claim_out_dir(dir, opts.preset.name())?;
     let n = opts.shards;
     let sizes: Vec<u64> = groups.iter().map(|g| g.bytes()).collect();
     let shard_of = assign_shards(&sizes, n);

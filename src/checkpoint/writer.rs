@@ -185,11 +185,59 @@ pub fn assign_shards(sizes: &[u64], n: usize) -> Vec<usize> {
     out
 }
 
+/// The file `synth` writes first into every directory it fills: it marks the checkpoint as
+/// synthetic (reports say so; see `sweep::model_marks`) and the directory as synth's own, so a
+/// later synth run may replace its files ([`claim_out_dir`]).
+pub const SYNTH_MARK_FILE: &str = "synth.json";
+
+/// Makes `dir` ready for a synth run of `preset`: creates it; refuses it when it holds
+/// checkpoint files (`config.json`, `*.safetensors`, the shard index) that synth did not write
+/// (no [`SYNTH_MARK_FILE`], no `planted.json`), so a wrong `--out` can never delete a user's
+/// downloaded weights; writes the mark (before any weight, so a run cut short still leaves a
+/// directory synth may rewrite); removes what an earlier synth run left ([`remove_stale`]).
+pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
+    let ours = dir.join(SYNTH_MARK_FILE).is_file() || dir.join(super::planted::INFO_FILE).is_file();
+    if !ours {
+        let mut found = Vec::new();
+        let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
+        for entry in rd {
+            let name = entry.map_err(|e| CheckpointError::io(dir, e))?.file_name();
+            let name = name.to_string_lossy().into_owned();
+            if name == "config.json" || name == INDEX_FILE || name.ends_with(".safetensors") {
+                found.push(name);
+            }
+        }
+        if !found.is_empty() {
+            found.sort();
+            let more = found.len().saturating_sub(3);
+            found.truncate(3);
+            return Err(CheckpointError::ForeignOutDir {
+                dir: dir.to_path_buf(),
+                files: if more > 0 {
+                    format!("{} and {more} more", found.join(", "))
+                } else {
+                    found.join(", ")
+                },
+            });
+        }
+    }
+    let mark = json!({
+        "synthetic": true,
+        "written_by": format!("needlescope {} synth", env!("CARGO_PKG_VERSION")),
+        "preset": preset,
+    });
+    let text = serde_json::to_string_pretty(&mark).expect("json") + "\n";
+    let path = dir.join(SYNTH_MARK_FILE);
+    std::fs::write(&path, text).map_err(|e| CheckpointError::io(&path, e))?;
+    remove_stale(dir)
+}
+
 /// Removes files an earlier synth run may have left: shards, the index, `planted.json` (a
 /// planted model's description, which would otherwise mark the new model as planted) and a
 /// `tokenizer.json` that is byte for byte the built-in one synth copies (a user's own tokenizer
 /// stays).
-pub fn remove_stale(dir: &Path) -> Result<(), CheckpointError> {
+fn remove_stale(dir: &Path) -> Result<(), CheckpointError> {
     let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
     for entry in rd {
         let path = entry.map_err(|e| CheckpointError::io(dir, e))?.path();

@@ -134,7 +134,13 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();
-    let outcome = run_sweep_locked(&dir, &plan, &lock, &DeviceArgs::cpu(), out)?;
+    // Rerun, the demo clears its report and starts afresh: an interrupted one says so.
+    crate::interrupt::restart_hint(Some(
+        "rerunning the demo starts it afresh (about 20 s)".into(),
+    ));
+    let outcome = run_sweep_locked(&dir, &plan, &lock, &DeviceArgs::cpu(), out);
+    crate::interrupt::restart_hint(None);
+    let outcome = outcome?;
     let done = crate::report::rerender_locked(&lock, crate::report::stdout_wants_colour())?;
     drop(lock);
     writeln!(out)?;
@@ -158,6 +164,20 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 fn refuse_foreign_report(out: &std::path::Path) -> anyhow::Result<()> {
     let run_json = out.join("run.json");
     if !run_json.exists() {
+        // Records without their run.json (a report that lost it, a user's own files): not
+        // the demo's to replace, as sweep and probe refuse to append to them.
+        let stray: Vec<&str> = RECORD_FILES
+            .into_iter()
+            .filter(|name| out.join(name).exists())
+            .collect();
+        if !stray.is_empty() {
+            anyhow::bail!(
+                "--out {}: holds {} without run.json, so not a demo report (the demo replaces \
+                 only its own); pass another --out",
+                out.display(),
+                stray.join(", ")
+            );
+        }
         return Ok(());
     }
     let command = std::fs::read(&run_json)
@@ -192,17 +212,26 @@ fn clear_previous_report(out: &std::path::Path) -> anyhow::Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let ours = matches!(
-            name.as_str(),
-            "run.json" | "cells.csv" | "layers.csv" | "attention.csv" | "summary.json"
-        ) || (name.ends_with(".png")
-            && (name.starts_with("heatmap_")
-                || name.starts_with("layers_")
-                || name == "rank_vs_length.png"));
+        let ours = RECORD_FILES.contains(&name.as_str())
+            || (name.ends_with(".png")
+                && (name.starts_with("heatmap_")
+                    || name.starts_with("layers_")
+                    || name == "rank_vs_length.png"));
         if ours && path.is_file() {
-            std::fs::remove_file(&path)
-                .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))?;
+            remove(&path)?;
         }
     }
+    // Last, so that a removal cut short leaves a report the next demo still recognises.
+    let run_json = out.join("run.json");
+    if run_json.is_file() {
+        remove(&run_json)?;
+    }
     Ok(())
+}
+
+/// A report's record files besides run.json (which marks whose report it is).
+const RECORD_FILES: [&str; 4] = ["cells.csv", "layers.csv", "attention.csv", "summary.json"];
+
+fn remove(path: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::remove_file(path).map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))
 }

@@ -1,6 +1,7 @@
 //! `needlescope doctor`: what this machine offers: CPU threads, the CUDA driver and its GPUs
-//! (name, memory, compute capability), NVRTC. `--compile-kernels` will compile every NVRTC
-//! kernel for the given architectures once the CUDA backend lands.
+//! (name, memory, compute capability), NVRTC. `--compile-kernels` compiles every NVRTC kernel
+//! for the given architectures (no GPU needed) into the kernel caches; with a driver present the
+//! CUBINs are cached under its version, so the engine's first run on this machine finds them.
 
 use clap::Args;
 use std::io::Write;
@@ -65,14 +66,18 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )?,
     }
     if !args.compile_kernels.is_empty() {
-        compile_kernels(&args.compile_kernels, out)?;
+        let driver = r.driver_version.map_or_else(
+            || "none".to_string(),
+            |(major, minor)| format!("{major}.{minor}"),
+        );
+        compile_kernels(&args.compile_kernels, &driver, out)?;
     }
     Ok(())
 }
 
 /// Compiles every kernel family for every architecture through NVRTC (no GPU needed), one line
 /// per family and architecture; an error if any fails, naming them.
-fn compile_kernels(archs: &[String], out: &mut dyn Write) -> anyhow::Result<()> {
+fn compile_kernels(archs: &[String], driver: &str, out: &mut dyn Write) -> anyhow::Result<()> {
     let version = kernels::nvrtc_version()?;
     writeln!(
         out,
@@ -84,7 +89,7 @@ fn compile_kernels(archs: &[String], out: &mut dyn Write) -> anyhow::Result<()> 
         kernels::NVRTC_OPTIONS.join(" ")
     )?;
     let mut failed = Vec::new();
-    for r in kernels::compile_all(archs) {
+    for r in kernels::compile_all(archs, driver) {
         match &r.result {
             Ok((bytes, source)) => writeln!(
                 out,

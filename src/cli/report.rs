@@ -37,9 +37,10 @@ pub fn run(args: &ReportArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         writeln!(
             out,
             "{}: {} of {planned} cells finished (the run stopped early; the same sweep command \
-             resumes it)",
+             with --out {} resumes it)",
             args.dir.display(),
-            done.cells
+            done.cells,
+            args.dir.display()
         )?;
     }
     write!(out, "{}", done.table)?;

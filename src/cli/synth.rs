@@ -31,7 +31,8 @@ pub struct SynthArgs {
     #[arg(long, value_name = "bf16|official|nvfp4", default_value = "official")]
     pub format: WeightFormat,
 
-    /// Output directory (created; our earlier files in it are replaced)
+    /// Output directory (created; a checkpoint synth wrote there before is replaced, one it did
+    /// not write is refused)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
 

@@ -4,7 +4,9 @@
 //! `sweep_args` is compared key by key, except that the grid's lists (`lengths`, `depths`,
 //! `indexes`, `topks`, `compare`) are sets: the same values in another order are the same
 //! cells (each cell's id, seed and records do not depend on the order), and a list missing
-//! from an older run.json is the empty one.
+//! from an older run.json is the empty one. `sweep_args.scenario` (the name or path given) is
+//! not compared when the scenario's name and content fingerprint agree, so a scenario file
+//! given by another path resumes.
 
 use super::records::RunInfo;
 use super::FieldDifference;
@@ -68,7 +70,14 @@ impl RunInfo {
                 let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
                 keys.sort();
                 keys.dedup();
+                // A scenario file named by another path (`./sc.toml`, from another folder) is
+                // the same scenario when its name and content are: those are compared above.
+                let same_scenario = self.scenario == now.scenario
+                    && self.scenario_fingerprint == now.scenario_fingerprint;
                 for k in keys {
+                    if k == "scenario" && same_scenario {
+                        continue;
+                    }
                     let get = |m: &serde_json::Map<String, serde_json::Value>| {
                         m.get(k).cloned().unwrap_or(serde_json::Value::Null)
                     };
@@ -117,6 +126,7 @@ pub(crate) fn writer(sweep_args: &serde_json::Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn run(args: serde_json::Value) -> RunInfo {
         RunInfo::new("m", "sha256:00", "passkey", true, args)
@@ -143,6 +153,29 @@ mod tests {
             .map(|d| d.field)
             .collect();
         assert_eq!(fields, ["sweep_args.compare", "sweep_args.lengths"]);
+        // The scenario file by another path: the same name and content resume; other
+        // content (or a built-in of another name) does not.
+        let file = |path: &str, content: &str| {
+            RunInfo::new(
+                "m",
+                "sha256:00",
+                "my-needle",
+                true,
+                json!({"scenario": path}),
+            )
+            .with_fingerprints("w".into(), content.into())
+        };
+        let was = file("sc.toml", "sha256:aa");
+        assert_eq!(
+            was.resume_differences(&file("./sc.toml", "sha256:aa")),
+            vec![]
+        );
+        let fields: Vec<String> = was
+            .resume_differences(&file("./sc.toml", "sha256:bb"))
+            .into_iter()
+            .map(|d| d.field)
+            .collect();
+        assert_eq!(fields, ["scenario_fingerprint", "sweep_args.scenario"]);
         // Not a grid list: order and presence still count.
         assert_eq!(
             as_set("seed", &serde_json::Value::Null),

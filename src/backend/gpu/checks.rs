@@ -1,7 +1,8 @@
 //! Checks every executor runs before touching device memory: a kernel launch's arguments
 //! against the kernel's C signature ([`signature_of`], [`arg_slots`]), a GEMM's dimensions,
 //! offsets and alignment against its buffers ([`check_gemm`]), a copy's range
-//! ([`check_range`]). On a GPU each mistake would be undefined behaviour or a poisoned context;
+//! ([`check_range`]), and that every buffer belongs to the executor running the operation
+//! ([`check_owned`]). On a GPU each mistake would be undefined behaviour or a poisoned context;
 //! here it is a [`GpuError`] naming the kernel or GEMM.
 
 use super::executor::{Arg, Gemm, GpuError};
@@ -131,6 +132,34 @@ pub fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// Checks that every buffer an operation touches is one of the executor's own (`owned`): on a
+/// GPU a pointer into another device's memory is an illegal address that poisons the context
+/// (or, with peer access, a silent slow read), and the emulator's devices share host memory,
+/// so only this check catches an op that mixes devices. `op` names the operation, `device` the
+/// executor; `bufs` are the operation's buffers in argument order.
+pub fn check_owned<'b, B: 'b>(
+    device: &str,
+    op: impl FnOnce() -> String,
+    bufs: impl IntoIterator<Item = &'b B>,
+    owned: impl Fn(&B) -> bool,
+) -> Result<(), GpuError> {
+    match bufs.into_iter().position(|b| !owned(b)) {
+        None => Ok(()),
+        Some(i) => Err(GpuError::Other(format!(
+            "{} on {device}: its buffer #{i} belongs to another device",
+            op()
+        ))),
+    }
+}
+
+/// The buffers among a launch's arguments, in order (for [`check_owned`]).
+pub fn arg_bufs<'a, B>(args: &'a [Arg<'_, B>]) -> impl Iterator<Item = &'a B> {
+    args.iter().filter_map(|a| match *a {
+        Arg::Buf(b, _) => Some(b),
+        _ => None,
+    })
 }
 
 /// The 8-byte launch slots of `args` (cuLaunchKernel's convention: parameter i points at slot

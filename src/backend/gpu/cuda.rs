@@ -8,7 +8,7 @@
 //! before every driver call (the engine may call from any thread). Families are loaded on their
 //! first launch.
 
-use super::checks::{arg_slots, check_range};
+use super::checks::{arg_bufs, arg_slots, check_owned, check_range};
 use super::executor::{
     gemm_key, Arg, Executor, Gemm, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
@@ -18,6 +18,7 @@ use cudarc::cublas::sys as blas;
 use cudarc::driver::{result as drv, sys, CudaContext};
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod gemm;
@@ -85,6 +86,8 @@ pub struct CudaExecutor {
     transfers: Transfers,
     profile: OpProfile,
     pool: Option<Arc<BufferPool>>,
+    /// `cublasGemmBatchedEx` calls made (not the one-by-one fallback of a misaligned batch).
+    batched_gemms: AtomicU64,
 }
 
 struct BlasHandle(blas::cublasHandle_t);
@@ -140,6 +143,7 @@ impl CudaExecutor {
             transfers: Transfers::default(),
             profile: OpProfile::from_env(),
             pool: pool.map(Arc::new),
+            batched_gemms: AtomicU64::new(0),
         })
     }
 
@@ -185,9 +189,20 @@ impl CudaExecutor {
         self.pool.as_ref().map_or(0, |p| p.reused())
     }
 
+    /// `cublasGemmBatchedEx` calls made so far ([`Executor::gemm_each_weight`] batches that ran
+    /// as one call; a batch with a misaligned matrix runs one GEMM at a time and is not counted).
+    pub fn batched_gemm_calls(&self) -> u64 {
+        self.batched_gemms.load(Ordering::Relaxed)
+    }
+
     /// The architecture kernels are compiled for (`sm_90`).
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// Whether `b` lives on this executor's device (see [`check_owned`]).
+    fn owns(&self, b: &CudaBuf) -> bool {
+        b.ctx.ordinal() == self.ordinal
     }
 
     fn bind(&self) -> Result<(), GpuError> {
@@ -268,6 +283,7 @@ impl CudaExecutor {
     }
 
     fn write_now(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        check_owned(&self.name(), || "write".into(), [&*dst], |b| self.owns(b))?;
         check_range("write", offset, src.len(), dst.len)?;
         self.bind()?;
         // The stream-ordered copy on the legacy default stream: a plain cuMemcpyHtoD from
@@ -283,6 +299,7 @@ impl CudaExecutor {
     }
 
     fn read_now(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        check_owned(&self.name(), || "read".into(), [src], |b| self.owns(b))?;
         check_range("read", offset, dst.len(), src.len)?;
         self.bind()?;
         // SAFETY: bounds checked; the synchronous copy waits for the default stream.
@@ -298,6 +315,12 @@ impl CudaExecutor {
         grid: u32,
         args: &[Arg<'_, CudaBuf>],
     ) -> Result<(), GpuError> {
+        check_owned(
+            &self.name(),
+            || kernel.into(),
+            arg_bufs(args),
+            |b| self.owns(b),
+        )?;
         let f = self.function(kernel)?;
         self.bind()?;
         let mut slots = arg_slots(kernel, args, |b| (b.ptr, b.len))?;

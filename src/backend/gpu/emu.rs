@@ -10,7 +10,7 @@
 //! past an argument's end fails here instead of corrupting a neighbour on a GPU; the launch
 //! check (`checks.rs`) only sees where each argument starts.
 
-use super::checks::{arg_slots, check_gemm, check_range};
+use super::checks::{arg_bufs, arg_slots, check_gemm, check_owned, check_range};
 use super::executor::{
     gemm_key, Arg, Executor, Gemm, GemmType, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
@@ -295,7 +295,13 @@ impl EmuExecutor {
         Ok(buf(ptr))
     }
 
+    /// Whether `b` was allocated by this executor (see [`check_owned`]).
+    fn owns(&self, b: &EmuBuf) -> bool {
+        Arc::ptr_eq(&b.used, &self.used)
+    }
+
     fn write_now(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
+        check_owned(&self.name(), || "write".into(), [&*dst], |b| self.owns(b))?;
         check_range("write", offset, src.len(), dst.len)?;
         // SAFETY: bounds checked above; dst is exclusively borrowed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
@@ -304,6 +310,7 @@ impl EmuExecutor {
     }
 
     fn read_now(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
+        check_owned(&self.name(), || "read".into(), [src], |b| self.owns(b))?;
         check_range("read", offset, dst.len(), src.len)?;
         dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
         self.transfers.read(dst.len());
@@ -316,6 +323,12 @@ impl EmuExecutor {
         grid: u32,
         args: &[Arg<'_, EmuBuf>],
     ) -> Result<(), GpuError> {
+        check_owned(
+            &self.name(),
+            || kernel.into(),
+            arg_bufs(args),
+            |b| self.owns(b),
+        )?;
         // One 8-byte slot per argument (signature checked); params[i] points at slot i.
         let mut slots = arg_slots(kernel, args, |b| (b.ptr as u64, b.len))?;
         let index = Self::index_of(kernel).expect("a kernel with a signature is in the table");
@@ -349,6 +362,7 @@ impl EmuExecutor {
     }
 
     fn gemm_now(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
+        check_owned(&self.name(), || gemm_key(g), [x, w, &*y], |b| self.owns(b))?;
         check_gemm(g, x.len, w.len, y.len)?;
         let es = g.ty.bytes();
         let (xs, ws) = (x.as_slice(), w.as_slice());

@@ -225,13 +225,14 @@ pub struct CompileReport {
     pub result: Result<(usize, CubinSource), GpuError>,
 }
 
-/// Compiles every family for every architecture (through the caches), reporting each.
-pub fn compile_all(archs: &[String]) -> Vec<CompileReport> {
+/// Compiles every family for every architecture (through the caches, keyed under `driver`: the
+/// driver's version as [`cache_key`] takes it, or "none"), reporting each.
+pub fn compile_all(archs: &[String], driver: &str) -> Vec<CompileReport> {
     let mut out = Vec::new();
     for arch in archs {
         for (family, src) in FAMILIES {
             let result = check_arch(arch)
-                .and_then(|_| cubin(family, arch, "none"))
+                .and_then(|_| cubin(family, arch, driver))
                 .map(|(c, s)| (c.len(), s));
             out.push(CompileReport {
                 family,

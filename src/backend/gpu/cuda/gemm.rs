@@ -4,8 +4,8 @@
 //! `cublasGemmBatchedEx`. Row-major `y[m, n] = x[m, k] · w[n, k]ᵀ` is column-major
 //! `yᵀ[n, m] = W · X` with w read transposed; f32 output and f32 compute always.
 
-use super::super::checks::{check_gemm, per_weight_products};
-use super::super::executor::{bytemuck_lite, Gemm, GemmType, GpuError};
+use super::super::checks::{check_gemm, check_owned, per_weight_products};
+use super::super::executor::{bytemuck_lite, gemm_key, Executor, Gemm, GemmType, GpuError};
 use super::{CudaBuf, CudaExecutor};
 use cudarc::cublas::sys as blas;
 use std::ffi::c_void;
@@ -27,6 +27,7 @@ impl CudaExecutor {
         w: &CudaBuf,
         y: &mut CudaBuf,
     ) -> Result<(), GpuError> {
+        check_owned(&self.name(), || gemm_key(g), [x, w, &*y], |b| self.owns(b))?;
         check_gemm(g, x.len, w.len, y.len)?;
         if g.m == 0 || g.n == 0 {
             return Ok(());
@@ -114,6 +115,9 @@ impl CudaExecutor {
         ws: &[(&CudaBuf, usize)],
         y: &mut CudaBuf,
     ) -> Result<(), GpuError> {
+        let bufs = std::iter::once(x).chain(ws.iter().map(|(w, _)| *w));
+        let op = || format!("{} per weight", gemm_key(g));
+        check_owned(&self.name(), op, bufs.chain([&*y]), |b| self.owns(b))?;
         let products = per_weight_products(g, ws)?;
         for (p, (w, _)) in products.iter().zip(ws) {
             check_gemm(p, x.len, w.len, y.len)?;
@@ -182,6 +186,9 @@ impl CudaExecutor {
                 g.k,
                 ws.len()
             ))
-        })
+        })?;
+        self.batched_gemms
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
