@@ -173,6 +173,7 @@ pub fn check_plan(
     refuse_duplicates("--depths", &plan.depths, |&d| d)?;
     refuse_duplicates("--index", &plan.indexes, |p| p.name())?;
     refuse_duplicates("--compare", &plan.compare, |p| p.name())?;
+    crate::cli::values::refuse_compare_of_index(&plan.indexes, &plan.compare)?;
     refuse_duplicates("--topk", &plan.topks, |&k| k)?;
     crate::cli::values::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
     let max = cfg.max_position_embeddings;

@@ -380,18 +380,24 @@ fn probe_and_sweep_refuse_a_model_without_a_csa_layer() {
     // synth says so up front (it still writes: bench and inspect take such a model).
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny");
-    let synth = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
-        .args(["synth", "--preset", "tiny", "--layers", "1", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&synth.stderr);
-    assert!(synth.status.success(), "{said}");
-    assert!(
-        said.contains("note: --layers 1 keeps [swa]: no CSA layer, so probe, sweep and trace will refuse this model")
-            && said.contains("--layers 2 or more keeps one"),
-        "{said}"
-    );
+    // The planted preset says so too.
+    for (preset, out) in [
+        ("planted", tmp.path().join("planted")),
+        ("tiny", dir.clone()),
+    ] {
+        let synth = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
+            .args(["synth", "--preset", preset, "--layers", "1", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&synth.stderr);
+        assert!(synth.status.success(), "{said}");
+        assert!(
+            said.contains("note: --layers 1 keeps [swa]: no CSA layer, so probe, sweep and trace will refuse this model")
+                && said.contains("--layers 2 or more keeps one"),
+            "{preset}: {said}"
+        );
+    }
     for args in [
         vec!["probe", "--length", "300"],
         vec!["sweep", "--lengths", "300", "--out"],

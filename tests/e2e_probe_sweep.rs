@@ -463,6 +463,10 @@ fn sweep_and_probe_refuse_bad_grids_up_front() {
             &["--topk", "64,100000000", "--depths", "50"][..],
             "--topk 100000000: expected at most 262144",
         ),
+        (
+            &["--index", "fp8,bf16", "--compare", "exact,sglang-fp8"][..],
+            "--compare fp8: expected profiles other than the --index ones",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -494,6 +498,19 @@ fn sweep_and_probe_refuse_bad_grids_up_front() {
     assert!(!run.status.success());
     assert!(
         stderr.contains("--compare: expected each value once, found exact twice"),
+        "{stderr}"
+    );
+    let run = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args(["--length", "512", "--index", "fp8", "--compare", "fp8"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--compare fp8: expected profiles other than the --index ones"),
         "{stderr}"
     );
     // A top-k past every row the model can have: refused, not an allocation abort.
@@ -898,6 +915,19 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
     assert!(
         !sweep_dir.join(".lock").exists(),
         "a refusal leaves the directory as it was"
+    );
+    // Nor are records whose run.json is gone (sweep and probe refuse to append to them).
+    std::fs::remove_file(sweep_dir.join("run.json")).unwrap();
+    let refused = demo(&sweep_dir, "512");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("holds cells.csv without run.json"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(sweep_dir.join("cells.csv")).unwrap(),
+        "kept\n"
     );
 }
 

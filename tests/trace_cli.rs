@@ -281,6 +281,10 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     assert!(e.contains("inside the model directory"), "{e}");
     let e = trace(&model.join("new.safetensors"), &tokens_file, &[]);
     assert!(e.contains("inside the model directory"), "{e}");
+    // Also under folders that do not exist yet (none is made).
+    let e = trace(&model.join("sub/new.safetensors"), &tokens_file, &[]);
+    assert!(e.contains("inside the model directory"), "{e}");
+    assert!(!model.join("sub").exists());
     let after: Vec<Vec<u8>> = weights.iter().map(|p| std::fs::read(p).unwrap()).collect();
     assert!(before == after, "the model directory is untouched");
     let out_dir = dir.path().join("a-dir");
@@ -303,6 +307,24 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     let e = trace(&out, &tokens_file, &["--topk", "100000000"]);
     assert!(e.contains("--topk 100000000: expected at most"), "{e}");
     assert!(!out.exists());
+
+    // Folders of --out that do not exist yet are made (before the forward, not after it).
+    let nested = dir.path().join("n1/n2/t.safetensors");
+    let ok = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["trace", "--device", "cpu", "--model"])
+        .arg(&model)
+        .arg("--tokens")
+        .arg(&tokens_file)
+        .arg("--out")
+        .arg(&nested)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(nested.is_file());
 }
 
 /// The file a trace writes, and what it holds in memory before that, are what

@@ -130,6 +130,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     use super::values::refuse_duplicates;
     refuse_duplicates("--index", &args.index, |p| p.name())?;
     refuse_duplicates("--compare", &args.compare, |p| p.name())?;
+    super::values::refuse_compare_of_index(&args.index, &args.compare)?;
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
     let ckpt = crate::cli::engine::open_model(&args.model)?;
     let cfg = ckpt.config().clone();

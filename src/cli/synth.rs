@@ -88,13 +88,19 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         fp8_compressors: args.fp8_compressors,
         out: args.out.clone(),
     };
-    if preset != Preset::Planted {
+    {
         // A model without a CSA layer has no indexer: say so before writing gigabytes.
         let config = |layers| {
-            crate::checkpoint::synth::synth_config(&SynthOptions {
+            let o = SynthOptions {
                 layers,
                 ..opts.clone()
-            })
+            };
+            match preset {
+                Preset::Planted => {
+                    crate::checkpoint::planted::planted_config(o.format, o.layers, o.experts)
+                }
+                _ => crate::checkpoint::synth::synth_config(&o),
+            }
             .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))
         };
         let cfg = config(opts.layers)?;

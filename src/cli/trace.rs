@@ -75,7 +75,8 @@ impl EngineTask for TraceTask<'_> {
 
 /// Refuses an `--out` that would overwrite or shadow an input, before anything runs: an
 /// existing directory, the token file itself, or a path inside the model directory (a
-/// safetensors file there would be read as model weights, or replace them).
+/// safetensors file there would be read as model weights, or replace them); then makes the
+/// folders of `--out`, so a forward never ends on a missing folder.
 fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
     let out = &args.out;
     if out.is_dir() {
@@ -84,14 +85,18 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
             out.display()
         );
     }
+    // The path with its longest existing ancestor made canonical (folders still to be made
+    // kept as given), so the checks below hold for an --out whose folders do not exist yet.
     let canonical_parent = |p: &std::path::Path| {
-        let parent = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            PathBuf::from(".").join(p)
         };
-        std::fs::canonicalize(parent)
-            .ok()
-            .map(|d| d.join(p.file_name().unwrap_or_default()))
+        p.ancestors().skip(1).find_map(|a| {
+            let real = std::fs::canonicalize(a).ok()?;
+            Some(real.join(p.strip_prefix(a).ok()?))
+        })
     };
     let out_full = canonical_parent(out);
     if out_full.is_some() && out_full == canonical_parent(&args.tokens) {
@@ -108,6 +113,16 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
                 args.model.display()
             );
         }
+    }
+    // The folders of --out, made now rather than found missing after the forward.
+    if let Some(parent) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            anyhow::anyhow!(
+                "--out {}: cannot create {}: {e}",
+                out.display(),
+                parent.display()
+            )
+        })?;
     }
     Ok(())
 }

@@ -218,6 +218,22 @@ pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
     Ok(())
 }
 
+/// Refuses a `--compare` profile that is also an `--index` one: every driving profile is
+/// scored in every run already, so it would be dropped without a word.
+pub fn refuse_compare_of_index(
+    indexes: &[crate::numerics::profiles::IndexProfile],
+    compare: &[crate::numerics::profiles::IndexProfile],
+) -> anyhow::Result<()> {
+    if let Some(p) = compare.iter().find(|p| indexes.contains(p)) {
+        anyhow::bail!(
+            "--compare {}: expected profiles other than the --index ones (every --index \
+             profile is scored in every run already); leave it out of --compare",
+            p.name()
+        );
+    }
+    Ok(())
+}
+
 /// Refuses a top-k larger than the compressed rows the model can ever hold
 /// (`max_position_embeddings / 4`): it would select every row at every position and only
 /// allocate (`[chunk, k]` selections per CSA layer, `[tokens, k]` in a trace).

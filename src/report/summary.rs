@@ -307,8 +307,8 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
          lost/non-trivial in the worst cell and summed over cells;\n\
          exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
          hidden states: lost to the index profile's rounding (the exact math loses the rest \
-         too: the top-k is too small there); -: exact not scored in every cell (add --compare \
-         exact).\n\
+         too: the top-k is too small there); -: exact not scored in every cell (rerun with \
+         --compare exact into a new --out).\n\
          trivial: n_t <= k on every CSA layer of every cell (no evidence).\n",
     );
     out
