@@ -320,9 +320,25 @@ fn report_on_a_stopped_sweep_says_how_many_cells_are_finished() {
     let last = lines.pop().unwrap();
     let last_id = last.split(',').next().unwrap();
     std::fs::write(&cells, lines.join("\n") + "\n").unwrap();
+    let stopped_plot = out.join(format!(
+        "layers_{}.png",
+        needlescope::report::records::file_stem(last_id)
+    ));
+    assert!(stopped_plot.is_file());
+    // The temporary of a render cut short.
+    let partial = out.join(".heatmap_fp8_64.png.partial.png");
+    std::fs::write(&partial, b"torn").unwrap();
     let first = report(&out);
     let stderr = String::from_utf8_lossy(&first.stderr).to_string();
     let stdout = ok(first, "report");
+    // The directory shows exactly its records: no plot of the unfinished cell, no temporary.
+    assert!(!stopped_plot.exists() && !partial.exists());
+    let pngs: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".png"))
+        .collect();
+    assert!(pngs.iter().all(|n| !n.starts_with('.')), "{pngs:?}");
     assert!(
         stdout.contains(&format!(
             "3 of 4 cells finished (the run stopped early; the same sweep command with --out {} \

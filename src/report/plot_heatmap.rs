@@ -48,7 +48,9 @@ pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf
             String::new()
         };
         let path = out_dir.join(format!("heatmap_{index}_{topk}{suffix}.png"));
-        draw(records, &cells, index, cells[0].kv, topk, &path)?;
+        super::plots::atomically(&path, |tmp| {
+            draw(records, &cells, index, cells[0].kv, topk, tmp)
+        })?;
         out.push(path);
     }
     Ok(out)

@@ -65,7 +65,10 @@ pub fn render_all(run_dir: &Path) -> Result<Vec<PathBuf>> {
     render_records(&records, run_dir)
 }
 
-/// Writes every PNG for `records` into `out_dir`.
+/// Writes every PNG for `records` into `out_dir` (each through a temporary file renamed into
+/// place: [`atomically`]), then removes plots of ours that these records no longer have (the
+/// layer plot of a cell whose torn record was dropped, a heatmap of a grid value no cell has,
+/// the temporary of a render cut short), so the directory shows exactly its records.
 pub fn render_records(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
     ensure_font()?;
     let mut written = super::plot_heatmap::render(records, out_dir)?;
@@ -74,16 +77,77 @@ pub fn render_records(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBu
         .par_iter()
         .map(|cell| {
             let path = out_dir.join(format!("layers_{}.png", file_stem(&cell.cell_id)));
-            super::plot_layers::render(records, cell, &path)
+            atomically(&path, |tmp| {
+                super::plot_layers::render(records, cell, tmp).map(|p| p.map(|_| path.clone()))
+            })
         })
         .collect::<Result<_>>()?;
     written.extend(layer_plots.into_iter().flatten());
     if !records.cells.is_empty() {
         let path = out_dir.join("rank_vs_length.png");
-        super::plot_ranks::render(records, &path)?;
+        atomically(&path, |tmp| super::plot_ranks::render(records, tmp))?;
         written.push(path);
     }
+    remove_stale_plots(out_dir, &written)?;
     Ok(written)
+}
+
+/// Draws a PNG through `draw` into a hidden temporary beside `path` (`.<name>.partial.png`: the
+/// extension tells plotters the format), then renames it into place, so a render that fails (a
+/// full disk) or is cut short never leaves a truncated PNG under the final name. Errors name
+/// `path`.
+pub(crate) fn atomically<T>(path: &Path, draw: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}{PARTIAL}"));
+    let on_path = |message: String| ReportError::Plot {
+        path: path.to_path_buf(),
+        message,
+    };
+    match draw(&tmp) {
+        Ok(v) => {
+            if tmp.exists() {
+                std::fs::rename(&tmp, path)
+                    .map_err(|e| on_path(format!("renaming {}: {e}", tmp.display())))?;
+            }
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(match e {
+                ReportError::Plot { message, .. } => on_path(message),
+                other => other,
+            })
+        }
+    }
+}
+
+/// The suffix of [`atomically`]'s temporaries.
+const PARTIAL: &str = ".partial.png";
+
+/// Removes the PNGs of ours in `dir` (heatmap_*, layers_*, rank_vs_length.png and temporaries
+/// of [`atomically`]) that are not among `written`.
+fn remove_stale_plots(dir: &Path, written: &[PathBuf]) -> Result<()> {
+    let keep: std::collections::HashSet<&std::ffi::OsStr> =
+        written.iter().filter_map(|p| p.file_name()).collect();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let text = name.to_string_lossy();
+        let ours = text.ends_with(".png")
+            && (text.starts_with("heatmap_")
+                || text.starts_with("layers_")
+                || text == "rank_vs_length.png"
+                || (text.starts_with('.') && text.ends_with(PARTIAL)));
+        if ours && !keep.contains(name.as_os_str()) && entry.path().is_file() {
+            std::fs::remove_file(entry.path()).map_err(|e| ReportError::Plot {
+                path: entry.path(),
+                message: format!("removing a plot these records no longer have: {e}"),
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Maps any drawing error onto the PNG it was for.
