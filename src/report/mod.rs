@@ -16,6 +16,7 @@
 //!
 //! Errors are [`ReportError`]s naming the file, with expected vs found where it applies.
 
+mod agreement;
 pub mod completeness;
 mod csvio;
 pub mod error;

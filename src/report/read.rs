@@ -1,5 +1,6 @@
 //! [`RunRecords`]: a report directory read back without modifying it (for `needlescope
-//! report` and the plots), with the checks of `validate`, `row_checks` and `completeness`;
+//! report` and the plots), with the checks of `validate`, `row_checks`, `completeness` and
+//! `agreement`;
 //! the writer and the commit protocol are `store`'s.
 
 use std::collections::HashSet;
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
+use super::agreement::first_disagreement;
 use super::completeness::{incomplete_cells, orphan_cells};
 use super::csvio::{read_json, read_tolerant, write_json, ParsedCsv};
 use super::error::{ReportError, Result};
@@ -92,6 +94,17 @@ impl RunRecords {
             return Err(ReportError::Damaged {
                 path: dir.join(d.file),
                 problem: format!("finished cell {}: {}", d.cell_id, d.why),
+            });
+        }
+        if let Some(d) = first_disagreement(&cells, &layers) {
+            return Err(ReportError::Mismatch {
+                path: dir.join(d.file),
+                what: format!(
+                    "{} of {} (cells.csv and layers.csv disagree)",
+                    d.field, d.place
+                ),
+                expected: d.expected,
+                found: d.found,
             });
         }
         Ok(RunRecords {
