@@ -27,9 +27,12 @@ pub enum ConfigError {
     },
     #[error("config {path} is a directory, expected a file (the model's config.json)")]
     NotAFile { path: PathBuf },
-    #[error("config {path} is not valid JSON for a DeepSeek-V4 config: {source}")]
+    #[error("config {path} is not valid JSON for a DeepSeek-V4 config: {}{source}", field_of(.field))]
     Parse {
         path: PathBuf,
+        /// The field being read (`index_topk`, `quantization_config.fmt`), empty at the top
+        /// level (a JSON syntax error).
+        field: String,
         source: serde_json::Error,
     },
     #[error("config {path}: field `{field}` is {found}, expected {expected}")]
@@ -308,6 +311,15 @@ fn refuse_resaved_by_transformers(text: &str, path: &Path) -> Result<(), ConfigE
     })
 }
 
+/// "field `x`: " for a parse error inside field `x`, nothing at the top level.
+fn field_of(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("field `{field}`: ")
+    }
+}
+
 impl ModelConfig {
     /// Reads `config.json` from a file or from a model directory, then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -342,9 +354,14 @@ impl ModelConfig {
     /// Parses and validates config text; `path` is only used in error messages.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
         refuse_resaved_by_transformers(text, path)?;
-        let cfg: ModelConfig = serde_json::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_path_buf(),
-            source,
+        let mut json = serde_json::Deserializer::from_str(text);
+        let cfg: ModelConfig = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+            let field = e.path().to_string();
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                field: if field == "." { String::new() } else { field },
+                source: e.into_inner(),
+            }
         })?;
         cfg.validate(path)?;
         Ok(cfg)

@@ -398,3 +398,48 @@ fn moe_quant_algo_is_read_but_not_hashed() {
         "f0168d24b5c8a4c427814ef8bfc927e6a80b42b16794227a1a47572cee15503b"
     );
 }
+
+#[test]
+fn a_value_of_the_wrong_type_names_its_field() {
+    for (edit, field) in [
+        (
+            ("index_topk", serde_json::json!("512")),
+            "field `index_topk`: invalid type: string",
+        ),
+        (
+            ("hidden_size", serde_json::json!(4096.0)),
+            "field `hidden_size`: invalid type",
+        ),
+        (
+            ("rope_theta", serde_json::Value::Null),
+            "field `rope_theta`: invalid type: null",
+        ),
+    ] {
+        let mut v = flash_config_json();
+        v[edit.0] = edit.1;
+        let msg = ModelConfig::from_json_str(&v.to_string(), Path::new("c.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("config c.json") && msg.contains(field),
+            "{msg}"
+        );
+    }
+    let nested = {
+        let mut v = flash_config_json();
+        v["quantization_config"]["weight_block_size"] = serde_json::json!("128");
+        v
+    };
+    let msg = ModelConfig::from_json_str(&nested.to_string(), Path::new("c.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("field `quantization_config.weight_block_size`"),
+        "{msg}"
+    );
+    // A syntax error outside any field has no field to name.
+    let msg = ModelConfig::from_json_str("not json", Path::new("c.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(!msg.contains("field `"), "{msg}");
+}
