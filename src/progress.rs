@@ -1,5 +1,5 @@
-//! Progress bar styles shared by `probe`, `sweep` and `demo` (indicatif, on stderr), and the
-//! sweep's pair of bars.
+//! Progress bar styles shared by `probe`, `sweep`, `demo`, `trace` and `synth` (indicatif, on
+//! stderr), and the sweep's pair of bars.
 //!
 //! Two keys replace indicatif's own: `{rate}` is a whole number of steps per second with digit
 //! groups and the template's unit after it (`1,234/s`; indicatif's `{per_sec}` prints four
@@ -19,6 +19,10 @@ pub const SWEEP_PREFILL: &str = "prefill [{bar:30}] {pos}/{len} tokens ({rate}) 
 /// A probe's bar over one run's prefill.
 pub const PROBE_PREFILL: &str =
     "{msg} [{bar:30}] {pos}/{len} tokens ({rate}, eta {eta_or_unknown})";
+
+/// `synth`'s bar over the payload it writes.
+pub const SYNTH_BYTES: &str =
+    "writing [{bar:30}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, eta {eta_or_unknown})";
 
 /// `template` (an indicatif template that may use `{rate}` and `{eta_or_unknown}`) with bar
 /// characters `=> `; a template that does not parse falls back to the default bar.

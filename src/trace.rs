@@ -105,12 +105,15 @@ pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
 }
 
 /// Runs the trace on a loaded engine of any backend. `positions` must be ascending, unique and
-/// inside the token list ([`check_inputs`]).
+/// inside the token list ([`check_inputs`]). The forward goes one engine chunk at a time (the
+/// chunks the engine would cut anyway, so the results are the same), calling
+/// `prefilled(done, total)` after each, for a progress bar.
 pub fn run_trace<B: Backend>(
     engine: &Engine<B>,
     tokens: &[u32],
     positions: &[usize],
     dump_indexer_inputs: bool,
+    prefilled: &mut dyn FnMut(usize, usize),
 ) -> anyhow::Result<TraceResult> {
     check_inputs(tokens, positions)?;
     let recorded: BTreeSet<usize> = positions.iter().copied().collect();
@@ -121,21 +124,34 @@ pub fn run_trace<B: Backend>(
         ..TraceResult::default()
     };
     let mut state = engine.new_sequence();
-    let out = {
+    let mut logits = Vec::with_capacity(positions.len());
+    {
         let mut observer = TraceObserver {
             recorded: &recorded,
             last: tokens.len() - 1,
             dump: dump_indexer_inputs,
             result: &mut result,
         };
-        engine.forward(
-            &mut state,
-            tokens,
-            &mut observer,
-            LogitsRequest::Positions(positions.to_vec()),
-        )?
-    };
-    result.logits = out.logits.into_iter().map(|(_, l)| l).collect();
+        let mut done = 0;
+        for piece in tokens.chunks(engine.options().chunk.max(1)) {
+            let end = done + piece.len();
+            let here = positions
+                .iter()
+                .copied()
+                .filter(|p| (done..end).contains(p))
+                .collect();
+            let out = engine.forward(
+                &mut state,
+                piece,
+                &mut observer,
+                LogitsRequest::Positions(here),
+            )?;
+            logits.extend(out.logits.into_iter().map(|(_, l)| l));
+            done = end;
+            prefilled(done, tokens.len());
+        }
+    }
+    result.logits = logits;
     Ok(result)
 }
 

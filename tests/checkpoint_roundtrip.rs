@@ -223,6 +223,23 @@ fn sharded_checkpoint_reads_the_same_as_a_single_file() {
     assert_eq!(Checkpoint::open(b.path()).unwrap().shard_paths().len(), 1);
 }
 
+/// synth reports its progress in payload bytes: rising, ending at the whole payload.
+#[test]
+fn synth_reports_progress_up_to_its_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut calls = Vec::new();
+    let mut o = SynthOptions::new(Preset::Tiny, WeightFormat::Official, dir.path());
+    o.shards = 3; // tiny fits one window of tensors: a report per shard at least
+    let s = needlescope::checkpoint::synth_with_progress(&o, None, &mut |done, total| {
+        calls.push((done, total))
+    })
+    .unwrap();
+    assert!(calls.len() > 1, "{calls:?}");
+    assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert!(calls.iter().all(|&(_, t)| t == s.payload_bytes));
+    assert_eq!(calls.last().unwrap().0, s.payload_bytes);
+}
+
 /// A wrong `--out` never deletes weights synth did not write: a directory holding a checkpoint
 /// without synth's mark is refused untouched, naming the files; synth's own output (marked
 /// first, so even a run cut short) is replaced, and reports call it synthetic.

@@ -350,7 +350,26 @@ fn trace_size_is_known_before_the_run() {
     .unwrap();
     let all: Vec<usize> = (0..tokens.len()).collect();
     for (positions, dump) in [(vec![5usize, 150, 202], true), (all, false)] {
-        let result = needlescope::trace::run_trace(&engine, &tokens, &positions, dump).unwrap();
+        let mut progress = Vec::new();
+        let result =
+            needlescope::trace::run_trace(&engine, &tokens, &positions, dump, &mut |d, t| {
+                progress.push((d, t))
+            })
+            .unwrap();
+        // One report per engine chunk of 64 tokens.
+        assert_eq!(progress, [(64, 203), (128, 203), (192, 203), (203, 203)]);
+        // The logits of a chunk-by-chunk trace equal one forward's over all tokens.
+        let mut state = engine.new_sequence();
+        let whole = engine
+            .forward(
+                &mut state,
+                &tokens,
+                &mut needlescope::model::observer::NoObserver,
+                needlescope::model::LogitsRequest::Positions(positions.clone()),
+            )
+            .unwrap();
+        let whole: Vec<Vec<f32>> = whole.logits.into_iter().map(|(_, l)| l).collect();
+        assert!(whole == result.logits, "dump {dump}");
         let layout =
             TraceLayout::for_config(&cfg, tokens.len(), positions.len(), engine.topk(), dump);
         let recorded: usize = result

@@ -284,6 +284,17 @@ pub fn synth(
     opts: &SynthOptions,
     tokenizer_json: Option<&[u8]>,
 ) -> Result<SynthSummary, CheckpointError> {
+    synth_with_progress(opts, tokenizer_json, &mut |_, _| {})
+}
+
+/// [`synth`], calling `written(bytes, total)` as the tensors' payload is written (after each
+/// tensor or window of small ones; `total` is the whole payload), for a progress bar: a full
+/// Flash checkpoint is 160 GB.
+pub fn synth_with_progress(
+    opts: &SynthOptions,
+    tokenizer_json: Option<&[u8]>,
+    written: &mut dyn FnMut(u64, u64),
+) -> Result<SynthSummary, CheckpointError> {
     let t0 = Instant::now();
     let cfg = synth_config(opts)?;
     let inv_opts = InventoryOptions {
@@ -313,6 +324,7 @@ pub fn synth(
     claim_out_dir(dir, opts.preset.name())?;
     let n = opts.shards;
     let sizes: Vec<u64> = groups.iter().map(|g| g.bytes()).collect();
+    let (total, mut done) = (sizes.iter().sum::<u64>(), 0u64);
     let shard_of = assign_shards(&sizes, n);
     let file_name = |s: usize| shard_file_name(s, n);
     let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
@@ -332,6 +344,8 @@ pub fn synth(
         while k < members.len() {
             if members[k].streamed() {
                 write_streamed(&cfg, opts.seed, &members[k], &mut w)?;
+                done += members[k].bytes();
+                written(done, total);
                 k += 1;
                 continue;
             }
@@ -349,7 +363,9 @@ pub fn synth(
                 for (t, b) in g.stored.iter().zip(bytes?) {
                     w.write(&t.name, &b)?;
                 }
+                done += g.bytes();
             }
+            written(done, total);
             k = j;
         }
         files.push(w.finish()?);

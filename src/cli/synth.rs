@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::values::parse_positive;
 use super::{group_digits, human_bytes};
-use crate::checkpoint::synth::{synth, Preset, SynthOptions};
+use crate::checkpoint::synth::{synth_with_progress, Preset, SynthOptions};
 use crate::checkpoint::WeightFormat;
 
 /// Which synthetic model (`--preset`).
@@ -122,7 +122,16 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let written = if preset == Preset::Planted {
         crate::checkpoint::planted::synth_planted(&opts, args.margin)
     } else {
-        synth(&opts, None)
+        // On stderr, hidden when it is not a terminal.
+        let bar =
+            indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+        bar.set_style(crate::progress::style(crate::progress::SYNTH_BYTES));
+        let written = synth_with_progress(&opts, None, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        });
+        bar.finish_and_clear();
+        written
     };
     let s = written
         .map_err(anyhow::Error::from)

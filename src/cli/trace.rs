@@ -69,7 +69,22 @@ struct TraceTask<'a> {
 impl EngineTask for TraceTask<'_> {
     type Output = trace::TraceResult;
     fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<trace::TraceResult> {
-        trace::run_trace(engine, self.tokens, self.positions, self.dump)
+        // On stderr, hidden when it is not a terminal (as probe's and sweep's bars).
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(self.tokens.len() as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(crate::progress::style(crate::progress::PROBE_PREFILL));
+        bar.set_message("trace prefill");
+        let result = trace::run_trace(
+            engine,
+            self.tokens,
+            self.positions,
+            self.dump,
+            &mut |done, _| bar.set_position(done as u64),
+        );
+        bar.finish_and_clear();
+        result
     }
 }
 
