@@ -91,9 +91,23 @@ impl Observer for TraceObserver<'_> {
     }
 }
 
-/// Checks a trace's inputs before anything is loaded: tokens present, positions inside them.
+/// Checks a trace's inputs before anything is loaded: tokens present, positions ascending,
+/// each once, inside them.
 pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
     anyhow::ensure!(!tokens.is_empty(), "the token file holds no token ids");
+    if let Some(w) = positions.windows(2).find(|w| w[0] >= w[1]) {
+        if w[0] == w[1] {
+            anyhow::bail!(
+                "--positions: expected each value once, found {} twice",
+                w[0]
+            );
+        }
+        anyhow::bail!(
+            "--positions: expected ascending positions, found {} before {}",
+            w[0],
+            w[1]
+        );
+    }
     if let Some(&bad) = positions.iter().find(|&&p| p >= tokens.len()) {
         anyhow::bail!(
             "--positions: position {bad} is outside the {} input tokens (expected 0..={})",

@@ -137,6 +137,25 @@ fn margin_outside_its_range_is_a_clear_error() {
     let opts = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, dir.path());
     let msg = synth_planted(&opts, Some(50.0)).unwrap_err().to_string();
     assert!(msg.contains("margin") && msg.contains("50"), "{msg}");
+    // On the command line the flag is checked as it is parsed: named, nothing written.
+    for cmd in [&["demo"][..], &["synth", "--preset", "planted"]] {
+        let out = dir.path().join("out");
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_needlescope"))
+            .args(cmd)
+            .args(["--margin", "20", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(
+                "'--margin <SIGMAS>': expected haystack standard deviations from -3 to 12"
+            ),
+            "{stderr}"
+        );
+        assert!(!out.exists());
+    }
 }
 
 /// Another synth into a planted model's directory leaves no `planted.json` (which would mark

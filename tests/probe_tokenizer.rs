@@ -140,9 +140,25 @@ fn missing_or_broken_tokenizer_files_are_errors_naming_the_file() {
     std::fs::write(&broken, b"{ not json").unwrap();
     let err = V4Tokenizer::from_file(&broken).unwrap_err().to_string();
     assert!(
-        err.contains(&broken.display().to_string()) && err.contains("not a valid"),
+        err.contains(&broken.display().to_string())
+            && err.contains("not a valid tokenizer.json: not JSON"),
         "{err}"
     );
+    // Valid JSON of another shape is said to be that, not a syntax error.
+    for (text, said) in [
+        (
+            &b"{\"x\": 1}"[..],
+            "with the `model` field of a Hugging Face tokenizer.json, found one with fields x",
+        ),
+        (
+            b"[1, 2]",
+            "expected a JSON object (a Hugging Face tokenizer.json), found an array",
+        ),
+    ] {
+        std::fs::write(&broken, text).unwrap();
+        let err = V4Tokenizer::from_file(&broken).unwrap_err().to_string();
+        assert!(err.contains(said), "{err}");
+    }
 }
 
 #[test]

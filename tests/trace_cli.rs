@@ -297,7 +297,7 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     let out = dir.path().join("t.safetensors");
     let e = trace(&out, &tokens_file, &["--positions", "3,5,3"]);
     assert!(
-        e.contains("--positions") && e.contains("found 3 twice"),
+        e.contains("--positions: expected each value once, found 3 twice"),
         "{e}"
     );
     let gappy = dir.path().join("gappy.txt");

@@ -53,8 +53,8 @@ pub struct DemoArgs {
     )]
     pub index: Vec<IndexProfile>,
 
-    /// Needle margin of the planted model, in haystack standard deviations
-    #[arg(long, value_name = "SIGMAS", default_value_t = DEFAULT_MARGIN)]
+    /// Needle margin of the planted model, in haystack standard deviations (-3 to 12)
+    #[arg(long, value_name = "SIGMAS", default_value_t = DEFAULT_MARGIN, allow_negative_numbers = true, value_parser = super::values::parse_margin)]
     pub margin: f64,
 }
 

@@ -58,8 +58,8 @@ pub struct SynthArgs {
     pub fp8_compressors: bool,
 
     /// planted only: the needle rows' score margin over the haystack rows, in haystack
-    /// standard deviations (needle about mean + margin x sd) [default: 2]
-    #[arg(long, value_name = "SIGMAS", allow_negative_numbers = true)]
+    /// standard deviations, -3 to 12 (needle about mean + margin x sd) [default: 2]
+    #[arg(long, value_name = "SIGMAS", allow_negative_numbers = true, value_parser = super::values::parse_margin)]
     pub margin: Option<f64>,
 }
 

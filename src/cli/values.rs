@@ -123,7 +123,8 @@ pub enum Positions {
     All,
     /// The last input token only.
     Last,
-    /// Explicit 0-based positions, ascending (a position given twice is refused).
+    /// Explicit 0-based positions, ascending (a position given twice is kept twice here and
+    /// refused by `trace::check_inputs`, exit 1 as for the other list flags).
     List(Vec<usize>),
 }
 
@@ -141,12 +142,22 @@ impl std::str::FromStr for Positions {
                     .map(|p| p.trim().parse::<usize>().map_err(|_| FORM.to_string()))
                     .collect::<Result<Vec<_>, _>>()?;
                 v.sort_unstable();
-                if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(format!("expected each position once, found {} twice", w[0]));
-                }
                 Ok(Positions::List(v))
             }
         }
+    }
+}
+
+/// A planted model's needle margin in haystack standard deviations, inside
+/// [`crate::checkpoint::planted::MARGIN_RANGE`] (checked when the flag is parsed, so `demo`
+/// refuses it before writing anything).
+pub fn parse_margin(s: &str) -> Result<f64, String> {
+    let (lo, hi) = crate::checkpoint::planted::MARGIN_RANGE;
+    match s.trim().parse::<f64>() {
+        Ok(m) if (lo..=hi).contains(&m) => Ok(m),
+        _ => Err(format!(
+            "expected haystack standard deviations from {lo} to {hi}"
+        )),
     }
 }
 
@@ -346,8 +357,11 @@ mod tests {
         assert_eq!("all".parse::<Positions>(), Ok(Positions::All));
         assert_eq!("last".parse::<Positions>(), Ok(Positions::Last));
         assert_eq!("5,1".parse::<Positions>(), Ok(Positions::List(vec![1, 5])));
-        let twice = "5,1,5".parse::<Positions>().unwrap_err();
-        assert!(twice.contains("found 5 twice"), "{twice}");
+        // A position given twice parses; the trace refuses it (exit 1, as a length twice).
+        assert_eq!(
+            "5,1,5".parse::<Positions>(),
+            Ok(Positions::List(vec![1, 5, 5]))
+        );
         assert!("first".parse::<Positions>().is_err());
     }
 

@@ -223,11 +223,43 @@ impl V4Tokenizer {
 
     /// Parse tokenizer.json bytes; `source_name` is used in error messages.
     pub fn from_json_bytes(bytes: &[u8], source_name: &str) -> Result<Self, TokenizerError> {
+        let parse_error = |message: String| TokenizerError::Parse {
+            source_name: source_name.to_string(),
+            message,
+        };
+        // The tokenizers crate's error for valid JSON of another shape reads like a syntax
+        // error: say first whether it is JSON at all and whether it has a tokenizer's model.
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Err(e) => return Err(parse_error(format!("not JSON: {e}"))),
+            Ok(serde_json::Value::Object(map)) if !map.contains_key("model") => {
+                let mut keys: Vec<&str> = map.keys().map(String::as_str).take(6).collect();
+                keys.sort_unstable();
+                return Err(parse_error(format!(
+                    "expected a JSON object with the `model` field of a Hugging Face \
+                     tokenizer.json, found one with {}",
+                    if keys.is_empty() {
+                        "no field".to_string()
+                    } else {
+                        format!("fields {}", keys.join(", "))
+                    }
+                )));
+            }
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(other) => {
+                return Err(parse_error(format!(
+                    "expected a JSON object (a Hugging Face tokenizer.json), found {}",
+                    match other {
+                        serde_json::Value::Array(_) => "an array",
+                        serde_json::Value::String(_) => "a string",
+                        serde_json::Value::Number(_) => "a number",
+                        serde_json::Value::Bool(_) => "a boolean",
+                        _ => "null",
+                    }
+                )))
+            }
+        }
         let inner =
-            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Parse {
-                source_name: source_name.to_string(),
-                message: e.to_string(),
-            })?;
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| parse_error(e.to_string()))?;
         let vocab_size = inner
             .get_vocab(true)
             .values()
