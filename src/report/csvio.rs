@@ -243,12 +243,22 @@ pub(crate) fn flush_sync(w: &mut csv::Writer<File>, path: &Path) -> Result<()> {
     w.get_ref().sync_data().map_err(ReportError::io(path))
 }
 
-/// Maps a csv serialisation error onto the file it was meant for.
+/// Maps a csv serialisation error onto the file it was meant for: a write that failed (a full
+/// disk) is an I/O error on the file, anything else a record that could not be written.
 pub(crate) fn csv_err(path: &Path) -> impl Fn(csv::Error) -> ReportError + '_ {
-    move |e| ReportError::Csv {
-        path: path.to_path_buf(),
-        line: 0,
-        message: e.to_string(),
+    move |e| {
+        let source = if e.is_io_error() {
+            match e.into_kind() {
+                csv::ErrorKind::Io(io) => io,
+                _ => unreachable!("is_io_error"),
+            }
+        } else {
+            std::io::Error::other(format!("writing a record: {e}"))
+        };
+        ReportError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
@@ -299,4 +309,33 @@ pub(crate) fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<
     })?;
     bytes.push(b'\n');
     atomic_write(path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record write that fails for lack of space reads as the file's I/O error (before, it
+    /// was "layers.csv, line 0: ...", a line that does not exist).
+    #[test]
+    fn a_failed_record_write_is_an_io_error_on_the_file() {
+        let path = Path::new("/dev/full");
+        let Ok(file) = OpenOptions::new().write(true).open(path) else {
+            return; // no /dev/full on this system
+        };
+        let mut w = csv::WriterBuilder::new()
+            .buffer_capacity(1)
+            .from_writer(file);
+        let e = w
+            .serialize(("a", 1))
+            .and_then(|_| w.flush().map_err(csv::Error::from))
+            .map_err(csv_err(path))
+            .unwrap_err();
+        assert!(matches!(e, ReportError::Io { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("/dev/full: ") && !text.contains("line 0"),
+            "{text}"
+        );
+    }
 }
