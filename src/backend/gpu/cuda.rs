@@ -174,6 +174,26 @@ impl CudaExecutor {
         unreachable!("the second attempt returns")
     }
 
+    /// Runs `op`; when it failed for lack of device memory where no allocation of ours was
+    /// involved (a launch whose kernel needs more local memory, cuBLAS's own workspace), frees
+    /// what the pool keeps and runs it once more, as [`Self::malloc`] does for allocations.
+    fn retry_out_of_memory<T>(
+        &self,
+        mut op: impl FnMut() -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        match op() {
+            Err(e) if is_out_of_memory(&e) => {
+                let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
+                if kept.is_empty() {
+                    return Err(e);
+                }
+                self.free_all(kept);
+                op()
+            }
+            done => done,
+        }
+    }
+
     /// Really frees allocations taken out of the pool.
     fn free_all(&self, kept: Vec<(usize, u64)>) {
         for (bytes, ptr) in kept {
@@ -237,6 +257,16 @@ impl CudaExecutor {
             .map_err(|e| driver_err(&format!("function {kernel}"), e))?;
         l.functions.insert(kernel.to_string(), f);
         Ok(f)
+    }
+}
+
+/// Whether a launch or a cuBLAS call failed for lack of device memory (the driver's and
+/// cuBLAS's own codes, as their errors print them).
+fn is_out_of_memory(e: &GpuError) -> bool {
+    match e {
+        GpuError::Launch { why, .. } => why.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+        GpuError::Cublas(why) => why.contains("CUBLAS_STATUS_ALLOC_FAILED"),
+        _ => false,
     }
 }
 
@@ -394,7 +424,7 @@ impl Executor for CudaExecutor {
         self.profile.time(
             key,
             || self.synchronize(),
-            || self.launch_now(kernel, grid, args),
+            || self.retry_out_of_memory(|| self.launch_now(kernel, grid, args)),
         )
     }
 
@@ -402,7 +432,7 @@ impl Executor for CudaExecutor {
         self.profile.time(
             || gemm_key(g),
             || self.synchronize(),
-            || self.gemm_now(g, x, w, y),
+            || self.retry_out_of_memory(|| self.gemm_now(g, x, w, &mut *y)),
         )
     }
 
@@ -416,7 +446,7 @@ impl Executor for CudaExecutor {
         self.profile.time(
             || format!("{} per weight", gemm_key(g)),
             || self.synchronize(),
-            || self.gemm_each_now(g, x, ws, y),
+            || self.retry_out_of_memory(|| self.gemm_each_now(g, x, ws, &mut *y)),
         )
     }
 
@@ -436,5 +466,37 @@ impl Executor for CudaExecutor {
 
     fn op_profile(&self) -> Vec<OpTime> {
         self.profile.rows()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The codes are found in the errors as launches and GEMMs word them (the driver's and
+    /// cuBLAS's Debug forms); nothing else is retried.
+    #[test]
+    fn out_of_memory_is_recognised_in_launch_and_cublas_errors() {
+        // DriverError's Debug asks the driver for the text (absent here); its first field is
+        // the code's own Debug form, which is what is matched.
+        let code = |c: sys::CUresult| format!("DriverError({c:?}, \"...\")");
+        let launch = GpuError::Launch {
+            kernel: "k".into(),
+            why: code(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        };
+        assert!(is_out_of_memory(&launch), "{launch}");
+        let blas =
+            cudarc::cublas::result::CublasError(blas::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED);
+        assert!(is_out_of_memory(&GpuError::Cublas(format!(
+            "gemm 1x1x1: {blas:?}"
+        ))));
+        let other = GpuError::Launch {
+            kernel: "k".into(),
+            why: code(sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+        };
+        assert!(!is_out_of_memory(&other));
+        assert!(!is_out_of_memory(&GpuError::Other(
+            "CUDA_ERROR_OUT_OF_MEMORY".into()
+        )));
     }
 }
