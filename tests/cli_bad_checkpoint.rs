@@ -481,7 +481,7 @@ fn nan_weights_fail_the_probe_instead_of_giving_a_verdict() {
         "--length",
         "1k",
         "--compare",
-        "fp8",
+        "bf16",
     ])
     .fails()
     .stderr_has(&["layer 1", "indexer scores", "NaN", "not finite"]);

@@ -63,7 +63,8 @@ fn sweep_cells() -> Vec<Cell> {
     .map(|(l, d, i, k, s)| {
         let c = sweep_cell(l, d, i, k, s);
         let id = c.cell_id.clone();
-        (c, grid_layers(&id), vec![attention(&id, 2)])
+        let (c, rows) = agreeing(c, grid_layers(&id));
+        (c, rows, vec![attention(&id, 2)])
     })
     .collect()
 }
@@ -327,10 +328,9 @@ fn probe_cells_have_ids_without_a_sample() {
         IndexProfile::SglangFp8,
         512,
     );
-    let (rows, att) = (
-        grid_layers(&good.cell_id),
-        vec![attention(&good.cell_id, 2)],
-    );
+    let att = vec![attention(&good.cell_id, 2)];
+    let rows = grid_layers(&good.cell_id);
+    let (good, rows) = agreeing(good, rows);
     write_run(run, probe_info(), &[(good, rows, att)]);
     assert_eq!(RunRecords::read(run).unwrap().cells.len(), 1);
     let bad = cell(

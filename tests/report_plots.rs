@@ -163,12 +163,9 @@ fn cells_without_layer_rows_get_no_layer_plot() {
         needlescope::numerics::modes::IndexProfile::SglangFp8,
         512,
     );
+    let (c, rows) = agreeing(c, vec![layer("lonely", 2, "fp8", true, 3)]);
     store
-        .append_cell(
-            &c,
-            &[layer("lonely", 2, "fp8", true, 3)],
-            &[attention("lonely", 2)],
-        )
+        .append_cell(&c, &rows, &[attention("lonely", 2)])
         .unwrap();
     drop(store);
     // Records without the cell's layer rows (a directory read from disk refuses that as

@@ -129,7 +129,8 @@ fn every_field_type_round_trips_through_the_files() {
     aa.layer_type = "hca".into();
     aa.needle_mass_mean = 1.0 / 3.0;
     aa.needle_in_window = true;
-    let a_layers = [la.clone(), la_hidden.clone()];
+    let (a, a_layers) = agreeing(a, vec![la, la_hidden]);
+    let (la, la_hidden) = (a_layers[0].clone(), a_layers[1].clone());
     store.append_cell(&a, &a_layers, &[aa.clone()]).unwrap();
 
     let mut b = cell("b", 2048, 0.0, IndexProfile::SglangBf16Keys, 512);
@@ -139,6 +140,8 @@ fn every_field_type_round_trips_through_the_files() {
     lb.needle_score = Some(1.0e-7);
     lb.kth_score = Some(0.0);
     lb.margin = Some(1.0e-7);
+    let (b, lbs) = agreeing(b, vec![lb]);
+    let lb = lbs[0].clone();
     store
         .append_cell(&b, std::slice::from_ref(&lb), &[attention("b", 7)])
         .unwrap();
@@ -171,7 +174,11 @@ fn nan_scores_round_trip_as_nan() {
     l.needle_score = Some(f32::NAN);
     l.margin = Some(f32::NAN);
     l.selected = false; // a NaN needle is never selected
-    store.append_cell(&c, &[l], &[attention("nan", 2)]).unwrap();
+    let (c, rows) = agreeing(c, vec![l]);
+    assert!(!rows[0].selected);
+    store
+        .append_cell(&c, &rows, &[attention("nan", 2)])
+        .unwrap();
     let back = RunRecords::read(dir.path()).unwrap();
     assert!(back.layers[0].needle_score.unwrap().is_nan());
     assert!(back.layers[0].margin.unwrap().is_nan());

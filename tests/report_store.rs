@@ -22,6 +22,7 @@ fn three_cells() -> Vec<(CellRecord, Vec<LayerRecord>, Vec<AttentionRecord>)> {
                 .iter()
                 .map(|&l| layer(&id, l, "fp8", true, 1 + l))
                 .collect();
+            let (c, layers) = agreeing(c, layers);
             let att = vec![attention(&id, 2), attention(&id, 3)];
             (c, layers, att)
         })
@@ -73,6 +74,7 @@ fn resume_after_kill_keeps_finished_cells_and_drops_orphan_rows() {
         .iter()
         .map(|&l| layer("cell3", l, "fp8", true, 9))
         .collect();
+    let (c3, l3) = agreeing(c3, l3);
     for r in &l3 {
         append_bytes(&run.join("layers.csv"), &csv_line(r));
     }

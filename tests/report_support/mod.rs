@@ -191,3 +191,31 @@ pub fn sample_sweep(
     }
     out
 }
+
+/// `cell` and its `layers` made to agree as the probe writes them (`report` refuses records
+/// that do not): prompt rows at [`layer`]'s position 4095 move to the cell's answer position,
+/// every row's `selected` and `trivial` follow from its rank and the cell's top-k, and the
+/// cell's worst rank and layer counts are its driving rows' at the answer position.
+#[allow(dead_code)]
+pub fn agreeing(
+    mut cell: CellRecord,
+    mut layers: Vec<LayerRecord>,
+) -> (CellRecord, Vec<LayerRecord>) {
+    let (answer, k) = (cell.answer_position(), cell.topk);
+    for r in &mut layers {
+        if r.phase == "prompt" && r.query_pos == 4095 {
+            r.query_pos = answer;
+        }
+        r.selected = r.needle_rank.is_some_and(|rank| rank <= k)
+            && r.needle_score.is_some_and(|s| !s.is_nan());
+        r.trivial = r.visible_rows <= k;
+    }
+    let driving: Vec<&LayerRecord> = layers
+        .iter()
+        .filter(|r| r.driving && r.query_pos == answer)
+        .collect();
+    cell.min_needle_rank = driving.iter().filter_map(|r| r.needle_rank).max();
+    cell.csa_layers_nontrivial = driving.iter().filter(|r| !r.trivial).count();
+    cell.csa_layers_selected = driving.iter().filter(|r| !r.trivial && r.selected).count();
+    (cell, layers)
+}
