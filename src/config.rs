@@ -363,6 +363,12 @@ impl ModelConfig {
                 source: e.into_inner(),
             }
         })?;
+        // Nothing but whitespace after the object (as serde_json::from_str requires).
+        json.end().map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            field: String::new(),
+            source,
+        })?;
         cfg.validate(path)?;
         Ok(cfg)
     }

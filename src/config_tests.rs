@@ -443,3 +443,12 @@ fn a_value_of_the_wrong_type_names_its_field() {
         .to_string();
     assert!(!msg.contains("field `"), "{msg}");
 }
+
+#[test]
+fn text_after_the_config_object_is_refused() {
+    let text = flash_config_json().to_string() + " {\"oops\": 1}";
+    let msg = ModelConfig::from_json_str(&text, Path::new("c.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("trailing characters"), "{msg}");
+}

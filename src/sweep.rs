@@ -173,7 +173,6 @@ pub fn check_plan(
     refuse_duplicates("--depths", &plan.depths, |&d| d)?;
     refuse_duplicates("--index", &plan.indexes, |p| p.name())?;
     refuse_duplicates("--compare", &plan.compare, |p| p.name())?;
-    crate::cli::values::refuse_compare_of_index(&plan.indexes, &plan.compare)?;
     refuse_duplicates("--topk", &plan.topks, |&k| k)?;
     crate::cli::values::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
     let max = cfg.max_position_embeddings;
@@ -255,6 +254,9 @@ fn sweep_into(
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     check_plan(plan, &tok, &scenario, &cfg)?;
     if let Some(note) = scenario.competing_answers_note() {
+        writeln!(out, "note: {note}")?;
+    }
+    if let Some(note) = crate::cli::values::compare_of_index_note(&plan.indexes, &plan.compare) {
         writeln!(out, "note: {note}")?;
     }
     let target = Target::prepare(device, &ckpt, &work)?;

@@ -281,10 +281,26 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     assert!(e.contains("inside the model directory"), "{e}");
     let e = trace(&model.join("new.safetensors"), &tokens_file, &[]);
     assert!(e.contains("inside the model directory"), "{e}");
-    // Also under folders that do not exist yet (none is made).
+    // Also under folders that do not exist yet (none is made), and no `..` among those
+    // folders can step around the check.
     let e = trace(&model.join("sub/new.safetensors"), &tokens_file, &[]);
     assert!(e.contains("inside the model directory"), "{e}");
     assert!(!model.join("sub").exists());
+    let around = dir.path().join("new/../tiny/model.safetensors");
+    let e = trace(&around, &tokens_file, &[]);
+    assert!(
+        e.contains("`..` or `.` among the folders still to be made"),
+        "{e}"
+    );
+    assert!(!dir.path().join("new").exists());
+    // A refused trace makes no folder (they are made only once every check passed).
+    let e = trace(
+        &dir.path().join("x/y/t.safetensors"),
+        &tokens_file,
+        &["--positions", "99"],
+    );
+    assert!(e.contains("position 99 is outside"), "{e}");
+    assert!(!dir.path().join("x").exists());
     let after: Vec<Vec<u8>> = weights.iter().map(|p| std::fs::read(p).unwrap()).collect();
     assert!(before == after, "the model directory is untouched");
     let out_dir = dir.path().join("a-dir");

@@ -239,8 +239,9 @@ pub enum CheckpointError {
     Encode { tensor: String, source: FormatError },
 
     #[error(
-        "--out {}: holds a checkpoint that synth did not write ({files}); synth replaces only \
-         its own output (a directory with its synth.json): choose a new or empty directory",
+        "{}: holds a checkpoint that synth did not write ({files}); synth replaces only its own \
+         output, marked by its synth.json (output of a needlescope from before that mark has none: \
+         remove its files by hand); choose a new or empty --out",
         dir.display()
     )]
     ForeignOutDir { dir: PathBuf, files: String },

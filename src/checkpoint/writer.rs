@@ -222,6 +222,14 @@ pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
             });
         }
     }
+    write_synth_mark(dir, preset)?;
+    remove_stale(dir)
+}
+
+/// Writes [`SYNTH_MARK_FILE`] into `dir` for `preset`. [`claim_out_dir`] does it for every
+/// synth run; the demo also does it for its own model cache (a directory name only needlescope
+/// uses), so a cache an older version left half written, without the mark, is rebuilt.
+pub fn write_synth_mark(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
     let mark = json!({
         "synthetic": true,
         "written_by": format!("needlescope {} synth", env!("CARGO_PKG_VERSION")),
@@ -229,8 +237,7 @@ pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
     });
     let text = serde_json::to_string_pretty(&mark).expect("json") + "\n";
     let path = dir.join(SYNTH_MARK_FILE);
-    std::fs::write(&path, text).map_err(|e| CheckpointError::io(&path, e))?;
-    remove_stale(dir)
+    std::fs::write(&path, text).map_err(|e| CheckpointError::io(&path, e))
 }
 
 /// Removes files an earlier synth run may have left: shards, the index, `planted.json` (a

@@ -108,6 +108,11 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         writeln!(out, "planted model: {} (cached)", dir.display())?;
     } else {
         writeln!(out, "writing the planted model to {} ...", dir.display())?;
+        // The cache's directory name is needlescope's own: whatever an earlier (or older)
+        // demo left there, cut short, is ours to replace.
+        if dir.is_dir() {
+            crate::checkpoint::writer::write_synth_mark(&dir, "planted")?;
+        }
         let opts = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, &dir);
         let summary = synth_planted(&opts, Some(args.margin))?;
         writeln!(
@@ -135,9 +140,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();
     // Rerun, the demo clears its report and starts afresh: an interrupted one says so.
-    crate::interrupt::restart_hint(Some(
-        "rerunning the demo starts it afresh (about 20 s)".into(),
-    ));
+    crate::interrupt::restart_hint(Some("rerunning the demo starts it afresh".into()));
     let outcome = run_sweep_locked(&dir, &plan, &lock, &DeviceArgs::cpu(), out);
     crate::interrupt::restart_hint(None);
     let outcome = outcome?;
@@ -168,7 +171,7 @@ fn refuse_foreign_report(out: &std::path::Path) -> anyhow::Result<()> {
         // the demo's to replace, as sweep and probe refuse to append to them.
         let stray: Vec<&str> = RECORD_FILES
             .into_iter()
-            .filter(|name| out.join(name).exists())
+            .filter(|name| std::fs::metadata(out.join(name)).is_ok_and(|m| m.len() > 0))
             .collect();
         if !stray.is_empty() {
             anyhow::bail!(

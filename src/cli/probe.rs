@@ -130,7 +130,9 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     use super::values::refuse_duplicates;
     refuse_duplicates("--index", &args.index, |p| p.name())?;
     refuse_duplicates("--compare", &args.compare, |p| p.name())?;
-    super::values::refuse_compare_of_index(&args.index, &args.compare)?;
+    if let Some(note) = super::values::compare_of_index_note(&args.index, &args.compare) {
+        eprintln!("note: {note}");
+    }
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
     let ckpt = crate::cli::engine::open_model(&args.model)?;
     let cfg = ckpt.config().clone();

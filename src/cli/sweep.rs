@@ -129,8 +129,13 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     // Rendered under the sweep's own lock, so no other writer gets in between.
     let done = crate::report::rerender_locked(&outcome.lock, crate::report::stdout_wants_colour())?;
-    drop(outcome);
+    // The lock goes; Ctrl-C keeps saying that every cell is finished until the process ends.
+    let crate::sweep::SweepOutcome {
+        lock, rendering, ..
+    } = outcome;
+    drop(lock);
     write!(out, "{}", done.table)?;
     writeln!(out, "{}", done.files_line(&dir))?;
+    drop(rendering);
     Ok(())
 }

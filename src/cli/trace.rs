@@ -90,8 +90,9 @@ impl EngineTask for TraceTask<'_> {
 
 /// Refuses an `--out` that would overwrite or shadow an input, before anything runs: an
 /// existing directory, the token file itself, or a path inside the model directory (a
-/// safetensors file there would be read as model weights, or replace them); then makes the
-/// folders of `--out`, so a forward never ends on a missing folder.
+/// safetensors file there would be read as model weights, or replace them), also through
+/// folders that do not exist yet (which `run` makes just before the forward, once every check
+/// has passed, so a forward never ends on a missing folder).
 fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
     let out = &args.out;
     if out.is_dir() {
@@ -100,18 +101,28 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
             out.display()
         );
     }
+    // The folders still to be made must lie below the existing ones: a `..` among them would
+    // step out of what the checks below looked at (`new/../../model/model.safetensors`).
+    let existing = existing_ancestor(out);
+    let to_make = out.strip_prefix(&existing).unwrap_or(out);
+    if to_make
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        anyhow::bail!(
+            "--out {}: `..` or `.` among the folders still to be made ({}); expected a path \
+             without them past the existing folder {}",
+            out.display(),
+            to_make.display(),
+            existing.display()
+        );
+    }
     // The path with its longest existing ancestor made canonical (folders still to be made
     // kept as given), so the checks below hold for an --out whose folders do not exist yet.
     let canonical_parent = |p: &std::path::Path| {
-        let p = if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            PathBuf::from(".").join(p)
-        };
-        p.ancestors().skip(1).find_map(|a| {
-            let real = std::fs::canonicalize(a).ok()?;
-            Some(real.join(p.strip_prefix(a).ok()?))
-        })
+        let a = existing_ancestor(p);
+        let real = std::fs::canonicalize(&a).ok()?;
+        Some(real.join(p.strip_prefix(&a).unwrap_or(p)))
     };
     let out_full = canonical_parent(out);
     if out_full.is_some() && out_full == canonical_parent(&args.tokens) {
@@ -129,17 +140,16 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
             );
         }
     }
-    // The folders of --out, made now rather than found missing after the forward.
-    if let Some(parent) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| {
-            anyhow::anyhow!(
-                "--out {}: cannot create {}: {e}",
-                out.display(),
-                parent.display()
-            )
-        })?;
-    }
     Ok(())
+}
+
+/// The longest ancestor of `path` (strictly above it) that exists, `.` for a relative path
+/// none of whose folders exists.
+fn existing_ancestor(path: &std::path::Path) -> PathBuf {
+    path.ancestors()
+        .skip(1)
+        .find(|a| !a.as_os_str().is_empty() && a.exists())
+        .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf)
 }
 
 /// Refuses a trace whose file would not fit on the filesystem of `--out`, or whose records
@@ -159,10 +169,8 @@ fn check_room(
         topk,
         args.dump_indexer_inputs,
     );
-    let dir = match args.out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    // The filesystem the file will be on: its nearest folder that exists now.
+    let dir = existing_ancestor(&args.out);
     let room = crate::host_room::Room {
         memory_needed: layout.memory_bytes(positions),
         memory_available: crate::host_room::meminfo_bytes("MemAvailable"),
@@ -208,6 +216,17 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let target = Target::prepare(&args.device, &ckpt, &work)?;
     let backend = target.record();
+    // Every check passed: the folders of --out, made now rather than found missing after the
+    // forward.
+    if let Some(parent) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            anyhow::anyhow!(
+                "--out {}: cannot create {}: {e}",
+                args.out.display(),
+                parent.display()
+            )
+        })?;
+    }
     let opts = EngineOptions {
         index: args.index,
         kv: args.kv,

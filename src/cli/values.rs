@@ -229,20 +229,25 @@ pub fn refuse_duplicates<T, K: PartialEq + std::fmt::Display>(
     Ok(())
 }
 
-/// Refuses a `--compare` profile that is also an `--index` one: every driving profile is
-/// scored in every run already, so it would be dropped without a word.
-pub fn refuse_compare_of_index(
+/// A note for `--compare` profiles that are also `--index` ones: every driving profile is
+/// scored in every run already, so they add nothing (and would otherwise go unmentioned). Not
+/// an error: a report directory started with such arguments must still resume with them.
+pub fn compare_of_index_note(
     indexes: &[crate::numerics::profiles::IndexProfile],
     compare: &[crate::numerics::profiles::IndexProfile],
-) -> anyhow::Result<()> {
-    if let Some(p) = compare.iter().find(|p| indexes.contains(p)) {
-        anyhow::bail!(
-            "--compare {}: expected profiles other than the --index ones (every --index \
-             profile is scored in every run already); leave it out of --compare",
-            p.name()
-        );
-    }
-    Ok(())
+) -> Option<String> {
+    let both: Vec<&str> = compare
+        .iter()
+        .filter(|p| indexes.contains(p))
+        .map(|p| p.name())
+        .collect();
+    (!both.is_empty()).then(|| {
+        format!(
+            "--compare {}: also among the --index profiles, each of which every run scores \
+             already; nothing is added",
+            both.join(",")
+        )
+    })
 }
 
 /// Refuses a top-k larger than the compressed rows the model can ever hold

@@ -70,11 +70,19 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
             });
         }
     }
+    // Each cell's driving rows, gathered in one pass (a report may hold millions of rows).
+    let mut driving: HashMap<&str, Vec<&LayerRecord>> = HashMap::new();
+    for r in layers.iter().filter(|r| r.driving) {
+        driving.entry(r.cell_id.as_str()).or_default().push(r);
+    }
     for cell in cells {
         let answer = cell.answer_position();
-        let rows: Vec<&LayerRecord> = layers
-            .iter()
-            .filter(|r| r.cell_id == cell.cell_id && r.driving && r.query_pos == answer)
+        let rows: Vec<&LayerRecord> = driving
+            .get(cell.cell_id.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|r| r.query_pos == answer)
             .collect();
         let worst = rows.iter().filter_map(|r| r.needle_rank).max();
         let nontrivial = rows.iter().filter(|r| !r.trivial).count();

@@ -177,12 +177,15 @@ impl CudaExecutor {
     /// Runs `op`; when it failed for lack of device memory where no allocation of ours was
     /// involved (a launch whose kernel needs more local memory, cuBLAS's own workspace), frees
     /// what the pool keeps and runs it once more, as [`Self::malloc`] does for allocations.
+    /// Only when `rerunnable`: a GEMM that accumulates into its output (beta 1) may have added
+    /// part of its products before failing, so it is not run twice.
     fn retry_out_of_memory<T>(
         &self,
+        rerunnable: bool,
         mut op: impl FnMut() -> Result<T, GpuError>,
     ) -> Result<T, GpuError> {
         match op() {
-            Err(e) if is_out_of_memory(&e) => {
+            Err(e) if rerunnable && is_out_of_memory(&e) => {
                 let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
                 if kept.is_empty() {
                     return Err(e);
@@ -424,7 +427,8 @@ impl Executor for CudaExecutor {
         self.profile.time(
             key,
             || self.synchronize(),
-            || self.retry_out_of_memory(|| self.launch_now(kernel, grid, args)),
+            // A launch that failed to start wrote nothing: running it again is safe.
+            || self.retry_out_of_memory(true, || self.launch_now(kernel, grid, args)),
         )
     }
 
@@ -432,7 +436,7 @@ impl Executor for CudaExecutor {
         self.profile.time(
             || gemm_key(g),
             || self.synchronize(),
-            || self.retry_out_of_memory(|| self.gemm_now(g, x, w, &mut *y)),
+            || self.retry_out_of_memory(!g.accumulate, || self.gemm_now(g, x, w, &mut *y)),
         )
     }
 
@@ -446,7 +450,7 @@ impl Executor for CudaExecutor {
         self.profile.time(
             || format!("{} per weight", gemm_key(g)),
             || self.synchronize(),
-            || self.retry_out_of_memory(|| self.gemm_each_now(g, x, ws, &mut *y)),
+            || self.retry_out_of_memory(!g.accumulate, || self.gemm_each_now(g, x, ws, &mut *y)),
         )
     }
 
