@@ -288,7 +288,14 @@ pub fn place(
         };
         let p = plan::plan(&cfg, footprint, &set, work.context, work.chunk);
         let names: Vec<String> = used.iter().map(|&i| devices[i].name.clone()).collect();
-        if !p.fits {
+        let empty: Vec<usize> = (0..used.len())
+            .filter(|&d| layers > 0 && p.devices[d].layers.is_none())
+            .collect();
+        // A plan that does not fit while a device holds no layer may fail only for what that
+        // device is charged besides layers (the embedding on the first device, the head on the
+        // last, a workspace): plan again without it before refusing (a first or last GPU with
+        // a little more room than one workspace must not sink a layout that fits without it).
+        if !p.fits && (empty.is_empty() || empty.len() == used.len()) {
             return Err(PlacementError::DoesNotFit {
                 names,
                 plan: Box::new(p),
@@ -296,9 +303,6 @@ pub fn place(
                 idle: idle_of(&used),
             });
         }
-        let empty: Vec<usize> = (0..used.len())
-            .filter(|&d| layers > 0 && p.devices[d].layers.is_none())
-            .collect();
         if empty.is_empty() {
             let mut layer_device = vec![0; layers];
             for (d, dp) in p.devices.iter().enumerate() {
@@ -314,7 +318,7 @@ pub fn place(
                 plan: p,
             });
         }
-        // Strictly fewer devices each round (at least one holds a layer), so this ends.
+        // Strictly fewer devices each round (at least one is kept), so this ends.
         used = used
             .iter()
             .enumerate()

@@ -224,6 +224,31 @@ fn a_device_too_small_for_any_layer_is_left_idle() {
     assert_eq!(counts(&p), vec![5, 5]);
 }
 
+/// A first or last device with room for its workspace but not for the embedding or head it
+/// would be charged takes no layer: it is left idle and the rest holds the model, not refused
+/// (before, `7x96G,1x5G` was refused while `7x96G,1x4G` fitted).
+#[test]
+fn an_end_device_too_small_for_the_embedding_or_head_is_left_idle() {
+    let cfg = ModelConfig::flash();
+    let w = work();
+    let floor = plan::workspace_bytes(&cfg, w.context, w.chunk, false);
+    let fp = footprint(10, 10 * GIB);
+    // Above the workspace floor, below floor + the 1 GiB embed / head.
+    let small = floor + GIB / 2;
+    for (free, idle) in [
+        (vec![100 * GIB, 100 * GIB, small], "gpu2"),
+        (vec![small, 100 * GIB, 100 * GIB], "gpu0"),
+    ] {
+        let p = place(&cfg, &fp, &devices(&free), &w)
+            .unwrap_or_else(|e| panic!("{free:?}: {e}"));
+        assert_eq!(p.idle, vec![idle.to_string()]);
+        assert_eq!(counts(&p), vec![5, 5]);
+    }
+    // Still refused when the others cannot hold the model either, naming the devices kept.
+    let e = place(&cfg, &fp, &devices(&[30 * GIB, 30 * GIB, small]), &w).unwrap_err();
+    assert!(e.to_string().contains("gpu0"), "{e}");
+}
+
 #[test]
 fn more_devices_than_layers_leaves_the_rest_idle() {
     let cfg = ModelConfig::flash();
