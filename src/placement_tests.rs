@@ -239,8 +239,7 @@ fn an_end_device_too_small_for_the_embedding_or_head_is_left_idle() {
         (vec![100 * GIB, 100 * GIB, small], "gpu2"),
         (vec![small, 100 * GIB, 100 * GIB], "gpu0"),
     ] {
-        let p = place(&cfg, &fp, &devices(&free), &w)
-            .unwrap_or_else(|e| panic!("{free:?}: {e}"));
+        let p = place(&cfg, &fp, &devices(&free), &w).unwrap_or_else(|e| panic!("{free:?}: {e}"));
         assert_eq!(p.idle, vec![idle.to_string()]);
         assert_eq!(counts(&p), vec![5, 5]);
     }

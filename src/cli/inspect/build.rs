@@ -80,7 +80,9 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
     let cfg = ckpt.config().clone();
     let format = ckpt.format();
     let footprint = Footprint::of_checkpoint(&ckpt);
-    let diff = audit(&ckpt);
+    let mut diff = audit(&ckpt);
+    let draft_unchecked = leave_out_draft_stages(&cfg, &mut diff);
+    let stages = draft_stages(&cfg);
     let source = Source {
         kind: "checkpoint",
         path: dir.to_path_buf(),
@@ -92,8 +94,42 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
         source,
         cfg,
         footprint,
-        Some(inventory_report(&ckpt, &diff, format)),
+        Some(InventoryReport {
+            draft_stages: stages,
+            draft_differences: draft_unchecked,
+            ..inventory_report(&ckpt, &diff, format)
+        }),
     ))
+}
+
+/// Draft stages a config declares beyond its MTP layers (0 for the base release): Flash-0731
+/// lists 46 `compress_ratios` for its 43 layers, its three DSpark stages replacing the one MTP
+/// layer (spec/model.md 1.2).
+fn draft_stages(cfg: &crate::config::ModelConfig) -> usize {
+    let stages = cfg
+        .compress_ratios
+        .len()
+        .saturating_sub(cfg.num_hidden_layers);
+    if stages > cfg.num_nextn_predict_layers {
+        stages
+    } else {
+        0
+    }
+}
+
+/// With draft stages ([`draft_stages`]), the `mtp.*` namespace holds them, whose tensors the
+/// inventory does not describe (the spec gives no names) and which no run uses: their
+/// differences are taken out of `diff` (as the run path ignores `mtp.*` extras) and counted.
+fn leave_out_draft_stages(cfg: &crate::config::ModelConfig, diff: &mut InventoryDiff) -> usize {
+    if draft_stages(cfg) == 0 {
+        return 0;
+    }
+    let before = diff.missing.len() + diff.extra.len() + diff.mismatched.len();
+    let mtp = |name: &str| name.starts_with("mtp.");
+    diff.missing.retain(|t| !mtp(&t.name));
+    diff.extra.retain(|t| !mtp(&t.name));
+    diff.mismatched.retain(|m| !mtp(&m.expected.name));
+    before - (diff.missing.len() + diff.extra.len() + diff.mismatched.len())
 }
 
 /// The weight format a config implies when `--format` is not given: NVIDIA's NVFP4
@@ -145,6 +181,8 @@ fn inventory_report(
         mismatched_count: diff.mismatched.len(),
         unindexed: ckpt.unindexed().iter().take(LIST_LIMIT).cloned().collect(),
         unindexed_count: ckpt.unindexed().len(),
+        draft_stages: 0,
+        draft_differences: 0,
         fp8_compressor_linears: options_for(ckpt)
             .fp8_compressor_linears
             .modules()

@@ -97,6 +97,11 @@ pub struct InventoryReport {
     /// Tensors in a shard that index.json's weight_map does not list (first few, and how many).
     pub unindexed: Vec<String>,
     pub unindexed_count: usize,
+    /// Draft stages the config declares beyond its MTP layers (Flash-0731's three DSpark
+    /// stages; 0 for the base release) and how many inventory differences under `mtp.*` were
+    /// therefore not counted (their tensors are not in the inventory; no run uses them).
+    pub draft_stages: usize,
+    pub draft_differences: usize,
 }
 
 /// Everything `inspect` reports (the `--json` object).

@@ -189,6 +189,15 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
                 inv.unindexed_count
             )?;
         }
+        if inv.draft_stages > 0 {
+            writeln!(
+                out,
+                "  note      the config declares {} draft stages beyond its MTP layer(s) (DSpark, \
+                 as in Flash-0731), stored under mtp.*: their tensors are not in the inventory \
+                 (no run uses them), so {} difference(s) there are not counted",
+                inv.draft_stages, inv.draft_differences
+            )?;
+        }
         if !inv.fp8_compressor_linears.is_empty() {
             writeln!(
                 out,
