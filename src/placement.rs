@@ -277,6 +277,7 @@ pub fn place(
             .map(|i| devices[i].name.clone())
             .collect()
     };
+    let mut first_refusal = None;
     loop {
         let set = DeviceSet {
             capacities: used.iter().map(|&i| devices[i].free).collect(),
@@ -295,13 +296,26 @@ pub fn place(
         // device is charged besides layers (the embedding on the first device, the head on the
         // last, a workspace): plan again without it before refusing (a first or last GPU with
         // a little more room than one workspace must not sink a layout that fits without it).
-        if !p.fits && (empty.is_empty() || empty.len() == used.len()) {
-            return Err(PlacementError::DoesNotFit {
+        // If that fails too, the refusal is the first plan's, over every device offered.
+        if !p.fits {
+            let refusal = PlacementError::DoesNotFit {
                 names,
                 plan: Box::new(p),
                 work: *work,
                 idle: idle_of(&used),
-            });
+            };
+            let refusal = first_refusal.take().unwrap_or(refusal);
+            if empty.is_empty() || empty.len() == used.len() {
+                return Err(refusal);
+            }
+            first_refusal = Some(refusal);
+            used = used
+                .iter()
+                .enumerate()
+                .filter(|(d, _)| !empty.contains(d))
+                .map(|(_, &i)| i)
+                .collect();
+            continue;
         }
         if empty.is_empty() {
             let mut layer_device = vec![0; layers];
