@@ -309,15 +309,7 @@ pub fn place(
                 return Err(refusal);
             }
             first_refusal = Some(refusal);
-            used = used
-                .iter()
-                .enumerate()
-                .filter(|(d, _)| !empty.contains(d))
-                .map(|(_, &i)| i)
-                .collect();
-            continue;
-        }
-        if empty.is_empty() {
+        } else if empty.is_empty() {
             let mut layer_device = vec![0; layers];
             for (d, dp) in p.devices.iter().enumerate() {
                 if let Some([a, b]) = dp.layers {
@@ -332,7 +324,8 @@ pub fn place(
                 plan: p,
             });
         }
-        // Strictly fewer devices each round (at least one is kept), so this ends.
+        // Plan again without the devices that got no layer: strictly fewer devices each round
+        // (at least one is kept), so this ends.
         used = used
             .iter()
             .enumerate()

@@ -967,6 +967,15 @@ fn finished_cells(dir: &Path) -> usize {
     std::fs::read_to_string(dir.join("cells.csv")).map_or(0, |t| t.lines().count().max(1) - 1)
 }
 
+/// Sends SIGINT (a Ctrl-C) to `child`.
+fn ctrl_c(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
 /// Waits until the sweep into `dir` has started (run.json written), then sends `presses`
 /// SIGINTs 300 ms apart, the first 300 ms after the start, while the first cell (8k or 16k
 /// tokens, about a second or more here) is still running; returns the exit code and stderr.
@@ -981,11 +990,7 @@ fn ctrl_c_during_first_cell(
     }
     for _ in 0..presses {
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let sent = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        ctrl_c(&child);
     }
     let out = child.wait_with_output().unwrap();
     (
@@ -1074,11 +1079,7 @@ fn ctrl_c_while_plots_are_written_points_at_report() {
         while !png() && started.elapsed().as_secs() < 120 {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let sent = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        ctrl_c(&child);
         let run = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
         if run.status.code() == Some(0) {

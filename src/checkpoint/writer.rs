@@ -194,7 +194,7 @@ pub const SYNTH_MARK_FILE: &str = "synth.json";
 /// checkpoint files (`config.json`, `*.safetensors`, the shard index) that synth did not write
 /// (no [`SYNTH_MARK_FILE`], no `planted.json`), so a wrong `--out` can never delete a user's
 /// downloaded weights; writes the mark (before any weight, so a run cut short still leaves a
-/// directory synth may rewrite); removes what an earlier synth run left ([`remove_stale`]).
+/// directory synth may rewrite); removes what an earlier synth run left (`remove_stale`).
 pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let ours = dir.join(SYNTH_MARK_FILE).is_file() || dir.join(super::planted::INFO_FILE).is_file();

@@ -66,7 +66,7 @@ pub fn render_all(run_dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Writes every PNG for `records` into `out_dir` (each through a temporary file renamed into
-/// place: [`atomically`]), then removes plots of ours that these records no longer have (the
+/// place: `atomically`), then removes plots of ours that these records no longer have (the
 /// layer plot of a cell whose torn record was dropped, a heatmap of a grid value no cell has,
 /// the temporary of a render cut short), so the directory shows exactly its records.
 pub fn render_records(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
