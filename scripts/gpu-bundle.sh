@@ -10,4 +10,6 @@ rm -rf gpu-bin && mkdir -p gpu-bin
 cp target/release/needlescope gpu-bin/
 cp "$PARITY" gpu-bin/
 strip gpu-bin/* 2>/dev/null || true
+# The commit the binaries were built from (gpu-check.sh prints it: a stale bundle shows).
+git describe --always --dirty >gpu-bin/VERSION 2>/dev/null || echo unknown >gpu-bin/VERSION
 du -sh gpu-bin/*

@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
-# One run on a GPU machine answers "does the CUDA backend work, and how fast":
-#   1. finds the CUDA 13 libraries (driver, NVRTC, cuBLAS) and prints them;
-#   2. builds (or uses prebuilt binaries from $NS_BIN_DIR: needlescope + gpu_cuda_parity-*);
-#   3. `doctor`: driver, GPUs, NVRTC, and every kernel compiled for this GPU's architecture;
-#   4. the GPU parity tests (tests/gpu_cuda_parity.rs): every op at Flash dims first (blocking
-#      launches), then forwards on tiny, the opt-in GEMM attention path (ops and tiny), the
-#      opt-in batched experts (tiny), and Flash 4 layers (SKIP_FLASH_PARITY=1 skips that one);
-#   5. the prefill benchmark on `synth --preset flash --layers 4` (all 256 experts, official
-#      FP8 + FP4, written in the background during the parity steps) with bf16 GEMMs (the speed
-#      configuration; GEMM=f32 for the reference one): first the opt-in fast paths whose parity
-#      passed, together at chunk 8k over $LENGTHS (default 8k,32k,128k), the default path at
-#      chunk 8k and the fast paths profiled; then the default path at chunk 2k over $LENGTHS and
-#      profiled, each fast path profiled, and without decoded weight copies; skipped with
-#      SKIP_BENCH=1;
-# and ends with a short table. Each step has a time limit in seconds (OPS_TIMEOUT 120,
-# TINY_TIMEOUT 120, FLASH_TIMEOUT 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90)
-# so a run can be fitted to the device tool's 10 minutes (skip steps with SKIP_OPS_PARITY=1,
-# SKIP_TINY_PARITY=1, SKIP_ATTN_GEMM_PARITY=1, SKIP_MOE_BATCHED_PARITY=1, SKIP_FLASH_PARITY=1,
-# SKIP_BENCH=1); bench prints each length as it ends. NEEDLESCOPE_PROFILE=1 in the environment
-# adds a per-kernel time table to each bench length; NEEDLESCOPE_POOL_MIB=0 turns the buffer
-# pool off. A whole run was about 6 minutes on an H200 (this version: 8 bench runs, the first three decide).
+# One run on a GPU machine answers "does the CUDA backend work, and how fast". In order of what
+# decides the most, so that a run cut off at its limit still answers the main questions:
+#   1. the CUDA 13 libraries (driver, NVRTC, cuBLAS), the GPU, the binaries' version; the
+#      benchmark model (`synth --preset flash --layers 4`: all 256 experts, official FP8 + FP4,
+#      19 GB) starts writing in the background (skipped when /tmp has too little room);
+#   2. `doctor`: every kernel compiled for this GPU's architecture;
+#   3. parity (tests/gpu_cuda_parity.rs) of the opt-in fast paths (attention as batched GEMMs,
+#      routed experts as batched GEMMs: each decides whether it becomes the default), then every
+#      op at Flash dims (blocking launches, so a faulting kernel is named at its launch);
+#   4. the prefill benchmark at 8k, chunk 8k, bf16 GEMMs: the fast paths that passed against the
+#      default path (the comparison that decides the defaults, and the issue's target);
+#   5. then, as time allows: the fast paths at 32k and 128k, forwards on tiny, the fast paths
+#      profiled, the default path at chunk 2k (comparable with docs/gpu-backend.md) and
+#      profiled, without decoded weight copies, and the forwards on Flash 4 layers last.
+# Every step gets min(its own limit, what is left before $DEADLINE seconds, default 540), and
+# a step with under 30 s left is skipped, so the whole run ends inside the device tool's
+# 10-minute call. Own limits in seconds: DOCTOR_TIMEOUT 90, PARITY_TIMEOUT 120, FLASH_TIMEOUT
+# 180, SYNTH_TIMEOUT 300, BENCH_TIMEOUT 240, PROFILE_TIMEOUT 90. Skip steps with
+# SKIP_OPS_PARITY=1, SKIP_TINY_PARITY=1, SKIP_ATTN_GEMM_PARITY=1, SKIP_MOE_BATCHED_PARITY=1,
+# SKIP_FLASH_PARITY=1, SKIP_BENCH=1; GEMM=f32 benches the reference precision.
+#
+# Files (the device tool returns at most 8 from its $OUT): summary.txt (short: one line per
+# step, the failing checks, and the bench table), setup.txt (libraries, synth, doctor),
+# parity.txt and bench.txt (every step's whole output, each after a `== name` line), current.txt
+# (the step in flight, moved into parity.txt / bench.txt when it ends). The summary is printed
+# last, so it is what the tool's output tail shows.
 # Usage: scripts/gpu-check.sh [OUT_DIR]
 # On a machine without cargo (the device tool's GPU machines), build here with
 # scripts/gpu-bundle.sh and run with NS_BIN_DIR=gpu-bin, carrying gpu-bin; give OUT_DIR under
@@ -30,11 +35,21 @@ cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-gpu-check-out}}
 mkdir -p "$OUT"
 LENGTHS=${LENGTHS:-8k,32k,128k}
+DEADLINE=${DEADLINE:-540}
 SUMMARY="$OUT/summary.txt"
-: >"$SUMMARY"
+SETUP="$OUT/setup.txt"
+CURRENT="$OUT/current.txt"
+: >"$SUMMARY"; : >"$SETUP"; : >"$OUT/parity.txt"; : >"$OUT/bench.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 t0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - t0 ))s; }
+# The time a step may take: its own limit, or what is left before the deadline; 0 = skip it.
+budget() {
+  local left=$(( DEADLINE - ($(date +%s) - t0) ))
+  if [ "$left" -lt 30 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+# Appends the step in flight (current.txt) to FILE under a `== NAME` line.
+keep() { { echo "== $2"; cat "$CURRENT"; echo; } >>"$1"; rm -f "$CURRENT"; }
 
 # 1. Libraries: the toolkit, distribution packages, pip wheels (nvidia-*-cu13); f32 GEMMs stay
 #    f32 (NVIDIA_TF32_OVERRIDE=0).
@@ -42,104 +57,125 @@ elapsed() { echo $(( $(date +%s) - t0 ))s; }
 for lib in libcuda.so.1 libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13; do
   found=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d/$lib" 2>/dev/null; done | head -1)
   [ -z "$found" ] && found=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l {print $NF; exit}')
-  note "library  $lib: ${found:-NOT FOUND}"
+  echo "library  $lib: ${found:-NOT FOUND}" >>"$SETUP"
+  [ -z "$found" ] && note "library  $lib: NOT FOUND"
 done
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>/dev/null | sed 's/^/gpu      /' | tee -a "$SUMMARY"
 
-# 2. Binaries.
+# 2. Binaries (and the commit they were built from).
 if [ -n "${NS_BIN_DIR:-}" ]; then
   BIN="$NS_BIN_DIR/needlescope"
   PARITY=$(ls "$NS_BIN_DIR"/gpu_cuda_parity-* 2>/dev/null | head -1)
+  VERSION=$(cat "$NS_BIN_DIR/VERSION" 2>/dev/null || echo "unknown (no $NS_BIN_DIR/VERSION)")
 else
   cargo build --release --quiet 2>&1 | tail -5
   BIN=target/release/needlescope
   PARITY=$(cargo test --release --no-run --test gpu_cuda_parity 2>&1 | sed -n 's/.*(\(.*gpu_cuda_parity-[0-9a-f]*\)).*/\1/p' | tail -1)
+  VERSION=$(git describe --always --dirty 2>/dev/null || echo unknown)
 fi
-note "binary   $BIN ($(elapsed))"
+note "binary   $BIN, built from $VERSION ($(elapsed))"
 
-# The benchmark model (19 GB) is written in the background while the parity tests run, into a
-# side folder renamed when complete.
+# The benchmark model (19 GB; about 24 GB with the Flash parity test's own models) is written in
+# the background while parity runs, into a side folder renamed when complete.
 W=${BENCH_MODEL:-/tmp/ns-flash4}
 SYNTH_PID=
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -e "$W/config.json" ]; then
-  ( timeout "${SYNTH_TIMEOUT:-300}" "$BIN" synth --preset flash --layers 4 --format official \
-      --out "$W.partial" >"$OUT/synth.txt" 2>&1 && rm -rf "$W" && mv "$W.partial" "$W" ) &
-  SYNTH_PID=$!
+  free_gb=$(df -Pk /tmp 2>/dev/null | awk 'NR == 2 {print int($4 / 1048576)}')
+  if [ "${free_gb:-0}" -lt 25 ]; then
+    note "synth    skipped: ${free_gb:-?} GiB free in /tmp, the benchmark model needs about 25"
+    SKIP_BENCH=1
+  else
+    ( timeout "${SYNTH_TIMEOUT:-300}" "$BIN" synth --preset flash --layers 4 --format official \
+        --out "$W.partial" >"$OUT/synth.log" 2>&1 && rm -rf "$W" && mv "$W.partial" "$W" ) &
+    SYNTH_PID=$!
+  fi
 fi
 
-# 3. doctor (compiles every kernel for the GPU's own architecture).
+# 3. doctor (compiles every kernel for the GPU's own architecture, into the kernel cache the
+#    tests and benches then read).
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d . | sed 's/^/sm_/')
-if "$BIN" doctor --compile-kernels "${ARCH:-sm_90}" >"$OUT/doctor.txt" 2>&1; then
+if timeout "$(budget "${DOCTOR_TIMEOUT:-90}")" "$BIN" doctor --compile-kernels "${ARCH:-sm_90}" >"$CURRENT" 2>&1; then
   note "doctor   ok, kernels compiled for ${ARCH:-sm_90} ($(elapsed))"
 else
-  note "doctor   FAILED (see $OUT/doctor.txt)"
+  note "doctor   FAILED ($(elapsed)):"
+  grep -E 'FAILED|error|not found' "$CURRENT" | head -10 | tee -a "$SUMMARY"
 fi
-cat "$OUT/doctor.txt"
+keep "$SETUP" doctor
 
-# 4. Parity: every op first (the quickest check of the plumbing; launches made blocking so a
-#    faulting kernel is named at its launch), then whole forwards.
-parity() { # NAME FILTER TIMEOUT [ENV...]
-  local name=$1 filter=$2 limit=$3; shift 3
+# 4. Parity.
+parity() { # NAME FILTER LIMIT [ENV...]
+  local name=$1 filter=$2 limit rc; limit=$(budget "$3"); shift 3
   if [ -z "$PARITY" ]; then note "parity   $name: no test binary"; return; fi
-  if env "$@" timeout "$limit" "$PARITY" --ignored --exact "$filter" --nocapture --test-threads 1 \
-       >"$OUT/parity-$name.txt" 2>&1 && grep -q '^ok ' "$OUT/parity-$name.txt"; then
-    note "parity   $name ok: $(grep -c '^ok ' "$OUT/parity-$name.txt") checks passed ($(elapsed))"
-  elif grep -q '^running 0 tests' "$OUT/parity-$name.txt"; then
+  if [ "$limit" = 0 ]; then note "parity   $name skipped: no time left"; return; fi
+  env "$@" timeout "$limit" "$PARITY" --ignored --exact "$filter" --nocapture --test-threads 1 \
+    >"$CURRENT" 2>&1
+  rc=$?
+  if [ "$rc" = 0 ] && grep -q '^ok ' "$CURRENT"; then
+    note "parity   $name ok: $(grep -c '^ok ' "$CURRENT") checks passed ($(elapsed))"
+    grep -E '^cublasGemmBatchedEx calls' "$CURRENT" | sed 's/^/         /' | tee -a "$SUMMARY"
+  elif grep -q '^running 0 tests' "$CURRENT"; then
     note "parity   $name FAILED: no test named $filter in $PARITY (a stale test binary?)"
+  elif [ "$rc" = 124 ]; then
+    note "parity   $name TIMED OUT after ${limit}s ($(grep -c '^ok ' "$CURRENT") checks passed, $(grep -c '^FAIL ' "$CURRENT") failed so far)"
   else
-    note "parity   $name FAILED: $(grep -c '^FAIL ' "$OUT/parity-$name.txt") failing checks ($(elapsed))"
-    grep -E '^(FAIL|== )|panicked|error' "$OUT/parity-$name.txt" | head -30 | tee -a "$SUMMARY"
+    note "parity   $name FAILED (exit $rc): $(grep -c '^FAIL ' "$CURRENT") failing checks ($(elapsed))"
+    grep -E '^(FAIL|== )|panicked|^error' "$CURRENT" | head -30 | tee -a "$SUMMARY"
   fi
+  keep "$OUT/parity.txt" "$name"
 }
-[ "${SKIP_OPS_PARITY:-0}" = 1 ] || parity ops cuda_ops_match_the_cpu_at_flash_dims "${OPS_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
-[ "${SKIP_TINY_PARITY:-0}" = 1 ] || parity tiny cuda_forward_matches_the_cpu_on_tiny "${TINY_TIMEOUT:-120}"
-[ "${SKIP_ATTN_GEMM_PARITY:-0}" = 1 ] || parity attn-gemm cuda_attention_by_gemm_matches_the_cpu "${TINY_TIMEOUT:-120}"
-[ "${SKIP_MOE_BATCHED_PARITY:-0}" = 1 ] || parity moe-batched cuda_batched_experts_match_the_cpu "${TINY_TIMEOUT:-120}"
-[ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
+[ "${SKIP_ATTN_GEMM_PARITY:-0}" = 1 ] || parity attn-gemm cuda_attention_by_gemm_matches_the_cpu "${PARITY_TIMEOUT:-120}"
+[ "${SKIP_MOE_BATCHED_PARITY:-0}" = 1 ] || parity moe-batched cuda_batched_experts_match_the_cpu "${PARITY_TIMEOUT:-120}"
+[ "${SKIP_OPS_PARITY:-0}" = 1 ] || parity ops cuda_ops_match_the_cpu_at_flash_dims "${PARITY_TIMEOUT:-120}" CUDA_LAUNCH_BLOCKING=1
 
-# 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation
-#    and the decoded weight copies stay out of the figures). Most decision-relevant first, in
-#    case a time limit cuts the end: the opt-in fast paths whose parity passed above
-#    (NEEDLESCOPE_ATTENTION=gemm: attention as batched GEMMs; NEEDLESCOPE_MOE=batched: routed
-#    experts as batched GEMMs) together at chunk 8k over $LENGTHS (the candidate defaults and
-#    the issue's target), the default path at chunk 8k (what they gain), the fast paths
-#    profiled at $PROFILE_LENGTH (where the time goes now); then the default path at chunk 2k
-#    over $LENGTHS and profiled (comparable with docs/gpu-backend.md), each fast path profiled
-#    alone, and the default path without decoded copies (NEEDLESCOPE_DECODE_CACHE_MIB=0).
-bench() { # NAME TIMEOUT LENGTHS CHUNK [ENV...]
-  local name=$1 limit=$2 lengths=$3 chunk=$4; shift 4
-  if env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
-       --index fp8 --kv fp8 --lengths "$lengths" --chunk "$chunk" --warmup 2k \
-       >"$OUT/$name.txt" 2>&1; then
-    note "$name ok ($(elapsed))"
-  else
-    note "$name FAILED ($(elapsed))"
-  fi
-  tee -a "$SUMMARY" <"$OUT/$name.txt"
+# 5. Benchmark at Flash dimensions, each run after an untimed 2k warm-up (kernel compilation and
+#    the decoded weight copies stay out of the figures). The summary keeps, per run and length,
+#    the tokens/s of the 4 layers and the projected 43-layer tokens/s; bench.txt keeps all.
+bench() { # NAME LIMIT LENGTHS CHUNK [ENV...]
+  local name=$1 limit lengths=$3 chunk=$4 rc; limit=$(budget "$2"); shift 4
+  if [ "$limit" = 0 ]; then note "bench    $name skipped: no time left"; return; fi
+  env "$@" timeout "$limit" "$BIN" bench --model "$W" --device cuda --gpu-gemm "${GEMM:-bf16}" \
+    --index fp8 --kv fp8 --lengths "$lengths" --chunk "$chunk" --warmup 2k >"$CURRENT" 2>&1
+  rc=$?
+  case $rc in
+    0) note "bench    $name ok ($(elapsed))" ;;
+    124) note "bench    $name TIMED OUT after ${limit}s ($(elapsed))" ;;
+    *) note "bench    $name FAILED (exit $rc, $(elapsed))"; grep -E 'error|panicked' "$CURRENT" | head -5 | tee -a "$SUMMARY" ;;
+  esac
+  # `  8192  3.27  2506.0  ...` rows (tokens, prefill s, tokens/s) and their `projected:` lines.
+  awk -v n="$name" '
+    $1 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ {printf "         %-22s %7s tokens  %9s tok/s (4 layers)", n, $1, $3; pending = 1; next}
+    /projected:/ && pending {sub(/^ *projected: */, ""); printf "  projected: %s", $0; pending = 0; print ""; next}
+    pending && /^ +[0-9]+ / {print ""; pending = 0}
+    END {if (pending) print ""}' "$CURRENT" | tee -a "$SUMMARY"
+  keep "$OUT/bench.txt" "$name"
 }
+FAST=()
+grep -q "parity   attn-gemm ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_ATTENTION=gemm)
+grep -q "parity   moe-batched ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_MOE=batched)
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  [ -n "$SYNTH_PID" ] && { wait "$SYNTH_PID" || note "synth    FAILED or timed out (see $OUT/synth.txt)"; }
+  if [ -n "$SYNTH_PID" ]; then
+    wait "$SYNTH_PID" || note "synth    FAILED or timed out (see synth.log in setup.txt)"
+    { echo "== synth"; cat "$OUT/synth.log" 2>/dev/null; echo; } >>"$SETUP"; rm -f "$OUT/synth.log"
+  fi
   note "model    $W ($(du -sh "$W" 2>/dev/null | cut -f1)) ($(elapsed))"
   P8=${PROFILE_LENGTH:-8k}
-  FAST=()
-  grep -q "parity   attn-gemm ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_ATTENTION=gemm)
-  grep -q "parity   moe-batched ok" "$SUMMARY" && FAST+=(NEEDLESCOPE_MOE=batched)
-  if [ ${#FAST[@]} -gt 0 ]; then
-    bench bench-fast-chunk8k "${BENCH_TIMEOUT:-240}" "$LENGTHS" 8k "${FAST[@]}"
+  # The decision: the fast paths against the default path, both at 8k and chunk 8k.
+  [ ${#FAST[@]} -gt 0 ] && bench fast-8k "${BENCH_TIMEOUT:-240}" "$P8" 8k "${FAST[@]}"
+  bench default-8k "${BENCH_TIMEOUT:-240}" "$P8" 8k
+  # Then, as time allows.
+  REST=${LENGTHS#"$P8"}; REST=${REST#,}
+  if [ ${#FAST[@]} -gt 0 ] && [ -n "$REST" ]; then
+    bench fast-long "${BENCH_TIMEOUT:-240}" "$REST" 8k "${FAST[@]}"
   fi
-  bench bench-chunk8k "${BENCH_TIMEOUT:-240}" "$P8,32k" 8k
-  if [ ${#FAST[@]} -gt 0 ]; then
-    bench bench-fast-profile "${PROFILE_TIMEOUT:-90}" "$P8" 8k "${FAST[@]}" NEEDLESCOPE_PROFILE=1
-  fi
-  bench bench "${BENCH_TIMEOUT:-240}" "$LENGTHS" 2k
-  bench bench-profile "${BENCH_TIMEOUT:-240}" "$P8,32k" 2k NEEDLESCOPE_PROFILE=1
-  if grep -q "parity   moe-batched ok" "$SUMMARY"; then
-    bench bench-moe-batched "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_MOE=batched NEEDLESCOPE_PROFILE=1
-  fi
-  if grep -q "parity   attn-gemm ok" "$SUMMARY"; then
-    bench bench-attn-gemm "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_ATTENTION=gemm NEEDLESCOPE_PROFILE=1
-  fi
-  bench bench-no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
 fi
+[ "${SKIP_TINY_PARITY:-0}" = 1 ] || parity tiny cuda_forward_matches_the_cpu_on_tiny "${PARITY_TIMEOUT:-120}"
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  [ ${#FAST[@]} -gt 0 ] && bench fast-profile "${PROFILE_TIMEOUT:-90}" "$P8" 8k "${FAST[@]}" NEEDLESCOPE_PROFILE=1
+  bench default-chunk2k "${BENCH_TIMEOUT:-240}" "$LENGTHS" 2k
+  bench default-profile "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_PROFILE=1
+  bench no-copies "${PROFILE_TIMEOUT:-90}" "$P8" 2k NEEDLESCOPE_DECODE_CACHE_MIB=0
+fi
+[ "${SKIP_FLASH_PARITY:-0}" = 1 ] || parity flash cuda_forward_matches_the_cpu_on_flash_four_layers "${FLASH_TIMEOUT:-180}"
+note "done     ($(elapsed))"
 echo "== summary ($OUT/summary.txt)"
 cat "$SUMMARY"
