@@ -177,12 +177,12 @@ pub fn check_plan(
     crate::cli::values::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
     let max = cfg.max_position_embeddings;
     for &length in &plan.lengths {
-        if length + plan.generate > max {
+        let taken = crate::cli::values::positions_taken(length, plan.generate);
+        if taken > max {
             anyhow::bail!(
                 "--lengths {length} with --generate {}: expected at most the model's \
-                 max_position_embeddings ({max}) positions, found {}",
-                plan.generate,
-                length + plan.generate
+                 max_position_embeddings ({max}) positions, found {taken}",
+                plan.generate
             );
         }
         let depth = plan.depths.first().copied().unwrap_or(50.0);

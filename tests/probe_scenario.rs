@@ -105,7 +105,7 @@ fn invalid_fields_name_the_file_field_expected_and_found() {
             "`key`: expected a [key] table",
         ),
         (
-            format!("{BASE}[answer]\ncheck = \"regex\"\npattern = \"(unclosed\"\n"),
+            format!("{BASE}[answer]\ncheck = \"regex\"\npattern = \"({{value}}\"\n"),
             "`answer.pattern`: expected a valid regex",
         ),
         (
@@ -127,6 +127,28 @@ fn invalid_fields_name_the_file_field_expected_and_found() {
                 "kind = \"words\"\nn = 2\nwords = []",
             ),
             "`value.words`",
+        ),
+        (
+            format!("{BASE}[answer]\ncheck = \"regex\"\npattern = \".\"\n"),
+            "`answer.pattern`: expected a pattern containing {value}, found \".\"",
+        ),
+        (
+            BASE.replace("name = \"t\"", "name = \"a\\nb\""),
+            "`name`: expected a name without control characters",
+        ),
+        (
+            BASE.replace(
+                "kind = \"digits\"\nn = 5",
+                "kind = \"words\"\nn = 2\nwords = [\"<｜User｜>\", \"apple\"]",
+            ),
+            "`value.words`: expected plain words without chat markers or special-token text, found \"<｜User｜>\"",
+        ),
+        (
+            BASE.replace(
+                "kind = \"digits\"\nn = 5",
+                "kind = \"words\"\nn = 2\nsep = \"<｜end▁of▁sentence｜>\"",
+            ),
+            "`value.sep`: expected a separator without chat markers",
         ),
     ];
     for (text, expected) in cases {
@@ -232,4 +254,35 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
     assert!(!thinking.judge_generated(reasoning_only, "12345"));
     assert!(thinking.judge_generated(&answered, "12345"));
     assert!(!thinking.judge_generated(&wrong_answer, "12345"));
+}
+
+/// A haystack file must be a regular text file: a device (read until memory runs out) and
+/// text with NUL bytes (UTF-16 without a byte-order mark, a binary) are refused, naming it.
+#[test]
+fn haystack_files_that_are_not_text_files_are_refused() {
+    use needlescope::probe::haystack::read_file_units;
+    let dir = tempfile::tempdir().unwrap();
+    let e = read_file_units(std::path::Path::new("/dev/zero"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/dev/zero") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let e = read_file_units(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    let utf16 = dir.path().join("utf16.txt");
+    let bytes: Vec<u8> = "Hello there."
+        .encode_utf16()
+        .flat_map(|u| u.to_le_bytes())
+        .collect();
+    std::fs::write(&utf16, bytes).unwrap();
+    let e = read_file_units(&utf16).unwrap_err().to_string();
+    assert!(
+        e.contains("utf16.txt") && e.contains("a NUL byte at offset 1"),
+        "{e}"
+    );
+    let ok = dir.path().join("ok.txt");
+    std::fs::write(&ok, "One sentence. Another one.").unwrap();
+    assert!(!read_file_units(&ok).unwrap().is_empty());
 }

@@ -138,7 +138,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&args.model.join("config.json"))?;
     super::values::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
-    let positions = args.length + args.generate;
+    let positions = super::values::positions_taken(args.length, args.generate);
     if positions > cfg.max_position_embeddings {
         anyhow::bail!(
             "--length {} with --generate {}: expected at most the model's \

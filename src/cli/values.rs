@@ -62,6 +62,15 @@ pub fn parse_depth(s: &str) -> Result<f64, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DepthList(pub Vec<f64>);
 
+/// The positions a run of a `length`-token prompt generating `generate` tokens takes: the
+/// prompt's, then one per generated token but the last (which is never fed back).
+pub fn positions_taken(length: usize, generate: usize) -> usize {
+    length + generate.saturating_sub(1)
+}
+
+/// The most depths a `start:stop:step` range may give.
+pub const MAX_DEPTHS: usize = 1000;
+
 impl std::str::FromStr for DepthList {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -94,6 +103,14 @@ impl std::str::FromStr for DepthList {
                 return Err(format!("{FORM}; stop {stop} is below start {start}"));
             }
             let n = ((stop - start) / step + 1e-9).floor() as usize;
+            // Each depth is a prompt per length, top-k and sample: a range past a thousand
+            // depths is a typo (a step of 0.00001), not a grid.
+            if n >= MAX_DEPTHS {
+                return Err(format!(
+                    "{FORM}; {start}:{stop}:{step} gives {} depths, expected at most {MAX_DEPTHS}",
+                    n.saturating_add(1)
+                ));
+            }
             // `start + i·step` rounded to the decimals the user wrote (0:100:33.3 gives 99.9,
             // not 99.89999999999999: the depth names cells and files).
             let decimals = [parts[0], parts[2]]
@@ -352,9 +369,25 @@ mod tests {
         assert_eq!(d.0, vec![0.0, 33.3, 66.6, 99.9]);
         let d: DepthList = "0.5:1:0.1".parse().unwrap();
         assert_eq!(d.0, vec![0.5, 0.6, 0.7, 0.8, 0.9, 1.0]);
+        let many = "0:100:0.00001".parse::<DepthList>().unwrap_err();
+        assert!(
+            many.contains("gives 10000001 depths, expected at most 1000"),
+            "{many}"
+        );
+        assert_eq!("0:99.9:0.1".parse::<DepthList>().unwrap().0.len(), 1000);
         let d: DepthList = "12.5:100:12.5".parse().unwrap();
         assert_eq!(d.0.len(), 8);
         assert_eq!(d.0[7], 100.0);
+    }
+
+    /// The last generated token is never fed back, so it takes no position: a prompt of the
+    /// model's whole length may still generate one token.
+    #[test]
+    fn a_run_takes_its_prompt_and_all_but_the_last_generated_token() {
+        assert_eq!(positions_taken(2048, 0), 2048);
+        assert_eq!(positions_taken(2048, 1), 2048);
+        assert_eq!(positions_taken(2025, 24), 2048);
+        assert_eq!(positions_taken(2025, 25), 2049);
     }
 
     #[test]

@@ -321,12 +321,34 @@ pub fn tool_line(rng: &mut Rng) -> String {
 /// tokenised as special tokens and break the prompt format).
 pub const FORBIDDEN_MARKERS: &[&str] = &[BOS, EOS, USER, ASSISTANT, THINK_START, THINK_END];
 
-/// Reads a haystack text file and splits it into sentence units (whitespace preserved).
+/// The largest haystack file read: 256 MiB of text is some 60M tokens, far past any context.
+pub const MAX_HAYSTACK_FILE_BYTES: u64 = 256 << 20;
+
+/// Reads a haystack text file and splits it into sentence units (whitespace preserved). Only a
+/// regular file of at most [`MAX_HAYSTACK_FILE_BYTES`] is read (a device such as /dev/urandom
+/// would be read until memory runs out), and text with NUL bytes is refused (UTF-16 or binary).
 pub fn read_file_units(path: &Path) -> Result<Vec<Unit>, ScenarioError> {
-    let bytes = std::fs::read(path).map_err(|e| ScenarioError::HaystackFile {
+    let err = |problem: String| ScenarioError::HaystackFile {
         path: path.to_path_buf(),
-        problem: e.to_string(),
-    })?;
+        problem,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file: expected a text file".into()));
+    }
+    if meta.len() > MAX_HAYSTACK_FILE_BYTES {
+        return Err(err(format!(
+            "{} bytes: expected at most {} (256 MiB of text is far past any context)",
+            meta.len(),
+            MAX_HAYSTACK_FILE_BYTES
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+        return Err(err(format!(
+            "a NUL byte at offset {at}: expected UTF-8 text (UTF-16 or a binary file?)"
+        )));
+    }
     let text = String::from_utf8(bytes).map_err(|e| ScenarioError::HaystackFile {
         path: path.to_path_buf(),
         problem: format!(

@@ -205,6 +205,14 @@ impl Scenario {
         if raw.name.trim().is_empty() {
             return Err(field("name", "a non-empty name", format!("{:?}", raw.name)));
         }
+        // The name goes to the terminal, run.json, summary.json and every plot title.
+        if raw.name.chars().any(char::is_control) {
+            return Err(field(
+                "name",
+                "a name without control characters (newlines, tabs, escapes)",
+                format!("{:?}", raw.name),
+            ));
+        }
         let n_value = needle.matches("{value}").count();
         if n_value != 1 {
             return Err(field(
@@ -291,6 +299,15 @@ impl Scenario {
                     ))
                 }
                 ("regex", Some(p)) => {
+                    // Without the value in the pattern, any answer of that shape would count
+                    // as right whatever value it names.
+                    if !p.contains("{value}") {
+                        return Err(field(
+                            "answer.pattern",
+                            "a pattern containing {value}",
+                            format!("{p:?}"),
+                        ));
+                    }
                     let probe = p.replace("{value}", &regex::escape("12345"));
                     regex::Regex::new(&probe)
                         .map_err(|e| field("answer.pattern", "a valid regex", e.to_string()))?;

@@ -75,6 +75,15 @@ pub(crate) struct RawValue {
 }
 
 /// Validates a `[value]` / `[key]` table (`table` is "value" or "key"); errors name `source`.
+/// Whether `text` holds a chat marker or looks like a special token's text (DeepSeek's
+/// special tokens are written between `<｜` and `｜>`, with full-width bars).
+fn looks_like_special(text: &str) -> bool {
+    super::haystack::FORBIDDEN_MARKERS
+        .iter()
+        .any(|m| text.contains(m))
+        || text.contains('｜')
+}
+
 pub(crate) fn parse_value(
     raw: &RawValue,
     table: &'static str,
@@ -124,7 +133,23 @@ pub(crate) fn parse_value(
                     format!("{list:?}"),
                 ));
             }
+            // A chat marker or a special token's text in a word would end up inside the
+            // needle (on some seeds only): refused here, not partway through a sweep.
+            if let Some(w) = list.iter().find(|w| looks_like_special(w)) {
+                return Err(field(
+                    f_words,
+                    "plain words without chat markers or special-token text",
+                    format!("{w:?}"),
+                ));
+            }
             let sep = raw.sep.clone().unwrap_or_else(|| "-".into());
+            if looks_like_special(&sep) {
+                return Err(field(
+                    f_sep,
+                    "a separator without chat markers or special-token text",
+                    format!("{sep:?}"),
+                ));
+            }
             if sep.chars().any(|c| c == '{' || c == '}') {
                 return Err(field(
                     f_sep,
