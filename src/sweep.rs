@@ -256,6 +256,12 @@ fn sweep_into(
     if let Some(note) = scenario.competing_answers_note() {
         writeln!(out, "note: {note}")?;
     }
+    if let Some(note) = scenario
+        .thinking_note(plan.generate)
+        .filter(|_| model_marks(model_dir).judges_answers(plan.generate))
+    {
+        writeln!(out, "note: {note}")?;
+    }
     if let Some(note) = crate::cli::values::compare_of_index_note(&plan.indexes, &plan.compare) {
         writeln!(out, "note: {note}")?;
     }

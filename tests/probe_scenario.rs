@@ -247,6 +247,13 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
     let chat = parse(BASE).unwrap();
     let thinking = parse(&BASE.replace("name = \"t\"", "name = \"t\"\nthinking = true")).unwrap();
     assert!(thinking.thinking);
+    // A thinking scenario judged by its answer says that the answer follows </think>.
+    let note = thinking.thinking_note(24).unwrap();
+    assert!(
+        note.contains("its answer follows </think>") && note.contains("24 generated tokens"),
+        "{note}"
+    );
+    assert!(thinking.thinking_note(0).is_none() && chat.thinking_note(24).is_none());
     let reasoning_only = "The code mentioned was 12345, so";
     let answered = format!("The code mentioned was 12345.{end}12345");
     let wrong_answer = format!("The code mentioned was 12345.{end}I do not know.");

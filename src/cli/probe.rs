@@ -163,6 +163,12 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(note) = scenario.competing_answers_note() {
         eprintln!("note: {note}");
     }
+    if let Some(note) = scenario
+        .thinking_note(args.generate)
+        .filter(|_| crate::sweep::model_marks(&args.model).judges_answers(args.generate))
+    {
+        eprintln!("note: {note}");
+    }
     let prompt = build_prompt(
         &tok,
         &scenario,

@@ -447,6 +447,21 @@ impl Scenario {
         })
     }
 
+    /// A note for a thinking-mode scenario judged by its answer: the answer follows `</think>`,
+    /// and a run whose `generate` tokens end before it is judged wrong, which reads like a lost
+    /// needle. None for a chat scenario or `--generate 0` (the indexer judges).
+    pub fn thinking_note(&self, generate: usize) -> Option<String> {
+        (self.thinking && generate > 0).then(|| {
+            format!(
+                "scenario {} thinks first: its answer follows </think>, and a run whose \
+                 {generate} generated tokens end before </think> is judged wrong (not lost by \
+                 the indexer); give --generate room for the reasoning (hundreds to thousands \
+                 of tokens), or --generate 0 to judge by the indexer alone",
+                self.name
+            )
+        })
+    }
+
     /// Needle value and key (empty when the needle has no `{key}`) for a seed.
     pub fn generate_value(&self, seed: u64) -> (String, String) {
         let value = self.value.generate(&mut Rng::stream(seed, "value"));
