@@ -561,3 +561,33 @@ fn spaceless_haystack_files_are_used_at_the_requested_depth() {
         "{msg}"
     );
 }
+
+/// A kv haystack whose key space is too small to keep every line's key distinct (here one
+/// possible key) is refused, naming the fields, instead of repeating the needle's key with
+/// other values (the question would have no single answer); the built-in kv scenario is not,
+/// up to 1m tokens.
+#[test]
+fn a_kv_haystack_that_runs_out_of_keys_is_refused() {
+    let toml = r#"
+name = "one-key"
+needle = "The value for key {key} is {value}."
+question = "What is the value for key {key}?"
+[key]
+kind = "words"
+n = 1
+words = ["alpha"]
+[value]
+kind = "digits"
+n = 8
+[haystack]
+kind = "kv"
+"#;
+    let sc = Scenario::from_toml_str(toml, "one-key.toml", None).unwrap();
+    let e = build_prompt(&tok(), &sc, 1024, 50.0, 0, MAX).unwrap_err();
+    assert!(matches!(e, PromptError::KeySpaceExhausted { .. }), "{e}");
+    assert!(e.to_string().contains("key.n / key.words"), "{e}");
+    let kv = Scenario::load("kv-retrieval").unwrap();
+    for length in [1024, 131_072, 1 << 20] {
+        build_prompt(&tok(), &kv, length, 50.0, 0, MAX).unwrap();
+    }
+}

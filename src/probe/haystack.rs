@@ -48,6 +48,9 @@ pub struct HaystackGen {
     rng: Rng,
     filler_rng: Rng,
     kind: GenKind,
+    /// A `kv` line had to repeat a key (or the needle's key or value): the scenario's key or
+    /// value space is too small for the haystack ([`Self::exhausted`]).
+    exhausted: bool,
 }
 
 enum GenKind {
@@ -101,7 +104,15 @@ impl HaystackGen {
             rng: Rng::stream(seed, "haystack"),
             filler_rng: Rng::stream(seed, "filler"),
             kind,
+            exhausted: false,
         })
+    }
+
+    /// Whether a `kv` line so far repeats a key or the needle's key or value (64 draws found no
+    /// fresh one): the haystack would then hold the needle's key with another value, or a key
+    /// twice, so the question has no single answer; the prompt builder refuses it.
+    pub fn exhausted(&self) -> bool {
+        self.exhausted
     }
 
     pub fn layout(&self) -> Layout {
@@ -132,9 +143,10 @@ impl HaystackGen {
             } => {
                 // Distinct from the needle's key and value, and a key not used by an earlier
                 // line (two values for one key would make the haystack contradict itself);
-                // give up on distinctness only for degenerate generators (e.g. one-word
-                // lists), after many tries.
+                // after 64 draws without one (a key or value space too small, e.g. a one-word
+                // list) the line is kept and the generator marked exhausted.
                 let mut line = String::new();
+                let mut fresh = false;
                 for _ in 0..64 {
                     let k = key.as_ref().map(|s| s.generate(&mut self.rng));
                     let v = value.generate(&mut self.rng);
@@ -146,9 +158,11 @@ impl HaystackGen {
                         if let Some(k) = k {
                             used_keys.insert(k);
                         }
+                        fresh = true;
                         break;
                     }
                 }
+                self.exhausted |= !fresh;
                 line.push('\n');
                 Unit {
                     sep: String::new(),

@@ -108,6 +108,12 @@ pub enum PromptError {
         target: usize,
         tried: usize,
     },
+    #[error("--length {target}: scenario {scenario}: its kv haystack needs more distinct keys and values than its generators give (a line would repeat a key, or the needle's key or value, so the question would have no single answer); expected a larger key/value space ({fields}) or a shorter --length")]
+    KeySpaceExhausted {
+        scenario: String,
+        target: usize,
+        fields: &'static str,
+    },
     #[error("scenario {scenario}: the value {value:?} occurs {count} times in the prompt, expected exactly once; try another --seed")]
     ValueNotUnique {
         scenario: String,
@@ -382,6 +388,17 @@ fn place_needle(
             closest = ids.len();
         }
         if ids.len() == target_tokens {
+            if gen.exhausted() {
+                return Err(PromptError::KeySpaceExhausted {
+                    scenario: sc.name.clone(),
+                    target: target_tokens,
+                    fields: if sc.key.is_some() {
+                        "key.n / key.words (and value)"
+                    } else {
+                        "value.n / value.words"
+                    },
+                });
+            }
             return finish(
                 tok,
                 sc,
