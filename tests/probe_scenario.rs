@@ -217,7 +217,7 @@ fn generated_values_are_seeded_and_well_formed() {
     let kv = Scenario::load("kv-retrieval").unwrap();
     let (value, key) = kv.generate_value(3);
     assert_eq!(value.len(), 8);
-    assert_eq!(key.split('-').count(), 2, "{key}");
+    assert_eq!(key.split('-').count(), 3, "{key}");
 }
 
 /// A `--scenario` that is neither a built-in nor a file says which: missing, or a directory.
