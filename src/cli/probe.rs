@@ -70,6 +70,7 @@ pub struct ProbeArgs {
         long,
         value_name = "N",
         default_value_t = 24,
+        value_parser = super::values::parse_count,
         help = "Tokens to generate after the prompt (to check the answer; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
     )]
     pub generate: usize,
@@ -94,7 +95,7 @@ pub struct ProbeArgs {
     pub out: Option<PathBuf>,
 
     /// Seed of the needle value and the haystack
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::parse_seed)]
     pub seed: u64,
 
     /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)

@@ -75,13 +75,14 @@ pub struct SweepArgs {
     pub device: DeviceArgs,
 
     /// Seed of the needle values and haystacks (sample i uses seed + i)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::parse_seed)]
     pub seed: u64,
 
     #[arg(
         long,
         value_name = "N",
         default_value_t = 24,
+        value_parser = super::values::parse_count,
         help = "Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
     )]
     pub generate: usize,

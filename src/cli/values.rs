@@ -68,6 +68,21 @@ pub fn positions_taken(length: usize, generate: usize) -> usize {
     length + generate.saturating_sub(1)
 }
 
+/// A count of tokens, 0 or more (`--generate`), with a message that says so (clap's own
+/// says "invalid digit found in string" for `-1`).
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .map_err(|_| "expected a whole number, 0 or more".to_string())
+}
+
+/// A seed: a whole number from 0 to 2^64 - 1.
+pub fn parse_seed(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<u64>()
+        .map_err(|_| format!("expected a whole number from 0 to {}", u64::MAX))
+}
+
 /// The most depths a `start:stop:step` range may give.
 pub const MAX_DEPTHS: usize = 1000;
 
@@ -378,6 +393,20 @@ mod tests {
         let d: DepthList = "12.5:100:12.5".parse().unwrap();
         assert_eq!(d.0.len(), 8);
         assert_eq!(d.0[7], 100.0);
+    }
+
+    #[test]
+    fn counts_and_seeds_say_what_they_expect() {
+        assert_eq!(parse_count("24"), Ok(24));
+        assert_eq!(parse_count("0"), Ok(0));
+        assert_eq!(
+            parse_count("-1"),
+            Err("expected a whole number, 0 or more".into())
+        );
+        assert_eq!(parse_seed("18446744073709551615"), Ok(u64::MAX));
+        let e = parse_seed("18446744073709551616").unwrap_err();
+        assert_eq!(e, "expected a whole number from 0 to 18446744073709551615");
+        assert!(parse_seed("-1").is_err());
     }
 
     /// The last generated token is never fed back, so it takes no position: a prompt of the

@@ -60,11 +60,13 @@ fn order(p: IndexProfile) -> usize {
     IndexProfile::ALL.iter().position(|q| *q == p).unwrap_or(0)
 }
 
+/// `50%`, `33.3%`, `50.04%`: every decimal the depth has (probes sharing an `--out` at
+/// depths 50.04 and 50.000001 must not get two rows labelled alike).
 fn depth_label(d: f64) -> String {
     if d.fract() == 0.0 {
         format!("{d:.0}%")
     } else {
-        format!("{d:.1}%")
+        format!("{d}%")
     }
 }
 
@@ -318,5 +320,14 @@ mod tests {
         let t = tile(&[&a, &lost]);
         assert_eq!((t.text.as_str(), t.fill), ("40 (1/2)", AMBER));
         assert_eq!(tile(&[&c]).text, "-");
+    }
+
+    #[test]
+    fn depth_labels_keep_every_decimal_of_the_depth() {
+        assert_eq!(depth_label(50.0), "50%");
+        assert_eq!(depth_label(33.3), "33.3%");
+        assert_eq!(depth_label(12.5), "12.5%");
+        assert_ne!(depth_label(50.04), depth_label(50.000001));
+        assert_eq!(depth_label(50.04), "50.04%");
     }
 }
