@@ -137,7 +137,9 @@ pub fn cell_record(
         kv: run.kv.parse().expect("kv names round trip"),
         topk: run.topk,
         answer_text: run.answer_text.clone(),
-        answer_correct: judge_by_answer.then_some(run.answer_correct),
+        // No answer to judge (a thinking run that never reached </think>): the indexer's
+        // recall judges the cell, as for a model that does not answer.
+        answer_correct: judge_by_answer.then_some(run.answer_correct).flatten(),
         min_needle_rank: recs.iter().filter_map(|r| r.needle_rank).max(),
         csa_layers_selected: recs.iter().filter(|r| r.selected && !r.trivial).count(),
         csa_layers_nontrivial: recs.iter().filter(|r| !r.trivial).count(),

@@ -1191,6 +1191,59 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
         !found.is_empty() && found.iter().all(|j| j == "indexer"),
         "{found:?}: {summary}"
     );
+
+    // A thinking scenario whose generation ends before </think> has no answer to judge: no
+    // verdict (not WRONG), said up front and in the run's line; the JSON's answer_correct is
+    // null.
+    let thinking = tmp.path().join("thinking.toml");
+    let passkey = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/passkey.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        &thinking,
+        passkey.replace("thinking = false", "thinking = true"),
+    )
+    .unwrap();
+    let run = |json: bool| {
+        let mut cmd = bin();
+        cmd.arg("probe")
+            .arg("--model")
+            .arg(&model)
+            .arg("--scenario")
+            .arg(&thinking)
+            .args([
+                "--length",
+                "512",
+                "--kv",
+                "exact",
+                "--topk",
+                "64",
+                "--generate",
+                "2",
+            ]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let text = run(false);
+    let stderr = String::from_utf8_lossy(&text.stderr).into_owned();
+    let stdout = ok(text, "thinking probe");
+    assert!(
+        stderr.contains("thinks first: its answer follows </think>"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("no verdict (no </think> in the generated tokens: raise --generate)")
+            && stdout.contains("no answer: the generation ended before </think>")
+            && !stdout.contains("WRONG"),
+        "{stdout}"
+    );
+    let json: Value = serde_json::from_str(&ok(run(true), "thinking probe --json")).unwrap();
+    for r in json["runs"].as_array().unwrap() {
+        assert!(r["answer_correct"].is_null(), "{r}");
+    }
 }
 
 /// What `sweep --model planted --index fp8 --topk 64 --kv exact` plus `grid` printed, run into

@@ -257,10 +257,14 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
     let reasoning_only = "The code mentioned was 12345, so";
     let answered = format!("The code mentioned was 12345.{end}12345");
     let wrong_answer = format!("The code mentioned was 12345.{end}I do not know.");
-    assert!(chat.judge_generated(reasoning_only, "12345"));
-    assert!(!thinking.judge_generated(reasoning_only, "12345"));
-    assert!(thinking.judge_generated(&answered, "12345"));
-    assert!(!thinking.judge_generated(&wrong_answer, "12345"));
+    assert_eq!(chat.judge_generated(reasoning_only, "12345"), Some(true));
+    // Reasoning cut off before </think>: no answer, so no verdict (not WRONG).
+    assert_eq!(thinking.judge_generated(reasoning_only, "12345"), None);
+    assert_eq!(thinking.judge_generated(&answered, "12345"), Some(true));
+    assert_eq!(
+        thinking.judge_generated(&wrong_answer, "12345"),
+        Some(false)
+    );
 }
 
 /// A haystack file must be a regular text file: a device (read until memory runs out) and

@@ -262,7 +262,7 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
         kv: "fp8".into(),
         topk: 512,
         answer_text: "71432".into(),
-        answer_correct: true,
+        answer_correct: Some(true),
         generated_ids: vec![],
         layers: vec![
             layer(id, 1, "fp8", true, 3),
@@ -283,4 +283,12 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
     assert_eq!(c.answer_correct, Some(true));
     let unjudged = needlescope::sweep::cell_record(&prompt, 4096, &run, false);
     assert_eq!(unjudged.answer_correct, None);
+    // A run with no answer to judge (a thinking run that never reached </think>) is judged
+    // by the indexer, like an unjudged one.
+    let no_answer = needlescope::probe::session::ProbeRun {
+        answer_correct: None,
+        ..run
+    };
+    let c = needlescope::sweep::cell_record(&prompt, 4096, &no_answer, true);
+    assert_eq!(c.answer_correct, None);
 }

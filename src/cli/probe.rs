@@ -238,7 +238,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "kv": r.kv,
                 "topk": r.topk,
                 "answer_text": r.answer_text,
-                "answer_correct": judge_answers.then_some(r.answer_correct),
+                "answer_correct": judge_answers.then_some(r.answer_correct).flatten(),
                 "layers": r.layers,
                 "attention": r.attention,
                 "lost_layers": crate::probe::why::lost_layers(r, last),

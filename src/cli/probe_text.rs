@@ -66,8 +66,10 @@ pub(super) fn print_tables(
             match (judge_answers, run.answer_correct) {
                 (false, _) if opts.generate == 0 => "no verdict (--generate 0: nothing generated)",
                 (false, _) => "no verdict (synthetic model: its LM path does not answer)",
-                (true, true) => "CORRECT",
-                (true, false) => "WRONG",
+                (true, Some(true)) => "CORRECT",
+                (true, Some(false)) => "WRONG",
+                (true, None) =>
+                    "no verdict (no </think> in the generated tokens: raise --generate)",
             },
             run.wall_seconds
         )?;

@@ -448,15 +448,16 @@ impl Scenario {
     }
 
     /// A note for a thinking-mode scenario judged by its answer: the answer follows `</think>`,
-    /// and a run whose `generate` tokens end before it is judged wrong, which reads like a lost
-    /// needle. None for a chat scenario or `--generate 0` (the indexer judges).
+    /// and a run whose `generate` tokens end before it gets no verdict (the indexer judges it
+    /// instead). None for a chat scenario or `--generate 0` (the indexer judges).
     pub fn thinking_note(&self, generate: usize) -> Option<String> {
         (self.thinking && generate > 0).then(|| {
             format!(
                 "scenario {} thinks first: its answer follows </think>, and a run whose \
-                 {generate} generated tokens end before </think> is judged wrong (not lost by \
-                 the indexer); give --generate room for the reasoning (hundreds to thousands \
-                 of tokens), or --generate 0 to judge by the indexer alone",
+                 {generate} generated tokens end before </think> has no answer to judge (the \
+                 indexer's recall judges it instead); give --generate room for the reasoning \
+                 (hundreds to thousands of tokens), or --generate 0 to judge by the indexer \
+                 alone",
                 self.name
             )
         })
@@ -475,14 +476,15 @@ impl Scenario {
 
     /// Whether the generated text answers correctly for the expected `value`. In thinking
     /// mode only the text after the last `</think>` is the answer (a value repeated while
-    /// reasoning is not an answer); without a `</think>` the answer was never reached.
-    pub fn judge_generated(&self, generated: &str, value: &str) -> bool {
+    /// reasoning is not an answer); without a `</think>` the answer was never reached: `None`,
+    /// no verdict (the generation was too short, which says nothing about the needle).
+    pub fn judge_generated(&self, generated: &str, value: &str) -> Option<bool> {
         if !self.thinking {
-            return self.check_answer(generated, value);
+            return Some(self.check_answer(generated, value));
         }
         generated
             .rsplit_once(super::tokenizer::THINK_END)
-            .is_some_and(|(_, answer)| self.check_answer(answer, value))
+            .map(|(_, answer)| self.check_answer(answer, value))
     }
 
     /// Whether `generated` answers correctly for the expected `value`.

@@ -60,7 +60,9 @@ pub struct ProbeRun {
     pub kv: String,
     pub topk: usize,
     pub answer_text: String,
-    pub answer_correct: bool,
+    /// The verdict on the answer; `None` when there is no answer to judge (a thinking
+    /// scenario whose generation ended before `</think>`).
+    pub answer_correct: Option<bool>,
     pub generated_ids: Vec<u32>,
     pub layers: Vec<LayerRecord>,
     #[serde(skip)]
@@ -265,10 +267,10 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
     let mut parts = Vec::new();
     for run in runs {
         let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
-        let verdict = if run.answer_correct {
-            "answer correct"
-        } else {
-            "answer wrong"
+        let verdict = match run.answer_correct {
+            Some(true) => "answer correct",
+            Some(false) => "answer wrong",
+            None => "no answer: the generation ended before </think>",
         };
         let what = if nontrivial == 0 {
             format!(

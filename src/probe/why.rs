@@ -314,7 +314,7 @@ mod tests {
             kv: "fp8".into(),
             topk: 10,
             answer_text: String::new(),
-            answer_correct: false,
+            answer_correct: Some(false),
             generated_ids: vec![],
             layers,
             attention: vec![],
