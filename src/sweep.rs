@@ -258,9 +258,10 @@ fn sweep_into(
     if let Some(note) = scenario.competing_answers_note() {
         writeln!(out, "note: {note}")?;
     }
+    let marks = model_marks(model_dir);
     if let Some(note) = scenario
         .thinking_note(plan.generate)
-        .filter(|_| model_marks(model_dir).judges_answers(plan.generate))
+        .filter(|_| marks.judges_answers(plan.generate))
     {
         writeln!(out, "note: {note}")?;
     }
@@ -273,7 +274,6 @@ fn sweep_into(
         chunk: target.chunk(),
         ..plan.clone()
     };
-    let marks = model_marks(model_dir);
     let info = RunInfo::new(
         model_dir.display().to_string(),
         config_hash(&cfg),

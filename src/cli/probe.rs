@@ -164,9 +164,11 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     if let Some(note) = scenario.competing_answers_note() {
         eprintln!("note: {note}");
     }
+    let marks = crate::sweep::model_marks(&args.model);
+    let judge_answers = marks.judges_answers(args.generate);
     if let Some(note) = scenario
         .thinking_note(args.generate)
-        .filter(|_| crate::sweep::model_marks(&args.model).judges_answers(args.generate))
+        .filter(|_| judge_answers)
     {
         eprintln!("note: {note}");
     }
@@ -214,8 +216,6 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let runs = target.run(&ckpt, EngineOptions::default(), task)?;
     progress.finish();
     let last = prompt.tokens.len() - 1;
-    let marks = crate::sweep::model_marks(&args.model);
-    let judge_answers = marks.judges_answers(args.generate);
     if args.json {
         let obj = serde_json::json!({
             "model": args.model.display().to_string(),

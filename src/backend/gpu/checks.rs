@@ -137,45 +137,44 @@ pub fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()
 /// Checks that every buffer an operation touches is one of the executor's own (`owned`): on a
 /// GPU a pointer into another device's memory is an illegal address that poisons the context
 /// (or, with peer access, a silent slow read), and the emulator's devices share host memory,
-/// so only this check catches an op that mixes devices. `op` names the operation, `device` the
-/// executor; `bufs` are the operation's buffers in argument order.
+/// so only this check catches an op that mixes devices. `what` names the operation and the
+/// executor (called only for the error); `bufs` are the operation's buffers in argument order.
+/// A launch's arguments are checked by [`arg_slots`].
 pub fn check_owned<'b, B: 'b>(
-    device: &str,
-    op: impl FnOnce() -> String,
+    what: impl FnOnce() -> String,
     bufs: impl IntoIterator<Item = &'b B>,
     owned: impl Fn(&B) -> bool,
 ) -> Result<(), GpuError> {
     match bufs.into_iter().position(|b| !owned(b)) {
         None => Ok(()),
         Some(i) => Err(GpuError::Other(format!(
-            "{} on {device}: its buffer #{i} belongs to another device",
-            op()
+            "{}: its buffer #{i} belongs to another device",
+            what()
         ))),
     }
 }
 
-/// The buffers among a launch's arguments, in order (for [`check_owned`]).
-pub fn arg_bufs<'a, B>(args: &'a [Arg<'_, B>]) -> impl Iterator<Item = &'a B> {
-    args.iter().filter_map(|a| match *a {
-        Arg::Buf(b, _) => Some(b),
-        _ => None,
-    })
-}
-
 /// The 8-byte launch slots of `args` (cuLaunchKernel's convention: parameter i points at slot
 /// i; 4-byte values sit in the low bytes, little-endian). `address(buf)` gives a buffer's base
-/// address and length; offsets past the end are errors. Checks the signature first.
+/// address and length, or `None` when the buffer is another device's (see [`check_owned`]);
+/// such a buffer and offsets past the end are errors. Checks the signature first.
 pub fn arg_slots<B>(
     kernel: &str,
     args: &[Arg<'_, B>],
-    address: impl Fn(&B) -> (u64, usize),
+    address: impl Fn(&B) -> Option<(u64, usize)>,
 ) -> Result<Vec<u64>, GpuError> {
     check_args(kernel, args)?;
     args.iter()
-        .map(|a| {
+        .enumerate()
+        .map(|(i, a)| {
             Ok(match *a {
                 Arg::Buf(b, off) => {
-                    let (base, len) = address(b);
+                    let Some((base, len)) = address(b) else {
+                        return Err(GpuError::Launch {
+                            kernel: kernel.into(),
+                            why: format!("argument #{i} is a buffer of another device"),
+                        });
+                    };
                     if off > len {
                         return Err(GpuError::Launch {
                             kernel: kernel.into(),

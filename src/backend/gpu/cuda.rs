@@ -8,7 +8,7 @@
 //! before every driver call (the engine may call from any thread). Families are loaded on their
 //! first launch.
 
-use super::checks::{arg_bufs, arg_slots, check_owned, check_range};
+use super::checks::{arg_slots, check_owned, check_range};
 use super::executor::{
     gemm_key, Arg, Executor, Gemm, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
@@ -316,7 +316,11 @@ impl CudaExecutor {
     }
 
     fn write_now(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
-        check_owned(&self.name(), || "write".into(), [&*dst], |b| self.owns(b))?;
+        check_owned(
+            || format!("write on {}", self.name()),
+            [&*dst],
+            |b| self.owns(b),
+        )?;
         check_range("write", offset, src.len(), dst.len)?;
         self.bind()?;
         // The stream-ordered copy on the legacy default stream: a plain cuMemcpyHtoD from
@@ -332,7 +336,11 @@ impl CudaExecutor {
     }
 
     fn read_now(&self, src: &CudaBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
-        check_owned(&self.name(), || "read".into(), [src], |b| self.owns(b))?;
+        check_owned(
+            || format!("read on {}", self.name()),
+            [src],
+            |b| self.owns(b),
+        )?;
         check_range("read", offset, dst.len(), src.len)?;
         self.bind()?;
         // SAFETY: bounds checked; the synchronous copy waits for the default stream.
@@ -348,15 +356,9 @@ impl CudaExecutor {
         grid: u32,
         args: &[Arg<'_, CudaBuf>],
     ) -> Result<(), GpuError> {
-        check_owned(
-            &self.name(),
-            || kernel.into(),
-            arg_bufs(args),
-            |b| self.owns(b),
-        )?;
         let f = self.function(kernel)?;
         self.bind()?;
-        let mut slots = arg_slots(kernel, args, |b| (b.ptr, b.len))?;
+        let mut slots = arg_slots(kernel, args, |b| self.owns(b).then_some((b.ptr, b.len)))?;
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)

@@ -10,7 +10,7 @@
 //! past an argument's end fails here instead of corrupting a neighbour on a GPU; the launch
 //! check (`checks.rs`) only sees where each argument starts.
 
-use super::checks::{arg_bufs, arg_slots, check_gemm, check_owned, check_range};
+use super::checks::{arg_slots, check_gemm, check_owned, check_range};
 use super::executor::{
     gemm_key, Arg, Executor, Gemm, GemmType, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
@@ -301,7 +301,11 @@ impl EmuExecutor {
     }
 
     fn write_now(&self, dst: &mut EmuBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
-        check_owned(&self.name(), || "write".into(), [&*dst], |b| self.owns(b))?;
+        check_owned(
+            || format!("write on {}", self.name()),
+            [&*dst],
+            |b| self.owns(b),
+        )?;
         check_range("write", offset, src.len(), dst.len)?;
         // SAFETY: bounds checked above; dst is exclusively borrowed.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.add(offset), src.len()) };
@@ -310,7 +314,11 @@ impl EmuExecutor {
     }
 
     fn read_now(&self, src: &EmuBuf, offset: usize, dst: &mut [u8]) -> Result<(), GpuError> {
-        check_owned(&self.name(), || "read".into(), [src], |b| self.owns(b))?;
+        check_owned(
+            || format!("read on {}", self.name()),
+            [src],
+            |b| self.owns(b),
+        )?;
         check_range("read", offset, dst.len(), src.len)?;
         dst.copy_from_slice(&src.as_slice()[offset..offset + dst.len()]);
         self.transfers.read(dst.len());
@@ -323,14 +331,10 @@ impl EmuExecutor {
         grid: u32,
         args: &[Arg<'_, EmuBuf>],
     ) -> Result<(), GpuError> {
-        check_owned(
-            &self.name(),
-            || kernel.into(),
-            arg_bufs(args),
-            |b| self.owns(b),
-        )?;
         // One 8-byte slot per argument (signature checked); params[i] points at slot i.
-        let mut slots = arg_slots(kernel, args, |b| (b.ptr as u64, b.len))?;
+        let mut slots = arg_slots(kernel, args, |b| {
+            self.owns(b).then_some((b.ptr as u64, b.len))
+        })?;
         let index = Self::index_of(kernel).expect("a kernel with a signature is in the table");
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
@@ -362,7 +366,11 @@ impl EmuExecutor {
     }
 
     fn gemm_now(&self, g: &Gemm, x: &EmuBuf, w: &EmuBuf, y: &mut EmuBuf) -> Result<(), GpuError> {
-        check_owned(&self.name(), || gemm_key(g), [x, w, &*y], |b| self.owns(b))?;
+        check_owned(
+            || format!("{} on {}", gemm_key(g), self.name()),
+            [x, w, &*y],
+            |b| self.owns(b),
+        )?;
         check_gemm(g, x.len, w.len, y.len)?;
         let es = g.ty.bytes();
         let (xs, ws) = (x.as_slice(), w.as_slice());

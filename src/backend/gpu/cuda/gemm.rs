@@ -27,7 +27,11 @@ impl CudaExecutor {
         w: &CudaBuf,
         y: &mut CudaBuf,
     ) -> Result<(), GpuError> {
-        check_owned(&self.name(), || gemm_key(g), [x, w, &*y], |b| self.owns(b))?;
+        check_owned(
+            || format!("{} on {}", gemm_key(g), self.name()),
+            [x, w, &*y],
+            |b| self.owns(b),
+        )?;
         check_gemm(g, x.len, w.len, y.len)?;
         if g.m == 0 || g.n == 0 {
             return Ok(());
@@ -116,8 +120,8 @@ impl CudaExecutor {
         y: &mut CudaBuf,
     ) -> Result<(), GpuError> {
         let bufs = std::iter::once(x).chain(ws.iter().map(|(w, _)| *w));
-        let op = || format!("{} per weight", gemm_key(g));
-        check_owned(&self.name(), op, bufs.chain([&*y]), |b| self.owns(b))?;
+        let what = || format!("{} per weight on {}", gemm_key(g), self.name());
+        check_owned(what, bufs.chain([&*y]), |b| self.owns(b))?;
         let products = per_weight_products(g, ws)?;
         for (p, (w, _)) in products.iter().zip(ws) {
             check_gemm(p, x.len, w.len, y.len)?;
