@@ -3,7 +3,8 @@
 //!
 //! Accepts the HF-style config shipped with DeepSeek-V4-Flash (44-entry `compress_ratios` whose
 //! trailing entries belong to the MTP layer(s); 46 in the 0731 release, whose three DSpark
-//! stages replace the MTP layer), top-level `expert_dtype`, `quantization_config`,
+//! stages replace the MTP layer), top-level `expert_dtype` (or, failing that, the copy Hugging
+//! Face keeps in `quantization_config.expert_dtype`), `quantization_config`,
 //! `rope_scaling`, `compress_rope_theta`) and V4-Pro. Unknown keys are ignored (the 0731 release
 //! adds `dspark_*` keys). Every check names the field, the value found and what was expected.
 //! `model_type` must be `"deepseek_v4"` (or absent), `quantization_config.quant_method` absent,
@@ -119,6 +120,10 @@ pub struct QuantizationConfig {
     /// routed experts are NVFP4 while `quant_method` stays `"fp8"` for everything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe_quant_algo: Option<String>,
+    /// Where Hugging Face's loader copies the top-level `expert_dtype` (and where NVIDIA's
+    /// V4.1 NVFP4 export keeps it): read as `expert_dtype` when the top level has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_dtype: Option<String>,
 }
 
 impl QuantizationConfig {
@@ -131,6 +136,7 @@ impl QuantizationConfig {
             scale_fmt: Some("ue8m0".into()),
             weight_block_size: Some(vec![128, 128]),
             moe_quant_algo: None,
+            expert_dtype: None,
         }
     }
 
@@ -355,7 +361,7 @@ impl ModelConfig {
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
         refuse_resaved_by_transformers(text, path)?;
         let mut json = serde_json::Deserializer::from_str(text);
-        let cfg: ModelConfig = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let mut cfg: ModelConfig = serde_path_to_error::deserialize(&mut json).map_err(|e| {
             let field = e.path().to_string();
             ConfigError::Parse {
                 path: path.to_path_buf(),
@@ -369,8 +375,34 @@ impl ModelConfig {
             field: String::new(),
             source,
         })?;
+        cfg.adopt_nested_expert_dtype(path)?;
         cfg.validate(path)?;
         Ok(cfg)
+    }
+
+    /// Takes `quantization_config.expert_dtype` as `expert_dtype` when the top level has none;
+    /// refuses the two when they disagree.
+    fn adopt_nested_expert_dtype(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let Some(nested) = self
+            .quantization_config
+            .as_ref()
+            .and_then(|q| q.expert_dtype.clone())
+        else {
+            return Ok(());
+        };
+        match &self.expert_dtype {
+            None => self.expert_dtype = Some(nested),
+            Some(top) if *top != nested => {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: "quantization_config.expert_dtype".into(),
+                    found: format!("{nested:?} while the top-level expert_dtype is {top:?}"),
+                    expected: "the same value as the top-level expert_dtype".into(),
+                })
+            }
+            Some(_) => {}
+        }
+        Ok(())
     }
 
     /// Serialises back to pretty JSON (what `synth` writes).
@@ -485,8 +517,9 @@ impl ModelConfig {
         )
     }
 
-    /// SHA-256 of the canonical JSON of this config, to tie results to a model. ModelOpt's
-    /// `moe_quant_algo` is left out: it only names the experts' storage (the weights' own hash
+    /// SHA-256 of the canonical JSON of this config, to tie results to a model. A nested
+    /// `quantization_config.expert_dtype` is left out (it is hashed as the top-level field it
+    /// becomes at load). ModelOpt's `moe_quant_algo` is left out: it only names the experts' storage (the weights' own hash
     /// covers that), and configs hashed before the key was read keep their hash, so report
     /// directories made with NVIDIA's NVFP4 checkpoint still resume.
     pub fn hash_hex(&self) -> String {
@@ -494,6 +527,8 @@ impl ModelConfig {
         let mut hashed = self.clone();
         if let Some(q) = hashed.quantization_config.as_mut() {
             q.moe_quant_algo = None;
+            // Adopted as the top-level `expert_dtype`, which the hash covers.
+            q.expert_dtype = None;
         }
         let digest = Sha256::digest(serde_json::to_vec(&hashed).expect("config serialises"));
         digest.iter().map(|b| format!("{b:02x}")).collect()

@@ -400,6 +400,39 @@ fn moe_quant_algo_is_read_but_not_hashed() {
 }
 
 #[test]
+fn expert_dtype_inside_quantization_config_is_read_when_the_top_level_has_none() {
+    let mut json = flash_config_json();
+    let top = ModelConfig::from_json_str(&json.to_string(), Path::new("x")).unwrap();
+    let ed = json
+        .as_object_mut()
+        .unwrap()
+        .remove("expert_dtype")
+        .unwrap();
+    let none = ModelConfig::from_json_str(&json.to_string(), Path::new("x")).unwrap();
+    assert_eq!(none.expert_dtype, None);
+    json["quantization_config"]["expert_dtype"] = ed;
+    let nested = ModelConfig::from_json_str(&json.to_string(), Path::new("x")).unwrap();
+    assert_eq!(nested.expert_dtype.as_deref(), Some("fp4"));
+    assert!(nested.experts_fp4());
+    assert_eq!(nested.hash_hex(), top.hash_hex());
+    // Both given and different: refused, naming the nested field and both values.
+    json["expert_dtype"] = serde_json::json!("fp8");
+    let err = ModelConfig::from_json_str(&json.to_string(), Path::new("cfg.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("quantization_config.expert_dtype")
+            && err.contains("\"fp4\"")
+            && err.contains("\"fp8\""),
+        "{err}"
+    );
+    // Both given and equal: accepted.
+    json["expert_dtype"] = serde_json::json!("fp4");
+    let both = ModelConfig::from_json_str(&json.to_string(), Path::new("x")).unwrap();
+    assert_eq!(both.hash_hex(), top.hash_hex());
+}
+
+#[test]
 fn a_value_of_the_wrong_type_names_its_field() {
     for (edit, field) in [
         (

@@ -79,6 +79,16 @@ fn missing_shard_file_names_index_shard_and_a_tensor() {
 }
 
 #[test]
+fn an_empty_weight_map_is_refused_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    tiny(d.path(), WeightFormat::Bf16, 2);
+    edit_index(d.path(), |v| v["weight_map"] = serde_json::json!({}));
+    let (e, msg) = open_err(d.path());
+    assert!(matches!(e, CheckpointError::IndexFormat { .. }), "{e:?}");
+    assert_mentions(&msg, &["index.json", "empty \"weight_map\""]);
+}
+
+#[test]
 fn index_naming_an_absent_file_is_reported_with_the_tensor() {
     let d = tempfile::tempdir().unwrap();
     tiny(d.path(), WeightFormat::Bf16, 2);

@@ -2,13 +2,14 @@
 //!
 //! Layout: `u64` little-endian header length `N`, then `N` bytes of JSON (an object mapping
 //! tensor names to `{"dtype", "shape", "data_offsets": [begin, end]}` plus an optional
-//! `"__metadata__"` object of strings, possibly padded with trailing spaces), then the data
+//! `"__metadata__"` object of strings (or null), possibly padded with trailing spaces), then the data
 //! section. `data_offsets` are relative to the start of the data section; [`HeaderEntry`]
 //! stores them converted to absolute file offsets. Checks: the length field fits the file,
 //! the header is a JSON object, each entry has exactly the three fields with the right
 //! types, the dtype is known, `begin <= end <= data section length`, and `end - begin` equals
-//! `numel(shape) * dtype size` (computed with overflow checks). Holes or overlaps between
-//! tensors are tolerated (the official crate refuses them; we only need each tensor's bytes).
+//! `numel(shape) * dtype size` (computed with overflow checks), no name appears twice, and the
+//! tensors tile the data section exactly (no hole, no overlap, nothing after the last), as the
+//! safetensors crate requires; an overlap would hand one tensor another's bytes.
 
 use super::dtype::Dtype;
 use super::CheckpointError;
@@ -71,6 +72,12 @@ pub fn parse_header(file: &Path, bytes: &[u8]) -> Result<Header, CheckpointError
             kind(&json),
         ));
     };
+    if let Some(name) = repeated_key(&bytes[8..data_start]) {
+        return Err(CheckpointError::NameRepeatedInHeader {
+            file: file.to_path_buf(),
+            tensor: name,
+        });
+    }
     let mut header = Header {
         data_start,
         ..Header::default()
@@ -110,8 +117,76 @@ pub fn parse_header(file: &Path, bytes: &[u8]) -> Result<Header, CheckpointError
             data_offsets: data_start + start as usize..data_start + end as usize,
         });
     }
-    header.entries.sort_by_key(|e| e.data_offsets.start);
+    header
+        .entries
+        .sort_by_key(|e| (e.data_offsets.start, e.data_offsets.end));
+    check_tiling(file, &header, bytes.len())?;
     Ok(header)
+}
+
+/// The tensors, in offset order, must tile the data section exactly: each starts where the
+/// previous ended (the first at 0) and the last ends at the end of the file, as the safetensors
+/// crate requires (`Metadata::validate`). An overlap would hand one tensor another's bytes.
+fn check_tiling(file: &Path, header: &Header, file_len: usize) -> Result<(), CheckpointError> {
+    let relative = |offset: usize| (offset - header.data_start) as u64;
+    let mut expected_start = header.data_start;
+    let mut previous = "the start of the data section".to_string();
+    for e in &header.entries {
+        if e.data_offsets.start != expected_start {
+            return Err(CheckpointError::OffsetsNotContiguous {
+                file: file.to_path_buf(),
+                tensor: e.name.clone(),
+                start: relative(e.data_offsets.start),
+                expected: relative(expected_start),
+                previous,
+            });
+        }
+        expected_start = e.data_offsets.end;
+        previous = format!("tensor {}", e.name);
+    }
+    if expected_start != file_len {
+        return Err(CheckpointError::TrailingData {
+            file: file.to_path_buf(),
+            end: relative(expected_start),
+            data_len: relative(file_len),
+            last: previous,
+        });
+    }
+    Ok(())
+}
+
+/// The first key that appears twice at the top level of the header's JSON (a JSON object
+/// parsed into a map keeps only the last of a repeated key, silently). `None` also when the
+/// bytes are not an object; the caller has already parsed them and reports that itself.
+fn repeated_key(json: &[u8]) -> Option<String> {
+    struct FirstRepeat(Option<String>);
+    impl<'de> serde::Deserialize<'de> for FirstRepeat {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Keys;
+            impl<'de> serde::de::Visitor<'de> for Keys {
+                type Value = FirstRepeat;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<FirstRepeat, A::Error> {
+                    let mut seen = std::collections::HashSet::new();
+                    let mut repeat = None;
+                    while let Some(key) = map.next_key::<String>()? {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        if repeat.is_none() && !seen.insert(key.clone()) {
+                            repeat = Some(key);
+                        }
+                    }
+                    Ok(FirstRepeat(repeat))
+                }
+            }
+            d.deserialize_map(Keys)
+        }
+    }
+    serde_json::from_slice::<FirstRepeat>(json).ok()?.0
 }
 
 fn entry_err(
@@ -143,6 +218,10 @@ fn kind(v: &Value) -> String {
 }
 
 fn parse_metadata(file: &Path, v: &Value) -> Result<BTreeMap<String, String>, CheckpointError> {
+    if v.is_null() {
+        // The safetensors crate writes and accepts `"__metadata__": null`.
+        return Ok(BTreeMap::new());
+    }
     let Value::Object(m) = v else {
         return Err(entry_err(
             file,

@@ -143,6 +143,32 @@ pub enum CheckpointError {
         found: u64,
     },
 
+    #[error(
+        "{file}: tensor {tensor}: data_offsets start at {start}, expected {expected} (where \
+         {previous} ends): tensors must tile the data section with no gap or overlap"
+    )]
+    OffsetsNotContiguous {
+        file: PathBuf,
+        tensor: String,
+        start: u64,
+        expected: u64,
+        previous: String,
+    },
+
+    #[error(
+        "{file}: the data section is {data_len} bytes, but its tensors end at {end} ({last}): \
+         a safetensors file has nothing after its last tensor"
+    )]
+    TrailingData {
+        file: PathBuf,
+        end: u64,
+        data_len: u64,
+        last: String,
+    },
+
+    #[error("{file}: tensor {tensor}: named twice in the header")]
+    NameRepeatedInHeader { file: PathBuf, tensor: String },
+
     #[error("tensor {tensor}: expected in one shard, found in both {first} and {second}")]
     DuplicateTensor {
         tensor: String,

@@ -417,6 +417,12 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>, CheckpointError> 
             },
         ));
     };
+    if wm.is_empty() {
+        return Err(bad(
+            "a \"weight_map\" naming at least one tensor",
+            "an empty \"weight_map\"".into(),
+        ));
+    }
     wm.iter()
         .map(|(k, v)| match v {
             // A shard is a plain file name beside the index: no directory part, so an index
