@@ -26,7 +26,7 @@
 //! | `bf16-qk` | `bf(q)` | `bf(w) · S` | `bf(k)`, 1 | f32 |
 //! | `sglang-fp4` | `fp4s(bf(H bf(q)))` | `bf(w) · S` | `fp4s(H k)`, 1 | f32 |
 //! | `official-fp4` | `fp4r(bf(H bf(q)))` | `bf(bf(w) · S)` | `fp4r(bf(H bf(k)))`, 1 | REF bf16, below |
-//! | `vllm-fp8` | `fp8p(bf(q))` with scale `s_q` | `fp32(fp32(bf(w) · S) · s_q)` | `fp8p(k)`, its scale | f32 |
+//! | `vllm-fp8` | `fp8p(bf(q))` with scale `s_q` | `fp32(fp32(bf(w) · S) · s_q)` | `fp8p(bf(k))`, its scale | f32 |
 //! | `fp8-no-hadamard-k` | as `fp8` | as `fp8` | `fp8q(k)` (not rotated), its scale | f32 |
 //!
 //! f32 scores: `s_k · Σ_h w'_h · ReLU(dot_h)`, each dot in f32 with 8 interleaved partial sums
@@ -209,7 +209,11 @@ pub fn prepare_key_row(profile: IndexProfile, row: &[f32], out: &mut [f32]) -> f
             fp4_sim_pow2_rne(out, INDEX_FP4_BLOCK);
             1.0
         }
-        VllmFp8 => fp8_row_scale_pow2_inplace(out),
+        VllmFp8 => {
+            // vLLM's key kernel rounds the rotated row to bf16 before its amax and e4m3 cast.
+            bf16_round_slice(out);
+            fp8_row_scale_pow2_inplace(out)
+        }
         Fp8NoHadamardK => fp8_row_scale_fp32_inplace(out),
     }
 }

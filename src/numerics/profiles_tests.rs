@@ -109,6 +109,18 @@ fn vllm_fp8_power_of_two_scales_give_exact_score_by_hand() {
     assert_eq!(score_one(IndexProfile::VllmFp8, &Q, &W, &K), 2.0 * s());
 }
 
+#[test]
+fn vllm_fp8_keys_are_rounded_to_bf16_before_their_amax_and_e4m3_cast() {
+    // vLLM's key kernel quantises bf16(k). amax 1 gives s_k = 2^-8; 17.03/256 scales to 17.03,
+    // which e4m3 (step 2 in [16, 32)) rounds to 18, but bf16(17.03/256) scales to exactly 17,
+    // an e4m3 tie that goes to the even 16.
+    let k = [1.0f32, 17.03 / 256.0];
+    let mut out = [0.0f32; 2];
+    let s_k = prepare_key_row(IndexProfile::VllmFp8, &k, &mut out);
+    assert_eq!(s_k, 2f32.powi(-8));
+    assert_eq!(out, [256.0, 16.0]);
+}
+
 /// Head 0 = H[2,2,0,0]; key = H[1, 0.4375, 0, 0]: after rotation the key's second element
 /// scales to 1.75, an e2m1 tie (RNE -> 2, SGLang -> 1.5). Exact q·k = 2.875.
 const Q4: [f32; 8] = [2.0, 0.0, 2.0, 0.0, -2.0, 0.0, -2.0, 0.0];

@@ -55,7 +55,7 @@ pub fn key_recipe(profile: IndexProfile) -> i32 {
         Bf16Qk => BF_PRE,
         SglangFp4 => ROTATE | Q_FP4_SGLANG,
         OfficialFp4 => BF_PRE | ROTATE | BF_POST | Q_FP4_RNE,
-        VllmFp8 => Q_FP8_POW2,
+        VllmFp8 => BF_PRE | Q_FP8_POW2,
         Fp8NoHadamardK => Q_FP8_FP32,
     }
 }
