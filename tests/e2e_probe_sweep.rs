@@ -1235,8 +1235,9 @@ fn generate_zero_is_judged_by_recall_not_by_an_empty_answer() {
         "{stderr}"
     );
     assert!(
-        stdout.contains("no verdict (no </think> in the generated tokens: raise --generate)")
-            && stdout.contains("no answer: the generation ended before </think>")
+        stdout.contains(
+            "no verdict (--generate stopped it before its answer ended: raise --generate)"
+        ) && stdout.contains("no verdict: the generation stopped before its answer ended")
             && !stdout.contains("WRONG"),
         "{stdout}"
     );

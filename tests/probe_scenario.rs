@@ -185,7 +185,14 @@ fn answer_checks_use_the_expected_value() {
             sc.check_answer("It is /srv/build/1234567.", "1234567"),
             "{name}"
         );
-        for wrong in ["91234567", "12345678", "It is 1234567890."] {
+        for wrong in [
+            "91234567",
+            "12345678",
+            "It is 1234567890.",
+            // A hedge between two candidates is not a recall.
+            "1234567 or 7654321",
+            "Either 7654321 or 1234567.",
+        ] {
             assert!(
                 !sc.check_answer(wrong, "1234567"),
                 "{name}: {wrong:?} is not the value 1234567"
@@ -257,12 +264,29 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
     let reasoning_only = "The code mentioned was 12345, so";
     let answered = format!("The code mentioned was 12345.{end}12345");
     let wrong_answer = format!("The code mentioned was 12345.{end}I do not know.");
-    assert_eq!(chat.judge_generated(reasoning_only, "12345"), Some(true));
-    // Reasoning cut off before </think>: no answer, so no verdict (not WRONG).
-    assert_eq!(thinking.judge_generated(reasoning_only, "12345"), None);
-    assert_eq!(thinking.judge_generated(&answered, "12345"), Some(true));
+    assert_eq!(chat.judge_generated(reasoning_only, "12345", false), Some(true));
+    // Reasoning cut off before </think>: no answer, so no verdict (not WRONG), even when the
+    // model stopped there itself.
+    for ended in [false, true] {
+        assert_eq!(thinking.judge_generated(reasoning_only, "12345", ended), None);
+        assert_eq!(
+            thinking.judge_generated(&answered, "12345", ended),
+            Some(true)
+        );
+    }
     assert_eq!(
-        thinking.judge_generated(&wrong_answer, "12345"),
+        thinking.judge_generated(&wrong_answer, "12345", true),
+        Some(false)
+    );
+    // Cut off by the token limit right after </think>, or inside the value: no verdict.
+    let cut_after_think = format!("The code mentioned was 12345.{end}");
+    assert_eq!(
+        thinking.judge_generated(&cut_after_think, "12345", false),
+        None
+    );
+    assert_eq!(chat.judge_generated("The code is 123", "12345", false), None);
+    assert_eq!(
+        chat.judge_generated("The code is 123", "12345", true),
         Some(false)
     );
 }

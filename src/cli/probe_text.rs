@@ -69,7 +69,7 @@ pub(super) fn print_tables(
                 (true, Some(true)) => "CORRECT",
                 (true, Some(false)) => "WRONG",
                 (true, None) =>
-                    "no verdict (no </think> in the generated tokens: raise --generate)",
+                    "no verdict (--generate stopped it before its answer ended: raise --generate)",
             },
             run.wall_seconds
         )?;

@@ -476,27 +476,42 @@ impl Scenario {
 
     /// Whether the generated text answers correctly for the expected `value`. In thinking
     /// mode only the text after the last `</think>` is the answer (a value repeated while
-    /// reasoning is not an answer); without a `</think>` the answer was never reached: `None`,
-    /// no verdict (the generation was too short, which says nothing about the needle).
-    pub fn judge_generated(&self, generated: &str, value: &str) -> Option<bool> {
-        if !self.thinking {
-            return Some(self.check_answer(generated, value));
+    /// reasoning is not an answer). `None`, no verdict, when the answer was never reached or
+    /// never finished: a thinking run without `</think>`, or a run cut off by the token limit
+    /// (not ended by the end-of-sentence token, `ended`) whose answer so far is not right (it
+    /// may have stopped inside the value). A too-short generation says nothing about the needle.
+    pub fn judge_generated(&self, generated: &str, value: &str, ended: bool) -> Option<bool> {
+        let answer = if self.thinking {
+            generated.rsplit_once(super::tokenizer::THINK_END)?.1
+        } else {
+            generated
+        };
+        match self.check_answer(answer, value) {
+            true => Some(true),
+            false if ended => Some(false),
+            false => None,
         }
-        generated
-            .rsplit_once(super::tokenizer::THINK_END)
-            .map(|(_, answer)| self.check_answer(answer, value))
     }
 
-    /// Whether `generated` answers correctly for the expected `value`.
+    /// Whether `generated` answers correctly for the expected `value`: the scenario's check
+    /// passes and, for a digits value, no other number of the value's length is offered beside
+    /// it (an answer that hedges between candidates has not recalled the needle).
     pub fn check_answer(&self, generated: &str, value: &str) -> bool {
-        match &self.answer {
+        let passes = match &self.answer {
             AnswerCheck::Substring => generated.contains(value),
             AnswerCheck::Regex(p) => {
                 regex::Regex::new(&p.replace("{value}", &regex::escape(value)))
                     .map(|re| re.is_match(generated))
                     .unwrap_or(false)
             }
-        }
+        };
+        let hedges = match self.value {
+            ValueSpec::Digits { .. } => digit_runs_of(generated, value.len())
+                .iter()
+                .any(|r| *r != value),
+            _ => false,
+        };
+        passes && !hedges
     }
 }
 

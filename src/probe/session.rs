@@ -205,7 +205,9 @@ pub fn run_probe<B: Backend>(
             }
             let text_ids: Vec<u32> = generated.iter().copied().filter(|&t| t != eos).collect();
             let answer_text = tok.decode(&text_ids)?;
-            let answer_correct = scenario.judge_generated(&answer_text, &prompt.answer_value);
+            let ended = generated.last() == Some(&eos);
+            let answer_correct =
+                scenario.judge_generated(&answer_text, &prompt.answer_value, ended);
             let run = ProbeRun {
                 cell_id: id,
                 index: index.name().to_string(),
@@ -270,7 +272,7 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
         let verdict = match run.answer_correct {
             Some(true) => "answer correct",
             Some(false) => "answer wrong",
-            None => "no answer: the generation ended before </think>",
+            None => "no verdict: the generation stopped before its answer ended",
         };
         let what = if nontrivial == 0 {
             format!(
