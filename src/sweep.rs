@@ -163,7 +163,7 @@ pub struct SweepOutcome {
 
 /// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:
 /// a value given twice in a list flag, a length (plus `--generate`) past the model's
-/// positions, or one too short for the scenario (one prompt per length is built here).
+/// positions, or any prompt of the grid that cannot be built (all are built here).
 pub fn check_plan(
     plan: &SweepPlan,
     tok: &V4Tokenizer,
@@ -187,10 +187,52 @@ pub fn check_plan(
                 plan.generate
             );
         }
-        let depth = plan.depths.first().copied().unwrap_or(50.0);
-        sweep_prompt(tok, scenario, length, depth, plan.seed, max)?;
     }
-    Ok(())
+    check_prompts(plan, tok, scenario, max)
+}
+
+/// Builds every prompt of the grid (each length, depth and sample; in parallel, and dropped
+/// again: a cell rebuilds its own, the same), so that no prompt can fail once cells are
+/// running, where a resume would stop at the same cell again. The first failure in grid
+/// order is reported with its cell.
+fn check_prompts(
+    plan: &SweepPlan,
+    tok: &V4Tokenizer,
+    scenario: &Scenario,
+    max_positions: usize,
+) -> anyhow::Result<()> {
+    use rayon::prelude::*;
+    let prompts: Vec<(usize, f64, usize)> = plan
+        .lengths
+        .iter()
+        .flat_map(|&l| {
+            plan.depths
+                .iter()
+                .flat_map(move |&d| (0..plan.samples).map(move |s| (l, d, s)))
+        })
+        .collect();
+    let failures: Vec<Option<anyhow::Error>> = prompts
+        .par_iter()
+        .map(|&(length, depth, sample)| {
+            let seed = plan.seed.wrapping_add(sample as u64);
+            sweep_prompt(tok, scenario, length, depth, seed, max_positions)
+                .err()
+                .map(|e| {
+                    let samples = if plan.samples > 1 {
+                        format!(", sample {sample} (seed {seed})")
+                    } else {
+                        String::new()
+                    };
+                    e.context(format!(
+                        "the prompt of length {length} at depth {depth}%{samples}"
+                    ))
+                })
+        })
+        .collect();
+    match failures.into_iter().flatten().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// [`build_prompt`] for a sweep cell: a length error names `--lengths`.

@@ -611,6 +611,62 @@ fn essay_scenario_runs_with_a_haystack_file() {
     assert!(stderr.contains("scenario_fingerprint"), "{stderr}");
 }
 
+/// Every prompt of a sweep's grid is built before the first cell runs: a prompt that cannot be
+/// built (here the second sample's, whose every value the haystack file holds) is refused up
+/// front, naming its cell, with nothing written, rather than stopping the sweep at that cell
+/// on every resume.
+#[test]
+fn a_sweep_refuses_an_unbuildable_prompt_of_any_cell_before_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let essay = needlescope::probe::scenario::Scenario::load("essay").unwrap();
+    let trapped: Vec<String> = (0..8).map(|d| essay.generate_value_draw(6, d).0).collect();
+    let text: Vec<String> = (0..240)
+        .map(|i| format!("Ledger {i} lists code {} in blue ink.", trapped[i % 8]))
+        .collect();
+    let file = dir.path().join("trap.txt");
+    std::fs::write(&file, text.join(" ")).unwrap();
+    let out = dir.path().join("sweep");
+    let run = bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--scenario",
+            "essay",
+            "--lengths",
+            "512",
+            "--depths",
+            "0,50",
+        ])
+        .args([
+            "--samples",
+            "2",
+            "--seed",
+            "5",
+            "--kv",
+            "exact",
+            "--generate",
+            "0",
+        ])
+        .args(["--topk", "64", "--haystack-file"])
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the prompt of length 512 at depth 0%, sample 1 (seed 6)")
+            && stderr.contains("each of the 8 values drawn for this seed"),
+        "{stderr}"
+    );
+    assert!(
+        !out.join("cells.csv").exists(),
+        "a cell ran before the refusal"
+    );
+}
+
 /// The text report shows every probed position, not only the answer position: question tokens
 /// (`--probe question`) and decode steps, consecutive ones with the same figures on one line.
 #[test]

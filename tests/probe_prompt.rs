@@ -592,3 +592,48 @@ kind = "kv"
         build_prompt(&tok(), &kv, length, 50.0, 0, MAX).unwrap();
     }
 }
+
+/// A haystack file that holds the seed's value makes the builder draw the seed's next value
+/// (the same one on every run) instead of failing; a file holding every value it may draw is
+/// refused, saying so.
+#[test]
+fn a_value_the_haystack_holds_is_redrawn_the_same_way_every_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = scenario("essay", &dir);
+    let seed = 5;
+    let first = plain.generate_value_draw(seed, 0).0;
+    assert_eq!(plain.generate_value(seed).0, first);
+    let trap = |values: &[String]| {
+        let path = dir.path().join("trap.txt");
+        let text: Vec<String> = (0..60)
+            .map(|i| {
+                format!(
+                    "Entry {i} was filed under {} by the clerk.",
+                    values[i % values.len()]
+                )
+            })
+            .collect();
+        std::fs::write(&path, text.join(" ")).unwrap();
+        Scenario::load("essay")
+            .unwrap()
+            .with_haystack_file(&path)
+            .unwrap()
+    };
+    let sc = trap(std::slice::from_ref(&first));
+    let a = build_prompt(&tok(), &sc, 400, 50.0, seed, MAX).unwrap();
+    let b = build_prompt(&tok(), &sc, 400, 50.0, seed, MAX).unwrap();
+    assert_ne!(a.answer_value, first);
+    assert_eq!(a.answer_value, sc.generate_value_draw(seed, 1).0);
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(a.tokens.len(), 400);
+    let all: Vec<String> = (0..8)
+        .map(|d| plain.generate_value_draw(seed, d).0)
+        .collect();
+    let err = build_prompt(&tok(), &trap(&all), 400, 50.0, seed, MAX).unwrap_err();
+    assert!(matches!(err, PromptError::ValueNotUnique { draws: 8, .. }));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("each of the 8 values drawn for this seed") && !msg.contains("--seed"),
+        "{msg}"
+    );
+}

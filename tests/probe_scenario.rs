@@ -264,11 +264,17 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
     let reasoning_only = "The code mentioned was 12345, so";
     let answered = format!("The code mentioned was 12345.{end}12345");
     let wrong_answer = format!("The code mentioned was 12345.{end}I do not know.");
-    assert_eq!(chat.judge_generated(reasoning_only, "12345", false), Some(true));
+    assert_eq!(
+        chat.judge_generated(reasoning_only, "12345", false),
+        Some(true)
+    );
     // Reasoning cut off before </think>: no answer, so no verdict (not WRONG), even when the
     // model stopped there itself.
     for ended in [false, true] {
-        assert_eq!(thinking.judge_generated(reasoning_only, "12345", ended), None);
+        assert_eq!(
+            thinking.judge_generated(reasoning_only, "12345", ended),
+            None
+        );
         assert_eq!(
             thinking.judge_generated(&answered, "12345", ended),
             Some(true)
@@ -284,7 +290,10 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
         thinking.judge_generated(&cut_after_think, "12345", false),
         None
     );
-    assert_eq!(chat.judge_generated("The code is 123", "12345", false), None);
+    assert_eq!(
+        chat.judge_generated("The code is 123", "12345", false),
+        None
+    );
     assert_eq!(
         chat.judge_generated("The code is 123", "12345", true),
         Some(false)

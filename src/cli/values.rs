@@ -54,7 +54,8 @@ pub fn parse_depth(s: &str) -> Result<f64, String> {
     if !(0.0..=100.0).contains(&v) {
         return Err(format!("{FORM}; found {v}"));
     }
-    Ok(v)
+    // -0 is 0: one cell id (`d0`) and one JSON value for the same depth.
+    Ok(v + 0.0)
 }
 
 /// `--depths`: a comma list of percentages (`10,50,90`) or an inclusive range
@@ -104,7 +105,7 @@ impl std::str::FromStr for DepthList {
                 if !(0.0..=100.0).contains(&v) {
                     return Err(format!("{FORM}; {v} is outside 0..100"));
                 }
-                Ok(v)
+                Ok(v + 0.0)
             };
             let (start, stop) = (num(parts[0])?, num(parts[1])?);
             let step: f64 = parts[2]
@@ -361,6 +362,18 @@ mod tests {
             .ends_with("it must be positive"));
         assert!(parse_token_count("1.5k").is_err());
         assert!(parse_token_count("99999999999999999999m").is_err());
+    }
+
+    #[test]
+    fn minus_zero_depth_is_zero() {
+        for s in ["-0", "-0.0", " -0 "] {
+            let d = parse_depth(s).unwrap();
+            assert!(d == 0.0 && d.is_sign_positive(), "{s}: {d}");
+        }
+        for s in ["-0,50", "-0:50:50"] {
+            let list = s.parse::<DepthList>().unwrap().0;
+            assert!(list[0].is_sign_positive(), "{s}: {list:?}");
+        }
     }
 
     #[test]

@@ -78,13 +78,15 @@ pub enum PromptError {
     },
     #[error("--length {target}: over the model's max_position_embeddings ({max_positions})")]
     TooLong { target: usize, max_positions: usize },
-    #[error("--length {target}: could not size scenario {scenario}'s haystack to exactly {target} tokens (closest {closest}); try another --seed")]
+    #[error("--length {target}: could not size scenario {scenario}'s haystack to exactly {target} tokens with any of the {draws} needle values drawn for this seed (closest {closest}): its pieces cannot add up to that count; expected a --length it can reach, such as {closest}")]
     LengthNotReached {
         target: usize,
         scenario: String,
         closest: usize,
+        /// Needle values tried.
+        draws: usize,
     },
-    #[error("scenario {scenario}: the {what} does not start and end on token boundaries: expected span text {expected:?} (up to glued whitespace), found {found:?}; put a space or punctuation around {{value}} in the needle")]
+    #[error("scenario {scenario}: the {what} does not start and end on token boundaries: expected span text {expected:?} (up to glued whitespace), found {found:?}; put a space before and after {{value}} in the needle (punctuation glued to a word merges with it)")]
     SpanNotExact {
         scenario: String,
         what: &'static str,
@@ -114,11 +116,13 @@ pub enum PromptError {
         target: usize,
         fields: &'static str,
     },
-    #[error("scenario {scenario}: the value {value:?} occurs {count} times in the prompt, expected exactly once; try another --seed")]
+    #[error("scenario {scenario}: the value {value:?} occurs {count} times in the prompt, expected exactly once, and so did each of the {draws} values drawn for this seed: the haystack holds the values the scenario's value generator draws; expected a haystack without them, or a value with more possible values (value.n, value.words)")]
     ValueNotUnique {
         scenario: String,
         value: String,
         count: usize,
+        /// Needle values tried.
+        draws: usize,
     },
 }
 
@@ -154,6 +158,11 @@ const DEPTH_ROUNDS: usize = 4;
 /// short haystack lines), so the needle can land off the requested depth; the placement is
 /// redone aiming past the miss (at most `DEPTH_ROUNDS` times) and the closest prompt is kept
 /// (`actual_depth_pct` says where it is).
+///
+/// A value that would occur more than once in the prompt (a haystack file holding it), or with
+/// which the exact length cannot be reached, is redrawn from the seed's next value stream (at
+/// most `VALUE_DRAWS` values, the same ones on every run), so a sweep never stops at one cell
+/// of a grid whose other cells build.
 pub fn build_prompt(
     tok: &V4Tokenizer,
     sc: &Scenario,
@@ -162,10 +171,68 @@ pub fn build_prompt(
     seed: u64,
     max_positions: usize,
 ) -> Result<NeedlePrompt, PromptError> {
+    let mut last = None;
+    for draw in 0..VALUE_DRAWS {
+        match build_prompt_draw(tok, sc, target_tokens, depth_pct, seed, draw, max_positions) {
+            Err(
+                e @ (PromptError::ValueNotUnique { .. } | PromptError::LengthNotReached { .. }),
+            ) => last = Some(e),
+            done => return done,
+        }
+    }
+    Err(match last.expect("at least one draw") {
+        PromptError::ValueNotUnique {
+            scenario,
+            value,
+            count,
+            ..
+        } => PromptError::ValueNotUnique {
+            scenario,
+            value,
+            count,
+            draws: VALUE_DRAWS,
+        },
+        PromptError::LengthNotReached {
+            target,
+            scenario,
+            closest,
+            ..
+        } => PromptError::LengthNotReached {
+            target,
+            scenario,
+            closest,
+            draws: VALUE_DRAWS,
+        },
+        other => other,
+    })
+}
+
+/// Values tried per prompt (see [`build_prompt`]).
+const VALUE_DRAWS: usize = 8;
+
+/// [`build_prompt`] with the `draw`-th value of the seed.
+#[allow(clippy::too_many_arguments)]
+fn build_prompt_draw(
+    tok: &V4Tokenizer,
+    sc: &Scenario,
+    target_tokens: usize,
+    depth_pct: f64,
+    seed: u64,
+    draw: usize,
+    max_positions: usize,
+) -> Result<NeedlePrompt, PromptError> {
     let mut aim = depth_pct;
     let mut best: Option<NeedlePrompt> = None;
     for _ in 0..DEPTH_ROUNDS {
-        let p = match place_needle(tok, sc, target_tokens, depth_pct, aim, seed, max_positions) {
+        let placed = place_needle(
+            tok,
+            sc,
+            target_tokens,
+            (depth_pct, aim),
+            (seed, draw),
+            max_positions,
+        );
+        let p = match placed {
             Ok(p) => p,
             // A later aim that cannot be sized keeps the earlier, valid prompt.
             Err(_) if best.is_some() => break,
@@ -193,9 +260,8 @@ fn place_needle(
     tok: &V4Tokenizer,
     sc: &Scenario,
     target_tokens: usize,
-    depth_pct: f64,
-    aim_pct: f64,
-    seed: u64,
+    (depth_pct, aim_pct): (f64, f64),
+    (seed, draw): (u64, usize),
     max_positions: usize,
 ) -> Result<NeedlePrompt, PromptError> {
     if !(0.0..=100.0).contains(&depth_pct) {
@@ -207,7 +273,7 @@ fn place_needle(
             max_positions,
         });
     }
-    let (value, key) = sc.generate_value(seed);
+    let (value, key) = sc.generate_value_draw(seed, draw);
     let needle_text = fill(&sc.needle, &key, &value);
     let value_offset = fill(sc.needle.split("{value}").next().unwrap_or(""), &key, "").len();
     let question = fill(&sc.question, &key, "");
@@ -418,6 +484,7 @@ fn place_needle(
         target: target_tokens,
         scenario: sc.name.clone(),
         closest,
+        draws: 1,
     })
 }
 

@@ -465,11 +465,22 @@ impl Scenario {
 
     /// Needle value and key (empty when the needle has no `{key}`) for a seed.
     pub fn generate_value(&self, seed: u64) -> (String, String) {
-        let value = self.value.generate(&mut Rng::stream(seed, "value"));
+        self.generate_value_draw(seed, 0)
+    }
+
+    /// The `draw`-th value and key of a seed (draw 0 is [`Self::generate_value`]'s), from
+    /// their own streams: the prompt builder redraws when a value would not be unique in the
+    /// prompt or the length cannot be reached with it, the same way on every run.
+    pub fn generate_value_draw(&self, seed: u64, draw: usize) -> (String, String) {
+        let stream = |name: &str| match draw {
+            0 => Rng::stream(seed, name),
+            d => Rng::stream(seed, &format!("{name}#{d}")),
+        };
+        let value = self.value.generate(&mut stream("value"));
         let key = self
             .key
             .as_ref()
-            .map(|k| k.generate(&mut Rng::stream(seed, "key")))
+            .map(|k| k.generate(&mut stream("key")))
             .unwrap_or_default();
         (value, key)
     }

@@ -106,6 +106,7 @@ pub(super) fn finish(
             scenario: sc.name.clone(),
             value,
             count,
+            draws: 1,
         });
     }
     let mut spans = [(0, 0, String::new()), (0, 0, String::new())];
