@@ -20,6 +20,7 @@
 //! notes for `tools`), see `prompt.rs`.
 
 use std::path::{Path, PathBuf};
+use unicode_segmentation::UnicodeSegmentation;
 
 use super::rng::Rng;
 use super::scenario::{HaystackKind, Scenario, ScenarioError, ValueSpec};
@@ -391,12 +392,17 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
     let mut sep = String::new();
     let mut cur = String::new();
     let mut words_in_cur = 0usize;
-    // Characters since the last whitespace or unit end.
+    // Characters (grapheme clusters) since the last whitespace or unit end.
     let mut run_chars = 0usize;
-    let chars: Vec<char> = text.chars().collect();
+    // Whole grapheme clusters, so that no unit ends between a letter and its combining mark
+    // (Thai tone marks, Devanagari vowel signs), inside an emoji joiner sequence or between
+    // the two letters of a flag: the needle goes between units.
+    let clusters: Vec<&str> = text.graphemes(true).collect();
+    let first_char = |g: &str| g.chars().next().unwrap_or(' ');
     let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
+    while i < clusters.len() {
+        let g = clusters[i];
+        let c = first_char(g);
         if c.is_whitespace() {
             run_chars = 0;
             // Whitespace ends a unit after sentence punctuation or a long run of words.
@@ -407,8 +413,8 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
             let ends =
                 matches!(prev, Some('.' | '!' | '?' | '。' | '！' | '？')) || words_in_cur >= 80;
             let mut ws = String::new();
-            while i < chars.len() && chars[i].is_whitespace() {
-                ws.push(chars[i]);
+            while i < clusters.len() && first_char(clusters[i]).is_whitespace() {
+                ws.push_str(clusters[i]);
                 i += 1;
             }
             if cur.is_empty() {
@@ -426,15 +432,17 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
             }
             continue;
         }
-        cur.push(c);
+        cur.push_str(g);
         i += 1;
         run_chars += 1;
         // Text without spaces (Chinese or Japanese prose, minified code, base64) still ends
         // units: after a full-width sentence mark, or every RUN_CHARS characters of one run,
         // so that no unit outgrows a prompt's budget. The next unit then has no separator.
         let full_stop = matches!(c, '。' | '！' | '？');
-        let next_is_space = chars.get(i).is_some_and(|n| n.is_whitespace());
-        if (full_stop || run_chars >= RUN_CHARS) && !next_is_space && i < chars.len() {
+        let next_is_space = clusters
+            .get(i)
+            .is_some_and(|n| first_char(n).is_whitespace());
+        if (full_stop || run_chars >= RUN_CHARS) && !next_is_space && i < clusters.len() {
             units.push(Unit {
                 sep: std::mem::take(&mut sep),
                 text: std::mem::take(&mut cur),
@@ -454,7 +462,7 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
     Ok(units)
 }
 
-/// Characters of one whitespace-free run after which a file unit ends anyway.
+/// Grapheme clusters of one whitespace-free run after which a file unit ends anyway.
 const RUN_CHARS: usize = 160;
 
 #[cfg(test)]
@@ -506,5 +514,35 @@ mod tests {
         assert!(units.len() >= 40 + 1000 / RUN_CHARS, "{}", units.len());
         assert!(units.iter().all(|u| u.text.chars().count() <= RUN_CHARS));
         assert!(units[0].text.ends_with('。') && units[1].sep.is_empty());
+    }
+
+    /// Long runs are cut between grapheme clusters only: never before a Thai tone mark or
+    /// vowel sign, inside an emoji joiner sequence, or between a flag's two letters (the
+    /// needle goes between units, so such a cut would break a word or a symbol in two).
+    #[test]
+    fn spaceless_runs_are_cut_between_whole_characters() {
+        let thai = "ข่าวที่น่าสนใจ".repeat(40);
+        let family = "👩\u{200d}👩\u{200d}👧".repeat(400);
+        let flags = "🇯🇵🇫🇷".repeat(200);
+        let accents = "e\u{301}".repeat(400);
+        for text in [&thai, &family, &flags, &accents] {
+            let units = file_units(text, Path::new("t.txt")).unwrap();
+            assert!(units.len() > 1, "the run was not cut at all");
+            let joined: String = units.iter().map(|u| u.text.as_str()).collect();
+            assert_eq!(&joined, text);
+            for u in &units {
+                let first = u.text.chars().next().unwrap();
+                let last = u.text.chars().last().unwrap();
+                let combining = matches!(first, '\u{0e31}' | '\u{0e34}'..='\u{0e3a}' | '\u{0e47}'..='\u{0e4e}' | '\u{301}');
+                assert!(!combining, "a unit starts with the mark {first:?}");
+                assert!(first != '\u{200d}' && last != '\u{200d}', "cut at a joiner");
+                let indicators = u
+                    .text
+                    .chars()
+                    .filter(|c| ('\u{1f1e6}'..='\u{1f1ff}').contains(c))
+                    .count();
+                assert!(indicators % 2 == 0, "a flag cut in two: {:?}", u.text);
+            }
+        }
     }
 }
