@@ -150,6 +150,13 @@ fn invalid_fields_name_the_file_field_expected_and_found() {
             ),
             "`value.sep`: expected a separator without chat markers",
         ),
+        (
+            BASE.replace(
+                "kind = \"digits\"\nn = 5",
+                "kind = \"words\"\nn = 2\nwords = [\"apple\", \"x{value}\"]",
+            ),
+            "`value.words`: expected words without braces, found \"x{value}\"",
+        ),
     ];
     for (text, expected) in cases {
         let msg = parse(&text).unwrap_err();

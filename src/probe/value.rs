@@ -142,6 +142,11 @@ pub(crate) fn parse_value(
                     format!("{w:?}"),
                 ));
             }
+            // A brace would let a drawn word carry `{value}` or `{key}` into the needle, where
+            // it would be substituted again (the separator is refused braces likewise).
+            if let Some(w) = list.iter().find(|w| w.contains(['{', '}'])) {
+                return Err(field(f_words, "words without braces", format!("{w:?}")));
+            }
             let sep = raw.sep.clone().unwrap_or_else(|| "-".into());
             if looks_like_special(&sep) {
                 return Err(field(
