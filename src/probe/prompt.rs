@@ -180,31 +180,13 @@ pub fn build_prompt(
             done => return done,
         }
     }
-    Err(match last.expect("at least one draw") {
-        PromptError::ValueNotUnique {
-            scenario,
-            value,
-            count,
-            ..
-        } => PromptError::ValueNotUnique {
-            scenario,
-            value,
-            count,
-            draws: VALUE_DRAWS,
-        },
-        PromptError::LengthNotReached {
-            target,
-            scenario,
-            closest,
-            ..
-        } => PromptError::LengthNotReached {
-            target,
-            scenario,
-            closest,
-            draws: VALUE_DRAWS,
-        },
-        other => other,
-    })
+    let mut err = last.expect("at least one draw");
+    if let PromptError::ValueNotUnique { draws, .. } | PromptError::LengthNotReached { draws, .. } =
+        &mut err
+    {
+        *draws = VALUE_DRAWS;
+    }
+    Err(err)
 }
 
 /// Values tried per prompt (see [`build_prompt`]).
