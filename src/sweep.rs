@@ -523,9 +523,9 @@ impl SweepTask<'_> {
                 _ => String::new(),
             };
             let line = format!(
-                "{:>7} tokens  depth {:>5.1}%{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{landed}",
+                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{landed}",
                 cell.prompt_tokens,
-                cell.depth_pct,
+                crate::report::depth_label(cell.depth_pct),
                 cell.index.name(),
                 cell.topk,
                 verdict,

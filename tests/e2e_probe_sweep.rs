@@ -1337,7 +1337,7 @@ fn sweep_lines_say_where_a_needle_off_its_depth_landed() {
         "10",
     ]);
     let line = text.lines().find(|l| l.contains(" tokens  depth")).unwrap();
-    assert!(line.contains("depth  10.0%  fp8"), "{line}");
+    assert!(line.contains("depth  10%  fp8"), "{line}");
     assert!(line.ends_with(" s  (needle at 0.0%)"), "{line}");
 }
 
@@ -1404,8 +1404,8 @@ fn sweep_lines_name_the_sample() {
         .filter(|l| l.contains(" tokens  depth"))
         .collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[0].contains("depth  50.0%  sample 0  fp8"), "{text}");
-    assert!(lines[1].contains("depth  50.0%  sample 1  fp8"), "{text}");
+    assert!(lines[0].contains("depth  50%  sample 0  fp8"), "{text}");
+    assert!(lines[1].contains("depth  50%  sample 1  fp8"), "{text}");
 }
 
 /// The text report gives the real reason there is no verdict: nothing generated, or a planted

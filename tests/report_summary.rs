@@ -142,6 +142,28 @@ fn table_is_aligned_plain_text_without_colour() {
     assert!(coloured.contains("\x1b[3"));
 }
 
+/// The recall percentage never rounds a partial recall to 100% or 0%: 199 of 200 is 99%, 1 of
+/// 200 is 1% (without colour the figure would contradict the fraction beside it).
+#[test]
+fn recall_percentage_says_100_only_when_all_and_0_only_when_none() {
+    for (recalled, shown) in [
+        (199usize, "199/200  99%"),
+        (1, "1/200   1%"),
+        (200, "200/200 100%"),
+        (0, "0/200   0%"),
+    ] {
+        let cells: Vec<CellRecord> = (0..200)
+            .map(|i| with(&format!("c{i}"), 4096, Some(10), Some(i < recalled)))
+            .collect();
+        let table = render_table(&summarize(&cells, &Default::default()), false);
+        let row = table.lines().nth(2).unwrap();
+        assert!(
+            row.contains(shown),
+            "{recalled}/200 recalled is shown as: {row}"
+        );
+    }
+}
+
 /// Layers lost to rounding come from layers.csv: a lost layer that the exact record of the same
 /// layer selects. A group has the figure only when every cell scored exact; the table shows it
 /// in "exact keeps", `-` otherwise.

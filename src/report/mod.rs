@@ -33,6 +33,9 @@ pub mod store;
 pub mod summary;
 mod validate;
 
+/// A depth as the report writes it everywhere (`50%`, `12.25%`: every decimal it has).
+pub(crate) use plot_heatmap::depth_label;
+
 pub use error::{FieldDifference, ReportError, Result};
 pub use lock::DirLock;
 pub use plots::{render_all, render_records};

@@ -62,7 +62,7 @@ fn order(p: IndexProfile) -> usize {
 
 /// `50%`, `33.3%`, `50.04%`: every decimal the depth has (probes sharing an `--out` at
 /// depths 50.04 and 50.000001 must not get two rows labelled alike).
-fn depth_label(d: f64) -> String {
+pub(crate) fn depth_label(d: f64) -> String {
     if d.fract() == 0.0 {
         format!("{d:.0}%")
     } else {

@@ -212,10 +212,10 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
     for g in groups {
         let recall = match g.recall_rate {
             Some(rate) => format!(
-                "{}/{} {:>3.0}%{}",
+                "{}/{} {:>3}%{}",
                 g.recalled,
                 g.evidence_cells,
-                rate * 100.0,
+                whole_percent(rate),
                 match g.judged_by {
                     "answer" => "",
                     "indexer" => " idx",
@@ -312,4 +312,15 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
          trivial: n_t <= k on every CSA layer of every cell (no evidence).\n",
     );
     out
+}
+
+/// A rate as a whole percentage that says 100 only when all and 0 only when none: 199 of 200
+/// is 99%, not a rounded 100% beside a fraction that says otherwise.
+fn whole_percent(rate: f64) -> u32 {
+    let pct = (rate * 100.0).round() as u32;
+    if rate > 0.0 && rate < 1.0 {
+        pct.clamp(1, 99)
+    } else {
+        pct
+    }
 }
