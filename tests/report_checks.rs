@@ -209,6 +209,37 @@ fn a_torn_last_line_is_left_out_with_a_note() {
     );
 }
 
+/// A quote opened at the start of a field mid-file (a hand edit) is named at its line, not
+/// taken for a run's torn last record (which would leave every later cell's layer rows
+/// orphaned); a quote inside an unquoted field is a plain character, as the csv crate reads it.
+#[test]
+fn an_unclosed_quote_is_named_at_its_line_and_a_quote_inside_a_field_is_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path();
+    let cells = sweep_cells();
+    write_run(run, sweep_info(), &cells);
+    let path = run.join("cells.csv");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let with_answer = |answer: &str| {
+        let mut lines: Vec<String> = text.lines().map(String::from).collect();
+        let mut fields: Vec<String> = lines[2].split(',').map(String::from).collect();
+        fields[11] = answer.to_string();
+        lines[2] = fields.join(",");
+        lines.join("\n") + "\n"
+    };
+    std::fs::write(&path, with_answer("\"oops")).unwrap();
+    let err = RunRecords::read(run).err().unwrap().to_string();
+    assert!(
+        err.contains("cells.csv, line 3: a quoted field opens on this line and never closes"),
+        "{err}"
+    );
+    std::fs::write(&path, with_answer("oo\"ps")).unwrap();
+    let read = RunRecords::read(run).unwrap();
+    assert_eq!(read.cells.len(), cells.len());
+    assert_eq!(read.cells[1].answer_text, "oo\"ps");
+    assert!(read.notes.is_empty(), "{:?}", read.notes);
+}
+
 #[test]
 fn a_duplicated_cell_id_is_refused_by_report_and_resume() {
     let dir = tempfile::tempdir().unwrap();

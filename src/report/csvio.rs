@@ -70,6 +70,31 @@ fn line_ends(bytes: &[u8], range: Range<usize>) -> u64 {
     n
 }
 
+/// Whether a record's bytes end inside a quoted field, read as the csv crate reads them: a
+/// quote opens a quoted field only at the start of a field (elsewhere it is a plain
+/// character), and inside one a doubled quote is a literal quote.
+fn ends_inside_quotes(record: &[u8]) -> bool {
+    let (mut quoted, mut field_start) = (false, true);
+    let mut i = 0;
+    while i < record.len() {
+        let b = record[i];
+        if quoted {
+            if b == b'"' {
+                if record.get(i + 1) == Some(&b'"') {
+                    i += 1;
+                } else {
+                    quoted = false;
+                }
+            }
+        } else if b == b'"' && field_start {
+            quoted = true;
+        }
+        field_start = !quoted && matches!(b, b',' | b'\n' | b'\r');
+        i += 1;
+    }
+    quoted
+}
+
 /// Physical lines in `bytes` (as error line numbers count them).
 pub(crate) fn count_lines(bytes: &[u8]) -> u64 {
     line_ends(bytes, 0..bytes.len())
@@ -121,8 +146,19 @@ pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
         counted = start as usize + lead;
         let line = 1 + lines;
         let last = end >= len;
-        let open_quote = own.iter().filter(|&&b| b == b'"').count() % 2 == 1;
+        let open_quote = ends_inside_quotes(own);
         let terminated = !open_quote && matches!(own.last(), Some(b'\n' | b'\r'));
+        // A "torn last record" that runs to a file ending with a line end over lines shaped
+        // like whole records is no torn write (cells are appended whole, so a stopped run
+        // tears at most the tail of one record): a quote opened at a field's start never
+        // closes and swallows the records after it.
+        let unclosed_quote = last
+            && open_quote
+            && matches!(bytes.last(), Some(b'\n' | b'\r'))
+            && own
+                .split(|&b| b == b'\n' || b == b'\r')
+                .skip(1)
+                .any(|l| l.iter().filter(|&&b| b == b',').count() + 1 == columns.len());
         let fail = |message: String| -> Result<ParsedCsv<T>> {
             Err(ReportError::Csv {
                 path: path.to_path_buf(),
@@ -130,6 +166,14 @@ pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
                 message,
             })
         };
+        if unclosed_quote {
+            return fail(format!(
+                "a quoted field opens on this line and never closes (its quote would hold \
+                 the {} lines to the end of the file); expected a closing quote (a quote inside \
+                 a field is written twice, \"\")",
+                line_ends(own, 0..own.len())
+            ));
+        }
         match read {
             Ok(false) => break,
             Ok(true) => {}
