@@ -322,12 +322,17 @@ pub(crate) fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
-    {
+    let written = (|| {
         let mut f = File::create(&tmp).map_err(ReportError::io(&tmp))?;
         f.write_all(bytes).map_err(ReportError::io(&tmp))?;
         f.sync_all().map_err(ReportError::io(&tmp))?;
+        fs::rename(&tmp, path).map_err(ReportError::io(path))
+    })();
+    if written.is_err() {
+        // No half-written `.tmp` left behind beside the records.
+        let _ = fs::remove_file(&tmp);
     }
-    fs::rename(&tmp, path).map_err(ReportError::io(path))?;
+    written?;
     if let Some(dir) = path.parent() {
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
@@ -339,7 +344,9 @@ pub(crate) fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Reads and parses a JSON file.
 pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
     let bytes = fs::read(path).map_err(ReportError::io(path))?;
-    serde_json::from_slice(&bytes).map_err(|e| ReportError::Json {
+    // A byte-order mark (an editor's) is no JSON; the CSVs accept it too.
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&bytes);
+    serde_json::from_slice(bytes).map_err(|e| ReportError::Json {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
