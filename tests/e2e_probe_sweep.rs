@@ -603,6 +603,13 @@ fn essay_scenario_runs_with_a_haystack_file() {
             .unwrap()
     };
     ok(sweep(&text), "essay sweep");
+    // The same bytes by another path (a copy elsewhere) resume: the file counts by content.
+    let copy_dir = dir.path().join("elsewhere");
+    std::fs::create_dir(&copy_dir).unwrap();
+    let copy = copy_dir.join("essay-copy.txt");
+    std::fs::copy(&text, &copy).unwrap();
+    let resumed = ok(sweep(&copy), "essay sweep resumed with a copy of the file");
+    assert!(resumed.contains("1 of 1 cells already finished"), "{resumed}");
     let other = dir.path().join("other.txt");
     std::fs::write(&other, sentences.join(" ").replace("rivers", "glaciers")).unwrap();
     let refused = sweep(&other);
