@@ -1,4 +1,4 @@
-//! Ctrl-C during runs that keep their finished work (`sweep`, `demo`).
+//! Ctrl-C during runs that keep their finished work (`sweep`, `demo`, `probe`).
 //!
 //! The binary installs one process-wide handler ([`install`]). While a resumable run is in
 //! progress (a [`Resumable`] guard is alive), the first Ctrl-C asks it to stop once the cell in
@@ -6,6 +6,8 @@
 //! one exits at once. Either way the process exits 130 and says where the finished cells are and
 //! how to go on: a sweep resumes when rerun with `--out` naming that directory (its default
 //! `--out` has a timestamp, so the hint names it), the demo starts afresh ([`restart_hint`]).
+//! A probe stops after the (index, top-k) run in flight, prints the finished runs and records
+//! them in its `--out` directory when it has one.
 //! While the report is rendered after the last cell ([`Resumable::rendering`]) Ctrl-C exits
 //! at once, saying that the records are complete and `needlescope report` renders them. Outside
 //! such a run Ctrl-C ends the process at once, as without a handler. A library user that never
@@ -26,8 +28,9 @@ static ACTIVE: Mutex<Option<Active>> = Mutex::new(None);
 static RESTART_HINT: Mutex<Option<String>> = Mutex::new(None);
 
 struct Active {
-    /// Where the run keeps its finished cells.
-    dir: PathBuf,
+    /// Where the run keeps its finished cells (None: a probe without `--out`, which only
+    /// prints them).
+    dir: Option<PathBuf>,
     /// All cells are finished and the report is being rendered.
     rendering: bool,
 }
@@ -36,11 +39,12 @@ struct Active {
 /// says how to go on ([`next_step`]).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "interrupted by Ctrl-C: {finished} of {total} cells are finished and kept in {}; {next}",
-    dir.display()
+    "interrupted by Ctrl-C: {finished} of {total} cells are finished{}; {next}",
+    dir.as_ref().map_or(String::new(), |d| format!(" and kept in {}", d.display()))
 )]
 pub struct Interrupted {
-    pub dir: PathBuf,
+    /// None: nothing was recorded (a probe without `--out`).
+    pub dir: Option<PathBuf>,
     pub finished: usize,
     pub total: usize,
     pub next: String,
@@ -84,25 +88,37 @@ fn on_ctrl_c() {
     let Some((dir, rendering)) = active else {
         std::process::exit(i32::from(EXIT_INTERRUPTED));
     };
-    if rendering {
-        eprintln!(
-            "\nstopped by Ctrl-C while writing the report: every cell is finished in {0}; \
-             `needlescope report {0}` writes the summary and plots",
-            dir.display()
-        );
-        std::process::exit(i32::from(EXIT_INTERRUPTED));
+    match (&dir, rendering) {
+        (Some(dir), true) => {
+            eprintln!(
+                "\nstopped by Ctrl-C while writing the report: every cell is finished in {0}; \
+                 `needlescope report {0}` writes the summary and plots",
+                dir.display()
+            );
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
+        }
+        (None, true) => std::process::exit(i32::from(EXIT_INTERRUPTED)),
+        _ => {}
     }
     if PRESSES.fetch_add(1, Ordering::AcqRel) == 0 {
         STOP.store(true, Ordering::Release);
         eprintln!(
-            "\nCtrl-C: stopping once the cell in flight is finished; press Ctrl-C again to stop now (finished cells are kept either way)"
+            "\nCtrl-C: stopping once the cell in flight is finished; press Ctrl-C again to stop now ({})",
+            if dir.is_some() {
+                "finished cells are kept either way"
+            } else {
+                "then nothing is printed"
+            }
         );
     } else {
-        eprintln!(
-            "\nstopped by Ctrl-C: finished cells are kept in {}; {}",
-            dir.display(),
-            next_step(&dir)
-        );
+        match &dir {
+            Some(dir) => eprintln!(
+                "\nstopped by Ctrl-C: finished cells are kept in {}; {}",
+                dir.display(),
+                next_step(dir)
+            ),
+            None => eprintln!("\nstopped by Ctrl-C"),
+        }
         std::process::exit(i32::from(EXIT_INTERRUPTED));
     }
 }
@@ -118,9 +134,15 @@ pub struct Resumable(());
 
 impl Resumable {
     pub fn new(dir: &Path) -> Self {
+        Self::recorded_in(Some(dir))
+    }
+
+    /// [`Resumable::new`], or with `None` a run that keeps its finished cells only by printing
+    /// them (a probe without `--out`).
+    pub fn recorded_in(dir: Option<&Path>) -> Self {
         if let Ok(mut active) = ACTIVE.lock() {
             *active = Some(Active {
-                dir: dir.to_path_buf(),
+                dir: dir.map(Path::to_path_buf),
                 rendering: false,
             });
         }

@@ -450,7 +450,7 @@ impl SweepTask<'_> {
         let dir = self.run_dir.path().to_path_buf();
         Err(crate::interrupt::Interrupted {
             next: crate::interrupt::next_step(&dir),
-            dir,
+            dir: Some(dir),
             finished,
             total: self.total,
         }

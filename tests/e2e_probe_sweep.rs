@@ -609,7 +609,10 @@ fn essay_scenario_runs_with_a_haystack_file() {
     let copy = copy_dir.join("essay-copy.txt");
     std::fs::copy(&text, &copy).unwrap();
     let resumed = ok(sweep(&copy), "essay sweep resumed with a copy of the file");
-    assert!(resumed.contains("1 of 1 cells already finished"), "{resumed}");
+    assert!(
+        resumed.contains("1 of 1 cells already finished"),
+        "{resumed}"
+    );
     let other = dir.path().join("other.txt");
     std::fs::write(&other, sentences.join(" ").replace("rivers", "glaciers")).unwrap();
     let refused = sweep(&other);
@@ -1060,6 +1063,50 @@ fn ctrl_c_during_first_cell(
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Ctrl-C during a probe with `--out`: the run in flight is finished, printed and recorded,
+/// the next never starts (exit 130, saying so); the same command then records the rest.
+#[test]
+fn ctrl_c_stops_a_probe_after_the_run_in_flight_and_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("probe");
+    let probe = || {
+        let mut cmd = bin();
+        cmd.arg("probe")
+            .arg("--model")
+            .arg(planted())
+            .args(["--length", "8k", "--index", "fp8", "--topk", "64,128"])
+            .args(["--kv", "exact", "--generate", "0", "--out"])
+            .arg(&out);
+        cmd
+    };
+    let child = probe()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !out.join("run.json").exists() && started.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    ctrl_c(&child);
+    let run = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(run.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("interrupted by Ctrl-C: 1 of 2 cells are finished and kept in"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("top-64") && !stdout.contains("top-128"), "{stdout}");
+    assert_eq!(finished_cells(&out), 1);
+    let rest = probe().output().unwrap();
+    let stderr = String::from_utf8_lossy(&rest.stderr);
+    assert!(rest.status.success(), "{stderr}");
+    assert!(stderr.contains("already recorded there"), "{stderr}");
+    assert_eq!(finished_cells(&out), 2);
 }
 
 #[test]

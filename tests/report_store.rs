@@ -197,10 +197,24 @@ fn a_wrong_header_is_refused_naming_expected_and_found() {
     assert!(msg.contains("found `cell_id,layer,rank`"), "{msg}");
 }
 
+/// Creates a run directory for `info` holding one finished cell (a directory without one
+/// is taken over by any run; see `a_run_that_finished_no_cell_is_replaced_by_the_next`).
+fn run_with_one_cell(dir: &Path, info: needlescope::report::records::RunInfo) {
+    let (mut store, _) = RunDir::create_or_resume(dir, info).unwrap();
+    let first = cell("first", 2048, 0.0, IndexProfile::SglangFp8, 512);
+    store
+        .append_cell(
+            &first,
+            &[layer("first", 2, "fp8", true, 1)],
+            &[attention("first", 2)],
+        )
+        .unwrap();
+}
+
 #[test]
 fn resume_with_other_arguments_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
+    run_with_one_cell(dir.path(), run_info(false));
     let mut other = run_info(false);
     other.sweep_args["topk"] = serde_json::json!([512]);
     other.sweep_args["seed"] = serde_json::json!(3);
@@ -222,7 +236,7 @@ fn resume_with_other_arguments_is_refused_naming_the_field() {
 #[test]
 fn resume_with_another_model_is_refused_naming_the_hash() {
     let dir = tempfile::tempdir().unwrap();
-    RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
+    run_with_one_cell(dir.path(), run_info(false));
     let mut other = run_info(false);
     other.model_config_hash = "sha256:ffff".into();
     let msg = RunDir::create_or_resume(dir.path(), other)
@@ -243,7 +257,7 @@ fn resume_with_other_weights_or_scenario_content_is_refused() {
     for field in ["model_fingerprint", "scenario_fingerprint"] {
         let dir = tempfile::tempdir().unwrap();
         let first = run_info(false).with_fingerprints("sha256:aa".into(), "sha256:bb".into());
-        RunDir::create_or_resume(dir.path(), first.clone()).unwrap();
+        run_with_one_cell(dir.path(), first.clone());
         let again = first.clone();
         assert!(RunDir::create_or_resume(dir.path(), again).is_ok());
         let mut other = first.clone();
@@ -257,6 +271,31 @@ fn resume_with_other_weights_or_scenario_content_is_refused() {
             .to_string();
         assert!(msg.contains(field) && msg.contains("sha256:cc"), "{msg}");
     }
+}
+
+/// A run stopped before its first cell (a probe or sweep interrupted while the model loaded)
+/// pins nothing: the next run with other settings takes the directory over, saying so.
+#[test]
+fn a_run_that_finished_no_cell_is_replaced_by_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    RunDir::create_or_resume(dir.path(), run_info(false)).unwrap();
+    let mut other = run_info(false);
+    other.sweep_args["seed"] = serde_json::json!(3);
+    let (store, done) = RunDir::create_or_resume(dir.path(), other.clone()).unwrap();
+    assert!(done.is_empty());
+    assert_eq!(store.info().sweep_args["seed"], 3);
+    assert!(
+        store
+            .notes()
+            .iter()
+            .any(|n| n.contains("sweep_args.seed") && n.contains("finished no cell")),
+        "{:?}",
+        store.notes()
+    );
+    drop(store);
+    let on_disk: needlescope::report::records::RunInfo =
+        serde_json::from_slice(&std::fs::read(dir.path().join("run.json")).unwrap()).unwrap();
+    assert_eq!(on_disk.sweep_args["seed"], 3);
 }
 
 #[test]

@@ -205,6 +205,8 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    // Ctrl-C stops after the run in flight; the finished runs are printed and recorded.
+    let _stoppable = crate::interrupt::Resumable::recorded_in(args.out.as_deref());
     let mut progress = BarProgress::new();
     let task = ProbeTask {
         tok: &tok,
@@ -265,6 +267,21 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 run.selection_checks
             );
         }
+    }
+    let planned = opts.indexes.len() * opts.topks.len();
+    if runs.len() < planned {
+        return Err(crate::interrupt::Interrupted {
+            dir: args.out.clone(),
+            finished: runs.len(),
+            total: planned,
+            next: match &args.out {
+                Some(_) => "rerunning the same command runs every cell again and records \
+                            the ones missing there"
+                    .into(),
+                None => "their tables are above (probe --out DIR would keep them)".into(),
+            },
+        }
+        .into());
     }
     Ok(())
 }

@@ -107,7 +107,8 @@ pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> Strin
     crate::report::records::cell_id_base(prompt.tokens.len(), prompt.depth_pct, index, topk)
 }
 
-/// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend.
+/// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend; after a
+/// Ctrl-C ([`crate::interrupt::stop_requested`]) only those finished so far.
 #[allow(clippy::too_many_arguments)]
 pub fn run_probe<B: Backend>(
     engine: &mut Engine<B>,
@@ -224,6 +225,11 @@ pub fn run_probe<B: Backend>(
             };
             progress.run_finished(&run);
             runs.push(run);
+            // Ctrl-C: the finished runs are returned (fewer than planned), for the caller to
+            // print and record.
+            if crate::interrupt::stop_requested() {
+                return Ok(runs);
+            }
         }
     }
     Ok(runs)

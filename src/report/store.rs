@@ -24,7 +24,9 @@
 //!    cells.csv does not list are dropped as in 3. [`RunDir::notes`] says what was changed.
 //!
 //! run.json is written once, atomically, when the directory is created; a resume checks it
-//! against the new run ([`RunInfo::resume_differences`]) and refuses on any difference.
+//! against the new run ([`RunInfo::resume_differences`]) and refuses on any difference, unless
+//! cells.csv lists no finished cell (a run stopped before its first): then nothing is lost, and
+//! the new run's run.json replaces it, with a note.
 //!
 //! Every writer holds the directory's [`DirLock`] (`DIR/.lock`) from
 //! [`RunDir::create_or_resume`] until the [`RunDir`] is dropped; a second writer is refused
@@ -114,16 +116,28 @@ impl RunDir {
         let dir = lock.dir().to_path_buf();
         let dir = dir.as_path();
         let run_json = dir.join(RUN_JSON);
+        let mut notes = Vec::new();
         let info = if run_json.exists() {
             let on_disk: RunInfo = read_json(&run_json)?;
             let differences = on_disk.resume_differences(&info);
-            if !differences.is_empty() {
+            if differences.is_empty() {
+                on_disk
+            } else if no_finished_cell(dir)? {
+                // A run stopped before its first cell pins nothing: there is nothing to keep.
+                write_json(&run_json, &info)?;
+                let fields: Vec<&str> = differences.iter().map(|d| d.field.as_str()).collect();
+                notes.push(format!(
+                    "its run.json recorded a run with other settings ({}) that finished no \
+                     cell; replaced by this run's",
+                    fields.join(", ")
+                ));
+                info
+            } else {
                 return Err(ReportError::ResumeMismatch {
                     path: run_json,
                     differences,
                 });
             }
-            on_disk
         } else {
             for name in [CELLS_CSV, LAYERS_CSV, ATTENTION_CSV] {
                 let p = dir.join(name);
@@ -166,7 +180,7 @@ impl RunDir {
                 .chain(attention.records.iter().map(|r| r.value.cell_id.as_str())),
             &listed,
         );
-        let notes = resume_notes(&damaged, &orphans);
+        notes.extend(resume_notes(&damaged, &orphans));
         let redo: HashSet<&str> = damaged.iter().map(|d| d.cell_id.as_str()).collect();
         let cells: Vec<CellRecord> = all
             .into_iter()
@@ -360,6 +374,12 @@ fn repair<T>(
         }
     }
     atomic_write(path, &out)
+}
+
+/// Whether `dir`'s cells.csv lists no finished cell (absent, empty, a header, a torn line).
+fn no_finished_cell(dir: &Path) -> Result<bool> {
+    let cells: ParsedCsv<CellRecord> = read_tolerant(&dir.join(CELLS_CSV), &CELLS_COLUMNS)?;
+    Ok(cells.records.is_empty())
 }
 
 /// The notes of a resume that gives `damaged` cells back to the run and drops the rows of
