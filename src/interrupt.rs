@@ -10,7 +10,7 @@
 //! them in its `--out` directory when it has one.
 //! While the report is rendered after the last cell ([`Resumable::rendering`]) Ctrl-C exits
 //! at once, saying that the records are complete and `needlescope report` renders them. Outside
-//! such a run Ctrl-C ends the process at once, as without a handler. A library user that never
+//! such a run Ctrl-C ends the process at once (saying so), as without a handler. A library user that never
 //! calls [`install`] sees no change: the stop flag is never set.
 
 use std::path::{Path, PathBuf};
@@ -86,6 +86,7 @@ fn on_ctrl_c() {
         .ok()
         .and_then(|a| a.as_ref().map(|a| (a.dir.clone(), a.rendering)));
     let Some((dir, rendering)) = active else {
+        eprintln!("\nstopped by Ctrl-C");
         std::process::exit(i32::from(EXIT_INTERRUPTED));
     };
     match (&dir, rendering) {

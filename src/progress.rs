@@ -20,6 +20,10 @@ pub const SWEEP_PREFILL: &str = "prefill [{bar:30}] {pos}/{len} tokens ({rate}) 
 pub const PROBE_PREFILL: &str =
     "{msg} [{bar:30}] {pos}/{len} tokens ({rate}, eta {eta_or_unknown})";
 
+/// A sweep's bar over the prompts it builds before its first cell.
+pub const SWEEP_PROMPTS: &str =
+    "checking prompts [{bar:30}] {pos}/{len} (eta {eta_or_unknown})";
+
 /// `synth`'s bar over the payload it writes.
 pub const SYNTH_BYTES: &str =
     "writing [{bar:30}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, eta {eta_or_unknown})";

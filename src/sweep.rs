@@ -27,6 +27,7 @@
 //! (`answer_correct` empty); everything else by the scenario's answer check
 //! ([`ModelMarks::judges_answers`]).
 
+use std::collections::HashSet;
 use crate::backend::Backend;
 use crate::cli::device::DeviceArgs;
 use crate::cli::engine::{EngineTask, Target};
@@ -169,6 +170,7 @@ pub fn check_plan(
     tok: &V4Tokenizer,
     scenario: &Scenario,
     cfg: &ModelConfig,
+    finished: &HashSet<String>,
 ) -> anyhow::Result<()> {
     use crate::cli::values::refuse_duplicates;
     refuse_duplicates("--lengths", &plan.lengths, |&l| l)?;
@@ -188,20 +190,29 @@ pub fn check_plan(
             );
         }
     }
-    check_prompts(plan, tok, scenario, max)
+    check_prompts(plan, tok, scenario, max, finished)
 }
 
-/// Builds every prompt of the grid (each length, depth and sample; in parallel, and dropped
-/// again: a cell rebuilds its own, the same), so that no prompt can fail once cells are
-/// running, where a resume would stop at the same cell again. The first failure in grid
+/// Builds every prompt of the grid that still has a cell to run (each length, depth and
+/// sample not all of whose cells are in `finished`; in parallel, with a progress bar, and
+/// dropped again: a cell rebuilds its own, the same), so that no prompt can fail once cells
+/// are running, where a resume would stop at the same cell again. The first failure in grid
 /// order is reported with its cell.
 fn check_prompts(
     plan: &SweepPlan,
     tok: &V4Tokenizer,
     scenario: &Scenario,
     max_positions: usize,
+    finished: &HashSet<String>,
 ) -> anyhow::Result<()> {
     use rayon::prelude::*;
+    let all_finished = |length: usize, depth: f64, sample: usize| {
+        plan.indexes.iter().all(|&i| {
+            plan.topks.iter().all(|&k| {
+                finished.contains(&format!("{}-s{sample}", cell_id_base(length, depth, i, k)))
+            })
+        })
+    };
     let prompts: Vec<(usize, f64, usize)> = plan
         .lengths
         .iter()
@@ -210,12 +221,20 @@ fn check_prompts(
                 .iter()
                 .flat_map(move |&d| (0..plan.samples).map(move |s| (l, d, s)))
         })
+        .filter(|&(l, d, s)| !all_finished(l, d, s))
         .collect();
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(prompts.len() as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    bar.set_style(crate::progress::style(crate::progress::SWEEP_PROMPTS));
     let failures: Vec<Option<anyhow::Error>> = prompts
         .par_iter()
         .map(|&(length, depth, sample)| {
             let seed = plan.seed.wrapping_add(sample as u64);
-            sweep_prompt(tok, scenario, length, depth, seed, max_positions)
+            let built = sweep_prompt(tok, scenario, length, depth, seed, max_positions);
+            bar.inc(1);
+            built
                 .err()
                 .map(|e| {
                     let samples = if plan.samples > 1 {
@@ -229,6 +248,7 @@ fn check_prompts(
                 })
         })
         .collect();
+    bar.finish_and_clear();
     match failures.into_iter().flatten().next() {
         Some(e) => Err(e),
         None => Ok(()),
@@ -296,7 +316,9 @@ fn sweep_into(
     };
     let tok = crate::cli::probe::load_tokenizer(model_dir, &cfg)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
-    check_plan(plan, &tok, &scenario, &cfg)?;
+    // Prompts of cells already finished (a resume) need no check.
+    let finished = crate::report::store::finished_cell_ids(out_dir);
+    check_plan(plan, &tok, &scenario, &cfg, &finished)?;
     if let Some(note) = scenario.competing_answers_note() {
         writeln!(out, "note: {note}")?;
     }

@@ -376,6 +376,15 @@ fn repair<T>(
     atomic_write(path, &out)
 }
 
+/// The ids of the cells `dir`'s cells.csv lists as finished, read without the lock and
+/// without checks (an unreadable or damaged file gives none): a hint for work that may be
+/// skipped before the run opens the directory, which reads it properly.
+pub fn finished_cell_ids(dir: &Path) -> HashSet<String> {
+    read_tolerant::<CellRecord>(&dir.join(CELLS_CSV), &CELLS_COLUMNS)
+        .map(|cells| cells.records.into_iter().map(|r| r.value.cell_id).collect())
+        .unwrap_or_default()
+}
+
 /// Whether `dir`'s cells.csv lists no finished cell (absent, empty, a header, a torn line).
 fn no_finished_cell(dir: &Path) -> Result<bool> {
     let cells: ParsedCsv<CellRecord> = read_tolerant(&dir.join(CELLS_CSV), &CELLS_COLUMNS)?;
