@@ -21,8 +21,7 @@ pub const PROBE_PREFILL: &str =
     "{msg} [{bar:30}] {pos}/{len} tokens ({rate}, eta {eta_or_unknown})";
 
 /// A sweep's bar over the prompts it builds before its first cell.
-pub const SWEEP_PROMPTS: &str =
-    "checking prompts [{bar:30}] {pos}/{len} (eta {eta_or_unknown})";
+pub const SWEEP_PROMPTS: &str = "checking prompts [{bar:30}] {pos}/{len} (eta {eta_or_unknown})";
 
 /// `synth`'s bar over the payload it writes.
 pub const SYNTH_BYTES: &str =

@@ -27,7 +27,6 @@
 //! (`answer_correct` empty); everything else by the scenario's answer check
 //! ([`ModelMarks::judges_answers`]).
 
-use std::collections::HashSet;
 use crate::backend::Backend;
 use crate::cli::device::DeviceArgs;
 use crate::cli::engine::{EngineTask, Target};
@@ -40,6 +39,7 @@ use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
 use crate::progress::SweepBars;
 use crate::report::records::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -234,18 +234,16 @@ fn check_prompts(
             let seed = plan.seed.wrapping_add(sample as u64);
             let built = sweep_prompt(tok, scenario, length, depth, seed, max_positions);
             bar.inc(1);
-            built
-                .err()
-                .map(|e| {
-                    let samples = if plan.samples > 1 {
-                        format!(", sample {sample} (seed {seed})")
-                    } else {
-                        String::new()
-                    };
-                    e.context(format!(
-                        "the prompt of length {length} at depth {depth}%{samples}"
-                    ))
-                })
+            built.err().map(|e| {
+                let samples = if plan.samples > 1 {
+                    format!(", sample {sample} (seed {seed})")
+                } else {
+                    String::new()
+                };
+                e.context(format!(
+                    "the prompt of length {length} at depth {depth}%{samples}"
+                ))
+            })
         })
         .collect();
     bar.finish_and_clear();

@@ -1100,7 +1100,10 @@ fn ctrl_c_stops_a_probe_after_the_run_in_flight_and_keeps_it() {
         stderr.contains("interrupted by Ctrl-C: 1 of 2 cells are finished and kept in"),
         "{stderr}"
     );
-    assert!(stdout.contains("top-64") && !stdout.contains("top-128"), "{stdout}");
+    assert!(
+        stdout.contains("top-64") && !stdout.contains("top-128"),
+        "{stdout}"
+    );
     assert_eq!(finished_cells(&out), 1);
     let rest = probe().output().unwrap();
     let stderr = String::from_utf8_lossy(&rest.stderr);

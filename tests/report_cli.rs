@@ -1,7 +1,8 @@
 //! `report` and a resumed `sweep` through the binary on a tiny planted sweep: CSVs re-saved with
 //! CRLF line ends (Excel, a Windows editor) read like the originals; a duplicated cell is
 //! refused with a non-zero exit and summary.json left as it was; a directory another process
-//! writes to (holds `DIR/.lock`) is refused by `report` and `sweep` before anything is written.
+//! writes to (holds `DIR/.lock`) is refused by `sweep` before anything is written, and `report`
+//! only prints its table there.
 
 use std::path::Path;
 use std::process::Output;
@@ -126,8 +127,10 @@ fn report_and_resume_refuse_a_duplicated_cell_and_keep_summary() {
     assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
 }
 
+/// While another writer holds the directory, `sweep` is refused and `report` prints the
+/// table of the cells finished so far, writing nothing.
 #[test]
-fn report_and_sweep_are_refused_while_another_writer_holds_the_directory() {
+fn sweep_is_refused_and_report_only_reads_while_another_writer_holds_the_directory() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     ok(sweep(&out), "sweep");
@@ -139,8 +142,16 @@ fn report_and_sweep_are_refused_while_another_writer_holds_the_directory() {
         out.display(),
         out.join(".lock").display()
     );
-    let stderr = refused(report(&out), "report");
-    assert!(stderr.contains(&want), "{stderr}");
+    let read_only = report(&out);
+    let stderr = String::from_utf8_lossy(&read_only.stderr).into_owned();
+    let table = ok(read_only, "report while another writer holds the directory");
+    assert!(
+        stderr.contains(
+            "another needlescope is writing there; the table below is of the cells finished so far"
+        ),
+        "{stderr}"
+    );
+    assert!(table.contains("fp8") && !table.contains("wrote"), "{table}");
     let stderr = refused(sweep(&out), "sweep");
     assert!(stderr.contains(&want), "{stderr}");
     assert_eq!(std::fs::read(out.join("cells.csv")).unwrap(), cells_before);

@@ -76,6 +76,8 @@ pub struct Rerendered {
     pub planned: Option<usize>,
     /// [`RunRecords::notes`]: what was read but left out (a torn last line).
     pub notes: Vec<String>,
+    /// The subcommand that wrote the records (run.json's `command_line`: `sweep`, `demo`).
+    pub command: String,
 }
 
 /// [`rerender`] in the directory of a lock the caller holds.
@@ -83,18 +85,35 @@ pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
     let records = RunRecords::read(lock.dir())?;
     let mut files = vec![records.write_summary()?];
     files.extend(render_records(&records, lock.dir())?);
+    Ok(tabulate(records, files, colour))
+}
+
+/// The terminal table of `dir`'s records, writing nothing and taking no lock: for a
+/// directory another run is writing (its finished cells so far; a torn last line or the rows
+/// of the cell in flight are left out) or one that cannot be written.
+pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
+    Ok(tabulate(RunRecords::read(dir)?, Vec::new(), colour))
+}
+
+fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -> Rerendered {
     let rounding = summary::rounding_losses(&records.cells, &records.layers);
     let mut table = render_table(&summarize(&records.cells, &rounding), colour);
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);
     }
-    Ok(Rerendered {
+    Rerendered {
         table,
         files,
         cells: records.cells.len(),
         planned: records.info.cells_planned(),
+        command: records
+            .info
+            .command_line
+            .get(1)
+            .cloned()
+            .unwrap_or_default(),
         notes: records.notes,
-    })
+    }
 }
 
 /// The lock of `dir`, which must already be a report directory (holds run.json): `report` on
