@@ -178,6 +178,7 @@ mod tests {
             cells: 0,
             planned: None,
             notes: Vec::new(),
+            command: "sweep".into(),
         };
         assert_eq!(
             done(&files).files_line(dir),
