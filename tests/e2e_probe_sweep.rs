@@ -891,6 +891,39 @@ fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
     assert_eq!(records(&killed), (b_cells, b_layers, b_attn));
 }
 
+/// Two demos started together on an empty model cache: one writes the planted model while
+/// the other waits for it and finds it cached; neither reads a half-written checkpoint.
+#[test]
+fn two_demos_on_an_empty_cache_share_one_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let spawn = |name: &str| {
+        bin()
+            .arg("demo")
+            .arg("--out")
+            .arg(dir.path().join(name))
+            .arg("--cache")
+            .arg(&cache)
+            .args(["--lengths", "512", "--depths", "50", "--index", "fp8"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn("a"), spawn("b"));
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let texts: Vec<String> = outs
+        .into_iter()
+        .map(|o| ok(o, "one of two concurrent demos"))
+        .collect();
+    let wrote = texts
+        .iter()
+        .filter(|t| t.contains("writing the planted model"))
+        .count();
+    assert_eq!(wrote, 1, "{texts:?}");
+    assert!(texts.iter().any(|t| t.contains("(cached)")), "{texts:?}");
+}
+
 #[test]
 fn demo_runs_end_to_end_on_a_reduced_grid() {
     let dir = tempfile::tempdir().unwrap();

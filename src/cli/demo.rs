@@ -15,7 +15,7 @@
 
 use clap::Args;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::device::DeviceArgs;
 use super::values::{parse_token_count, DepthList};
@@ -89,6 +89,9 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--out {}: {e}", args.out.display()))?;
     let lock = crate::report::DirLock::acquire(&args.out)?;
     let dir = model_dir(args);
+    // Two demos starting together on an empty cache: the second waits for the first to write
+    // the model, then finds it cached (it never reads a half-written one).
+    let _cache_lock = lock_cache(&dir)?;
     let mut cached = planted_info(&dir).is_some_and(|info| {
         info.margin == args.margin
             && info.construction == CONSTRUCTION_VERSION
@@ -237,4 +240,25 @@ const RECORD_FILES: [&str; 4] = ["cells.csv", "layers.csv", "attention.csv", "su
 
 fn remove(path: &std::path::Path) -> anyhow::Result<()> {
     std::fs::remove_file(path).map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", path.display()))
+}
+
+/// Waits for, then holds, the lock of the planted model's cache directory `dir` (a file
+/// beside it, `<dir>.lock`), until dropped.
+fn lock_cache(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".lock");
+    let path = std::path::PathBuf::from(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", parent.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    file.lock()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(file)
 }
