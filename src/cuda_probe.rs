@@ -42,6 +42,9 @@ pub struct CudaReport {
     /// Whether the NVRTC library could be loaded, and its version.
     pub nvrtc_present: bool,
     pub nvrtc_version: Option<(i32, i32)>,
+    /// Whether the cuBLAS library could be loaded, and its version (major, minor, patch).
+    pub cublas_present: bool,
+    pub cublas_version: Option<(i32, i32, i32)>,
     /// The first error met while querying a present driver (init failed, no device, ...).
     pub error: Option<String>,
 }
@@ -58,7 +61,33 @@ pub fn nvrtc_present() -> bool {
     quietly(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
 }
 
-/// Probes the driver and NVRTC; never panics.
+/// Whether the cuBLAS library can be loaded (never calls into it).
+pub fn cublas_present() -> bool {
+    // SAFETY: as above.
+    quietly(|| unsafe { cudarc::cublas::sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// cuBLAS's version through `cublasGetProperty` (needs no handle and no GPU).
+fn cublas_version() -> Option<(i32, i32, i32)> {
+    use cudarc::cublas::sys::{cublasGetProperty, cublasStatus_t, libraryPropertyType};
+    let property = |p: libraryPropertyType| {
+        let mut v = 0;
+        // SAFETY: the library is present; cublasGetProperty writes one int.
+        let rc = unsafe { cublasGetProperty(p, &mut v) };
+        (rc == cublasStatus_t::CUBLAS_STATUS_SUCCESS).then_some(v)
+    };
+    quietly(|| {
+        Some((
+            property(libraryPropertyType::MAJOR_VERSION)?,
+            property(libraryPropertyType::MINOR_VERSION)?,
+            property(libraryPropertyType::PATCH_LEVEL)?,
+        ))
+    })
+    .ok()
+    .flatten()
+}
+
+/// Probes the driver, NVRTC and cuBLAS; never panics.
 pub fn probe() -> CudaReport {
     let mut r = CudaReport {
         driver_present: driver_present(),
@@ -67,8 +96,13 @@ pub fn probe() -> CudaReport {
         devices: Vec::new(),
         nvrtc_present: nvrtc_present(),
         nvrtc_version: None,
+        cublas_present: cublas_present(),
+        cublas_version: None,
         error: None,
     };
+    if r.cublas_present {
+        r.cublas_version = cublas_version();
+    }
     if r.nvrtc_present {
         r.nvrtc_version = quietly(|| {
             let (mut major, mut minor) = (0, 0);

@@ -238,7 +238,7 @@ fn inspect_needs_exactly_one_source() {
 fn doctor_reports_the_environment_and_succeeds_without_a_gpu() {
     run(&["doctor"])
         .ok()
-        .stdout_has(&["cpu", "cuda driver", "nvrtc"]);
+        .stdout_has(&["cpu", "cuda driver", "nvrtc", "cublas"]);
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `needlescope doctor`: what this machine offers: CPU threads, the CUDA driver and its GPUs
-//! (name, memory, compute capability), NVRTC. `--compile-kernels` compiles every NVRTC kernel
+//! (name, memory, compute capability), NVRTC, cuBLAS. `--compile-kernels` compiles every NVRTC kernel
 //! for the given architectures (no GPU needed) into the kernel caches; with a driver present the
 //! CUBINs are cached under its version, so the engine's first run on this machine finds them.
 
@@ -63,6 +63,16 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         (false, _) => writeln!(
             out,
             "nvrtc        not found (kernels cannot be compiled; install the NVRTC library or wheel)"
+        )?,
+    }
+    match (r.cublas_present, r.cublas_version) {
+        (true, Some((major, minor, patch))) => {
+            writeln!(out, "cublas       {major}.{minor}.{patch}")?
+        }
+        (true, None) => writeln!(out, "cublas       present (version unknown)")?,
+        (false, _) => writeln!(
+            out,
+            "cublas       not found (libcublas.so.13: the GPU backend cannot run; install the CUDA 13 toolkit or the nvidia-cublas wheel and add its lib directory to LD_LIBRARY_PATH)"
         )?,
     }
     if !args.compile_kernels.is_empty() {
