@@ -18,6 +18,8 @@ fn report(driver: bool, gpus: usize, error: Option<&str>) -> CudaReport {
             .collect(),
         nvrtc_present: false,
         nvrtc_version: None,
+        cublas_present: false,
+        cublas_version: None,
         error: error.map(str::to_string),
     }
 }

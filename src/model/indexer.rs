@@ -29,7 +29,7 @@ use crate::config::ModelConfig;
 use crate::numerics::profiles::IndexProfile;
 
 /// Query tokens scored per batched call (bounds the `[tokens, rows]` score block).
-const TOKENS_PER_BLOCK: usize = 256;
+pub(crate) const TOKENS_PER_BLOCK: usize = 256;
 
 /// How one call scores and selects, and who watches.
 pub struct IndexerRun<'a> {

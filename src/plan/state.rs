@@ -86,20 +86,24 @@ pub fn largest_cache_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u
         .unwrap_or(0)
 }
 
+/// Query tokens the indexer scores at once (`model::indexer::TOKENS_PER_BLOCK`).
+const INDEX_SCORE_TOKENS: u64 = crate::model::indexer::TOKENS_PER_BLOCK as u64;
+
 /// Workspace of one device for a prefill chunk of `chunk` tokens at context `context`; `last`
 /// adds the probed positions' logits.
 pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bool) -> u64 {
     let t = chunk.min(context).max(1) as u64;
     let c = context as u64;
     let u = |v: usize| v as u64;
+    // A top-k past the rows the context can have selects them all: it costs no more.
+    let topk = u(cfg.index_topk).min(c / 4);
     let per_token = sat_sum([
         sat_product([3, u(cfg.hc_mult), u(cfg.hidden_size)]),
         sat_product([2, u(cfg.num_attention_heads), u(cfg.head_dim)]),
         sat_product([
             u(cfg.num_attention_heads),
-            sat_sum([u(cfg.sliding_window), u(cfg.index_topk), c / 128]),
+            sat_sum([u(cfg.sliding_window), topk, c / 128]),
         ]),
-        c / 4,
         // Routed experts, all k slots of the chunk at once (GPU `moe_experts`): gate, up and
         // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden]; twice that for the
         // batched products' padding (at most as many padding rows as real ones).
@@ -120,9 +124,13 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
     } else {
         0
     };
+    // The indexer scores one block of query tokens at a time against every compressed row
+    // (`model::indexer`, 256 tokens a block): [block, context / 4] f32.
+    let index_scores = sat_product([4, t.min(INDEX_SCORE_TOKENS), c / 4]);
     sat_sum([
         FIXED_WORKSPACE,
         sat_product([4, t, per_token]),
+        index_scores,
         logits,
         largest_cache_bytes(cfg, context, chunk),
     ])

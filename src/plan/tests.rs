@@ -266,19 +266,34 @@ fn workspace_has_room_for_one_cache_to_grow() {
     assert_eq!(
         workspace_bytes(&cfg, c, t, false) - workspace_bytes(&cfg, 1, 1, false),
         {
+            // Top-k 512 (at most context / 4 rows); index scores for at most 256 tokens.
             let per_token = |ctx: u64, chunk: u64| {
                 4 * chunk
                     * (3 * 4 * 4096
                         + 2 * 64 * 512
-                        + 64 * (128 + 512 + ctx / 128)
-                        + ctx / 4
+                        + 64 * (128 + 512.min(ctx / 4) + ctx / 128)
                         + 2 * 6 * (3 * 2048 + 2 * 4096)
                         + 4 * 2 * 512)
+                    + 4 * chunk.min(256) * (ctx / 4)
             };
             per_token(c as u64, t as u64) - per_token(1, 1) + largest_cache_bytes(&cfg, c, t)
                 - largest_cache_bytes(&cfg, 1, 1)
         }
     );
+}
+
+/// A top-k past the rows the context can have selects them all, so it costs no more than one
+/// that selects exactly them.
+#[test]
+fn a_topk_past_the_visible_rows_costs_nothing_more() {
+    let mut cfg = ModelConfig::flash();
+    let (c, t) = (16384, 2048);
+    cfg.index_topk = c / 4;
+    let all_rows = workspace_bytes(&cfg, c, t, true);
+    cfg.index_topk = 65536;
+    assert_eq!(workspace_bytes(&cfg, c, t, true), all_rows);
+    cfg.index_topk = 512;
+    assert!(workspace_bytes(&cfg, c, t, true) < all_rows);
 }
 
 /// Byte figures saturate instead of wrapping: a wrapped sum would be a small, plausible number
