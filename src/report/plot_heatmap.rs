@@ -1,30 +1,62 @@
 //! `heatmap_<index>_<topk>.png`: one per (driving index profile, top-k) of the run (with a
 //! `_<kv>` suffix only when a run mixes kv modes). x = context length (categorical, "2k"),
-//! y = needle depth in % (0 = start of the haystack, at the top). A grid cell gathers the
-//! samples of that (length, depth):
-//! - colour: green = every sample recalled, red = none, amber = some; when the run has no answer
-//!   verdicts (`answer_correct` empty) "recalled" is indexer recall and a cell whose every CSA
-//!   layer was trivial (n_t <= k) is grey (no evidence);
+//! y = needle depth in % (0 = start of the haystack, at the top). A grid tile gathers the
+//! samples of that (length, depth) ([`tiles`] decides what it shows):
+//! - colour: green = every sample recalled, red = none, amber = some; "recalled" is the answer
+//!   verdict where a cell has one (`answer_correct`), else indexer recall, and a tile whose
+//!   samples are all indexer-judged with every CSA layer trivial (n_t <= k) is grey (no
+//!   evidence). The title says how the run was judged: generated answer, lightning indexer, or
+//!   "answer where present, else indexer" when both occur; the legend lists every fill drawn.
+//! - a tile the sweep's plan has but no finished sample is hatched light grey ("not run"), the
+//!   subtitle says "n of m cells" when the plan has more, and a tile with fewer samples than
+//!   planned adds "[finished/planned]" to its number.
 //! - number: the worst (largest) `min_needle_rank` over the samples, "-" when none; with several
 //!   samples and a split verdict, "(recalled/samples)" follows.
+//!
+//! Many depths or lengths: when a row (column) is too short (narrow) for its text, the numbers
+//! and the white tile borders are left out (the colours alone fill the grid) and the axis
+//! labels are thinned to at most about 20 evenly spaced ones, first and last kept
+//! ([`thin_ticks`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::error::Result;
-use super::plots::{canvas, plot_err, subtitle, AXIS_PX, FONT, LABEL_PX};
+use super::plots::{
+    canvas, ellipsize_middle, flow, plot_err, subtitle, text_width, thin_ticks, AXIS_PX, FONT,
+    LABEL_PX,
+};
 use super::records::{format_tokens, CellRecord, IndexProfile, KvMode};
 use super::store::RunRecords;
 
-const GREEN: RGBColor = RGBColor(122, 198, 126);
-const RED: RGBColor = RGBColor(236, 112, 99);
-const AMBER: RGBColor = RGBColor(247, 190, 85);
-const GREY: RGBColor = RGBColor(205, 205, 205);
-const LEGEND_PX: u32 = 64;
+mod tiles;
+
+use tiles::{Fill, Grid, Judging, HATCH, NOT_RUN};
+
+/// Legend band: swatch size, line pitches, text size.
+const SWATCH: i32 = 18;
+const ENTRY_PITCH: i32 = 26;
+const NOTE_PITCH: i32 = 22;
+const LEGEND_TEXT_PX: u32 = 16;
+/// Chart margins and label areas (the plot's size is estimated from them before drawing).
+const MARGIN: u32 = 12;
+const MARGIN_RIGHT: u32 = 40;
+const X_LABELS_H: u32 = 64;
+/// Width of the depth labels' column: at least, at most, and beyond the widest label (the
+/// rotated axis description and the tick).
+const Y_LABELS_W: (u32, u32) = (100, 260);
+const Y_LABELS_EXTRA: u32 = 48;
+/// Smallest in-tile number; a tile that cannot hold it gets none.
+const MIN_TILE_PX: u32 = 12;
+/// Tiles smaller than this (either side) get no white border, up to twice it a 1 px one.
+const MIN_BORDERED_PX: u32 = 10;
+/// Most labels on a thinned axis.
+const MAX_TICKS: usize = 20;
 
 /// Writes one heatmap per (index, kv, top-k) present in the cells.
 pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
@@ -71,57 +103,41 @@ pub(crate) fn depth_label(d: f64) -> String {
 }
 
 /// A category axis: category i spans `[i, i+1]` of an f64 axis over `[0, n]`, and the tick
-/// labels sit at the centres. (plotters' segmented integer axes collapse when an axis has a
-/// single category: its one-value range maps every value to the same pixel.)
-struct Categories(usize);
+/// labels sit at the centres of the categories in `ticks`. (plotters' segmented integer axes
+/// collapse when an axis has a single category: its one-value range maps every value to the
+/// same pixel.)
+struct Categories {
+    n: usize,
+    ticks: Vec<usize>,
+}
 
 impl Ranged for Categories {
     type FormatOption = DefaultFormatting;
     type ValueType = f64;
 
     fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
-        let share = value / self.0.max(1) as f64;
+        let share = value / self.n.max(1) as f64;
         limit.0 + (share * (limit.1 - limit.0) as f64).round() as i32
     }
 
     fn key_points<Hint: KeyPointHint>(&self, _hint: Hint) -> Vec<f64> {
-        (0..self.0).map(|i| i as f64 + 0.5).collect()
+        self.ticks.iter().map(|&i| i as f64 + 0.5).collect()
     }
 
     fn range(&self) -> std::ops::Range<f64> {
-        0.0..self.0 as f64
+        0.0..self.n as f64
     }
 }
 
-/// The verdict of one grid cell.
-struct Tile {
-    fill: RGBColor,
-    text: String,
-}
-
-fn tile(samples: &[&CellRecord]) -> Tile {
-    // Trivial indexer-judged samples are no evidence: counted neither way.
-    let n = samples.iter().filter(|c| c.is_evidence()).count();
-    let recalled = samples
-        .iter()
-        .filter(|c| c.is_evidence() && c.recalled())
-        .count();
-    let trivial = n == 0;
-    let fill = if trivial {
-        GREY
-    } else if recalled == n {
-        GREEN
-    } else if recalled == 0 {
-        RED
-    } else {
-        AMBER
-    };
-    let worst = samples.iter().filter_map(|c| c.min_needle_rank).max();
-    let mut text = worst.map_or_else(|| "-".to_string(), |w| w.to_string());
-    if n > 1 && recalled != 0 && recalled != n {
-        text.push_str(&format!(" ({recalled}/{n})"));
+/// The categories of an axis of `n` to label, `extent` pixels long, each label needing
+/// `label` pixels along it: all when each category has room, else [`thin_ticks`] with room
+/// for every label twice over (so that the shorter last gap still holds one).
+fn axis_ticks(n: usize, extent: u32, label: u32) -> Vec<usize> {
+    if n == 0 || extent / n as u32 >= label {
+        return (0..n).collect();
     }
-    Tile { fill, text }
+    let max = 1 + extent as usize / (2 * label as usize).max(1);
+    thin_ticks(n, max.min(MAX_TICKS))
 }
 
 fn draw(
@@ -132,44 +148,59 @@ fn draw(
     topk: usize,
     path: &Path,
 ) -> Result<()> {
-    let lengths: Vec<usize> = cells
-        .iter()
-        .map(|c| c.target_tokens)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let mut depths: Vec<f64> = cells.iter().map(|c| c.depth_pct).collect();
-    depths.sort_by(|a, b| a.total_cmp(b));
-    depths.dedup();
+    let grid = Grid::new(&records.info, cells);
+    let (lengths, depths) = (&grid.lengths, &grid.depths);
     let (nx, ny) = (lengths.len(), depths.len());
-    let by_answer = cells.iter().any(|c| c.answer_correct.is_some());
-
-    let title = if by_answer {
-        "Needle recall (generated answer) by context length and depth"
-    } else {
-        "Needle recall (lightning indexer) by context length and depth"
-    };
-    let sub = subtitle(
-        &records.info,
-        &[
-            format!("index {index}"),
-            format!("top-k {topk}"),
-            format!("kv {kv}"),
-        ],
-    );
-    let (root, body) = canvas(path, &records.info, title, &sub)?;
+    let mut parts = vec![
+        format!("index {index}"),
+        format!("top-k {topk}"),
+        format!("kv {kv}"),
+    ];
+    parts.extend(grid.completeness());
+    let sub = subtitle(&records.info, &parts);
+    let (root, body) = canvas(path, &records.info, grid.judging.title(), &sub)?;
     let err = plot_err(path);
-    let (_, body_h) = body.dim_in_pixel();
-    let (plot_area, legend) = body.split_vertically(body_h - LEGEND_PX);
+    let (body_w, body_h) = body.dim_in_pixel();
+
+    let band = LegendBand::new(&grid, body_w - 40);
+    let (plot_area, legend) = body.split_vertically(body_h - band.height());
+
+    // Labels: all when every row (column) holds one, else thinned; the depth labels' column
+    // is as wide as the widest shown (a probe's depth may have many decimals).
+    let (pw, ph) = plot_area.dim_in_pixel();
+    let plot_h = ph.saturating_sub(2 * MARGIN + X_LABELS_H);
+    let y_shown = axis_ticks(ny, plot_h, LABEL_PX + 3);
+    let y_labels_w = y_shown
+        .iter()
+        .map(|&j| text_width(&depth_label(depths[j]), LABEL_PX) + Y_LABELS_EXTRA)
+        .fold(Y_LABELS_W.0, u32::max)
+        .min(Y_LABELS_W.1);
+    let plot_w = pw.saturating_sub(MARGIN + MARGIN_RIGHT + y_labels_w);
+    let x_label_w = lengths
+        .iter()
+        .map(|&l| text_width(&format_tokens(l), LABEL_PX))
+        .max()
+        .unwrap_or(0);
+    let x_ticks = axis_ticks(nx, plot_w, x_label_w + 10);
+    let y_ticks: Vec<usize> = y_shown.into_iter().map(|j| ny - 1 - j).collect();
 
     // Column i spans [i, i+1]; row r (from the bottom) spans [r, r+1] and shows depth ny-1-r,
     // so 0 % is at the top.
     let mut chart = ChartBuilder::on(&plot_area)
-        .margin(12)
-        .margin_right(40)
-        .x_label_area_size(64)
-        .y_label_area_size(100)
-        .build_cartesian_2d(Categories(nx), Categories(ny))
+        .margin(MARGIN)
+        .margin_right(MARGIN_RIGHT)
+        .x_label_area_size(X_LABELS_H)
+        .y_label_area_size(y_labels_w)
+        .build_cartesian_2d(
+            Categories {
+                n: nx,
+                ticks: x_ticks,
+            },
+            Categories {
+                n: ny,
+                ticks: y_ticks,
+            },
+        )
         .map_err(&err)?;
     let category = |v: f64, n: usize| {
         let i = v.floor();
@@ -181,8 +212,6 @@ fn draw(
     chart
         .configure_mesh()
         .disable_mesh()
-        .x_labels(nx)
-        .y_labels(ny)
         .x_label_formatter(&x_fmt)
         .y_label_formatter(&y_fmt)
         .x_desc("context length (tokens)")
@@ -192,135 +221,189 @@ fn draw(
         .draw()
         .map_err(&err)?;
 
-    let (_, plot_h) = chart.plotting_area().dim_in_pixel();
-    let text_px = ((plot_h as f64 / ny.max(1) as f64) * 0.55).clamp(13.0, 20.0);
+    // Numbers and borders only where the tiles have room for them.
+    let (cw, ch) = chart.plotting_area().dim_in_pixel();
+    let (col_w, row_h) = (cw / nx.max(1) as u32, ch / ny.max(1) as u32);
+    let border = match col_w.min(row_h) {
+        s if s >= 2 * MIN_BORDERED_PX => 2,
+        s if s >= MIN_BORDERED_PX => 1,
+        _ => 0,
+    };
+    let widest = |px: u32| {
+        grid.tiles
+            .values()
+            .map(|t| text_width(&t.text, px))
+            .max()
+            .unwrap_or(0)
+    };
+    let largest = (row_h as f64 * 0.55).min(20.0);
+    let text_px = (MIN_TILE_PX..=largest.max(0.0) as u32)
+        .rev()
+        .find(|&px| widest(px) + 6 <= col_w);
     let centred = Pos::new(HPos::Center, VPos::Center);
-    for (i, &len) in lengths.iter().enumerate() {
-        for (j, &d) in depths.iter().enumerate() {
-            let samples: Vec<&CellRecord> = cells
-                .iter()
-                .copied()
-                .filter(|c| c.target_tokens == len && c.depth_pct == d)
-                .collect();
-            if samples.is_empty() {
+    for i in 0..nx {
+        for j in 0..ny {
+            let Some(t) = grid.tiles.get(&(i, j)) else {
                 continue;
-            }
+            };
             let (x, y) = (i as f64, (ny - 1 - j) as f64);
-            let t = tile(&samples);
             let corners = [(x, y), (x + 1.0, y + 1.0)];
-            chart
-                .draw_series(std::iter::once(Rectangle::new(corners, t.fill.filled())))
-                .map_err(&err)?;
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    corners,
-                    WHITE.stroke_width(2),
-                )))
-                .map_err(&err)?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    t.text,
-                    (x + 0.5, y + 0.5),
-                    (FONT, text_px).into_font().color(&BLACK).pos(centred),
-                )))
-                .map_err(&err)?;
+            match t.fill {
+                Fill::Colour(c) => {
+                    chart
+                        .draw_series(std::iter::once(Rectangle::new(corners, c.filled())))
+                        .map_err(&err)?;
+                }
+                Fill::NotRun => {
+                    let (x0, y0) = chart.backend_coord(&(x, y + 1.0));
+                    let (x1, y1) = chart.backend_coord(&(x + 1.0, y));
+                    hatch(&root, (x0, y0), (x1 - 1, y1 - 1), path)?;
+                }
+            }
+            if border > 0 {
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        corners,
+                        WHITE.stroke_width(border),
+                    )))
+                    .map_err(&err)?;
+            }
+            if let Some(px) = text_px.filter(|_| !t.text.is_empty()) {
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        t.text.clone(),
+                        (x + 0.5, y + 0.5),
+                        (FONT, px).into_font().color(&BLACK).pos(centred),
+                    )))
+                    .map_err(&err)?;
+            }
         }
     }
 
-    let entries: Vec<(RGBColor, &str)> = if by_answer {
-        vec![
-            (GREEN, "answer correct"),
-            (RED, "answer wrong"),
-            (AMBER, "some samples wrong"),
-        ]
-    } else {
-        vec![
-            (GREEN, "selected on every non-trivial CSA layer"),
-            (RED, "lost on a CSA layer"),
-            (AMBER, "some samples lost"),
-            (GREY, "trivial: n_t <= k everywhere"),
-        ]
-    };
-    draw_legend(&legend, &entries, path)?;
+    band.draw(&legend, &grid, text_px.is_some(), path)?;
     root.present().map_err(&err)?;
     Ok(())
 }
 
-/// One legend line: coloured squares with labels, then what the numbers are.
-fn draw_legend<DB: DrawingBackend>(
-    area: &DrawingArea<DB, plotters::coord::Shift>,
-    entries: &[(RGBColor, &str)],
+/// The legend band under the grid: the swatches of [`Grid::legend`] flowing over as many
+/// lines as they need, then one line per note ([`LegendBand::notes`]).
+struct LegendBand {
+    entries: Vec<(Fill, &'static str)>,
+    /// (line, x) of each entry.
+    placed: Vec<(usize, u32)>,
+    lines: i32,
+    /// Note lines (as many whether or not the tiles hold numbers).
+    notes: i32,
+    width: u32,
+}
+
+impl LegendBand {
+    fn new(grid: &Grid, width: u32) -> LegendBand {
+        let entries = grid.legend();
+        let widths: Vec<u32> = entries
+            .iter()
+            .map(|(_, label)| SWATCH as u32 + 6 + text_width(label, LEGEND_TEXT_PX))
+            .collect();
+        let placed = flow(&widths, 26, width);
+        let lines = placed.last().map_or(0, |p| p.0 as i32 + 1);
+        LegendBand {
+            entries,
+            placed,
+            lines,
+            notes: Self::notes(grid, true).len() as i32,
+            width,
+        }
+    }
+
+    fn height(&self) -> u32 {
+        (10 + ENTRY_PITCH * self.lines + NOTE_PITCH * self.notes + 6) as u32
+    }
+
+    /// What the numbers are (or that the tiles are too small for them), what `[n/m]` means
+    /// when a tile is partial, and what "recalled" means when judging is mixed.
+    fn notes(grid: &Grid, numbers: bool) -> Vec<&'static str> {
+        let mut out = vec![if numbers {
+            "number in a tile: min_needle_rank (needle rank on the worst CSA layer at the answer \
+             position), worst over samples"
+        } else {
+            "no numbers: the tiles are too small (min_needle_rank is in cells.csv and summary.json)"
+        }];
+        if grid.any_partial() {
+            out.push(if numbers {
+                "[n/m]: n of the m samples planned for the tile finished (the sweep stopped early)"
+            } else {
+                "some tiles have fewer finished samples than planned (the sweep stopped early)"
+            });
+        }
+        if grid.judging == Judging::Mixed {
+            out.push(
+                "recalled: the generated answer is right where a cell has one, else the needle \
+                 is selected on every non-trivial CSA layer",
+            );
+        }
+        out
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        grid: &Grid,
+        numbers: bool,
+        path: &Path,
+    ) -> Result<()> {
+        let err = plot_err(path);
+        let style = (FONT, LEGEND_TEXT_PX).into_font().color(&BLACK);
+        for ((fill, label), (line, dx)) in self.entries.iter().zip(&self.placed) {
+            let (x, y) = (20 + *dx as i32, 10 + ENTRY_PITCH * *line as i32);
+            let corner = (x + SWATCH - 1, y + SWATCH - 1);
+            match fill {
+                Fill::Colour(c) => area
+                    .draw(&Rectangle::new([(x, y), corner], c.filled()))
+                    .map_err(&err)?,
+                Fill::NotRun => hatch(area, (x, y), corner, path)?,
+            }
+            let text = Text::new(label.to_string(), (x + SWATCH + 6, y + 1), style.clone());
+            area.draw(&text).map_err(&err)?;
+        }
+        for (k, note) in Self::notes(grid, numbers).iter().enumerate() {
+            let y = 10 + ENTRY_PITCH * self.lines + 2 + NOTE_PITCH * k as i32;
+            let text = ellipsize_middle(note, LEGEND_TEXT_PX, self.width);
+            area.draw(&Text::new(text, (20, y), style.clone()))
+                .map_err(&err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Fills the pixel rectangle `(x0, y0)..=(x1, y1)` of `area` with the not-run pattern: a
+/// light background under diagonal lines 8 px apart (in phase across neighbouring tiles).
+fn hatch<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x0, y0): (i32, i32),
+    (x1, y1): (i32, i32),
     path: &Path,
 ) -> Result<()> {
     let err = plot_err(path);
-    let style = (FONT, 16).into_font().color(&BLACK);
-    let mut x = 20i32;
-    let y = 10i32;
-    for (colour, label) in entries {
-        area.draw(&Rectangle::new([(x, y), (x + 18, y + 18)], colour.filled()))
-            .map_err(&err)?;
-        area.draw(&Text::new(
-            label.to_string(),
-            (x + 24, y + 1),
-            style.clone(),
-        ))
-        .map_err(&err)?;
-        let (w, _) = area.estimate_text_size(label, &style).map_err(&err)?;
-        x += 24 + w as i32 + 26;
+    if x1 < x0 || y1 < y0 {
+        return Ok(());
     }
-    area.draw(&Text::new(
-        "number in a cell: min_needle_rank (needle rank on the worst CSA layer at the answer \
-         position), worst over samples"
-            .to_string(),
-        (20, y + 28),
-        style.clone(),
-    ))
-    .map_err(&err)?;
+    area.draw(&Rectangle::new([(x0, y0), (x1, y1)], NOT_RUN.filled()))
+        .map_err(&err)?;
+    // Lines x + y = c for c a multiple of 8, clipped to the rectangle.
+    let first = (x0 + y0).div_euclid(8) * 8;
+    for c in (first..=x1 + y1).step_by(8) {
+        let (xa, xb) = (x0.max(c - y1), x1.min(c - y0));
+        if xa <= xb {
+            let line = PathElement::new(vec![(xa, c - xa), (xb, c - xb)], HATCH.stroke_width(1));
+            area.draw(&line).map_err(&err)?;
+        }
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample(rank: Option<usize>, correct: bool) -> CellRecord {
-        CellRecord {
-            cell_id: "L4096-d50-fp8-k512-s0".into(),
-            target_tokens: 4096,
-            prompt_tokens: 4096,
-            depth_pct: 50.0,
-            needle_start: 100,
-            needle_end: 130,
-            answer_start: 120,
-            answer_end: 125,
-            index: IndexProfile::SglangFp8,
-            kv: KvMode::Fp8,
-            topk: 512,
-            answer_text: String::new(),
-            answer_correct: Some(correct),
-            min_needle_rank: rank,
-            csa_layers_selected: 2,
-            csa_layers_nontrivial: 2,
-            wall_seconds: 1.0,
-        }
-    }
-
-    /// A tile names the worst rank over its samples, and the recalled fraction when the samples
-    /// disagree.
-    #[test]
-    fn a_tile_shows_the_worst_rank_over_its_samples() {
-        let (a, b, c) = (
-            sample(Some(5), true),
-            sample(Some(900), true),
-            sample(None, true),
-        );
-        let t = tile(&[&a, &b, &c]);
-        assert_eq!((t.text.as_str(), t.fill), ("900", GREEN));
-        let lost = sample(Some(40), false);
-        let t = tile(&[&a, &lost]);
-        assert_eq!((t.text.as_str(), t.fill), ("40 (1/2)", AMBER));
-        assert_eq!(tile(&[&c]).text, "-");
-    }
 
     #[test]
     fn depth_labels_keep_every_decimal_of_the_depth() {
@@ -329,5 +412,21 @@ mod tests {
         assert_eq!(depth_label(12.5), "12.5%");
         assert_ne!(depth_label(50.04), depth_label(50.000001));
         assert_eq!(depth_label(50.04), "50.04%");
+    }
+
+    /// Every category keeps its label while it has room; a thinned axis keeps the first and
+    /// the last, at most 20, never two closer than one label.
+    #[test]
+    fn axis_labels_are_thinned_only_when_the_categories_are_too_small() {
+        assert_eq!(axis_ticks(11, 450, 20), (0..11).collect::<Vec<_>>());
+        for n in [23usize, 101, 1000] {
+            let ticks = axis_ticks(n, 450, 20);
+            assert!(ticks.len() <= MAX_TICKS, "{n}: {ticks:?}");
+            assert_eq!((ticks[0], *ticks.last().unwrap()), (0, n - 1), "{n}");
+            let px = |i: usize| i as f64 * 450.0 / n as f64;
+            for w in ticks.windows(2) {
+                assert!(px(w[1]) - px(w[0]) >= 19.0, "{n}: {ticks:?}");
+            }
+        }
     }
 }

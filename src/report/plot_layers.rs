@@ -3,8 +3,10 @@
 //! probed prompt position it has). One line per scored profile (the driving one first and
 //! marked), rank 1 at the BOTTOM of a log axis. Dashed horizontal lines: every top-k of the run
 //! (the cell's own k drawn darker); dotted: the number of visible rows n_t (no rank can exceed
-//! it; a top-k at or above it makes the layer trivial). The legend sits in a column right of
-//! the plot, never over the data. Cells without layers.csv rows get no plot.
+//! it; a top-k at or above it makes the layer trivial). Profiles have their colours of every
+//! plot ([`profile_colour`]). The legend sits in a column right of the plot, never over the
+//! data, and always fits it (`legend::legend_layout`). Cells without layers.csv rows get no
+//! plot.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,22 +14,13 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use super::error::Result;
+use super::plots::legend::{draw_rows, Key, Mark, Row, Stroke};
 use super::plots::{
-    canvas, draw_keys, plot_err, rank_axis_top, rank_label, subtitle, Key, Mark, Stroke, AXIS_PX,
-    FONT, LABEL_PX, LEGEND_W, PALETTE, SIZE,
+    canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
+    LEGEND_W, SIZE,
 };
 use super::records::{format_tokens, CellRecord, IndexProfile, LayerRecord};
 use super::store::RunRecords;
-
-/// A profile's colour: fixed by its position in design.md's list, so fp8 has the same colour in
-/// every plot.
-pub(crate) fn profile_colour(name: &str) -> RGBColor {
-    let i = IndexProfile::ALL
-        .iter()
-        .position(|p| p.name() == name)
-        .unwrap_or(PALETTE.len() - 1);
-    PALETTE[i % PALETTE.len()]
-}
 
 /// Draws the plot for `cell` into `path`; `None` when the cell has no layers.csv rows.
 pub(crate) fn render(
@@ -138,13 +131,14 @@ pub(crate) fn render(
                 colour.stroke_width(2),
             ))
             .map_err(&err)?;
-        keys.push(Key {
+        keys.push(Row::Key(Key {
             colour,
             width: 2,
             stroke,
             mark: Mark::None,
+            filled: true,
             label,
-        });
+        }));
         Ok(())
     };
     for &k in &topks {
@@ -190,20 +184,21 @@ pub(crate) fn render(
                     .map(|&p| Circle::new(p, if *driving { 5 } else { 4 }, colour.filled())),
             )
             .map_err(&err)?;
-        keys.push(Key {
+        keys.push(Row::Key(Key {
             colour,
             width,
             stroke: Stroke::Solid,
             mark: Mark::Circle,
+            filled: true,
             label: format!("{name}{}", if *driving { " (driving)" } else { "" }),
-        });
+        }));
     }
-    let notes: &[&str] = if visible > 0 && visible <= cell.topk {
-        &["n_t <= k: every visible row", "is selected (trivial cell)"]
-    } else {
-        &[]
-    };
-    draw_keys(&legend_area, &keys, notes, path)?;
+    if visible > 0 && visible <= cell.topk {
+        keys.push(Row::Note(String::new()));
+        keys.push(Row::Note("n_t <= k: every visible row".into()));
+        keys.push(Row::Note("is selected (trivial cell)".into()));
+    }
+    draw_rows(&legend_area, &keys, path)?;
     root.present().map_err(&err)?;
     Ok(Some(path.to_path_buf()))
 }

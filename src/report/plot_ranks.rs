@@ -1,10 +1,13 @@
-//! `rank_vs_length.png`: the median (solid) and worst (dashed) `min_needle_rank` over depths and
-//! samples against context length, one colour per (index profile, top-k) (and kv when a run
-//! mixes kv modes; series of one profile with identical points are drawn once, labelled
-//! `k=64,128`). Both axes are log scale: x in powers of two labelled "2k", "4k", ...; rank 1
-//! at the bottom. The run's top-k values are grey dotted horizontal lines; the legend sits in a
-//! column right of the plot. The numbers are those
-//! of [`super::summary::summarize`].
+//! `rank_vs_length.png`: the median (solid line, filled markers) and worst (dashed line,
+//! hollow markers) `min_needle_rank` over depths and samples against context length, one series
+//! per (index profile, top-k) (and kv when a run mixes kv modes). Colour tells the profile
+//! ([`profile_colour`], as in every plot), the marker's shape the top-k (and kv); series of one
+//! profile with identical points are drawn once with the first top-k's marker, and a legend
+//! note names the top-k values they stand for. Both axes are log scale: x in powers of two
+//! labelled "2k", "4k", ...; rank 1 at the bottom. The run's top-k values are grey dotted
+//! horizontal lines. The legend sits in a column right of the plot: one key per profile, one
+//! per top-k marker, the two line styles; it always fits (`legend::legend_layout`). The numbers
+//! are those of [`super::summary::summarize`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -13,42 +16,61 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::error::Result;
+use super::plots::legend::{draw_mark, draw_rows, Key, Mark, Row, Stroke, MARKS};
 use super::plots::{
-    canvas, draw_keys, plot_err, rank_axis_top, rank_label, subtitle, Key, Mark, Stroke, AXIS_PX,
-    FONT, LABEL_PX, LEGEND_W, PALETTE, SIZE,
+    canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
+    LEGEND_W, SIZE,
 };
-use super::records::format_tokens;
+use super::records::{format_tokens, IndexProfile};
 use super::store::RunRecords;
 use super::summary::{summarize, GroupSummary};
 
+/// Colour of the top-k lines and of the legend's style-only keys.
+const GREY: RGBColor = RGBColor(130, 130, 130);
+const DARK: RGBColor = RGBColor(70, 70, 70);
+
 pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     let groups = summarize(&records.cells, &Default::default());
-    let kvs: BTreeSet<&str> = groups.iter().map(|g| g.kv.name()).collect();
-    // Series in summary order: (profile, kv, topk) as first met while lengths ascend.
-    let mut series: BTreeMap<(String, usize), Vec<&GroupSummary>> = BTreeMap::new();
-    let mut order: Vec<(String, usize)> = Vec::new();
-    for g in &groups {
-        let name = if kvs.len() > 1 {
-            format!("{} kv {}", g.index, g.kv)
+    let mixed_kv = groups
+        .iter()
+        .map(|g| g.kv.name())
+        .collect::<BTreeSet<_>>()
+        .len()
+        > 1;
+    let kv_part = |g: &GroupSummary| {
+        if mixed_kv {
+            format!(" kv {}", g.kv)
         } else {
-            g.index.to_string()
-        };
-        let key = (name, g.topk);
-        if !series.contains_key(&key) {
-            order.push(key.clone());
+            String::new()
         }
-        series.entry(key).or_default().push(g);
+    };
+    // Series (profile [kv], top-k) in profile order, then kv, then top-k.
+    let mut series: BTreeMap<(String, usize), Vec<&GroupSummary>> = BTreeMap::new();
+    for g in &groups {
+        let name = format!("{}{}", g.index, kv_part(g));
+        series.entry((name, g.topk)).or_default().push(g);
     }
-    order.sort_by_key(|(name, k)| {
-        let first = &series[&(name.clone(), *k)][0];
-        (
-            super::records::IndexProfile::ALL
-                .iter()
-                .position(|p| *p == first.index),
-            first.kv.name(),
-            *k,
-        )
-    });
+    let rank_of = |key: &(String, usize)| {
+        let g = series[key][0];
+        let p = IndexProfile::ALL.iter().position(|p| *p == g.index);
+        (p, g.kv.name(), key.1)
+    };
+    let mut order: Vec<(String, usize)> = series.keys().cloned().collect();
+    order.sort_by_key(|k| rank_of(k));
+    // The marker of a series: its (kv, top-k) among the run's.
+    let marker_keys: Vec<(String, usize)> = groups
+        .iter()
+        .map(|g| (kv_part(g), g.topk))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mark_of = |g: &GroupSummary| {
+        let i = marker_keys
+            .iter()
+            .position(|m| *m == (kv_part(g), g.topk))
+            .unwrap_or(0);
+        MARKS[i % MARKS.len()]
+    };
 
     let lengths: BTreeSet<usize> = groups.iter().map(|g| g.target_tokens).collect();
     let x = |n: usize| (n.max(1) as f64).log2();
@@ -65,18 +87,21 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         .unwrap_or(1);
     let top = rank_axis_top(worst.max(*topks.last().unwrap_or(&1)) as f64);
 
-    let profiles: BTreeSet<String> = groups.iter().map(|g| g.index.to_string()).collect();
+    let mut profiles: Vec<IndexProfile> = groups.iter().map(|g| g.index).collect();
+    profiles.sort_by_key(|p| IndexProfile::ALL.iter().position(|q| q == p));
+    profiles.dedup();
+    let names: Vec<&str> = profiles.iter().map(|p| p.name()).collect();
     let ks: Vec<String> = topks.iter().map(|k| k.to_string()).collect();
-    let sub = subtitle(
-        &records.info,
-        &[
-            format!(
-                "index {}",
-                profiles.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-            format!("top-k {}", ks.join(", ")),
-        ],
-    );
+    let mut parts = vec![
+        format!("index {}", names.join(", ")),
+        format!("top-k {}", ks.join(", ")),
+    ];
+    if let Some(planned) = records.info.cells_planned() {
+        if records.cells.len() < planned {
+            parts.push(format!("{} of {planned} cells", records.cells.len()));
+        }
+    }
+    let sub = subtitle(&records.info, &parts);
     let (root, body) = canvas(
         path,
         &records.info,
@@ -114,14 +139,13 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         .map_err(&err)?;
 
     let x_range = [xlo - pad, xhi + pad];
-    let grey = RGBColor(130, 130, 130);
     for &k in &topks {
         chart
             .draw_series(DashedLineSeries::new(
                 x_range.iter().map(|&v| (v, k as f64)),
                 3,
                 5,
-                grey.stroke_width(2),
+                GREY.stroke_width(2),
             ))
             .map_err(&err)?;
         chart
@@ -130,15 +154,15 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
                 (xlo - pad, k as f64),
                 (FONT, 16)
                     .into_font()
-                    .color(&grey)
+                    .color(&GREY)
                     .pos(Pos::new(HPos::Left, VPos::Bottom)),
             )))
             .map_err(&err)?;
     }
 
     // Series of one profile whose points are all equal (top-k values that did not change the
-    // hidden states, e.g. on a planted model) would hide one another: drawn once, labelled
-    // with every such k.
+    // hidden states, e.g. on a planted model) would hide one another: drawn once, named in a
+    // note with every such k.
     let points = |key: &(String, usize)| -> Vec<(usize, Option<u64>, Option<usize>)> {
         series[key]
             .iter()
@@ -153,10 +177,10 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     };
     let drawn = merge_identical(&order, points);
 
-    let mut keys = Vec::new();
-    for (i, (key, same_ks)) in drawn.iter().enumerate() {
-        let colour = PALETTE[i % PALETTE.len()];
+    let mut notes = Vec::new();
+    for (key, same_ks) in &drawn {
         let gs = &series[key];
+        let (colour, mark) = (profile_colour(gs[0].index.name()), mark_of(gs[0]));
         let median: Vec<(f64, f64)> = gs
             .iter()
             .filter_map(|g| g.median_rank.map(|m| (x(g.target_tokens), m.max(1.0))))
@@ -169,9 +193,6 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
             .draw_series(LineSeries::new(median.clone(), colour.stroke_width(3)))
             .map_err(&err)?;
         chart
-            .draw_series(median.iter().map(|&p| Circle::new(p, 5, colour.filled())))
-            .map_err(&err)?;
-        chart
             .draw_series(DashedLineSeries::new(
                 worst.clone(),
                 9,
@@ -179,38 +200,56 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
                 colour.stroke_width(2),
             ))
             .map_err(&err)?;
-        chart
-            .draw_series(
-                worst
-                    .iter()
-                    .map(|&p| TriangleMarker::new(p, 6, colour.filled())),
-            )
-            .map_err(&err)?;
-        let ks: Vec<String> = same_ks.iter().map(|k| k.to_string()).collect();
-        let label = format!("{} k={}", key.0, ks.join(","));
-        keys.push(Key {
-            colour,
-            width: 3,
-            stroke: Stroke::Solid,
-            mark: Mark::Circle,
-            label: format!("{label} median"),
-        });
-        keys.push(Key {
-            colour,
-            width: 2,
-            stroke: Stroke::Dashed,
-            mark: Mark::Triangle,
-            label: format!("{label} worst"),
-        });
+        for (points, filled) in [(&median, true), (&worst, false)] {
+            for p in points {
+                let c = chart.backend_coord(p);
+                draw_mark(&root, c, mark, colour, filled, 5, path)?;
+            }
+        }
+        if same_ks.len() > 1 {
+            let ks: Vec<String> = same_ks.iter().map(|k| k.to_string()).collect();
+            notes.push(format!("{}: k={} same ranks", key.0, ks.join(",")));
+        }
     }
-    keys.push(Key {
-        colour: grey,
-        width: 2,
-        stroke: Stroke::Dotted,
-        mark: Mark::None,
-        label: "top-k of the run".into(),
-    });
-    draw_keys(&legend_area, &keys, &[], path)?;
+
+    let key = |colour, width, stroke, mark, filled, label: String| {
+        Row::Key(Key {
+            colour,
+            width,
+            stroke,
+            mark,
+            filled,
+            label,
+        })
+    };
+    let mut rows = vec![Row::Heading("colour: index profile".into())];
+    for p in &profiles {
+        rows.push(key(
+            profile_colour(p.name()),
+            3,
+            Stroke::Solid,
+            Mark::None,
+            true,
+            p.name().to_string(),
+        ));
+    }
+    rows.push(Row::Heading("marker: top-k".into()));
+    for (i, (kv, k)) in marker_keys.iter().enumerate() {
+        let mark = MARKS[i % MARKS.len()];
+        rows.push(key(DARK, 2, Stroke::None, mark, true, format!("k={k}{kv}")));
+    }
+    rows.push(Row::Heading("line style".into()));
+    let median = "median over depths, samples";
+    rows.push(key(DARK, 3, Stroke::Solid, Mark::None, true, median.into()));
+    let worst = "worst (hollow markers)";
+    rows.push(key(DARK, 2, Stroke::Dashed, Mark::None, true, worst.into()));
+    let cut = "top-k of the run".to_string();
+    rows.push(key(GREY, 2, Stroke::Dotted, Mark::None, true, cut));
+    if !notes.is_empty() {
+        rows.push(Row::Note("drawn once (identical):".into()));
+        rows.extend(notes.into_iter().map(Row::Note));
+    }
+    draw_rows(&legend_area, &rows, path)?;
     root.present().map_err(&err)?;
     Ok(())
 }

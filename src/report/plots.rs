@@ -12,10 +12,12 @@
 //! - `rank_vs_length.png` (`plot_ranks`): median and worst `min_needle_rank` against
 //!   context length per (profile, top-k).
 //!
-//! Every plot is 1000 x 700 px with a two-line header (what is plotted; model, scenario,
-//! profile, top-k, "synthetic model" when run.json says so) and text of at least 16 px.
-//! Plots only read records ([`RunRecords`]); the aggregates they show are those of
-//! [`super::summary`].
+//! Every plot is 1000 x 700 px with a header (what is plotted; model, scenario, profile, top-k,
+//! "synthetic model" when run.json says so) whose text is measured and wrapped or shortened to
+//! the canvas ([`text`]), and text of at least 16 px. A profile has one colour in every plot
+//! ([`profile_colour`]). This file owns the canvas, the header and what the plots share;
+//! [`legend`] the legends and markers. Plots only read records ([`RunRecords`]); the
+//! aggregates they show are those of [`super::summary`].
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -27,8 +29,14 @@ use plotters::style::{register_font, FontStyle};
 use rayon::prelude::*;
 
 use super::error::{ReportError, Result};
-use super::records::{file_stem, RunInfo};
+use super::records::{file_stem, IndexProfile, RunInfo};
 use super::store::RunRecords;
+
+pub mod legend;
+pub mod text;
+
+pub use legend::{flow, legend_layout, LegendLayout};
+pub use text::{ellipsize_middle, fit_lines, fit_size, text_width};
 
 /// The embedded font.
 const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
@@ -158,57 +166,84 @@ pub(crate) fn plot_err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> Repor
     }
 }
 
-/// The subtitle shared by all plots: model, scenario, and what else the caller adds.
-pub(crate) fn subtitle(info: &RunInfo, parts: &[String]) -> String {
-    let mut s = format!("model {} · scenario {}", info.model_name(), info.scenario);
-    for p in parts {
-        s.push_str(" · ");
-        s.push_str(p);
-    }
-    s
+/// The subtitle parts shared by all plots: model, scenario, and what else the caller adds
+/// ([`canvas`] joins them with ` · `, onto two lines when one is too narrow).
+pub(crate) fn subtitle(info: &RunInfo, parts: &[String]) -> Vec<String> {
+    let mut all = vec![
+        format!("model {}", info.model_name()),
+        format!("scenario {}", info.scenario),
+    ];
+    all.extend(parts.iter().cloned());
+    all
 }
 
-/// Opens a bitmap of [`SIZE`], paints it white, draws the two header lines (the title gets a
-/// "(synthetic model)" suffix when run.json says so) and returns the root and the area below.
+/// Widest a header line may be: the canvas less a margin on each side.
+pub const HEADER_TEXT_W: u32 = SIZE.0 - 2 * 12;
+/// Pitch of the subtitle's lines.
+const SUBTITLE_PITCH: u32 = 21;
+
+/// The header's lines as drawn: the title (shrunk from [`TITLE_PX`] down to 18 px, then
+/// shortened, until it fits [`HEADER_TEXT_W`]) with its size, and the subtitle `parts` on at
+/// most two lines of at most [`HEADER_TEXT_W`] ([`fit_lines`]).
+pub fn header_lines(
+    title: &str,
+    synthetic: bool,
+    parts: &[String],
+) -> ((String, u32), Vec<String>) {
+    let title = if synthetic {
+        format!("{title} (synthetic model)")
+    } else {
+        title.to_string()
+    };
+    (
+        fit_size(&title, TITLE_PX, 18, HEADER_TEXT_W),
+        fit_lines(parts, SUBTITLE_PX, HEADER_TEXT_W, 2),
+    )
+}
+
+/// Opens a bitmap of [`SIZE`], paints it white, draws the header ([`header_lines`]: the title
+/// gets a "(synthetic model)" suffix when run.json says so; the header grows by a line when
+/// the subtitle takes two) and returns the root and the area below.
 pub(crate) fn canvas<'a>(
     path: &'a Path,
     info: &RunInfo,
     title: &str,
-    subtitle: &str,
+    subtitle: &[String],
 ) -> Result<(
     DrawingArea<BitMapBackend<'a>, Shift>,
     DrawingArea<BitMapBackend<'a>, Shift>,
 )> {
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err(path))?;
-    let (head, body) = root.split_vertically(HEADER_PX);
+    let ((title, title_px), lines) = header_lines(title, info.synthetic, subtitle);
+    let extra = SUBTITLE_PITCH * (lines.len().max(1) as u32 - 1);
+    let (head, body) = root.split_vertically(HEADER_PX + extra);
     let centre = Pos::new(HPos::Center, VPos::Top);
     let x = SIZE.0 as i32 / 2;
-    let title = if info.synthetic {
-        format!("{title} (synthetic model)")
-    } else {
-        title.to_string()
-    };
     head.draw(&Text::new(
         title,
-        (x, 10),
-        (FONT, TITLE_PX).into_font().color(&BLACK).pos(centre),
+        (x, 10 + (TITLE_PX - title_px) as i32 / 2),
+        (FONT, title_px).into_font().color(&BLACK).pos(centre),
     ))
     .map_err(plot_err(path))?;
-    head.draw(&Text::new(
-        subtitle.to_string(),
-        (x, 14 + TITLE_PX as i32),
-        (FONT, SUBTITLE_PX)
-            .into_font()
-            .color(&RGBColor(60, 60, 60))
-            .pos(centre),
-    ))
-    .map_err(plot_err(path))?;
+    for (i, line) in lines.into_iter().enumerate() {
+        head.draw(&Text::new(
+            line,
+            (x, 14 + (TITLE_PX + SUBTITLE_PITCH * i as u32) as i32),
+            (FONT, SUBTITLE_PX)
+                .into_font()
+                .color(&RGBColor(60, 60, 60))
+                .pos(centre),
+        ))
+        .map_err(plot_err(path))?;
+    }
     Ok((root, body))
 }
 
-/// Ten distinguishable line colours (colour-blind-friendly Tableau order).
-pub(crate) const PALETTE: [RGBColor; 10] = [
+/// Colours of the index profiles, in [`IndexProfile::ALL`] order, then one for a name outside
+/// it (colour-blind-friendly Tableau order without its grey: grey means a top-k cut-off line
+/// or a trivial heatmap tile).
+const PROFILE_COLOURS: [RGBColor; 9] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -216,10 +251,19 @@ pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
 ];
+
+/// The colour of index profile `name` in every plot (fp8 is orange in the layer plots and in
+/// rank_vs_length.png alike); fixed by its position in [`IndexProfile::ALL`], never grey.
+pub fn profile_colour(name: &str) -> RGBColor {
+    let i = IndexProfile::ALL
+        .iter()
+        .position(|p| p.name() == name)
+        .unwrap_or(PROFILE_COLOURS.len() - 1);
+    PROFILE_COLOURS[i]
+}
 
 /// Rank-axis labels: integers (`1`, `10`, `1000`), nothing for fractional ticks.
 pub(crate) fn rank_label(v: &f64) -> String {
@@ -235,79 +279,33 @@ pub(crate) fn rank_axis_top(max: f64) -> f64 {
     (max.max(2.0) * 2.5).max(10.0)
 }
 
-/// How a legend key's line is drawn.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Stroke {
-    Solid,
-    Dashed,
-    Dotted,
-}
-
-/// The marker on a legend key.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Mark {
-    None,
-    Circle,
-    Triangle,
-}
-
-/// One legend line: a line sample (with marker) and its label.
-pub(crate) struct Key {
-    pub colour: RGBColor,
-    pub width: u32,
-    pub stroke: Stroke,
-    pub mark: Mark,
-    pub label: String,
-}
-
 /// Width of the legend column to the right of line plots (never over the data).
 pub(crate) const LEGEND_W: u32 = 270;
 
-/// Draws `keys` top-down into `area` (the legend column), starting level with the plot's top,
-/// then `notes` (grey text lines) below them.
-pub(crate) fn draw_keys<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    keys: &[Key],
-    notes: &[&str],
-    path: &Path,
-) -> Result<()> {
-    let err = plot_err(path);
-    let style = (FONT, 16).into_font().color(&BLACK);
-    for (i, k) in keys.iter().enumerate() {
-        let y = 24 + 28 * i as i32;
-        let line = k.colour.stroke_width(k.width);
-        let (x0, x1) = (6i32, 44i32);
-        let dashes: Vec<(i32, i32)> = match k.stroke {
-            Stroke::Solid => vec![(x0, x1)],
-            Stroke::Dashed => (x0..x1).step_by(13).map(|a| (a, (a + 8).min(x1))).collect(),
-            Stroke::Dotted => (x0..x1).step_by(6).map(|a| (a, a + 2)).collect(),
-        };
-        for (a, b) in dashes {
-            area.draw(&PathElement::new(vec![(a, y), (b, y)], line))
-                .map_err(&err)?;
-        }
-        let c = ((x0 + x1) / 2, y);
-        match k.mark {
-            Mark::None => {}
-            Mark::Circle => area
-                .draw(&Circle::new(c, 5, k.colour.filled()))
-                .map_err(&err)?,
-            Mark::Triangle => area
-                .draw(&TriangleMarker::new(c, 6, k.colour.filled()))
-                .map_err(&err)?,
-        }
-        area.draw(&Text::new(
-            k.label.clone(),
-            (x1 + 10, y),
-            style.clone().pos(Pos::new(HPos::Left, VPos::Center)),
-        ))
-        .map_err(&err)?;
+/// The categories of an axis of `n` to label when there is room for at most `max` labels:
+/// all when `n <= max`, else the first, the last, and every `step`-th between, `step` the
+/// smallest of 1, 2, 5, 10, 20, 50, ... that keeps them within `max`; a multiple closer to
+/// the last than half a step is dropped, so no two labels crowd.
+pub fn thin_ticks(n: usize, max: usize) -> Vec<usize> {
+    if n <= max.max(2) {
+        return (0..n).collect();
     }
-    let grey = (FONT, 16).into_font().color(&RGBColor(90, 90, 90));
-    for (i, note) in notes.iter().enumerate() {
-        let y = 24 + 28 * keys.len() as i32 + 12 + 22 * i as i32;
-        area.draw(&Text::new(note.to_string(), (6, y), grey.clone()))
-            .map_err(&err)?;
+    let need = (n - 1) as f64 / (max.max(2) - 1) as f64;
+    let mut step = 1usize;
+    'search: for scale in std::iter::successors(Some(1usize), |s| s.checked_mul(10)) {
+        for m in [1, 2, 5] {
+            step = m * scale;
+            if step as f64 >= need {
+                break 'search;
+            }
+        }
     }
-    Ok(())
+    let mut ticks: Vec<usize> = (0..n - 1).step_by(step).collect();
+    if let Some(&last) = ticks.last() {
+        if last > 0 && 2 * (n - 1 - last) < step {
+            ticks.pop();
+        }
+    }
+    ticks.push(n - 1);
+    ticks
 }
