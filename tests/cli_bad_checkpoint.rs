@@ -393,7 +393,7 @@ fn probe_and_sweep_refuse_a_model_without_a_csa_layer() {
         let said = String::from_utf8_lossy(&synth.stderr);
         assert!(synth.status.success(), "{said}");
         assert!(
-            said.contains("note: --layers 1 keeps [swa]: no CSA layer, so probe, sweep and trace will refuse this model")
+            said.contains("note: --layers 1 keeps [swa]: no CSA layer, so probe and sweep will refuse this model (trace, bench and inspect take it")
                 && said.contains("--layers 2 or more keeps one"),
             "{preset}: {said}"
         );

@@ -111,8 +111,9 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 .map(|l| cfg.layer_kind(l).name())
                 .collect();
             eprintln!(
-                "note: --layers {} keeps [{}]: no CSA layer, so probe, sweep and trace will \
-                 refuse this model (bench and inspect take it); --layers {} or more keeps one",
+                "note: --layers {} keeps [{}]: no CSA layer, so probe and sweep will refuse \
+                 this model (trace, bench and inspect take it, with no indexer to record); \
+                 --layers {} or more keeps one",
                 cfg.num_hidden_layers,
                 kinds.join(", "),
                 first_csa + 1
