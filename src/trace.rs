@@ -65,6 +65,10 @@ impl Observer for TraceObserver<'_> {
     fn wants_position(&self, pos: usize) -> bool {
         self.recorded.contains(&pos) || (self.dump && pos == self.last)
     }
+    /// A trace records indexer scores and logits, never attention probabilities.
+    fn wants_attention(&self, _pos: usize) -> bool {
+        false
+    }
     fn indexer(&mut self, obs: &IndexerObservation<'_>) {
         if self.dump && obs.query_pos == self.last {
             self.result.keys.insert(

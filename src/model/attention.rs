@@ -251,7 +251,7 @@ impl<M> Attention<M> {
         let window_kv = state.window.rows.data().unwrap_or(&empty);
         let compressed_kv = state.compressed.data().unwrap_or(&empty);
         let want: Vec<bool> = (0..tokens)
-            .map(|i| run.observer.wants_position(first_pos + i))
+            .map(|i| run.observer.wants_attention(first_pos + i))
             .collect();
         let batch = AttentionBatch {
             heads: self.heads,

@@ -66,6 +66,12 @@ pub trait Observer {
     fn wants_position(&self, _pos: usize) -> bool {
         false
     }
+    /// Whether the attention probabilities of query position `pos` are wanted (by default
+    /// those of every probed position). An observer without [`Observer::attention`] says no:
+    /// on a GPU the probabilities are a large download.
+    fn wants_attention(&self, pos: usize) -> bool {
+        self.wants_position(pos)
+    }
     /// Whether a named intermediate is wanted (e.g. `layers.3.hidden`, `logits`).
     fn wants_intermediate(&self, _name: &str) -> bool {
         false
