@@ -31,9 +31,25 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// `n` and `noun`, with an `s` unless `n` is 1: `1 position`, `3 positions`.
+pub fn count_of(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_take_a_plural_unless_one() {
+        assert_eq!(count_of(1, "position"), "1 position");
+        assert_eq!(count_of(0, "position"), "0 positions");
+        assert_eq!(count_of(21, "CSA layer"), "21 CSA layers");
+    }
 
     #[test]
     fn digits_group_by_thousands() {

@@ -322,6 +322,13 @@ fn haystack_files_that_are_not_text_files_are_refused() {
     );
     let e = read_file_units(dir.path()).unwrap_err().to_string();
     assert!(e.contains("not a regular file"), "{e}");
+    let e = read_file_units(&dir.path().join("missing.txt"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("missing.txt") && e.contains("no such file"),
+        "{e}"
+    );
     let utf16 = dir.path().join("utf16.txt");
     let bytes: Vec<u8> = "Hello there."
         .encode_utf16()

@@ -213,6 +213,18 @@ fn trace_of_fewer_than_four_tokens_has_empty_indexer_tensors() {
         let output = trace_all_positions(&model, &tokens_file, &out);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{count} tokens: {stderr}");
+        // The closing line counts in words that agree with the numbers, and says the size.
+        let said = String::from_utf8_lossy(&output.stdout);
+        let words = if count == 1 {
+            "traced 1 token, 1 position, "
+        } else {
+            "traced 3 tokens, 3 positions, "
+        };
+        let size = std::fs::metadata(&out).unwrap().len();
+        assert!(
+            said.contains(words) && said.contains(&needlescope::units::human_bytes(size)),
+            "{said}"
+        );
         let bytes = std::fs::read(&out).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let scores: Vec<String> = st

@@ -259,16 +259,20 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     trace::write_trace(&args.out, &result, metadata)?;
     writeln!(
         out,
-        "traced {} tokens, {} positions, {} CSA layers (index {}, kv {}, top-k {}) on {} in {:.2} s -> {}",
-        tokens.len(),
-        positions.len(),
-        result.indexer.len(),
+        "traced {}, {}, {} (index {}, kv {}, top-k {}) on {} in {:.2} s -> {} ({})",
+        crate::units::count_of(tokens.len(), "token"),
+        crate::units::count_of(positions.len(), "position"),
+        crate::units::count_of(result.indexer.len(), "CSA layer"),
         args.index,
         args.kv,
         result.topk,
         backend,
         started.elapsed().as_secs_f64(),
-        args.out.display()
+        args.out.display(),
+        std::fs::metadata(&args.out).map_or_else(
+            |_| "size unknown".to_string(),
+            |m| crate::units::human_bytes(m.len())
+        )
     )?;
     Ok(())
 }

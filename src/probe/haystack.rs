@@ -347,7 +347,10 @@ pub fn read_file_units(path: &Path) -> Result<Vec<Unit>, ScenarioError> {
         path: path.to_path_buf(),
         problem,
     };
-    let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => err("no such file: expected a text file there".into()),
+        _ => err(e.to_string()),
+    })?;
     if !meta.is_file() {
         return Err(err("not a regular file: expected a text file".into()));
     }

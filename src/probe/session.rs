@@ -280,19 +280,29 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
             Some(false) => "answer wrong",
             None => "no verdict: the generation stopped before its answer ended",
         };
+        let all = |n: usize, what: &str| match n {
+            1 => format!("the only {what}"),
+            n => format!("all {n} {what}s"),
+        };
         let what = if nontrivial == 0 {
             format!(
-                "needle trivially kept on all {total} CSA layers (every visible row selected) under {} at top-{}",
-                run.index, run.topk
+                "needle trivially kept on {} (every visible row selected) under {} at top-{}",
+                all(total, "CSA layer"),
+                run.index,
+                run.topk
             )
         } else if lost == 0 {
             format!(
-                "needle kept on all {nontrivial} non-trivial CSA layers under {} at top-{}",
-                run.index, run.topk
+                "needle kept on {} under {} at top-{}",
+                all(nontrivial, "non-trivial CSA layer"),
+                run.index,
+                run.topk
             )
         } else {
-            // With exact scored, how many of those the exact math keeps (lost to rounding).
+            // With exact scored, how many of those the exact math keeps (lost to rounding);
+            // not said when exact is itself the driving profile.
             let rounding = crate::probe::why::rounding_losses(&run.layers, last_prompt_pos)
+                .filter(|_| run.index != "exact")
                 .map_or(String::new(), |n| format!(" (exact keeps {n})"));
             format!(
                 "needle lost on {lost}/{total} CSA layers under {} at top-{}{rounding}",
