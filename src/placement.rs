@@ -8,9 +8,13 @@
 //! embedding goes with the first device and the head with the last. When the plan leaves a
 //! device without a layer (more devices than layers, or one too small to take a layer's share)
 //! that device is left idle and the plan is redone over the others, because the GPU backend
-//! runs the embedding with the first layer and the head with the last. When the layers cannot
-//! fit, [`PlacementError::DoesNotFit`] lists every device's need against its free memory and
-//! the shortfall, so the refusal comes before loading instead of an out-of-memory error midway.
+//! runs the embedding with the first layer and the head with the last. When these splits find
+//! no layout that fits, the exact search ([`plan::search`]: every contiguous layout over every
+//! order-preserving subset of the devices, the others idle) decides: its layout when one fits
+//! (strategy `searched`), otherwise [`PlacementError::DoesNotFit`], which lists every device's
+//! need against its free memory and the shortfall, so the refusal comes before loading instead
+//! of an out-of-memory error midway. So offering one more device never turns a layout that
+//! fits into a refusal.
 //!
 //! The sequence state (window and compressed KV rows, prepared index keys) lives on the device in
 //! caches that double when full; the plan counts them as the GPU backend allocates them (f32,
@@ -183,7 +187,7 @@ fn refusal(names: &[String], p: &MemoryPlan, work: &Workload, idle: &[String]) -
     }
     if !idle.is_empty() {
         s.push_str(&format!(
-            "\n  left idle (no layer in the balanced split): {}",
+            "\n  left idle (no layer in the chosen layout): {}",
             idle.join(", ")
         ));
     }
@@ -271,24 +275,10 @@ pub fn place(
     if !roomy.is_empty() {
         used = roomy;
     }
-    let idle_of = |used: &[usize]| -> Vec<String> {
-        (0..devices.len())
-            .filter(|i| !used.contains(i))
-            .map(|i| devices[i].name.clone())
-            .collect()
-    };
     let mut first_refusal = None;
     loop {
-        let set = DeviceSet {
-            capacities: used.iter().map(|&i| devices[i].free).collect(),
-            spec: used
-                .iter()
-                .map(|&i| devices[i].name.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-        };
+        let (set, names) = subset(devices, &used);
         let p = plan::plan(&cfg, footprint, &set, work.context, work.chunk);
-        let names: Vec<String> = used.iter().map(|&i| devices[i].name.clone()).collect();
         let empty: Vec<usize> = (0..used.len())
             .filter(|&d| layers > 0 && p.devices[d].layers.is_none())
             .collect();
@@ -296,17 +286,18 @@ pub fn place(
         // device is charged besides layers (the embedding on the first device, the head on the
         // last, a workspace): plan again without it before refusing (a first or last GPU with
         // a little more room than one workspace must not sink a layout that fits without it).
-        // If that fails too, the refusal is the first plan's, over every device offered.
+        // If that fails too, the exact search decides; its refusal is the first plan's, over
+        // every device offered.
         if !p.fits {
             let refusal = PlacementError::DoesNotFit {
                 names,
                 plan: Box::new(p),
                 work: *work,
-                idle: idle_of(&used),
+                idle: idle_of(devices, &used),
             };
             let refusal = first_refusal.take().unwrap_or(refusal);
             if empty.is_empty() || empty.len() == used.len() {
-                return Err(refusal);
+                return searched(&cfg, footprint, devices, work).ok_or(refusal);
             }
             first_refusal = Some(refusal);
         } else if empty.is_empty() {
@@ -317,7 +308,7 @@ pub fn place(
                 }
             }
             return Ok(Placement {
-                idle: idle_of(&used),
+                idle: idle_of(devices, &used),
                 used,
                 names,
                 layer_device,
@@ -333,6 +324,52 @@ pub fn place(
             .map(|(_, &i)| i)
             .collect();
     }
+}
+
+/// The layout of the exact search over every offered device ([`plan::search`]), if one fits.
+/// `cfg` carries the run's top-k.
+fn searched(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &[DeviceMemory],
+    work: &Workload,
+) -> Option<Placement> {
+    let free: Vec<u64> = devices.iter().map(|d| d.free).collect();
+    let layout = plan::search(cfg, footprint, &free, work.context, work.chunk)?;
+    let (set, names) = subset(devices, &layout.used);
+    let p = plan::plan_assigned(
+        cfg,
+        footprint,
+        &set,
+        work.context,
+        work.chunk,
+        &layout.assign,
+    );
+    p.fits.then(|| Placement {
+        idle: idle_of(devices, &layout.used),
+        used: layout.used,
+        names,
+        layer_device: layout.assign,
+        plan: p,
+    })
+}
+
+/// The device set of the offered devices `used` (free memory as capacity), and their names.
+fn subset(devices: &[DeviceMemory], used: &[usize]) -> (DeviceSet, Vec<String>) {
+    let names: Vec<String> = used.iter().map(|&i| devices[i].name.clone()).collect();
+    let set = DeviceSet {
+        capacities: used.iter().map(|&i| devices[i].free).collect(),
+        spec: names.join(","),
+    };
+    (set, names)
+}
+
+/// The names of the offered devices not in `used`.
+fn idle_of(devices: &[DeviceMemory], used: &[usize]) -> Vec<String> {
+    (0..devices.len())
+        .filter(|i| !used.contains(i))
+        .map(|i| devices[i].name.clone())
+        .collect()
 }
 
 #[cfg(test)]

@@ -52,7 +52,9 @@
 //! capacity (a layer goes to the device whose cumulative target its midpoint falls under). If
 //! that balanced split leaves a device over capacity, the layers are packed first-fit in order;
 //! if that also fails the plan is refused, reporting each device's shortfall (from the balanced
-//! split) and the overall shortfall.
+//! split) and the overall shortfall. These two splits use every device given; [`search`]
+//! (`search.rs`) is exact: it finds a layout over an order-preserving subset of the devices
+//! whenever one fits, and [`crate::placement`] falls back on it ([`plan_assigned`] is its plan).
 
 use serde::Serialize;
 
@@ -67,12 +69,14 @@ pub const PROBED_LOGIT_ROWS: u64 = 256;
 
 mod devices;
 mod footprint;
+mod search;
 mod state;
 #[cfg(test)]
 mod tests;
 
 pub use devices::*;
 pub use footprint::*;
+pub use search::*;
 pub use state::*;
 
 /// One device of a plan.
@@ -123,7 +127,7 @@ pub struct MemoryPlan {
     pub context: usize,
     pub chunk: usize,
     pub fits: bool,
-    /// `balanced`, `packed in order` or `refused`.
+    /// `balanced`, `packed in order`, `searched` ([`plan_assigned`]) or `refused`.
     pub strategy: &'static str,
     pub devices: Vec<DevicePlan>,
     pub weights: u64,
@@ -147,30 +151,11 @@ pub fn plan(
     chunk: usize,
 ) -> MemoryPlan {
     let n_dev = devices.capacities.len().max(1);
-    let caps: Vec<u64> = (0..n_dev)
-        .map(|d| devices.capacities.get(d).copied().unwrap_or(0))
-        .collect();
-    let layers = footprint.layer_bytes.len();
-    let states: Vec<u64> = (0..layers)
-        .map(|l| layer_state(cfg, l, context, chunk).total())
-        .collect();
-    let items: Vec<u64> = (0..layers)
-        .map(|l| footprint.layer_bytes[l].saturating_add(states[l]))
-        .collect();
+    let caps = capacities(devices);
+    let items = layer_loads(cfg, footprint, context, chunk);
     let fixed: Vec<u64> = (0..n_dev)
-        .map(|d| {
-            sat_sum([
-                workspace_bytes(cfg, context, chunk, d == n_dev - 1),
-                if d == 0 { footprint.first_bytes } else { 0 },
-                if d == n_dev - 1 {
-                    footprint.last_bytes
-                } else {
-                    0
-                },
-            ])
-        })
+        .map(|d| fixed_bytes(cfg, footprint, context, chunk, d == 0, d == n_dev - 1))
         .collect();
-
     let balanced = place_balanced(&items, &fixed, &caps);
     let fits = |a: &[usize]| {
         loads(&items, &fixed, a, n_dev)
@@ -178,17 +163,84 @@ pub fn plan(
             .zip(&caps)
             .all(|(l, c)| l <= c)
     };
-    let (assign, strategy, ok) = if fits(&balanced) {
-        (balanced, "balanced", true)
+    let (assign, strategy) = if fits(&balanced) {
+        (balanced, "balanced")
     } else {
         let packed = place_first_fit(&items, &fixed, &caps);
         if fits(&packed) {
-            (packed, "packed in order", true)
+            (packed, "packed in order")
         } else {
-            (balanced, "refused", false)
+            (balanced, "refused")
         }
     };
+    rows(cfg, footprint, devices, context, chunk, &assign, strategy)
+}
 
+/// The plan of a layout found by [`search`] over `devices` (the devices it uses, in order):
+/// layer `l` on device `assign[l]`, strategy `searched` (`refused` if it does not fit).
+pub fn plan_assigned(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &DeviceSet,
+    context: usize,
+    chunk: usize,
+    assign: &[usize],
+) -> MemoryPlan {
+    rows(cfg, footprint, devices, context, chunk, assign, "searched")
+}
+
+/// Each layer's load on its device: weights as stored plus its state for the run.
+fn layer_loads(cfg: &ModelConfig, footprint: &Footprint, context: usize, chunk: usize) -> Vec<u64> {
+    (0..footprint.layer_bytes.len())
+        .map(|l| {
+            let state = layer_state(cfg, l, context, chunk).total();
+            footprint.layer_bytes[l].saturating_add(state)
+        })
+        .collect()
+}
+
+/// What a device is charged besides its layers: its workspace, plus the embedding when it is
+/// the first device and the head (and the logits, in the workspace) when it is the last.
+fn fixed_bytes(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    context: usize,
+    chunk: usize,
+    first: bool,
+    last: bool,
+) -> u64 {
+    sat_sum([
+        workspace_bytes(cfg, context, chunk, last),
+        if first { footprint.first_bytes } else { 0 },
+        if last { footprint.last_bytes } else { 0 },
+    ])
+}
+
+/// One capacity per planned device (a set of none plans over one device of 0 bytes).
+fn capacities(devices: &DeviceSet) -> Vec<u64> {
+    let n_dev = devices.capacities.len().max(1);
+    (0..n_dev)
+        .map(|d| devices.capacities.get(d).copied().unwrap_or(0))
+        .collect()
+}
+
+/// The plan's rows and totals with layer `l` on device `assign[l]`, under `strategy` when every
+/// device fits and as `refused` otherwise.
+fn rows(
+    cfg: &ModelConfig,
+    footprint: &Footprint,
+    devices: &DeviceSet,
+    context: usize,
+    chunk: usize,
+    assign: &[usize],
+    strategy: &'static str,
+) -> MemoryPlan {
+    let caps = capacities(devices);
+    let n_dev = caps.len();
+    let layers = footprint.layer_bytes.len();
+    let states: Vec<u64> = (0..layers)
+        .map(|l| layer_state(cfg, l, context, chunk).total())
+        .collect();
     let mut out = Vec::with_capacity(n_dev);
     for (d, &cap) in caps.iter().enumerate() {
         let mine: Vec<usize> = (0..layers).filter(|&l| assign[l] == d).collect();
@@ -218,13 +270,14 @@ pub fn plan(
             idle: false,
         });
     }
+    let ok = out.iter().all(|d| d.shortfall == 0);
     let sum = |f: fn(&DevicePlan) -> u64| sat_sum(out.iter().map(f));
     MemoryPlan {
         devices_spec: devices.spec.clone(),
         context,
         chunk: chunk.min(context).max(1),
         fits: ok,
-        strategy,
+        strategy: if ok { strategy } else { "refused" },
         weights: sum(|d| d.weights),
         state: sum(|d| d.state),
         workspace: sum(|d| d.workspace),

@@ -104,7 +104,7 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
         };
         writeln!(
             out,
-            "  idle: {what} {} (free memory under the per-device workspace, or no layer in the balanced split): a run gives {them} no work and charges {them} nothing",
+            "  idle: {what} {} (free memory under the per-device workspace, or no layer in the chosen layout): a run gives {them} no work and charges {them} nothing",
             idle.join(", ")
         )?;
     }
