@@ -198,7 +198,7 @@ fn refusal(names: &[String], p: &MemoryPlan, work: &Workload, idle: &[String]) -
 }
 
 /// The memory plan a run would use over the devices of `devices` (what `inspect --devices`
-/// shows): [`place`] with the config's top-k, renumbered to the offered devices, with a row
+/// shows; `chunk` may be [`AUTO_CHUNK`]): [`place`] with the config's top-k, renumbered to the offered devices, with a row
 /// for each device it leaves idle (charged nothing) and capacities over every offered device.
 /// Refused plans are returned too (`fits` false), over the devices that would have been used.
 pub fn plan_over(
@@ -208,6 +208,19 @@ pub fn plan_over(
     context: usize,
     chunk: usize,
 ) -> MemoryPlan {
+    // `auto`, as a GPU run resolves it (`place_auto`): the largest chunk that fits, else the
+    // smallest one's refusal.
+    if chunk == AUTO_CHUNK {
+        let mut last = None;
+        for candidate in GPU_AUTO_CHUNKS {
+            let p = plan_over(cfg, footprint, devices, context, candidate);
+            if p.fits {
+                return p;
+            }
+            last = Some(p);
+        }
+        return last.expect("at least one candidate chunk");
+    }
     let offered: Vec<DeviceMemory> = devices
         .capacities
         .iter()

@@ -140,6 +140,22 @@ fn auto_chunk_is_the_largest_that_fits() {
     let given = Workload { chunk: 512, ..auto };
     let p = place_auto(&cfg, &fp, &devices(&[400 * GIB]), &given).unwrap();
     assert_eq!(p.plan.chunk, 512);
+    // `inspect --chunk auto` shows the chunk and layout a run chooses.
+    for free in [400 * GIB, small + (mid - small) / 2, small / 2] {
+        let set = DeviceSet {
+            spec: "1xN".into(),
+            capacities: vec![free],
+        };
+        let shown = plan_over(&cfg, &fp, &set, auto.context, AUTO_CHUNK);
+        match place_auto(&cfg, &fp, &devices(&[free]), &auto) {
+            Ok(run) => {
+                assert!(shown.fits);
+                assert_eq!(shown.chunk, run.plan.chunk);
+                assert_eq!(shown.devices[0].layers, run.plan.devices[0].layers);
+            }
+            Err(_) => assert!(!shown.fits && shown.chunk == 2048),
+        }
+    }
 }
 
 #[test]

@@ -211,7 +211,10 @@ pub fn parse_chunk(s: &str) -> Result<usize, String> {
     if s.trim().eq_ignore_ascii_case("auto") {
         return Ok(crate::placement::AUTO_CHUNK);
     }
-    parse_token_count(s).map_err(|e| format!("auto or {e}"))
+    parse_token_count(s).map_err(|e| match e.strip_prefix("expected ") {
+        Some(rest) => format!("expected auto or {rest}"),
+        None => format!("expected auto or a token count: {e}"),
+    })
 }
 
 /// Joins a long flag and a following value that starts with `-` and a digit (`--length -2k`,

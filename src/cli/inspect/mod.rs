@@ -54,8 +54,8 @@ pub struct InspectArgs {
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "128k", requires = "devices")]
     pub context: usize,
 
-    /// With --devices: prefill chunk the memory plan provisions workspace for
-    #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "2048", requires = "devices")]
+    /// With --devices: prefill chunk the memory plan provisions workspace for, or auto: the largest of 8192, 4096 and 2048 that fits, as a GPU run chooses
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto", requires = "devices")]
     pub chunk: usize,
 
     /// Print everything as one JSON object
