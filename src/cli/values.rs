@@ -343,7 +343,10 @@ mod chunk_tests {
         assert_eq!(parse_chunk(" AUTO "), Ok(crate::placement::AUTO_CHUNK));
         assert_eq!(parse_chunk("8k"), Ok(8192));
         let e = parse_chunk("0").unwrap_err();
-        assert!(e.starts_with("auto or ") && e.contains("positive"), "{e}");
+        assert!(
+            e.starts_with("expected auto or a token count") && e.contains("positive"),
+            "{e}"
+        );
     }
 }
 
