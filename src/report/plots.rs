@@ -182,7 +182,7 @@ pub const HEADER_TEXT_W: u32 = SIZE.0 - 2 * 12;
 /// Pitch of the subtitle's lines.
 const SUBTITLE_PITCH: u32 = 21;
 
-/// The header's lines as drawn: the title (shrunk from [`TITLE_PX`] down to 18 px, then
+/// The header's lines as drawn: the title (shrunk from `TITLE_PX` down to 18 px, then
 /// shortened, until it fits [`HEADER_TEXT_W`]) with its size, and the subtitle `parts` on at
 /// most two lines of at most [`HEADER_TEXT_W`] ([`fit_lines`]).
 pub fn header_lines(

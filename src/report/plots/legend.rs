@@ -1,7 +1,7 @@
 //! Legends and point markers shared by the plots.
 //!
 //! Line plots (layers_*.png, rank_vs_length.png) put their legend in a column right of the data
-//! ([`draw_rows`]): headings, keys (a line sample with a marker, and a label) and grey notes,
+//! (`draw_rows`): headings, keys (a line sample with a marker, and a label) and grey notes,
 //! top-down. [`legend_layout`] spaces the rows so that they always fit the column: the pitch
 //! shrinks from 28 to 20 px, and rows that still do not fit are replaced by one "… and N more"
 //! line. Labels are shortened in the middle to the column's width. The heatmap's legend is a
