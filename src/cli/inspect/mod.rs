@@ -91,8 +91,15 @@ pub fn run(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         ));
     }
     if let Some(p) = report.plan.as_ref().filter(|p| !p.fits) {
+        // The devices over capacity together lack `shortfall`; the model may also exceed all
+        // devices together (by less: others have room the layers cannot move into).
+        let overall = match p.total.checked_sub(p.capacity).filter(|&d| d > 0) {
+            Some(d) => format!(", {} more than all devices hold together", human_bytes(d)),
+            None => String::new(),
+        };
         problems.push(format!(
-            "memory plan refused: {} cannot hold the model at context {}; short by {} ({} bytes)",
+            "memory plan refused: {} cannot hold the model at context {}; the devices over \
+             capacity are short by {} ({} bytes) in all{overall}",
             p.devices_spec,
             p.context,
             human_bytes(p.shortfall),
