@@ -2,7 +2,7 @@
 
 /// `--devices`: groups `COUNTxSIZE` separated by commas (`8x96G`, `2x80GiB,1x40G`); a bare
 /// `SIZE` means one device. `G`/`GiB` = 2^30 bytes (what GPU vendors' "80GB" cards hold),
-/// `GB` = 10^9; likewise `M`/`MiB`/`MB` and `T`/`TiB`/`TB`.
+/// `GB` = 10^9; likewise `M`/`MiB`/`MB` and `T`/`TiB`/`TB`; units in any case (`96gib`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceSet {
     pub capacities: Vec<u64>,
@@ -56,14 +56,15 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     let v: f64 = num
         .parse()
         .map_err(|_| format!("{DEVICE_FORM}; {t:?} is not a memory size"))?;
-    let mult: f64 = match unit.trim() {
-        "M" | "MiB" | "m" => (1u64 << 20) as f64,
-        "G" | "GiB" | "g" => (1u64 << 30) as f64,
-        "T" | "TiB" | "t" => (1u64 << 40) as f64,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "TB" => 1e12,
-        u => return Err(format!("{DEVICE_FORM}; unknown unit {u:?}")),
+    // Units in any case: `G`, `GiB`, `gib` are 2^30 bytes, `GB`, `gb` 10^9.
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "m" | "mib" => (1u64 << 20) as f64,
+        "g" | "gib" => (1u64 << 30) as f64,
+        "t" | "tib" => (1u64 << 40) as f64,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(format!("{DEVICE_FORM}; unknown unit {:?}", unit.trim())),
     };
     let bytes = v * mult;
     if !(1.0..1e18).contains(&bytes) {

@@ -68,6 +68,9 @@ fn device_specs_parse_counts_and_units() {
     assert_eq!(d.capacities, vec![80 << 30, 80 << 30, 40_000_000_000]);
     let d: DeviceSet = "141G".parse().unwrap();
     assert_eq!(d.capacities.len(), 1);
+    // Units in any case.
+    let d: DeviceSet = "1x96gib,1x96gb,1x1t".parse().unwrap();
+    assert_eq!(d.capacities, vec![96 << 30, 96_000_000_000, 1 << 40]);
     for bad in ["8x", "x96G", "0x96G", "8x96", "8x96Q", "eightx96G", ""] {
         let e = bad.parse::<DeviceSet>().unwrap_err();
         assert!(e.contains("8x96G"), "{bad}: {e}");
