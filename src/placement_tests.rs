@@ -185,16 +185,7 @@ fn two_equal_devices_split_evenly() {
 
 /// The Flash checkpoint's footprint, as released.
 fn flash_footprint(cfg: &ModelConfig) -> Footprint {
-    let inv = crate::checkpoint::expected_inventory(cfg, crate::checkpoint::WeightFormat::Official);
-    Footprint::from_tensors(
-        cfg.num_hidden_layers,
-        inv.iter().map(|t| plan::TensorSpec {
-            name: &t.name,
-            dtype: t.dtype.as_str(),
-            numel: t.shape.iter().product::<usize>() as u64,
-            bytes: t.bytes(),
-        }),
-    )
+    Footprint::of_inventory(cfg, crate::checkpoint::WeightFormat::Official)
 }
 
 #[test]

@@ -4,25 +4,16 @@
 //! the head and logits on the last), with the plan's own byte figures. The sweep over Flash
 //! device sets takes about a second in a release build.
 
-use needlescope::checkpoint::{expected_inventory, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::config::ModelConfig;
 use needlescope::placement::{place, DeviceMemory, Placement, Workload};
-use needlescope::plan::{self, Footprint, TensorSpec};
+use needlescope::plan::{self, Footprint};
 
 const GIB: u64 = 1 << 30;
 
 fn flash() -> (ModelConfig, Footprint) {
     let cfg = ModelConfig::flash();
-    let inv = expected_inventory(&cfg, WeightFormat::Official);
-    let fp = Footprint::from_tensors(
-        cfg.num_hidden_layers,
-        inv.iter().map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype.as_str(),
-            numel: t.shape.iter().product::<usize>() as u64,
-            bytes: t.bytes(),
-        }),
-    );
+    let fp = Footprint::of_inventory(&cfg, WeightFormat::Official);
     (cfg, fp)
 }
 

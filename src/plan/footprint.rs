@@ -279,6 +279,24 @@ impl Footprint {
         }
     }
 
+    /// Tallies the tensors `cfg` implies in `format` (its expected inventory), as `inspect
+    /// --config` sizes a model without its weights.
+    pub fn of_inventory(
+        cfg: &crate::config::ModelConfig,
+        format: crate::checkpoint::WeightFormat,
+    ) -> Self {
+        let expected = crate::checkpoint::expected_inventory(cfg, format);
+        Footprint::from_tensors(
+            cfg.num_hidden_layers,
+            expected.iter().map(|t| TensorSpec {
+                name: &t.name,
+                dtype: t.dtype.as_str(),
+                numel: t.shape.iter().product::<usize>() as u64,
+                bytes: t.bytes(),
+            }),
+        )
+    }
+
     /// Tallies the tensors of an opened checkpoint as stored (a packed FP4 byte is one
     /// element; bytes are element count x dtype size, saturating at `u64::MAX`).
     pub fn of_checkpoint(ckpt: &crate::checkpoint::Checkpoint) -> Self {

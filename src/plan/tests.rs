@@ -185,17 +185,9 @@ fn state_follows_the_layer_kind() {
 }
 
 fn flash_footprint() -> Footprint {
-    let cfg = ModelConfig::flash();
-    let inv =
-        crate::checkpoint::expected_inventory(&cfg, crate::checkpoint::WeightFormat::Official);
-    Footprint::from_tensors(
-        cfg.num_hidden_layers,
-        inv.iter().map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype.as_str(),
-            numel: t.shape.iter().product::<usize>() as u64,
-            bytes: t.bytes(),
-        }),
+    Footprint::of_inventory(
+        &ModelConfig::flash(),
+        crate::checkpoint::WeightFormat::Official,
     )
 }
 

@@ -8,11 +8,9 @@ use std::path::Path;
 
 use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
 use super::InspectArgs;
-use crate::checkpoint::{
-    audit, expected_inventory, options_for, Checkpoint, Dtype, InventoryDiff, WeightFormat,
-};
+use crate::checkpoint::{audit, options_for, Checkpoint, Dtype, InventoryDiff, WeightFormat};
 use crate::config::{ModelConfig, RouterKind};
-use crate::plan::{Footprint, TensorSpec};
+use crate::plan::Footprint;
 
 /// Entries of each inventory category listed in full.
 const LIST_LIMIT: usize = 20;
@@ -146,16 +144,7 @@ fn format_of_config(cfg: &ModelConfig) -> WeightFormat {
 fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Loaded> {
     let cfg = ModelConfig::load(path)?;
     let format = format.unwrap_or_else(|| format_of_config(&cfg));
-    let expected = expected_inventory(&cfg, format);
-    let footprint = Footprint::from_tensors(
-        cfg.num_hidden_layers,
-        expected.iter().map(|t| TensorSpec {
-            name: &t.name,
-            dtype: t.dtype.as_str(),
-            numel: t.shape.iter().product::<usize>() as u64,
-            bytes: t.bytes(),
-        }),
-    );
+    let footprint = Footprint::of_inventory(&cfg, format);
     let source = Source {
         kind: "config",
         path: path.to_path_buf(),
