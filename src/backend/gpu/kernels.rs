@@ -7,8 +7,11 @@
 //!
 //! Compiled images are cached twice: per process (a map keyed by family and architecture) and on
 //! disk under `$NEEDLESCOPE_KERNEL_CACHE` or `~/.cache/needlescope/kernels/`, one file per
-//! sha256 of (source, options, architecture, NVRTC version, driver version). A corrupt or
-//! unreadable cache file is ignored and rebuilt.
+//! sha256 of (source, options, architecture, NVRTC version, driver version). Each file is the
+//! CUBIN sealed with its length and sha256 ([`seal_cache_entry`]): a CUBIN is an ELF image whose
+//! magic survives truncation and whose code has no checksum of its own, so a torn, truncated or
+//! damaged file would otherwise load (and fail, or compute garbage) on every later run. A file
+//! that does not unseal ([`unseal_cache_entry`]) or cannot be read is ignored and rebuilt.
 
 use super::executor::GpuError;
 use sha2::{Digest, Sha256};
@@ -166,6 +169,42 @@ pub fn cache_key(family: &str, arch: &str, driver: &str) -> Result<String, GpuEr
     ))
 }
 
+/// Extension of the disk cache's files (sealed CUBINs; files of the unsealed format, `.cubin`,
+/// written by earlier versions, are not read).
+pub const CACHE_EXTENSION: &str = "sealed-cubin";
+
+/// Tag of the trailer [`seal_cache_entry`] appends.
+const SEAL_TAG: &[u8; 8] = b"NSCUBIN1";
+/// Trailer: tag, image length (u64 little-endian), sha256 of the image.
+const SEAL_BYTES: usize = 8 + 8 + 32;
+
+/// A disk-cache file for the CUBIN `image`: the image, then a trailer holding a tag, the
+/// image's length and its sha256, so that [`unseal_cache_entry`] refuses any truncation or
+/// damage (an ELF header alone cannot: it survives truncation).
+pub fn seal_cache_entry(image: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(image.len() + SEAL_BYTES);
+    out.extend_from_slice(image);
+    out.extend_from_slice(SEAL_TAG);
+    out.extend_from_slice(&(image.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(image));
+    out
+}
+
+/// The CUBIN inside a disk-cache file written by [`seal_cache_entry`], or None when the file is
+/// truncated, damaged, of another format, or not an ELF image.
+pub fn unseal_cache_entry(file: &[u8]) -> Option<&[u8]> {
+    let body = file.len().checked_sub(SEAL_BYTES)?;
+    let (image, trailer) = file.split_at(body);
+    let (tag, rest) = trailer.split_at(8);
+    let (len, digest) = rest.split_at(8);
+    let len = u64::from_le_bytes(len.try_into().ok()?);
+    let sealed = tag == SEAL_TAG
+        && len == image.len() as u64
+        && image.starts_with(b"\x7fELF")
+        && Sha256::digest(image).as_slice() == digest;
+    sealed.then_some(image)
+}
+
 /// Where a compiled image came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CubinSource {
@@ -189,24 +228,32 @@ pub fn cubin(
         return Ok((c.clone(), CubinSource::Process));
     }
     let name = cache_key(family, arch, driver)?;
-    let path = cache_dir().map(|d| d.join(format!("{name}.cubin")));
+    let path = cache_dir().map(|d| d.join(format!("{name}.{CACHE_EXTENSION}")));
     let mut source = CubinSource::Compiled;
-    let image = match path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        // A CUBIN is an ELF file; anything else is a torn or foreign file.
-        Some(bytes) if bytes.starts_with(b"\x7fELF") => {
+    let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
+    let image = match cached.as_deref().and_then(unseal_cache_entry) {
+        Some(image) => {
             source = CubinSource::Disk;
-            bytes
+            image.to_vec()
         }
-        _ => {
+        // Missing, torn, truncated or foreign: compile and replace it.
+        None => {
             let bytes = compile_family(family, arch)?;
             if let Some(p) = &path {
-                // Best effort: write to a temporary name, then rename (never a torn file).
+                // Best effort: write to a name unique to this process and call, then rename
+                // (atomic: a reader sees the old file or the whole new one).
                 if let Some(dir) = p.parent() {
                     let _ = std::fs::create_dir_all(dir);
                 }
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &bytes).is_ok() {
-                    let _ = std::fs::rename(&tmp, p);
+                static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let tmp = p.with_extension(format!("tmp{}-{n}", std::process::id()));
+                if std::fs::write(&tmp, seal_cache_entry(&bytes)).is_ok() {
+                    if std::fs::rename(&tmp, p).is_err() {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                } else {
+                    let _ = std::fs::remove_file(&tmp);
                 }
             }
             bytes
