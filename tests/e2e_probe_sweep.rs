@@ -431,6 +431,44 @@ fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
     assert!(!stderr.contains("sweep_args"), "{stderr}");
 }
 
+/// `probe --json` records are the report directory's rows: with `--out` in the same run,
+/// every layers.csv and attention.csv field reads back equal to its JSON value, scores and
+/// masses included (an f32 printed as the CSV prints it, not widened to 17 f64 digits).
+#[test]
+fn probe_json_records_equal_the_csv_rows_written_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("probes");
+    let stdout = ok(
+        probe_out(&out, &["--depth", "40", "--compare", "exact", "--json"]),
+        "probe --json --out",
+    );
+    let v: Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let run = &v["runs"][0];
+    for (file, key) in [("layers.csv", "layers"), ("attention.csv", "attention")] {
+        let mut reader = csv::Reader::from_path(out.join(file)).unwrap();
+        let header = reader.headers().unwrap().clone();
+        let records = run[key].as_array().unwrap();
+        let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+        assert_eq!(rows.len(), records.len(), "{file}: one row per JSON record");
+        for (row, rec) in rows.iter().zip(records) {
+            for (name, text) in header.iter().zip(row.iter()) {
+                let json = &rec[name];
+                let same = match json {
+                    Value::Null => text.is_empty(),
+                    Value::String(s) => s == text,
+                    Value::Bool(b) => b.to_string() == text,
+                    // The CSV's text, read as a JSON number, is the JSON's number exactly.
+                    Value::Number(_) => {
+                        serde_json::from_str::<Value>(text).ok().as_ref() == Some(json)
+                    }
+                    _ => false,
+                };
+                assert!(same, "{file} {name}: CSV {text:?}, JSON {json}");
+            }
+        }
+    }
+}
+
 /// A grid that would fail or repeat cells midway is refused before anything runs or is
 /// written: a length too short for the scenario or past the model's positions (after finished
 /// cells, before), a profile named twice through an alias, a top-k given twice; likewise a

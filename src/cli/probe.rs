@@ -234,18 +234,18 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "needle_text": prompt.needle_text,
                 "answer_value": prompt.answer_value,
             },
-            "runs": runs.iter().map(|r| serde_json::json!({
+            "runs": runs.iter().map(|r| Ok(serde_json::json!({
                 "cell_id": r.cell_id,
                 "index": r.index,
                 "kv": r.kv,
                 "topk": r.topk,
                 "answer_text": r.answer_text,
                 "answer_correct": judge_answers.then_some(r.answer_correct).flatten(),
-                "layers": r.layers,
-                "attention": r.attention,
+                "layers": f32_as_in_csv(serde_json::to_value(&r.layers)?),
+                "attention": f32_as_in_csv(serde_json::to_value(&r.attention)?),
                 "lost_layers": crate::probe::why::lost_layers(r, last),
                 "why": crate::probe::why::why(r, last),
-            })).collect::<Vec<_>>(),
+            }))).collect::<serde_json::Result<Vec<_>>>()?,
             "conclusion": conclusion(&runs, last, judge_answers),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
@@ -284,6 +284,34 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// `value` (layers.csv or attention.csv records as JSON) with every non-integer number written
+/// as layers.csv writes its f32 fields: the shortest decimal that reads back to the same f32.
+/// serde_json widens an f32 to f64 and prints that, 0.4555131494998932 where the CSV says
+/// 0.45551315; a JSON record then would not equal its CSV row. The records' only non-integer
+/// numbers are f32 fields, so narrowing them back to f32 is exact.
+pub fn f32_as_in_csv(mut value: serde_json::Value) -> serde_json::Value {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => {
+                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if let Some(m) = x
+                    .to_string()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                {
+                    *n = m;
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            serde_json::Value::Object(o) => o.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut value);
+    value
 }
 
 /// The model directory's tokenizer.json, else the built-in V4 tokenizer; checked up front: its
