@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 cargo build --release --quiet
 PARITY=$(cargo test --release --no-run --test gpu_cuda_parity 2>&1 | sed -n 's/.*(\(.*gpu_cuda_parity-[0-9a-f]*\)).*/\1/p' | tail -1)
 rm -rf gpu-bin && mkdir -p gpu-bin
-cp target/release/needlescope gpu-bin/
+cp "${CARGO_TARGET_DIR:-target}/release/needlescope" gpu-bin/
 cp "$PARITY" gpu-bin/
 strip gpu-bin/* 2>/dev/null || true
 # The commit the binaries were built from (gpu-check.sh prints it: a stale bundle shows).
