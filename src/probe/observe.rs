@@ -404,10 +404,65 @@ impl Observer for NeedleObserver {
             phase: self.phase(t),
             // Sums from +0.0: an empty sum (an SWA layer has no compressed row) prints 0.0.
             needle_mass_mean: masses.iter().fold(0.0f32, |a, &m| a + m) / heads,
-            needle_mass_max_head: masses.iter().copied().fold(0.0, f32::max),
+            // NaN-propagating: `f32::max` drops a NaN head and would show the others' max as
+            // the max head (broken numerics are reported, not hidden).
+            needle_mass_max_head: masses.iter().copied().fold(0.0f32, |a, m| {
+                if a.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(m)
+                }
+            }),
             needle_in_window: obs.window_positions.iter().any(|&p| in_needle(p)),
             sink_mass_mean: obs.sink_probs.iter().fold(0.0f32, |a, &m| a + m) / heads,
         };
         self.attention_records.push(record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LayerKind;
+
+    /// A head whose probabilities are NaN makes both the mean and the max head NaN: the max is
+    /// not the other heads' max.
+    #[test]
+    fn a_nan_head_is_not_hidden_from_the_max_head() {
+        let mut o = NeedleObserver::new(NeedleObserverConfig {
+            needle: (10, 14),
+            answer: (11, 14),
+            prompt_len: 64,
+            prompt_positions: vec![63],
+            probe_decode: true,
+            driving: IndexProfile::SglangFp8,
+            compare: vec![],
+            cells: vec![CellTopk {
+                cell_id: "c".into(),
+                topk: 4,
+            }],
+        });
+        for nan_head in [0, 1] {
+            let mut probs = [0.3f32, 0.1, 0.3, 0.1];
+            probs[2 * nan_head] = f32::NAN;
+            o.attention(&AttentionObservation {
+                layer: 0,
+                kind: LayerKind::Swa,
+                query_pos: 63,
+                heads: 2,
+                window_positions: &[12, 20],
+                compressed_rows: &[],
+                ratio: 0,
+                probs: &probs,
+                sink_probs: &[0.1, 0.1],
+            });
+            let r = o.attention_records.last().unwrap();
+            assert!(r.needle_mass_mean.is_nan(), "head {nan_head}");
+            assert!(
+                r.needle_mass_max_head.is_nan(),
+                "head {nan_head}: {}",
+                r.needle_mass_max_head
+            );
+        }
     }
 }

@@ -164,6 +164,11 @@ pub struct LayerRecord {
     pub needle_rows: usize,
     pub needle_rank: Option<usize>,
     pub rank_ties: usize,
+    /// Of `rank_ties`, how many are needle rows themselves (they keep the needle whatever the
+    /// tie order). Not a layers.csv column (design.md fixes those): 0 in records read back
+    /// from a file or JSON, which makes [`crate::probe::why::tied_at_cutoff`] conservative.
+    #[serde(skip)]
+    pub needle_ties: usize,
     pub needle_score: Option<f32>,
     pub kth_score: Option<f32>,
     pub margin: Option<f32>,
@@ -196,6 +201,7 @@ impl LayerRecord {
             needle_rows: rank.needle_rows,
             needle_rank: rank.needle_rank,
             rank_ties: rank.rank_ties,
+            needle_ties: rank.needle_ties,
             needle_score: rank.needle_score,
             kth_score: kth,
             margin: margin(rank.needle_score, kth),

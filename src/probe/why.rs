@@ -254,9 +254,15 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     }
     for r in tied {
         let rank = r.needle_rank.unwrap_or_default();
+        let needle = match r.needle_ties {
+            0 => String::new(),
+            1 => "; 1 of them another needle row".to_string(),
+            n => format!("; {n} of them other needle rows"),
+        };
         parts.push(format!(
             "layer {} counts as selected (rank {rank} <= {}), but its needle score ties {} other \
-             rows (ranks {rank}-{}), so whether an engine keeps it may depend on its tie order",
+             rows (ranks {rank}-{}{needle}), so whether an engine keeps it may depend on its tie \
+             order",
             r.layer,
             run.topk,
             r.rank_ties,
@@ -267,235 +273,24 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
 }
 
 /// Non-trivial CSA layers at the answer position whose driving needle counts as selected
-/// (rank <= k) while rows of equal score reach past the k-th place: design.md's rank does not
-/// depend on tie order, an engine's top-k does (needlescope's engine keeps the lower row, and
-/// the tied rows may include other needle rows, so it may still keep one). Common under the
-/// fp4 profiles, whose scores take few distinct values.
+/// (rank <= k) while an engine's tie order could still drop every needle row: design.md's rank
+/// does not depend on tie order, an engine's top-k does. The tie group fills places
+/// `rank..=rank + rank_ties`; tied needle rows (`needle_ties`) keep the needle whatever the
+/// order, so only the group's other rows can push it out: they must be able to fill all
+/// `k - rank + 1` places left to the group ([`crate::probe::rank::NeedleRank::ties_straddle`],
+/// the observer's own rule). Common under the fp4 profiles, whose scores take few distinct
+/// values.
 pub fn tied_at_cutoff(run: &ProbeRun, last_prompt_pos: usize) -> Vec<&LayerRecord> {
     run.layers
         .iter()
         .filter(|r| r.driving && r.query_pos == last_prompt_pos && !r.trivial && r.selected)
         .filter(|r| {
-            r.needle_rank
-                .is_some_and(|rank| rank + r.rank_ties > run.topk)
+            let others = r.rank_ties.saturating_sub(r.needle_ties);
+            r.needle_rank.is_some_and(|rank| rank + others > run.topk)
         })
         .collect()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A record at the answer position 99 of layer `layer` under `profile`, top-k 10.
-    fn rec(layer: usize, profile: &str, driving: bool, rank: Option<usize>) -> LayerRecord {
-        LayerRecord {
-            cell_id: "c".into(),
-            layer,
-            query_pos: 99,
-            phase: "prompt".into(),
-            profile: profile.into(),
-            driving,
-            visible_rows: 25,
-            needle_rows: 2,
-            needle_rank: rank,
-            rank_ties: 0,
-            needle_score: None,
-            kth_score: None,
-            margin: None,
-            selected: rank.is_some_and(|r| r <= 10),
-            trivial: false,
-        }
-    }
-
-    fn run(index: &str, layers: Vec<LayerRecord>) -> ProbeRun {
-        ProbeRun {
-            cell_id: "c".into(),
-            index: index.into(),
-            kv: "fp8".into(),
-            topk: 10,
-            answer_text: String::new(),
-            answer_correct: Some(false),
-            generated_ids: vec![],
-            layers,
-            attention: vec![],
-            selection_disagreements: 0,
-            selection_checks: 0,
-            wall_seconds: 0.0,
-        }
-    }
-
-    fn causes(r: &ProbeRun) -> Vec<(usize, LossCause)> {
-        lost_layers(r, 99)
-            .iter()
-            .map(|l| (l.layer, l.cause))
-            .collect()
-    }
-
-    #[test]
-    fn exact_tells_rounding_from_a_small_topk() {
-        let r = run(
-            "fp8",
-            vec![
-                rec(2, "fp8", true, Some(40)),
-                rec(2, "exact", false, Some(3)),
-                rec(2, "bf16", false, Some(5)),
-                rec(4, "fp8", true, Some(70)),
-                rec(4, "exact", false, Some(30)),
-                rec(4, "bf16", false, Some(8)),
-                rec(6, "fp8", true, Some(2)),
-                rec(6, "exact", false, Some(50)),
-                // Another position: never counted.
-                LayerRecord {
-                    query_pos: 98,
-                    ..rec(8, "fp8", true, Some(90))
-                },
-            ],
-        );
-        assert_eq!(
-            causes(&r),
-            [(2, LossCause::Rounding), (4, LossCause::ExactLoses)]
-        );
-        let lost = lost_layers(&r, 99);
-        assert_eq!(lost[0].exact_rank, Some(3));
-        assert_eq!(lost[0].best_rank, Some(3));
-        assert_eq!(lost[1].best_rank, Some(8));
-        assert_eq!(
-            lost[1].kept_by,
-            [Keeper {
-                profile: "bf16".into(),
-                rank: 8
-            }]
-        );
-        let text = why(&r, 99).unwrap();
-        assert_eq!(
-            text,
-            "fp8 rounding lost layer 2 (exact keeps it: rank 3 vs 40); the exact math loses \
-             layer 4 too (exact rank 30 > 10; fp8 rank 70): the top-k is too small there"
-        );
-    }
-
-    #[test]
-    fn rounding_losses_count_only_where_exact_was_scored() {
-        let scored = [
-            rec(2, "fp8", true, Some(40)),
-            rec(2, "exact", false, Some(3)),
-            rec(4, "fp8", true, Some(70)),
-            rec(4, "exact", false, Some(30)),
-            rec(6, "fp8", true, Some(50)),
-            rec(6, "exact", false, Some(10)),
-        ];
-        assert_eq!(rounding_losses(&scored, 99), Some(2));
-        assert_eq!(
-            rounding_losses(&scored, 98),
-            None,
-            "nothing at that position"
-        );
-        let kept = [
-            rec(2, "fp8", true, Some(4)),
-            rec(2, "exact", false, Some(3)),
-        ];
-        assert_eq!(rounding_losses(&kept, 99), Some(0));
-        let unscored = [
-            rec(2, "fp8", true, Some(40)),
-            rec(2, "bf16", false, Some(3)),
-        ];
-        assert_eq!(rounding_losses(&unscored, 99), None);
-        let driving_exact = [rec(2, "exact", true, Some(40))];
-        assert_eq!(rounding_losses(&driving_exact, 99), Some(0));
-    }
-
-    #[test]
-    fn without_exact_the_text_asks_for_it() {
-        let r = run(
-            "fp8",
-            vec![
-                rec(2, "fp8", true, Some(40)),
-                rec(2, "bf16", false, Some(5)),
-                rec(4, "fp8", true, Some(70)),
-                rec(4, "bf16", false, Some(30)),
-            ],
-        );
-        assert_eq!(
-            causes(&r),
-            [(2, LossCause::KeptByOther), (4, LossCause::NoProfileKeeps)]
-        );
-        let text = why(&r, 99).unwrap();
-        assert!(
-            text.contains("layer 2 kept by another profile (bf16 rank 5)"),
-            "{text}"
-        );
-        assert!(text.contains("layer 4 lost under every scored profile (best rank 30)"));
-        assert!(text.ends_with("add --compare exact to tell rounding from a too-small top-k"));
-        let hidden = LayerRecord {
-            needle_rows: 0,
-            ..rec(6, "fp8", true, None)
-        };
-        let not_yet = run("fp8", vec![hidden, rec(6, "exact", false, None)]);
-        assert_eq!(causes(&not_yet), [(6, LossCause::NotVisible)]);
-        assert_eq!(
-            why(&not_yet, 99).unwrap(),
-            "layer 6 cannot select the needle: none of its rows is visible to the query yet"
-        );
-        let alone = run(
-            "fp8",
-            vec![rec(2, "fp8", true, Some(40)), rec(4, "fp8", true, None)],
-        );
-        assert_eq!(
-            causes(&alone),
-            [(2, LossCause::Unknown), (4, LossCause::Unknown)]
-        );
-        assert_eq!(
-            why(&alone, 99).unwrap(),
-            "layers 2, 4 lost under fp8 (rank 40, -); add --compare exact to tell rounding \
-             from a too-small top-k"
-        );
-    }
-
-    #[test]
-    fn a_driving_exact_loss_is_the_math_itself_and_nothing_lost_says_nothing() {
-        let r = run(
-            "exact",
-            vec![
-                rec(2, "exact", true, Some(12)),
-                rec(2, "fp8", false, Some(9)),
-            ],
-        );
-        assert_eq!(causes(&r), [(2, LossCause::ExactLoses)]);
-        assert_eq!(
-            why(&r, 99).unwrap(),
-            "the exact math loses layer 2 (exact rank 12 > 10): the top-k is too small there"
-        );
-        let tie = LayerRecord {
-            rank_ties: 3,
-            ..rec(4, "official-fp4", true, Some(9))
-        };
-        let tied = run("official-fp4", vec![tie]);
-        assert!(lost_layers(&tied, 99).is_empty());
-        assert_eq!(
-            why(&tied, 99).unwrap(),
-            "layer 4 counts as selected (rank 9 <= 10), but its needle score ties 3 other rows \
-             (ranks 9-12), so whether an engine keeps it may depend on its tie order"
-        );
-        let clear = LayerRecord {
-            rank_ties: 1,
-            ..rec(4, "official-fp4", true, Some(9))
-        };
-        assert!(
-            why(&run("official-fp4", vec![clear]), 99).is_none(),
-            "ranks 9-10 fit in 10"
-        );
-        let kept = run("fp8", vec![rec(2, "fp8", true, Some(4))]);
-        assert!(lost_layers(&kept, 99).is_empty() && why(&kept, 99).is_none());
-        let trivial = run(
-            "fp8",
-            vec![LayerRecord {
-                trivial: true,
-                ..rec(2, "fp8", true, Some(40))
-            }],
-        );
-        assert!(
-            why(&trivial, 99).is_none(),
-            "a trivial layer is never a loss"
-        );
-    }
-}
+#[path = "why_tests.rs"]
+mod tests;

@@ -144,6 +144,7 @@ mod tests {
             needle_rows: 2,
             needle_rank: Some(1),
             rank_ties: 1,
+            needle_ties: 0,
             needle_score: Some(1.0),
             kth_score: Some(0.5),
             margin: Some(0.5),

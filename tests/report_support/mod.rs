@@ -93,6 +93,7 @@ pub fn layer(
         needle_rows: 9,
         needle_rank: Some(rank),
         rank_ties: 0,
+        needle_ties: 0,
         needle_score: Some(1.5),
         kth_score: Some(0.75),
         margin: Some(0.75),
