@@ -16,6 +16,7 @@
 //! The probe knows nothing about backends: it only sees `IndexerObservation` and
 //! `AttentionObservation` values.
 
+mod answer;
 pub mod haystack;
 pub mod observe;
 pub mod prompt;
