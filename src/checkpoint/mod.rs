@@ -34,7 +34,9 @@ pub use dtype::{Dtype, WeightFormat};
 pub use inventory::{expected_inventory, ExpectedTensor};
 pub use linear::QuantWeight;
 pub use reader::{Checkpoint, TensorInfo};
-pub use synth::{synth, synth_with_progress, Preset, SynthOptions, SynthSummary};
+pub use synth::{
+    synth, synth_with_config, synth_with_progress, Preset, SynthOptions, SynthSummary,
+};
 
 use crate::config::ConfigError;
 use crate::numerics::FormatError;

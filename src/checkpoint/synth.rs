@@ -295,8 +295,31 @@ pub fn synth_with_progress(
     tokenizer_json: Option<&[u8]>,
     written: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthSummary, CheckpointError> {
-    let t0 = Instant::now();
     let cfg = synth_config(opts)?;
+    write_synth(cfg, opts, tokenizer_json, written)
+}
+
+/// [`synth`] of an architecture of the caller's instead of `opts.preset`'s (tests size models
+/// freely with it, e.g. Flash's proportions at small dimensions): `cfg` as given except for the
+/// weight-format keys of `opts.format` ([`set_weight_format`]); `opts.layers` and
+/// `opts.experts` are ignored. The config must validate.
+pub fn synth_with_config(
+    mut cfg: ModelConfig,
+    opts: &SynthOptions,
+) -> Result<SynthSummary, CheckpointError> {
+    set_weight_format(&mut cfg, opts.format);
+    cfg.validate(Path::new("<synth config>"))?;
+    write_synth(cfg, opts, None, &mut |_, _| {})
+}
+
+/// Writes the checkpoint of `cfg` (validated) as `opts` says.
+fn write_synth(
+    cfg: ModelConfig,
+    opts: &SynthOptions,
+    tokenizer_json: Option<&[u8]>,
+    written: &mut dyn FnMut(u64, u64),
+) -> Result<SynthSummary, CheckpointError> {
+    let t0 = Instant::now();
     let inv_opts = InventoryOptions {
         fp8_compressor_linears: if opts.fp8_compressors {
             CompressorKinds::ALL

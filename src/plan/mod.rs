@@ -30,15 +30,19 @@
 //!     the CSA indexer's own compressor (`8` tokens of `2 * 2 * index_head_dim`), kept on the
 //!     device with the other caches;
 //! - **workspace** ([`workspace_bytes`]): a fixed 1 GiB (CUDA context, cuBLAS workspace, kernel
-//!   modules, allocator slack) plus the f32 activations of one prefill chunk of `T` tokens,
-//!   `4 B x T x (3 * hc_mult * hidden + 2 * heads * head_dim + heads * (window + index_topk +
-//!   C / 128) + C / 4 + 2 * experts_per_tok * (3 * moe_intermediate + 2 * hidden) + 8 *
-//!   head_dim)`: residual streams in, out and mixed; queries and attention output; one query's
-//!   attention probabilities over window, selected CSA rows and all HCA rows; one query's
-//!   indexer scores after the head reduction; the routed experts' rows of all k slots (gate,
-//!   up, SwiGLU, gathered inputs and outputs), twice for the batched products' padding; the
-//!   widest compressor's kv and gate projections of the chunk (`2 * 2 * head_dim` on CSA) and
-//!   their copy in its buffer of held tokens. The last device adds the logits of up to
+//!   modules, allocator granularity) plus the most bytes one prefill chunk of `T` tokens holds at
+//!   once ([`activation_peak_bytes`]): the largest of the phases of a layer whose buffers are
+//!   never live together on the GPU backend (mHC mixing; attention's indexer, sparse attention
+//!   and output projections; MoE), each phase the sum of what it holds (the residual streams
+//!   and block input in all of them; queries, the `[T, heads, entries]` probabilities and the
+//!   gathered rows in the sparse attention; the routed experts' rows of all k slots, times 3/2
+//!   for the batched layout's padding, in MoE; ...), plus the largest buffer of capped size (a
+//!   product's decoded weight band, a GEMM-attention tile, an indexer score tile; one at a
+//!   time), the sum plus an eighth for the buffer pool's size classes. (Summing the phases
+//!   instead charged a workspace of 4.44 GiB where this charges 2.91 GiB: Flash, 128k, chunk
+//!   2048, first of two devices.) The
+//!   phases and their bounds are checked against the peaks measured on the host emulator
+//!   (`tests/gpu_emu_memory.rs`). The last device adds the logits of up to
 //!   [`PROBED_LOGIT_ROWS`] probed positions (`4 B x vocab` each). Every device adds the largest
 //!   single cache allocation ([`largest_cache_bytes`]): the moment a cache grows or drops its
 //!   front, two of its allocations coexist.
@@ -373,7 +377,7 @@ fn assumptions(cfg: &ModelConfig, context: usize, chunk: usize) -> Vec<String> {
         ),
         "compressor carry: the unfinished pooling group's kv and gate projections".into(),
         format!(
-            "workspace per device: 1 GiB fixed + f32 activations of a {t}-token prefill chunk (residual streams, q and output, attention weights over window + top-k + HCA rows, indexer scores, expert intermediates, compressor projections) + the largest single cache allocation (a growing cache briefly holds its old and new allocation); last device + logits of {PROBED_LOGIT_ROWS} probed positions"
+            "workspace per device: 1 GiB fixed + the f32 activations of a {t}-token prefill chunk in its largest phase (mHC mixing; indexer; sparse attention over window + top-k or HCA rows; output projections; routed experts), phases that are never live together, + the largest capped scratch buffer (decoded weight band, attention or score tile) + 1/8 for pool size classes + the largest single cache allocation (a growing cache briefly holds its old and new allocation); last device + logits of {PROBED_LOGIT_ROWS} probed positions"
         ),
     ]
 }

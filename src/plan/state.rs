@@ -89,53 +89,198 @@ pub fn largest_cache_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u
 /// Query tokens the indexer scores at once (`model::indexer::TOKENS_PER_BLOCK`).
 const INDEX_SCORE_TOKENS: u64 = crate::model::indexer::TOKENS_PER_BLOCK as u64;
 
-/// Workspace of one device for a prefill chunk of `chunk` tokens at context `context`; `last`
-/// adds the probed positions' logits.
-pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bool) -> u64 {
-    let t = chunk.min(context).max(1) as u64;
-    let c = context as u64;
+/// Most decoded-weight bytes one banded product holds, and most gathered entry bytes of one
+/// tile of the GEMM attention (`backend::gpu::matrix::WORKSPACE_BYTES`).
+const BAND_BYTES: u64 = crate::backend::gpu::matrix::WORKSPACE_BYTES as u64;
+/// Most dot-product bytes of one indexer score tile (`backend::gpu::scores::TILE_BYTES`), and
+/// the query rows (tokens x heads) such a tile aims at (`QUERY_ROWS_PER_TILE`).
+const SCORE_TILE_BYTES: u64 = crate::backend::gpu::scores::TILE_BYTES as u64;
+const SCORE_TILE_ROWS: u64 = crate::backend::gpu::scores::QUERY_ROWS_PER_TILE as u64;
+/// Bound on the top-k selection's buffers of one group of rows besides its candidates
+/// (histograms: at most `TOPK_GROUP_CHUNKS` x 16 u32 = 4 MiB; per-row totals and per-chunk
+/// counts, well under 1 MiB).
+const TOPK_FIXED_BYTES: u64 = 5 << 20;
+/// Pool size classes (`backend::gpu::pool`) round an allocation up by at most an eighth.
+const CLASS_SLACK_DIVISOR: u64 = 8;
+
+/// The largest buffer of decoded weight a product may materialise (`gemm_weight`'s band, f32
+/// at most): the largest linear of `cfg` at 4 B per value, capped at [`BAND_BYTES`].
+fn band_bytes(cfg: &ModelConfig) -> u64 {
     let u = |v: usize| v as u64;
-    // A top-k past the rows the context can have selects them all: it costs no more.
-    let topk = u(cfg.index_topk).min(c / 4);
-    let per_token = sat_sum([
-        sat_product([3, u(cfg.hc_mult), u(cfg.hidden_size)]),
-        sat_product([2, u(cfg.num_attention_heads), u(cfg.head_dim)]),
+    let (d, h, hd) = (
+        u(cfg.hidden_size),
+        u(cfg.num_attention_heads),
+        u(cfg.head_dim),
+    );
+    let ro = sat_product([u(cfg.o_groups), u(cfg.o_lora_rank)]);
+    let largest = [
+        sat_product([u(cfg.vocab_size), d]),
+        sat_product([h, hd, u(cfg.q_lora_rank)]),
+        sat_product([ro, h, hd]) / u(cfg.o_groups).max(1),
+        sat_product([d, ro]),
+        sat_product([u(cfg.q_lora_rank), d]),
+        sat_product([hd, d]),
+        sat_product([2, 2, hd, d]),
+        sat_product([u(cfg.moe_intermediate_size), d]),
         sat_product([
-            u(cfg.num_attention_heads),
-            sat_sum([u(cfg.sliding_window), topk, c / 128]),
+            u(cfg.index_n_heads),
+            u(cfg.index_head_dim),
+            u(cfg.q_lora_rank),
         ]),
-        // Routed experts, all k slots of the chunk at once (GPU `moe_experts`): gate, up and
-        // SwiGLU rows [k, inter], gathered inputs and outputs [k, hidden]; twice that for the
-        // batched products' padding (at most as many padding rows as real ones).
-        sat_product([
-            2,
-            u(cfg.num_experts_per_tok),
-            sat_sum([
-                sat_product([3, u(cfg.moe_intermediate_size)]),
-                sat_product([2, u(cfg.hidden_size)]),
-            ]),
-        ]),
-        // The CSA compressor's kv and gate projections [T, 2 * head_dim] each, and their copy
-        // appended to its buffer of held tokens (pooled there, on the device).
-        sat_product([4, 2, u(cfg.head_dim)]),
-    ]);
+        sat_product([u(cfg.hc_mult), d, u(cfg.hc_mult), u(cfg.hc_mult) + 2]),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    sat_product([4, largest]).min(BAND_BYTES)
+}
+
+/// Workspace of one device for a prefill chunk of `chunk` tokens at context `context`; `last`
+/// adds the probed positions' logits. See [`activation_peak_bytes`] for the chunk's buffers.
+pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bool) -> u64 {
     let logits = if last {
-        sat_product([PROBED_LOGIT_ROWS, u(cfg.vocab_size), 4])
+        sat_product([PROBED_LOGIT_ROWS, cfg.vocab_size as u64, 4])
     } else {
         0
     };
-    // The indexer scores one block of query tokens at a time against every compressed row
-    // (`model::indexer`, 256 tokens a block): [block, context / 4] f32.
-    let index_scores = sat_product([4, t.min(INDEX_SCORE_TOKENS), c / 4]);
     sat_sum([
         FIXED_WORKSPACE,
-        sat_product([4, t, per_token]),
-        index_scores,
+        activation_peak_bytes(cfg, context, chunk),
         logits,
         largest_cache_bytes(cfg, context, chunk),
     ])
 }
 
-// ---------------------------------------------------------------------------------------------
-// Devices
-// ---------------------------------------------------------------------------------------------
+/// The most device bytes a chunk of `chunk` tokens at context `context` holds at once besides
+/// weights, sequence state and logits: the largest of the phases of a layer whose buffers are
+/// never live together (GPU backend, `model::layer` / `model::attention` / `model::moe`, Rust
+/// drops a function's buffers when it returns), each phase the sum of what it holds, plus the
+/// largest scratch buffer of capped size, the total plus an eighth for the pool's size classes.
+/// Per token, in f32 values (`n` = hc_mult, `D` = hidden, `H` x `d` = heads x head_dim):
+/// - every phase: the residual streams `n D`, the normed block input `D`, the mHC post and
+///   comb `n + n^2` (the layer's base `L`);
+/// - mHC (`hc_pre` / `hc_post`): `L` + the new streams `n D` + both block outputs `2 D` + the
+///   stream mixes and their split-K parts `17 n (n + 2)`;
+/// - attention, from the query on (`A`): `L` + `q_lora` + queries `H d` + window KV `d` + the
+///   compressor's kv and gate projections and their held copy `8 d`; then the largest of
+///   - the indexer (CSA layers): `A` + index queries and head weights, raw and prepared,
+///     `2 (Hi di + Hi)`; per block of 256 tokens its scores `[256, C/4]`, the bf16 copies of
+///     keys and block queries (counted at 4 B), the top-k candidates `3 x 256 x k` and
+///     [`TOPK_FIXED_BYTES`];
+///   - the sparse attention: `A` + output `H d` + probabilities `H E` + entry table `E` + softmax
+///     terms `2 H`, `E` = window + the most compressed entries of a query (top-k on CSA,
+///     `C / 128` on HCA), and the gathered rows `(T + window + rows) x d` (rows: `C / 4` with a
+///     CSA layer, else `C / 128`);
+///   - the output projections: `A` + output `H d` and its GEMM-type copy `H d` + `wo_a`'s
+///     `o_groups x o_lora_rank` + `D`;
+/// - MoE: `L` + both block outputs `2 D` + the routed experts' rows of all `k` slots (gathered
+///   inputs and outputs `2 D`, gate, up and SwiGLU `3 I`), times 3/2 for the batched layout's
+///   padding (`padded_group_rows`: under half the real rows) + route tables `3 k`; the shared
+///   expert runs after them with less.
+/// Scratch of capped size, one at a time (each is freed before the next phase allocates
+/// another): a product's decoded band ([`band_bytes`]), the GEMM attention's tile of gathered
+/// entries (`min(256 MiB, T E d)`), an indexer score tile (`min(64 MiB, 4096 x C/4)`).
+pub fn activation_peak_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
+    let t = chunk.min(context).max(1) as u64;
+    let c = context as u64;
+    let u = |v: usize| v as u64;
+    let (n, d) = (u(cfg.hc_mult), u(cfg.hidden_size));
+    let (h, hd) = (u(cfg.num_attention_heads), u(cfg.head_dim));
+    let (ih, ihd) = (u(cfg.index_n_heads), u(cfg.index_head_dim));
+    let (k, inter) = (u(cfg.num_experts_per_tok), u(cfg.moe_intermediate_size));
+    let window = u(cfg.sliding_window);
+    let kinds: Vec<LayerKind> = (0..cfg.num_hidden_layers)
+        .map(|l| cfg.layer_kind(l))
+        .collect();
+    let csa = kinds.contains(&LayerKind::Csa);
+    let hca = kinds.contains(&LayerKind::Hca);
+    // A top-k past the rows the context can have selects them all: it costs no more.
+    let topk = u(cfg.index_topk).min(c / 4);
+    let compressed_entries = (if csa { topk } else { 0 }).max(if hca { c / 128 } else { 0 });
+    let emax = window.saturating_add(compressed_entries);
+    let cache_rows = if csa {
+        c / 4
+    } else if hca {
+        c / 128
+    } else {
+        0
+    };
+    let per_tokens = |values: u64| sat_product([4, t, values]);
+
+    let base = sat_sum([sat_product([n, d]), d, n, sat_product([n, n])]);
+    let mhc = per_tokens(sat_sum([
+        base,
+        sat_product([n, d]),
+        sat_product([2, d]),
+        sat_product([17, n, n + 2]),
+    ]));
+    let attn = sat_sum([
+        base,
+        u(cfg.q_lora_rank),
+        sat_product([h, hd]),
+        hd,
+        sat_product([8, hd]),
+    ]);
+    let indexer = if csa {
+        let block = t.min(INDEX_SCORE_TOKENS);
+        sat_sum([
+            per_tokens(sat_sum([
+                attn,
+                sat_product([2, ih, ihd]),
+                sat_product([2, ih]),
+            ])),
+            sat_product([4, block, c / 4]),
+            sat_product([4, c / 4, ihd]),
+            sat_product([4, block, ih, ihd]),
+            sat_product([12, block, topk]),
+            TOPK_FIXED_BYTES,
+        ])
+    } else {
+        0
+    };
+    let attend = sat_sum([
+        per_tokens(sat_sum([
+            attn,
+            sat_product([h, hd]),
+            sat_product([h, emax]),
+            emax,
+            sat_product([2, h]),
+        ])),
+        sat_product([4, hd, sat_sum([t, window, cache_rows])]),
+    ]);
+    let out_proj = per_tokens(sat_sum([
+        attn,
+        sat_product([2, h, hd]),
+        sat_product([u(cfg.o_groups), u(cfg.o_lora_rank)]),
+        d,
+    ]));
+    // Routed rows at 4 B x 3/2 (padding) = 6 B per value.
+    let moe = sat_sum([
+        per_tokens(sat_sum([base, sat_product([2, d]), sat_product([3, k])])),
+        sat_product([
+            6,
+            t,
+            k,
+            sat_sum([sat_product([2, d]), sat_product([3, inter])]),
+        ]),
+    ]);
+    let phases = [mhc, indexer, attend, out_proj, moe]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let score_tile = if csa {
+        sat_product([
+            4,
+            SCORE_TILE_ROWS.min(sat_product([INDEX_SCORE_TOKENS, ih])),
+            c / 4,
+        ])
+        .min(SCORE_TILE_BYTES)
+    } else {
+        0
+    };
+    let scratch = band_bytes(cfg)
+        .max(sat_product([4, t, emax, hd]).min(BAND_BYTES))
+        .max(score_tile);
+    let live = sat_sum([phases, scratch]);
+    sat_sum([live, live.div_ceil(CLASS_SLACK_DIVISOR)])
+}

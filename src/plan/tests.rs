@@ -259,21 +259,31 @@ fn workspace_has_room_for_one_cache_to_grow() {
     // The biggest cache at 1M tokens: a CSA layer's compressed rows, 2 x 262,144 x 2 KiB.
     assert_eq!(largest_cache_bytes(&cfg, c, t), 2 * (c as u64 / 4) * 2048);
     assert_eq!(
-        workspace_bytes(&cfg, c, t, false) - workspace_bytes(&cfg, 1, 1, false),
-        {
-            // Top-k 512 (at most context / 4 rows); index scores for at most 256 tokens.
-            let per_token = |ctx: u64, chunk: u64| {
-                4 * chunk
-                    * (3 * 4 * 4096
-                        + 2 * 64 * 512
-                        + 64 * (128 + 512.min(ctx / 4) + ctx / 128)
-                        + 2 * 6 * (3 * 2048 + 2 * 4096)
-                        + 4 * 2 * 512)
-                    + 4 * chunk.min(256) * (ctx / 4)
-            };
-            per_token(c as u64, t as u64) - per_token(1, 1) + largest_cache_bytes(&cfg, c, t)
-                - largest_cache_bytes(&cfg, 1, 1)
-        }
+        workspace_bytes(&cfg, c, t, false),
+        FIXED_WORKSPACE + activation_peak_bytes(&cfg, c, t) + largest_cache_bytes(&cfg, c, t)
+    );
+    // At 1M tokens the sparse attention is the largest phase (HCA: 128 window + 8,192
+    // compressed entries a query), with the largest capped scratch (256 MiB) and an eighth for
+    // the pool's size classes.
+    let base = 4 * 4096 + 4096 + 4 + 16;
+    let attention = base + 1024 + 64 * 512 + 512 + 8 * 512;
+    let emax = 128 + (c as u64) / 128;
+    let attend = 4 * t as u64 * (attention + 64 * 512 + 64 * emax + emax + 2 * 64)
+        + 4 * 512 * (t as u64 + 128 + c as u64 / 4);
+    let live = attend + (256 << 20);
+    assert_eq!(activation_peak_bytes(&cfg, c, t), live + live.div_ceil(8));
+    // At 128k (chunk 2048) too (1,152 entries a query), ahead of the routed experts (6 slots
+    // of 2,048-wide experts, 3/2 for padding).
+    let (c, t) = (131_072u64, 2048u64);
+    let emax = 128 + c / 128;
+    let attend =
+        4 * t * (attention + 64 * 512 + 64 * emax + emax + 2 * 64) + 4 * 512 * (t + 128 + c / 4);
+    let moe = 4 * t * (base + 2 * 4096 + 3 * 6) + 6 * t * 6 * (2 * 4096 + 3 * 2048);
+    assert!(moe < attend, "{moe} {attend}");
+    let live = attend + (256 << 20);
+    assert_eq!(
+        activation_peak_bytes(&cfg, c as usize, t as usize),
+        live + live.div_ceil(8)
     );
 }
 

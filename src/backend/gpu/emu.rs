@@ -10,11 +10,20 @@
 //! past an argument's end fails here instead of corrupting a neighbour on a GPU; the launch
 //! check (`checks.rs`) only sees where each argument starts.
 
+//!
+//! Memory accounting (off by default) lives in `emu/memory.rs`.
+
 use super::checks::{arg_slots, check_gemm, check_owned, check_range};
 use super::executor::{
     gemm_key, Arg, Executor, Gemm, GemmType, GpuError, OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::pool::BufferPool;
+
+mod buffer;
+mod memory;
+use buffer::free_host;
+pub use buffer::{EmuBuf, GUARD_BYTES};
+pub use memory::MemoryStats;
 use rayon::prelude::*;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,85 +61,6 @@ pub fn kernel_table() -> &'static [(String, String)] {
     })
 }
 
-const ALIGN: usize = 256;
-
-/// Bytes after every buffer's end holding the guard word (a NaN pattern), checked after every launch: a
-/// kernel that writes past the end of an argument is an error naming the kernel and the
-/// argument (on a GPU it would corrupt a neighbouring allocation or fault later).
-pub const GUARD_BYTES: usize = 1024;
-
-/// The guard pattern: a NaN as f32 (a kernel reading past the end sees NaN), a huge index as
-/// i32 (not the -1 padding some kernels write), and a bf16 NaN in its high half.
-const GUARD_WORD: u32 = 0x7FC0_0A51;
-
-/// A host allocation standing in for device memory (256-byte aligned, zero-filled): `len`
-/// bytes, `cap` really allocated (its pool size class when the executor pools), followed by
-/// [`GUARD_BYTES`] of guard words from `len` on.
-pub struct EmuBuf {
-    ptr: *mut u8,
-    len: usize,
-    cap: usize,
-    used: Arc<AtomicUsize>,
-    pool: Option<Arc<BufferPool>>,
-}
-
-// SAFETY: the buffer is plain memory owned by this value; kernels write disjoint elements.
-unsafe impl Send for EmuBuf {}
-unsafe impl Sync for EmuBuf {}
-
-impl EmuBuf {
-    /// The host layout of an allocation of `cap` bytes (its guard included).
-    fn layout(cap: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(cap + GUARD_BYTES, ALIGN).expect("allocation size")
-    }
-
-    /// Writes the guard words after `len` bytes.
-    fn arm_guard(&mut self) {
-        let guard = GUARD_WORD.to_le_bytes();
-        // SAFETY: the allocation holds cap + GUARD_BYTES >= len + GUARD_BYTES bytes.
-        let tail = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(self.len), GUARD_BYTES) };
-        for (i, b) in tail.iter_mut().enumerate() {
-            *b = guard[(self.len + i) % 4];
-        }
-    }
-
-    /// Whether the guard after `len` bytes is as [`Self::arm_guard`] left it.
-    fn guard_intact(&self) -> bool {
-        let guard = GUARD_WORD.to_le_bytes();
-        // SAFETY: as in arm_guard.
-        let tail = unsafe { std::slice::from_raw_parts(self.ptr.add(self.len), GUARD_BYTES) };
-        tail.iter()
-            .enumerate()
-            .all(|(i, &b)| b == guard[(self.len + i) % 4])
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len bytes for the life of self.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl Drop for EmuBuf {
-    fn drop(&mut self) {
-        // A pooled buffer stays allocated (and counted as used), as on a device.
-        if self
-            .pool
-            .as_ref()
-            .is_some_and(|p| p.give(self.cap, self.ptr as u64))
-        {
-            return;
-        }
-        free_host(&self.used, self.cap, self.ptr);
-    }
-}
-
-/// Really frees an emulated allocation of `cap` bytes.
-fn free_host(used: &AtomicUsize, cap: usize, ptr: *mut u8) {
-    // SAFETY: allocated in `alloc_now` with the layout of `cap`.
-    unsafe { std::alloc::dealloc(ptr, EmuBuf::layout(cap)) }
-    used.fetch_sub(cap, Ordering::Relaxed);
-}
-
 /// The host emulator (one emulated device with a stated memory capacity).
 pub struct EmuExecutor {
     ordinal: usize,
@@ -141,6 +71,8 @@ pub struct EmuExecutor {
     pool: Option<Arc<BufferPool>>,
     /// Run each launch's blocks and threads in descending order (see [`Self::with_reverse_threads`]).
     reverse_threads: bool,
+    /// Peak accounting ([`Self::with_memory_tracking`]); None: off.
+    peaks: Option<memory::Peaks>,
 }
 
 impl Default for EmuExecutor {
@@ -160,6 +92,7 @@ impl EmuExecutor {
             profile: OpProfile::from_env(),
             pool: None,
             reverse_threads: false,
+            peaks: None,
         }
     }
 
@@ -271,7 +204,9 @@ impl EmuExecutor {
             let ptr = addr as *mut u8;
             // SAFETY: a pooled allocation of `cap >= bytes` bytes, owned by nobody else now.
             unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
-            return Ok(buf(ptr));
+            let b = buf(ptr);
+            self.note_peak();
+            return Ok(b);
         }
         if let Err(e) = self.reserve(cap) {
             // Out of memory: free what the pool keeps, then try once more.
@@ -292,7 +227,9 @@ impl EmuExecutor {
                 "host allocation of {bytes} bytes failed"
             )));
         }
-        Ok(buf(ptr))
+        let b = buf(ptr);
+        self.note_peak();
+        Ok(b)
     }
 
     /// Whether `b` was allocated by this executor (see [`check_owned`]).

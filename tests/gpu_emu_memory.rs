@@ -1,0 +1,271 @@
+//! The memory plan's promise (`plan`: no out-of-memory midway) against real forwards on the host
+//! emulator: the emulated device counts every allocation the GPU backend makes (at its pool size
+//! class; `EmuExecutor::with_memory_tracking`), so the peak of the bytes in use during a whole
+//! prefill, less the weights (what is in use once the engine is loaded), is what the run needed
+//! besides its weights. The plan charges that device `state + workspace`, of which
+//! `FIXED_WORKSPACE` is for what the emulator does not see (CUDA context, cuBLAS workspace,
+//! kernel modules, allocator granularity); the rest must bound the measured peak, with decoded
+//! weight copies off (they live in the plan's free headroom, `backend::gpu::decoded`).
+//!
+//! Configurations: the tiny model, and a model with Flash's proportions at small dimensions
+//! (`flash_like`: 4 residual streams, heads x head_dim = 8 x hidden, q / o ranks hidden / 4,
+//! 8 output groups, experts of hidden / 2 with 6 per token, Flash's window 128 and top-k 512),
+//! with SWA, CSA and HCA layers; several contexts and chunks; the kernel and GEMM attention
+//! paths, routed experts one by one and batched; pooled (as the CUDA executor runs by default)
+//! and unpooled. Each case prints measured against planned, so the plan's overcount shows.
+//! `NEEDLESCOPE_MEMORY_CASES=all` adds longer cases.
+
+use needlescope::backend::gpu::emu::MemoryStats;
+use needlescope::backend::gpu::pool::DEFAULT_POOL_BYTES;
+use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
+use needlescope::checkpoint::{synth_with_config, Checkpoint, SynthOptions, WeightFormat};
+use needlescope::config::ModelConfig;
+use needlescope::model::{Engine, EngineOptions, LogitsRequest, NoObserver};
+use needlescope::plan::{plan, DeviceSet, Footprint, FIXED_WORKSPACE};
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Flash's proportions at small dimensions (see the module docs); layers SWA, CSA, HCA, CSA.
+fn flash_like() -> ModelConfig {
+    let mut c = ModelConfig::flash();
+    c.vocab_size = 8192;
+    c.hidden_size = 128;
+    c.num_hidden_layers = 4;
+    c.compress_ratios = vec![0, 4, 128, 4, 0];
+    c.num_nextn_predict_layers = 1;
+    c.num_hash_layers = 1;
+    c.num_attention_heads = 16;
+    c.head_dim = 64;
+    c.qk_rope_head_dim = 16;
+    c.q_lora_rank = 32;
+    c.o_groups = 8;
+    c.o_lora_rank = 32;
+    c.index_n_heads = 16;
+    c.index_head_dim = 32;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 6;
+    c.moe_intermediate_size = 64;
+    c
+}
+
+/// A synthetic checkpoint of `cfg` in `format`, kept alive with its directory.
+struct Model {
+    _dir: tempfile::TempDir,
+    ckpt: Checkpoint,
+}
+
+fn model(cfg: ModelConfig, format: WeightFormat) -> Model {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SynthOptions::new(needlescope::checkpoint::Preset::Tiny, format, dir.path());
+    synth_with_config(cfg, &opts).expect("synth writes the checkpoint");
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    Model { _dir: dir, ckpt }
+}
+
+/// One measured run.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    context: usize,
+    chunk: usize,
+    gemm: GemmType,
+    attention_gemm: bool,
+    moe_batched: bool,
+    pooled: bool,
+}
+
+/// What a run measured and what the plan charges.
+struct Outcome {
+    weights_measured: usize,
+    weights_planned: u64,
+    /// Peak in use less the weights (pooled bytes not counted).
+    peak: usize,
+    /// Peak held less the weights (pooled bytes counted).
+    peak_held: usize,
+    state: u64,
+    workspace: u64,
+}
+
+fn tokens(n: usize, vocab: usize) -> Vec<u32> {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn run(m: &Model, case: Case) -> Outcome {
+    let cfg = m.ckpt.config().clone();
+    let mut exec = EmuExecutor::new(0, 1 << 40);
+    if case.pooled {
+        exec = exec.with_pool(DEFAULT_POOL_BYTES);
+    }
+    let backend = EmuBackend::single(exec.with_memory_tracking(true), case.gemm)
+        .with_attention_gemm(case.attention_gemm)
+        .with_moe_batched(case.moe_batched);
+    // No decode budgets: decoded copies off (NEEDLESCOPE_DECODE_CACHE_MIB=0).
+    let opts = EngineOptions {
+        chunk: case.chunk,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_with(backend, &m.ckpt, opts).unwrap();
+    let dev = &engine.backend().devices()[0];
+    let loaded: MemoryStats = dev.memory_stats();
+    dev.reset_peaks();
+    // The last device keeps the logits of up to PROBED_LOGIT_ROWS probed positions: probe the
+    // last 256 (all in the last chunk when it is that long).
+    let probed: Vec<usize> = (case.context.saturating_sub(256)..case.context).collect();
+    let mut seq = engine.new_sequence();
+    let toks = tokens(case.context, cfg.vocab_size);
+    let out = engine
+        .forward(
+            &mut seq,
+            &toks,
+            &mut NoObserver,
+            LogitsRequest::Positions(probed.clone()),
+        )
+        .unwrap();
+    assert_eq!(out.logits.len(), probed.len());
+    assert!(out
+        .logits
+        .iter()
+        .all(|(_, l)| l.iter().all(|v| v.is_finite())));
+    let s = dev.memory_stats();
+    let fp = Footprint::of_checkpoint(&m.ckpt);
+    let devices: DeviceSet = "1x1T".parse().unwrap();
+    let p = plan(&cfg, &fp, &devices, case.context, case.chunk);
+    let d = &p.devices[0];
+    Outcome {
+        weights_measured: loaded.in_use,
+        weights_planned: d.weights,
+        peak: s.peak_in_use - loaded.in_use,
+        peak_held: s.peak_held.saturating_sub(loaded.in_use),
+        state: d.state,
+        workspace: d.workspace,
+    }
+}
+
+fn check(name: &str, m: &Model, cases: &[Case]) {
+    let mut failures = Vec::new();
+    for &case in cases {
+        let t0 = std::time::Instant::now();
+        let o = run(m, case);
+        let planned = o.state + o.workspace - FIXED_WORKSPACE;
+        println!(
+            "{name:<10} ctx {:>6} chunk {:>5} {:?}{}{}{} | weights {:>8.2} MiB (plan {:>8.2}) | \
+             non-weight peak in use {:>8.2} MiB, held {:>8.2} MiB | plan state {:>8.2} + \
+             workspace {:>8.2} (less fixed) = {:>8.2} MiB | x{:.2} | {:.1}s",
+            case.context,
+            case.chunk,
+            case.gemm,
+            if case.attention_gemm {
+                " attn-gemm"
+            } else {
+                ""
+            },
+            if case.moe_batched { " moe-batched" } else { "" },
+            if case.pooled { " pooled" } else { "" },
+            o.weights_measured as f64 / MIB,
+            o.weights_planned as f64 / MIB,
+            o.peak as f64 / MIB,
+            o.peak_held as f64 / MIB,
+            o.state as f64 / MIB,
+            (o.workspace - FIXED_WORKSPACE) as f64 / MIB,
+            planned as f64 / MIB,
+            planned as f64 / o.peak.max(1) as f64,
+            t0.elapsed().as_secs_f64(),
+        );
+        if (o.peak as u64) > planned {
+            failures.push(format!(
+                "{name} {case:?}: measured {} > planned {planned}",
+                o.peak
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+fn all() -> bool {
+    std::env::var("NEEDLESCOPE_MEMORY_CASES").is_ok_and(|v| v == "all")
+}
+
+const fn case(context: usize, chunk: usize, gemm: GemmType) -> Case {
+    Case {
+        context,
+        chunk,
+        gemm,
+        attention_gemm: false,
+        moe_batched: false,
+        pooled: true,
+    }
+}
+
+#[test]
+fn the_plan_bounds_the_tiny_models_peaks() {
+    let m = model(ModelConfig::tiny(), WeightFormat::Official);
+    let mut cases = vec![
+        case(300, 64, GemmType::F32),
+        case(1024, 256, GemmType::Bf16),
+        Case {
+            pooled: false,
+            ..case(1024, 256, GemmType::Bf16)
+        },
+        Case {
+            attention_gemm: true,
+            ..case(1024, 1024, GemmType::Bf16)
+        },
+        case(2048, 512, GemmType::F32),
+    ];
+    if all() {
+        cases.push(case(4096, 4096, GemmType::Bf16));
+    }
+    check("tiny", &m, &cases);
+    // Batched routed experts need resident weights: bf16 stored, bf16 GEMMs.
+    let m = model(ModelConfig::tiny(), WeightFormat::Bf16);
+    check(
+        "tiny-bf16",
+        &m,
+        &[
+            Case {
+                moe_batched: true,
+                ..case(1024, 256, GemmType::Bf16)
+            },
+            Case {
+                moe_batched: true,
+                attention_gemm: true,
+                ..case(2048, 2048, GemmType::Bf16)
+            },
+        ],
+    );
+}
+
+#[test]
+fn the_plan_bounds_the_flash_like_models_peaks() {
+    let m = model(flash_like(), WeightFormat::Official);
+    let mut cases = vec![
+        case(2048, 512, GemmType::Bf16),
+        case(4096, 1024, GemmType::Bf16),
+        Case {
+            attention_gemm: true,
+            ..case(4096, 2048, GemmType::Bf16)
+        },
+    ];
+    if all() {
+        cases.push(case(8192, 2048, GemmType::Bf16));
+        cases.push(case(8192, 8192, GemmType::F32));
+    }
+    check("flash-like", &m, &cases);
+    let m = model(flash_like(), WeightFormat::Bf16);
+    check(
+        "flash-bf16",
+        &m,
+        &[Case {
+            moe_batched: true,
+            attention_gemm: true,
+            ..case(4096, 2048, GemmType::Bf16)
+        }],
+    );
+}
