@@ -10,7 +10,9 @@
 //! them in its `--out` directory when it has one.
 //! While the report is rendered after the last cell ([`Resumable::rendering`]) Ctrl-C exits
 //! at once, saying that the records are complete and `needlescope report` renders them. Outside
-//! such a run Ctrl-C ends the process at once (saying so), as without a handler. A library user that never
+//! such a run Ctrl-C ends the process at once (saying so), as without a handler. Whenever
+//! Ctrl-C ends the process it first removes the half-written files registered with
+//! [`RemoveOnInterrupt`] (a trace's `.partial` file). A library user that never
 //! calls [`install`] sees no change: the stop flag is never set.
 
 use std::path::{Path, PathBuf};
@@ -87,7 +89,7 @@ fn on_ctrl_c() {
         .and_then(|a| a.as_ref().map(|a| (a.dir.clone(), a.rendering)));
     let Some((dir, rendering)) = active else {
         eprintln!("\nstopped by Ctrl-C");
-        std::process::exit(i32::from(EXIT_INTERRUPTED));
+        exit_interrupted();
     };
     match (&dir, rendering) {
         (Some(dir), true) => {
@@ -96,9 +98,9 @@ fn on_ctrl_c() {
                  `needlescope report {0}` writes the summary and plots",
                 dir.display()
             );
-            std::process::exit(i32::from(EXIT_INTERRUPTED));
+            exit_interrupted();
         }
-        (None, true) => std::process::exit(i32::from(EXIT_INTERRUPTED)),
+        (None, true) => exit_interrupted(),
         _ => {}
     }
     if PRESSES.fetch_add(1, Ordering::AcqRel) == 0 {
@@ -120,7 +122,52 @@ fn on_ctrl_c() {
             ),
             None => eprintln!("\nstopped by Ctrl-C"),
         }
-        std::process::exit(i32::from(EXIT_INTERRUPTED));
+        exit_interrupted();
+    }
+}
+
+/// Ends the process for Ctrl-C (exit [`EXIT_INTERRUPTED`]), first removing the half-written
+/// files registered with [`RemoveOnInterrupt`].
+fn exit_interrupted() -> ! {
+    remove_registered();
+    std::process::exit(i32::from(EXIT_INTERRUPTED))
+}
+
+/// Files being written that are useless unless finished (a trace's `.partial` file, possibly
+/// gigabytes): removed when Ctrl-C ends the process.
+static PARTIAL_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Removes every file registered with [`RemoveOnInterrupt`] (what the Ctrl-C handler does
+/// before it exits); the registrations stay.
+pub fn remove_registered() {
+    if let Ok(files) = PARTIAL_FILES.lock() {
+        for f in files.iter() {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// Registers a file that Ctrl-C should remove rather than leave half written, until dropped
+/// (drop it once the file is complete or renamed away).
+#[derive(Debug)]
+pub struct RemoveOnInterrupt(PathBuf);
+
+impl RemoveOnInterrupt {
+    pub fn new(path: &Path) -> Self {
+        if let Ok(mut files) = PARTIAL_FILES.lock() {
+            files.push(path.to_path_buf());
+        }
+        RemoveOnInterrupt(path.to_path_buf())
+    }
+}
+
+impl Drop for RemoveOnInterrupt {
+    fn drop(&mut self) {
+        if let Ok(mut files) = PARTIAL_FILES.lock() {
+            if let Some(i) = files.iter().position(|f| *f == self.0) {
+                files.swap_remove(i);
+            }
+        }
     }
 }
 

@@ -315,6 +315,8 @@ pub fn write_trace(
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
+    // Ctrl-C while writing removes it too (the process exits at once; a trace is not resumable).
+    let _partial_guard = crate::interrupt::RemoveOnInterrupt::new(&partial);
     let written = (|| {
         let mut writer = SafetensorsWriter::create(&partial, layout.tensors(), &metadata)?;
         write_all(&mut writer)?;

@@ -202,11 +202,13 @@ pub fn synth_planted(
     let mut recipe = Recipe::new(&cfg, opts.seed, margin, digit_tokens(&tok)?);
     let reference = reference_tokens(&tok, opts.seed, &recipe.digits)?;
     let calibration = calibrate(&mut recipe, &reference);
-    let summary = write_checkpoint(opts, &recipe)?;
-    write_file(&opts.out.join("tokenizer.json"), &builtin_json_bytes())?;
     let info = info(&recipe, opts.format, calibration);
     let json = serde_json::to_string_pretty(&info).expect("info serialises");
-    write_file(&opts.out.join(INFO_FILE), json.as_bytes())?;
+    let extras = [
+        ("tokenizer.json", builtin_json_bytes()),
+        (INFO_FILE, json.into_bytes()),
+    ];
+    let summary = write_checkpoint(opts, &recipe, &extras)?;
     Ok(SynthSummary {
         seconds: t0.elapsed().as_secs_f64(),
         ..summary
@@ -289,7 +291,15 @@ fn encode(
 }
 
 /// Writes the safetensors file(s), `model.safetensors.index.json` when sharded, `config.json`.
-fn write_checkpoint(opts: &SynthOptions, r: &Recipe) -> Result<SynthSummary, CheckpointError> {
+/// Writes the weights, then `extras` (file name, bytes), then `config.json` last, so that a
+/// run that fails or is stopped part way leaves no config.json: the directory does not open as
+/// a model (planted.json and the tokenizer missing beside a config would make it look like a
+/// finished model of another kind).
+fn write_checkpoint(
+    opts: &SynthOptions,
+    r: &Recipe,
+    extras: &[(&str, Vec<u8>)],
+) -> Result<SynthSummary, CheckpointError> {
     let cfg = &r.cfg;
     let inv = opts.format.into();
     let groups: Vec<_> = logical_inventory(cfg)
@@ -345,6 +355,9 @@ fn write_checkpoint(opts: &SynthOptions, r: &Recipe) -> Result<SynthSummary, Che
         });
         let text = serde_json::to_string_pretty(&index).expect("json");
         write_file(&dir.join(INDEX_FILE), text.as_bytes())?;
+    }
+    for (name, bytes) in extras {
+        write_file(&dir.join(name), bytes)?;
     }
     write_file(&dir.join("config.json"), cfg.to_json_string().as_bytes())?;
     Ok(SynthSummary {

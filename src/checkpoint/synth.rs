@@ -407,10 +407,11 @@ fn write_synth(
                 .as_bytes(),
         )?;
     }
-    write_file(&dir.join("config.json"), cfg.to_json_string().as_bytes())?;
     if let Some(tok) = tokenizer_json {
         write_file(&dir.join("tokenizer.json"), tok)?;
     }
+    // Last: a directory without config.json is visibly unfinished (a failed or stopped run).
+    write_file(&dir.join("config.json"), cfg.to_json_string().as_bytes())?;
     Ok(SynthSummary {
         dir: dir.clone(),
         format: opts.format,

@@ -196,6 +196,13 @@ pub const SYNTH_MARK_FILE: &str = "synth.json";
 /// downloaded weights; writes the mark (before any weight, so a run cut short still leaves a
 /// directory synth may rewrite); removes what an earlier synth run left (`remove_stale`).
 pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(CheckpointError::SynthOption {
+            field: "out",
+            expected: "a directory (new, empty, or one synth wrote)".into(),
+            found: format!("{}, which is a file", dir.display()),
+        });
+    }
     std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let ours = dir.join(SYNTH_MARK_FILE).is_file() || dir.join(super::planted::INFO_FILE).is_file();
     if !ours {
@@ -240,17 +247,21 @@ pub fn write_synth_mark(dir: &Path, preset: &str) -> Result<(), CheckpointError>
     std::fs::write(&path, text).map_err(|e| CheckpointError::io(&path, e))
 }
 
-/// Removes files an earlier synth run may have left: shards, the index, `planted.json` (a
-/// planted model's description, which would otherwise mark the new model as planted) and a
-/// `tokenizer.json` that is byte for byte the built-in one synth copies (a user's own tokenizer
-/// stays).
+/// Removes files an earlier synth run may have left: shards, the index, `config.json` (written
+/// last, so a run that fails or is stopped leaves a directory that does not open as a model),
+/// `planted.json` (a planted model's description, which would otherwise mark the new model as
+/// planted) and a `tokenizer.json` that is byte for byte the built-in one synth copies (a
+/// user's own tokenizer stays).
 fn remove_stale(dir: &Path) -> Result<(), CheckpointError> {
     let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
     for entry in rd {
         let path = entry.map_err(|e| CheckpointError::io(dir, e))?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let ours = match name {
-            super::planted::INFO_FILE => true,
+            // The old model's config: written last by every run, so until the new run
+            // finishes the directory has none and does not open as a model (the old config
+            // beside new, half-written weights would).
+            super::planted::INFO_FILE | "config.json" => true,
             "tokenizer.json" => std::fs::read(&path)
                 .is_ok_and(|b| b == crate::probe::tokenizer::builtin_json_bytes()),
             _ => false,

@@ -316,7 +316,8 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let mut target = Target::prepare(&args.device, &ckpt, &work)?;
     target.set_cpu_weights(&ckpt, args.weights);
-    let profiling = std::env::var("NEEDLESCOPE_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0");
+    let profiling =
+        crate::backend::gpu::executor::profile_from_env().map_err(anyhow::Error::msg)?;
     if profiling && matches!(target, Target::Cpu { .. }) {
         writeln!(
             out,

@@ -106,6 +106,10 @@ impl Target {
     ) -> anyhow::Result<Self> {
         let gemm = args.gemm();
         let (resolved, note) = resolve(&args.device, probe)?;
+        if !matches!(resolved, Resolved::Cpu) {
+            // The GPU backend's switches: a bad value is refused, not read as the default.
+            crate::backend::gpu::check_env().map_err(anyhow::Error::msg)?;
+        }
         let target = match resolved {
             Resolved::Cpu => None,
             Resolved::Emu(capacities) => {

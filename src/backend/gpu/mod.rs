@@ -62,6 +62,36 @@ use decoded::DecodeBudget;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// Picks the GEMM attention (`gemm`; unset or empty: the per-product kernels).
+pub const ATTENTION_ENV: &str = "NEEDLESCOPE_ATTENTION";
+/// Picks the batched routed experts (`batched`; unset or empty: expert by expert).
+pub const MOE_ENV: &str = "NEEDLESCOPE_MOE";
+
+/// Whether the opt-in switch `var` is set to its one value `on`; unset or empty is off, any
+/// other value an error naming the variable (a misspelt `batch` must not silently run the
+/// default path the user meant to avoid).
+pub fn env_choice(var: &str, on: &str) -> Result<bool, String> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(v) if v.trim().is_empty() => Ok(false),
+        Ok(v) if v.trim() == on => Ok(true),
+        found => Err(format!(
+            "{var}: expected {on:?} (or unset for the default), found {:?}",
+            found.unwrap_or_else(|e| format!("{e}"))
+        )),
+    }
+}
+
+/// Checks every environment switch the GPU backend reads ([`ATTENTION_ENV`], [`MOE_ENV`],
+/// [`executor::PROFILE_ENV`]), so a bad value is an error before a GPU run starts rather than
+/// a silent default.
+pub fn check_env() -> Result<(), String> {
+    env_choice(ATTENTION_ENV, "gemm")?;
+    env_choice(MOE_ENV, "batched")?;
+    executor::profile_from_env()?;
+    Ok(())
+}
+
 /// The backend on real GPUs.
 pub type CudaBackend = GpuBackend<CudaExecutor>;
 /// The backend on the host emulator.
@@ -106,10 +136,10 @@ impl<E: Executor> GpuBackend<E> {
             current: AtomicUsize::new(0),
             gemm,
             error: Mutex::new(None),
-            attention_gemm: std::env::var("NEEDLESCOPE_ATTENTION").is_ok_and(|v| v == "gemm"),
+            attention_gemm: env_choice(ATTENTION_ENV, "gemm").unwrap_or(false),
             attention_tile_bytes: matrix::WORKSPACE_BYTES,
             decode_budgets: vec![None; devices_len],
-            moe_batched: std::env::var("NEEDLESCOPE_MOE").is_ok_and(|v| v == "batched"),
+            moe_batched: env_choice(MOE_ENV, "batched").unwrap_or(false),
             moe_batched_calls: AtomicUsize::new(0),
         }
     }
