@@ -171,7 +171,7 @@ fn model_commands_on_a_missing_directory_name_the_path() {
 
 #[test]
 fn bad_flag_values_name_the_flag_and_the_expected_form() {
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 10] = [
         (
             &["probe", "--model", "m", "--length", "12q"],
             &["--length", "12q", "16k"],
@@ -213,6 +213,14 @@ fn bad_flag_values_name_the_flag_and_the_expected_form() {
         (
             &["doctor", "--compile-kernels", "90"],
             &["--compile-kernels", "sm_90"],
+        ),
+        (
+            &["doctor", "--compile-kernels", "sm_90,sm_9"],
+            &["--compile-kernels", "sm_90", "\"sm_9\""],
+        ),
+        (
+            &["synth", "--out", "o", "--seed", "-1"],
+            &["--seed", "from 0 to 18446744073709551615"],
         ),
     ];
     for (args, needles) in cases {

@@ -298,6 +298,9 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     let e = trace(&model.join("sub/new.safetensors"), &tokens_file, &[]);
     assert!(e.contains("inside the model directory"), "{e}");
     assert!(!model.join("sub").exists());
+    // A file where a folder of --out should be is named as such (not "File exists").
+    let e = trace(&tokens_file.join("a.safetensors"), &tokens_file, &[]);
+    assert!(e.contains("ids.txt is a file, expected a folder"), "{e}");
     let around = dir.path().join("new/../tiny/model.safetensors");
     let e = trace(&around, &tokens_file, &[]);
     assert!(

@@ -80,7 +80,14 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             || "none".to_string(),
             |(major, minor)| format!("{major}.{minor}"),
         );
-        compile_kernels(&args.compile_kernels, &driver, out)?;
+        // Each architecture once, in the order given (`sm_90,sm_90` compiles it once).
+        let mut archs: Vec<String> = Vec::new();
+        for a in &args.compile_kernels {
+            if !archs.contains(a) {
+                archs.push(a.clone());
+            }
+        }
+        compile_kernels(&archs, &driver, out)?;
     }
     Ok(())
 }

@@ -37,7 +37,7 @@ pub struct SynthArgs {
     pub out: PathBuf,
 
     /// Seed of the portable PRNG (same seed, same bytes on every platform)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::parse_seed)]
     pub seed: u64,
 
     /// Number of safetensors shards (more than 1 adds model.safetensors.index.json)

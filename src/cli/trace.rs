@@ -104,6 +104,30 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
     // The folders still to be made must lie below the existing ones: a `..` among them would
     // step out of what the checks below looked at (`new/../../model/model.safetensors`).
     let existing = existing_ancestor(out);
+    if !existing.is_dir() {
+        anyhow::bail!(
+            "--out {}: {} is a file, expected a folder to write the trace in",
+            out.display(),
+            existing.display()
+        );
+    }
+    // A folder nothing can be written in (read-only, `/proc`) would otherwise show up as a
+    // disk with no room, or fail after the whole model run.
+    let probe = existing.join(format!(".needlescope-write-check-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(e) => anyhow::bail!(
+            "--out {}: cannot write in the folder {}: {e}",
+            out.display(),
+            existing.display()
+        ),
+    }
     let to_make = out.strip_prefix(&existing).unwrap_or(out);
     if to_make
         .components()

@@ -194,15 +194,14 @@ pub fn parse_margin(s: &str) -> Result<f64, String> {
     }
 }
 
-/// An NVRTC target architecture, `sm_XY` (`sm_90`, `sm_120`).
+/// An NVRTC target architecture, `sm_XY` (`sm_90`, `sm_120`, `sm_90a`).
 pub fn parse_arch(s: &str) -> Result<String, String> {
     let t = s.trim();
-    match t.strip_prefix("sm_") {
-        Some(d) if !d.is_empty() && d.len() <= 3 && d.bytes().all(|b| b.is_ascii_digit()) => {
-            Ok(t.to_string())
-        }
-        _ => Err("expected a GPU architecture such as sm_90 or sm_120".into()),
-    }
+    // The same rule NVRTC compilation applies (`sm_` and at least two digits, an optional
+    // `a` / `f` suffix), so a name like `sm_9` is refused here, not by NVRTC later.
+    crate::backend::gpu::kernels::check_arch(t)
+        .map(|()| t.to_string())
+        .map_err(|_| format!("expected a GPU architecture such as sm_90 or sm_120, found {t:?}"))
 }
 
 /// `--chunk`: `auto` ([`crate::placement::AUTO_CHUNK`]: 2,048 on the CPU, on GPUs the largest
@@ -456,5 +455,8 @@ mod tests {
         assert_eq!(parse_arch("sm_90"), Ok("sm_90".into()));
         assert!(parse_arch("sm90").is_err());
         assert!(parse_arch("sm_").is_err());
+        // NVRTC's rule: at least two digits; `a` / `f` suffixes are real architectures.
+        assert!(parse_arch("sm_9").unwrap_err().contains("\"sm_9\""));
+        assert_eq!(parse_arch("sm_90a"), Ok("sm_90a".into()));
     }
 }

@@ -114,8 +114,11 @@ pub(crate) fn atomically<T>(path: &Path, draw: impl FnOnce(&Path) -> Result<T>) 
     match draw(&tmp) {
         Ok(v) => {
             if tmp.exists() {
-                std::fs::rename(&tmp, path)
-                    .map_err(|e| on_path(format!("renaming {}: {e}", tmp.display())))?;
+                std::fs::rename(&tmp, path).map_err(|e| {
+                    // The temporary is of no use once it cannot take its place.
+                    let _ = std::fs::remove_file(&tmp);
+                    on_path(format!("renaming {}: {e}", tmp.display()))
+                })?;
             }
             Ok(v)
         }
@@ -308,4 +311,30 @@ pub fn thin_ticks(n: usize, max: usize) -> Vec<usize> {
     }
     ticks.push(n - 1);
     ticks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A render whose rename fails (the final name is a directory) is an error naming the plot
+    /// and leaves no temporary behind.
+    #[test]
+    fn a_failed_rename_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("heatmap_fp8_64.png");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("inside"), "x").unwrap();
+        let err = atomically(&path, |tmp| {
+            std::fs::write(tmp, b"png").unwrap();
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("heatmap_fp8_64.png"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("heatmap_fp8_64.png")]);
+    }
 }
