@@ -342,7 +342,9 @@ impl ModelConfig {
             } else {
                 inner
             }
-        } else if !path.is_file() && !is_json {
+        } else if !path.exists() && !is_json {
+            // Missing: name the config.json it lacks. Something that exists but is not a
+            // directory (a file, `/dev/null`, a FIFO) is read as the config itself.
             path.join("config.json")
         } else {
             path.to_path_buf()

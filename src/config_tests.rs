@@ -375,6 +375,18 @@ fn a_directory_named_config_json_is_reported_as_a_directory() {
     );
 }
 
+/// Something that exists but is not a directory (`/dev/null`) is read as the config itself:
+/// the error names the path given, not a `config.json` below it.
+#[cfg(unix)]
+#[test]
+fn a_device_file_is_read_as_the_config_not_as_a_directory() {
+    let msg = ModelConfig::load(Path::new("/dev/null"))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("/dev/null"), "{msg}");
+    assert!(!msg.contains("/dev/null/config.json"), "{msg}");
+}
+
 #[test]
 fn moe_quant_algo_is_read_but_not_hashed() {
     let mut json = flash_config_json();

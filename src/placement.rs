@@ -22,7 +22,7 @@
 
 use crate::config::ModelConfig;
 use crate::plan::{self, DeviceSet, Footprint, MemoryPlan};
-use crate::units::{group_digits, human_bytes};
+use crate::units::{bytes_and_count, group_digits, human_bytes};
 
 /// `--chunk auto` ([`Workload::chunk`]): the prefill chunk is chosen with the backend.
 pub const AUTO_CHUNK: usize = 0;
@@ -149,21 +149,16 @@ pub enum PlacementError {
 fn refusal(names: &[String], p: &MemoryPlan, work: &Workload, idle: &[String]) -> String {
     let mut s = format!(
         "the model does not fit on {} at a context of {} tokens (prefill chunk {}, top-k {}): \
-         short by {} ({} bytes); no weight was loaded",
+         short by {}; no weight was loaded",
         names.join(", "),
         group_digits(work.context as u64),
         p.chunk,
         work.topk,
-        human_bytes(p.shortfall),
-        group_digits(p.shortfall)
+        bytes_and_count(p.shortfall)
     );
     for (n, d) in names.iter().zip(&p.devices) {
         let verdict = if d.shortfall > 0 {
-            format!(
-                "short by {} ({} bytes)",
-                human_bytes(d.shortfall),
-                group_digits(d.shortfall)
-            )
+            format!("short by {}", bytes_and_count(d.shortfall))
         } else {
             format!("fits ({} spare)", human_bytes(d.capacity - d.total))
         };

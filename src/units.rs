@@ -31,6 +31,17 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// `n` bytes as `human (exact bytes)`, e.g. `1.50 GiB (1,610,612,736 bytes)`; a figure that
+/// saturated at `u64::MAX` (sizes summed from absurd inputs) says it is too large to count
+/// instead of printing a precise-looking number.
+pub fn bytes_and_count(n: u64) -> String {
+    if n == u64::MAX {
+        "more than 16 EiB (too large to count)".to_string()
+    } else {
+        format!("{} ({} bytes)", human_bytes(n), group_digits(n))
+    }
+}
+
 /// `n` and `noun`, with an `s` unless `n` is 1: `1 position`, `3 positions`.
 pub fn count_of(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -57,6 +68,15 @@ mod tests {
         assert_eq!(group_digits(999), "999");
         assert_eq!(group_digits(1000), "1,000");
         assert_eq!(group_digits(159_609_485_896), "159,609,485,896");
+    }
+
+    #[test]
+    fn a_saturated_byte_figure_is_not_printed_as_exact() {
+        assert_eq!(bytes_and_count(1536), "1.50 KiB (1,536 bytes)");
+        assert_eq!(
+            bytes_and_count(u64::MAX),
+            "more than 16 EiB (too large to count)"
+        );
     }
 
     #[test]

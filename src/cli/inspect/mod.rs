@@ -94,16 +94,16 @@ pub fn run(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // The devices over capacity together lack `shortfall`; the model may also exceed all
         // devices together (by less: others have room the layers cannot move into).
         let overall = match p.total.checked_sub(p.capacity).filter(|&d| d > 0) {
+            Some(d) if d == u64::MAX || p.shortfall == u64::MAX => String::new(),
             Some(d) => format!(", {} more than all devices hold together", human_bytes(d)),
             None => String::new(),
         };
         problems.push(format!(
             "memory plan refused: {} cannot hold the model at context {}; the devices over \
-             capacity are short by {} ({} bytes) in all{overall}",
+             capacity are short by {} in all{overall}",
             p.devices_spec,
             p.context,
-            human_bytes(p.shortfall),
-            group_digits(p.shortfall)
+            crate::units::bytes_and_count(p.shortfall)
         ));
     }
     if !problems.is_empty() {
