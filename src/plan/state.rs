@@ -177,6 +177,7 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
 ///   inputs and outputs `2 D`, gate, up and SwiGLU `3 I`), times 3/2 for the batched layout's
 ///   padding (`padded_group_rows`: under half the real rows) + route tables `3 k`; the shared
 ///   expert runs after them with less.
+///
 /// Scratch of capped size, one at a time (each is freed before the next phase allocates
 /// another): a product's decoded band ([`band_bytes`]), the GEMM attention's tile of gathered
 /// entries (`min(256 MiB, T E d)`), an indexer score tile (`min(64 MiB, 4096 x C/4)`).
