@@ -166,7 +166,7 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
 ///   - the indexer (CSA layers): `A` + index queries and head weights, raw and prepared,
 ///     `2 (Hi di + Hi)`; per block of 256 tokens its scores `[256, C/4]`, the bf16 copies of
 ///     keys and block queries (counted at 4 B), the top-k candidates `3 x 256 x k` and
-///     [`TOPK_FIXED_BYTES`];
+///     `TOPK_FIXED_BYTES`;
 ///   - the sparse attention: `A` + output `H d` + probabilities `H E` + entry table `E` + softmax
 ///     terms `2 H`, `E` = window + the most compressed entries of a query (top-k on CSA,
 ///     `C / 128` on HCA), and the gathered rows `(T + window + rows) x d` (rows: `C / 4` with a
@@ -179,7 +179,7 @@ pub fn workspace_bytes(cfg: &ModelConfig, context: usize, chunk: usize, last: bo
 ///   expert runs after them with less.
 ///
 /// Scratch of capped size, one at a time (each is freed before the next phase allocates
-/// another): a product's decoded band ([`band_bytes`]), the GEMM attention's tile of gathered
+/// another): a product's decoded band (`band_bytes`), the GEMM attention's tile of gathered
 /// entries (`min(256 MiB, T E d)`), an indexer score tile (`min(64 MiB, 4096 x C/4)`).
 pub fn activation_peak_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
     let t = chunk.min(context).max(1) as u64;
