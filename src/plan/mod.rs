@@ -78,6 +78,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod ledger_tests;
+
 pub use devices::*;
 pub use footprint::*;
 pub use search::*;
