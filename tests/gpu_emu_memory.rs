@@ -71,6 +71,8 @@ struct Case {
     attention_gemm: bool,
     moe_batched: bool,
     pooled: bool,
+    /// Logits of every position (`trace --positions all`), not only the last 256.
+    probe_all: bool,
 }
 
 /// What a run measured and what the plan charges.
@@ -117,7 +119,14 @@ fn run(m: &Model, case: Case) -> Outcome {
     dev.reset_peaks();
     // The last device keeps the logits of up to PROBED_LOGIT_ROWS probed positions: probe the
     // last 256 (all in the last chunk when it is that long).
-    let probed: Vec<usize> = (case.context.saturating_sub(256)..case.context).collect();
+    // With `probe_all`, every position: the engine computes them a group of
+    // PROBED_LOGIT_ROWS at a time, within the same charge.
+    let first = if case.probe_all {
+        0
+    } else {
+        case.context.saturating_sub(256)
+    };
+    let probed: Vec<usize> = (first..case.context).collect();
     let mut seq = engine.new_sequence();
     let toks = tokens(case.context, cfg.vocab_size);
     let out = engine
@@ -155,7 +164,7 @@ fn check(name: &str, m: &Model, cases: &[Case]) {
         let o = run(m, case);
         let planned = o.state + o.workspace - FIXED_WORKSPACE;
         println!(
-            "{name:<10} ctx {:>6} chunk {:>5} {:?}{}{}{} | weights {:>8.2} MiB (plan {:>8.2}) | \
+            "{name:<10} ctx {:>6} chunk {:>5} {:?}{}{}{}{} | weights {:>8.2} MiB (plan {:>8.2}) | \
              non-weight peak in use {:>8.2} MiB, held {:>8.2} MiB | plan state {:>8.2} + \
              workspace {:>8.2} (less fixed) = {:>8.2} MiB | x{:.2} | {:.1}s",
             case.context,
@@ -168,6 +177,7 @@ fn check(name: &str, m: &Model, cases: &[Case]) {
             },
             if case.moe_batched { " moe-batched" } else { "" },
             if case.pooled { " pooled" } else { "" },
+            if case.probe_all { " all-logits" } else { "" },
             o.weights_measured as f64 / MIB,
             o.weights_planned as f64 / MIB,
             o.peak as f64 / MIB,
@@ -200,6 +210,7 @@ const fn case(context: usize, chunk: usize, gemm: GemmType) -> Case {
         attention_gemm: false,
         moe_batched: false,
         pooled: true,
+        probe_all: false,
     }
 }
 
@@ -267,5 +278,30 @@ fn the_plan_bounds_the_flash_like_models_peaks() {
             attention_gemm: true,
             ..case(4096, 2048, GemmType::Bf16)
         }],
+    );
+}
+
+/// Logits of every position of a chunk (`trace --positions all`) are computed a group of
+/// `PROBED_LOGIT_ROWS` (256) at a time, the rows the plan charges: probing all 1,024 positions
+/// of one chunk peaks no higher than probing the last 256 (at once they would add 768 rows of
+/// tiny's 4,096 logits, 12 MiB; at Flash's vocabulary and chunk 8,192, 3.9 GiB).
+#[test]
+fn logits_of_every_position_are_computed_in_groups_the_plan_charges() {
+    let m = model(ModelConfig::tiny(), WeightFormat::Official);
+    let last = run(&m, case(1024, 1024, GemmType::F32));
+    let every = run(
+        &m,
+        Case {
+            probe_all: true,
+            ..case(1024, 1024, GemmType::F32)
+        },
+    );
+    let vocab = m.ckpt.config().vocab_size;
+    let one_group_more = 256 * vocab * 4;
+    assert!(
+        every.peak < last.peak + one_group_more,
+        "all positions peak at {} bytes, the last 256 at {}: more than one group of logits apart",
+        every.peak,
+        last.peak
     );
 }
