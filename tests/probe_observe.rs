@@ -8,7 +8,7 @@ use needlescope::numerics::profiles::{prepare_keys, prepare_query, score_rows, I
 use needlescope::probe::observe::{
     phase_label, rescore, CellTopk, NeedleObserver, NeedleObserverConfig,
 };
-use needlescope::probe::rank::rank_needle;
+use needlescope::probe::rank::{kth_scores, rank_needle};
 
 const HEADS: usize = 2;
 const DIM: usize = 8;
@@ -356,4 +356,36 @@ fn attention_record_serialises_with_exactly_the_attention_csv_fields() {
         "cell_id,layer,layer_type,query_pos,phase,needle_mass_mean,needle_mass_max_head,needle_in_window,sink_mass_mean\n\
          k4,0,swa,63,prompt,0.25,0.25,true,0.25\n"
     );
+}
+
+/// A compare profile ranks the needle among its own re-scored rows, so its records' k-th
+/// score and margin come from those scores too, never from the driving profile's.
+#[test]
+fn compare_profile_records_take_the_kth_score_and_margin_from_their_own_scores() {
+    let t = 63;
+    let x = inputs(t);
+    let profile = IndexProfile::Exact;
+    let mut o = NeedleObserver::new(config((30, 34), vec![profile], &[4, 8]));
+    observe(&mut o, &x, t, &engine_topk(&x.scores, 4));
+    assert!(o.errors.is_empty(), "{:?}", o.errors);
+    let q = prepare_query(profile, &x.q, &x.w, HEADS, DIM);
+    let keys = prepare_keys(profile, &x.keys, DIM);
+    let mut reference = vec![0.0; 16];
+    score_rows(profile, &q, &keys, &mut reference);
+    let needle = rank_needle(&reference, 7..10).needle_score.unwrap();
+    for k in [4usize, 8] {
+        let kth = kth_scores(&reference, &[k])[0];
+        assert_ne!(
+            kth,
+            kth_scores(&x.scores, &[k])[0],
+            "precondition: the driving profile's k-th score differs"
+        );
+        let rec = o
+            .layer_records
+            .iter()
+            .find(|r| r.profile == profile.name() && r.cell_id == format!("k{k}"))
+            .unwrap();
+        assert_eq!(rec.kth_score, kth, "k {k}");
+        assert_eq!(rec.margin, Some(needle - kth.unwrap()), "k {k}");
+    }
 }

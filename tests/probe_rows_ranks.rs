@@ -284,3 +284,30 @@ fn layer_record_serialises_with_exactly_the_layers_csv_fields() {
         "16k-40-fp8-512,7,16383,prompt,fp8,true,2,1,2,0,0.25,,,true,true"
     );
 }
+
+/// HCA rows are non-overlapping windows of 128 tokens: a span that ends with the last token of
+/// a row (128w + 127) touches no later row, one that starts on a row's first token no earlier
+/// one. Checked against `row_touches` across several 128-token boundaries.
+#[test]
+fn hca_span_rows_stop_exactly_at_the_128_token_boundaries() {
+    assert_eq!(
+        HCA.span_rows((100, 128)),
+        0..1,
+        "token 127 is the last of row 0"
+    );
+    assert_eq!(HCA.span_rows((128, 256)), 1..2);
+    assert_eq!(HCA.span_rows((127, 129)), 0..2);
+    assert_eq!(hca_needle_rows((200, 256), 255), 1..2);
+    for a in [0usize, 1, 127, 128, 129, 255, 256] {
+        for b in a..a + 300 {
+            let r = HCA.span_rows((a, b));
+            for w in 0..6 {
+                assert_eq!(
+                    r.contains(&w),
+                    HCA.row_touches(w, (a, b)),
+                    "span [{a},{b}) row {w}"
+                );
+            }
+        }
+    }
+}

@@ -304,3 +304,67 @@ fn every_profile_stays_near_exact_scores() {
         assert!(worst <= tol, "{p}: worst relative error {worst} > {tol}");
     }
 }
+
+/// The fp8 profiles (SGLang and vLLM) take the head weight as bf16 before the indexer scale and
+/// the folded query scale: w = 1.01 acts as bf16(1.01) = 1.0078125. (Query scale s_q: Hq0 =
+/// [2, 0, 0, 0] gives fp32(2/448) for SGLang; vLLM rotates nothing, q0 = [1; 4] gives 2^-8.)
+#[test]
+fn fp8_profiles_round_the_head_weight_to_bf16_before_the_scales() {
+    use IndexProfile::*;
+    let sglang_q = 2.0f32 / 448.0;
+    for (p, s_q) in [
+        (SglangFp8, sglang_q),
+        (SglangBf16Keys, sglang_q),
+        (Fp8NoHadamardK, sglang_q),
+        (VllmFp8, 2f32.powi(-8)),
+    ] {
+        let pq = prepare_query(p, &Q, &[1.01, 3.0], HEADS, DIM);
+        assert_eq!(pq.weights[0], (1.0078125 * s()) * s_q, "{p}");
+        assert_ne!(pq.weights[0], (1.01 * s()) * s_q, "{p}: precondition");
+    }
+}
+
+/// The profiles whose engines read bf16 inputs round the raw row first (REF's fp4 query and
+/// key, SGLang's fp4 query, vLLM's fp8 query and key, bf16-qk): an f32 row and its bf16
+/// rounding prepare identically. The rows are ones where that first rounding matters:
+/// skipping it moves some element across an e2m1 / e4m3 decision.
+#[test]
+fn bf16_first_profiles_round_the_raw_rows_before_anything_else() {
+    use IndexProfile::*;
+    let (heads, dim) = (8usize, 128usize);
+    let mut rng = Rng(31);
+    let (x, w) = (rng.vec(heads * dim), rng.vec(heads));
+    let mut xb = x.clone();
+    bf16_round_slice(&mut xb);
+    assert_ne!(x, xb);
+    for p in [OfficialFp4, SglangFp4, VllmFp8, Bf16Qk] {
+        assert_eq!(
+            prepare_query(p, &x, &w, heads, dim),
+            prepare_query(p, &xb, &w, heads, dim),
+            "{p} query"
+        );
+    }
+    for p in [OfficialFp4, VllmFp8, Bf16Qk] {
+        assert_eq!(
+            prepare_keys(p, &x, dim),
+            prepare_keys(p, &xb, dim),
+            "{p} keys"
+        );
+    }
+    // Preconditions: without the first rounding these rows come out differently.
+    let mut fp4_unrounded = x.clone();
+    hadamard_rows(&mut fp4_unrounded, dim).unwrap();
+    bf16_round_slice(&mut fp4_unrounded);
+    for row in fp4_unrounded.chunks_mut(dim) {
+        fp4_sim_pow2_rne(row, INDEX_FP4_BLOCK);
+    }
+    assert_ne!(fp4_unrounded, prepare_keys(OfficialFp4, &x, dim).values);
+    let fp8_unrounded: Vec<f32> = x
+        .chunks(dim)
+        .flat_map(|h| crate::numerics::quant::fp8_row_scale_pow2(h).0)
+        .collect();
+    assert_ne!(
+        fp8_unrounded,
+        prepare_query(VllmFp8, &x, &w, heads, dim).values
+    );
+}

@@ -312,6 +312,21 @@ mod tests {
         assert_eq!((q, s), (vec![0.0, 0.0], 1e-4f32 / 448.0));
     }
 
+    /// SGLang multiplies by the f32 reciprocal of its scale, and the product and the quotient
+    /// can differ in the last bit, which decides an e4m3 tie: with amax 1.861, x = 0.7643392
+    /// gives x · fp32(1/s) = 184 exactly (the midpoint of 176 and 192, ties to the even 192)
+    /// but x / s = 183.99998 (-> 176).
+    #[test]
+    fn fp8_row_scale_fp32_quantises_with_the_reciprocal_of_the_scale() {
+        let (a, x) = (1.861f32, 0.764_339_2_f32);
+        let s = a / 448.0;
+        assert_eq!(x * (1.0 / s), 184.0, "precondition: the product is the tie");
+        assert!(x / s < 184.0, "precondition: the quotient is below it");
+        let (q, scale) = fp8_row_scale_fp32(&[a, x]);
+        assert_eq!(scale, s);
+        assert_eq!(q, vec![448.0, 192.0]);
+    }
+
     #[test]
     fn fp8_row_scale_pow2_rounds_scale_up_to_power_of_two() {
         // amax 1 -> fp32(1/448) in (2^-9, 2^-8) -> s = 2^-8: values ·256.

@@ -213,4 +213,20 @@ mod tests {
         c[0].csa_layers_selected = 0;
         assert_eq!(first_disagreement(&c, &l), None);
     }
+
+    /// `trivial` is `visible_rows <= k`: a layer with exactly k visible rows is trivial (every
+    /// visible row is selected), one with k + 1 is not.
+    #[test]
+    fn a_layer_with_exactly_k_visible_rows_is_trivial() {
+        let (cells, layers) = records();
+        let mut l = layers.clone();
+        l[2].visible_rows = 4; // the cell's top-k
+        l[2].trivial = true;
+        assert_eq!(first_disagreement(&cells, &l), None);
+        l[2].trivial = false;
+        let d = first_disagreement(&cells, &l).expect("a disagreement");
+        assert_eq!((d.file, d.field), (LAYERS_CSV, "trivial"));
+        l[2].visible_rows = 5;
+        assert_eq!(first_disagreement(&cells, &l), None);
+    }
 }

@@ -185,6 +185,7 @@ fn run<'r, B: Backend>(
     engine: &mut Engine<B>,
     case: &ForwardCase,
     tokens: &[u32],
+    steps: usize,
     replay: Option<&'r Decisions>,
 ) -> Result<(AllLogits, IndexRecorder<'r>), EngineError> {
     let topk = engine.options().topk;
@@ -201,8 +202,24 @@ fn run<'r, B: Backend>(
         ..IndexRecorder::default()
     };
     let mut state = engine.new_sequence();
-    let out = engine.forward(&mut state, tokens, &mut rec, LogitsRequest::All)?;
-    Ok((out.logits, rec))
+    // The prompt in one call, then the last `steps` tokens one call each (decode steps on the
+    // sequence state the prefill left).
+    let split = tokens.len() - steps.min(tokens.len());
+    let mut logits = Vec::new();
+    if split > 0 {
+        let out = engine.forward(&mut state, &tokens[..split], &mut rec, LogitsRequest::All)?;
+        logits.extend(out.logits);
+    }
+    for t in &tokens[split..] {
+        let out = engine.forward(
+            &mut state,
+            std::slice::from_ref(t),
+            &mut rec,
+            LogitsRequest::All,
+        )?;
+        logits.extend(out.logits);
+    }
+    Ok((logits, rec))
 }
 
 /// Selected rows that differ beyond near-ties, and the number of selected rows compared.
@@ -243,16 +260,36 @@ pub fn check_forward<B: Backend>(
     cases: &[ForwardCase],
     tol: ForwardTolerance,
 ) -> Result<Vec<Check>, EngineError> {
+    check_forward_decode(engine, reference, tokens, 0, cases, tol)
+}
+
+/// [`check_forward`] with the last `steps` tokens fed one `forward` call each after the rest
+/// (decode steps: every layer's caches, compressors and index keys carried in the sequence
+/// state from the prefill and grown a token at a time); every call's logits and every
+/// position's scores and selections are compared.
+pub fn check_forward_decode<B: Backend>(
+    engine: &mut Engine<B>,
+    reference: &mut Engine<CpuBackend>,
+    tokens: &[u32],
+    steps: usize,
+    cases: &[ForwardCase],
+    tol: ForwardTolerance,
+) -> Result<Vec<Check>, EngineError> {
     let mut out = Vec::new();
     for case in cases {
         let label = format!(
-            "{} kv {} chunk {} ({} tokens)",
+            "{} kv {} chunk {} ({} tokens{})",
             case.profile.name(),
             case.kv,
             case.chunk,
-            tokens.len()
+            tokens.len(),
+            if steps > 0 {
+                format!(", last {steps} decoded")
+            } else {
+                String::new()
+            }
         );
-        let (lg, rg) = run(engine, case, tokens, None)?;
+        let (lg, rg) = run(engine, case, tokens, steps, None)?;
         for (layer, (diff, scale)) in &rg.own {
             out.push(Check {
                 what: format!("L{layer} index scores from the engine's own inputs, {label}"),
@@ -264,7 +301,7 @@ pub fn check_forward<B: Backend>(
             seen: rg.seen,
             routes: rg.routes,
         };
-        let (lc, rc) = run(reference, case, tokens, Some(&tested))?;
+        let (lc, rc) = run(reference, case, tokens, steps, Some(&tested))?;
         let rg = &tested;
         let flat = |l: &[(usize, Vec<f32>)]| -> Vec<f32> {
             l.iter().flat_map(|(_, v)| v.iter().copied()).collect()
