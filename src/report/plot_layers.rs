@@ -8,7 +8,7 @@
 //! data, and always fits it (`legend::legend_layout`). Cells without layers.csv rows get no
 //! plot.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
@@ -22,17 +22,41 @@ use super::plots::{
 use super::records::{format_tokens, CellRecord, IndexProfile, LayerRecord};
 use super::store::RunRecords;
 
+/// What every layer plot of a run draws from, indexed once: each cell's layers.csv rows of
+/// phase "prompt" (in file order) and the run's top-k values. Built in one pass over the rows,
+/// so rendering N cells' plots reads the rows once, not N times (a Flash sweep has thousands of
+/// cells and millions of rows).
+pub(crate) struct LayerPlotIndex<'a> {
+    prompt_rows: HashMap<&'a str, Vec<&'a LayerRecord>>,
+    topks: BTreeSet<usize>,
+}
+
+impl<'a> LayerPlotIndex<'a> {
+    pub(crate) fn new(records: &'a RunRecords) -> Self {
+        let mut prompt_rows: HashMap<&str, Vec<&LayerRecord>> = HashMap::new();
+        for r in records.layers.iter().filter(|r| r.phase == "prompt") {
+            prompt_rows.entry(r.cell_id.as_str()).or_default().push(r);
+        }
+        LayerPlotIndex {
+            prompt_rows,
+            topks: records.cells.iter().map(|c| c.topk).collect(),
+        }
+    }
+
+    /// The prompt-phase rows of `cell_id`, in file order.
+    pub(crate) fn rows(&self, cell_id: &str) -> &[&'a LayerRecord] {
+        self.prompt_rows.get(cell_id).map_or(&[], Vec::as_slice)
+    }
+}
+
 /// Draws the plot for `cell` into `path`; `None` when the cell has no layers.csv rows.
 pub(crate) fn render(
     records: &RunRecords,
+    index: &LayerPlotIndex,
     cell: &CellRecord,
     path: &Path,
 ) -> Result<Option<PathBuf>> {
-    let rows: Vec<&LayerRecord> = records
-        .layers
-        .iter()
-        .filter(|r| r.cell_id == cell.cell_id && r.phase == "prompt")
-        .collect();
+    let rows: Vec<&LayerRecord> = index.rows(&cell.cell_id).to_vec();
     let answer_pos = cell.answer_position();
     let pos = if rows.iter().any(|r| r.query_pos == answer_pos) {
         answer_pos
@@ -62,7 +86,7 @@ pub(crate) fn render(
         *layers.first().expect("rows are not empty") as f64,
         *layers.last().expect("rows are not empty") as f64,
     );
-    let topks: BTreeSet<usize> = records.cells.iter().map(|c| c.topk).collect();
+    let topks = &index.topks;
     let visible = rows.iter().map(|r| r.visible_rows).max().unwrap_or(0);
     let max_rank = rows.iter().filter_map(|r| r.needle_rank).max().unwrap_or(1);
     let top = rank_axis_top((max_rank.max(visible).max(*topks.last().unwrap_or(&1))) as f64);
@@ -141,7 +165,7 @@ pub(crate) fn render(
         }));
         Ok(())
     };
-    for &k in &topks {
+    for &k in topks {
         let own = k == cell.topk;
         let colour = if own {
             RGBColor(40, 40, 40)
@@ -201,4 +225,77 @@ pub(crate) fn render(
     draw_rows(&legend_area, &keys, path)?;
     root.present().map_err(&err)?;
     Ok(Some(path.to_path_buf()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::rank::{NeedleRank, RecordMeta};
+    use crate::report::RunInfo;
+
+    fn layer(cell_id: &str, layer: usize, phase: &str) -> LayerRecord {
+        let meta = RecordMeta {
+            cell_id,
+            layer,
+            query_pos: 99,
+            phase,
+            profile: "fp8",
+            driving: true,
+        };
+        let r = NeedleRank {
+            visible_rows: 20,
+            needle_rows: 1,
+            best_row: Some(0),
+            needle_rank: Some(3),
+            rank_ties: 0,
+            needle_ties: 0,
+            needle_score: Some(1.0),
+        };
+        LayerRecord::new(&meta, &r, Some(0.5), 4)
+    }
+
+    fn cell(id: &str, topk: usize) -> CellRecord {
+        let mut c: CellRecord = serde_json::from_value(serde_json::json!({
+            "cell_id": id, "target_tokens": 100, "prompt_tokens": 100, "depth_pct": 50.0,
+            "needle_start": 40, "needle_end": 50, "answer_start": 90, "answer_end": 91,
+            "index": "fp8", "kv": "exact", "topk": topk, "answer_text": "",
+            "answer_correct": null, "min_needle_rank": 3, "csa_layers_selected": 1,
+            "csa_layers_nontrivial": 1, "wall_seconds": 1.0
+        }))
+        .unwrap();
+        c.cell_id = id.into();
+        c
+    }
+
+    /// The layer plots draw from one index of the rows built in one pass (before, every cell's
+    /// plot scanned all of layers.csv: quadratic in a Flash sweep's thousands of cells).
+    #[test]
+    fn the_index_groups_each_cells_prompt_rows_in_file_order() {
+        let records = RunRecords {
+            dir: PathBuf::from("r"),
+            info: RunInfo::new("m", "sha256:00", "passkey", true, serde_json::json!({})),
+            cells: vec![cell("a", 4), cell("b", 8), cell("c", 4)],
+            layers: vec![
+                layer("a", 1, "prompt"),
+                layer("b", 1, "prompt"),
+                layer("a", 3, "prompt"),
+                layer("a", 3, "1"),
+                layer("b", 3, "prompt"),
+            ],
+            attention: Vec::new(),
+            notes: Vec::new(),
+        };
+        let index = LayerPlotIndex::new(&records);
+        let layers = |id: &str| -> Vec<(usize, String)> {
+            index
+                .rows(id)
+                .iter()
+                .map(|r| (r.layer, r.phase.clone()))
+                .collect()
+        };
+        assert_eq!(layers("a"), [(1, "prompt".into()), (3, "prompt".into())]);
+        assert_eq!(layers("b"), [(1, "prompt".into()), (3, "prompt".into())]);
+        assert!(index.rows("c").is_empty());
+        assert_eq!(index.topks, BTreeSet::from([4, 8]));
+    }
 }

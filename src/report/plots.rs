@@ -80,13 +80,15 @@ pub fn render_all(run_dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn render_records(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
     ensure_font()?;
     let mut written = super::plot_heatmap::render(records, out_dir)?;
+    let index = super::plot_layers::LayerPlotIndex::new(records);
     let layer_plots: Vec<Option<PathBuf>> = records
         .cells
         .par_iter()
         .map(|cell| {
             let path = out_dir.join(format!("layers_{}.png", file_stem(&cell.cell_id)));
             atomically(&path, |tmp| {
-                super::plot_layers::render(records, cell, tmp).map(|p| p.map(|_| path.clone()))
+                super::plot_layers::render(records, &index, cell, tmp)
+                    .map(|p| p.map(|_| path.clone()))
             })
         })
         .collect::<Result<_>>()?;
