@@ -127,11 +127,8 @@ fn ctrl_c_while_a_trace_is_written_leaves_no_partial_file() {
             "Ctrl-C left the half-written {} behind\n{stderr}",
             partial.display()
         );
-        assert!(
-            !out.exists(),
-            "an interrupted trace wrote {}",
-            out.display()
-        );
+        // A Ctrl-C just after the rename exits 130 with the finished file in place (the
+        // rename is atomic: what is there is whole); only a half-written file is a failure.
     } else {
         assert_eq!(done.status.code(), Some(0), "{stderr}");
         assert!(out.exists() && !partial.exists());

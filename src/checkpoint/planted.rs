@@ -290,7 +290,6 @@ fn encode(
     })
 }
 
-/// Writes the safetensors file(s), `model.safetensors.index.json` when sharded, `config.json`.
 /// Writes the weights, then `extras` (file name, bytes), then `config.json` last, so that a
 /// run that fails or is stopped part way leaves no config.json: the directory does not open as
 /// a model (planted.json and the tokenizer missing beside a config would make it look like a

@@ -15,8 +15,9 @@
 //!
 //! Files: one `model.safetensors`, or `shards` files `model-0000K-of-0000N.safetensors` plus
 //! `model.safetensors.index.json`; shards are cut at logical-tensor bounds (a weight and its
-//! scales share a shard) balancing payload bytes; then `config.json` and, if given,
-//! `tokenizer.json`. Stale files of ours from an earlier run in the same directory are removed
+//! scales share a shard) balancing payload bytes; then, if given, `tokenizer.json`, and
+//! `config.json` last (a run cut short leaves no config, so the directory does not open as a
+//! model). Stale files of ours from an earlier run in the same directory are removed
 //! first. Writing streams: big plain tensors are generated and written in 1M-element pieces,
 //! quantised ones a window of ~32M elements at a time (encoded in parallel, written in order),
 //! so memory stays well under 1 GB even for `--preset flash` with all 256 experts.

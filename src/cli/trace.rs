@@ -113,20 +113,12 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
     }
     // A folder nothing can be written in (read-only, `/proc`) would otherwise show up as a
     // disk with no room, or fail after the whole model run.
-    let probe = existing.join(format!(".needlescope-write-check-{}", std::process::id()));
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-    {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-        }
-        Err(e) => anyhow::bail!(
+    if let Err(e) = check_writable(&existing) {
+        anyhow::bail!(
             "--out {}: cannot write in the folder {}: {e}",
             out.display(),
             existing.display()
-        ),
+        );
     }
     let to_make = out.strip_prefix(&existing).unwrap_or(out);
     if to_make
@@ -165,6 +157,30 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether a file can be created in the folder `dir`: creates a probe file of a fresh name and
+/// removes it. A name already there (a probe a killed run left, its process id since reused) is
+/// skipped, not taken for a folder that refuses writes.
+fn check_writable(dir: &std::path::Path) -> std::io::Result<()> {
+    let pid = std::process::id();
+    let mut last = None;
+    for n in 0..16 {
+        let probe = dir.join(format!(".needlescope-write-check-{pid}-{n}"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+        {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free probe file name")))
 }
 
 /// The longest ancestor of `path` (strictly above it) that exists, `.` for a relative path
@@ -299,4 +315,26 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         )
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_writable;
+
+    /// A probe file left by a killed run (whose process id this one now has) does not make a
+    /// writable folder look unwritable, and the check leaves no file of its own behind.
+    #[test]
+    fn a_leftover_probe_file_is_not_an_unwritable_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        for stale in [
+            format!(".needlescope-write-check-{pid}"),
+            format!(".needlescope-write-check-{pid}-0"),
+        ] {
+            std::fs::write(dir.path().join(stale), b"").unwrap();
+        }
+        check_writable(dir.path()).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+        assert!(check_writable(&dir.path().join("missing")).is_err());
+    }
 }

@@ -458,5 +458,8 @@ mod tests {
         // NVRTC's rule: at least two digits; `a` / `f` suffixes are real architectures.
         assert!(parse_arch("sm_9").unwrap_err().contains("\"sm_9\""));
         assert_eq!(parse_arch("sm_90a"), Ok("sm_90a".into()));
+        // One suffix and two or three digits, as before the rule was shared with NVRTC.
+        assert!(parse_arch("sm_90aa").is_err());
+        assert!(parse_arch("sm_1200").is_err());
     }
 }

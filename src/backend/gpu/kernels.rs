@@ -54,8 +54,10 @@ pub fn family_source(family: &str) -> Option<String> {
 /// Checks an architecture name (`sm_90`, `sm_120a`, `compute_90` is refused: we need CUBINs).
 pub fn check_arch(arch: &str) -> Result<(), GpuError> {
     let digits = arch.strip_prefix("sm_").unwrap_or("");
-    let core = digits.trim_end_matches(['a', 'f']);
-    if core.len() >= 2 && core.chars().all(|c| c.is_ascii_digit()) {
+    // At most one `a` / `f` suffix (`sm_90a`, `sm_100f`; `sm_90aa` is no architecture), and
+    // two or three digits (`sm_75` .. `sm_120`).
+    let core = digits.strip_suffix(['a', 'f']).unwrap_or(digits);
+    if (2..=3).contains(&core.len()) && core.chars().all(|c| c.is_ascii_digit()) {
         Ok(())
     } else {
         Err(GpuError::Nvrtc(format!(
@@ -317,7 +319,17 @@ mod tests {
         for ok in ["sm_90", "sm_120", "sm_90a", "sm_100f"] {
             assert!(check_arch(ok).is_ok(), "{ok}");
         }
-        for bad in ["compute_90", "sm9", "sm_", "90", "sm_x0"] {
+        for bad in [
+            "compute_90",
+            "sm9",
+            "sm_",
+            "90",
+            "sm_x0",
+            "sm_90aa",
+            "sm_90af",
+            "sm_1200",
+            "sm_a",
+        ] {
             assert!(check_arch(bad).is_err(), "{bad}");
         }
     }
