@@ -111,15 +111,6 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
             existing.display()
         );
     }
-    // A folder nothing can be written in (read-only, `/proc`) would otherwise show up as a
-    // disk with no room, or fail after the whole model run.
-    if let Err(e) = check_writable(&existing) {
-        anyhow::bail!(
-            "--out {}: cannot write in the folder {}: {e}",
-            out.display(),
-            existing.display()
-        );
-    }
     let to_make = out.strip_prefix(&existing).unwrap_or(out);
     if to_make
         .components()
@@ -155,6 +146,16 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
                 args.model.display()
             );
         }
+    }
+    // Last (after the checks that refuse a path inside the model directory, so no probe file
+    // is made there): a folder nothing can be written in (read-only, `/proc`) would otherwise
+    // show up as a disk with no room, or fail after the whole model run.
+    if let Err(e) = check_writable(&existing) {
+        anyhow::bail!(
+            "--out {}: cannot write in the folder {}: {e}",
+            out.display(),
+            existing.display()
+        );
     }
     Ok(())
 }
