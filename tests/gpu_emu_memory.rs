@@ -15,6 +15,9 @@
 //! and unpooled. Each case prints measured against planned, so the plan's overcount shows.
 //! `NEEDLESCOPE_MEMORY_CASES=all` adds longer cases.
 
+mod engine_support;
+
+use engine_support::tokens;
 use needlescope::backend::gpu::emu::MemoryStats;
 use needlescope::backend::gpu::pool::DEFAULT_POOL_BYTES;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
@@ -87,18 +90,6 @@ struct Outcome {
     workspace: u64,
 }
 
-fn tokens(n: usize, vocab: usize) -> Vec<u32> {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
-
 fn run(m: &Model, case: Case) -> Outcome {
     let cfg = m.ckpt.config().clone();
     let mut exec = EmuExecutor::new(0, 1 << 40);
@@ -128,7 +119,7 @@ fn run(m: &Model, case: Case) -> Outcome {
     };
     let probed: Vec<usize> = (first..case.context).collect();
     let mut seq = engine.new_sequence();
-    let toks = tokens(case.context, cfg.vocab_size);
+    let toks = tokens(case.context, cfg.vocab_size, 0);
     let out = engine
         .forward(
             &mut seq,
