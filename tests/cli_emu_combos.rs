@@ -301,8 +301,9 @@ fn trace_with_indexer_inputs_on_the_emulator_equals_the_cpu() {
     // these ids that one-ulp difference flips one e4m3 rounding of a window KV element of the
     // HCA layer (layer 2, position 3, one code step of 0.25), which all later positions attend
     // to; without the replay of backend::parity::forward (a trace replays nothing) the logits
-    // then move by 0.2 through rerouted experts (1.3e-2 with the replay). The engine-level
-    // forward checks cover the GEMM attention under fp8 KV (tests/gpu_emu_combos.rs).
+    // then move by 0.2 through rerouted experts (1.3e-2 with the selection and route replays,
+    // 7e-7 with the KV rows replayed too). The engine-level forward checks cover the GEMM
+    // attention under fp8 KV on these ids (tests/gpu_emu_combos.rs).
     let cases: [TraceCase; 6] = [
         (
             &["--index", "exact", "--kv", "exact", "--chunk", "1"],

@@ -330,3 +330,34 @@ fn bf16_gemms_on_bf16_weights_stay_close_through_the_first_csa_layer() {
     let b = EmuBackend::single(EmuExecutor::default(), GemmType::Bf16);
     parity(&m, b, 16, &toks, 3, &cases, ForwardTolerance::BF16);
 }
+
+/// Under fp8 KV the reference replays the tested engine's main KV rows before their e4m3
+/// rounding (`Observer::replace_kv_input`). On these ids (those of the CLI traces in
+/// tests/cli_emu_combos.rs) the GEMM attention's other summation order flips one e4m3 code of a
+/// window KV element of the HCA layer, which every later position attends to; without the
+/// replay the logits then differ by about 1.3e-2, with it they hold to the exact-KV bound.
+#[test]
+fn fp8_kv_rounding_flips_are_replayed_so_logits_hold_to_the_exact_kv_bound() {
+    static M: OnceLock<SynthModel> = OnceLock::new();
+    let m = M.get_or_init(|| synth_model(Preset::Tiny, WeightFormat::Official, None, None));
+    let toks: Vec<u32> = (0..170u32).map(|i| (i * 37) % 4000 + 3).collect();
+    let cases = [case(IndexProfile::SglangFp8, KvMode::Fp8, 3)];
+    let checks = parity(
+        m,
+        fast(single()),
+        64,
+        &toks,
+        0,
+        &cases,
+        ForwardTolerance::F32,
+    );
+    let kv = checks
+        .iter()
+        .find(|c| c.what.starts_with("KV rows before fp8 rounding"))
+        .expect("a KV replay check");
+    assert!(
+        kv.error > 0.0,
+        "the engines' KV rows should differ: {}",
+        kv.what
+    );
+}

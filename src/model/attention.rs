@@ -19,7 +19,7 @@
 
 use super::compressor::{visible_rows, Compressor};
 use super::indexer::{Indexer, IndexerRun};
-use super::observer::{AttentionObservation, Observer};
+use super::observer::{AttentionObservation, KvRows, Observer};
 use super::rope::RopeTable;
 use super::state::LayerState;
 use super::{load_matrix, EngineError};
@@ -139,7 +139,7 @@ impl<M> Attention<M> {
         backend.matmul(x, &self.wkv, &mut kv);
         backend.rms_norm(&mut kv, hd, Some(&self.kv_norm), self.eps);
         backend.rope(&self.rope, &mut kv, hd, &positions, false);
-        self.round_kv(backend, &mut kv, run.kv);
+        self.round_kv_observed(backend, &mut kv, run, first_pos, KvRows::Window);
         debug_assert_eq!(state.window.end(), first_pos, "window cache out of step");
         state.window.append(backend, &kv);
 
@@ -148,9 +148,8 @@ impl<M> Attention<M> {
                 .compressor
                 .as_mut()
                 .expect("compressed layer has compressor state");
-            let kv_mode = run.kv;
             let emitted = comp.feed(backend, x, first_pos, cs, &self.rope, |rows| {
-                self.round_kv(backend, rows, kv_mode)
+                self.round_kv_observed(backend, rows, run, first_pos, KvRows::Compressed)
             });
             if let Some(rows) = &emitted.rows {
                 state.compressed.append(backend, rows);
@@ -184,6 +183,26 @@ impl<M> Attention<M> {
             (first_pos + tokens + 1).saturating_sub(self.window),
         );
         out
+    }
+
+    /// [`Self::round_kv`] under the run's KV mode; under `--kv fp8` an observer that wants them
+    /// first gets the unrounded rows and may replace them ([`Observer::replace_kv_input`]:
+    /// parity harnesses). `first_pos` is the chunk's first position.
+    fn round_kv_observed<B: Backend<Matrix = M>>(
+        &self,
+        backend: &B,
+        rows: &mut B::Act,
+        run: &mut AttentionRun<'_>,
+        first_pos: usize,
+        rows_kind: KvRows,
+    ) {
+        if run.kv == KvMode::Fp8 && backend.act_len(rows) > 0 && run.observer.wants_kv_inputs() {
+            let mut host = backend.act_host(rows).into_owned();
+            run.observer
+                .replace_kv_input(run.layer, first_pos, rows_kind, &mut host);
+            *rows = backend.act_from(host);
+        }
+        self.round_kv(backend, rows, run.kv);
     }
 
     fn round_kv<B: Backend<Matrix = M>>(&self, backend: &B, rows: &mut B::Act, kv: KvMode) {

@@ -26,7 +26,7 @@ pub mod state;
 
 pub use bench::{bench_prefill, BenchFigures};
 pub use forward::{Engine, EngineOptions, ForwardOutput, LogitsRequest};
-pub use observer::{AttentionObservation, IndexerObservation, NoObserver, Observer};
+pub use observer::{AttentionObservation, IndexerObservation, KvRows, NoObserver, Observer};
 pub use state::SequenceState;
 
 use crate::backend::Backend;

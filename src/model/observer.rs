@@ -60,6 +60,15 @@ pub struct AttentionObservation<'a> {
     pub sink_probs: &'a [f32],
 }
 
+/// Which main-attention KV rows a [`Observer::replace_kv_input`] call carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KvRows {
+    /// The chunk's own window KV rows, one per token, `[tokens, head_dim]`.
+    Window,
+    /// The compressed rows the chunk completed (CSA / HCA layers), `[rows, head_dim]`.
+    Compressed,
+}
+
 /// Receives observations during a forward pass. All methods have no-op defaults.
 pub trait Observer {
     /// Whether query position `pos` is probed (indexer and attention observations).
@@ -101,6 +110,26 @@ pub trait Observer {
         _first_pos: usize,
         _k: usize,
         _experts: &mut [usize],
+    ) {
+    }
+    /// Whether [`Observer::replace_kv_input`] is wanted. Its rows cross to the host and back
+    /// (on a GPU a download and an upload per layer and chunk), so only parity harnesses ask.
+    fn wants_kv_inputs(&self) -> bool {
+        false
+    }
+    /// Parity hook under `--kv fp8`, called once per chunk at every layer for the window KV rows
+    /// of positions `first_pos..`, and at compressed layers once more for the compressed rows
+    /// the chunk completed, with the rows *before* their fp8 rounding: whatever this leaves in
+    /// `rows` is what gets rounded and cached. A harness replays another engine's unrounded
+    /// rows here (after checking they are close), so that a one-ulp difference upstream cannot
+    /// flip an e4m3 code, one step of up to 1/8 of an element, and make two forwards drift
+    /// apart from there (backend::parity::forward). Only called when `wants_kv_inputs`.
+    fn replace_kv_input(
+        &mut self,
+        _layer: usize,
+        _first_pos: usize,
+        _rows_kind: KvRows,
+        _rows: &mut [f32],
     ) {
     }
     fn attention(&mut self, _obs: &AttentionObservation<'_>) {}

@@ -14,11 +14,15 @@
 //! it, each layer is compared on the same inputs, and the selection checks still compare both
 //! engines' own top-k. The tested engine's scores are also recomputed on the host from its own
 //! raw query, weights and keys (`probe::observe::rescore`), which no upstream flip can move.
+//! Under `--kv fp8` the reference also replays the tested engine's main KV rows before their
+//! e4m3 rounding (`Observer::replace_kv_input`), checked first to agree within `kv_inputs`:
+//! both then round the same values to the same codes, and the logits are held to the same
+//! bound as with exact KV.
 
 use super::{normalised_error, Check};
 use crate::backend::{Backend, CpuBackend};
 use crate::model::{
-    Engine, EngineError, EngineOptions, IndexerObservation, LogitsRequest, Observer,
+    Engine, EngineError, EngineOptions, IndexerObservation, KvRows, LogitsRequest, Observer,
 };
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::observe::rescore;
@@ -40,17 +44,20 @@ pub struct ForwardCase {
 /// rounding is deterministic), and, under the `exact` profile, against the reference's scores.
 /// Under a rounding profile the reference's scores can legitimately differ by more: an f32
 /// difference of one ulp upstream can flip an e4m3 / e2m1 / bf16 rounding of a key or query
-/// element, and with fp8 KV every flipped KV element perturbs the later layers' inputs (on
-/// Flash dims nearly every score of the first CSA layer moves by more than 1e-4). There the
-/// largest difference must stay within `rounding_step` (a few code steps) and a flip may move at
-/// most `rounding_flips` of the selected rows across the cut-off.
+/// element. There the largest difference must stay within `rounding_step` (a few code steps)
+/// and a flip may move at most `rounding_flips` of the selected rows across the cut-off.
 ///
-/// With fp8 KV the main KV rows are rounded to e4m3 too, where a flipped element moves by one
-/// code step (up to 1/8 of its value): then logits are held to `logits_kv_fp8`.
+/// With fp8 KV the main KV rows are rounded to e4m3 too, where a flipped element would move by
+/// one code step (up to 1/8 of its value) and every later layer and position with it. So the
+/// reference replays the tested engine's KV rows *before* rounding
+/// (`Observer::replace_kv_input`) once they agree to `kv_inputs`, and the logits are then held
+/// to `logits` under both KV modes.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardTolerance {
     pub logits: f64,
-    pub logits_kv_fp8: f64,
+    /// Largest difference between the two engines' main KV rows before the fp8 rounding (each
+    /// layer's window rows and compressed rows of each chunk), which the reference then replays.
+    pub kv_inputs: f64,
     /// Largest fraction of (layer, position) MoE routes the reference had to replay.
     pub routes: f64,
     pub scores: f64,
@@ -63,14 +70,12 @@ impl ForwardTolerance {
     /// For f32 GEMMs (the CPU's arithmetic up to summation order). `rounding_flips` 3%: the
     /// CPU itself changes about 3% of its top-k lists between chunk sizes under official-fp4 +
     /// fp8 KV (summation order alone; tests/engine_invariants.rs); an H200 against the CPU
-    /// moved at most 0.09% (tiny, 1,500 tokens). `logits_kv_fp8`: under fp8 + fp8 KV the
-    /// emulator (host GEMMs in another order) differs by 3.5e-4 on tiny at 1,500 tokens, an
-    /// H200 by 8.9e-4 there and by 3.2e-3 on Flash 4 layers at 300 tokens (more KV elements to
-    /// flip; the same forward with bf16 index keys and exact KV: 2.2e-6); leaving out the KV
-    /// rounding altogether gives 0.47 on tiny.
+    /// moved at most 0.09% (tiny, 1,500 tokens). Before the KV rows were replayed, fp8 KV
+    /// logits differed by up to 1.3e-2 on the emulator (one flipped e4m3 code under the GEMM
+    /// attention on tiny) and by 3.2e-3 on an H200 (Flash 4 layers, 300 tokens).
     pub const F32: ForwardTolerance = ForwardTolerance {
         logits: 1e-4,
-        logits_kv_fp8: 1e-2,
+        kv_inputs: 1e-4,
         routes: 0.01,
         scores: 1e-4,
         selection: 0.0,
@@ -80,7 +85,7 @@ impl ForwardTolerance {
     /// For bf16 GEMMs (activations and weights rounded to bf16, f32 accumulation).
     pub const BF16: ForwardTolerance = ForwardTolerance {
         logits: 5e-2,
-        logits_kv_fp8: 5e-2,
+        kv_inputs: 5e-2,
         routes: 0.05,
         scores: 5e-2,
         selection: 0.02,
@@ -95,12 +100,16 @@ type Seen = BTreeMap<(usize, usize), (Vec<f32>, Vec<i32>)>;
 /// Routed experts per (layer, position).
 type Routed = BTreeMap<(usize, usize), Vec<usize>>;
 
+/// Main KV rows before the fp8 rounding per (layer, chunk's first position, which rows).
+type KvInputs = BTreeMap<(usize, usize, KvRows), Vec<f32>>;
+
 /// What one forward decided: index scores and selections of every CSA layer at every position,
 /// and the routed experts of every MoE layer, as the engine computed them.
 #[derive(Default)]
 struct Decisions {
     seen: Seen,
     routes: Routed,
+    kv: KvInputs,
 }
 
 /// Records an engine's [`Decisions`]; with `replay`, attention and the MoE layers then use the
@@ -120,6 +129,13 @@ struct IndexRecorder<'r> {
     /// `own[layer]` collects (largest |difference|, largest |score|).
     rescore: Option<IndexProfile>,
     own: BTreeMap<usize, (f64, f64)>,
+    /// The engine's own unrounded KV rows (recorded without `replay`).
+    kv: KvInputs,
+    /// With `replay`: KV row sets replaced by the replayed engine's, the largest normalised
+    /// difference between own and replayed rows, and sets the replay did not have.
+    kv_replayed: usize,
+    kv_error: f64,
+    kv_missing: usize,
 }
 
 impl Observer for IndexRecorder<'_> {
@@ -157,6 +173,30 @@ impl Observer for IndexRecorder<'_> {
                 own.copy_from_slice(theirs);
                 self.rerouted += 1;
             }
+        }
+    }
+    fn wants_kv_inputs(&self) -> bool {
+        true
+    }
+    fn replace_kv_input(
+        &mut self,
+        layer: usize,
+        first_pos: usize,
+        which: KvRows,
+        rows: &mut [f32],
+    ) {
+        let key = (layer, first_pos, which);
+        let Some(replay) = self.replay else {
+            self.kv.insert(key, rows.to_vec());
+            return;
+        };
+        match replay.kv.get(&key) {
+            Some(theirs) if theirs.len() == rows.len() => {
+                self.kv_error = self.kv_error.max(normalised_error(theirs, rows));
+                rows.copy_from_slice(theirs);
+                self.kv_replayed += 1;
+            }
+            _ => self.kv_missing += 1,
         }
     }
     fn replace_selection(
@@ -300,6 +340,7 @@ pub fn check_forward_decode<B: Backend>(
         let tested = Decisions {
             seen: rg.seen,
             routes: rg.routes,
+            kv: rg.kv,
         };
         let (lc, rc) = run(reference, case, tokens, steps, Some(&tested))?;
         let rg = &tested;
@@ -309,11 +350,21 @@ pub fn check_forward_decode<B: Backend>(
         out.push(Check {
             what: format!("logits, {label}"),
             error: normalised_error(&flat(&lg), &flat(&lc)),
-            threshold: match case.kv {
-                KvMode::Fp8 => tol.logits_kv_fp8,
-                KvMode::Exact => tol.logits,
-            },
+            threshold: tol.logits,
         });
+        if case.kv == KvMode::Fp8 {
+            // Every set replayed, and at least one (else the hook is not wired).
+            let complete =
+                rc.kv_missing == 0 && rc.kv_replayed > 0 && rc.kv_replayed == rg.kv.len();
+            out.push(Check {
+                what: format!(
+                    "KV rows before fp8 rounding (largest error; {} sets replayed), {label}",
+                    rc.kv_replayed
+                ),
+                error: if complete { rc.kv_error } else { f64::INFINITY },
+                threshold: tol.kv_inputs,
+            });
+        }
         out.push(Check {
             what: format!("MoE routes replayed, {label}"),
             error: rc.rerouted as f64 / rc.routes.len().max(1) as f64,
@@ -374,6 +425,42 @@ pub fn check_forward_decode<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tested engine's unrounded KV rows are recorded; the reference measures how far its
+    /// own are from them, then rounds the tested engine's; a set the replay lacks is counted.
+    #[test]
+    fn kv_rows_are_recorded_then_replayed_with_their_difference_measured() {
+        let mut tested = IndexRecorder::default();
+        assert!(tested.wants_kv_inputs());
+        let mut rows = vec![1.0f32, -2.0, 4.0];
+        tested.replace_kv_input(2, 8, KvRows::Window, &mut rows);
+        assert_eq!(rows, [1.0, -2.0, 4.0], "recording leaves the rows alone");
+        let decisions = Decisions {
+            kv: std::mem::take(&mut tested.kv),
+            ..Decisions::default()
+        };
+        let mut reference = IndexRecorder {
+            replay: Some(&decisions),
+            ..IndexRecorder::default()
+        };
+        let mut own = vec![1.0f32, -2.0, 4.004];
+        reference.replace_kv_input(2, 8, KvRows::Window, &mut own);
+        assert_eq!(
+            own,
+            [1.0, -2.0, 4.0],
+            "the tested engine's rows are rounded"
+        );
+        assert!(
+            (reference.kv_error - 1e-3).abs() < 1e-6,
+            "{}",
+            reference.kv_error
+        );
+        assert_eq!((reference.kv_replayed, reference.kv_missing), (1, 0));
+        let mut other = vec![0.5f32; 3];
+        reference.replace_kv_input(2, 8, KvRows::Compressed, &mut other);
+        assert_eq!(other, [0.5; 3]);
+        assert_eq!((reference.kv_replayed, reference.kv_missing), (1, 1));
+    }
 
     #[test]
     fn near_ties_do_not_count_as_mismatches() {
