@@ -1,5 +1,5 @@
-//! Progress bar styles shared by `probe`, `sweep`, `demo`, `trace` and `synth` (indicatif, on
-//! stderr), and the sweep's pair of bars.
+//! Progress bar styles shared by `probe`, `sweep`, `demo`, `trace`, `synth` and the model load
+//! (indicatif, on stderr), and the sweep's pair of bars.
 //!
 //! Two keys replace indicatif's own: `{rate}` is a whole number of steps per second with digit
 //! groups and the template's unit after it (`1,234/s`; indicatif's `{per_sec}` prints four
@@ -22,6 +22,9 @@ pub const PROBE_PREFILL: &str =
 
 /// A sweep's bar over the prompts it builds before its first cell.
 pub const SWEEP_PROMPTS: &str = "checking prompts [{bar:30}] {pos}/{len} (eta {eta_or_unknown})";
+
+/// The bar over loading a model's parts (embedding, decoder layers, head) onto the backend.
+pub const LOADING: &str = "loading weights [{bar:30}] {pos}/{len} parts (eta {eta_or_unknown})";
 
 /// `synth`'s bar over the payload it writes.
 pub const SYNTH_BYTES: &str =

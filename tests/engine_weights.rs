@@ -114,3 +114,25 @@ fn auto_decodes_a_model_that_fits() {
         "tiny decodes to {bytes} bytes"
     );
 }
+
+/// `load_reporting` (the CLI's load bar) reports every part once, in order (embedding, each
+/// decoder layer, head), with a fixed total, and loads the same engine as `load_with`.
+#[test]
+fn loading_reports_each_part_once_in_order() {
+    let m = synth_model(Preset::Tiny, WeightFormat::Official, None, None);
+    let layers = m.ckpt.config().num_hidden_layers;
+    let mut seen = Vec::new();
+    let reported = Engine::load_reporting(
+        needlescope::backend::CpuBackend::new(),
+        &m.ckpt,
+        opts(),
+        &mut |done, total| seen.push((done, total)),
+    )
+    .expect("load");
+    let want: Vec<(usize, usize)> = (1..=layers + 2).map(|d| (d, layers + 2)).collect();
+    assert_eq!(seen, want);
+    let plain =
+        Engine::load_with(needlescope::backend::CpuBackend::new(), &m.ckpt, opts()).expect("load");
+    let toks = tokens(T, m.ckpt.config().vocab_size, 5);
+    assert_eq!(run(&reported, &toks).0.logits, run(&plain, &toks).0.logits);
+}

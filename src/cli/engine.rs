@@ -26,7 +26,7 @@ use std::io::Write;
 use super::device::{auto_note, gemm_name, resolve, DeviceArgs, DeviceSpec, Resolved};
 use crate::backend::gpu::decoded::{headroom_budget, DECODE_CACHE_ENV};
 use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
-use crate::backend::{Backend, WeightResidency};
+use crate::backend::{Backend, CpuBackend, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::cuda_probe::CudaReport;
 use crate::model::forward::{auto_residency, Engine, EngineOptions};
@@ -213,7 +213,8 @@ impl Target {
     ) -> anyhow::Result<T::Output> {
         match self {
             Target::Cpu { weights, .. } => {
-                task.run(&mut Engine::load_weights(ckpt, opts, weights)?)
+                let backend = CpuBackend::with_weights(weights);
+                task.run(&mut load_with_bar(backend, ckpt, opts)?)
             }
             Target::Cuda(t) => t.run(ckpt, opts, task),
             Target::Emu(t) => t.run(ckpt, opts, task),
@@ -276,8 +277,27 @@ impl<E: Executor> GpuTarget<E> {
         let budgets = decode_budgets(&self.placement, self.devices.len())?;
         let backend = GpuBackend::new(self.devices, self.placement.layer_device, self.gemm)
             .with_decode_budgets(&budgets);
-        task.run(&mut Engine::load_with(backend, ckpt, opts)?)
+        task.run(&mut load_with_bar(backend, ckpt, opts)?)
     }
+}
+
+/// Loads the engine with a bar over the model's parts on stderr (hidden when stderr is not a
+/// terminal, cleared when done): on a GPU every stored weight is read from disk and uploaded,
+/// minutes for Flash.
+fn load_with_bar<B: Backend>(
+    backend: B,
+    ckpt: &Checkpoint,
+    opts: EngineOptions,
+) -> Result<Engine<B>, crate::model::EngineError> {
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(crate::progress::style(crate::progress::LOADING));
+    let engine = Engine::load_reporting(backend, ckpt, opts, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    engine
 }
 
 /// Per used device, the bytes decoded weight copies may take: what the placement's memory plan

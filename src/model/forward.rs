@@ -169,18 +169,36 @@ impl<B: Backend> Engine<B> {
         ckpt: &Checkpoint,
         opts: EngineOptions,
     ) -> Result<Self, EngineError> {
+        Self::load_reporting(backend, ckpt, opts, &mut |_, _| {})
+    }
+
+    /// [`Engine::load_with`], calling `loaded(done, total)` each time one of the model's
+    /// `total` parts (the embedding, each decoder layer, the head: layers + 2) is on the
+    /// backend, in that order: a CLI's load progress (on a GPU every stored weight is read
+    /// from disk and uploaded here, minutes for Flash).
+    pub fn load_reporting(
+        backend: B,
+        ckpt: &Checkpoint,
+        opts: EngineOptions,
+        loaded: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, EngineError> {
         let cfg = ckpt.config().clone();
         let topk = Self::checked_topk(&cfg, &opts)?;
+        let parts = cfg.num_hidden_layers + 2;
         backend.enter_site(Site::Embed);
         let embed = Embedding::load(&backend, ckpt, &cfg)?;
+        loaded(1, parts);
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
                 backend.enter_site(Site::Layer(l));
-                Layer::load(&backend, ckpt, &cfg, l)
+                let layer = Layer::load(&backend, ckpt, &cfg, l)?;
+                loaded(l + 2, parts);
+                Ok(layer)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, EngineError>>()?;
         backend.enter_site(Site::Head);
         let head = Head::load(&backend, ckpt, &cfg)?;
+        loaded(parts, parts);
         backend_result(&backend)?;
         let sites = layers.len() + 2;
         Ok(Engine {
