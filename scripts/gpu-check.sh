@@ -164,14 +164,16 @@ bench() { # NAME LIMIT LENGTHS CHUNK [ENV...]
     *) note "bench    $name FAILED (exit $rc, $(elapsed))"; grep -E 'error|panicked' "$CURRENT" | head -5 | tee -a "$SUMMARY" ;;
   esac
   # The reference GEMM, then per length: the `  8192  3.27  2506.0  ...` row (tokens, prefill s,
-  # tokens/s), its `projected:` line, and the per-type lines (ms/layer, TFLOP/s, % of the
-  # reference) that come between the two.
+  # tokens/s), its `projected:` line, the per-type lines (ms/layer, TFLOP/s, % of the
+  # reference) that come between the two, and the `device memory:` line after them (the peak
+  # of the buffers against the memory plan; exact in no-copies, without decoded copies).
   awk -v n="$name" '
     function flush() {if (pending) {print row; printf "%s", types}; pending = 0; types = ""}
     /^reference:/ {printf "         %-22s %s\n", n, $0; next}
     $1 ~ /^[0-9]+$/ && $3 ~ /^[0-9.]+$/ {flush(); row = sprintf("         %-22s %7s tokens  %9s tok/s (4 layers)", n, $1, $3); pending = 1; next}
     pending && /^ +(SWA|CSA|HCA) x[0-9]+:/ {sub(/^ +/, ""); types = types sprintf("         %-22s   %s\n", "", $0); next}
     /projected:/ && pending {sub(/^ *projected: */, ""); row = row "  projected: " $0; flush(); next}
+    /^ *device memory:/ {sub(/^ *device memory: */, ""); printf "         %-22s   memory %s\n", "", $0; next}
     END {flush()}' "$CURRENT" | tee -a "$SUMMARY"
   keep "$OUT/bench.txt" "$name"
 }

@@ -229,3 +229,38 @@ fn bench_refuses_lengths_past_the_positions() {
         assert!(!r.stdout.contains("prefill s"), "{}", r.dump());
     }
 }
+
+/// On a GPU backend each length ends with the device's buffer peak against the memory plan;
+/// without decoded copies (`NEEDLESCOPE_DECODE_CACHE_MIB=0`) the comparison is exact. The CPU
+/// has no such line.
+#[test]
+fn bench_holds_the_device_memory_peak_to_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth_tiny(&model, &["--layers", "4"]);
+    let bench = |device: &str, copies: &str| {
+        let out = bin()
+            .args(["bench", "--model"])
+            .arg(&model)
+            .args(["--lengths", "200,400", "--device", device])
+            .env("NEEDLESCOPE_DECODE_CACHE_MIB", copies)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for copies in ["0", "64"] {
+        let text = bench("emu", copies);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("device memory: emu:0: peak "))
+            .collect();
+        assert_eq!(lines.len(), 2, "one per length:\n{text}");
+        for l in &lines {
+            assert!(l.ends_with("is within the plan"), "{l}");
+            assert!(l.contains("plan: weights "), "{l}");
+            assert_eq!(l.contains(" 0 B of decoded copies"), copies == "0", "{l}");
+        }
+    }
+    assert!(!bench("cpu", "0").contains("device memory:"));
+}

@@ -201,6 +201,16 @@ fn gpu_check_runs_end_to_end_on_stand_in_binaries() {
     for kind in ["SWA x1:", "CSA x2:", "HCA x1:"] {
         assert_eq!(summary.matches(kind).count(), 10, "{kind}\n{summary}");
     }
+    // Each length's device memory against the plan.
+    let memory: Vec<&str> = summary
+        .lines()
+        .filter(|l| l.contains("   memory emu:0: peak "))
+        .collect();
+    assert_eq!(memory.len(), 10, "{summary}");
+    assert!(
+        memory.iter().all(|l| l.ends_with("is within the plan")),
+        "{summary}"
+    );
     let bench = std::fs::read_to_string(out.join("bench.txt")).unwrap();
     let sections: Vec<&str> = bench.split("== ").skip(1).collect();
     for s in &sections {

@@ -38,8 +38,8 @@ pub mod parity;
 pub use cpu::CpuBackend;
 pub use host_ops::HostOps;
 pub use op_types::{
-    AttentionBatch, AttentionProbs, FfnWeights, HcParams, HcWeights, OpTime, PoolLayout, Routes,
-    Site, WeightResidency,
+    AttentionBatch, AttentionProbs, DeviceMemoryUse, FfnWeights, HcParams, HcWeights, MemoryUse,
+    OpTime, PoolLayout, Routes, Site, WeightResidency,
 };
 
 use crate::checkpoint::linear::SharedLinear;
@@ -86,6 +86,13 @@ pub trait Backend: Send + Sync {
     /// One line per device on weight copies the backend keeps beside the stored weights (the GPU
     /// backend's decoded copies: bytes held, budget, copies), for benchmarks. Empty on the CPU.
     fn resident_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Per device, the memory its own buffers hold now and at most so far, for benchmarks
+    /// (GPU backends whose executors count it: CUDA always, the emulator with memory
+    /// tracking on). Empty on the CPU.
+    fn device_memory(&self) -> Vec<DeviceMemoryUse> {
         Vec::new()
     }
 

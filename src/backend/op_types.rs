@@ -242,6 +242,27 @@ impl PoolLayout {
     }
 }
 
+/// Device memory held by an executor's own buffers, in bytes ([`Backend::device_memory`]): what
+/// it allocated and has not freed (`held`, the buffer pool's kept buffers included) and that
+/// less what the pool keeps (`in_use`: what the device must have, since a full device empties
+/// the pool before it fails), now and at most so far. The CUDA context, cuBLAS's workspace and
+/// kernels' local memory are not counted (the memory plan's fixed 1 GiB covers them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub held: usize,
+    pub in_use: usize,
+    pub peak_held: usize,
+    pub peak_in_use: usize,
+}
+
+/// One device's [`MemoryUse`] and the bytes of decoded weight copies among it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceMemoryUse {
+    pub device: String,
+    pub memory: MemoryUse,
+    pub decoded_copies: usize,
+}
+
 /// One row of a backend's operation profile ([`Backend::op_profile`]): an operation (a kernel
 /// name, a GEMM shape, an allocation or a copy), how often it ran, and its total wall time.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::device::DeviceArgs;
 use super::engine::{EngineTask, Target};
 use super::values::parse_token_count;
-use crate::backend::{Backend, OpTime, WeightResidency};
+use crate::backend::{Backend, DeviceMemoryUse, OpTime, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, PrefillProfile};
@@ -17,6 +17,7 @@ use crate::model::forward::Engine;
 use crate::model::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
+use crate::plan::{DevicePlan, FIXED_WORKSPACE};
 use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
@@ -66,6 +67,8 @@ struct BenchTask<'a> {
     /// When loading began (the task starts right after it).
     load_started: Instant,
     weights: &'a str,
+    /// The memory plan of each used device, in the backend's device order (empty on the CPU).
+    plans: Vec<DevicePlan>,
     out: &'a mut dyn Write,
 }
 
@@ -73,6 +76,7 @@ impl EngineTask for BenchTask<'_> {
     type Output = ();
     fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<()> {
         let load = self.load_started.elapsed().as_secs_f64();
+        let loaded = engine.backend().device_memory();
         if !self.warmup.is_empty() {
             let w = time_prefill(engine, &self.warmup)?;
             writeln!(
@@ -108,6 +112,9 @@ impl EngineTask for BenchTask<'_> {
                 self.weights
             )?;
             layer_breakdown(self.ckpt, self.topk, &f, reference.as_ref(), self.out)?;
+            for line in memory_lines(&loaded, &f.device_memory, &self.plans) {
+                writeln!(self.out, "{:>14} {line}", "device memory:")?;
+            }
             let now = engine.backend().op_profile();
             if !now.is_empty() {
                 write_op_profile(&profile_since(&profiled, &now), f.seconds, self.out)?;
@@ -197,6 +204,58 @@ fn write_op_profile(rows: &[OpTime], prefill_s: f64, out: &mut dyn Write) -> any
         (prefill_s - timed).max(0.0),
     )?;
     Ok(())
+}
+
+/// Per device, the peak bytes its buffers had in use against the memory plan: the peak less
+/// what was in use right after loading (the weights) and the decoded weight copies held now,
+/// against the plan's state + workspace less its fixed part (the CUDA context and cuBLAS's
+/// own memory, which the executors do not count). Decoded copies made after the peak make the
+/// comparison lenient; `NEEDLESCOPE_DECODE_CACHE_MIB=0` makes it exact.
+fn memory_lines(
+    loaded: &[DeviceMemoryUse],
+    now: &[DeviceMemoryUse],
+    plans: &[DevicePlan],
+) -> Vec<String> {
+    use crate::units::human_bytes;
+    let b = |n: u64| human_bytes(n);
+    now.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let m = d.memory;
+            let weights = loaded
+                .iter()
+                .find(|l| l.device == d.device)
+                .map_or(0, |l| l.memory.in_use) as u64;
+            let beyond = (m.peak_in_use as u64).saturating_sub(weights + d.decoded_copies as u64);
+            let head = format!(
+                "{}: peak {} in use ({} held with the pool), {} after loading, {} of decoded copies",
+                d.device,
+                b(m.peak_in_use as u64),
+                b(m.peak_held as u64),
+                b(weights),
+                b(d.decoded_copies as u64)
+            );
+            match plans.get(i) {
+                Some(p) => {
+                    let allowed = (p.state + p.workspace).saturating_sub(FIXED_WORKSPACE);
+                    let verdict = if beyond <= allowed {
+                        "within the plan"
+                    } else {
+                        "OVER THE PLAN"
+                    };
+                    format!(
+                        "{head}; plan: weights {}, state + workspace less its fixed {}: {}; \
+                         the peak less weights and copies, {}, is {verdict}",
+                        b(p.weights),
+                        b(FIXED_WORKSPACE),
+                        b(allowed),
+                        b(beyond),
+                    )
+                }
+                None => head,
+            }
+        })
+        .collect()
 }
 
 /// One length's time and counted TFLOP/s per layer type (model::bench's FLOP model), against the
@@ -363,6 +422,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         prompts,
         load_started: Instant::now(),
         weights,
+        plans: target.device_plans(),
         out: &mut *out,
     };
     target.run(&ckpt, opts, task)?;
@@ -395,7 +455,43 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::tflops_text;
+    use super::*;
+
+    /// The peak less the weights loaded and the decoded copies is held to the plan's state and
+    /// workspace less the fixed part; a device without a plan row gets the figures alone.
+    #[test]
+    fn memory_lines_compare_the_peak_beyond_weights_and_copies_with_the_plan() {
+        let mib = 1usize << 20;
+        let device = |in_use: usize, peak: usize, copies: usize| DeviceMemoryUse {
+            device: "cuda:0".into(),
+            memory: crate::backend::MemoryUse {
+                held: in_use,
+                in_use,
+                peak_held: peak,
+                peak_in_use: peak,
+            },
+            decoded_copies: copies,
+        };
+        let loaded = [device(100 * mib, 100 * mib, 0)];
+        let mut plan = DevicePlan::idle(0, 1 << 40);
+        plan.weights = 100 << 20;
+        plan.state = 10 << 20;
+        plan.workspace = FIXED_WORKSPACE + (20 << 20);
+        // 100 MiB weights + 5 MiB copies + 30 MiB activations: exactly the allowance.
+        let now = [device(105 * mib, 135 * mib, 5 * mib)];
+        let lines = memory_lines(&loaded, &now, std::slice::from_ref(&plan));
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains("30.00 MiB, is within the plan"),
+            "{}",
+            lines[0]
+        );
+        let over = [device(105 * mib, 136 * mib, 5 * mib)];
+        let lines = memory_lines(&loaded, &over, std::slice::from_ref(&plan));
+        assert!(lines[0].ends_with("is OVER THE PLAN"), "{}", lines[0]);
+        let bare = memory_lines(&loaded, &over, &[]);
+        assert!(!bare[0].contains("plan"), "{}", bare[0]);
+    }
 
     #[test]
     fn tflops_keep_at_least_three_significant_digits() {

@@ -116,7 +116,8 @@ impl Target {
                 let devices = capacities
                     .iter()
                     .enumerate()
-                    .map(|(i, &c)| EmuExecutor::new(i, c as usize))
+                    // Memory tracked, so that `bench` can hold the plan to its peaks.
+                    .map(|(i, &c)| EmuExecutor::new(i, c as usize).with_memory_tracking(true))
                     .collect();
                 Some(Target::Emu(GpuTarget::placed(devices, ckpt, work, gemm)?))
             }
@@ -192,6 +193,16 @@ impl Target {
             Target::Cpu { chunk, .. } => *chunk,
             Target::Cuda(t) => t.placement.plan.chunk,
             Target::Emu(t) => t.placement.plan.chunk,
+        }
+    }
+
+    /// The memory plan of each device the run uses, in the backend's device order (empty on
+    /// the CPU).
+    pub fn device_plans(&self) -> Vec<crate::plan::DevicePlan> {
+        match self {
+            Target::Cpu { .. } => Vec::new(),
+            Target::Cuda(t) => t.placement.plan.devices.clone(),
+            Target::Emu(t) => t.placement.plan.devices.clone(),
         }
     }
 

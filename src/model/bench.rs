@@ -64,6 +64,9 @@ pub struct PrefillProfile {
     /// The backend's notes on weight copies it keeps, after the prefill
     /// ([`Backend::resident_notes`]).
     pub resident_notes: Vec<String>,
+    /// Device memory held by the backend's buffers after the prefill, with the peaks so far
+    /// ([`Backend::device_memory`]; empty on the CPU).
+    pub device_memory: Vec<crate::backend::DeviceMemoryUse>,
 }
 
 impl PrefillProfile {
@@ -99,6 +102,7 @@ pub fn time_prefill<B: Backend>(
         site_seconds: engine.take_site_seconds(),
         transfer_bytes: (up1 - up0, down1 - down0),
         resident_notes: engine.backend().resident_notes(),
+        device_memory: engine.backend().device_memory(),
     })
 }
 
@@ -253,6 +257,7 @@ mod tests {
             site_seconds: vec![0.5, 0.0, 0.5],
             transfer_bytes: (0, 0),
             resident_notes: Vec::new(),
+            device_memory: Vec::new(),
         };
         let counts = |k: LayerKind| {
             (0..target.num_hidden_layers)

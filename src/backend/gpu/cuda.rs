@@ -10,7 +10,7 @@
 
 use super::checks::{arg_slots, check_owned, check_range};
 use super::executor::{
-    gemm_key, Arg, Executor, Gemm, GpuError, OpProfile, OpTime, Transfers, BLOCK,
+    gemm_key, Arg, Executor, Gemm, GpuError, MemoryUse, OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::kernels;
 use super::pool::BufferPool;
@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod gemm;
+mod held;
+use held::HeldBytes;
 
 fn driver_err(what: &str, e: drv::DriverError) -> GpuError {
     GpuError::Driver(format!("{what}: {e:?}"))
@@ -34,6 +36,7 @@ pub struct CudaBuf {
     cap: usize,
     ctx: Arc<CudaContext>,
     pool: Option<Arc<BufferPool>>,
+    held: Arc<HeldBytes>,
 }
 
 // SAFETY: a device pointer is a plain address; access goes through the driver.
@@ -60,8 +63,9 @@ impl Drop for CudaBuf {
         }
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by malloc_sync in this context, freed once.
-            if let Err(e) = unsafe { drv::free_sync(self.ptr) } {
-                eprintln!("warning: cuMemFree of a {}-byte buffer: {e:?}", self.len);
+            match unsafe { drv::free_sync(self.ptr) } {
+                Ok(()) => self.held.freed(self.cap),
+                Err(e) => eprintln!("warning: cuMemFree of a {}-byte buffer: {e:?}", self.len),
             }
         }
     }
@@ -88,6 +92,8 @@ pub struct CudaExecutor {
     pool: Option<Arc<BufferPool>>,
     /// `cublasGemmBatchedEx` calls made (not the one-by-one fallback of a misaligned batch).
     batched_gemms: AtomicU64,
+    /// Device bytes our allocations hold, and their peaks (`cuda/held.rs`).
+    held: Arc<HeldBytes>,
 }
 
 struct BlasHandle(blas::cublasHandle_t);
@@ -144,6 +150,7 @@ impl CudaExecutor {
             profile: OpProfile::from_env(),
             pool: pool.map(Arc::new),
             batched_gemms: AtomicU64::new(0),
+            held: Arc::default(),
         })
     }
 
@@ -153,7 +160,10 @@ impl CudaExecutor {
         for attempt in 0..2 {
             // SAFETY: plain allocation, zeroed by the caller before use.
             match unsafe { drv::malloc_sync(bytes) } {
-                Ok(p) => return Ok(p),
+                Ok(p) => {
+                    self.held.allocated(bytes);
+                    return Ok(p);
+                }
                 Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                     let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
                     if attempt == 0 && !kept.is_empty() {
@@ -201,8 +211,9 @@ impl CudaExecutor {
     fn free_all(&self, kept: Vec<(usize, u64)>) {
         for (bytes, ptr) in kept {
             // SAFETY: allocated by malloc_sync in this context, owned by the pool until now.
-            if let Err(e) = unsafe { drv::free_sync(ptr) } {
-                eprintln!("warning: cuMemFree of a pooled {bytes}-byte buffer: {e:?}");
+            match unsafe { drv::free_sync(ptr) } {
+                Ok(()) => self.held.freed(bytes),
+                Err(e) => eprintln!("warning: cuMemFree of a pooled {bytes}-byte buffer: {e:?}"),
             }
         }
     }
@@ -306,12 +317,15 @@ impl CudaExecutor {
             Some(p) => p,
             None => self.malloc(cap)?,
         };
+        self.held
+            .handed_out(self.pool.as_ref().map_or(0, |p| p.kept_bytes()));
         Ok(CudaBuf {
             ptr,
             len: bytes,
             cap,
             ctx: self.ctx.clone(),
             pool: self.pool.clone(),
+            held: self.held.clone(),
         })
     }
 
@@ -468,6 +482,13 @@ impl Executor for CudaExecutor {
 
     fn transfer_bytes(&self) -> (u64, u64) {
         self.transfers.get()
+    }
+
+    fn memory_use(&self) -> Option<MemoryUse> {
+        Some(
+            self.held
+                .snapshot(self.pool.as_ref().map_or(0, |p| p.kept_bytes())),
+        )
     }
 
     fn op_profile(&self) -> Vec<OpTime> {

@@ -15,7 +15,8 @@
 
 use super::checks::{arg_slots, check_gemm, check_owned, check_range};
 use super::executor::{
-    gemm_key, Arg, Executor, Gemm, GemmType, GpuError, OpProfile, OpTime, Transfers, BLOCK,
+    gemm_key, Arg, Executor, Gemm, GemmType, GpuError, MemoryUse, OpProfile, OpTime, Transfers,
+    BLOCK,
 };
 use super::pool::BufferPool;
 
@@ -423,6 +424,17 @@ impl Executor for EmuExecutor {
 
     fn transfer_bytes(&self) -> (u64, u64) {
         self.transfers.get()
+    }
+
+    fn memory_use(&self) -> Option<MemoryUse> {
+        self.peaks.as_ref()?;
+        let m = self.memory_stats();
+        Some(MemoryUse {
+            held: m.held,
+            in_use: m.in_use,
+            peak_held: m.peak_held,
+            peak_in_use: m.peak_in_use,
+        })
     }
 
     fn op_profile(&self) -> Vec<OpTime> {

@@ -12,7 +12,7 @@
 //! marshalling mistake is an error, not undefined behaviour on the device.
 
 use super::checks::per_weight_products;
-pub use crate::backend::OpTime;
+pub use crate::backend::{MemoryUse, OpTime};
 use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
@@ -220,6 +220,12 @@ pub trait Executor: Send + Sync {
 
     /// Bytes free and total on the device.
     fn memory(&self) -> Result<(usize, usize), GpuError>;
+
+    /// Bytes of device memory the executor's own buffers hold, now and at most so far (`None`
+    /// when it does not count them).
+    fn memory_use(&self) -> Option<MemoryUse> {
+        None
+    }
 
     /// Bytes copied by [`Executor::write`] (host -> device) and [`Executor::read`] (device ->
     /// host) so far. Both executors count; a wrapper that does not forward it reports `(0, 0)`.

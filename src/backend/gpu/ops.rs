@@ -59,6 +59,23 @@ impl<E: Executor> Backend for GpuBackend<E> {
             .collect()
     }
 
+    fn device_memory(&self) -> Vec<crate::backend::DeviceMemoryUse> {
+        let copies = self.decode_cache_use();
+        self.devices
+            .iter()
+            .filter_map(|e| {
+                let memory = e.memory_use()?;
+                let device = e.name();
+                let decoded_copies = copies.iter().find(|c| c.0 == device).map_or(0, |c| c.1);
+                Some(crate::backend::DeviceMemoryUse {
+                    device,
+                    memory,
+                    decoded_copies,
+                })
+            })
+            .collect()
+    }
+
     fn op_profile(&self) -> Vec<OpTime> {
         merge_profiles(self.devices.iter().map(|e| e.op_profile()))
     }
