@@ -115,6 +115,18 @@ pub fn model_marks(model_dir: &Path) -> ModelMarks {
     }
 }
 
+/// Runs `commit` (the cell's append to the run directory) only when the run passed its internal
+/// check ([`ProbeRun::check_selection`]): a cell whose ranks do not follow from the engine's
+/// selection is never recorded, so a resumed sweep computes it again instead of reporting it.
+fn commit_checked(
+    run: &ProbeRun,
+    commit: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    run.check_selection()
+        .map_err(|why| anyhow::anyhow!("{why}; the cell was not recorded"))?;
+    commit()
+}
+
 /// The cells.csv record of one probe run.
 pub fn cell_record(
     prompt: &NeedlePrompt,
@@ -405,8 +417,11 @@ impl SweepTask<'_> {
         let mut written = 0;
         for run in runs {
             let cell = cell_record(prompt, length, &run, self.judge_by_answer);
-            self.run_dir
-                .append_cell(&cell, &run.layers, &run.attention)?;
+            commit_checked(&run, || {
+                Ok(self
+                    .run_dir
+                    .append_cell(&cell, &run.layers, &run.attention)?)
+            })?;
             written += 1;
             self.bars.cell_done(length);
             let verdict = match cell.answer_correct {
@@ -451,14 +466,11 @@ impl SweepTask<'_> {
             );
             let out = &mut self.out;
             self.bars.cells.suspend(|| writeln!(out, "{line}"))?;
-            if run.selection_disagreements > 0 {
-                anyhow::bail!(
-                    "internal check failed in cell {}: the engine's selection disagreed with the needle rank at {} checks",
-                    cell.cell_id,
-                    run.selection_disagreements
-                );
-            }
         }
         Ok(written)
     }
 }
+
+#[cfg(test)]
+#[path = "sweep_tests.rs"]
+mod tests;

@@ -254,19 +254,20 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             out, &cfg, &scenario, &prompt, &runs, &opts, &backend, marks,
         )?;
     }
+    // Checked before anything is recorded: a failed run's ranks must not land in a report.
+    for run in &runs {
+        run.check_selection().map_err(|why| {
+            let kept = if store.is_some() {
+                "; nothing was recorded"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("{why}{kept}")
+        })?;
+    }
     if let Some(store) = store {
         let stderr = &mut std::io::stderr();
         super::probe_out::record(store, &prompt, args.length, &runs, judge_answers, stderr)?;
-    }
-    for run in &runs {
-        if run.selection_disagreements > 0 {
-            anyhow::bail!(
-                "internal check failed: in run {} the engine's selection disagreed with the needle rank at {} of {} (layer, position) checks outside exact ties",
-                run.cell_id,
-                run.selection_disagreements,
-                run.selection_checks
-            );
-        }
     }
     let planned = opts.indexes.len() * opts.topks.len();
     if runs.len() < planned {

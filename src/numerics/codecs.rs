@@ -314,6 +314,52 @@ mod tests {
         );
     }
 
+    /// Every decision boundary of both encoders: the midpoint of each pair of adjacent codes
+    /// (exact in f32) goes to the even code (e4m3, e2m1 RNE) or the smaller one (SGLang's e2m1),
+    /// one f32 ulp either side goes to the nearer code, with either sign (so -0 and negative
+    /// underflow keep their sign), and everything from the largest code up saturates.
+    #[test]
+    fn encoders_decide_every_midpoint_and_its_neighbours() {
+        fn check(
+            codes: &[u8],
+            decode: impl Fn(u8) -> f32,
+            encode: impl Fn(f32) -> u8,
+            sign: u8,
+            tie: impl Fn(u8, u8) -> u8,
+        ) {
+            let down = |x: f32| f32::from_bits(x.to_bits() - 1);
+            let up = |x: f32| f32::from_bits(x.to_bits() + 1);
+            for pair in codes.windows(2) {
+                let (lo, hi) = (pair[0], pair[1]);
+                let mid = (decode(lo) + decode(hi)) / 2.0;
+                assert_eq!(
+                    (mid - decode(lo)),
+                    (decode(hi) - mid),
+                    "{lo:#x}: exact midpoint"
+                );
+                for (x, want) in [(mid, tie(lo, hi)), (down(mid), lo), (up(mid), hi)] {
+                    assert_eq!(encode(x), want, "{x:e} between {lo:#x} and {hi:#x}");
+                    assert_eq!(encode(-x), want | sign, "{:e}", -x);
+                }
+                assert_eq!(encode(decode(hi)), hi);
+                assert_eq!(encode(-decode(hi)), hi | sign);
+            }
+            let top = *codes.last().unwrap();
+            for x in [up(decode(top)), 2.0 * decode(top), f32::MAX, f32::INFINITY] {
+                assert_eq!(encode(x), top, "{x:e} saturates");
+                assert_eq!(encode(-x), top | sign, "{:e} saturates", -x);
+            }
+            assert_eq!(encode(-0.0), sign);
+            assert_eq!(encode(-f32::from_bits(1)), sign, "negative underflow");
+        }
+        let even = |lo: u8, hi: u8| if lo & 1 == 0 { lo } else { hi };
+        let e4m3: Vec<u8> = (0..=0x7E).collect();
+        check(&e4m3, e4m3_to_f32, f32_to_e4m3, 0x80, even);
+        let e2m1: Vec<u8> = (0..8).collect();
+        check(&e2m1, e2m1_to_f32, f32_to_e2m1_rne, 0x8, even);
+        check(&e2m1, e2m1_to_f32, f32_to_e2m1_sglang, 0x8, |lo, _| lo);
+    }
+
     #[test]
     fn e8m0_decodes_every_code() {
         for b in 0..=254u8 {

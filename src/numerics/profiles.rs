@@ -210,7 +210,8 @@ pub fn prepare_key_row(profile: IndexProfile, row: &[f32], out: &mut [f32]) -> f
             1.0
         }
         VllmFp8 => {
-            // vLLM's key kernel rounds the rotated row to bf16 before its amax and e4m3 cast.
+            // vLLM's key kernel rounds the (unrotated) roped row to bf16 before its amax and
+            // e4m3 cast.
             bf16_round_slice(out);
             fp8_row_scale_pow2_inplace(out)
         }

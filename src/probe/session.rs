@@ -73,6 +73,22 @@ pub struct ProbeRun {
     pub wall_seconds: f64,
 }
 
+impl ProbeRun {
+    /// The internal check: an error when the engine's selection disagreed with the needle rank
+    /// outside straddling ties at any (layer, position), since a rank that does not follow
+    /// from what the engine selected must never be recorded. Callers check before recording.
+    pub fn check_selection(&self) -> Result<(), String> {
+        if self.selection_disagreements == 0 {
+            return Ok(());
+        }
+        Err(format!(
+            "internal check failed: in run {} the engine's selection disagreed with the needle \
+             rank at {} of {} (layer, position) checks outside exact ties",
+            self.cell_id, self.selection_disagreements, self.selection_checks
+        ))
+    }
+}
+
 /// Progress callbacks: prefill tokens done of total, then each generated token.
 pub trait ProbeProgress {
     fn run_started(&mut self, _index: IndexProfile, _topk: usize, _prompt_tokens: usize) {}
