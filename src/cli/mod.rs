@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 use std::io::Write;
 
 pub mod bench;
+mod bench_device;
 pub mod demo;
 pub mod device;
 pub mod doctor;
