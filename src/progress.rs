@@ -70,7 +70,7 @@ pub(crate) struct SweepBars {
     pub(crate) prefill: indicatif::ProgressBar,
     cells_done: u64,
     cells_total: u64,
-    _multi: indicatif::MultiProgress,
+    multi: indicatif::MultiProgress,
 }
 
 impl SweepBars {
@@ -82,8 +82,10 @@ impl SweepBars {
         total_tokens: u64,
         done_tokens: u64,
     ) -> Self {
+        // Hidden until [`Self::show`]: the model's loading bar runs in between, and two draw
+        // targets on one terminal would overwrite each other's lines.
         let multi =
-            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
+            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden());
         let cells = multi.add(indicatif::ProgressBar::new(total_tokens));
         cells.set_style(style(SWEEP_CELLS));
         cells.set_position(done_tokens);
@@ -98,8 +100,15 @@ impl SweepBars {
             prefill,
             cells_done: done_cells,
             cells_total: total_cells,
-            _multi: multi,
+            multi,
         }
+    }
+
+    /// Draws the bars from now on (on stderr, hidden when it is not a terminal); until then
+    /// they are kept up to date but not drawn.
+    pub(crate) fn show(&self) {
+        self.multi
+            .set_draw_target(indicatif::ProgressDrawTarget::stderr());
     }
 
     /// One more cell finished, of `tokens` prompt tokens.
@@ -137,7 +146,14 @@ mod tests {
         assert_eq!(eta_text(0.0, std::time::Duration::ZERO), "?");
         assert_eq!(eta_text(2.0, std::time::Duration::from_secs(12)), "12s");
         // The templates in use parse (a bad one would silently fall back to the default bar).
-        for t in [SWEEP_CELLS, SWEEP_PREFILL, PROBE_PREFILL] {
+        for t in [
+            SWEEP_CELLS,
+            SWEEP_PREFILL,
+            PROBE_PREFILL,
+            SWEEP_PROMPTS,
+            LOADING,
+            SYNTH_BYTES,
+        ] {
             assert!(ProgressStyle::with_template(t).is_ok(), "{t}");
         }
     }

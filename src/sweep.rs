@@ -317,6 +317,8 @@ impl EngineTask for SweepTask<'_> {
     type Output = (usize, usize);
 
     fn run<B: Backend>(mut self, engine: &mut Engine<B>) -> anyhow::Result<(usize, usize)> {
+        // Drawn once the model is loaded (its own bar is gone then).
+        self.bars.show();
         let plan = self.plan;
         let per_prompt = plan.indexes.len() * plan.topks.len();
         let (mut run_count, mut skipped) = (0, 0);

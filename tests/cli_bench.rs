@@ -258,6 +258,8 @@ fn bench_holds_the_device_memory_peak_to_the_plan() {
         assert_eq!(lines.len(), 2, "one per length:\n{text}");
         for l in &lines {
             assert!(l.ends_with("is within the plan"), "{l}");
+            // Activations were counted: a peak that never moved would read 0 B here.
+            assert!(!l.contains("copies, 0 B, is"), "{l}");
             assert!(l.contains("plan: weights "), "{l}");
             assert_eq!(l.contains(" 0 B of decoded copies"), copies == "0", "{l}");
         }

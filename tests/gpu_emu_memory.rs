@@ -296,3 +296,65 @@ fn logits_of_every_position_are_computed_in_groups_the_plan_charges() {
         last.peak
     );
 }
+
+/// `bench` reports each length's own device-memory peak: `time_prefill` restarts the peaks, so
+/// a short prefill after a long one peaks lower (without the restart it would report the long
+/// one's peak again), and higher than what the weights alone hold.
+#[test]
+fn each_timed_prefill_reports_its_own_memory_peak() {
+    use needlescope::backend::Backend;
+    use needlescope::model::bench::time_prefill;
+    let m = model(ModelConfig::tiny(), WeightFormat::Official);
+    let exec = EmuExecutor::new(0, 1 << 40).with_pool(DEFAULT_POOL_BYTES);
+    let backend = EmuBackend::single(exec.with_memory_tracking(true), GemmType::F32);
+    let opts = EngineOptions {
+        chunk: 1024,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load_with(backend, &m.ckpt, opts).unwrap();
+    let weights = engine.backend().device_memory()[0].memory.in_use;
+    let vocab = m.ckpt.config().vocab_size;
+    let long = time_prefill(&engine, &tokens(1024, vocab, 1)).unwrap();
+    let short = time_prefill(&engine, &tokens(64, vocab, 2)).unwrap();
+    let (long, short) = (
+        long.device_memory[0].memory.peak_in_use,
+        short.device_memory[0].memory.peak_in_use,
+    );
+    assert!(short > weights, "short {short}, weights {weights}");
+    assert!(short < long, "short {short} not below long {long}");
+}
+
+/// On a pooled device a decoded copy takes its buffer's size class, and that is what the copy
+/// budget charges, so the budget bounds the device memory copies really hold and `bench` can
+/// take them off the executor's count. Experts of 34 x 64 (8,704 bytes in f32, class 9,216):
+/// the same forward makes the same copies pooled and unpooled, charged more when pooled (their
+/// classes, at most an eighth more than their bytes).
+#[test]
+fn a_pooled_device_charges_each_decoded_copy_its_allocation_class() {
+    let mut cfg = ModelConfig::tiny();
+    cfg.moe_intermediate_size = 34;
+    let m = model(cfg, WeightFormat::Bf16);
+    let charged = |pooled: bool| {
+        let mut exec = EmuExecutor::new(0, 1 << 40);
+        if pooled {
+            exec = exec.with_pool(DEFAULT_POOL_BYTES);
+        }
+        let b = EmuBackend::single(exec, GemmType::F32).with_decode_budgets(&[1 << 30]);
+        let engine = Engine::load_with(b, &m.ckpt, EngineOptions::default()).unwrap();
+        let mut seq = engine.new_sequence();
+        let toks = tokens(64, m.ckpt.config().vocab_size, 0);
+        engine
+            .forward(&mut seq, &toks, &mut NoObserver, LogitsRequest::Last)
+            .unwrap();
+        let (_, used, _, copies) = engine.backend().decode_cache_use()[0].clone();
+        (used, copies)
+    };
+    let (exact, copies) = charged(false);
+    let (classes, pooled_copies) = charged(true);
+    assert!(copies > 0);
+    assert_eq!(copies, pooled_copies, "the same copies");
+    assert!(
+        exact < classes && classes <= exact + exact / 8,
+        "pooled {classes}, unpooled {exact}"
+    );
+}

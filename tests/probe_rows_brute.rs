@@ -4,7 +4,7 @@
 //! after the needle), random scores heavy with ties, top-k 1 to 40 (trivial and not). Every
 //! record field (visible rows, needle rows, rank, ties, needle score, k-th score, margin,
 //! selected, trivial) must equal the definition's, and the engine-selection check must raise
-//! no false disagreement.
+//! no false disagreement, and one for a selection that contradicts an unambiguous rank.
 use needlescope::model::observer::{IndexerObservation, Observer};
 use needlescope::numerics::profiles::IndexProfile;
 use needlescope::probe::observe::{CellTopk, NeedleObserver, NeedleObserverConfig};
@@ -26,7 +26,7 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
             .wrapping_add(1442695040888963407);
         (seed >> 33) as usize
     };
-    let mut checked = 0;
+    let (mut checked, mut flipped) = (0, 0);
     for t in 0..90usize {
         for a in 0..t + 6 {
             for len in 1..14 {
@@ -41,32 +41,35 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                         topk: k,
                     })
                     .collect();
-                let mut o = NeedleObserver::new(NeedleObserverConfig {
-                    needle: (a, b),
-                    answer: (a, b),
-                    prompt_len: t + 1,
-                    prompt_positions: vec![t],
-                    probe_decode: true,
-                    driving: IndexProfile::SglangFp8,
-                    compare: vec![],
-                    cells,
-                });
                 let q = vec![0.5f32; 8];
                 let w = vec![1.0f32; 1];
                 let keys = vec![0.25f32; n_t * 8];
-                let sel = engine_topk(&scores, ks[0]);
-                o.indexer(&IndexerObservation {
-                    layer: 2,
-                    query_pos: t,
-                    heads: 1,
-                    head_dim: 8,
-                    q_raw: &q,
-                    weights_raw: &w,
-                    keys_raw: &keys,
-                    visible_rows: n_t,
-                    scores: &scores,
-                    selected: &sel,
-                });
+                let observe = |selected: &[i32]| {
+                    let mut o = NeedleObserver::new(NeedleObserverConfig {
+                        needle: (a, b),
+                        answer: (a, b),
+                        prompt_len: t + 1,
+                        prompt_positions: vec![t],
+                        probe_decode: true,
+                        driving: IndexProfile::SglangFp8,
+                        compare: vec![],
+                        cells: cells.clone(),
+                    });
+                    o.indexer(&IndexerObservation {
+                        layer: 2,
+                        query_pos: t,
+                        heads: 1,
+                        head_dim: 8,
+                        q_raw: &q,
+                        weights_raw: &w,
+                        keys_raw: &keys,
+                        visible_rows: n_t,
+                        scores: &scores,
+                        selected,
+                    });
+                    o
+                };
+                let o = observe(&engine_topk(&scores, ks[0]));
                 assert!(o.errors.is_empty(), "{:?}", o.errors);
                 assert!(
                     o.disagreements.is_empty(),
@@ -100,8 +103,29 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                     assert_eq!(r.trivial, n_t <= k, "{ctx}");
                     checked += 1;
                 }
+                // An engine selection that contradicts an unambiguous rank at k = 1 (no
+                // non-needle row tied with the best needle row) must be caught.
+                if let Some(best) = best {
+                    let rank = 1 + scores.iter().filter(|&&s| s > best).count();
+                    let tied_outside = (0..n_t).any(|w| !rows.contains(&w) && scores[w] == best);
+                    let outside = (0..n_t).filter(|w| !rows.contains(w));
+                    let wrong = match (rank, tied_outside) {
+                        (1, false) => outside.max_by(|&x, &y| scores[x].total_cmp(&scores[y])),
+                        (1, true) => None,
+                        _ => Some(rows[0]),
+                    };
+                    if let Some(row) = wrong {
+                        let o = observe(&[row as i32]);
+                        assert_eq!(o.disagreements.len(), 1, "t {t} [{a},{b}) row {row}");
+                        flipped += 1;
+                    }
+                }
             }
         }
     }
     assert_eq!(checked, 354_510, "cases checked");
+    assert!(
+        flipped > 10_000,
+        "{flipped} contradicting selections checked"
+    );
 }

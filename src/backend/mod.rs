@@ -96,6 +96,10 @@ pub trait Backend: Send + Sync {
         Vec::new()
     }
 
+    /// Restarts the peaks [`Backend::device_memory`] reports from now on every device, so that
+    /// they cover what follows alone (one prefill). No-op on the CPU.
+    fn reset_memory_peaks(&self) {}
+
     /// Wall time per device operation so far, when the backend profiles
     /// (`NEEDLESCOPE_PROFILE=1` on GPU backends: each operation synchronised and timed); empty
     /// otherwise and on the CPU.

@@ -86,11 +86,14 @@ pub(super) fn write_op_profile(
     Ok(())
 }
 
-/// Per device, the peak bytes its buffers had in use against the memory plan: the peak less
-/// what was in use right after loading (the weights) and the decoded weight copies held now,
-/// against the plan's state + workspace less its fixed part (the CUDA context and cuBLAS's
-/// own memory, which the executors do not count). Decoded copies made after the peak make the
-/// comparison lenient; `NEEDLESCOPE_DECODE_CACHE_MIB=0` makes it exact.
+/// Per device, the peak bytes its buffers had in use during one prefill (`time_prefill`
+/// restarts the peaks, so the reference GEMM, the warm-up and earlier lengths are not in it)
+/// against the memory plan: the peak less what was in use right after loading (the weights)
+/// and the decoded weight copies held now (charged at their allocations' size, as the
+/// executors count them), against the plan's state + workspace less its fixed part (the CUDA
+/// context and cuBLAS's own memory, which the executors do not count). The plan is the run's,
+/// made for its longest length. Decoded copies made after the peak make the comparison
+/// lenient; `NEEDLESCOPE_DECODE_CACHE_MIB=0` makes it exact.
 pub(super) fn memory_lines(
     loaded: &[DeviceMemoryUse],
     now: &[DeviceMemoryUse],

@@ -217,6 +217,18 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let runs = target.run(&ckpt, EngineOptions::default(), task)?;
     progress.finish();
+    // Checked before anything is printed or recorded: ranks that do not follow from what the
+    // engine selected must reach neither the terminal nor a report.
+    for run in &runs {
+        run.check_selection().map_err(|why| {
+            let not = if store.is_some() {
+                "no run was printed or recorded"
+            } else {
+                "no run was printed"
+            };
+            anyhow::anyhow!("{why}; {not}")
+        })?;
+    }
     let last = prompt.tokens.len() - 1;
     if args.json {
         let obj = serde_json::json!({
@@ -253,17 +265,6 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         super::probe_text::print_tables(
             out, &cfg, &scenario, &prompt, &runs, &opts, &backend, marks,
         )?;
-    }
-    // Checked before anything is recorded: a failed run's ranks must not land in a report.
-    for run in &runs {
-        run.check_selection().map_err(|why| {
-            let kept = if store.is_some() {
-                "; nothing was recorded"
-            } else {
-                ""
-            };
-            anyhow::anyhow!("{why}{kept}")
-        })?;
     }
     if let Some(store) = store {
         let stderr = &mut std::io::stderr();

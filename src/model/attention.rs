@@ -187,7 +187,8 @@ impl<M> Attention<M> {
 
     /// [`Self::round_kv`] under the run's KV mode; under `--kv fp8` an observer that wants them
     /// first gets the unrounded rows and may replace them ([`Observer::replace_kv_input`]:
-    /// parity harnesses). `first_pos` is the chunk's first position.
+    /// parity harnesses; replaced rows are uploaded again, recorded ones stay where they are).
+    /// `first_pos` is the chunk's first position.
     fn round_kv_observed<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
@@ -198,9 +199,12 @@ impl<M> Attention<M> {
     ) {
         if run.kv == KvMode::Fp8 && backend.act_len(rows) > 0 && run.observer.wants_kv_inputs() {
             let mut host = backend.act_host(rows).into_owned();
-            run.observer
-                .replace_kv_input(run.layer, first_pos, rows_kind, &mut host);
-            *rows = backend.act_from(host);
+            if run
+                .observer
+                .replace_kv_input(run.layer, first_pos, rows_kind, &mut host)
+            {
+                *rows = backend.act_from(host);
+            }
         }
         self.round_kv(backend, rows, run.kv);
     }

@@ -64,8 +64,8 @@ pub struct PrefillProfile {
     /// The backend's notes on weight copies it keeps, after the prefill
     /// ([`Backend::resident_notes`]).
     pub resident_notes: Vec<String>,
-    /// Device memory held by the backend's buffers after the prefill, with the peaks so far
-    /// ([`Backend::device_memory`]; empty on the CPU).
+    /// Device memory held by the backend's buffers after the prefill, with the peaks during
+    /// this prefill alone ([`Backend::device_memory`]; empty on the CPU).
     pub device_memory: Vec<crate::backend::DeviceMemoryUse>,
 }
 
@@ -92,6 +92,8 @@ pub fn time_prefill<B: Backend>(
     let mut state = engine.new_sequence();
     engine.take_site_seconds();
     let (up0, down0) = engine.backend().transfer_bytes();
+    // The device memory peaks reported below are this prefill's own.
+    engine.backend().reset_memory_peaks();
     let t0 = Instant::now();
     engine.forward(&mut state, tokens, &mut NoObserver, LogitsRequest::Last)?;
     let seconds = t0.elapsed().as_secs_f64();

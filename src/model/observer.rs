@@ -124,13 +124,16 @@ pub trait Observer {
     /// rows here (after checking they are close), so that a one-ulp difference upstream cannot
     /// flip an e4m3 code, one step of up to 1/8 of an element, and make two forwards drift
     /// apart from there (backend::parity::forward). Only called when `wants_kv_inputs`.
+    /// Returns whether it changed `rows`: only then are they uploaded again, so an engine whose
+    /// rows are only recorded keeps its own buffer (its production path).
     fn replace_kv_input(
         &mut self,
         _layer: usize,
         _first_pos: usize,
         _rows_kind: KvRows,
         _rows: &mut [f32],
-    ) {
+    ) -> bool {
+        false
     }
     fn attention(&mut self, _obs: &AttentionObservation<'_>) {}
     /// A named intermediate for consecutive positions `first_pos..first_pos + shape[0]`,

@@ -6,7 +6,8 @@
 //! host copy waits for the kernels before it; host to device copies are stream-ordered and do
 //! not wait. The primary context is bound to the calling thread
 //! before every driver call (the engine may call from any thread). Families are loaded on their
-//! first launch.
+//! first launch. Allocations, the out-of-memory retry and frees are in `alloc`, the count of
+//! the bytes they hold in `held`.
 
 use super::checks::{arg_slots, check_owned, check_range};
 use super::executor::{
@@ -21,6 +22,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod alloc;
 mod gemm;
 mod held;
 use held::HeldBytes;
@@ -154,70 +156,6 @@ impl CudaExecutor {
         })
     }
 
-    /// `cuMemAlloc` of `bytes`; when the device is out of memory, frees what the pool keeps and
-    /// tries once more.
-    fn malloc(&self, bytes: usize) -> Result<sys::CUdeviceptr, GpuError> {
-        for attempt in 0..2 {
-            // SAFETY: plain allocation, zeroed by the caller before use.
-            match unsafe { drv::malloc_sync(bytes) } {
-                Ok(p) => {
-                    self.held.allocated(bytes);
-                    return Ok(p);
-                }
-                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                    let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
-                    if attempt == 0 && !kept.is_empty() {
-                        self.free_all(kept);
-                        continue;
-                    }
-                    let (free, total) = drv::mem_get_info().unwrap_or((0, 0));
-                    return Err(GpuError::OutOfMemory {
-                        device: self.ordinal,
-                        bytes,
-                        free,
-                        total,
-                    });
-                }
-                Err(e) => return Err(driver_err("cuMemAlloc", e)),
-            }
-        }
-        unreachable!("the second attempt returns")
-    }
-
-    /// Runs `op`; when it failed for lack of device memory where no allocation of ours was
-    /// involved (a launch whose kernel needs more local memory, cuBLAS's own workspace), frees
-    /// what the pool keeps and runs it once more, as [`Self::malloc`] does for allocations.
-    /// Only when `rerunnable`: a GEMM that accumulates into its output (beta 1) may have added
-    /// part of its products before failing, so it is not run twice.
-    fn retry_out_of_memory<T>(
-        &self,
-        rerunnable: bool,
-        mut op: impl FnMut() -> Result<T, GpuError>,
-    ) -> Result<T, GpuError> {
-        match op() {
-            Err(e) if rerunnable && is_out_of_memory(&e) => {
-                let kept = self.pool.as_ref().map(|p| p.drain()).unwrap_or_default();
-                if kept.is_empty() {
-                    return Err(e);
-                }
-                self.free_all(kept);
-                op()
-            }
-            done => done,
-        }
-    }
-
-    /// Really frees allocations taken out of the pool.
-    fn free_all(&self, kept: Vec<(usize, u64)>) {
-        for (bytes, ptr) in kept {
-            // SAFETY: allocated by malloc_sync in this context, owned by the pool until now.
-            match unsafe { drv::free_sync(ptr) } {
-                Ok(()) => self.held.freed(bytes),
-                Err(e) => eprintln!("warning: cuMemFree of a pooled {bytes}-byte buffer: {e:?}"),
-            }
-        }
-    }
-
     /// Allocations served from the buffer pool so far (0 without a pool).
     pub fn pool_reuses(&self) -> u64 {
         self.pool.as_ref().map_or(0, |p| p.reused())
@@ -274,16 +212,6 @@ impl CudaExecutor {
     }
 }
 
-/// Whether a launch or a cuBLAS call failed for lack of device memory (the driver's and
-/// cuBLAS's own codes, as their errors print them).
-fn is_out_of_memory(e: &GpuError) -> bool {
-    match e {
-        GpuError::Launch { why, .. } => why.contains("CUDA_ERROR_OUT_OF_MEMORY"),
-        GpuError::Cublas(why) => why.contains("CUBLAS_STATUS_ALLOC_FAILED"),
-        _ => false,
-    }
-}
-
 impl Drop for CudaExecutor {
     fn drop(&mut self) {
         if self.bind().is_ok() {
@@ -298,37 +226,6 @@ impl Drop for CudaExecutor {
 
 /// The untimed operations ([`Executor`]'s methods time them when profiling).
 impl CudaExecutor {
-    fn alloc_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
-        let b = self.alloc_uninit_now(bytes)?;
-        // SAFETY: b.ptr is valid for b.cap >= b.len bytes; the memset is ordered after earlier
-        // users of a reused buffer (one stream).
-        unsafe { drv::memset_d8_sync(b.ptr, 0, b.len) }.map_err(|e| driver_err("cuMemsetD8", e))?;
-        Ok(b)
-    }
-
-    fn alloc_uninit_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
-        self.bind()?;
-        let bytes = bytes.max(1);
-        let cap = match self.pool {
-            Some(_) => BufferPool::class(bytes),
-            None => bytes,
-        };
-        let ptr = match self.pool.as_ref().and_then(|p| p.take(cap)) {
-            Some(p) => p,
-            None => self.malloc(cap)?,
-        };
-        self.held
-            .handed_out(self.pool.as_ref().map_or(0, |p| p.kept_bytes()));
-        Ok(CudaBuf {
-            ptr,
-            len: bytes,
-            cap,
-            ctx: self.ctx.clone(),
-            pool: self.pool.clone(),
-            held: self.held.clone(),
-        })
-    }
-
     fn write_now(&self, dst: &mut CudaBuf, offset: usize, src: &[u8]) -> Result<(), GpuError> {
         check_owned(
             || format!("write on {}", self.name()),
@@ -489,6 +386,14 @@ impl Executor for CudaExecutor {
             self.held
                 .snapshot(self.pool.as_ref().map_or(0, |p| p.kept_bytes())),
         )
+    }
+
+    fn reset_memory_peaks(&self) {
+        self.reset_peaks_now()
+    }
+
+    fn footprint(&self, bytes: usize) -> usize {
+        self.footprint_of(bytes)
     }
 
     fn op_profile(&self) -> Vec<OpTime> {

@@ -14,7 +14,9 @@
 //! for the run's context and workspace are counted, less a margin ([`headroom_budget`]), so the
 //! plan's promise (no out-of-memory midway) holds with copies as without. A copy that does not
 //! fit the budget, or whose allocation fails anyway, is simply not made: the weight keeps the
-//! banded path. Copies are made first come, first served, and freed with their weight.
+//! banded path. Copies are made first come, first served, and freed with their weight. A copy is
+//! charged what its allocation takes on the device ([`Executor::footprint`]: its buffer pool's size
+//! class), not its values' bytes, so the budget bounds the device memory the copies really hold.
 
 use super::executor::{Executor, GemmType, GpuError};
 use super::matrix::{dequant_rows, GpuMatrix};
@@ -167,11 +169,13 @@ pub fn resident_operand<'a, E: Executor>(
         return Ok(None);
     };
     let copy = w.decode.copy.get_or_init(|| {
-        let bytes = w.rows * w.cols * ty.bytes();
-        if bytes == 0 || !budget.reserve(bytes) {
+        let values_bytes = w.rows * w.cols * ty.bytes();
+        // Charged at what the allocation takes on the device (its pool size class).
+        let bytes = e.footprint(values_bytes);
+        if values_bytes == 0 || !budget.reserve(bytes) {
             return None;
         }
-        let made = e.alloc_uninit(bytes).and_then(|buf| {
+        let made = e.alloc_uninit(values_bytes).and_then(|buf| {
             dequant_rows(e, w, None, 0, w.rows, &buf, ty)?;
             Ok(buf)
         });

@@ -185,11 +185,16 @@ fn to_f32(bytes: &[u8], ty: GemmType, offset: usize, count: usize) -> Vec<f32> {
 
 /// The untimed operations ([`Executor`]'s methods time them when profiling).
 impl EmuExecutor {
-    fn alloc_now(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
-        let cap = match self.pool {
+    /// The bytes an allocation of `bytes` takes: its pool size class when pooling.
+    fn footprint_of(&self, bytes: usize) -> usize {
+        match self.pool {
             Some(_) => BufferPool::class(bytes),
             None => bytes,
-        };
+        }
+    }
+
+    fn alloc_now(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
+        let cap = self.footprint_of(bytes);
         let buf = |ptr| {
             let mut b = EmuBuf {
                 ptr,
@@ -424,6 +429,14 @@ impl Executor for EmuExecutor {
 
     fn transfer_bytes(&self) -> (u64, u64) {
         self.transfers.get()
+    }
+
+    fn reset_memory_peaks(&self) {
+        self.reset_peaks()
+    }
+
+    fn footprint(&self, bytes: usize) -> usize {
+        self.footprint_of(bytes)
     }
 
     fn memory_use(&self) -> Option<MemoryUse> {

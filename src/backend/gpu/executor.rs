@@ -227,6 +227,16 @@ pub trait Executor: Send + Sync {
         None
     }
 
+    /// Restarts the peaks of [`Executor::memory_use`] from the bytes held and in use now, so
+    /// that they cover what follows alone (`bench`: one prefill). No-op when not counted.
+    fn reset_memory_peaks(&self) {}
+
+    /// The bytes an allocation of `bytes` takes on the device (its buffer pool's size class
+    /// when the executor pools): what the decoded-copy budget charges a copy.
+    fn footprint(&self, bytes: usize) -> usize {
+        bytes
+    }
+
     /// Bytes copied by [`Executor::write`] (host -> device) and [`Executor::read`] (device ->
     /// host) so far. Both executors count; a wrapper that does not forward it reports `(0, 0)`.
     fn transfer_bytes(&self) -> (u64, u64) {

@@ -76,6 +76,12 @@ impl<E: Executor> Backend for GpuBackend<E> {
             .collect()
     }
 
+    fn reset_memory_peaks(&self) {
+        for e in &self.devices {
+            e.reset_memory_peaks();
+        }
+    }
+
     fn op_profile(&self) -> Vec<OpTime> {
         merge_profiles(self.devices.iter().map(|e| e.op_profile()))
     }

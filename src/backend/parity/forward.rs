@@ -184,19 +184,23 @@ impl Observer for IndexRecorder<'_> {
         first_pos: usize,
         which: KvRows,
         rows: &mut [f32],
-    ) {
+    ) -> bool {
         let key = (layer, first_pos, which);
         let Some(replay) = self.replay else {
             self.kv.insert(key, rows.to_vec());
-            return;
+            return false;
         };
         match replay.kv.get(&key) {
             Some(theirs) if theirs.len() == rows.len() => {
                 self.kv_error = self.kv_error.max(normalised_error(theirs, rows));
                 rows.copy_from_slice(theirs);
                 self.kv_replayed += 1;
+                true
             }
-            _ => self.kv_missing += 1,
+            _ => {
+                self.kv_missing += 1;
+                false
+            }
         }
     }
     fn replace_selection(
@@ -433,7 +437,7 @@ mod tests {
         let mut tested = IndexRecorder::default();
         assert!(tested.wants_kv_inputs());
         let mut rows = vec![1.0f32, -2.0, 4.0];
-        tested.replace_kv_input(2, 8, KvRows::Window, &mut rows);
+        assert!(!tested.replace_kv_input(2, 8, KvRows::Window, &mut rows));
         assert_eq!(rows, [1.0, -2.0, 4.0], "recording leaves the rows alone");
         let decisions = Decisions {
             kv: std::mem::take(&mut tested.kv),
@@ -444,7 +448,7 @@ mod tests {
             ..IndexRecorder::default()
         };
         let mut own = vec![1.0f32, -2.0, 4.004];
-        reference.replace_kv_input(2, 8, KvRows::Window, &mut own);
+        assert!(reference.replace_kv_input(2, 8, KvRows::Window, &mut own));
         assert_eq!(
             own,
             [1.0, -2.0, 4.0],
@@ -457,7 +461,7 @@ mod tests {
         );
         assert_eq!((reference.kv_replayed, reference.kv_missing), (1, 0));
         let mut other = vec![0.5f32; 3];
-        reference.replace_kv_input(2, 8, KvRows::Compressed, &mut other);
+        assert!(!reference.replace_kv_input(2, 8, KvRows::Compressed, &mut other));
         assert_eq!(other, [0.5; 3]);
         assert_eq!((reference.kv_replayed, reference.kv_missing), (1, 1));
     }

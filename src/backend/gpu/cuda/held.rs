@@ -29,6 +29,7 @@ impl HeldBytes {
         let _ = self
             .held
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                debug_assert!(h >= bytes, "freed {bytes} of {h} bytes held: counted twice");
                 Some(h.saturating_sub(bytes))
             });
     }
@@ -37,6 +38,14 @@ impl HeldBytes {
     pub fn handed_out(&self, pooled: usize) {
         let in_use = self.held.load(Ordering::Relaxed).saturating_sub(pooled);
         self.peak_in_use.fetch_max(in_use, Ordering::Relaxed);
+    }
+
+    /// Restarts both peaks from what is held and in use now, with the pool keeping `pooled`.
+    pub fn reset_peaks(&self, pooled: usize) {
+        let held = self.held.load(Ordering::Relaxed);
+        self.peak_held.store(held, Ordering::Relaxed);
+        self.peak_in_use
+            .store(held.saturating_sub(pooled), Ordering::Relaxed);
     }
 
     /// Now and the peaks, with the pool keeping `pooled` bytes now.
@@ -87,7 +96,22 @@ mod tests {
                 peak_in_use: 150
             }
         );
-        h.freed(1000);
-        assert_eq!(h.snapshot(0).held, 0, "never below zero");
+        // Restarted peaks begin at what is held and in use now.
+        h.reset_peaks(30);
+        assert_eq!(
+            h.snapshot(30),
+            MemoryUse {
+                held: 80,
+                in_use: 50,
+                peak_held: 80,
+                peak_in_use: 50
+            }
+        );
+        h.allocated(10);
+        h.handed_out(30);
+        assert_eq!(
+            (h.snapshot(30).peak_held, h.snapshot(30).peak_in_use),
+            (90, 60)
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Tests of `cuda.rs` that need no GPU: how out-of-memory errors are recognised.
 
+use super::alloc::is_out_of_memory;
 use super::*;
 
 /// The codes are found in the errors as launches and GEMMs word them (the driver's and
