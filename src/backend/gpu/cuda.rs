@@ -393,7 +393,7 @@ impl Executor for CudaExecutor {
     }
 
     fn footprint(&self, bytes: usize) -> usize {
-        self.footprint_of(bytes)
+        BufferPool::footprint(self.pool.is_some(), bytes)
     }
 
     fn op_profile(&self) -> Vec<OpTime> {

@@ -185,16 +185,8 @@ fn to_f32(bytes: &[u8], ty: GemmType, offset: usize, count: usize) -> Vec<f32> {
 
 /// The untimed operations ([`Executor`]'s methods time them when profiling).
 impl EmuExecutor {
-    /// The bytes an allocation of `bytes` takes: its pool size class when pooling.
-    fn footprint_of(&self, bytes: usize) -> usize {
-        match self.pool {
-            Some(_) => BufferPool::class(bytes),
-            None => bytes,
-        }
-    }
-
     fn alloc_now(&self, bytes: usize) -> Result<EmuBuf, GpuError> {
-        let cap = self.footprint_of(bytes);
+        let cap = self.footprint(bytes);
         let buf = |ptr| {
             let mut b = EmuBuf {
                 ptr,
@@ -436,7 +428,7 @@ impl Executor for EmuExecutor {
     }
 
     fn footprint(&self, bytes: usize) -> usize {
-        self.footprint_of(bytes)
+        BufferPool::footprint(self.pool.is_some(), bytes)
     }
 
     fn memory_use(&self) -> Option<MemoryUse> {

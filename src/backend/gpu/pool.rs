@@ -88,6 +88,16 @@ impl BufferPool {
         bytes.div_ceil(step) * step
     }
 
+    /// The bytes an allocation of `bytes` takes on a device: its size class when the device
+    /// pools (`pooled`), else `bytes` itself.
+    pub fn footprint(pooled: bool, bytes: usize) -> usize {
+        if pooled {
+            Self::class(bytes)
+        } else {
+            bytes
+        }
+    }
+
     /// A kept allocation of class `class`, if there is one.
     pub fn take(&self, class: usize) -> Option<u64> {
         let mut s = self.state.lock().unwrap();

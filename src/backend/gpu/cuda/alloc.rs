@@ -2,7 +2,7 @@
 //! allocations (`cuMemAlloc` at the buffer pool's size class, or a pooled buffer of that class),
 //! the out-of-memory retry that empties the pool first (for allocations, launches and cuBLAS
 //! calls), real frees of pooled buffers, and the bytes one allocation takes on the device
-//! ([`CudaExecutor::footprint_of`]), which the held-bytes count (`held.rs`) and the decoded-copy
+//! (`BufferPool::footprint`), which the held-bytes count (`held.rs`) and the decoded-copy
 //! budget use.
 
 use super::super::executor::GpuError;
@@ -11,16 +11,6 @@ use super::{driver_err, CudaBuf, CudaExecutor};
 use cudarc::driver::{result as drv, sys};
 
 impl CudaExecutor {
-    /// The bytes an allocation of `bytes` takes on the device: its pool size class when the
-    /// executor pools, else `bytes` (at least 1).
-    pub(super) fn footprint_of(&self, bytes: usize) -> usize {
-        let bytes = bytes.max(1);
-        match self.pool {
-            Some(_) => BufferPool::class(bytes),
-            None => bytes,
-        }
-    }
-
     /// Restarts the held and in-use peaks from now (`Executor::reset_memory_peaks`).
     pub(super) fn reset_peaks_now(&self) {
         self.held
@@ -116,7 +106,7 @@ impl CudaExecutor {
     pub(super) fn alloc_uninit_now(&self, bytes: usize) -> Result<CudaBuf, GpuError> {
         self.bind()?;
         let bytes = bytes.max(1);
-        let cap = self.footprint_of(bytes);
+        let cap = BufferPool::footprint(self.pool.is_some(), bytes);
         let ptr = match self.pool.as_ref().and_then(|p| p.take(cap)) {
             Some(p) => p,
             None => self.malloc(cap)?,
