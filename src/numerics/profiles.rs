@@ -308,5 +308,375 @@ pub fn score_rows(profile: IndexProfile, q: &PreparedQuery, keys: &PreparedKeys,
 }
 
 #[cfg(test)]
-#[path = "profiles_tests.rs"]
-mod tests;
+mod tests {
+    //! Tests of `profiles.rs`: hand-checked scores per profile, Hadamard invariance of
+    //! `exact`, batch/streaming agreement, and every profile staying near the exact scores.
+
+    use super::*;
+    use crate::numerics::hadamard::hadamard_rows;
+
+    const HEADS: usize = 2;
+    const DIM: usize = 4;
+
+    /// Head 0 = [1, 1, 1, 1] (Hadamard: [2, 0, 0, 0]); head 1 its negative (ReLU kills it).
+    const Q: [f32; 8] = [1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0];
+    const W: [f32; 2] = [1.0, 3.0];
+    /// Hadamard: [1, 0, 0, 0]; exact q0 · k = 2.
+    const K: [f32; 4] = [0.5; 4];
+
+    fn s() -> f32 {
+        weight_scale(HEADS, DIM)
+    }
+
+    fn score_one(p: IndexProfile, q: &[f32], w: &[f32], k: &[f32]) -> f32 {
+        let pq = prepare_query(p, q, w, HEADS, DIM);
+        let mut kv = vec![0.0; k.len()];
+        let ks = prepare_key_row(p, k, &mut kv);
+        score(p, &pq, &kv, ks)
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn uniform(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+        fn vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.uniform()).collect()
+        }
+    }
+
+    #[test]
+    fn weight_scale_is_two_to_minus_6_5_for_the_real_indexer() {
+        assert_eq!(weight_scale(64, 128), 0.011048543456039806f64 as f32);
+        assert_eq!(
+            weight_scale(64, 128),
+            crate::numerics::hadamard::hadamard_scale(128) / 8.0
+        );
+    }
+
+    #[test]
+    fn exact_score_by_hand() {
+        // w'_0 = S, q0·k = 2, head 1 negative -> 0.
+        assert_eq!(score_one(IndexProfile::Exact, &Q, &W, &K), 2.0 * s());
+        let pq = prepare_query(IndexProfile::Exact, &Q, &W, HEADS, DIM);
+        assert_eq!(pq.weights, vec![s(), 3.0 * s()]);
+        assert_eq!(pq.values, Q.to_vec());
+    }
+
+    #[test]
+    fn bf16_qk_rounds_q_k_and_w_to_bf16_by_hand() {
+        let e9 = 2f32.powi(-9);
+        let q = [1.0 + e9, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0];
+        let w = [1.0 + e9, 3.0];
+        let k = [0.5, 0.5, 0.5, 0.5 + 2f32.powi(-10)];
+        // All small offsets are below half a bf16 ulp: the bf16 score is the clean 2·S.
+        assert_eq!(score_one(IndexProfile::Bf16Qk, &q, &w, &k), 2.0 * s());
+        assert_ne!(score_one(IndexProfile::Exact, &q, &w, &k), 2.0 * s());
+    }
+
+    #[test]
+    fn fp8_score_by_hand_with_exact_e4m3_values() {
+        // Hq0 = [2,0,0,0]: s_q = fp32(2/448), q8 = [448,0,0,0]; Hk = [1,0,0,0]: s_k = fp32(1/448),
+        // k8 = [448,0,0,0]; dot = 448² = 200704.
+        let pq = prepare_query(IndexProfile::SglangFp8, &Q, &W, HEADS, DIM);
+        assert_eq!(&pq.values[..4], &[448.0, 0.0, 0.0, 0.0]);
+        let s_q = 2.0f32 / 448.0;
+        assert_eq!(pq.weights[0], (1.0 * s()) * s_q);
+        let got = score_one(IndexProfile::SglangFp8, &Q, &W, &K);
+        let want = (1.0f32 / 448.0) * (((1.0 * s()) * s_q) * 200704.0);
+        assert_eq!(got, want);
+        assert!(
+            (got - 2.0 * s()).abs() <= 1e-6 * s(),
+            "{got} vs exact {}",
+            2.0 * s()
+        );
+    }
+
+    #[test]
+    fn bf16_keys_score_by_hand() {
+        // Query as fp8; key Hk = [1,0,0,0] in bf16, no key scale: dot = 448.
+        let got = score_one(IndexProfile::SglangBf16Keys, &Q, &W, &K);
+        assert_eq!(got, ((1.0 * s()) * (2.0f32 / 448.0)) * 448.0);
+    }
+
+    #[test]
+    fn fp8_no_hadamard_k_is_a_different_bilinear_form() {
+        // Key unrotated: k8 = [448; 4] with s_k = fp32(0.5/448); (Hq)·k = 1, not q·k = 2.
+        let got = score_one(IndexProfile::Fp8NoHadamardK, &Q, &W, &K);
+        let want = (0.5f32 / 448.0) * (((1.0 * s()) * (2.0f32 / 448.0)) * 200704.0);
+        assert_eq!(got, want);
+        assert!((got - s()).abs() <= 1e-6 * s());
+    }
+
+    #[test]
+    fn vllm_fp8_power_of_two_scales_give_exact_score_by_hand() {
+        // No Hadamard: q8 = [256; 4] with s_q = 2^-8, k8 = [256; 4] with s_k = 2^-9, dot = 4·2^16.
+        let pq = prepare_query(IndexProfile::VllmFp8, &Q, &W, HEADS, DIM);
+        assert_eq!(&pq.values[..4], &[256.0; 4]);
+        assert_eq!(pq.weights[0], s() * 2f32.powi(-8));
+        assert_eq!(score_one(IndexProfile::VllmFp8, &Q, &W, &K), 2.0 * s());
+    }
+
+    #[test]
+    fn vllm_fp8_keys_are_rounded_to_bf16_before_their_amax_and_e4m3_cast() {
+        // vLLM's key kernel quantises bf16(k). amax 1 gives s_k = 2^-8; 17.03/256 scales to 17.03,
+        // which e4m3 (step 2 in [16, 32)) rounds to 18, but bf16(17.03/256) scales to exactly 17,
+        // an e4m3 tie that goes to the even 16.
+        let k = [1.0f32, 17.03 / 256.0];
+        let mut out = [0.0f32; 2];
+        let s_k = prepare_key_row(IndexProfile::VllmFp8, &k, &mut out);
+        assert_eq!(s_k, 2f32.powi(-8));
+        assert_eq!(out, [256.0, 16.0]);
+    }
+
+    /// Head 0 = H[2,2,0,0]; key = H[1, 0.4375, 0, 0]: after rotation the key's second element
+    /// scales to 1.75, an e2m1 tie (RNE -> 2, SGLang -> 1.5). Exact q·k = 2.875.
+    const Q4: [f32; 8] = [2.0, 0.0, 2.0, 0.0, -2.0, 0.0, -2.0, 0.0];
+    const K4: [f32; 4] = [0.71875, 0.28125, 0.71875, 0.28125];
+
+    #[test]
+    fn fp4_profiles_by_hand_differ_on_the_tie() {
+        assert!((score_one(IndexProfile::Exact, &Q4, &W, &K4) - 2.875 * s()).abs() < 1e-6);
+        // SGLang: q' = [2,2,0,0], k' = [1, 0.375, 0, 0] (s = 0.25, 1.75 -> 1.5): dot 2.75.
+        assert_eq!(score_one(IndexProfile::SglangFp4, &Q4, &W, &K4), 2.75 * s());
+        // REF: k' = [1, 0.5, 0, 0], dot 3 (bf16 exact); w' = bf16(S) = 0.353515625;
+        // p = bf16(3 · 0.353515625 = 1.060546875) = 1.0625; final bf16 sum 1.0625.
+        assert_eq!(bf16_round(s()), 181.0 / 512.0); // 0.353515625
+        assert_eq!(score_one(IndexProfile::OfficialFp4, &Q4, &W, &K4), 1.0625);
+    }
+
+    /// REF's bf16 score arithmetic step by step (attention.md 6.4), on a hand-made prepared query
+    /// whose one-hot heads make each dot a key value: every one of the three bf16 roundings changes
+    /// the result, so dropping any of them fails here.
+    #[test]
+    fn official_fp4_scores_round_dot_product_and_sum_to_bf16() {
+        let pq = PreparedQuery {
+            values: vec![1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+            weights: vec![2.5, 0.75],
+            heads: HEADS,
+            dim: DIM,
+        };
+        let key = [1.01f32, 1.03, 0.0, 0.0];
+        // bf(1.01) = 1.0078125; · 2.5 = 2.51953125 -> bf 2.515625 (step 2^-6 in [2, 4)).
+        // bf(1.03) = 1.03125; · 0.75 = 0.7734375 (bf16 exact).
+        // f32 sum 3.2890625 is a bf16 tie (210.5 steps) -> even: 3.28125.
+        assert_eq!(score(IndexProfile::OfficialFp4, &pq, &key, 1.0), 3.28125);
+        // Without the dot rounding: 2.525 -> 2.53125, 0.7725 -> 0.7734375, sum -> 3.3125.
+        // Without the product rounding: 3.29296875 -> 3.296875. Without the final rounding:
+        // 3.2890625. The f32 profiles: 2.5 · 1.01 + 0.75 · 1.03 = 3.2975.
+        let f32_score = score(IndexProfile::Exact, &pq, &key, 1.0);
+        assert!((f32_score - 3.2975).abs() < 1e-6, "{f32_score}");
+        // The key multiplier applies after the final rounding.
+        assert_eq!(score(IndexProfile::OfficialFp4, &pq, &key, 0.5), 1.640625);
+    }
+
+    /// REF's head weight is `bf(bf(w) · S)`: with `w = 1` it is bf16(S), not S.
+    #[test]
+    fn official_fp4_head_weight_is_rounded_to_bf16_after_the_scale() {
+        let w = [1.0f32, 1.01];
+        let pq = prepare_query(IndexProfile::OfficialFp4, &Q, &w, HEADS, DIM);
+        assert_eq!(pq.weights[0], 181.0 / 512.0);
+        assert_ne!(pq.weights[0], s());
+        // bf(1.01) = 1.0078125; · S = 0.356315... = 182.43 steps of 2^-9 -> bf16 182 / 512.
+        assert_eq!(pq.weights[1], 182.0 / 512.0);
+        let sglang = prepare_query(IndexProfile::SglangFp4, &Q, &w, HEADS, DIM);
+        assert_eq!(sglang.weights, vec![s(), 1.0078125 * s()]);
+    }
+
+    /// A 128-dim index row in the Hadamard basis `t` with t[0] = 4 (block 0) and t[32] = 0.7
+    /// (block 1), so the rotated row the fp4 step sees is `t` up to rounding noise. With scales per
+    /// 32 elements (attention.md 3.6) block 1 gets scale 2^-3 and 0.7 -> 5.6 -> e2m1 6 -> 0.75; a
+    /// block of 64 or 128 would share block 0's scale 1 and give 0.5.
+    #[test]
+    fn fp4_profiles_scale_each_32_elements_of_a_128_dim_row_on_their_own() {
+        const N: usize = 128;
+        let sylvester = |i: usize, j: usize| {
+            if (i & j).count_ones().is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            }
+        };
+        let row: Vec<f32> = (0..N)
+            .map(|i| ((4.0 * sylvester(i, 0) + 0.7 * sylvester(i, 32)) / (N as f64).sqrt()) as f32)
+            .collect();
+        for p in [IndexProfile::OfficialFp4, IndexProfile::SglangFp4] {
+            let mut key = vec![0.0; N];
+            assert_eq!(prepare_key_row(p, &row, &mut key), 1.0);
+            assert_eq!((key[0], key[32]), (4.0, 0.75), "{p} key");
+            let query = prepare_query(p, &row, &[1.0], 1, N);
+            assert_eq!(
+                (query.values[0], query.values[32]),
+                (4.0, 0.75),
+                "{p} query"
+            );
+        }
+    }
+
+    #[test]
+    fn exact_scores_are_invariant_under_hadamard_on_both_sides() {
+        let (heads, dim, rows) = (4usize, 32usize, 10usize);
+        let mut rng = Rng(7);
+        let (q, w, k) = (rng.vec(heads * dim), rng.vec(heads), rng.vec(rows * dim));
+        let (mut qr, mut kr) = (q.clone(), k.clone());
+        hadamard_rows(&mut qr, dim).unwrap();
+        hadamard_rows(&mut kr, dim).unwrap();
+        let p = IndexProfile::Exact;
+        let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);
+        score_rows(
+            p,
+            &prepare_query(p, &q, &w, heads, dim),
+            &prepare_keys(p, &k, dim),
+            &mut a,
+        );
+        score_rows(
+            p,
+            &prepare_query(p, &qr, &w, heads, dim),
+            &prepare_keys(p, &kr, dim),
+            &mut b,
+        );
+        let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.0);
+        for i in 0..rows {
+            assert!(
+                (a[i] - b[i]).abs() <= 1e-5 * scale,
+                "row {i}: {} vs {}",
+                a[i],
+                b[i]
+            );
+        }
+    }
+
+    #[test]
+    fn batch_and_streaming_preparation_agree_for_every_profile() {
+        let (heads, dim, rows) = (4usize, 32usize, 300usize);
+        let mut rng = Rng(11);
+        let (q, w, k) = (rng.vec(heads * dim), rng.vec(heads), rng.vec(rows * dim));
+        for p in IndexProfile::ALL {
+            let pq = prepare_query(p, &q, &w, heads, dim);
+            let keys = prepare_keys(p, &k, dim);
+            let mut out = vec![0.0; rows];
+            score_rows(p, &pq, &keys, &mut out);
+            let mut row = vec![0.0; dim];
+            for r in 0..rows {
+                let ks = prepare_key_row(p, &k[r * dim..(r + 1) * dim], &mut row);
+                assert_eq!(keys.row(r), (&row[..], ks), "{p}: key row {r}");
+                assert_eq!(
+                    out[r].to_bits(),
+                    score(p, &pq, &row, ks).to_bits(),
+                    "{p}: row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_profile_stays_near_exact_scores() {
+        let (heads, dim, rows) = (8usize, 128usize, 64usize);
+        let mut rng = Rng(23);
+        let (q, w, k) = (rng.vec(heads * dim), rng.vec(heads), rng.vec(rows * dim));
+        let run = |p: IndexProfile, q: &[f32], k: &[f32]| {
+            let mut out = vec![0.0; rows];
+            score_rows(
+                p,
+                &prepare_query(p, q, &w, heads, dim),
+                &prepare_keys(p, k, dim),
+                &mut out,
+            );
+            out
+        };
+        let exact = run(IndexProfile::Exact, &q, &k);
+        let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // The no-Hadamard-k bug is compared with its own bilinear form Σ w ReLU((Hq)·k).
+        let mut qr = q.clone();
+        hadamard_rows(&mut qr, dim).unwrap();
+        let bug_form = run(IndexProfile::Exact, &qr, &k);
+        for (p, tol) in [
+            (IndexProfile::SglangFp8, 0.05),
+            (IndexProfile::SglangBf16Keys, 0.05),
+            (IndexProfile::Bf16Qk, 0.01),
+            (IndexProfile::SglangFp4, 0.3),
+            (IndexProfile::OfficialFp4, 0.3),
+            (IndexProfile::VllmFp8, 0.08),
+            (IndexProfile::Fp8NoHadamardK, 0.08),
+        ] {
+            let got = run(p, &q, &k);
+            let want = if p == IndexProfile::Fp8NoHadamardK {
+                &bug_form
+            } else {
+                &exact
+            };
+            let worst = (0..rows)
+                .map(|i| (got[i] - want[i]).abs() / scale)
+                .fold(0.0f32, f32::max);
+            assert!(worst <= tol, "{p}: worst relative error {worst} > {tol}");
+        }
+    }
+
+    /// The fp8 profiles (SGLang and vLLM) take the head weight as bf16 before the indexer scale and
+    /// the folded query scale: w = 1.01 acts as bf16(1.01) = 1.0078125. (Query scale s_q: Hq0 =
+    /// [2, 0, 0, 0] gives fp32(2/448) for SGLang; vLLM rotates nothing, q0 = [1; 4] gives 2^-8.)
+    #[test]
+    fn fp8_profiles_round_the_head_weight_to_bf16_before_the_scales() {
+        use IndexProfile::*;
+        let sglang_q = 2.0f32 / 448.0;
+        for (p, s_q) in [
+            (SglangFp8, sglang_q),
+            (SglangBf16Keys, sglang_q),
+            (Fp8NoHadamardK, sglang_q),
+            (VllmFp8, 2f32.powi(-8)),
+        ] {
+            let pq = prepare_query(p, &Q, &[1.01, 3.0], HEADS, DIM);
+            assert_eq!(pq.weights[0], (1.0078125 * s()) * s_q, "{p}");
+            assert_ne!(pq.weights[0], (1.01 * s()) * s_q, "{p}: precondition");
+        }
+    }
+
+    /// The profiles whose engines read bf16 inputs round the raw row first (REF's fp4 query and
+    /// key, SGLang's fp4 query, vLLM's fp8 query and key, bf16-qk): an f32 row and its bf16
+    /// rounding prepare identically. The rows are ones where that first rounding matters:
+    /// skipping it moves some element across an e2m1 / e4m3 decision.
+    #[test]
+    fn bf16_first_profiles_round_the_raw_rows_before_anything_else() {
+        use IndexProfile::*;
+        let (heads, dim) = (8usize, 128usize);
+        let mut rng = Rng(31);
+        let (x, w) = (rng.vec(heads * dim), rng.vec(heads));
+        let mut xb = x.clone();
+        bf16_round_slice(&mut xb);
+        assert_ne!(x, xb);
+        for p in [OfficialFp4, SglangFp4, VllmFp8, Bf16Qk] {
+            assert_eq!(
+                prepare_query(p, &x, &w, heads, dim),
+                prepare_query(p, &xb, &w, heads, dim),
+                "{p} query"
+            );
+        }
+        for p in [OfficialFp4, VllmFp8, Bf16Qk] {
+            assert_eq!(
+                prepare_keys(p, &x, dim),
+                prepare_keys(p, &xb, dim),
+                "{p} keys"
+            );
+        }
+        // Preconditions: without the first rounding these rows come out differently.
+        let mut fp4_unrounded = x.clone();
+        hadamard_rows(&mut fp4_unrounded, dim).unwrap();
+        bf16_round_slice(&mut fp4_unrounded);
+        for row in fp4_unrounded.chunks_mut(dim) {
+            fp4_sim_pow2_rne(row, INDEX_FP4_BLOCK);
+        }
+        assert_ne!(fp4_unrounded, prepare_keys(OfficialFp4, &x, dim).values);
+        let fp8_unrounded: Vec<f32> = x
+            .chunks(dim)
+            .flat_map(|h| crate::numerics::quant::fp8_row_scale_pow2(h).0)
+            .collect();
+        assert_ne!(
+            fp8_unrounded,
+            prepare_query(VllmFp8, &x, &w, heads, dim).values
+        );
+    }
+}

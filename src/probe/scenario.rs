@@ -28,13 +28,31 @@ use super::value::{parse_value, RawValue};
 
 /// Built-in scenarios: (name, TOML text).
 pub const BUILTIN: &[(&str, &str)] = &[
-    ("passkey", include_str!("../../scenarios/passkey.toml")),
+    (
+        "passkey",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scenarios/passkey.toml"
+        )),
+    ),
     (
         "kv-retrieval",
-        include_str!("../../scenarios/kv-retrieval.toml"),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scenarios/kv-retrieval.toml"
+        )),
     ),
-    ("code-cwd", include_str!("../../scenarios/code-cwd.toml")),
-    ("essay", include_str!("../../scenarios/essay.toml")),
+    (
+        "code-cwd",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scenarios/code-cwd.toml"
+        )),
+    ),
+    (
+        "essay",
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/essay.toml")),
+    ),
 ];
 
 /// Errors loading or validating a scenario.

@@ -31,7 +31,10 @@ use flate2::read::GzDecoder;
 use std::io::Read;
 
 /// Compressed built-in tokenizer (see the module docs for provenance).
-static BUILTIN_GZ: &[u8] = include_bytes!("../../assets/deepseek-v4-tokenizer.json.gz");
+static BUILTIN_GZ: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/deepseek-v4-tokenizer.json.gz"
+));
 
 /// sha256 of the uncompressed built-in `tokenizer.json`.
 pub const BUILTIN_SHA256: &str = "8f9f37ca37fdc4f5fd36d5cf4d3b0e8392edb4e894fd10cc0d70b4957c8633cf";

@@ -429,19 +429,14 @@ pub fn flash_config_json() -> serde_json::Value {
     serde_json::to_value(ModelConfig::flash()).expect("config serialises")
 }
 
-#[path = "config_sections.rs"]
 mod sections;
 pub use sections::{QuantizationConfig, RopeScaling};
 
-#[path = "config_limits.rs"]
 pub mod limits;
 
-#[path = "config_validate.rs"]
 mod validate;
 
-#[path = "config_presets.rs"]
 mod presets;
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

@@ -39,7 +39,10 @@ pub use legend::{flow, legend_layout, LegendLayout};
 pub use text::{ellipsize_middle, fit_lines, fit_size, text_width};
 
 /// The embedded font.
-const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const FONT_BYTES: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/fonts/DejaVuSans.ttf"
+));
 /// The family every text style uses.
 pub const FONT: &str = "sans-serif";
 /// Size of every PNG.
