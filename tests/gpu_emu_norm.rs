@@ -16,7 +16,7 @@ use emu_support::norm_err;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights, HostOps, PoolLayout};
 use needlescope::config::{LayerKind, ModelConfig};
-use needlescope::model::rope::RopeTable;
+use needlescope::numerics::rope::RopeTable;
 
 /// Uniform values in [-1, 1) from a xorshift stream.
 fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -95,7 +95,7 @@ fn rope_is_bit_exact_forward_and_inverse() {
     let cpu = CpuBackend::new();
     let tables = [
         RopeTable::plain(16, 10000.0),
-        RopeTable::for_layer(&ModelConfig::flash(), LayerKind::Csa),
+        ModelConfig::flash().rope_table(LayerKind::Csa),
     ];
     for gpu in backends() {
         for table in &tables {

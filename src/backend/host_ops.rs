@@ -9,8 +9,8 @@
 use super::{
     AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, PoolLayout, Routes,
 };
-use crate::model::rope::RopeTable;
 use crate::numerics::profiles::IndexProfile;
+use crate::numerics::rope::RopeTable;
 
 /// Host-slice forms of the activation ops of any [`Backend`] (blanket implementation).
 pub trait HostOps: Backend {

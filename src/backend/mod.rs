@@ -35,17 +35,18 @@ pub mod host_ops;
 mod op_types;
 pub mod parity;
 
+pub use crate::numerics::mhc::HcParams;
 pub use cpu::CpuBackend;
 pub use host_ops::HostOps;
 pub use op_types::{
-    AttentionBatch, AttentionProbs, DeviceMemoryUse, FfnWeights, HcParams, HcWeights, MemoryUse,
-    OpTime, PoolLayout, Routes, Site, WeightResidency,
+    AttentionBatch, AttentionProbs, DeviceMemoryUse, FfnWeights, HcWeights, MemoryUse, OpTime,
+    PoolLayout, Routes, Site, WeightResidency,
 };
 
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
-use crate::model::rope::RopeTable;
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
+use crate::numerics::rope::RopeTable;
 
 /// The operations of the DeepSeek-V4 forward pass. Shapes are in each method's docs; arguments
 /// whose lengths disagree with them are a caller bug (methods may panic).

@@ -62,19 +62,6 @@ pub enum Site {
     Head,
 }
 
-/// Scalars of the mHC sites (model.md 4.3): stream count, Sinkhorn iterations and epsilons.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HcParams {
-    /// Residual streams per token (`hc_mult`, 4).
-    pub streams: usize,
-    /// Total Sinkhorn normalisation rounds (`hc_sinkhorn_iters`, 20).
-    pub sinkhorn_iters: usize,
-    /// eps of the unweighted RMS scale over the flattened streams (`rms_norm_eps`).
-    pub norm_eps: f32,
-    /// eps added to pre / softmax / normalisation denominators (`hc_eps`).
-    pub hc_eps: f32,
-}
-
 /// The weights of one mHC site as the backend needs them.
 pub struct HcWeights<'a, M> {
     /// `[(2+n)·n, n·D]` for a layer site, `[n, n·D]` for the head.

@@ -27,7 +27,6 @@ use super::super::inventory::{LogicalTensor, Role};
 use super::super::prng::{tensor_seed, Xoshiro256ss};
 use super::super::values::{generate, Values};
 use crate::config::{LayerKind, ModelConfig};
-use crate::model::rope::RopeTable;
 use rayon::prelude::*;
 
 /// Embedding dim holding the same value for every token.
@@ -104,9 +103,7 @@ impl Recipe {
         let rel = h as f64 * (OFFSET * OFFSET + SPREAD * SPREAD);
         let irr_ch = (nope - h) as f64;
         let irr_sd = (IRR_FRAC * df / irr_ch).sqrt();
-        let freqs = RopeTable::for_layer(cfg, LayerKind::Csa)
-            .frequencies()
-            .to_vec();
+        let freqs = cfg.rope_table(LayerKind::Csa).frequencies().to_vec();
         let mut rope_dims: Vec<usize> = freqs
             .iter()
             .enumerate()

@@ -16,6 +16,7 @@
 //! Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
 //! so there is one source of truth for the layer schedule.
 
+use crate::numerics::rope::RopeTable;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -427,6 +428,20 @@ impl ModelConfig {
 /// invalid inputs.
 pub fn flash_config_json() -> serde_json::Value {
     serde_json::to_value(ModelConfig::flash()).expect("config serialises")
+}
+
+impl ModelConfig {
+    /// The RoPE table a layer of `kind` uses (attention.md 3.3): plain `rope_theta` on SWA
+    /// layers; `compress_rope_theta` on CSA and HCA layers, with YaRN when `rope_scaling` is set.
+    /// Every rope of a layer uses it (q, window kv, compressed rows, index q and keys).
+    pub fn rope_table(&self, kind: LayerKind) -> RopeTable {
+        let d_r = self.qk_rope_head_dim;
+        match (kind, &self.rope_scaling) {
+            (LayerKind::Swa, _) => RopeTable::plain(d_r, self.rope_theta),
+            (_, Some(scaling)) => RopeTable::yarn(d_r, self.compress_rope_theta, &scaling.yarn()),
+            (_, None) => RopeTable::plain(d_r, self.compress_rope_theta),
+        }
+    }
 }
 
 mod sections;

@@ -3,6 +3,7 @@
 //! the official release, ModelOpt's NVFP4 experts). Read as written; checks that need the
 //! whole config live in `config_validate.rs`.
 
+use crate::numerics::rope::Yarn;
 use serde::{Deserialize, Serialize};
 
 /// YaRN parameters (`rope_scaling`). The kind is read from `type` or `rope_type` (configs
@@ -18,6 +19,18 @@ pub struct RopeScaling {
     pub beta_fast: f64,
     #[serde(default = "default_beta_slow")]
     pub beta_slow: f64,
+}
+
+impl RopeScaling {
+    /// The parameters the RoPE table is built from.
+    pub fn yarn(&self) -> Yarn {
+        Yarn {
+            factor: self.factor,
+            original_max_position_embeddings: self.original_max_position_embeddings,
+            beta_fast: self.beta_fast,
+            beta_slow: self.beta_slow,
+        }
+    }
 }
 
 /// `rope_scaling` as written, before `type` and `rope_type` are reconciled.

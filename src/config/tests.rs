@@ -497,3 +497,87 @@ fn text_after_the_config_object_is_refused() {
         .to_string();
     assert!(msg.contains("trailing characters"), "{msg}");
 }
+
+// RoPE tables of the config's layers (attention.md 3.3).
+use crate::numerics::rope::yarn_correction_range;
+
+fn close_rel(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * b.abs()
+}
+
+#[test]
+fn flash_compress_table_matches_attention_md_examples() {
+    let cfg = ModelConfig::flash();
+    let t = cfg.rope_table(LayerKind::Csa);
+    let f = t.frequencies();
+    assert_eq!(f.len(), 32);
+    for (i, want) in [
+        (0, 1.0),
+        (15, 3.6355e-3),
+        (16, 2.2656e-3),
+        (20, 2.9698e-4),
+        (31, 5.6805e-7),
+    ] {
+        assert!(
+            close_rel(f[i] as f64, want, 1e-4),
+            "freq'_{i} = {} want {want}",
+            f[i]
+        );
+    }
+    let (low, high) =
+        yarn_correction_range(64, 160000.0, &cfg.rope_scaling.as_ref().unwrap().yarn());
+    assert_eq!((low, high), (15.0, 25.0));
+}
+
+#[test]
+fn hca_layers_share_the_compress_table_and_swa_is_plain() {
+    let cfg = ModelConfig::flash();
+    assert_eq!(
+        cfg.rope_table(LayerKind::Hca),
+        cfg.rope_table(LayerKind::Csa)
+    );
+    let swa = cfg.rope_table(LayerKind::Swa);
+    // f32 steps: within an ulp or two of the exact value.
+    assert!(close_rel(
+        swa.frequencies()[31] as f64,
+        10000f64.powf(-62.0 / 64.0),
+        2.5e-7
+    ));
+}
+
+/// The angle is REF's f32 product `fp32(pos) · freq'_i` (torch.outer on an f32 table), not
+/// the exact one: at position 100,003 they are 3.4e-3 rad apart on pair 1 of the Flash
+/// compress table, which moves cos by 3.3e-3, nearly a bf16 step at 1.
+#[test]
+fn angles_are_f32_products_of_position_and_frequency() {
+    let t = ModelConfig::flash().rope_table(LayerKind::Csa);
+    let (mut c, mut s) = (vec![0.0; 32], vec![0.0; 32]);
+    let pos = 100_003usize;
+    t.cos_sin(pos, &mut c, &mut s);
+    let f1 = t.frequencies()[1];
+    let f32_angle = (pos as f32 * f1) as f64;
+    let exact_angle = pos as f64 * f1 as f64;
+    assert!(
+        (f32_angle - exact_angle).abs() > 2e-3,
+        "{f32_angle} vs {exact_angle}"
+    );
+    assert_eq!(
+        (c[1], s[1]),
+        (f32_angle.cos() as f32, f32_angle.sin() as f32)
+    );
+    assert!((c[1] as f64 - exact_angle.cos()).abs() > 1e-3);
+    // Pair 0 has freq 1: the angle is the position itself.
+    assert_eq!(t.frequencies()[0], 1.0);
+    assert_eq!(c[0], (pos as f64).cos() as f32);
+}
+
+#[test]
+fn tiny_yarn_ramp_is_inside_the_rope_dims() {
+    let cfg = ModelConfig::tiny();
+    let (low, high) =
+        yarn_correction_range(16, 160000.0, &cfg.rope_scaling.as_ref().unwrap().yarn());
+    assert_eq!((low, high), (3.0, 7.0));
+    let t = cfg.rope_table(LayerKind::Csa);
+    assert_eq!(t.frequencies().len(), 8);
+    assert_eq!(t.frequencies()[0], 1.0);
+}

@@ -20,13 +20,13 @@
 use super::compressor::{visible_rows, Compressor};
 use super::indexer::{Indexer, IndexerRun};
 use super::observer::{AttentionObservation, KvRows, Observer};
-use super::rope::RopeTable;
 use super::state::LayerState;
 use super::{load_matrix, EngineError};
 use crate::backend::{AttentionBatch, AttentionProbs, Backend};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::numerics::rope::RopeTable;
 use rayon::prelude::*;
 
 /// Run-time switches of one attention call and the observer.
@@ -103,7 +103,7 @@ impl<M> Attention<M> {
             sinks: ckpt.f32_tensor(&format!("{p}.attn_sink"), &[h])?,
             compressor,
             indexer,
-            rope: RopeTable::for_layer(cfg, kind),
+            rope: cfg.rope_table(kind),
             heads: h,
             head_dim: hd,
             rope_dim: cfg.qk_rope_head_dim,

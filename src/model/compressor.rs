@@ -19,12 +19,12 @@
 //! Shapes: `feed` takes the chunk's attention input `x [T, D]` at positions `first_pos..` and
 //! returns the rows it completed, `[rows, c]`, starting at row index `first_row`.
 
-use super::rope::RopeTable;
 use super::state::CompressorState;
 use super::{load_matrix, EngineError};
 use crate::backend::{Backend, PoolLayout};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::numerics::rope::RopeTable;
 
 /// Number of compressed rows of ratio `ratio` that query position `t` may see.
 pub fn visible_rows(t: usize, ratio: usize) -> usize {

@@ -20,13 +20,13 @@
 
 use super::compressor::{visible_rows, Compressor};
 use super::observer::{IndexerObservation, Observer};
-use super::rope::RopeTable;
 use super::state::IndexKeyStore;
 use super::{load_matrix, EngineError};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::numerics::profiles::IndexProfile;
+use crate::numerics::rope::RopeTable;
 
 /// Query tokens scored per batched call (bounds the `[tokens, rows]` score block).
 pub(crate) const TOKENS_PER_BLOCK: usize = 256;

@@ -21,7 +21,7 @@ pub mod indexer;
 pub mod layer;
 pub mod moe;
 pub mod observer;
-pub mod rope;
+
 pub mod state;
 
 pub use bench::{bench_prefill, BenchFigures};

@@ -18,9 +18,11 @@
 pub mod codecs;
 pub mod formats;
 pub mod hadamard;
+pub mod mhc;
 pub mod modes;
 pub mod profiles;
 pub mod quant;
+pub mod rope;
 pub mod score_batch;
 
 pub use hadamard::{hadamard_inplace, hadamard_rows};

@@ -1,5 +1,5 @@
 //! mHC ops of the CPU backend: the batched pre-mix (one GEMM for the mixes of all tokens, then
-//! per-token coefficients from `crate::model::hyper`), the post-mix and the head mix.
+//! per-token coefficients from `crate::numerics::mhc`), the post-mix and the head mix.
 //!
 //! Shapes: `streams [T, n, D]`, block input / output `[T, D]`, `post [T, n]`, `comb [T, n, n]`.
 //! The RMS scale of the flattened streams is accumulated in f64 (then used as f32), so it does
@@ -7,7 +7,7 @@
 
 use super::linalg::{matmul, CpuMatrix};
 use crate::backend::{HcParams, HcWeights};
-use crate::model::hyper::{head_coefficients, site_coefficients};
+use crate::numerics::mhc::{head_coefficients, site_coefficients};
 use rayon::prelude::*;
 
 /// `mixes[T, rows] = (x · fnᵀ) / sqrt(mean(x²) + eps)` per token, x = the token's streams.

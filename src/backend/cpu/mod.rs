@@ -23,9 +23,9 @@ use crate::backend::{
 };
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
-use crate::model::rope::RopeTable;
 use crate::numerics::profiles::{self, IndexProfile, PreparedQuery};
 use crate::numerics::quant;
+use crate::numerics::rope::RopeTable;
 use rayon::prelude::*;
 
 /// The CPU reference backend. Uses rayon's global pool. `weights` says how linears are kept:

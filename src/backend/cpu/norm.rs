@@ -2,10 +2,10 @@
 //!
 //! RMS norm accumulates the mean square in f64 in [`RMS_LANES`] interleaved lanes (one
 //! rounding to f32 at the end), the order the GPU's `el_rms_lanes` also sums in; RoPE
-//! evaluates cos / sin per position in f64 (see `model::rope`). Shapes: `x` is `[n, dim]` for
+//! evaluates cos / sin per position in f64 (see `numerics::rope`). Shapes: `x` is `[n, dim]` for
 //! the norm, `[P, vectors, vec_len]` for RoPE with the rotated dims at the end of each vector.
 
-use crate::model::rope::{rotate_pairs, RopeTable};
+use crate::numerics::rope::{rotate_pairs, RopeTable};
 use rayon::prelude::*;
 
 /// Interleaved partial sums of [`rms_scale`]: lane `l` adds the squares of elements `l`,

@@ -27,7 +27,7 @@
 use super::executor::{buf, grid_for, Arg};
 use super::{Act, Executor, GpuAct, GpuBackend, GpuError};
 use crate::backend::PoolLayout;
-use crate::model::rope::RopeTable;
+use crate::numerics::rope::RopeTable;
 use rayon::prelude::*;
 
 /// `r [rows]`: `1 / sqrt(mean(x²) + eps)` of each `dim`-long vector of `x` (f32 on the device),

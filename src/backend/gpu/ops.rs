@@ -12,8 +12,8 @@ use crate::backend::{
 };
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
-use crate::model::rope::RopeTable;
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
+use crate::numerics::rope::RopeTable;
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 

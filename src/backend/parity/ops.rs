@@ -12,8 +12,8 @@ use crate::backend::{
     AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HcParams, HcWeights, HostOps,
     PoolLayout, Routes,
 };
-use crate::model::rope::RopeTable;
 use crate::numerics::profiles::IndexProfile;
+use crate::numerics::rope::RopeTable;
 
 /// Shapes of the op checks.
 #[derive(Clone, Debug)]

@@ -1,4 +1,6 @@
-//! RoPE frequency tables, one per layer (attention.md 3.3, generalised to any rope dim d_r).
+//! RoPE frequency tables (attention.md 3.3, generalised to any rope dim d_r). Which table a layer
+//! uses is the config's business ([`crate::config::ModelConfig::rope_table`]); this file owns the
+//! arithmetic.
 //!
 //! - Ratio-0 (SWA) layers: `freq_i = rope_theta^(-2i/d_r)`, i = 0..d_r/2, no YaRN.
 //! - Ratio-4 / 128 layers: base `compress_rope_theta` with YaRN (no mscale, so cos/sin keep unit
@@ -19,7 +21,14 @@
 //! Angles are evaluated on the fly per position (d_r/2 sin/cos pairs), so there is no table
 //! length limit.
 
-use crate::config::{LayerKind, ModelConfig, RopeScaling};
+/// The YaRN parameters of a table (config.json's `rope_scaling`, without its kind).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position_embeddings: u64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+}
 
 /// The rotary frequencies of one layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,7 +55,7 @@ impl RopeTable {
     }
 
     /// RoPE with YaRN frequency blending (no mscale).
-    pub fn yarn(rope_dim: usize, base: f64, scaling: &RopeScaling) -> Self {
+    pub fn yarn(rope_dim: usize, base: f64, scaling: &Yarn) -> Self {
         let mut table = Self::plain(rope_dim, base);
         let (low, high) = yarn_correction_range(rope_dim, base, scaling);
         let span = if high == low { 0.001 } else { high - low } as f32;
@@ -58,16 +67,6 @@ impl RopeTable {
             *f = *f / factor * (1.0 - smooth) + *f * smooth;
         }
         table
-    }
-
-    /// The table a layer of `kind` uses under `cfg`.
-    pub fn for_layer(cfg: &ModelConfig, kind: LayerKind) -> Self {
-        let d_r = cfg.qk_rope_head_dim;
-        match (kind, &cfg.rope_scaling) {
-            (LayerKind::Swa, _) => Self::plain(d_r, cfg.rope_theta),
-            (_, Some(scaling)) => Self::yarn(d_r, cfg.compress_rope_theta, scaling),
-            (_, None) => Self::plain(d_r, cfg.compress_rope_theta),
-        }
     }
 
     /// Number of rotated dims (the trailing `rope_dim` of each vector).
@@ -93,7 +92,7 @@ impl RopeTable {
 }
 
 /// `(low, high)` pair indices of the YaRN ramp (floats, already floored / ceiled and clamped).
-pub fn yarn_correction_range(rope_dim: usize, base: f64, scaling: &RopeScaling) -> (f64, f64) {
+pub fn yarn_correction_range(rope_dim: usize, base: f64, scaling: &Yarn) -> (f64, f64) {
     let orig = scaling.original_max_position_embeddings as f64;
     let corr = |rotations: f64| {
         rope_dim as f64 * (orig / (2.0 * std::f64::consts::PI * rotations)).ln() / (2.0 * base.ln())
@@ -118,85 +117,6 @@ pub fn rotate_pairs(tail: &mut [f32], cos: &[f32], sin: &[f32], inverse: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn close(a: f64, b: f64, rel: f64) -> bool {
-        (a - b).abs() <= rel * b.abs()
-    }
-
-    #[test]
-    fn flash_compress_table_matches_attention_md_examples() {
-        let cfg = ModelConfig::flash();
-        let t = RopeTable::for_layer(&cfg, LayerKind::Csa);
-        let f = t.frequencies();
-        assert_eq!(f.len(), 32);
-        for (i, want) in [
-            (0, 1.0),
-            (15, 3.6355e-3),
-            (16, 2.2656e-3),
-            (20, 2.9698e-4),
-            (31, 5.6805e-7),
-        ] {
-            assert!(
-                close(f[i] as f64, want, 1e-4),
-                "freq'_{i} = {} want {want}",
-                f[i]
-            );
-        }
-        let (low, high) = yarn_correction_range(64, 160000.0, cfg.rope_scaling.as_ref().unwrap());
-        assert_eq!((low, high), (15.0, 25.0));
-    }
-
-    #[test]
-    fn hca_layers_share_the_compress_table_and_swa_is_plain() {
-        let cfg = ModelConfig::flash();
-        assert_eq!(
-            RopeTable::for_layer(&cfg, LayerKind::Hca),
-            RopeTable::for_layer(&cfg, LayerKind::Csa)
-        );
-        let swa = RopeTable::for_layer(&cfg, LayerKind::Swa);
-        // f32 steps: within an ulp or two of the exact value.
-        assert!(close(
-            swa.frequencies()[31] as f64,
-            10000f64.powf(-62.0 / 64.0),
-            2.5e-7
-        ));
-    }
-
-    /// The angle is REF's f32 product `fp32(pos) · freq'_i` (torch.outer on an f32 table), not
-    /// the exact one: at position 100,003 they are 3.4e-3 rad apart on pair 1 of the Flash
-    /// compress table, which moves cos by 3.3e-3, nearly a bf16 step at 1.
-    #[test]
-    fn angles_are_f32_products_of_position_and_frequency() {
-        let t = RopeTable::for_layer(&ModelConfig::flash(), LayerKind::Csa);
-        let (mut c, mut s) = (vec![0.0; 32], vec![0.0; 32]);
-        let pos = 100_003usize;
-        t.cos_sin(pos, &mut c, &mut s);
-        let f1 = t.frequencies()[1];
-        let f32_angle = (pos as f32 * f1) as f64;
-        let exact_angle = pos as f64 * f1 as f64;
-        assert!(
-            (f32_angle - exact_angle).abs() > 2e-3,
-            "{f32_angle} vs {exact_angle}"
-        );
-        assert_eq!(
-            (c[1], s[1]),
-            (f32_angle.cos() as f32, f32_angle.sin() as f32)
-        );
-        assert!((c[1] as f64 - exact_angle.cos()).abs() > 1e-3);
-        // Pair 0 has freq 1: the angle is the position itself.
-        assert_eq!(t.frequencies()[0], 1.0);
-        assert_eq!(c[0], (pos as f64).cos() as f32);
-    }
-
-    #[test]
-    fn tiny_yarn_ramp_is_inside_the_rope_dims() {
-        let cfg = ModelConfig::tiny();
-        let (low, high) = yarn_correction_range(16, 160000.0, cfg.rope_scaling.as_ref().unwrap());
-        assert_eq!((low, high), (3.0, 7.0));
-        let t = RopeTable::for_layer(&cfg, LayerKind::Csa);
-        assert_eq!(t.frequencies().len(), 8);
-        assert_eq!(t.frequencies()[0], 1.0);
-    }
 
     #[test]
     fn inverse_rotation_undoes_forward() {
