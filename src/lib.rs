@@ -23,6 +23,7 @@ pub mod plan;
 pub mod probe;
 pub mod progress;
 pub mod report;
+pub mod run;
 pub mod sweep;
 pub mod trace;
 pub mod units;

@@ -143,7 +143,7 @@ fn tensor_error(a: &[f32], b: &[f32]) -> f64 {
 
 /// Compares two trace files: same tensors, shapes, dtypes and metadata (backend aside),
 /// integer tensors (tokens, positions) equal, and, with the thresholds of
-/// `backend::parity::forward::ForwardTolerance::F32` (normalised by each tensor's largest
+/// `run::parity::ForwardTolerance::F32` (normalised by each tensor's largest
 /// finite magnitude; non-finite entries equal):
 /// - `exact` index and KV (`rounding` false): every f32 tensor (raw q, keys, head weights,
 ///   scores, logits) within 1e-4, and no top-k row selected by one side only unless its CPU
@@ -300,7 +300,7 @@ fn trace_with_indexer_inputs_on_the_emulator_equals_the_cpu() {
     // fp8 KV only on the default kernels: the GEMM attention sums in another order, and on
     // these ids that one-ulp difference flips one e4m3 rounding of a window KV element of the
     // HCA layer (layer 2, position 3, one code step of 0.25), which all later positions attend
-    // to; without the replay of backend::parity::forward (a trace replays nothing) the logits
+    // to; without the replay of run::parity (a trace replays nothing) the logits
     // then move by 0.2 through rerouted experts (1.3e-2 with the selection and route replays,
     // 7e-7 with the KV rows replayed too). The engine-level forward checks cover the GEMM
     // attention under fp8 KV on these ids (tests/gpu_emu_combos.rs).

@@ -1,5 +1,5 @@
 //! Combinations the GPU backend supports that `tests/gpu_emu_parity.rs` leaves out, on the host
-//! emulator against the CPU reference (`backend::parity::forward`, same thresholds): every
+//! emulator against the CPU reference (`run::parity`, same thresholds): every
 //! index profile under both KV modes as the driving profile, the NVIDIA NVFP4 checkpoint,
 //! chunks of 1 and chunks shorter than the compress ratio or not dividing the prompt, prompts
 //! too short for a compressed row (HCA with none), decode steps on the prefill's sequence
@@ -11,7 +11,7 @@ mod engine_support;
 
 use engine_support::{synth_model, SynthModel};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
-use needlescope::backend::parity::forward::{check_forward_decode, ForwardCase, ForwardTolerance};
+use needlescope::run::parity::{check_forward_decode, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::{Preset, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};

@@ -9,7 +9,7 @@ mod engine_support;
 
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::backend::parity::forward::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::{table, Check, Rng};
 use needlescope::backend::{Backend, HostOps};
 use needlescope::checkpoint::linear::{LinearForm, SharedLinear};

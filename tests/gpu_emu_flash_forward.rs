@@ -12,7 +12,7 @@ mod engine_support;
 
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::backend::parity::forward::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::{Preset, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};

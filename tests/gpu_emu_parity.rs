@@ -8,7 +8,7 @@ mod engine_support;
 
 use engine_support::{synth_model, synth_model_with, tokens, SynthModel};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
-use needlescope::backend::parity::forward::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::ops::{check_ops, OpDims};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::{Preset, WeightFormat};

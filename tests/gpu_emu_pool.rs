@@ -9,7 +9,7 @@ use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::executor::{download, upload};
 use needlescope::backend::gpu::pool::BufferPool;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, Executor, GemmType, GpuError};
-use needlescope::backend::parity::forward::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::{Preset, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};

@@ -90,7 +90,7 @@ pub trait Observer {
     /// `selected` is `[tokens, k]` for positions `first_pos..` (as observed), and whatever this
     /// leaves in it is what attention uses. A harness replays another engine's selections here so
     /// that one legitimate rounding flip (a row crossing the cut-off) does not make two forwards
-    /// diverge from that position on (backend::parity::forward). The default keeps the engine's.
+    /// diverge from that position on (run::parity). The default keeps the engine's.
     fn replace_selection(
         &mut self,
         _layer: usize,
@@ -123,7 +123,7 @@ pub trait Observer {
     /// `rows` is what gets rounded and cached. A harness replays another engine's unrounded
     /// rows here (after checking they are close), so that a one-ulp difference upstream cannot
     /// flip an e4m3 code, one step of up to 1/8 of an element, and make two forwards drift
-    /// apart from there (backend::parity::forward). Only called when `wants_kv_inputs`.
+    /// apart from there (run::parity). Only called when `wants_kv_inputs`.
     /// Returns whether it changed `rows`: only then are they uploaded again, so an engine whose
     /// rows are only recorded keeps its own buffer (its production path).
     fn replace_kv_input(

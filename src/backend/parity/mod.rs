@@ -1,5 +1,5 @@
 //! Parity of a backend with the CPU reference: every op on fresh random inputs ([`ops`]) and
-//! whole forward passes ([`forward`]), reported as [`Check`]s with a normalised error and the
+//! whole forward passes (`crate::run::parity`, which drives two engines), reported as [`Check`]s with a normalised error and the
 //! threshold it must meet.
 //!
 //! Used by `tests/gpu_emu_parity.rs` (the GPU backend's logic on the host emulator, on CI) and
@@ -11,7 +11,6 @@
 //! reference scores of the differing rows are not within the score tolerance of the k-th score
 //! (ties and near-ties aside).
 
-pub mod forward;
 pub mod ops;
 
 /// One comparison.

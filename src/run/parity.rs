@@ -19,7 +19,7 @@
 //! both then round the same values to the same codes, and the logits are held to the same
 //! bound as with exact KV.
 
-use super::{normalised_error, Check};
+use crate::backend::parity::{normalised_error, Check};
 use crate::backend::{Backend, CpuBackend};
 use crate::model::{
     Engine, EngineError, EngineOptions, IndexerObservation, KvRows, LogitsRequest, Observer,
