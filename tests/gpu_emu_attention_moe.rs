@@ -24,7 +24,7 @@ use needlescope::backend::{
 use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    needlescope::backend::parity::Rng::new(seed).signed_n(n)
+    needlescope::numerics::rng::Rng::new(seed).signed_n(n)
 }
 
 fn scaled(n: usize, seed: u64, scale: f32) -> Vec<f32> {

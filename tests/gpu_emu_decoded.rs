@@ -9,13 +9,14 @@ mod engine_support;
 
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
-use needlescope::backend::parity::{table, Check, Rng};
+use needlescope::backend::parity::{table, Check};
 use needlescope::backend::{Backend, HostOps};
 use needlescope::checkpoint::linear::{LinearForm, SharedLinear};
 use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
+use needlescope::numerics::rng::Rng;
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 
 /// Every linear weight of the checkpoint that loads (FP4 packs two values a byte: the logical
 /// input is then twice the stored width).

@@ -12,11 +12,11 @@ mod engine_support;
 
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::{Preset, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 
 #[test]
 #[ignore = "6.5 minutes and 16 GB: cargo test --release --test gpu_emu_flash_forward -- --ignored"]

@@ -16,27 +16,7 @@ fn gpu() -> EmuBackend {
     EmuBackend::single(EmuExecutor::default(), GemmType::Bf16)
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1), never exactly zero.
-    fn uniform(&mut self) -> f32 {
-        let v = ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-        if v == 0.0 {
-            0.5
-        } else {
-            v
-        }
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform() * scale).collect()
-    }
-}
+use needlescope::numerics::rng::Rng;
 
 fn p2(e: i32) -> f32 {
     2f32.powi(e)
@@ -107,23 +87,23 @@ fn saturating_amax() -> f32 {
 /// Random rows of many magnitudes plus the special rows; `dim` 64 also gets the tie rows
 /// pre-rotated (H/8 is exact there), so rotating profiles see the ties after their rotation.
 fn rows(dim: usize, seed: u64) -> Vec<f32> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut v = Vec::new();
     for r in 0..24 {
-        v.extend(rng.vec(dim, p2(r % 16 - 8)));
+        v.extend(rng.values(dim, p2(r % 16 - 8)));
     }
     v.extend(vec![0.0; dim]);
-    v.extend(rng.vec(dim, 1e-6));
-    v.extend(rng.vec(dim, 1e-39));
-    v.extend(rng.vec(dim, 3e4));
-    let mut sat = rng.vec(dim, 0.5);
+    v.extend(rng.values(dim, 1e-6));
+    v.extend(rng.values(dim, 1e-39));
+    v.extend(rng.values(dim, 3e4));
+    let mut sat = rng.values(dim, 0.5);
     sat[3] = saturating_amax();
     v.extend(sat);
     v.extend(fp8_tie_row(dim));
     v.extend(fp4_tie_row(dim));
     // A scale that is no power of two (amax 1344: s = 3, fp32(1/3) inexact): `x * fp32(1/s)`
     // (REF's order) and `x / s` encode this x to neighbouring e4m3 codes.
-    let mut third = rng.vec(dim, 0.5);
+    let mut third = rng.values(dim, 0.5);
     third[1] = 1344.0;
     third[2] = f32::from_bits(0x3d63_ffff); // 0.05566406
     v.extend(third);
@@ -152,8 +132,8 @@ fn prepared_keys_and_queries_are_bit_identical_to_cpu_in_every_profile() {
     for (dim, seed) in [(64usize, 3u64), (128, 4), (32, 5), (256, 6)] {
         let raw = rows(dim, seed);
         let n = raw.len() / dim;
-        let mut rng = Rng(seed + 100);
-        let mut w_raw = rng.vec(n, 4.0);
+        let mut rng = Rng::new(seed + 100);
+        let mut w_raw = rng.values(n, 4.0);
         w_raw[0] = 1.0 + p2(-8); // a bf16 tie
         w_raw[1] = -(1.0 + 3.0 * p2(-8));
         for p in IndexProfile::ALL {
@@ -257,10 +237,10 @@ fn prepared(
     seed: u64,
 ) -> Prepared {
     let cpu = CpuBackend::new();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut raw = Vec::new();
     for r in 0..n {
-        raw.extend(rng.vec(dim, 0.25 + (r % 7) as f32 * 0.5));
+        raw.extend(rng.values(dim, 0.25 + (r % 7) as f32 * 0.5));
     }
     let (mut keys, mut scales) = (vec![0.0; n * dim], vec![0.0; n]);
     cpu.index_prepare_keys(p, &raw, dim, &mut keys, &mut scales);
@@ -268,8 +248,8 @@ fn prepared(
         .map(|_| {
             cpu.index_prepare_query(
                 p,
-                &rng.vec(heads * dim, 2.0),
-                &rng.vec(heads, 3.0),
+                &rng.values(heads * dim, 2.0),
+                &rng.values(heads, 3.0),
                 heads,
                 dim,
             )
@@ -319,14 +299,14 @@ fn unprepared_inputs_are_scored_in_f32_not_rounded_to_bf16() {
     // A caller may score raw f32 values under a rounding profile: the GEMM must not round them.
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     let (heads, dim, n) = (8, 64, 50);
-    let mut rng = Rng(21);
+    let mut rng = Rng::new(21);
     let q = PreparedQuery {
-        values: rng.vec(heads * dim, 1.0),
-        weights: rng.vec(heads, 1.0),
+        values: rng.values(heads * dim, 1.0),
+        weights: rng.values(heads, 1.0),
         heads,
         dim,
     };
-    let keys = rng.vec(n * dim, 1.0);
+    let keys = rng.values(n * dim, 1.0);
     let scales = vec![1.0; n];
     let (mut want, mut got) = (vec![0.0; n], vec![0.0; n]);
     cpu.index_scores(IndexProfile::SglangFp8, &q, &keys, &scales, dim, &mut want);
@@ -340,7 +320,7 @@ fn unprepared_inputs_are_scored_in_f32_not_rounded_to_bf16() {
     assert!(c.keys.iter().all(|v| v.to_bits() & 0xFFFF == 0));
     let flat_q: Vec<f32> = c.queries.iter().flat_map(|q| q.values.clone()).collect();
     let flat_w: Vec<f32> = c.queries.iter().flat_map(|q| q.weights.clone()).collect();
-    let raw_q = rng.vec(flat_q.len(), 1.0);
+    let raw_q = rng.values(flat_q.len(), 1.0);
     let visible = [n, 7, n - 1];
     for (what, qv, k) in [("raw keys", &flat_q, &keys), ("raw q", &raw_q, &c.keys)] {
         let (mut want, mut got) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
@@ -468,9 +448,9 @@ fn check_topk(scores: &[f32], k: usize, what: &str) {
 
 /// Scores drawn from a small set with NaN, infinities and signed zeros: ties everywhere.
 fn tricky_scores(n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     (0..n)
-        .map(|_| match rng.next() % 12 {
+        .map(|_| match rng.next_u64() % 12 {
             0 => f32::NAN,
             1 => f32::NEG_INFINITY,
             2 => 0.0,
@@ -478,7 +458,7 @@ fn tricky_scores(n: usize, seed: u64) -> Vec<f32> {
             4 => f32::INFINITY,
             5 => 1.5,
             6 => -f32::MIN_POSITIVE / 4.0,
-            _ => (rng.next() % 1000) as f32 / 37.0 - 13.0,
+            _ => (rng.next_u64() % 1000) as f32 / 37.0 - 13.0,
         })
         .collect()
 }
@@ -498,8 +478,8 @@ fn topk_matches_cpu_with_ties_nan_infinities_and_short_rows() {
 #[test]
 fn topk_of_32k_rows_matches_cpu() {
     let n = 32768;
-    let mut rng = Rng(77);
-    let smooth: Vec<f32> = (0..n).map(|_| rng.uniform() * 10.0).collect();
+    let mut rng = Rng::new(77);
+    let smooth: Vec<f32> = (0..n).map(|_| rng.signed() * 10.0).collect();
     let tricky = tricky_scores(n, 78);
     let equal = vec![0.25f32; n];
     let mut nan = vec![f32::NAN; n];

@@ -9,8 +9,8 @@
 use needlescope::backend::gpu::executor::{Arg, Executor, Gemm, GpuError};
 use needlescope::backend::gpu::topk::topk_batch_grouped;
 use needlescope::backend::gpu::{EmuExecutor, GemmType, GpuBackend};
-use needlescope::backend::parity::Rng;
 use needlescope::backend::{Backend, CpuBackend, HostOps};
+use needlescope::numerics::rng::Rng;
 use needlescope::numerics::IndexProfile;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -9,7 +9,7 @@
 
 use needlescope::backend::gpu::executor::{buf, download, grid_for, upload, Arg};
 use needlescope::backend::gpu::{EmuExecutor, Executor};
-use needlescope::backend::parity::Rng;
+use needlescope::numerics::rng::Rng;
 
 const ROWS: usize = 6;
 const COLS: usize = 96;

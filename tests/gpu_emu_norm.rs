@@ -18,9 +18,9 @@ use needlescope::backend::{Backend, CpuBackend, HcParams, HcWeights, HostOps, Po
 use needlescope::config::{LayerKind, ModelConfig};
 use needlescope::numerics::rope::RopeTable;
 
-/// Uniform values in [-1, 1) from a xorshift stream.
+/// Uniform values in [-1, 1) from the crate PRNG.
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    needlescope::backend::parity::Rng::new(seed).signed_n(n)
+    needlescope::numerics::rng::Rng::new(seed).signed_n(n)
 }
 
 fn backends() -> [EmuBackend; 2] {

@@ -9,11 +9,11 @@ use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::executor::{download, upload};
 use needlescope::backend::gpu::pool::BufferPool;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, Executor, GemmType, GpuError};
-use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::{Preset, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
+use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 
 #[test]
 fn a_freed_buffer_is_reused_and_comes_back_zeroed() {

@@ -399,13 +399,8 @@ fn compare_profile_records_take_the_kth_score_and_margin_from_their_own_scores()
 /// no false disagreement, and one for a selection that contradicts an unambiguous rank.
 #[test]
 fn every_record_field_follows_the_definitions_for_every_span_and_query() {
-    let mut seed = 12345u64;
-    let mut rnd = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) as usize
-    };
+    let mut rng = needlescope::numerics::rng::Rng::new(12345);
+    let mut rnd = || (rng.next_u64() >> 33) as usize;
     let (mut checked, mut flipped) = (0, 0);
     for t in 0..90usize {
         for a in 0..t + 6 {

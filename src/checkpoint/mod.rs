@@ -23,7 +23,6 @@ pub mod header;
 pub mod inventory;
 pub mod linear;
 pub mod planted;
-pub mod prng;
 pub mod reader;
 pub mod synth;
 pub mod values;

@@ -19,8 +19,8 @@
 use super::values::{dims, needle_x, Recipe, OFFSET};
 use super::CheckpointError;
 use crate::config::LayerKind;
+use crate::numerics::rng::Rng;
 use crate::probe::haystack::noise_sentence;
-use crate::probe::rng::Rng;
 use crate::probe::tokenizer::V4Tokenizer;
 
 /// Sentences of reference haystack text (about 15 tokens each).

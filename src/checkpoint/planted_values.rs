@@ -24,9 +24,9 @@
 //! by `HC_SCALE`, so the residual stream stays close to the embedding.
 
 use super::super::inventory::{LogicalTensor, Role};
-use super::super::prng::{tensor_seed, Xoshiro256ss};
 use super::super::values::{generate, Values};
 use crate::config::{LayerKind, ModelConfig};
+use crate::numerics::rng::{tensor_seed, Xoshiro256ss};
 use rayon::prelude::*;
 
 /// Embedding dim holding the same value for every token.

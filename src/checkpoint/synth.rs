@@ -27,7 +27,6 @@ use super::inventory::{
     expand, linear_storage, logical_inventory, CompressorKinds, ExpectedTensor, InventoryOptions,
     LinearStorage, LogicalTensor, FP4_GROUP,
 };
-use super::prng::CHUNK;
 use super::reader::INDEX_FILE;
 use super::values::{fill_f32, generate, Values};
 use super::writer::{assign_shards, claim_out_dir, shard_file_name, SafetensorsWriter};
@@ -37,6 +36,7 @@ use crate::numerics::formats::{
     f32_to_bf16_bytes, f32_to_f32_bytes, i64_to_bytes, quant_fp4_group, quant_fp8_block,
     quant_nvfp4,
 };
+use crate::numerics::rng::CHUNK;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

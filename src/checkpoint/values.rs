@@ -18,8 +18,8 @@
 //! logical weights in every format; formats differ only in how they round them.
 
 use super::inventory::{LogicalTensor, Role};
-use super::prng::{irwin_hall4, tensor_seed, unit_f64, Xoshiro256ss, CHUNK};
 use crate::config::ModelConfig;
+use crate::numerics::rng::{irwin_hall4, tensor_seed, unit_f64, Xoshiro256ss, CHUNK};
 use rayon::prelude::*;
 
 /// A generated tensor, before any storage rounding.

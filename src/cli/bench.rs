@@ -270,14 +270,9 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     // Deterministic ids in [3, vocab): the same prompts on every run.
     let prompt = |n: usize| -> Vec<u32> {
-        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rng = crate::numerics::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
         (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                3 + ((s >> 33) % (cfg.vocab_size as u64 - 3)) as u32
-            })
+            .map(|_| 3 + rng.below(cfg.vocab_size - 3) as u32)
             .collect()
     };
     let prompts = lengths.iter().map(|&n| prompt(n)).collect();

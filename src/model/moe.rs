@@ -255,21 +255,11 @@ mod tests {
             0.75,
             0.5,
         ];
-        let mut x: u64 = 7;
+        let mut rng = crate::numerics::rng::Rng::new(7);
         for case in 0..400 {
             let e = 1 + case % 37;
-            let pick = |x: &mut u64| {
-                *x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (*x >> 33) as usize
-            };
-            let scores: Vec<f32> = (0..e)
-                .map(|_| palette[pick(&mut x) % palette.len()])
-                .collect();
-            let bias: Vec<f32> = (0..e)
-                .map(|_| [0.0, 0.25, -0.25][pick(&mut x) % 3])
-                .collect();
+            let scores: Vec<f32> = (0..e).map(|_| *rng.pick(&palette)).collect();
+            let bias: Vec<f32> = (0..e).map(|_| *rng.pick(&[0.0, 0.25, -0.25])).collect();
             for k in [0, 1, 2, 6, e, e + 3] {
                 assert_eq!(
                     top_k_biased(&scores, &bias, k),

@@ -388,19 +388,7 @@ mod tests {
     use super::*;
     use crate::numerics::codecs::{e8m0_to_f32, E2M1_TO_F32, E4M3_TO_F32};
 
-    /// Tiny deterministic generator for test data (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::numerics::rng::Rng;
 
     /// A random non-NaN e4m3 code.
     fn e4m3_code(rng: &mut Rng) -> u8 {
@@ -456,7 +444,7 @@ mod tests {
     #[test]
     fn fp8_block_round_trip_is_exact_on_representable_input() {
         for &(rows, cols) in &[(130usize, 200usize), (3, 5), (128, 128), (257, 1)] {
-            let mut rng = Rng(0x9E37_79B9 ^ (rows * 1000 + cols) as u64);
+            let mut rng = Rng::new(0x9E37_79B9 ^ (rows * 1000 + cols) as u64);
             let (br, bc) = (rows.div_ceil(128), cols.div_ceil(128));
             let scale: Vec<u8> = (0..br * bc).map(|_| 110 + rng.below(30) as u8).collect();
             let mut w: Vec<u8> = (0..rows * cols).map(|_| e4m3_code(&mut rng)).collect();
@@ -530,7 +518,7 @@ mod tests {
     #[test]
     fn fp4_group_round_trip_is_exact_on_odd_shapes() {
         for &(rows, cols) in &[(5usize, 64usize), (3, 70), (1, 2)] {
-            let mut rng = Rng(0xDEAD_BEEF ^ (rows * 100 + cols) as u64);
+            let mut rng = Rng::new(0xDEAD_BEEF ^ (rows * 100 + cols) as u64);
             let sc = cols.div_ceil(32);
             let scale: Vec<u8> = (0..rows * sc).map(|_| 115 + rng.below(20) as u8).collect();
             let mut codes: Vec<u8> = (0..rows * cols).map(|_| rng.below(16) as u8).collect();
@@ -595,7 +583,7 @@ mod tests {
     fn nvfp4_round_trip_is_exact_when_scales_are_consistent() {
         // scale_2 = 2^-10 and the global amax 6·448·2^-10 make every quantiser step exact.
         let (rows, cols) = (3usize, 48usize);
-        let mut rng = Rng(42);
+        let mut rng = Rng::new(42);
         let sc = cols / 16;
         let mut scale: Vec<u8> = (0..rows * sc)
             .map(|_| 0x20 + rng.below(0x50) as u8)

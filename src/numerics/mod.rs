@@ -22,6 +22,7 @@ pub mod mhc;
 pub mod modes;
 pub mod profiles;
 pub mod quant;
+pub mod rng;
 pub mod rope;
 pub mod score_batch;
 

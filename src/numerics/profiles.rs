@@ -335,18 +335,7 @@ mod tests {
         score(p, &pq, &kv, ks)
     }
 
-    struct Rng(u64);
-    impl Rng {
-        fn uniform(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.uniform()).collect()
-        }
-    }
+    use crate::numerics::rng::Rng;
 
     #[test]
     fn weight_scale_is_two_to_minus_6_5_for_the_real_indexer() {
@@ -519,8 +508,12 @@ mod tests {
     #[test]
     fn exact_scores_are_invariant_under_hadamard_on_both_sides() {
         let (heads, dim, rows) = (4usize, 32usize, 10usize);
-        let mut rng = Rng(7);
-        let (q, w, k) = (rng.vec(heads * dim), rng.vec(heads), rng.vec(rows * dim));
+        let mut rng = Rng::new(7);
+        let (q, w, k) = (
+            rng.values(heads * dim, 1.0),
+            rng.values(heads, 1.0),
+            rng.values(rows * dim, 1.0),
+        );
         let (mut qr, mut kr) = (q.clone(), k.clone());
         hadamard_rows(&mut qr, dim).unwrap();
         hadamard_rows(&mut kr, dim).unwrap();
@@ -553,8 +546,12 @@ mod tests {
     #[test]
     fn batch_and_streaming_preparation_agree_for_every_profile() {
         let (heads, dim, rows) = (4usize, 32usize, 300usize);
-        let mut rng = Rng(11);
-        let (q, w, k) = (rng.vec(heads * dim), rng.vec(heads), rng.vec(rows * dim));
+        let mut rng = Rng::new(11);
+        let (q, w, k) = (
+            rng.values(heads * dim, 1.0),
+            rng.values(heads, 1.0),
+            rng.values(rows * dim, 1.0),
+        );
         for p in IndexProfile::ALL {
             let pq = prepare_query(p, &q, &w, heads, dim);
             let keys = prepare_keys(p, &k, dim);
@@ -576,8 +573,12 @@ mod tests {
     #[test]
     fn every_profile_stays_near_exact_scores() {
         let (heads, dim, rows) = (8usize, 128usize, 64usize);
-        let mut rng = Rng(23);
-        let (q, w, k) = (rng.vec(heads * dim), rng.vec(heads), rng.vec(rows * dim));
+        let mut rng = Rng::new(23);
+        let (q, w, k) = (
+            rng.values(heads * dim, 1.0),
+            rng.values(heads, 1.0),
+            rng.values(rows * dim, 1.0),
+        );
         let run = |p: IndexProfile, q: &[f32], k: &[f32]| {
             let mut out = vec![0.0; rows];
             score_rows(
@@ -643,8 +644,8 @@ mod tests {
     fn bf16_first_profiles_round_the_raw_rows_before_anything_else() {
         use IndexProfile::*;
         let (heads, dim) = (8usize, 128usize);
-        let mut rng = Rng(31);
-        let (x, w) = (rng.vec(heads * dim), rng.vec(heads));
+        let mut rng = Rng::new(31);
+        let (x, w) = (rng.values(heads * dim, 1.0), rng.values(heads, 1.0));
         let mut xb = x.clone();
         bf16_round_slice(&mut xb);
         assert_ne!(x, xb);

@@ -368,18 +368,7 @@ mod tests {
     use super::*;
     use crate::numerics::profiles::{prepare_keys, prepare_query, score, PreparedQuery};
 
-    struct Rng(u64);
-    impl Rng {
-        fn uniform(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n).map(|_| self.uniform() * scale).collect()
-        }
-    }
+    use crate::numerics::rng::Rng;
 
     /// One bf16 ulp at the magnitude of `x`.
     fn bf16_ulp(x: f32) -> f32 {
@@ -408,7 +397,7 @@ mod tests {
         tokens: usize,
         seed: u64,
     ) -> Case {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let visible: Vec<usize> = (first_pos..first_pos + tokens)
             .map(|t| (t + 1) / 4)
             .collect();
@@ -417,13 +406,13 @@ mod tests {
         let mut k_raw = Vec::with_capacity(rows * dim);
         for r in 0..rows {
             let mag = 0.25 + (r % 7) as f32 * 0.5;
-            k_raw.extend(rng.vec(dim, mag));
+            k_raw.extend(rng.values(dim, mag));
         }
         let keys = prepare_keys(p, &k_raw, dim);
         let mut queries = Vec::new();
         for _ in 0..tokens {
-            let q = rng.vec(heads * dim, 2.0);
-            let w = rng.vec(heads, 3.0);
+            let q = rng.values(heads * dim, 2.0);
+            let w = rng.values(heads, 3.0);
             queries.push(prepare_query(p, &q, &w, heads, dim));
         }
         let flat_q = queries.iter().flat_map(|q| q.values.clone()).collect();

@@ -21,7 +21,6 @@ pub mod haystack;
 pub mod observe;
 pub mod prompt;
 pub mod rank;
-pub mod rng;
 pub mod rows;
 pub mod scenario;
 pub mod session;

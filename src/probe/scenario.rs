@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::rng::Rng;
 pub use super::value::ValueSpec;
 use super::value::{parse_value, RawValue};
+use crate::numerics::rng::Rng;
 
 /// Built-in scenarios: (name, TOML text).
 pub const BUILTIN: &[(&str, &str)] = &[

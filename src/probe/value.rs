@@ -5,9 +5,9 @@
 
 use serde::Deserialize;
 
-use super::rng::Rng;
 use super::scenario::ScenarioError;
 use super::words::VALUE_WORDS;
+use crate::numerics::rng::Rng;
 
 /// How a needle value (or a kv key) is generated.
 #[derive(Clone, Debug, PartialEq)]

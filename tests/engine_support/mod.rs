@@ -48,17 +48,8 @@ pub fn tiny() -> SynthModel {
 
 /// Deterministic pseudo-random token ids in `[0, vocab)`.
 pub fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab as u64) as u32
-        })
-        .collect()
+    let mut rng = needlescope::numerics::rng::Rng::new(seed);
+    (0..n).map(|_| rng.below(vocab) as u32).collect()
 }
 
 /// One recorded indexer observation.

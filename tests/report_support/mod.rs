@@ -7,23 +7,7 @@
 use needlescope::numerics::modes::{IndexProfile, KvMode};
 use needlescope::report::{AttentionRecord, CellRecord, LayerRecord, RunInfo};
 
-pub struct Lcg(u64);
-
-impl Lcg {
-    pub fn new(seed: u64) -> Self {
-        Lcg(seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407))
-    }
-    /// Uniform in [0, 1).
-    pub fn next(&mut self) -> f64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+pub use needlescope::numerics::rng::Rng;
 
 pub fn run_info(synthetic: bool) -> RunInfo {
     let mut info = RunInfo::new(
@@ -130,7 +114,7 @@ pub fn sample_sweep(
     judge_by_answer: bool,
     samples: usize,
 ) -> Vec<(CellRecord, Vec<LayerRecord>, Vec<AttentionRecord>)> {
-    let mut rng = Lcg::new(7);
+    let mut rng = Rng::new(7);
     let mut out = Vec::new();
     for &len in lengths {
         for &d in depths {
@@ -157,7 +141,8 @@ pub fn sample_sweep(
                             let depth_factor = 1.0 + (d - 50.0).abs() / 40.0;
                             let layer_factor = 1.0 + 3.0 * ((li as f64) / 6.0).sin().abs();
                             let base = (len as f64 / 2048.0).powf(1.6) * 4.0;
-                            let r = base * noise * depth_factor * layer_factor * (0.5 + rng.next());
+                            let r =
+                                base * noise * depth_factor * layer_factor * (0.5 + rng.uniform());
                             let rank = (r.round() as usize).clamp(1, visible);
                             let mut rec = layer(&id, l, profile, profile == index.name(), rank);
                             rec.query_pos = pos;
@@ -184,7 +169,7 @@ pub fn sample_sweep(
                     } else {
                         "71432".into()
                     };
-                    c.wall_seconds = 0.5 + rng.next();
+                    c.wall_seconds = 0.5 + rng.uniform();
                     out.push((c, layers, attn));
                 }
             }

@@ -74,55 +74,6 @@ pub fn normalised_error(got: &[f32], want: &[f32]) -> f64 {
     worst / scale
 }
 
-/// Deterministic pseudo-random f32 in [-1, 1] away from 0 (|x| >= 1e-3).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Uniform in ±[1e-3, 1].
-    pub fn value(&mut self) -> f32 {
-        let m = 1e-3 + self.unit() * (1.0 - 1e-3);
-        if self.next_u64() & 1 == 0 {
-            m
-        } else {
-            -m
-        }
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn signed(&mut self) -> f32 {
-        self.unit() * 2.0 - 1.0
-    }
-
-    /// `n` values of [`Rng::signed`].
-    pub fn signed_n(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.signed()).collect()
-    }
-
-    pub fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.value() * scale).collect()
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,10 +93,5 @@ mod tests {
             0.0
         );
         assert!(normalised_error(&[0.0, 1.0], &[f32::NEG_INFINITY, 1.0]).is_infinite());
-        let mut r = Rng::new(1);
-        assert!(r
-            .values(1000, 1.0)
-            .iter()
-            .all(|v| v.abs() >= 1e-3 && v.abs() <= 1.0));
     }
 }

@@ -7,12 +7,13 @@
 //! f32 arithmetic whose summation order may differ; `gemm_tolerance` (the caller's, by GEMM
 //! precision) for ops built on weight products.
 
-use super::{normalised_error, Check, Rng};
+use super::{normalised_error, Check};
 use crate::backend::{
     AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HcParams, HcWeights, HostOps,
     PoolLayout, Routes,
 };
 use crate::numerics::profiles::IndexProfile;
+use crate::numerics::rng::Rng;
 use crate::numerics::rope::RopeTable;
 
 /// Shapes of the op checks.
