@@ -22,6 +22,7 @@ pub mod placement;
 pub mod plan;
 pub mod probe;
 pub mod progress;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod sweep;

@@ -34,10 +34,11 @@ use crate::config::ModelConfig;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
-use crate::probe::session::{answer_position_records, run_probe, ProbeOptions, ProbeRun};
+use crate::probe::session::{answer_position_records, run_probe, ProbeOptions};
 use crate::probe::{NeedlePrompt, Scenario, V4Tokenizer};
 use crate::progress::SweepBars;
-use crate::report::records::{cell_id_base, config_hash, CellRecord, RunInfo};
+use crate::record::ProbeRun;
+use crate::record::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -181,7 +182,7 @@ mod check {
     use super::SweepPlan;
     use crate::config::ModelConfig;
     use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
-    use crate::report::records::cell_id_base;
+    use crate::record::cell_id_base;
     use std::collections::HashSet;
 
     /// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:

@@ -1,7 +1,9 @@
 //! Row mapping and ranks, exactly design.md section 4 and attention.md 5.4 / 6.5 / 10.
 
-use needlescope::probe::rank::{kth_scores, rank_needle, trivial, LayerRecord, RecordMeta};
+use needlescope::probe::rank::{kth_scores, rank_needle, trivial, RecordMeta};
+
 use needlescope::probe::rows::{csa_needle_rows, csa_visible_rows, hca_needle_rows, RowKind};
+use needlescope::record::LayerRecord;
 
 const CSA: RowKind = RowKind::Csa;
 const HCA: RowKind = RowKind::Hca;

@@ -10,9 +10,8 @@ use std::io::Write;
 use std::path::Path;
 
 use needlescope::numerics::modes::{IndexProfile, KvMode};
-use needlescope::report::{
-    rerender, AttentionRecord, CellRecord, LayerRecord, ReportError, RunDir, RunInfo, RunRecords,
-};
+use needlescope::record::{AttentionRecord, CellRecord, LayerRecord, RunInfo};
+use needlescope::report::{rerender, ReportError, RunDir, RunRecords};
 use report_support::*;
 
 /// run.json of a real sweep: `sweep_args` is a `SweepPlan` (lengths 2048 and 4096, depths 0, 50

@@ -333,7 +333,7 @@ fn report_on_a_stopped_sweep_says_how_many_cells_are_finished() {
     std::fs::write(&cells, lines.join("\n") + "\n").unwrap();
     let stopped_plot = out.join(format!(
         "layers_{}.png",
-        needlescope::report::records::file_stem(last_id)
+        needlescope::record::file_stem(last_id)
     ));
     assert!(stopped_plot.is_file());
     // The temporary of a render cut short.

@@ -8,11 +8,12 @@ mod report_support;
 use std::path::{Path, PathBuf};
 
 use needlescope::numerics::modes::IndexProfile;
+use needlescope::record::{CellRecord, RunInfo};
 use needlescope::report::plots::{
     ellipsize_middle, flow, header_lines, legend_layout, profile_colour, text_width, thin_ticks,
     HEADER_TEXT_W,
 };
-use needlescope::report::{render_records, CellRecord, RunInfo, RunRecords};
+use needlescope::report::{render_records, RunRecords};
 use report_support::*;
 
 const W: usize = 1000;

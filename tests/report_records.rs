@@ -7,10 +7,10 @@ mod report_support;
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use needlescope::report::{
-    config_hash, format_tokens, rfc3339_utc, RunDir, RunRecords, ATTENTION_COLUMNS, CELLS_COLUMNS,
-    LAYERS_COLUMNS,
+use needlescope::record::{
+    config_hash, format_tokens, rfc3339_utc, ATTENTION_COLUMNS, CELLS_COLUMNS, LAYERS_COLUMNS,
 };
+use needlescope::report::{RunDir, RunRecords};
 use report_support::*;
 
 /// design.md section 6, copied verbatim (the normative lists).
@@ -256,7 +256,7 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
     let mut decode = layer(id, 1, "fp8", true, 9000);
     decode.query_pos = 4096;
     decode.phase = "decode".into();
-    let run = needlescope::probe::session::ProbeRun {
+    let run = needlescope::record::ProbeRun {
         cell_id: id.into(),
         index: "fp8".into(),
         kv: "fp8".into(),
@@ -285,7 +285,7 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
     assert_eq!(unjudged.answer_correct, None);
     // A run with no answer to judge (a thinking run that never reached </think>) is judged
     // by the indexer, like an unjudged one.
-    let no_answer = needlescope::probe::session::ProbeRun {
+    let no_answer = needlescope::record::ProbeRun {
         answer_correct: None,
         ..run
     };

@@ -8,9 +8,8 @@ use std::io::Write;
 use std::path::Path;
 
 use needlescope::numerics::modes::IndexProfile;
-use needlescope::report::{
-    AttentionRecord, CellRecord, LayerRecord, ReportError, RunDir, RunRecords, CELLS_COLUMNS,
-};
+use needlescope::record::{AttentionRecord, CellRecord, LayerRecord, CELLS_COLUMNS};
+use needlescope::report::{ReportError, RunDir, RunRecords};
 use report_support::*;
 
 fn three_cells() -> Vec<(CellRecord, Vec<LayerRecord>, Vec<AttentionRecord>)> {
@@ -199,7 +198,7 @@ fn a_wrong_header_is_refused_naming_expected_and_found() {
 
 /// Creates a run directory for `info` holding one finished cell (a directory without one
 /// is taken over by any run; see `a_run_that_finished_no_cell_is_replaced_by_the_next`).
-fn run_with_one_cell(dir: &Path, info: needlescope::report::records::RunInfo) {
+fn run_with_one_cell(dir: &Path, info: needlescope::record::RunInfo) {
     let (mut store, _) = RunDir::create_or_resume(dir, info).unwrap();
     let first = cell("first", 2048, 0.0, IndexProfile::SglangFp8, 512);
     store
@@ -293,7 +292,7 @@ fn a_run_that_finished_no_cell_is_replaced_by_the_next() {
         store.notes()
     );
     drop(store);
-    let on_disk: needlescope::report::records::RunInfo =
+    let on_disk: needlescope::record::RunInfo =
         serde_json::from_slice(&std::fs::read(dir.path().join("run.json")).unwrap()).unwrap();
     assert_eq!(on_disk.sweep_args["seed"], 3);
 }

@@ -5,7 +5,8 @@
 mod report_support;
 
 use needlescope::numerics::modes::IndexProfile;
-use needlescope::report::{render_table, rounding_losses, summarize, CellRecord};
+use needlescope::record::CellRecord;
+use needlescope::report::{render_table, rounding_losses, summarize};
 use report_support::*;
 
 fn with(id: &str, target: usize, rank: Option<usize>, correct: Option<bool>) -> CellRecord {

@@ -188,7 +188,7 @@ fn refuse_foreign_report(out: &std::path::Path) -> anyhow::Result<()> {
     }
     let command = std::fs::read(&run_json)
         .ok()
-        .and_then(|b| serde_json::from_slice::<crate::report::records::RunInfo>(&b).ok())
+        .and_then(|b| serde_json::from_slice::<crate::record::RunInfo>(&b).ok())
         .map(|info| info.command_line);
     let subcommand = command
         .as_ref()

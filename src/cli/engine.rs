@@ -32,7 +32,7 @@ use crate::cuda_probe::CudaReport;
 use crate::model::forward::{auto_residency, Engine, EngineOptions};
 use crate::placement::{place_auto, DeviceMemory, Placement, Workload, AUTO_CHUNK, CPU_AUTO_CHUNK};
 use crate::plan::Footprint;
-use crate::report::records::BackendRecord;
+use crate::record::BackendRecord;
 
 /// Opens the model directory of a run (probe, sweep, trace, bench) and refuses weights its
 /// config does not describe; tensors of kinds the forward never reads, and tensors the

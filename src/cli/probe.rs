@@ -13,8 +13,9 @@ use crate::backend::Backend;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
-use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress, ProbeRun};
+use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress};
 use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
+use crate::record::ProbeRun;
 use std::path::Path;
 
 /// Which query positions are probed.
@@ -255,8 +256,8 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "answer_correct": judge_answers.then_some(r.answer_correct).flatten(),
                 "layers": f32_as_in_csv(serde_json::to_value(&r.layers)?),
                 "attention": f32_as_in_csv(serde_json::to_value(&r.attention)?),
-                "lost_layers": crate::probe::why::lost_layers(r, last),
-                "why": crate::probe::why::why(r, last),
+                "lost_layers": crate::record::why::lost_layers(r, last),
+                "why": crate::record::why::why(r, last),
             }))).collect::<serde_json::Result<Vec<_>>>()?,
             "conclusion": conclusion(&runs, last, judge_answers),
         });

@@ -15,9 +15,9 @@
 
 use super::probe::{ProbeArgs, ProbeSet};
 use crate::checkpoint::Checkpoint;
-use crate::probe::session::ProbeRun;
 use crate::probe::{NeedlePrompt, Scenario};
-use crate::report::records::{config_hash, BackendRecord, RunInfo};
+use crate::record::ProbeRun;
+use crate::record::{config_hash, BackendRecord, RunInfo};
 use crate::report::RunDir;
 use std::io::Write;
 use std::path::Path;

@@ -4,10 +4,11 @@
 
 use std::io::Write;
 
-use crate::probe::rank::LayerRecord;
-use crate::probe::session::{conclusion, ProbeOptions, ProbeRun};
+use crate::probe::session::{conclusion, ProbeOptions};
 use crate::probe::{NeedlePrompt, Scenario};
-use crate::report::records::BackendRecord;
+use crate::record::BackendRecord;
+use crate::record::LayerRecord;
+use crate::record::ProbeRun;
 
 fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("-".to_string(), |x| x.to_string())
@@ -107,7 +108,7 @@ pub(super) fn print_tables(
                 if driving.trivial { "yes" } else { "no" }
             )?;
         }
-        if let Some(why) = crate::probe::why::why(run, last) {
+        if let Some(why) = crate::record::why::why(run, last) {
             writeln!(out, "why: {why}")?;
         }
         print_other_positions(out, run, last)?;

@@ -117,7 +117,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => PathBuf::from("reports").join(format!(
             "{}-{}",
             args.scenario.replace(['/', '.'], "_"),
-            crate::report::records::rfc3339_utc(std::time::SystemTime::now()).replace(':', "")
+            crate::record::rfc3339_utc(std::time::SystemTime::now()).replace(':', "")
         )),
     };
     let outcome = run_sweep(&args.model, &plan, &dir, &args.device, out)?;

@@ -27,12 +27,12 @@ pub mod session;
 mod spans;
 pub mod tokenizer;
 pub mod value;
-pub mod why;
+
 pub mod words;
 
-pub use observe::{AttentionRecord, CellTopk, NeedleObserver, NeedleObserverConfig};
+pub use observe::{CellTopk, NeedleObserver, NeedleObserverConfig};
 pub use prompt::{build_prompt, NeedlePrompt, PromptError};
-pub use rank::{LayerRecord, NeedleRank};
+pub use rank::NeedleRank;
 pub use rows::RowKind;
 pub use scenario::{Scenario, ScenarioError};
 pub use tokenizer::{TokenizerError, V4Tokenizer};

@@ -26,25 +26,13 @@ use std::collections::BTreeSet;
 
 use rayon::prelude::*;
 
-use super::rank::{kth_scores, rank_needle, LayerRecord, NeedleRank, RecordMeta};
+use super::rank::{kth_scores, rank_needle, NeedleRank, RecordMeta};
+use crate::record::AttentionRecord;
+
 use super::rows::RowKind;
 use crate::model::observer::{AttentionObservation, IndexerObservation, Observer};
 use crate::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
-
-/// One row of attention.csv (design.md section 6), exactly these fields in this order.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct AttentionRecord {
-    pub cell_id: String,
-    pub layer: usize,
-    /// "swa", "csa" or "hca".
-    pub layer_type: String,
-    pub query_pos: usize,
-    pub phase: String,
-    pub needle_mass_mean: f32,
-    pub needle_mass_max_head: f32,
-    pub needle_in_window: bool,
-    pub sink_mass_mean: f32,
-}
+use crate::record::LayerRecord;
 
 /// A cell scored by the observer: its id and top-k.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,6 +16,7 @@
 //! the needle's. Inputs are `[visible_rows]` slices; nothing
 //! here allocates more than one copy of the scores (for the k-th score selection).
 
+use crate::record::LayerRecord;
 use std::cmp::Ordering;
 use std::ops::Range;
 
@@ -148,32 +149,6 @@ pub fn margin(needle_score: Option<f32>, kth: Option<f32>) -> Option<f32> {
 /// Trivial at k: every visible row is selected (n_t <= k).
 pub fn trivial(visible_rows: usize, k: usize) -> bool {
     visible_rows <= k
-}
-
-/// One row of layers.csv (design.md section 6): exactly these fields, in this order.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LayerRecord {
-    pub cell_id: String,
-    pub layer: usize,
-    pub query_pos: usize,
-    /// "prompt" or the decode step number (1 = the first generated token's position).
-    pub phase: String,
-    pub profile: String,
-    pub driving: bool,
-    pub visible_rows: usize,
-    pub needle_rows: usize,
-    pub needle_rank: Option<usize>,
-    pub rank_ties: usize,
-    /// Of `rank_ties`, how many are needle rows themselves (they keep the needle whatever the
-    /// tie order). Not a layers.csv column (design.md fixes those): 0 in records read back
-    /// from a file or JSON, which makes [`crate::probe::why::tied_at_cutoff`] conservative.
-    #[serde(skip)]
-    pub needle_ties: usize,
-    pub needle_score: Option<f32>,
-    pub kth_score: Option<f32>,
-    pub margin: Option<f32>,
-    pub selected: bool,
-    pub trivial: bool,
 }
 
 /// Where a record comes from (everything in a `LayerRecord` that is not a rank statistic).

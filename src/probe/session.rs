@@ -11,14 +11,15 @@
 //!
 //! Cell ids: `L{length}-d{depth}-{index}-k{topk}` (plus `-s{sample}` when a sweep asks).
 
-use super::observe::{AttentionRecord, CellTopk, NeedleObserver, NeedleObserverConfig};
+use super::observe::{CellTopk, NeedleObserver, NeedleObserverConfig};
+
 use super::prompt::NeedlePrompt;
-use super::rank::LayerRecord;
 use super::scenario::Scenario;
 use super::tokenizer::V4Tokenizer;
 use crate::backend::Backend;
 use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::record::{LayerRecord, ProbeRun};
 use std::time::Instant;
 
 /// The profiles every run of a probe or sweep scores besides its driving one, on the same
@@ -52,43 +53,6 @@ pub struct ProbeOptions {
     pub probe_question: bool,
 }
 
-/// One (index profile, top-k) forward pass and its answer.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ProbeRun {
-    pub cell_id: String,
-    pub index: String,
-    pub kv: String,
-    pub topk: usize,
-    pub answer_text: String,
-    /// The verdict on the answer; `None` when there is no answer to judge (a thinking
-    /// scenario whose generation ended before `</think>`).
-    pub answer_correct: Option<bool>,
-    pub generated_ids: Vec<u32>,
-    pub layers: Vec<LayerRecord>,
-    #[serde(skip)]
-    pub attention: Vec<AttentionRecord>,
-    /// Positions where the engine's selection disagreed with the driving rank (ties aside).
-    pub selection_disagreements: usize,
-    pub selection_checks: usize,
-    pub wall_seconds: f64,
-}
-
-impl ProbeRun {
-    /// The internal check: an error when the engine's selection disagreed with the needle rank
-    /// outside straddling ties at any (layer, position), since a rank that does not follow
-    /// from what the engine selected must never be recorded. Callers check before recording.
-    pub fn check_selection(&self) -> Result<(), String> {
-        if self.selection_disagreements == 0 {
-            return Ok(());
-        }
-        Err(format!(
-            "internal check failed: in run {} the engine's selection disagreed with the needle \
-             rank at {} of {} (layer, position) checks outside exact ties",
-            self.cell_id, self.selection_disagreements, self.selection_checks
-        ))
-    }
-}
-
 /// Progress callbacks: prefill tokens done of total, then each generated token.
 pub trait ProbeProgress {
     fn run_started(&mut self, _index: IndexProfile, _topk: usize, _prompt_tokens: usize) {}
@@ -120,7 +84,7 @@ pub fn question_positions(tok: &V4Tokenizer, prompt: &NeedlePrompt) -> Vec<usize
 
 /// The cell id of one combination.
 pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> String {
-    crate::report::records::cell_id_base(prompt.tokens.len(), prompt.depth_pct, index, topk)
+    crate::record::cell_id_base(prompt.tokens.len(), prompt.depth_pct, index, topk)
 }
 
 /// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend; after a
@@ -317,7 +281,7 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
         } else {
             // With exact scored, how many of those the exact math keeps (lost to rounding);
             // not said when exact is itself the driving profile.
-            let rounding = crate::probe::why::rounding_losses(&run.layers, last_prompt_pos)
+            let rounding = crate::record::why::rounding_losses(&run.layers, last_prompt_pos)
                 .filter(|_| run.index != "exact")
                 .map_or(String::new(), |n| format!(" (exact keeps {n})"));
             format!(

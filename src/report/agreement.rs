@@ -12,8 +12,8 @@
 
 use std::collections::HashMap;
 
-use super::records::{CellRecord, LayerRecord};
 use super::store::{CELLS_CSV, LAYERS_CSV};
+use crate::record::{CellRecord, LayerRecord};
 
 /// A field that disagrees with the other file.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,7 +126,8 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::rank::{LayerRecord, NeedleRank, RecordMeta};
+    use crate::probe::rank::{NeedleRank, RecordMeta};
+    use crate::record::LayerRecord;
 
     /// A cell of top-k 4 over a 100-token prompt with two driving rows at the answer position
     /// (ranks 3 and 9 of 20 visible rows) and one comparison row (rank 2).

@@ -18,8 +18,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use super::records::{AttentionRecord, CellRecord, LayerRecord};
 use super::store::{ATTENTION_CSV, LAYERS_CSV};
+use crate::record::{AttentionRecord, CellRecord, LayerRecord};
 
 /// A finished cell whose rows in one file are not its full grid.
 #[derive(Clone, Debug, PartialEq, Eq)]

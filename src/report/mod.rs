@@ -26,7 +26,7 @@ mod plot_layers;
 mod plot_ranks;
 pub mod plots;
 mod read;
-pub mod records;
+
 mod resume;
 mod row_checks;
 pub mod store;
@@ -39,10 +39,6 @@ pub(crate) use plot_heatmap::depth_label;
 pub use error::{FieldDifference, ReportError, Result};
 pub use lock::DirLock;
 pub use plots::{render_all, render_records};
-pub use records::{
-    config_hash, format_tokens, rfc3339_utc, AttentionRecord, CellRecord, Judge, LayerRecord,
-    RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS, LAYERS_COLUMNS,
-};
 pub use store::{RunDir, RunRecords};
 pub use summary::{
     render_table, rounding_losses, stdout_wants_colour, summarize, GroupSummary, RoundingLosses,

@@ -19,8 +19,8 @@ use super::plots::{
     canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
     LEGEND_W, SIZE,
 };
-use super::records::{format_tokens, CellRecord, IndexProfile, LayerRecord};
 use super::store::RunRecords;
+use crate::record::{format_tokens, CellRecord, IndexProfile, LayerRecord};
 
 /// What every layer plot of a run draws from, indexed once: each cell's layers.csv rows of
 /// phase "prompt" (in file order) and the run's top-k values. Built in one pass over the rows,
@@ -231,7 +231,7 @@ pub(crate) fn render(
 mod tests {
     use super::*;
     use crate::probe::rank::{NeedleRank, RecordMeta};
-    use crate::report::RunInfo;
+    use crate::record::RunInfo;
 
     fn layer(cell_id: &str, layer: usize, phase: &str) -> LayerRecord {
         let meta = RecordMeta {

@@ -21,9 +21,9 @@ use super::plots::{
     canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
     LEGEND_W, SIZE,
 };
-use super::records::{format_tokens, IndexProfile};
 use super::store::RunRecords;
 use super::summary::{summarize, GroupSummary};
+use crate::record::{format_tokens, IndexProfile};
 
 /// Colour of the top-k lines and of the legend's style-only keys.
 const GREY: RGBColor = RGBColor(130, 130, 130);

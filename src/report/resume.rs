@@ -8,8 +8,8 @@
 //! not compared when the scenario's name and content fingerprint agree, so a scenario file
 //! given by another path resumes.
 
-use super::records::RunInfo;
 use super::FieldDifference;
+use crate::record::{writer, RunInfo};
 
 /// `sweep_args` keys whose value is a set of grid values written as a list.
 const SET_KEYS: [&str; 5] = ["lengths", "depths", "indexes", "topks", "compare"];
@@ -108,18 +108,6 @@ fn as_set(key: &str, value: &serde_json::Value) -> serde_json::Value {
             Value::Array(items)
         }
         other => other.clone(),
-    }
-}
-
-/// The command whose arguments `sweep_args` holds: `probe` (it records its name), `sweep`
-/// (`demo` too: a sweep plan, recognised by its `indexes`), else `other`.
-pub(crate) fn writer(sweep_args: &serde_json::Value) -> &'static str {
-    if sweep_args.get("command").and_then(|c| c.as_str()) == Some("probe") {
-        "probe"
-    } else if sweep_args.get("indexes").is_some() {
-        "sweep"
-    } else {
-        "other"
     }
 }
 

@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use super::error::{ReportError, Result};
-use super::records::{AttentionRecord, CellRecord, LayerRecord};
+use crate::record::{AttentionRecord, CellRecord, LayerRecord};
 
 /// A row that contradicts itself: the field found wrong, what it should be, and its value.
 #[derive(Clone, Debug, PartialEq)]

@@ -52,13 +52,13 @@ use super::csvio::{
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
 pub use super::read::RunRecords;
-use super::records::{
-    AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
-    LAYERS_COLUMNS,
-};
 use super::row_checks::refuse_inconsistent;
 use super::summary::{cell_rounding_losses, rounding_losses, RoundingLosses, SummaryJson};
 use super::validate::CellCheck;
+use crate::record::{
+    AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
+    LAYERS_COLUMNS,
+};
 
 pub const RUN_JSON: &str = "run.json";
 pub const CELLS_CSV: &str = "cells.csv";

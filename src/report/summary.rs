@@ -14,18 +14,18 @@
 //!   the worst cell (and its non-trivial count) and the sum over cells;
 //! - a trivial cell has no non-trivial CSA layer: shown, never evidence;
 //! - layers lost to rounding: of those lost layers, the ones the `exact` profile selects on
-//!   the same hidden states ([`crate::probe::why`]), counted from layers.csv per cell
+//!   the same hidden states ([`crate::record::why`]), counted from layers.csv per cell
 //!   ([`RoundingLosses`]); a group has the figure only when `exact` was scored in every cell.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 
-use super::records::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
-use crate::probe::LayerRecord;
+use crate::record::LayerRecord;
+use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
 
 /// Per cell id, the CSA layers lost to the driving profile's rounding at the answer position
-/// ([`crate::probe::why::rounding_losses`]); cells where `exact` was not scored are absent.
+/// ([`crate::record::why::rounding_losses`]); cells where `exact` was not scored are absent.
 pub type RoundingLosses = HashMap<String, usize>;
 
 /// [`RoundingLosses`] of `cells` from their layers.csv records.
@@ -50,7 +50,7 @@ pub fn cell_rounding_losses<'a>(
     records: impl IntoIterator<Item = &'a LayerRecord>,
 ) -> Option<usize> {
     let answer_pos = cell.prompt_tokens.checked_sub(1)?;
-    crate::probe::why::rounding_losses(records, answer_pos)
+    crate::record::why::rounding_losses(records, answer_pos)
 }
 
 /// One group of cells: a target length under one (index, kv, top-k).

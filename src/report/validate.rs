@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::error::{ReportError, Result};
-use super::records::{CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::record::{CellRecord, IndexProfile, KvMode, RunInfo};
 
 /// The result-determining part of a sweep's `sweep_args` (`crate::sweep::SweepPlan`).
 #[derive(Debug, Deserialize)]
@@ -50,7 +50,7 @@ enum RunKind {
 impl RunKind {
     fn of(info: &RunInfo, run_json: &Path) -> Result<RunKind> {
         let args = &info.sweep_args;
-        match super::resume::writer(args) {
+        match crate::record::writer(args) {
             "probe" => {
                 let kv = args.get("kv").and_then(|k| k.as_str()).map(str::to_string);
                 return Ok(RunKind::Probe { kv });
@@ -147,7 +147,7 @@ impl CellCheck {
             }
         }
         let base =
-            super::records::cell_id_base(cell.prompt_tokens, cell.depth_pct, cell.index, cell.topk);
+            crate::record::cell_id_base(cell.prompt_tokens, cell.depth_pct, cell.index, cell.topk);
         let from = "(from prompt_tokens, depth_pct, index and topk)";
         match &self.kind {
             RunKind::Other => {}

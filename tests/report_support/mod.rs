@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use needlescope::numerics::modes::{IndexProfile, KvMode};
-use needlescope::report::{AttentionRecord, CellRecord, LayerRecord, RunInfo};
+use needlescope::record::{AttentionRecord, CellRecord, LayerRecord, RunInfo};
 
 pub use needlescope::numerics::rng::Rng;
 

@@ -31,8 +31,8 @@ use super::plots::{
     canvas, ellipsize_middle, flow, plot_err, subtitle, text_width, thin_ticks, AXIS_PX, FONT,
     LABEL_PX,
 };
-use super::records::{format_tokens, CellRecord, IndexProfile, KvMode};
 use super::store::RunRecords;
+use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode};
 
 mod tiles;
 

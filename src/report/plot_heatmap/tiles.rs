@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use plotters::style::RGBColor;
 use serde::Deserialize;
 
-use crate::report::records::{CellRecord, Judge, RunInfo};
+use crate::record::{CellRecord, Judge, RunInfo};
 
 pub(super) const GREEN: RGBColor = RGBColor(122, 198, 126);
 pub(super) const RED: RGBColor = RGBColor(236, 112, 99);
@@ -236,7 +236,7 @@ pub(super) fn tile(samples: &[&CellRecord], planned: Option<usize>) -> Tile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::records::{IndexProfile, KvMode};
+    use crate::record::{IndexProfile, KvMode};
 
     fn sample(depth: f64, rank: Option<usize>, correct: Option<bool>) -> CellRecord {
         CellRecord {

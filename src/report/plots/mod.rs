@@ -29,8 +29,8 @@ use plotters::style::{register_font, FontStyle};
 use rayon::prelude::*;
 
 use super::error::{ReportError, Result};
-use super::records::{file_stem, IndexProfile, RunInfo};
 use super::store::RunRecords;
+use crate::record::{file_stem, IndexProfile, RunInfo};
 
 pub mod legend;
 pub mod text;

@@ -1,7 +1,8 @@
-//! The records of a report directory (design.md section 6, normative): [`CellRecord`] (one
-//! cells.csv row), the probe's [`LayerRecord`] (layers.csv) and [`AttentionRecord`]
-//! (attention.csv), re-exported from `crate::probe` rather than redefined, and [`RunInfo`]
-//! (run.json). The `*_COLUMNS` constants are the CSV headers in design.md order; the serde field
+//! The record schema (docs/outputs.md, normative): [`CellRecord`] (one cells.csv row),
+//! [`LayerRecord`] (layers.csv), [`AttentionRecord`] (attention.csv), [`ProbeRun`] (one
+//! (index, top-k) run of a probe, as `probe --json` prints it), [`RunInfo`] (run.json), the cell
+//! ids, and the "why" analysis of lost layers ([`why`]). The probe fills these records, the
+//! report stores and renders them; neither the model nor a backend is visible from here. The `*_COLUMNS` constants are the CSV headers in design.md order; the serde field
 //! order of each record must equal them (a test checks it).
 //!
 //! Everything the tables and plots show is read from these records; the few accessors on
@@ -11,7 +12,86 @@ use serde::{Deserialize, Serialize};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use crate::numerics::modes::{IndexProfile, KvMode};
-pub use crate::probe::{AttentionRecord, LayerRecord};
+
+pub mod why;
+
+/// One row of layers.csv (design.md section 6): exactly these fields, in this order.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LayerRecord {
+    pub cell_id: String,
+    pub layer: usize,
+    pub query_pos: usize,
+    /// "prompt" or the decode step number (1 = the first generated token's position).
+    pub phase: String,
+    pub profile: String,
+    pub driving: bool,
+    pub visible_rows: usize,
+    pub needle_rows: usize,
+    pub needle_rank: Option<usize>,
+    pub rank_ties: usize,
+    /// Of `rank_ties`, how many are needle rows themselves (they keep the needle whatever the
+    /// tie order). Not a layers.csv column (design.md fixes those): 0 in records read back
+    /// from a file or JSON, which makes [`why::tied_at_cutoff`] conservative.
+    #[serde(skip)]
+    pub needle_ties: usize,
+    pub needle_score: Option<f32>,
+    pub kth_score: Option<f32>,
+    pub margin: Option<f32>,
+    pub selected: bool,
+    pub trivial: bool,
+}
+
+/// One row of attention.csv (design.md section 6), exactly these fields in this order.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AttentionRecord {
+    pub cell_id: String,
+    pub layer: usize,
+    /// "swa", "csa" or "hca".
+    pub layer_type: String,
+    pub query_pos: usize,
+    pub phase: String,
+    pub needle_mass_mean: f32,
+    pub needle_mass_max_head: f32,
+    pub needle_in_window: bool,
+    pub sink_mass_mean: f32,
+}
+
+/// One (index profile, top-k) forward pass and its answer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProbeRun {
+    pub cell_id: String,
+    pub index: String,
+    pub kv: String,
+    pub topk: usize,
+    pub answer_text: String,
+    /// The verdict on the answer; `None` when there is no answer to judge (a thinking
+    /// scenario whose generation ended before `</think>`).
+    pub answer_correct: Option<bool>,
+    pub generated_ids: Vec<u32>,
+    pub layers: Vec<LayerRecord>,
+    #[serde(skip)]
+    pub attention: Vec<AttentionRecord>,
+    /// Positions where the engine's selection disagreed with the driving rank (ties aside).
+    pub selection_disagreements: usize,
+    pub selection_checks: usize,
+    pub wall_seconds: f64,
+}
+
+impl ProbeRun {
+    /// The internal check: an error when the engine's selection disagreed with the needle rank
+    /// outside straddling ties at any (layer, position), since a rank that does not follow
+    /// from what the engine selected must never be recorded. Callers check before recording.
+    pub fn check_selection(&self) -> Result<(), String> {
+        if self.selection_disagreements == 0 {
+            return Ok(());
+        }
+        Err(format!(
+            "internal check failed: in run {} the engine's selection disagreed with the needle \
+             rank at {} of {} (layer, position) checks outside exact ties",
+            self.cell_id, self.selection_disagreements, self.selection_checks
+        ))
+    }
+}
 
 /// A cell's id without the sample part: `L{prompt tokens}-d{depth}-{index}-k{topk}` (a
 /// `probe --out` cell; a sweep cell appends `-s{sample}`). The one place the form is written:
@@ -301,7 +381,7 @@ impl RunInfo {
     /// The cells a sweep's grid holds (lengths x depths x index profiles x top-k x samples),
     /// or None for a directory that another command wrote (a probe's has no plan).
     pub fn cells_planned(&self) -> Option<usize> {
-        if super::resume::writer(&self.sweep_args) != "sweep" {
+        if writer(&self.sweep_args) != "sweep" {
             return None;
         }
         let count = |key: &str| self.sweep_args.get(key)?.as_array().map(Vec::len);
@@ -378,6 +458,18 @@ pub fn file_stem(cell_id: &str) -> String {
             }
         })
         .collect()
+}
+
+/// The command whose arguments `sweep_args` holds: `probe` (it records its name), `sweep`
+/// (`demo` too: a sweep plan, recognised by its `indexes`), else `other`.
+pub(crate) fn writer(sweep_args: &serde_json::Value) -> &'static str {
+    if sweep_args.get("command").and_then(|c| c.as_str()) == Some("probe") {
+        "probe"
+    } else if sweep_args.get("indexes").is_some() {
+        "sweep"
+    } else {
+        "other"
+    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,7 @@
 //! says to add `--compare exact`. Only the answer position counts, as in the conclusion: it
 //! produces the first answer token.
 
-use super::rank::LayerRecord;
-use super::session::ProbeRun;
+use super::{LayerRecord, ProbeRun};
 use serde::Serialize;
 
 /// What lost the needle on one layer.
