@@ -26,5 +26,7 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod sweep;
+pub mod synth;
+pub mod tokenizer;
 pub mod trace;
 pub mod units;

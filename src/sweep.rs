@@ -35,11 +35,12 @@ use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
 use crate::probe::session::{answer_position_records, run_probe, ProbeOptions};
-use crate::probe::{NeedlePrompt, Scenario, V4Tokenizer};
+use crate::probe::{NeedlePrompt, Scenario};
 use crate::progress::SweepBars;
 use crate::record::ProbeRun;
 use crate::record::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
+use crate::tokenizer::V4Tokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -93,10 +94,10 @@ impl ModelMarks {
 /// and its answers mean nothing, so indexer recall judges).
 pub fn model_marks(model_dir: &Path) -> ModelMarks {
     // Only the two fields needed, so a planted.json from another version still counts.
-    let path = model_dir.join(crate::checkpoint::planted::INFO_FILE);
+    let path = model_dir.join(crate::synth::planted::INFO_FILE);
     let Ok(text) = std::fs::read_to_string(path) else {
         let synthetic = model_dir
-            .join(crate::checkpoint::writer::SYNTH_MARK_FILE)
+            .join(crate::synth::out_dir::SYNTH_MARK_FILE)
             .is_file();
         return ModelMarks {
             synthetic,
@@ -181,8 +182,9 @@ mod check {
 
     use super::SweepPlan;
     use crate::config::ModelConfig;
-    use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
+    use crate::probe::{build_prompt, NeedlePrompt, Scenario};
     use crate::record::cell_id_base;
+    use crate::tokenizer::V4Tokenizer;
     use std::collections::HashSet;
 
     /// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:

@@ -2,9 +2,8 @@
 //! expected versus found. Each case corrupts a tiny synthetic checkpoint in a temp directory.
 
 use needlescope::checkpoint::writer::write_safetensors;
-use needlescope::checkpoint::{
-    audit, synth, Checkpoint, CheckpointError, Dtype, Preset, SynthOptions, WeightFormat,
-};
+use needlescope::checkpoint::{audit, Checkpoint, CheckpointError, Dtype, WeightFormat};
+use needlescope::synth::{synth, Preset, SynthOptions};
 use std::path::Path;
 
 fn tiny(dir: &Path, format: WeightFormat, shards: usize) {

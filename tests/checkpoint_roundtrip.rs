@@ -7,15 +7,14 @@ use needlescope::checkpoint::inventory::{
     expected_inventory_with, linear_storage, logical_inventory, CompressorKinds, InventoryOptions,
     LinearStorage, Role, FP4_GROUP,
 };
-use needlescope::checkpoint::values::{generate, Values};
-use needlescope::checkpoint::{
-    audit, compare, synth, Checkpoint, Preset, SynthOptions, SynthSummary, WeightFormat,
-};
+use needlescope::checkpoint::{audit, compare, Checkpoint, WeightFormat};
 use needlescope::numerics::codecs::bf16_round;
 use needlescope::numerics::formats::{
     dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, quant_fp4_group, quant_fp8_block,
     quant_nvfp4,
 };
+use needlescope::synth::tensors::{generate, Values};
+use needlescope::synth::{synth, Preset, SynthOptions, SynthSummary};
 use std::path::Path;
 
 fn tiny(dir: &Path, format: WeightFormat, shards: usize, seed: u64) -> SynthSummary {
@@ -230,7 +229,7 @@ fn synth_reports_progress_up_to_its_payload() {
     let mut calls = Vec::new();
     let mut o = SynthOptions::new(Preset::Tiny, WeightFormat::Official, dir.path());
     o.shards = 3; // tiny fits one window of tensors: a report per shard at least
-    let s = needlescope::checkpoint::synth_with_progress(&o, None, &mut |done, total| {
+    let s = needlescope::synth::synth_with_progress(&o, None, &mut |done, total| {
         calls.push((done, total))
     })
     .unwrap();
@@ -354,7 +353,7 @@ fn reduced_flash_config_is_written_with_quantization_config() {
     o.experts = Some(2);
     // Only the config is checked here (the flash embed alone is 1 GB); synth_config is what
     // synth writes.
-    let cfg = needlescope::checkpoint::synth::synth_config(&o).unwrap();
+    let cfg = needlescope::synth::synth_config(&o).unwrap();
     assert_eq!(cfg.compress_ratios, vec![0, 0]);
     assert_eq!(cfg.num_hash_layers, 1);
     assert_eq!((cfg.n_routed_experts, cfg.num_experts_per_tok), (2, 2));

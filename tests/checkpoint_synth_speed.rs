@@ -2,7 +2,8 @@
 //! Run: `cargo test --release --test checkpoint_synth_speed -- --ignored --nocapture`
 //! (set `NEEDLESCOPE_SYNTH_EXPERTS` to change the expert count, default 16).
 
-use needlescope::checkpoint::{synth, Checkpoint, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
+use needlescope::synth::{synth, Preset, SynthOptions};
 
 #[test]
 #[ignore = "writes several GB; run by hand to measure synth speed"]

@@ -3,10 +3,11 @@
 mod engine_support;
 
 use engine_support::*;
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineError, EngineOptions, LogitsRequest, NoObserver};
 use needlescope::numerics::hadamard_inplace;
 use needlescope::numerics::profiles::{self, IndexProfile, KvMode};
+use needlescope::synth::Preset;
 
 fn opts(index: IndexProfile, kv: KvMode, chunk: usize) -> EngineOptions {
     EngineOptions {

@@ -7,8 +7,9 @@ mod engine_support;
 
 use engine_support::*;
 use needlescope::backend::WeightResidency;
-use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::{Engine, EngineOptions, ForwardOutput, LogitsRequest};
+use needlescope::synth::Preset;
 
 const T: usize = 160;
 

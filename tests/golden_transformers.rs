@@ -16,9 +16,10 @@
 //!
 //! On failure it names the first diverging layer and tensor and shows the first differing value.
 
-use needlescope::checkpoint::{synth, Checkpoint, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::forward::{Engine, EngineOptions, LogitsRequest};
 use needlescope::model::Observer;
+use needlescope::synth::{synth, Preset, SynthOptions};
 use safetensors::SafeTensors;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

@@ -12,10 +12,11 @@ use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{CudaBackend, CudaExecutor, GemmType};
 use needlescope::backend::parity::ops::{check_ops, OpDims};
 use needlescope::backend::parity::{table, Check};
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::synth::Preset;
 
 fn gpu(gemm: GemmType) -> CudaBackend {
     CudaBackend::single(CudaExecutor::new(0).expect("GPU 0 opens"), gemm)

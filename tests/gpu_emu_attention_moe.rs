@@ -21,7 +21,8 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::{
     AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HostOps, Routes,
 };
-use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
+use needlescope::synth::Preset;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     needlescope::numerics::rng::Rng::new(seed).signed_n(n)

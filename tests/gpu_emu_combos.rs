@@ -12,10 +12,11 @@ mod engine_support;
 use engine_support::{synth_model, SynthModel};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::parity::{table, Check};
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward_decode, ForwardCase, ForwardTolerance};
+use needlescope::synth::Preset;
 use std::sync::OnceLock;
 
 /// The tiny official (FP8 + FP4) model: SWA, CSA (ratio 4), HCA (ratio 128), CSA; window 128.

@@ -9,8 +9,9 @@ use engine_support::synth_model;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::parity::normalised_error;
 use needlescope::backend::{Backend, CpuBackend, HostOps};
-use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::numerics::rng::Rng;
+use needlescope::synth::Preset;
 
 /// Every linear `module` of the checkpoint with its `[out, in]` shape (2-D `*.weight` tensors).
 fn linears(ckpt: &Checkpoint) -> Vec<(String, usize, usize)> {

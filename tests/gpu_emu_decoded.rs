@@ -12,11 +12,12 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::parity::{table, Check};
 use needlescope::backend::{Backend, HostOps};
 use needlescope::checkpoint::linear::{LinearForm, SharedLinear};
-use needlescope::checkpoint::{Checkpoint, Preset, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::numerics::rng::Rng;
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::synth::Preset;
 
 /// Every linear weight of the checkpoint that loads (FP4 packs two values a byte: the logical
 /// input is then twice the stored width).

@@ -13,10 +13,11 @@ mod engine_support;
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::parity::{table, Check};
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::synth::Preset;
 
 #[test]
 #[ignore = "6.5 minutes and 16 GB: cargo test --release --test gpu_emu_flash_forward -- --ignored"]

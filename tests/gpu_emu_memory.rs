@@ -21,10 +21,11 @@ use engine_support::tokens;
 use needlescope::backend::gpu::emu::MemoryStats;
 use needlescope::backend::gpu::pool::DEFAULT_POOL_BYTES;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::checkpoint::{synth_with_config, Checkpoint, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::config::ModelConfig;
 use needlescope::model::{Engine, EngineOptions, LogitsRequest, NoObserver};
 use needlescope::plan::{plan, DeviceSet, Footprint, FIXED_WORKSPACE};
+use needlescope::synth::{synth_with_config, SynthOptions};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -59,7 +60,7 @@ struct Model {
 
 fn model(cfg: ModelConfig, format: WeightFormat) -> Model {
     let dir = tempfile::tempdir().unwrap();
-    let opts = SynthOptions::new(needlescope::checkpoint::Preset::Tiny, format, dir.path());
+    let opts = SynthOptions::new(needlescope::synth::Preset::Tiny, format, dir.path());
     synth_with_config(cfg, &opts).expect("synth writes the checkpoint");
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     Model { _dir: dir, ckpt }

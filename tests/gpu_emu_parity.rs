@@ -10,10 +10,11 @@ use engine_support::{synth_model, synth_model_with, tokens, SynthModel};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::parity::ops::{check_ops, OpDims};
 use needlescope::backend::parity::{table, Check};
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::synth::Preset;
 
 fn assert_all_pass(checks: &[Check]) {
     let t = table(checks);

@@ -10,10 +10,11 @@ use needlescope::backend::gpu::executor::{download, upload};
 use needlescope::backend::gpu::pool::BufferPool;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, Executor, GemmType, GpuError};
 use needlescope::backend::parity::{table, Check};
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
+use needlescope::synth::Preset;
 
 #[test]
 fn a_freed_buffer_is_reused_and_comes_back_zeroed() {

@@ -8,9 +8,10 @@ mod engine_support;
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::Backend;
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::bench::time_prefill;
 use needlescope::model::{Engine, EngineOptions};
+use needlescope::synth::Preset;
 
 /// On `tiny` (D = 64, 4 streams: one hidden state is 1 KiB) the per-op design of bb340dd, which
 /// uploaded every op's inputs and downloaded its outputs, moved 18.5 KiB up and 14.5 KiB down

@@ -3,16 +3,17 @@
 //! titles reports "synthetic model", digit tokens carrying the needle feature, and the official
 //! FP8 encoding keeping the construction (the needle is selected on every CSA layer at 2k).
 
-use needlescope::checkpoint::planted::values::{BIAS, NEEDLE};
-use needlescope::checkpoint::planted::{
-    digit_tokens, planted_info, synth_planted, DEFAULT_MARGIN, INFO_FILE, TITLE_NOTE,
-};
-use needlescope::checkpoint::{audit, Checkpoint, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{audit, Checkpoint, WeightFormat};
 use needlescope::config::LayerKind;
 use needlescope::model::{Engine, EngineOptions, LogitsRequest};
 use needlescope::numerics::profiles::IndexProfile;
-use needlescope::probe::tokenizer::{builtin_json_bytes, V4Tokenizer};
 use needlescope::probe::{build_prompt, CellTopk, NeedleObserver, NeedleObserverConfig, Scenario};
+use needlescope::synth::planted::recipe::{BIAS, NEEDLE};
+use needlescope::synth::planted::{
+    digit_tokens, planted_info, synth_planted, DEFAULT_MARGIN, INFO_FILE, TITLE_NOTE,
+};
+use needlescope::synth::{Preset, SynthOptions};
+use needlescope::tokenizer::{builtin_json_bytes, V4Tokenizer};
 use std::path::Path;
 
 fn synth(dir: &Path, format: WeightFormat, seed: u64, margin: Option<f64>) {
@@ -167,7 +168,7 @@ fn synth_over_a_planted_directory_removes_what_planted_wrote() {
     assert!(planted_info(dir.path()).is_some());
     std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
     let opts = SynthOptions::new(Preset::Tiny, WeightFormat::Official, dir.path());
-    needlescope::checkpoint::synth(&opts, None).unwrap();
+    needlescope::synth::synth(&opts, None).unwrap();
     assert!(!dir.path().join(INFO_FILE).exists());
     assert!(!dir.path().join("tokenizer.json").exists());
     assert!(planted_info(dir.path()).is_none());
@@ -177,7 +178,7 @@ fn synth_over_a_planted_directory_removes_what_planted_wrote() {
     let mut own = builtin_json_bytes();
     own.extend_from_slice(b"\n");
     std::fs::write(dir.path().join("tokenizer.json"), &own).unwrap();
-    needlescope::checkpoint::synth(&opts, None).unwrap();
+    needlescope::synth::synth(&opts, None).unwrap();
     assert_eq!(
         std::fs::read(dir.path().join("tokenizer.json")).unwrap(),
         own

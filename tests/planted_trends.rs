@@ -12,16 +12,16 @@
 //!   timings; about 7 s in release on 2 cores). `PLANTED_MARGIN=x` changes the margin:
 //!   `cargo test --release --test planted_trends -- --ignored --nocapture planted_demo_grid`
 
-use needlescope::checkpoint::planted::{planted_info, synth_planted, DEFAULT_MARGIN, TITLE_NOTE};
-use needlescope::checkpoint::{Checkpoint, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::observer::{AttentionObservation, IndexerObservation, Observer};
 use needlescope::model::{Engine, EngineOptions, LogitsRequest};
 use needlescope::numerics::profiles::IndexProfile;
 use needlescope::probe::observe::rescore;
 use needlescope::probe::rows::RowKind;
-use needlescope::probe::{
-    build_prompt, CellTopk, NeedleObserver, NeedleObserverConfig, Scenario, V4Tokenizer,
-};
+use needlescope::probe::{build_prompt, CellTopk, NeedleObserver, NeedleObserverConfig, Scenario};
+use needlescope::synth::planted::{planted_info, synth_planted, DEFAULT_MARGIN, TITLE_NOTE};
+use needlescope::synth::{Preset, SynthOptions};
+use needlescope::tokenizer::V4Tokenizer;
 use std::collections::BTreeMap;
 use std::time::Instant;
 

@@ -4,7 +4,7 @@
 //! should be is refused up front, naming the file, the token and the ids (never a late "try
 //! another --seed", never a silent run with a moved needle).
 
-use needlescope::probe::tokenizer::{builtin_json_bytes, BOS};
+use needlescope::tokenizer::{builtin_json_bytes, BOS};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

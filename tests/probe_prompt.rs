@@ -3,7 +3,7 @@
 
 use needlescope::probe::prompt::{build_prompt, NeedlePrompt, PromptError};
 use needlescope::probe::scenario::Scenario;
-use needlescope::probe::tokenizer::V4Tokenizer;
+use needlescope::tokenizer::V4Tokenizer;
 
 const MAX: usize = 1 << 20;
 

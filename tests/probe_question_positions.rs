@@ -4,7 +4,7 @@
 use needlescope::probe::prompt::build_prompt;
 use needlescope::probe::scenario::Scenario;
 use needlescope::probe::session::question_positions;
-use needlescope::probe::tokenizer::V4Tokenizer;
+use needlescope::tokenizer::V4Tokenizer;
 
 #[test]
 fn question_positions_are_the_question_tokens() {

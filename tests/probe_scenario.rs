@@ -252,7 +252,7 @@ fn unknown_scenario_says_missing_or_directory() {
 /// it): a value repeated while reasoning is no answer, and no `</think>` means no answer yet.
 #[test]
 fn thinking_mode_judges_only_the_text_after_the_reasoning() {
-    let tok = needlescope::probe::tokenizer::V4Tokenizer::builtin().unwrap();
+    let tok = needlescope::tokenizer::V4Tokenizer::builtin().unwrap();
     let end = tok.decode(&[128_822]).unwrap();
     assert_eq!(
         end, "</think>",

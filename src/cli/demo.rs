@@ -19,12 +19,13 @@ use std::path::{Path, PathBuf};
 
 use super::device::DeviceArgs;
 use super::values::{parse_token_count, DepthList};
-use crate::checkpoint::planted::{
-    planted_info, synth_planted, CONSTRUCTION_VERSION, DEFAULT_MARGIN, DEMO_TOPK,
-};
-use crate::checkpoint::{Preset, SynthOptions, WeightFormat};
+use crate::checkpoint::WeightFormat;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::sweep::{run_sweep_locked, SweepPlan};
+use crate::synth::planted::{
+    planted_info, synth_planted, CONSTRUCTION_VERSION, DEFAULT_MARGIN, DEMO_TOPK,
+};
+use crate::synth::{Preset, SynthOptions};
 
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -114,7 +115,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // The cache's directory name is needlescope's own: whatever an earlier (or older)
         // demo left there, cut short, is ours to replace.
         if dir.is_dir() {
-            crate::checkpoint::writer::write_synth_mark(&dir, "planted")?;
+            crate::synth::out_dir::write_synth_mark(&dir, "planted")?;
         }
         let opts = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, &dir);
         let summary = synth_planted(&opts, Some(args.margin))?;

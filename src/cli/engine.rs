@@ -341,7 +341,7 @@ mod tests {
     use crate::cli::device::{DeviceSpec, GpuGemm};
 
     fn tiny() -> (tempfile::TempDir, Checkpoint) {
-        crate::checkpoint::synth::tiny_for_tests()
+        crate::synth::tiny_for_tests()
     }
 
     fn no_gpu() -> CudaReport {

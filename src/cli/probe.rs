@@ -14,8 +14,9 @@ use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::placement::Workload;
 use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress};
-use crate::probe::{build_prompt, NeedlePrompt, Scenario, V4Tokenizer};
+use crate::probe::{build_prompt, NeedlePrompt, Scenario};
 use crate::record::ProbeRun;
+use crate::tokenizer::V4Tokenizer;
 use std::path::Path;
 
 /// Which query positions are probed.

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use super::values::parse_positive;
 use super::{group_digits, human_bytes};
-use crate::checkpoint::synth::{synth_with_progress, Preset, SynthOptions};
 use crate::checkpoint::WeightFormat;
+use crate::synth::{synth_with_progress, Preset, SynthOptions};
 
 /// Which synthetic model (`--preset`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -97,9 +97,9 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             };
             match preset {
                 Preset::Planted => {
-                    crate::checkpoint::planted::planted_config(o.format, o.layers, o.experts)
+                    crate::synth::planted::planted_config(o.format, o.layers, o.experts)
                 }
-                _ => crate::checkpoint::synth::synth_config(&o),
+                _ => crate::synth::synth_config(&o),
             }
             .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))
         };
@@ -121,7 +121,7 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     }
     let written = if preset == Preset::Planted {
-        crate::checkpoint::planted::synth_planted(&opts, args.margin)
+        crate::synth::planted::synth_planted(&opts, args.margin)
     } else {
         // On stderr, hidden when it is not a terminal.
         let bar =

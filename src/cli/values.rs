@@ -182,10 +182,10 @@ impl std::str::FromStr for Positions {
 }
 
 /// A planted model's needle margin in haystack standard deviations, inside
-/// [`crate::checkpoint::planted::MARGIN_RANGE`] (checked when the flag is parsed, so `demo`
+/// [`crate::synth::planted::MARGIN_RANGE`] (checked when the flag is parsed, so `demo`
 /// refuses it before writing anything).
 pub fn parse_margin(s: &str) -> Result<f64, String> {
-    let (lo, hi) = crate::checkpoint::planted::MARGIN_RANGE;
+    let (lo, hi) = crate::synth::planted::MARGIN_RANGE;
     match s.trim().parse::<f64>() {
         Ok(m) if (lo..=hi).contains(&m) => Ok(m),
         _ => Err(format!(

@@ -319,7 +319,7 @@ mod tests {
     /// 3.5, 9.1). Rounding all 64 dims would share the nope block's scale and move the rope dims.
     #[test]
     fn kv_fp8_rounds_the_nope_dims_and_leaves_the_rope_dims_bf16() {
-        let (_dir, ckpt) = crate::checkpoint::synth::tiny_for_tests();
+        let (_dir, ckpt) = crate::synth::tiny_for_tests();
         let cfg = ckpt.config().clone();
         let cpu = CpuBackend::new();
         let attn = Attention::load(&cpu, &ckpt, &cfg, 1).unwrap();

@@ -310,7 +310,7 @@ mod tests {
     fn forward_clamps_routed_and_shared_experts_at_the_config_limit() {
         use crate::backend::cpu::CpuBackend;
         use crate::model::NoObserver;
-        let (_dir, ckpt) = crate::checkpoint::synth::tiny_for_tests();
+        let (_dir, ckpt) = crate::synth::tiny_for_tests();
         let mut cfg = ckpt.config().clone();
         cfg.swiglu_limit = 0.05;
         let cpu = CpuBackend::new();

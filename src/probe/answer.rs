@@ -57,7 +57,7 @@ impl Scenario {
     /// may have stopped inside the value). A too-short generation says nothing about the needle.
     pub fn judge_generated(&self, generated: &str, value: &str, ended: bool) -> Option<bool> {
         let answer = if self.thinking {
-            generated.rsplit_once(super::tokenizer::THINK_END)?.1
+            generated.rsplit_once(crate::tokenizer::THINK_END)?.1
         } else {
             generated
         };

@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use unicode_segmentation::UnicodeSegmentation;
 
 use super::scenario::{HaystackKind, Scenario, ScenarioError, ValueSpec};
-use super::tokenizer::{ASSISTANT, BOS, EOS, THINK_END, THINK_START, USER};
 use super::words::*;
 use crate::numerics::rng::Rng;
+use crate::tokenizer::{ASSISTANT, BOS, EOS, THINK_END, THINK_START, USER};
 
 /// How units are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ pub mod rows;
 pub mod scenario;
 pub mod session;
 mod spans;
-pub mod tokenizer;
+
 pub mod value;
 
 pub mod words;
@@ -35,4 +35,3 @@ pub use prompt::{build_prompt, NeedlePrompt, PromptError};
 pub use rank::NeedleRank;
 pub use rows::RowKind;
 pub use scenario::{Scenario, ScenarioError};
-pub use tokenizer::{TokenizerError, V4Tokenizer};

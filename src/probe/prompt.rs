@@ -32,7 +32,7 @@ mod error {
     //! that file stays readable); each error names the flag, scenario or field concerned.
 
     use crate::probe::scenario::ScenarioError;
-    use crate::probe::tokenizer::TokenizerError;
+    use crate::tokenizer::TokenizerError;
 
     /// Errors building a prompt; each names the flag or scenario concerned.
     #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ pub use error::PromptError;
 use super::haystack::{fill, HaystackGen, Layout, Unit};
 use super::scenario::Scenario;
 use super::spans::finish;
-use super::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
+use crate::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
 
 /// A rendered needle prompt.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

@@ -15,11 +15,11 @@ use super::observe::{CellTopk, NeedleObserver, NeedleObserverConfig};
 
 use super::prompt::NeedlePrompt;
 use super::scenario::Scenario;
-use super::tokenizer::V4Tokenizer;
 use crate::backend::Backend;
 use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::record::{LayerRecord, ProbeRun};
+use crate::tokenizer::V4Tokenizer;
 use std::time::Instant;
 
 /// The profiles every run of a probe or sweep scores besides its driving one, on the same

@@ -6,7 +6,7 @@
 
 use super::prompt::{NeedlePrompt, PromptError, Rendered};
 use super::scenario::Scenario;
-use super::tokenizer::{V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
+use crate::tokenizer::{V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
 
 /// Refuses a control token (any added token of the tokenizer: tool-call, FIM, search or
 /// placeholder markers, `<|EOT|>`, ...) anywhere but the chat format's own markers (BOS, the

@@ -3,8 +3,9 @@
 
 #![allow(dead_code)]
 
-use needlescope::checkpoint::{synth, Checkpoint, Preset, SynthOptions, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::{AttentionObservation, IndexerObservation, Observer};
+use needlescope::synth::{synth, Preset, SynthOptions};
 use std::collections::BTreeMap;
 
 /// A synthetic checkpoint kept alive with its directory.

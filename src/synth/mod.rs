@@ -22,26 +22,31 @@
 //! quantised ones a window of ~32M elements at a time (encoded in parallel, written in order),
 //! so memory stays well under 1 GB even for `--preset flash` with all 256 experts.
 
-use super::dtype::{Dtype, WeightFormat};
-use super::inventory::{
+pub mod out_dir;
+pub mod planted;
+pub mod tensors;
+
+use crate::checkpoint::dtype::{Dtype, WeightFormat};
+use crate::checkpoint::inventory::{
     expand, linear_storage, logical_inventory, CompressorKinds, ExpectedTensor, InventoryOptions,
     LinearStorage, LogicalTensor, FP4_GROUP,
 };
-use super::reader::INDEX_FILE;
-use super::values::{fill_f32, generate, Values};
-use super::writer::{assign_shards, claim_out_dir, shard_file_name, SafetensorsWriter};
-use super::CheckpointError;
+use crate::checkpoint::reader::INDEX_FILE;
+use crate::checkpoint::writer::{assign_shards, shard_file_name, SafetensorsWriter};
+use crate::checkpoint::CheckpointError;
 use crate::config::{ModelConfig, QuantizationConfig};
 use crate::numerics::formats::{
     f32_to_bf16_bytes, f32_to_f32_bytes, i64_to_bytes, quant_fp4_group, quant_fp8_block,
     quant_nvfp4,
 };
 use crate::numerics::rng::CHUNK;
+use out_dir::claim_out_dir;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Instant;
+use tensors::{fill_f32, generate, Values};
 
 /// Which synthetic model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -431,14 +436,14 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 /// Test helper: the tiny bf16 checkpoint in a fresh temporary directory, opened (keep the
 /// directory alive as long as the checkpoint).
 #[cfg(test)]
-pub(crate) fn tiny_for_tests() -> (tempfile::TempDir, super::Checkpoint) {
+pub(crate) fn tiny_for_tests() -> (tempfile::TempDir, crate::checkpoint::Checkpoint) {
     let dir = tempfile::tempdir().expect("tempdir");
     synth(
         &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, dir.path()),
         None,
     )
     .expect("synth writes the tiny checkpoint");
-    let ckpt = super::Checkpoint::open(dir.path()).expect("the tiny checkpoint opens");
+    let ckpt = crate::checkpoint::Checkpoint::open(dir.path()).expect("the tiny checkpoint opens");
     (dir, ckpt)
 }
 

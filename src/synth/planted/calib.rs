@@ -16,12 +16,12 @@
 //! Input: the recipe (embedding, head weights, per-layer key projections), output: the recipe's
 //! per-layer `deltas` and the (μ, σ) found, for `planted.json`.
 
-use super::values::{dims, needle_x, Recipe, OFFSET};
-use super::CheckpointError;
+use super::recipe::{dims, needle_x, Recipe, OFFSET};
+use crate::checkpoint::CheckpointError;
 use crate::config::LayerKind;
 use crate::numerics::rng::Rng;
 use crate::probe::haystack::noise_sentence;
-use crate::probe::tokenizer::V4Tokenizer;
+use crate::tokenizer::V4Tokenizer;
 
 /// Sentences of reference haystack text (about 15 tokens each).
 pub const REFERENCE_SENTENCES: usize = 3000;

@@ -24,30 +24,31 @@
 //!   calibration), which reports use to title their output ([`planted_info`]). Deterministic
 //!   from the seed; about 34 MB (embed and head are 129,280 x 64 bf16).
 
-#[path = "planted_values.rs"]
-pub mod values;
+pub mod recipe;
 
-#[path = "planted_calib.rs"]
 pub mod calib;
 
-use super::dtype::{Dtype, WeightFormat};
-use super::inventory::{expand, linear_storage, logical_inventory, LinearStorage, FP4_GROUP};
-use super::reader::INDEX_FILE;
-use super::synth::{set_weight_format, SynthOptions, SynthSummary};
-use super::values::Values;
-use super::writer::{assign_shards, claim_out_dir, shard_file_name, SafetensorsWriter};
-use super::CheckpointError;
+use super::out_dir::claim_out_dir;
+use super::tensors::Values;
+use super::{set_weight_format, SynthOptions, SynthSummary};
+use crate::checkpoint::dtype::{Dtype, WeightFormat};
+use crate::checkpoint::inventory::{
+    expand, linear_storage, logical_inventory, LinearStorage, FP4_GROUP,
+};
+use crate::checkpoint::reader::INDEX_FILE;
+use crate::checkpoint::writer::{assign_shards, shard_file_name, SafetensorsWriter};
+use crate::checkpoint::CheckpointError;
 use crate::config::ModelConfig;
 use crate::numerics::formats::{
     f32_to_bf16_bytes, f32_to_f32_bytes, i64_to_bytes, quant_fp4_group, quant_fp8_block,
     quant_nvfp4,
 };
-use crate::probe::tokenizer::{builtin_json_bytes, V4Tokenizer};
+use crate::tokenizer::{builtin_json_bytes, V4Tokenizer};
 use calib::{calibrate, reference_tokens, LayerCalibration};
+use recipe::Recipe;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
-use values::Recipe;
 
 /// Default `--margin`, in haystack standard deviations (see docs/planted.md for the grid it
 /// is tuned to).
@@ -216,7 +217,7 @@ pub fn synth_planted(
 }
 
 fn info(r: &Recipe, format: WeightFormat, calibration: Vec<LayerCalibration>) -> PlantedInfo {
-    use values::*;
+    use recipe::*;
     let constants = [
         ("bias_value", BIAS_VALUE),
         ("offset", OFFSET),

@@ -17,7 +17,7 @@
 //! The seed of a linear is that of its `<module>.weight` name, so one seed gives the same
 //! logical weights in every format; formats differ only in how they round them.
 
-use super::inventory::{LogicalTensor, Role};
+use crate::checkpoint::inventory::{LogicalTensor, Role};
 use crate::config::ModelConfig;
 use crate::numerics::rng::{irwin_hall4, tensor_seed, unit_f64, Xoshiro256ss, CHUNK};
 use rayon::prelude::*;

@@ -23,10 +23,10 @@
 //! of `values.rs`, with block outputs (`wo_b`, expert `w2`) scaled by `OUT_SCALE` and mHC mixes
 //! by `HC_SCALE`, so the residual stream stays close to the embedding.
 
-use super::super::inventory::{LogicalTensor, Role};
-use super::super::values::{generate, Values};
+use crate::checkpoint::inventory::{LogicalTensor, Role};
 use crate::config::{LayerKind, ModelConfig};
 use crate::numerics::rng::{tensor_seed, Xoshiro256ss};
+use crate::synth::tensors::{generate, Values};
 use rayon::prelude::*;
 
 /// Embedding dim holding the same value for every token.
