@@ -13,13 +13,12 @@ pub mod backend;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
-pub mod cuda_probe;
-pub mod host_room;
+pub mod devices;
+
 pub mod interrupt;
 pub mod model;
 pub mod numerics;
-pub mod placement;
-pub mod plan;
+
 pub mod probe;
 pub mod progress;
 pub mod record;

@@ -10,15 +10,15 @@ mod cli_support;
 
 use cli_support::{run, synth_tiny, Run};
 use needlescope::checkpoint::Checkpoint;
-use needlescope::placement::{place, DeviceMemory, Workload};
-use needlescope::plan::Footprint;
+use needlescope::devices::placement::{place, DeviceMemory, Workload};
+use needlescope::devices::plan::Footprint;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// Whether the CUDA driver is present and sees a GPU (then the driver-less tests skip).
 fn cuda_usable() -> bool {
-    let r = needlescope::cuda_probe::probe();
+    let r = needlescope::backend::gpu::driver::probe();
     r.driver_present && r.error.is_none() && !r.devices.is_empty()
 }
 

@@ -11,8 +11,8 @@ mod cli_support;
 
 use cli_support::{bin, run, synth_tiny};
 use needlescope::checkpoint::Checkpoint;
-use needlescope::placement::{place, DeviceMemory, Workload};
-use needlescope::plan::Footprint;
+use needlescope::devices::placement::{place, DeviceMemory, Workload};
+use needlescope::devices::plan::Footprint;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -267,7 +267,8 @@ fn three_way() -> String {
     // just above it, where each device holds one or two layers.
     let mut cfg = ckpt.config().clone();
     cfg.index_topk = work.topk;
-    let ws = needlescope::plan::workspace_bytes(&cfg, work.context, work.chunk, false) / 1000;
+    let ws =
+        needlescope::devices::plan::workspace_bytes(&cfg, work.context, work.chunk, false) / 1000;
     for c in (0..40).map(|i| ws + 4_000 + i * 200) {
         for a in (0..40).map(|i| ws + i * 50) {
             for b in (0..40).map(|i| ws + i * 50) {

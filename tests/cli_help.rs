@@ -132,7 +132,7 @@ fn gpu_features_fail_cleanly_without_a_gpu() {
         assert_eq!(r.code, Some(1), "{sub}\n{}", r.dump());
     }
     // Compiling kernels needs NVRTC, not a GPU; without the library the error says so.
-    if !needlescope::cuda_probe::nvrtc_present() {
+    if !needlescope::backend::gpu::driver::nvrtc_present() {
         let r = run(&["doctor", "--compile-kernels", "sm_90,sm_120"])
             .fails()
             .stderr_has(&["NVRTC", "could not be loaded"]);

@@ -23,8 +23,8 @@ use needlescope::backend::gpu::pool::DEFAULT_POOL_BYTES;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::config::ModelConfig;
+use needlescope::devices::plan::{plan, DeviceSet, Footprint, FIXED_WORKSPACE};
 use needlescope::model::{Engine, EngineOptions, LogitsRequest, NoObserver};
-use needlescope::plan::{plan, DeviceSet, Footprint, FIXED_WORKSPACE};
 use needlescope::synth::{synth_with_config, SynthOptions};
 
 const MIB: f64 = (1u64 << 20) as f64;

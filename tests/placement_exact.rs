@@ -6,8 +6,8 @@
 
 use needlescope::checkpoint::WeightFormat;
 use needlescope::config::ModelConfig;
-use needlescope::placement::{place, DeviceMemory, Placement, Workload};
-use needlescope::plan::{self, Footprint};
+use needlescope::devices::placement::{place, DeviceMemory, Placement, Workload};
+use needlescope::devices::plan::{self, Footprint};
 
 const GIB: u64 = 1 << 30;
 

@@ -48,6 +48,10 @@ use crate::checkpoint::CheckpointError;
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
 use crate::numerics::rope::RopeTable;
 
+/// Query tokens the model scores per index-score call: bounds the `[tokens, rows]` score block
+/// a backend holds at once (the memory plan charges it).
+pub const INDEX_SCORE_TOKENS: usize = 256;
+
 /// The operations of the DeepSeek-V4 forward pass. Shapes are in each method's docs; arguments
 /// whose lengths disagree with them are a caller bug (methods may panic).
 pub trait Backend: Send + Sync {

@@ -13,12 +13,12 @@ use super::values::parse_token_count;
 use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::devices::placement::Workload;
+use crate::devices::plan::DevicePlan;
 use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, PrefillProfile};
 use crate::model::forward::Engine;
 use crate::model::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::placement::Workload;
-use crate::plan::DevicePlan;
 use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]

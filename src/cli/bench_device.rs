@@ -3,7 +3,7 @@
 //! copy) and each device's peak memory against its memory plan.
 
 use crate::backend::{DeviceMemoryUse, OpTime};
-use crate::plan::{DevicePlan, FIXED_WORKSPACE};
+use crate::devices::plan::{DevicePlan, FIXED_WORKSPACE};
 use std::io::Write;
 
 /// The operations' calls and seconds since `before` (a profile is cumulative), largest first.

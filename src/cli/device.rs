@@ -5,7 +5,7 @@
 //! `emu` | `emu:N` | `emu:NxSIZE` (the GPU backend on N host-emulated devices). A bad spec is a
 //! usage error (exit 2) naming the flag, the expected form and what was found.
 //!
-//! Resolution ([`resolve`]), from a driver probe ([`crate::cuda_probe::probe`]):
+//! Resolution ([`resolve`]), from a driver probe ([`crate::backend::gpu::driver::probe`]):
 //! - `cpu`: the CPU reference backend;
 //! - `cuda`: every GPU the driver sees; `cuda:0,2`: those ordinals. No driver, a driver that
 //!   fails, no GPU or an ordinal the driver does not see is an error (exit 1) naming what is
@@ -18,9 +18,9 @@
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::{Args, ValueEnum};
 
+use crate::backend::gpu::driver::CudaReport;
 use crate::backend::gpu::GemmType;
-use crate::cuda_probe::CudaReport;
-use crate::plan::DeviceSet;
+use crate::devices::plan::DeviceSet;
 
 /// Capacity of an emulated device when the spec gives none.
 pub const EMU_DEFAULT_CAPACITY: u64 = 1 << 40;
@@ -323,7 +323,7 @@ mod tests {
     //! Unit tests of `--device` parsing and resolution against synthetic driver probes.
 
     use super::*;
-    use crate::cuda_probe::GpuInfo;
+    use crate::backend::gpu::driver::GpuInfo;
 
     fn report(driver: bool, gpus: usize, error: Option<&str>) -> CudaReport {
         CudaReport {

@@ -8,8 +8,8 @@ use std::io::Write;
 
 use super::human_bytes;
 use super::values::parse_arch;
+use crate::backend::gpu::driver;
 use crate::backend::gpu::kernels::{self, CubinSource};
-use crate::cuda_probe;
 
 #[derive(Args, Debug, Clone)]
 pub struct DoctorArgs {
@@ -25,7 +25,7 @@ pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "cpu          {} threads (rayon)",
         rayon::current_num_threads()
     )?;
-    let r = cuda_probe::probe();
+    let r = driver::probe();
     if !r.driver_present {
         let tried: std::collections::BTreeSet<&String> = r.driver_candidates.iter().collect();
         writeln!(

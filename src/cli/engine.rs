@@ -3,7 +3,7 @@
 //! [`Target::prepare`] turns `--device` / `--gpu-gemm` ([`DeviceArgs`]) into a backend before any
 //! weight is read: it resolves the spec against the CUDA driver ([`super::device::resolve`]),
 //! opens the devices, asks them for their free memory and places the layers
-//! ([`crate::placement::place_auto`]), refusing when the model does not fit; `--chunk auto` is
+//! ([`crate::devices::placement::place_auto`]), refusing when the model does not fit; `--chunk auto` is
 //! resolved there too ([`Target::chunk`]: the largest candidate chunk that fits on GPUs, 2,048
 //! on the CPU). [`Target::run`] then
 //! loads the engine on that backend and hands it to an [`EngineTask`], the generic body of a
@@ -25,13 +25,15 @@ use std::io::Write;
 
 use super::device::{auto_note, gemm_name, resolve, DeviceArgs, DeviceSpec, Resolved};
 use crate::backend::gpu::decoded::{headroom_budget, DECODE_CACHE_ENV};
+use crate::backend::gpu::driver::CudaReport;
 use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
 use crate::backend::{Backend, CpuBackend, WeightResidency};
 use crate::checkpoint::Checkpoint;
-use crate::cuda_probe::CudaReport;
+use crate::devices::placement::{
+    place_auto, DeviceMemory, Placement, Workload, AUTO_CHUNK, CPU_AUTO_CHUNK,
+};
+use crate::devices::plan::Footprint;
 use crate::model::forward::{auto_residency, Engine, EngineOptions};
-use crate::placement::{place_auto, DeviceMemory, Placement, Workload, AUTO_CHUNK, CPU_AUTO_CHUNK};
-use crate::plan::Footprint;
 use crate::record::BackendRecord;
 
 /// Opens the model directory of a run (probe, sweep, trace, bench) and refuses weights its
@@ -89,7 +91,7 @@ impl Target {
             args,
             ckpt,
             work,
-            crate::cuda_probe::probe,
+            crate::backend::gpu::driver::probe,
             &mut std::io::stderr(),
         )
     }
@@ -187,7 +189,7 @@ impl Target {
     }
 
     /// The prefill chunk of the run: `--chunk` as given, or what `auto` chose (see
-    /// [`crate::placement::place_auto`]); at most the context on a GPU (its plan's chunk).
+    /// [`crate::devices::placement::place_auto`]); at most the context on a GPU (its plan's chunk).
     pub fn chunk(&self) -> usize {
         match self {
             Target::Cpu { chunk, .. } => *chunk,
@@ -198,7 +200,7 @@ impl Target {
 
     /// The memory plan of each device the run uses, in the backend's device order (empty on
     /// the CPU).
-    pub fn device_plans(&self) -> Vec<crate::plan::DevicePlan> {
+    pub fn device_plans(&self) -> Vec<crate::devices::plan::DevicePlan> {
         match self {
             Target::Cpu { .. } => Vec::new(),
             Target::Cuda(t) => t.placement.plan.devices.clone(),
@@ -345,7 +347,7 @@ mod tests {
     }
 
     fn no_gpu() -> CudaReport {
-        let mut r = crate::cuda_probe::probe();
+        let mut r = crate::backend::gpu::driver::probe();
         r.driver_present = true;
         r.devices.clear();
         r.error = None;

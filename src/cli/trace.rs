@@ -11,9 +11,9 @@ use super::device::DeviceArgs;
 use super::engine::{EngineTask, Target};
 use super::values::{parse_positive, Positions};
 use crate::backend::Backend;
+use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::placement::Workload;
 use crate::trace;
 use std::collections::BTreeMap;
 
@@ -212,12 +212,12 @@ fn check_room(
     );
     // The filesystem the file will be on: its nearest folder that exists now.
     let dir = existing_ancestor(&args.out);
-    let room = crate::host_room::Room {
+    let room = crate::devices::host::Room {
         memory_needed: layout.memory_bytes(positions),
-        memory_available: crate::host_room::meminfo_bytes("MemAvailable"),
+        memory_available: crate::devices::host::meminfo_bytes("MemAvailable"),
         // The header is a few KiB per tensor name at most.
         disk_needed: layout.file_bytes() + 64 * 1024,
-        disk_free: crate::host_room::free_disk_bytes(&dir),
+        disk_free: crate::devices::host::free_disk_bytes(&dir),
     };
     room.check().map_err(|short| {
         anyhow::anyhow!(

@@ -204,11 +204,11 @@ pub fn parse_arch(s: &str) -> Result<String, String> {
         .map_err(|_| format!("expected a GPU architecture such as sm_90 or sm_120, found {t:?}"))
 }
 
-/// `--chunk`: `auto` ([`crate::placement::AUTO_CHUNK`]: 2,048 on the CPU, on GPUs the largest
+/// `--chunk`: `auto` ([`crate::devices::placement::AUTO_CHUNK`]: 2,048 on the CPU, on GPUs the largest
 /// of 8,192, 4,096 and 2,048 that fits) or a token count.
 pub fn parse_chunk(s: &str) -> Result<usize, String> {
     if s.trim().eq_ignore_ascii_case("auto") {
-        return Ok(crate::placement::AUTO_CHUNK);
+        return Ok(crate::devices::placement::AUTO_CHUNK);
     }
     parse_token_count(s).map_err(|e| match e.strip_prefix("expected ") {
         Some(rest) => format!("expected auto or {rest}"),
@@ -338,8 +338,14 @@ mod chunk_tests {
 
     #[test]
     fn chunk_is_auto_or_a_token_count() {
-        assert_eq!(parse_chunk("auto"), Ok(crate::placement::AUTO_CHUNK));
-        assert_eq!(parse_chunk(" AUTO "), Ok(crate::placement::AUTO_CHUNK));
+        assert_eq!(
+            parse_chunk("auto"),
+            Ok(crate::devices::placement::AUTO_CHUNK)
+        );
+        assert_eq!(
+            parse_chunk(" AUTO "),
+            Ok(crate::devices::placement::AUTO_CHUNK)
+        );
         assert_eq!(parse_chunk("8k"), Ok(8192));
         let e = parse_chunk("0").unwrap_err();
         assert!(

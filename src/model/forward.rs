@@ -136,7 +136,7 @@ impl Engine<CpuBackend> {
 /// physical memory (`MemTotal`; 16 GiB assumed where /proc/meminfo is unreadable), else
 /// `Streamed`.
 pub fn auto_residency(ckpt: &Checkpoint) -> WeightResidency {
-    let budget = crate::host_room::meminfo_bytes("MemTotal").unwrap_or(16 << 30) / 4;
+    let budget = crate::devices::host::meminfo_bytes("MemTotal").unwrap_or(16 << 30) / 4;
     if decoded_weight_bytes(ckpt) <= budget {
         WeightResidency::Decoded
     } else {
@@ -398,7 +398,7 @@ impl<B: Backend> Engine<B> {
         // At most the memory plan's logit rows at once (`trace --positions all` asks for every
         // position of a chunk: 8,192 x 129,280 logits would be 3.9 GiB the plan never charged).
         // Each row's logits depend on that row alone.
-        for group in positions.chunks(crate::plan::PROBED_LOGIT_ROWS as usize) {
+        for group in positions.chunks(crate::devices::plan::PROBED_LOGIT_ROWS as usize) {
             let mut rows = vec![0.0f32; group.len() * row];
             for (i, &p) in group.iter().enumerate() {
                 let dst = &mut rows[i * row..(i + 1) * row];

@@ -22,14 +22,11 @@ use super::compressor::{visible_rows, Compressor};
 use super::observer::{IndexerObservation, Observer};
 use super::state::IndexKeyStore;
 use super::{load_matrix, EngineError};
-use crate::backend::Backend;
+use crate::backend::{Backend, INDEX_SCORE_TOKENS};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::numerics::profiles::IndexProfile;
 use crate::numerics::rope::RopeTable;
-
-/// Query tokens scored per batched call (bounds the `[tokens, rows]` score block).
-pub(crate) const TOKENS_PER_BLOCK: usize = 256;
 
 /// How one call scores and selects, and who watches.
 pub struct IndexerRun<'a> {
@@ -121,8 +118,8 @@ impl<M> Indexer<M> {
         let empty = backend.act_zeros(0);
         let keys = store.prepared.data().unwrap_or(&empty);
         let key_scales = store.scales.data().unwrap_or(&empty);
-        for b0 in (0..tokens).step_by(TOKENS_PER_BLOCK) {
-            let b1 = (b0 + TOKENS_PER_BLOCK).min(tokens);
+        for b0 in (0..tokens).step_by(INDEX_SCORE_TOKENS) {
+            let b1 = (b0 + INDEX_SCORE_TOKENS).min(tokens);
             let visible: Vec<usize> = (b0..b1).map(|i| visible_rows(first_pos + i, 4)).collect();
             let stride = visible.iter().copied().max().unwrap_or(0);
             // [block tokens, stride]: every element is written by the scorer.

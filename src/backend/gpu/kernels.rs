@@ -68,7 +68,7 @@ pub fn check_arch(arch: &str) -> Result<(), GpuError> {
 
 /// The NVRTC library version, or an error saying it could not be loaded.
 pub fn nvrtc_version() -> Result<(i32, i32), GpuError> {
-    if !crate::cuda_probe::nvrtc_present() {
+    if !crate::backend::gpu::driver::nvrtc_present() {
         return Err(GpuError::Nvrtc(format!(
             "the NVRTC library could not be loaded (tried {}); install the CUDA toolkit's \
              libnvrtc or the PyPI wheel nvidia-cuda-nvrtc and put its lib directory on \

@@ -20,7 +20,7 @@
 //! biases, routes) and receives what the model needs there: router scores, top-k selections,
 //! and what an observer asks for (attention probabilities, raw index keys, tensors). Weights stay on their device in the stored
 //! format ([`matrix::GpuMatrix`]); several devices are used by placing contiguous layer ranges on
-//! each ([`GpuBackend::new`] takes the layer -> device map from `crate::placement`).
+//! each ([`GpuBackend::new`] takes the layer -> device map from `crate::devices::placement`).
 //! [`Backend::transfer_bytes`] sums the executors' copy counters.
 //!
 //! Ops cannot return errors, so a failure (out of memory, a failed launch) is recorded, the op's
@@ -35,6 +35,7 @@ pub mod attention;
 pub mod checks;
 pub mod cuda;
 pub mod decoded;
+pub mod driver;
 pub mod emu;
 pub mod executor;
 pub mod experts;

@@ -10,7 +10,7 @@ use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerR
 use super::InspectArgs;
 use crate::checkpoint::{audit, options_for, Checkpoint, Dtype, InventoryDiff, WeightFormat};
 use crate::config::{ModelConfig, RouterKind};
-use crate::plan::Footprint;
+use crate::devices::plan::Footprint;
 
 /// Entries of each inventory category listed in full.
 const LIST_LIMIT: usize = 20;
@@ -39,10 +39,9 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             cfg.max_position_embeddings
         );
     }
-    let plan = args
-        .devices
-        .as_ref()
-        .map(|d| crate::placement::plan_over(&cfg, &footprint, d, args.context, args.chunk));
+    let plan = args.devices.as_ref().map(|d| {
+        crate::devices::placement::plan_over(&cfg, &footprint, d, args.context, args.chunk)
+    });
     Ok(InspectReport {
         source,
         config_hash: cfg.hash_hex(),

@@ -1,7 +1,7 @@
 //! `needlescope inspect`: what a checkpoint holds (`--model DIR`) or what a config implies
 //! (`--config FILE`, no weights needed): model summary, layer schedule, parameters and bytes per
 //! component and per number format, the inventory check against the config (with `--model`) and
-//! the memory plan over `--devices` at `--context` (see `crate::plan`).
+//! the memory plan over `--devices` at `--context` (see `crate::devices::plan`).
 //!
 //! Exit status: non-zero when the checkpoint does not match the inventory its config implies,
 //! or when the memory plan does not fit; the full report is printed first either way.
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use super::values::parse_token_count;
 use super::{group_digits, human_bytes};
 use crate::checkpoint::WeightFormat;
-use crate::plan::DeviceSet;
+use crate::devices::plan::DeviceSet;
 
 mod build;
 mod plan_table;

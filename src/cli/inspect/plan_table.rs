@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use super::{group_digits, human_bytes};
-use crate::plan::MemoryPlan;
+use crate::devices::plan::MemoryPlan;
 
 pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(out)?;

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use std::path::PathBuf;
 
-use crate::plan::{Footprint, MemoryPlan};
+use crate::devices::plan::{Footprint, MemoryPlan};
 
 /// Where the numbers come from.
 #[derive(Clone, Debug, Serialize)]

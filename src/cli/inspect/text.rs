@@ -8,7 +8,7 @@ use super::plan_table::print_plan;
 use super::report::InspectReport;
 use super::{group_digits, human_bytes};
 use crate::config::LayerKind;
-use crate::plan;
+use crate::devices::plan;
 
 /// Sorted indices -> `0-1, 2, 3-41/2` (runs of three or more with a common step are ranges,
 /// `/s` marks a step other than 1).

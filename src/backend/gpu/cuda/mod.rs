@@ -106,14 +106,14 @@ impl CudaExecutor {
     /// Opens GPU `ordinal` (its primary context) and a cuBLAS handle. Fails with a clear error
     /// when the driver is missing, the ordinal does not exist or cuBLAS cannot be loaded.
     pub fn new(ordinal: usize) -> Result<Self, GpuError> {
-        if !crate::cuda_probe::driver_present() {
+        if !crate::backend::gpu::driver::driver_present() {
             return Err(GpuError::Driver(
                 "no CUDA driver (libcuda) could be loaded on this machine".into(),
             ));
         }
         // A bad pool setting fails before any device state exists.
         let pool = BufferPool::from_env().map_err(GpuError::Other)?;
-        let count = crate::cuda_probe::quietly(CudaContext::device_count)
+        let count = crate::backend::gpu::driver::quietly(CudaContext::device_count)
             .map_err(GpuError::Driver)?
             .map_err(|e| driver_err("cuDeviceGetCount", e))?;
         if ordinal as i32 >= count {
@@ -128,7 +128,9 @@ impl CudaExecutor {
         let mut version = 0i32;
         // SAFETY: writes one int.
         unsafe { sys::cuDriverGetVersion(&mut version) };
-        if !crate::cuda_probe::quietly(|| unsafe { blas::is_culib_present() }).unwrap_or(false) {
+        if !crate::backend::gpu::driver::quietly(|| unsafe { blas::is_culib_present() })
+            .unwrap_or(false)
+        {
             return Err(GpuError::Cublas(
                 "the cuBLAS library (libcublas.so.13) could not be loaded; install the CUDA 13 \
                  toolkit or the nvidia-cublas wheel and add its lib directory to LD_LIBRARY_PATH"

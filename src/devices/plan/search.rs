@@ -18,7 +18,7 @@ use std::cmp::Ordering;
 
 use super::{fixed_bytes, layer_loads};
 use crate::config::ModelConfig;
-use crate::plan::Footprint;
+use crate::devices::plan::Footprint;
 
 /// A layout found by [`search`].
 #[derive(Clone, Debug, PartialEq, Eq)]

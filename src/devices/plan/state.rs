@@ -86,8 +86,8 @@ pub fn largest_cache_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u
         .unwrap_or(0)
 }
 
-/// Query tokens the indexer scores at once (`model::indexer::TOKENS_PER_BLOCK`).
-const INDEX_SCORE_TOKENS: u64 = crate::model::indexer::TOKENS_PER_BLOCK as u64;
+/// Query tokens the indexer scores at once (`backend::INDEX_SCORE_TOKENS`).
+const INDEX_SCORE_TOKENS: u64 = crate::backend::INDEX_SCORE_TOKENS as u64;
 
 /// Most decoded-weight bytes one banded product holds, and most gathered entry bytes of one
 /// tile of the GEMM attention (`backend::gpu::matrix::WORKSPACE_BYTES`).

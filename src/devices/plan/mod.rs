@@ -58,7 +58,7 @@
 //! if that also fails the plan is refused, reporting each device's shortfall (from the balanced
 //! split) and the overall shortfall. These two splits use every device given; [`search`]
 //! (`search.rs`) is exact: it finds a layout over an order-preserving subset of the devices
-//! whenever one fits, and [`crate::placement`] falls back on it ([`plan_assigned`] is its plan).
+//! whenever one fits, and [`crate::devices::placement`] falls back on it ([`plan_assigned`] is its plan).
 
 use serde::Serialize;
 

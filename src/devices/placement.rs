@@ -1,6 +1,6 @@
 //! Placement: which device runs which decoder layers, decided before any weight is loaded.
 //!
-//! The numbers are the memory plan's ([`crate::plan`]): weights per layer as stored, per-layer
+//! The numbers are the memory plan's ([`crate::devices::plan`]): weights per layer as stored, per-layer
 //! state for the run's context, and per-device workspace (the largest top-k of the run replaces
 //! the config's `index_topk` in it). [`place`] lays the layers out in contiguous ranges, in
 //! device order, balanced by bytes in proportion to each device's FREE memory (what
@@ -21,7 +21,7 @@
 //! twice the rows held), so a run that was placed cannot run out of memory for its caches.
 
 use crate::config::ModelConfig;
-use crate::plan::{self, DeviceSet, Footprint, MemoryPlan};
+use crate::devices::plan::{self, DeviceSet, Footprint, MemoryPlan};
 use crate::units::{bytes_and_count, group_digits, human_bytes};
 
 /// `--chunk auto` ([`Workload::chunk`]): the prefill chunk is chosen with the backend.
@@ -248,7 +248,7 @@ pub fn plan_over(
     }
     p.devices = rows;
     p.devices_spec = devices.spec.clone();
-    p.capacity = crate::plan::sat_sum(devices.capacities.iter().copied());
+    p.capacity = crate::devices::plan::sat_sum(devices.capacities.iter().copied());
     p
 }
 
