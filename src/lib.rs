@@ -15,17 +15,13 @@ pub mod cli;
 pub mod config;
 pub mod devices;
 
-pub mod interrupt;
 pub mod model;
 pub mod numerics;
 
 pub mod probe;
-pub mod progress;
 pub mod record;
 pub mod report;
 pub mod run;
-pub mod sweep;
 pub mod synth;
 pub mod tokenizer;
-pub mod trace;
 pub mod units;

@@ -4,7 +4,7 @@
 //! Exit codes: 0 success (also when stdout is a closed pipe, e.g. `| head`), 1 any error (the
 //! whole error chain is printed to stderr, each cause once), 2 a usage error (clap's default: unknown flag, bad
 //! flag value, missing argument), 130 stopped by Ctrl-C (a sweep, demo or probe first finishes the cell
-//! in flight and says how to resume; see `needlescope::interrupt`).
+//! in flight and says how to resume; see `needlescope::run::interrupt`).
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -12,15 +12,15 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args = needlescope::cli::values::join_hyphen_values(std::env::args_os());
     let cli = needlescope::cli::Cli::parse_from(args);
-    if let Err(err) = needlescope::interrupt::install() {
+    if let Err(err) = needlescope::run::interrupt::install() {
         eprintln!("warning: Ctrl-C handler not installed ({err}); Ctrl-C will stop runs at once");
     }
     match needlescope::cli::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) if needlescope::cli::is_broken_pipe(&err) => ExitCode::SUCCESS,
-        Err(err) if err.is::<needlescope::interrupt::Interrupted>() => {
+        Err(err) if err.is::<needlescope::run::interrupt::Interrupted>() => {
             eprintln!("{}", needlescope::cli::error_text(&err));
-            ExitCode::from(needlescope::interrupt::EXIT_INTERRUPTED)
+            ExitCode::from(needlescope::run::interrupt::EXIT_INTERRUPTED)
         }
         Err(err) => {
             eprintln!("error: {}", needlescope::cli::error_text(&err));

@@ -49,6 +49,7 @@ fn greedy_tokens_equal_prefill_argmax_and_stop_at_eos() {
             &options(),
             "",
             &mut Quiet,
+            &|| false,
         )
         .unwrap();
         assert_eq!(runs.len(), 1);

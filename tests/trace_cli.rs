@@ -366,7 +366,7 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
 fn trace_size_is_known_before_the_run() {
     use needlescope::checkpoint::Checkpoint;
     use needlescope::model::forward::{Engine, EngineOptions};
-    use needlescope::trace::TraceLayout;
+    use needlescope::run::trace::TraceLayout;
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let ckpt = Checkpoint::open(&model).unwrap();
@@ -384,7 +384,7 @@ fn trace_size_is_known_before_the_run() {
     for (positions, dump) in [(vec![5usize, 150, 202], true), (all, false)] {
         let mut progress = Vec::new();
         let result =
-            needlescope::trace::run_trace(&engine, &tokens, &positions, dump, &mut |d, t| {
+            needlescope::run::trace::run_trace(&engine, &tokens, &positions, dump, &mut |d, t| {
                 progress.push((d, t))
             })
             .unwrap();
@@ -426,7 +426,7 @@ fn trace_size_is_known_before_the_run() {
         );
 
         let out = dir.path().join(format!("t-{dump}.safetensors"));
-        needlescope::trace::write_trace(&out, &result, Default::default()).unwrap();
+        needlescope::run::trace::write_trace(&out, &result, Default::default()).unwrap();
         let bytes = std::fs::read(&out).unwrap();
         let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
         assert_eq!(

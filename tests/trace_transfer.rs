@@ -9,8 +9,8 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::Backend;
 use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
+use needlescope::run::trace::{run_trace, TraceLayout};
 use needlescope::synth::Preset;
-use needlescope::trace::{run_trace, TraceLayout};
 
 #[test]
 fn a_trace_downloads_no_attention_probabilities() {

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 use super::bench_device::{memory_lines, profile_since, write_op_profile};
 use super::device::DeviceArgs;
-use super::engine::{EngineTask, Target};
 use super::values::parse_token_count;
 use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
@@ -19,6 +18,7 @@ use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, P
 use crate::model::forward::Engine;
 use crate::model::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::run::target::{EngineTask, Target};
 use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
@@ -221,9 +221,9 @@ fn layer_breakdown(
 }
 
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let ckpt = crate::cli::engine::open_model(&args.model)?;
+    let ckpt = crate::run::target::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
-    super::values::refuse_duplicates("--lengths", &args.lengths, |&l| l)?;
+    crate::run::checks::refuse_duplicates("--lengths", &args.lengths, |&l| l)?;
     let mut lengths = args.lengths.clone();
     lengths.sort_unstable();
     let longest = [("--lengths", lengths.last().copied())]
@@ -246,7 +246,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         chunk: args.chunk,
         topk: cfg.index_topk,
     };
-    let mut target = Target::prepare(&args.device, &ckpt, &work)?;
+    let mut target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     target.set_cpu_weights(&ckpt, args.weights);
     let profiling =
         crate::backend::gpu::executor::profile_from_env().map_err(anyhow::Error::msg)?;

@@ -17,11 +17,10 @@ use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::device::DeviceArgs;
 use super::values::{parse_token_count, DepthList};
 use crate::checkpoint::WeightFormat;
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::sweep::{run_sweep_locked, SweepPlan};
+use crate::run::sweep::{run_sweep_locked, SweepPlan};
 use crate::synth::planted::{
     planted_info, synth_planted, CONSTRUCTION_VERSION, DEFAULT_MARGIN, DEMO_TOPK,
 };
@@ -144,9 +143,15 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();
     // Rerun, the demo clears its report and starts afresh: an interrupted one says so.
-    crate::interrupt::restart_hint(Some("rerunning the demo starts it afresh".into()));
-    let outcome = run_sweep_locked(&dir, &plan, &lock, &DeviceArgs::cpu(), out);
-    crate::interrupt::restart_hint(None);
+    crate::run::interrupt::restart_hint(Some("rerunning the demo starts it afresh".into()));
+    let outcome = run_sweep_locked(
+        &dir,
+        &plan,
+        &lock,
+        &crate::run::device::DeviceChoice::cpu(),
+        out,
+    );
+    crate::run::interrupt::restart_hint(None);
     let outcome = outcome?;
     let done = crate::report::rerender_locked(&lock, crate::report::stdout_wants_colour())?;
     drop(lock);

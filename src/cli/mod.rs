@@ -19,7 +19,6 @@ mod bench_device;
 pub mod demo;
 pub mod device;
 pub mod doctor;
-pub mod engine;
 pub mod inspect;
 pub mod probe;
 pub mod probe_out;

@@ -7,7 +7,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::device::DeviceArgs;
-use super::engine::{EngineTask, Target};
 use super::values::{parse_depth, parse_positive, parse_token_count};
 use crate::backend::Backend;
 use crate::devices::placement::Workload;
@@ -16,8 +15,8 @@ use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress};
 use crate::probe::{build_prompt, NeedlePrompt, Scenario};
 use crate::record::ProbeRun;
+use crate::run::target::{EngineTask, Target};
 use crate::tokenizer::V4Tokenizer;
-use std::path::Path;
 
 /// Which query positions are probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -125,23 +124,24 @@ impl EngineTask for ProbeTask<'_> {
             self.opts,
             "",
             self.progress,
+            &crate::run::interrupt::stop_requested,
         )
     }
 }
 
 pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    use super::values::refuse_duplicates;
+    use crate::run::checks::refuse_duplicates;
     refuse_duplicates("--index", &args.index, |p| p.name())?;
     refuse_duplicates("--compare", &args.compare, |p| p.name())?;
-    if let Some(note) = super::values::compare_of_index_note(&args.index, &args.compare) {
+    if let Some(note) = crate::run::checks::compare_of_index_note(&args.index, &args.compare) {
         eprintln!("note: {note}");
     }
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
-    let ckpt = crate::cli::engine::open_model(&args.model)?;
+    let ckpt = crate::run::target::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&args.model.join("config.json"))?;
-    super::values::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
-    let positions = super::values::positions_taken(args.length, args.generate);
+    crate::run::checks::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
+    let positions = crate::run::checks::positions_taken(args.length, args.generate);
     if positions > cfg.max_position_embeddings {
         anyhow::bail!(
             "--length {} with --generate {}: expected at most the model's \
@@ -154,19 +154,19 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // The tokenizer (cheap, checked against the config), then the backend: a device that
     // cannot be used, or a model that does not fit, fails before the prompt is built. The
     // prompt is exactly `--length` tokens.
-    let tok = load_tokenizer(&args.model, &cfg)?;
+    let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
     let work = Workload {
         context: args.length + args.generate,
         chunk: args.chunk,
         topk: args.topk.iter().copied().max().unwrap_or(cfg.index_topk),
     };
-    let target = Target::prepare(&args.device, &ckpt, &work)?;
+    let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     let backend = target.record();
     let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
     if let Some(note) = scenario.competing_answers_note() {
         eprintln!("note: {note}");
     }
-    let marks = crate::sweep::model_marks(&args.model);
+    let marks = crate::run::sweep::model_marks(&args.model);
     let judge_answers = marks.judges_answers(args.generate);
     if let Some(note) = scenario
         .thinking_note(args.generate)
@@ -208,7 +208,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => None,
     };
     // Ctrl-C stops after the run in flight; the finished runs are printed and recorded.
-    let _stoppable = crate::interrupt::Resumable::recorded_in(args.out.as_deref());
+    let _stoppable = crate::run::interrupt::Resumable::recorded_in(args.out.as_deref());
     let mut progress = BarProgress::new();
     let task = ProbeTask {
         tok: &tok,
@@ -274,7 +274,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let planned = opts.indexes.len() * opts.topks.len();
     if runs.len() < planned {
-        return Err(crate::interrupt::Interrupted {
+        return Err(crate::run::interrupt::Interrupted {
             dir: args.out.clone(),
             finished: runs.len(),
             total: planned,
@@ -318,35 +318,6 @@ pub fn f32_as_in_csv(mut value: serde_json::Value) -> serde_json::Value {
     value
 }
 
-/// The model directory's tokenizer.json, else the built-in V4 tokenizer; checked up front: its
-/// vocabulary must fit the model, its special tokens must be DeepSeek-V4's
-/// ([`V4Tokenizer::check_special_tokens`]) and its BOS / EOS ids the config's `bos_token_id` /
-/// `eos_token_id` (the model directory's config.json).
-pub fn load_tokenizer(
-    model: &Path,
-    cfg: &crate::config::ModelConfig,
-) -> anyhow::Result<V4Tokenizer> {
-    let vocab = cfg.vocab_size;
-    let file = model.join("tokenizer.json");
-    // symlink_metadata: a dangling link is an error naming it, not a silent built-in fallback.
-    let tok = if file.symlink_metadata().is_ok() {
-        V4Tokenizer::from_file(&file)?
-    } else {
-        V4Tokenizer::builtin()?
-    };
-    tok.check_special_tokens()?;
-    if tok.vocab_size() > vocab {
-        anyhow::bail!(
-            "tokenizer {} has {} tokens but the model's vocab_size is {vocab}: needle prompts need a model with the real DeepSeek-V4 vocabulary (e.g. `synth --preset planted` or the official checkpoint)",
-            tok.source_name(),
-            tok.vocab_size()
-        );
-    }
-    let config = model.join("config.json");
-    tok.check_config_ids(cfg.bos_token_id, cfg.eos_token_id, &config)?;
-    Ok(tok)
-}
-
 /// Prefill / generation progress on stderr (hidden when stderr is not a terminal).
 struct BarProgress {
     bar: Option<indicatif::ProgressBar>,
@@ -370,7 +341,9 @@ impl ProbeProgress for BarProgress {
             Some(prompt_tokens as u64),
             indicatif::ProgressDrawTarget::stderr(),
         );
-        bar.set_style(crate::progress::style(crate::progress::PROBE_PREFILL));
+        bar.set_style(crate::run::progress::style(
+            crate::run::progress::PROBE_PREFILL,
+        ));
         bar.set_message(format!("prefill {index} top-{topk}"));
         self.bar = Some(bar);
     }

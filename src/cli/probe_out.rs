@@ -48,7 +48,7 @@ pub fn open(
     scenario: &Scenario,
     backend: BackendRecord,
 ) -> anyhow::Result<RunDir> {
-    let marks = crate::sweep::model_marks(&args.model);
+    let marks = crate::run::sweep::model_marks(&args.model);
     let info = RunInfo::new(
         args.model.display().to_string(),
         config_hash(ckpt.config()),
@@ -86,7 +86,7 @@ pub fn record(
             )?;
             continue;
         }
-        let cell = crate::sweep::cell_record(prompt, target_tokens, run, judge_answers);
+        let cell = crate::run::sweep::cell_record(prompt, target_tokens, run, judge_answers);
         store.append_cell(&cell, &run.layers, &run.attention)?;
     }
     // The directory stays locked until the PNGs are rendered.

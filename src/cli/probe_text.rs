@@ -23,7 +23,7 @@ pub(super) fn print_tables(
     runs: &[ProbeRun],
     opts: &ProbeOptions,
     backend: &BackendRecord,
-    marks: crate::sweep::ModelMarks,
+    marks: crate::run::sweep::ModelMarks,
 ) -> anyhow::Result<()> {
     let judge_answers = marks.judges_answers(opts.generate);
     let last = prompt.tokens.len() - 1;

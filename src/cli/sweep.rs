@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::device::DeviceArgs;
 use super::values::{parse_positive, parse_token_count, DepthList};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::sweep::{run_sweep, SweepPlan};
+use crate::run::sweep::{run_sweep, SweepPlan};
 
 #[derive(Args, Debug, Clone)]
 pub struct SweepArgs {
@@ -120,7 +120,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             crate::record::rfc3339_utc(std::time::SystemTime::now()).replace(':', "")
         )),
     };
-    let outcome = run_sweep(&args.model, &plan, &dir, &args.device, out)?;
+    let outcome = run_sweep(&args.model, &plan, &dir, &args.device.choice(), out)?;
     writeln!(
         out,
         "{} cells run, {} already finished; records in {}",
@@ -131,7 +131,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // Rendered under the sweep's own lock, so no other writer gets in between.
     let done = crate::report::rerender_locked(&outcome.lock, crate::report::stdout_wants_colour())?;
     // The lock goes; Ctrl-C keeps saying that every cell is finished until the process ends.
-    let crate::sweep::SweepOutcome {
+    let crate::run::sweep::SweepOutcome {
         lock, rendering, ..
     } = outcome;
     drop(lock);

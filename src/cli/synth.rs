@@ -126,7 +126,9 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // On stderr, hidden when it is not a terminal.
         let bar =
             indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-        bar.set_style(crate::progress::style(crate::progress::SYNTH_BYTES));
+        bar.set_style(crate::run::progress::style(
+            crate::run::progress::SYNTH_BYTES,
+        ));
         let written = synth_with_progress(&opts, None, &mut |done, total| {
             bar.set_length(total);
             bar.set_position(done);

@@ -8,13 +8,13 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::device::DeviceArgs;
-use super::engine::{EngineTask, Target};
 use super::values::{parse_positive, Positions};
 use crate::backend::Backend;
 use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::trace;
+use crate::run::target::{EngineTask, Target};
+use crate::run::trace;
 use std::collections::BTreeMap;
 
 #[derive(Args, Debug, Clone)]
@@ -74,7 +74,9 @@ impl EngineTask for TraceTask<'_> {
             Some(self.tokens.len() as u64),
             indicatif::ProgressDrawTarget::stderr(),
         );
-        bar.set_style(crate::progress::style(crate::progress::PROBE_PREFILL));
+        bar.set_style(crate::run::progress::style(
+            crate::run::progress::PROBE_PREFILL,
+        ));
         bar.set_message("trace prefill");
         let result = trace::run_trace(
             engine,
@@ -236,7 +238,7 @@ fn check_room(
 
 pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     check_out_path(args)?;
-    let ckpt = crate::cli::engine::open_model(&args.model)?;
+    let ckpt = crate::run::target::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
     let tokens = trace::parse_token_file(&args.tokens, cfg.vocab_size)?;
     let positions: Vec<usize> = match &args.positions {
@@ -246,7 +248,7 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     trace::check_inputs(&tokens, &positions)?;
     if let Some(k) = args.topk {
-        super::values::refuse_topk_past_rows("--topk", &[k], &cfg)?;
+        crate::run::checks::refuse_topk_past_rows("--topk", &[k], &cfg)?;
     }
     let topk = args.topk.unwrap_or(cfg.index_topk);
     check_room(args, &cfg, tokens.len(), &positions, topk)?;
@@ -255,7 +257,7 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         chunk: args.chunk,
         topk,
     };
-    let target = Target::prepare(&args.device, &ckpt, &work)?;
+    let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     let backend = target.record();
     // Every check passed: the folders of --out, made now rather than found missing after the
     // forward.

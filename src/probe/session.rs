@@ -87,8 +87,8 @@ pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> Strin
     crate::record::cell_id_base(prompt.tokens.len(), prompt.depth_pct, index, topk)
 }
 
-/// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend; after a
-/// Ctrl-C ([`crate::interrupt::stop_requested`]) only those finished so far.
+/// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend; once `stop`
+/// says so (Ctrl-C: `run::interrupt::stop_requested`) only those finished so far.
 #[allow(clippy::too_many_arguments)]
 pub fn run_probe<B: Backend>(
     engine: &mut Engine<B>,
@@ -98,6 +98,7 @@ pub fn run_probe<B: Backend>(
     opts: &ProbeOptions,
     cell_suffix: &str,
     progress: &mut dyn ProbeProgress,
+    stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<Vec<ProbeRun>> {
     let eos = engine.config().eos_token_id;
     let last = prompt.tokens.len() - 1;
@@ -207,7 +208,7 @@ pub fn run_probe<B: Backend>(
             runs.push(run);
             // Ctrl-C: the finished runs are returned (fewer than planned), for the caller to
             // print and record.
-            if crate::interrupt::stop_requested() {
+            if stop() {
                 return Ok(runs);
             }
         }

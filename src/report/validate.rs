@@ -11,7 +11,7 @@
 //!   `depth_pct`, `index`, `topk` or `kv` outside the plan, a `prompt_tokens` other than
 //!   `target_tokens` (sweep prompts are built to the exact length), and a cell_id other than
 //!   `L{prompt_tokens}-d{depth_pct}-{index}-k{topk}-s{sample}` with sample below `samples`
-//!   (the form `crate::sweep` writes and looks up on resume);
+//!   (the form `crate::run::sweep` writes and looks up on resume);
 //! - for a `probe --out` run (`sweep_args.command` is `probe`): a `kv` other than run.json's
 //!   and a cell_id other than `L{prompt_tokens}-d{depth_pct}-{index}-k{topk}`
 //!   (`crate::probe::session::cell_id`).
@@ -28,7 +28,7 @@ use serde::Deserialize;
 use super::error::{ReportError, Result};
 use crate::record::{CellRecord, IndexProfile, KvMode, RunInfo};
 
-/// The result-determining part of a sweep's `sweep_args` (`crate::sweep::SweepPlan`).
+/// The result-determining part of a sweep's `sweep_args` (`crate::run::sweep::SweepPlan`).
 #[derive(Debug, Deserialize)]
 struct SweepGrid {
     lengths: Vec<usize>,

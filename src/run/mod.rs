@@ -1,6 +1,16 @@
-//! Orchestration above the probe, report and synth layers: the whole-forward backend parity
-//! harness (`parity`), and (as the architecture issue lands) target selection, model opening,
-//! the sweep and trace loops, Ctrl-C handling and progress styles. `cli` calls into here; nothing
-//! here parses command lines.
+//! Orchestration: everything a command does between its parsed flags and its printed result.
+//! [`target`] decides the device and opens the model and tokenizer ([`device`] resolves the
+//! device spec); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
+//! scores and logits; [`parity`] holds two engines against each other; [`checks`] refuses
+//! arguments no run can honour; [`interrupt`] turns Ctrl-C into "stop after the work in
+//! flight"; [`progress`] styles the bars. `cli` calls into here; nothing here parses a command
+//! line or imports `cli`.
 
+pub mod checks;
+pub mod device;
+pub mod interrupt;
 pub mod parity;
+pub mod progress;
+pub mod sweep;
+pub mod target;
+pub mod trace;

@@ -15,10 +15,10 @@
 //! differs from run.json, returns the finished cells, and repairs a torn last line; finished
 //! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
 //! sample) whose cells are all finished is not even tokenised again. Ctrl-C stops between cells
-//! (`crate::interrupt`: the first press lets the cell in flight finish, a second stops at once).
+//! (`crate::run::interrupt`: the first press lets the cell in flight finish, a second stops at once).
 //!
 //! Backend: `--device` is decided and the layers placed before run.json is written
-//! (`crate::cli::engine::Target`, planned for the longest length plus the generated tokens and
+//! (`crate::run::target::Target`, planned for the longest length plus the generated tokens and
 //! the largest top-k); run.json records it, and a resume on another backend kind or GEMM
 //! precision is refused (other devices are fine).
 //!
@@ -28,18 +28,18 @@
 //! ([`ModelMarks::judges_answers`]).
 
 use crate::backend::Backend;
-use crate::cli::device::DeviceArgs;
-use crate::cli::engine::{EngineTask, Target};
 use crate::config::ModelConfig;
 use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::session::{answer_position_records, run_probe, ProbeOptions};
 use crate::probe::{NeedlePrompt, Scenario};
-use crate::progress::SweepBars;
 use crate::record::ProbeRun;
 use crate::record::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
+use crate::run::device::DeviceChoice;
+use crate::run::progress::SweepBars;
+use crate::run::target::{EngineTask, Target};
 use crate::tokenizer::V4Tokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -172,7 +172,7 @@ pub struct SweepOutcome {
     pub lock: DirLock,
     /// Until dropped (after the report is rendered), Ctrl-C says that every cell is finished
     /// and `needlescope report` renders them.
-    pub rendering: crate::interrupt::Resumable,
+    pub rendering: crate::run::interrupt::Resumable,
 }
 
 mod check {
@@ -197,16 +197,16 @@ mod check {
         cfg: &ModelConfig,
         finished: &HashSet<String>,
     ) -> anyhow::Result<()> {
-        use crate::cli::values::refuse_duplicates;
+        use crate::run::checks::refuse_duplicates;
         refuse_duplicates("--lengths", &plan.lengths, |&l| l)?;
         refuse_duplicates("--depths", &plan.depths, |&d| d)?;
         refuse_duplicates("--index", &plan.indexes, |p| p.name())?;
         refuse_duplicates("--compare", &plan.compare, |p| p.name())?;
         refuse_duplicates("--topk", &plan.topks, |&k| k)?;
-        crate::cli::values::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
+        crate::run::checks::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
         let max = cfg.max_position_embeddings;
         for &length in &plan.lengths {
-            let taken = crate::cli::values::positions_taken(length, plan.generate);
+            let taken = crate::run::checks::positions_taken(length, plan.generate);
             if taken > max {
                 anyhow::bail!(
                     "--lengths {length} with --generate {}: expected at most the model's \
@@ -252,7 +252,9 @@ mod check {
             Some(prompts.len() as u64),
             indicatif::ProgressDrawTarget::stderr(),
         );
-        bar.set_style(crate::progress::style(crate::progress::SWEEP_PROMPTS));
+        bar.set_style(crate::run::progress::style(
+            crate::run::progress::SWEEP_PROMPTS,
+        ));
         let failures: Vec<Option<anyhow::Error>> = prompts
             .par_iter()
             .map(|&(length, depth, sample)| {
@@ -306,7 +308,7 @@ pub fn run_sweep(
     model_dir: &Path,
     plan: &SweepPlan,
     out_dir: &Path,
-    device: &DeviceArgs,
+    device: &DeviceChoice,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
     sweep_into(model_dir, plan, out_dir, None, device, out)
@@ -318,7 +320,7 @@ pub fn run_sweep_locked(
     model_dir: &Path,
     plan: &SweepPlan,
     lock: &DirLock,
-    device: &DeviceArgs,
+    device: &DeviceChoice,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
     sweep_into(model_dir, plan, lock.dir(), Some(lock), device, out)
@@ -329,10 +331,10 @@ fn sweep_into(
     plan: &SweepPlan,
     out_dir: &Path,
     lock: Option<&DirLock>,
-    device: &DeviceArgs,
+    device: &DeviceChoice,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
-    let ckpt = crate::cli::engine::open_model(model_dir)?;
+    let ckpt = crate::run::target::open_model(model_dir)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&model_dir.join("config.json"))?;
     let work = Workload {
@@ -340,7 +342,7 @@ fn sweep_into(
         chunk: plan.chunk,
         topk: plan.topks.iter().copied().max().unwrap_or(cfg.index_topk),
     };
-    let tok = crate::cli::probe::load_tokenizer(model_dir, &cfg)?;
+    let tok = crate::run::target::load_tokenizer(model_dir, &cfg)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     // Prompts of cells already finished (a resume) need no check.
     let finished = crate::report::store::finished_cell_ids(out_dir);
@@ -355,7 +357,7 @@ fn sweep_into(
     {
         writeln!(out, "note: {note}")?;
     }
-    if let Some(note) = crate::cli::values::compare_of_index_note(&plan.indexes, &plan.compare) {
+    if let Some(note) = crate::run::checks::compare_of_index_note(&plan.indexes, &plan.compare) {
         writeln!(out, "note: {note}")?;
     }
     let target = Target::prepare(device, &ckpt, &work)?;
@@ -378,7 +380,7 @@ fn sweep_into(
         None => RunDir::create_or_resume(out_dir, info)?,
     };
     // From here on finished cells are on disk: Ctrl-C stops after the cell in flight.
-    let resumable = crate::interrupt::Resumable::new(out_dir);
+    let resumable = crate::run::interrupt::Resumable::new(out_dir);
     let per_prompt = plan.indexes.len() * plan.topks.len();
     let total = plan.lengths.len() * plan.depths.len() * plan.samples * per_prompt;
     if !finished.is_empty() {
@@ -487,19 +489,19 @@ impl EngineTask for SweepTask<'_> {
 }
 
 impl SweepTask<'_> {
-    /// Ends the sweep with [`Interrupted`](crate::interrupt::Interrupted) when Ctrl-C asked
+    /// Ends the sweep with [`Interrupted`](crate::run::interrupt::Interrupted) when Ctrl-C asked
     /// for it and cells remain (checked after each committed cell, so the cell in flight at
     /// the press, its prompt building included, is finished first).
     fn stop_if_requested(&mut self) -> anyhow::Result<()> {
         let finished = self.run_dir.cells().len();
-        if !crate::interrupt::stop_requested() || finished >= self.total {
+        if !crate::run::interrupt::stop_requested() || finished >= self.total {
             return Ok(());
         }
         self.bars.prefill.finish_and_clear();
         self.bars.cells.abandon();
         let dir = self.run_dir.path().to_path_buf();
-        Err(crate::interrupt::Interrupted {
-            next: crate::interrupt::next_step(&dir),
+        Err(crate::run::interrupt::Interrupted {
+            next: crate::run::interrupt::next_step(&dir),
             dir: Some(dir),
             finished,
             total: self.total,
@@ -536,6 +538,7 @@ impl SweepTask<'_> {
             &opts,
             suffix,
             &mut self.bars,
+            &crate::run::interrupt::stop_requested,
         )?;
         let mut written = 0;
         for run in runs {

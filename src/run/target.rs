@@ -1,6 +1,6 @@
 //! The one place that decides the backend of a run and loads the engine on it.
 //!
-//! [`Target::prepare`] turns `--device` / `--gpu-gemm` ([`DeviceArgs`]) into a backend before any
+//! [`Target::prepare`] turns `--device` / `--gpu-gemm` ([`DeviceChoice`]) into a backend before any
 //! weight is read: it resolves the spec against the CUDA driver ([`super::device::resolve`]),
 //! opens the devices, asks them for their free memory and places the layers
 //! ([`crate::devices::placement::place_auto`]), refusing when the model does not fit; `--chunk auto` is
@@ -23,7 +23,7 @@
 
 use std::io::Write;
 
-use super::device::{auto_note, gemm_name, resolve, DeviceArgs, DeviceSpec, Resolved};
+use super::device::{auto_note, gemm_name, resolve, DeviceChoice, DeviceSpec, Resolved};
 use crate::backend::gpu::decoded::{headroom_budget, DECODE_CACHE_ENV};
 use crate::backend::gpu::driver::CudaReport;
 use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
@@ -35,6 +35,7 @@ use crate::devices::placement::{
 use crate::devices::plan::Footprint;
 use crate::model::forward::{auto_residency, Engine, EngineOptions};
 use crate::record::BackendRecord;
+use std::path::Path;
 
 /// Opens the model directory of a run (probe, sweep, trace, bench) and refuses weights its
 /// config does not describe; tensors of kinds the forward never reads, and tensors the
@@ -57,6 +58,35 @@ pub fn open_model(dir: &std::path::Path) -> anyhow::Result<Checkpoint> {
         );
     }
     Ok(ckpt)
+}
+
+/// The model directory's tokenizer.json, else the built-in V4 tokenizer; checked up front: its
+/// vocabulary must fit the model, its special tokens must be DeepSeek-V4's
+/// ([`crate::tokenizer::V4Tokenizer::check_special_tokens`]) and its BOS / EOS ids the config's `bos_token_id` /
+/// `eos_token_id` (the model directory's config.json).
+pub fn load_tokenizer(
+    model: &Path,
+    cfg: &crate::config::ModelConfig,
+) -> anyhow::Result<crate::tokenizer::V4Tokenizer> {
+    let vocab = cfg.vocab_size;
+    let file = model.join("tokenizer.json");
+    // symlink_metadata: a dangling link is an error naming it, not a silent built-in fallback.
+    let tok = if file.symlink_metadata().is_ok() {
+        crate::tokenizer::V4Tokenizer::from_file(&file)?
+    } else {
+        crate::tokenizer::V4Tokenizer::builtin()?
+    };
+    tok.check_special_tokens()?;
+    if tok.vocab_size() > vocab {
+        anyhow::bail!(
+            "tokenizer {} has {} tokens but the model's vocab_size is {vocab}: needle prompts need a model with the real DeepSeek-V4 vocabulary (e.g. `synth --preset planted` or the official checkpoint)",
+            tok.source_name(),
+            tok.vocab_size()
+        );
+    }
+    let config = model.join("config.json");
+    tok.check_config_ids(cfg.bos_token_id, cfg.eos_token_id, &config)?;
+    Ok(tok)
 }
 
 /// The body of a command, run on a loaded engine of whatever backend the run uses.
@@ -86,7 +116,11 @@ pub struct GpuTarget<E: Executor> {
 
 impl Target {
     /// [`Target::prepare_with`] with the real driver and notes on stderr.
-    pub fn prepare(args: &DeviceArgs, ckpt: &Checkpoint, work: &Workload) -> anyhow::Result<Self> {
+    pub fn prepare(
+        args: &DeviceChoice,
+        ckpt: &Checkpoint,
+        work: &Workload,
+    ) -> anyhow::Result<Self> {
         Self::prepare_with(
             args,
             ckpt,
@@ -100,7 +134,7 @@ impl Target {
     /// driver only for `auto` and `cuda`. Errors: the spec cannot be honoured, a device cannot
     /// be opened, or the model does not fit (before anything is loaded).
     pub fn prepare_with(
-        args: &DeviceArgs,
+        args: &DeviceChoice,
         ckpt: &Checkpoint,
         work: &Workload,
         probe: impl FnOnce() -> CudaReport,
@@ -142,13 +176,13 @@ impl Target {
     /// The CPU target, writing the one note line (the `auto` fallback and / or an ignored
     /// `--gpu-gemm`).
     fn cpu_with_note(
-        args: &DeviceArgs,
+        args: &DeviceChoice,
         ckpt: &Checkpoint,
         work: &Workload,
         note: Option<String>,
         notes: &mut dyn Write,
     ) -> anyhow::Result<Self> {
-        let ignored = args.gpu_gemm.map(|g| gemm_name(g.into()));
+        let ignored = args.gpu_gemm.map(gemm_name);
         let line = match (note, ignored) {
             (Some(n), Some(g)) => Some(format!("{n} (--gpu-gemm {g} ignored)")),
             (Some(n), None) => Some(n),
@@ -304,7 +338,7 @@ fn load_with_bar<B: Backend>(
 ) -> Result<Engine<B>, crate::model::EngineError> {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(crate::progress::style(crate::progress::LOADING));
+    bar.set_style(crate::run::progress::style(crate::run::progress::LOADING));
     let engine = Engine::load_reporting(backend, ckpt, opts, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
@@ -340,7 +374,6 @@ fn open_cuda(ordinals: &[usize]) -> Result<Vec<CudaExecutor>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::device::{DeviceSpec, GpuGemm};
 
     fn tiny() -> (tempfile::TempDir, Checkpoint) {
         crate::synth::tiny_for_tests()
@@ -360,9 +393,9 @@ mod tests {
         topk: 8,
     };
 
-    fn prepare(spec: &str, gemm: Option<GpuGemm>) -> (anyhow::Result<Target>, String) {
+    fn prepare(spec: &str, gemm: Option<GemmType>) -> (anyhow::Result<Target>, String) {
         let (_dir, ckpt) = tiny();
-        let args = DeviceArgs {
+        let args = DeviceChoice {
             device: spec.parse::<DeviceSpec>().unwrap(),
             gpu_gemm: gemm,
         };
@@ -379,7 +412,7 @@ mod tests {
             notes,
             "note: --device auto: the CUDA driver sees no GPU; running on the CPU reference backend\n"
         );
-        let (_, notes) = prepare("auto", Some(GpuGemm::F32));
+        let (_, notes) = prepare("auto", Some(GemmType::F32));
         assert_eq!(notes.lines().count(), 1);
         assert!(
             notes.ends_with("backend (--gpu-gemm f32 ignored)\n"),
@@ -396,7 +429,7 @@ mod tests {
     fn auto_chunk_resolves_with_the_backend() {
         let (_dir, ckpt) = tiny();
         let run = |spec: &str, chunk: usize| {
-            let args = DeviceArgs {
+            let args = DeviceChoice {
                 device: spec.parse::<DeviceSpec>().unwrap(),
                 gpu_gemm: None,
             };
@@ -428,7 +461,7 @@ mod tests {
 
     #[test]
     fn emu_places_and_records_the_devices() {
-        let (t, notes) = prepare("emu:3", Some(GpuGemm::F32));
+        let (t, notes) = prepare("emu:3", Some(GemmType::F32));
         assert!(notes.is_empty());
         let t = t.unwrap();
         assert_eq!(t.weights_label(), "device");

@@ -316,7 +316,7 @@ pub fn write_trace(
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
     // Ctrl-C while writing removes it too (the process exits at once; a trace is not resumable).
-    let _partial_guard = crate::interrupt::RemoveOnInterrupt::new(&partial);
+    let _partial_guard = crate::run::interrupt::RemoveOnInterrupt::new(&partial);
     let written = (|| {
         let mut writer = SafetensorsWriter::create(&partial, layout.tensors(), &metadata)?;
         write_all(&mut writer)?;
