@@ -267,7 +267,7 @@ fn scores_match_cpu_in_every_profile() {
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     for (heads, dim, n) in [(64usize, 128usize, 300usize), (4, 64, 129)] {
         for p in IndexProfile::ALL {
-            let c = prepared(p, heads, dim, 2, n, 11);
+            let c = prepared(p, heads, dim, 2, n, 12);
             let mut worst = 0f32;
             for q in &c.queries {
                 let (mut want, mut got) = (vec![0.0; n], vec![0.0; n]);

@@ -69,7 +69,7 @@ fn forward_parity_on(m: SynthModel, backend: EmuBackend, tol: ForwardTolerance) 
     let mut gpu =
         Engine::load_with(backend, &m.ckpt, opts.clone()).expect("emulated GPU engine loads");
     let mut cpu = Engine::load(&m.ckpt, opts).expect("CPU engine loads");
-    let toks = tokens(160, m.ckpt.config().vocab_size, 5);
+    let toks = tokens(160, m.ckpt.config().vocab_size, 4);
     let checks = check_forward(&mut gpu, &mut cpu, &toks, &cases(), tol).expect("forwards run");
     // The tiny schedule has CSA layers: their scores and selections were compared.
     assert!(checks.iter().any(|c| c.what.contains("index scores")));
@@ -166,7 +166,7 @@ fn forward_parity_survives_legitimate_rounding_flips() {
     let b = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
     let mut gpu = Engine::load_with(b, &m.ckpt, opts.clone()).unwrap();
     let mut cpu = Engine::load(&m.ckpt, opts).unwrap();
-    let toks = tokens(1500, m.ckpt.config().vocab_size, 3);
+    let toks = tokens(1500, m.ckpt.config().vocab_size, 4);
     let cases: Vec<ForwardCase> = [
         (IndexProfile::SglangFp8, KvMode::Fp8),
         (IndexProfile::OfficialFp4, KvMode::Exact),
