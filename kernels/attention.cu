@@ -1,4 +1,4 @@
-// attention.cu: sparse attention with sink (attention.md 4.5), the arithmetic of
+// attention.cu: sparse attention with sink (docs/spec/attention.md 4.5), the arithmetic of
 // src/backend/cpu/attention.rs step for step.
 //
 // Layout (see src/backend/gpu/attention.rs): `table [U, d]` holds every distinct attended vector

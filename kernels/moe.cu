@@ -1,5 +1,5 @@
 // moe.cu: the elementwise and data-movement steps of the router, the routed experts and the
-// shared expert (model.md 5), the arithmetic of src/backend/cpu/experts.rs step for step.
+// shared expert (docs/spec/model.md 5), the arithmetic of src/backend/cpu/experts.rs step for step.
 // The products themselves are GEMMs (src/backend/gpu/matrix.rs).
 //
 //   moe_sqrtsoftplus: x = sqrt(softplus(x)), PyTorch softplus (linear above 20)

@@ -1,7 +1,7 @@
 //! needlescope: explains why a DeepSeek-V4 model forgets a fact that sits in its own prompt.
 //!
 //! The library holds everything testable; `main.rs` only parses arguments and maps errors to
-//! exit codes. Layout (design.md section 2): `config` (ModelConfig), `checkpoint` (safetensors
+//! exit codes. Layout (docs/architecture.md section 2): `config` (ModelConfig), `checkpoint` (safetensors
 //! shards, number formats, synthetic checkpoints), `numerics` (fp8/fp4/e8m0 codecs, Hadamard,
 //! index-key profiles), `backend` (the Backend trait, its CPU reference and the GPU backend),
 //! `plan` (footprint and memory plan) and `placement` (layers onto devices), `model` (one file per

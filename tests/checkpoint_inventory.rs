@@ -1,5 +1,5 @@
 //! The expected inventory computed from a config alone reproduces the measured facts of the
-//! official DeepSeek-V4-Flash release (spec/model.md sections 0 and 3) to the byte.
+//! official DeepSeek-V4-Flash release (docs/spec/model.md sections 0 and 3) to the byte.
 
 use needlescope::checkpoint::inventory::{expected_inventory, logical_inventory, Role};
 use needlescope::checkpoint::{Dtype, ExpectedTensor, WeightFormat};

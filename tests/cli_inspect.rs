@@ -48,7 +48,7 @@ fn flash_config_reproduces_the_published_byte_totals() {
         .stdout_has(&[
             "43 layers: 2 SWA, 21 CSA, 20 HCA; 3 hash + 40 score routers",
             "CSA        21 layers: 2-42/2",
-            // total including MTP, main model without it, tensor count (spec/model.md 8)
+            // total including MTP, main model without it, tensor count (docs/spec/model.md 8)
             "159,609,485,896",
             "156,015,698,140",
             "69,187",

@@ -1,4 +1,4 @@
-//! Invariants of the CPU reference engine on the tiny synthetic model (design.md section 8):
+//! Invariants of the CPU reference engine on the tiny synthetic model (docs/architecture.md section 8):
 //! chunked prefill == one-shot prefill == token-by-token decode; decode after prefill equals the
 //! prefill of the longer sequence; causality; for n_t <= k every visible row is selected.
 
@@ -169,7 +169,7 @@ fn every_visible_row_is_selected_while_n_t_is_at_most_k() {
         assert_eq!(used, r.selected[..n_t.min(k)].to_vec());
     }
     // At every position of every layer: the window is the last `sliding_window` tokens up to
-    // the query (attention.md 4.3); an HCA layer attends every visible ratio-128 row
+    // the query (docs/spec/attention.md 4.3); an HCA layer attends every visible ratio-128 row
     // (w < floor((t+1)/128), 5.4) and a SWA layer none.
     let cfg = model.ckpt.config();
     let window = cfg.sliding_window;

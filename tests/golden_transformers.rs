@@ -159,7 +159,7 @@ fn engine_matches_transformers_float32_on_tiny() {
         .collect();
 
     // One call in chunks of 128 (the chunked state machine); one call per token (the decode
-    // step of attention.md 8.3 at every position); irregular calls, mostly not aligned to 4 or
+    // step of docs/spec/attention.md 8.3 at every position); irregular calls, mostly not aligned to 4 or
     // 128, each cut into chunks of 5.
     let one_call = [t_len];
     let per_token = vec![1; t_len];

@@ -1,6 +1,6 @@
 //! NeedleObserver on synthetic observations: records per (cell, profile), compare profiles
 //! re-scored from raw keys, the engine-selection check, shape errors without panics, and the
-//! needle attention mass, and a brute-force check of every record field against design.md §4.
+//! needle attention mass, and a brute-force check of every record field against docs/architecture.md section 4.
 
 use needlescope::config::LayerKind;
 use needlescope::model::observer::{AttentionObservation, IndexerObservation, Observer};
@@ -390,7 +390,7 @@ fn compare_profile_records_take_the_kth_score_and_margin_from_their_own_scores()
     }
 }
 
-/// The needle observer against a naive transcription of design.md section 4, by brute force:
+/// The needle observer against a naive transcription of docs/architecture.md section 4, by brute force:
 /// every query position t < 90, every needle start up to t + 5 and lengths 1-13 (spans on and
 /// off row boundaries, needles in the first row, past the query, the query inside or right
 /// after the needle), random scores heavy with ties, top-k 1 to 40 (trivial and not). Every
@@ -452,7 +452,7 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                     o.disagreements
                 );
                 let rows: Vec<usize> = (0..n_t)
-                    // design.md: w in [floor(a/4), floor((b-1)/4) + 1], restricted to visible rows.
+                    // docs/architecture.md section 4: w in [floor(a/4), floor((b-1)/4) + 1], restricted to visible rows.
                     .filter(|&w| a / 4 <= w && w <= (b - 1) / 4 + 1)
                     .collect();
                 let best = rows

@@ -1,4 +1,4 @@
-//! Row mapping and ranks, exactly design.md section 4 and attention.md 5.4 / 6.5 / 10.
+//! Row mapping and ranks, exactly docs/architecture.md section 4 and docs/spec/attention.md 5.4 / 6.5 / 10.
 
 use needlescope::probe::rank::{kth_scores, rank_needle, trivial, RecordMeta};
 

@@ -1,6 +1,6 @@
 //! `run_probe`'s generation loop on the planted model (real vocabulary): every generated token
 //! is the argmax of a fresh one-shot prefill over the prompt plus the tokens generated before
-//! it (decode steps equal prefill, attention.md 8.4), and generation stops at the config's EOS,
+//! it (decode steps equal prefill, docs/spec/attention.md 8.4), and generation stops at the config's EOS,
 //! which is kept in the ids and left out of the answer text.
 
 use needlescope::checkpoint::{Checkpoint, WeightFormat};

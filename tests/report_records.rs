@@ -1,4 +1,4 @@
-//! The record formats of a report directory: CSV headers exactly as design.md section 6 lists
+//! The record formats of a report directory: CSV headers exactly as docs/outputs.md lists
 //! them (names and order), every field type surviving a write/read round trip (including
 //! empty optionals, commas, quotes and newlines in answer_text, infinities), and the small
 //! helpers (RFC 3339 time, config hash, token counts).
@@ -13,7 +13,7 @@ use needlescope::record::{
 use needlescope::report::{RunDir, RunRecords};
 use report_support::*;
 
-/// design.md section 6, copied verbatim (the normative lists).
+/// docs/outputs.md, copied verbatim (the normative header lines).
 const DESIGN_CELLS: &str = "cell_id, target_tokens, prompt_tokens, depth_pct, needle_start, \
     needle_end, answer_start, answer_end, index, kv, topk, answer_text, answer_correct, \
     min_needle_rank, csa_layers_selected, csa_layers_nontrivial, wall_seconds";
@@ -231,7 +231,7 @@ fn model_name_is_the_last_path_component() {
 }
 
 /// A cell's summary fields come from the driving profile's records at the last prompt token
-/// only: `min_needle_rank` is the worst rank over those CSA layers (design.md 6, despite the
+/// only: `min_needle_rank` is the worst rank over those CSA layers (docs/outputs.md, despite the
 /// name), and the selected / non-trivial counts skip trivial layers. Comparison profiles and
 /// decode positions do not count.
 #[test]

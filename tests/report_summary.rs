@@ -56,7 +56,7 @@ fn indexer_recall_and_layers_lost_when_there_is_no_verdict() {
     assert_eq!(g.trivial_cells, 0);
 }
 
-/// design.md 4: a trivial cell is shown, never evidence. An indexer-judged cell whose every
+/// docs/architecture.md section 4: a trivial cell is shown, never evidence. An indexer-judged cell whose every
 /// CSA layer is trivial counts neither as recalled nor as lost; an answer verdict always
 /// counts; a group of trivial cells only has no rate and reads `trivial` in the table.
 #[test]

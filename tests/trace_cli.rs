@@ -1,4 +1,4 @@
-//! `needlescope trace` through the binary: the file layout of design.md section 6, scores that
+//! `needlescope trace` through the binary: the file layout of docs/outputs.md, scores that
 //! can be recomputed from the dumped raw inputs under any profile, and a top-k that agrees with
 //! the scores.
 
@@ -200,7 +200,7 @@ fn trace_rejects_a_token_id_outside_the_vocabulary() {
 }
 
 /// Fewer than four tokens: no compressed row is visible yet, so the indexer tensors have zero
-/// rows (zero bytes); the trace is still written whole, readable, with the shapes design.md
+/// rows (zero bytes); the trace is still written whole, readable, with the shapes docs/outputs.md
 /// gives, and no `.partial` file is left beside it.
 #[test]
 fn trace_of_fewer_than_four_tokens_has_empty_indexer_tensors() {

@@ -4,7 +4,7 @@
 //! [`Backend`] is what the model code in `crate::model` calls for every piece of arithmetic. The
 //! CPU implementation ([`cpu::CpuBackend`]) is the numerical reference: f32 everywhere, rayon
 //! across rows / heads / experts, the `gemm` crate for matrix products. A CUDA backend implements
-//! the same trait and is compared to the CPU one op by op (design.md section 8), so every method
+//! the same trait and is compared to the CPU one op by op (docs/architecture.md section 8), so every method
 //! is one well-defined piece of math with plain shapes:
 //!
 //! - Linear weights reach the backend in their stored format ([`Backend::upload_linear`] takes
@@ -236,7 +236,7 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Act,
     );
 
-    /// Compressor pooling (attention.md 5.1-5.2): `values` and raw gate `logits` are the
+    /// Compressor pooling (docs/spec/attention.md 5.1-5.2): `values` and raw gate `logits` are the
     /// projections `[n, κ·c]` of n consecutive tokens, `ape` `[ratio, κ·c]` the position
     /// biases; `out [rows, c]` gets rows of `layout` (see [`PoolLayout`] for which tokens and
     /// channels each row pools). Per row and channel: the slots' logits `g + ape[slot mod
@@ -336,7 +336,7 @@ pub trait Backend: Send + Sync {
     /// lower row, `-1` where fewer than k rows exist. NaN ranks below every number.
     fn topk(&self, scores: &[f32], out: &mut [i32]);
 
-    /// Sparse attention with sink (attention.md 4.5) for every query of the batch:
+    /// Sparse attention with sink (docs/spec/attention.md 4.5) for every query of the batch:
     /// `out [T, H, head_dim]`; `probs[t]` is filled when `want_probs[t]`.
     fn sparse_attention(
         &self,

@@ -5,7 +5,7 @@
 //! deliberately unknown: V4 checkpoints store packed FP4 as `I8` (official) or `U8` (NVFP4), so
 //! meeting one means the file is not a checkpoint we understand.
 //!
-//! [`WeightFormat`] is how the linears of a whole checkpoint are stored (spec/model.md 2.4-2.5):
+//! [`WeightFormat`] is how the linears of a whole checkpoint are stored (docs/spec/model.md 2.4-2.5):
 //! `Bf16` (a bf16 synthetic or converted checkpoint: no scale tensors at all), `Official`
 //! (FP8 e4m3 128x128 blocks with E8M0 `.scale`, routed experts packed FP4 with E8M0 1x32
 //! `.scale`) and `Nvfp4` (NVIDIA's re-quantisation: main-layer routed experts packed FP4 with

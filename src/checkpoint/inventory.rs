@@ -1,5 +1,5 @@
 //! The exact tensor list of a DeepSeek-V4 release, computed from `config.json` alone
-//! (spec/model.md section 3). The diff of a checkpoint against it is in `audit.rs`.
+//! (docs/spec/model.md section 3). The diff of a checkpoint against it is in `audit.rs`.
 //!
 //! Two levels:
 //! - [`logical_inventory`]: what the model holds, format-free. Linears appear once, by module
@@ -22,7 +22,7 @@
 //! `input_scale` []; MTP experts stay MXFP4 unless the checkpoint shows otherwise.
 //! Compressor / indexer linears (`wkv`, `wgate`, `weights_proj`) are BF16 in every format,
 //! except that a kind a checkpoint stores as F8_E4M3 is expected as the FP8 set in every layer
-//! (spec/model.md section 11: trust the safetensors dtype; see `audit::options_for`).
+//! (docs/spec/model.md section 9: trust the safetensors dtype; see `audit::options_for`).
 
 use super::dtype::{numel, Dtype, WeightFormat};
 use crate::config::{LayerKind, ModelConfig, RouterKind};
@@ -42,7 +42,7 @@ pub enum Role {
     /// A linear stored BF16 in every format (`head`, router `gate`).
     PlainLinear,
     /// A compressor or indexer linear (`wkv`, `wgate`, `weights_proj`): BF16 in the Flash
-    /// release, FP8 blocks where a checkpoint stores them so (spec/model.md section 11: "trust
+    /// release, FP8 blocks where a checkpoint stores them so (docs/spec/model.md section 9: "trust
     /// the safetensors dtype"; [`InventoryOptions::fp8_compressor_linears`]).
     CompressorLinear(CompressorLinear),
     /// A linear of the FP8 set.

@@ -3,7 +3,7 @@
 //! caller (i.e. the config) implies.
 //!
 //! Logical shape is always `[out, in]` (PyTorch `nn.Linear`: `y = x · Wᵀ`). Storage by the
-//! dtype of `<module>.weight` (spec/model.md 2.1-2.5):
+//! dtype of `<module>.weight` (docs/spec/model.md 2.1-2.5):
 //!
 //! | weight dtype | stored weight | siblings |
 //! |---|---|---|

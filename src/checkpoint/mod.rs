@@ -8,10 +8,10 @@
 //! - [`linear`]: [`QuantWeight`], a borrowed view of one linear in whatever format it is stored,
 //!   checked against the config-implied shapes, and its decode to f32.
 //! - [`inventory`]: the exact tensor list of a release computed from the config alone
-//!   (spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
+//!   (docs/spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
 //!   `compressor_kinds`: the compressor / indexer linears whose storage a checkpoint chooses.
 //! - [`prng`], [`values`], [`writer`], [`synth`](mod@synth): the deterministic synthetic checkpoints of
-//!   design.md section 7.
+//!   docs/architecture.md section 7.
 //!
 //! Every error names the file, the tensor (or field), what was expected and what was found;
 //! nothing here panics on a malformed file.

@@ -1,6 +1,6 @@
 //! `needlescope demo`: writes the `planted` synthetic model into a cache directory (reused on
 //! the next run), runs a small recall sweep on it and renders the report: the whole product in
-//! one command, with no downloads (design.md 1, 7).
+//! one command, with no downloads (docs/architecture.md sections 1 and 7).
 //!
 //! Default grid (about 20 s on 2 cores): contexts 1k, 2k, 4k, 8k, 16k x depths
 //! 10, 30, 50, 70, 90 % x index profiles fp8 and bf16 x top-k 64 and 128 (the planted model's

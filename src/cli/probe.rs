@@ -1,6 +1,6 @@
 //! `needlescope probe`: one prompt (scenario, length, depth), one forward pass per (driving
 //! index profile, top-k); reports the needle's rank on every CSA layer under the driving profile
-//! and each `--compare` profile, and whether the generated answer is right (design.md 3, 6).
+//! and each `--compare` profile, and whether the generated answer is right (docs/architecture.md section 3, docs/outputs.md).
 
 use clap::{Args, ValueEnum};
 use std::io::Write;

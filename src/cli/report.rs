@@ -1,5 +1,5 @@
 //! `needlescope report DIR`: re-renders terminal tables, CSV summaries and PNG plots from the
-//! records of a sweep, without running the model (design.md 6).
+//! records of a sweep, without running the model (docs/outputs.md).
 //!
 //! It holds the directory's lock while it rewrites summary.json and the PNGs. While a sweep,
 //! demo or probe writes there (or where the directory cannot be written) it prints the table

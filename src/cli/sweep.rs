@@ -1,6 +1,6 @@
 //! `needlescope sweep`: the grid lengths x depths x index profiles x top-k, one probe per cell,
 //! records appended and flushed to `cells.csv` / `layers.csv` / `attention.csv` so an
-//! interrupted sweep resumes by skipping finished cells (design.md 6).
+//! interrupted sweep resumes by skipping finished cells (docs/outputs.md).
 
 use clap::Args;
 use std::io::Write;

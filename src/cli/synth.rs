@@ -1,5 +1,5 @@
 //! `needlescope synth`: writes a deterministic synthetic checkpoint in the official tensor
-//! names and formats (design.md 7) and prints what it wrote.
+//! names and formats (docs/architecture.md section 7) and prints what it wrote.
 
 use clap::{Args, ValueEnum};
 use std::io::Write;

@@ -1,5 +1,5 @@
 //! `needlescope trace`: runs a token file through the model and writes indexer scores, top-k
-//! selections and logits of the chosen positions to one safetensors file (design.md 6), for
+//! selections and logits of the chosen positions to one safetensors file (docs/outputs.md), for
 //! comparison with other engines. `--device` picks the backend (the header metadata records it
 //! as `backend`).
 

@@ -6,7 +6,7 @@
 //!   footprint and plan, the engine's allocations) are products of these fields, so an absurd
 //!   value (`vocab_size` 2^63) would overflow them into a plausible wrong figure instead of an
 //!   error. Each bound is a generous ceiling, at least 16x the largest value of any released
-//!   DeepSeek-V4 (Flash or Pro, spec/model.md 1.1 and 1.2), so a scaled-up successor still
+//!   DeepSeek-V4 (Flash or Pro, docs/spec/model.md 1.1 and 1.2), so a scaled-up successor still
 //!   loads while the products stay far below 2^64 (the largest tensor under these bounds is about
 //!   2^50 bytes, a whole model about 2^61);
 //! - the identity fields: `model_type` (absent or `"deepseek_v4"`) and

@@ -1,5 +1,5 @@
 //! `ModelConfig`: the DeepSeek-V4 architecture as read from a checkpoint's `config.json`,
-//! validated once at load (spec/model.md section 1).
+//! validated once at load (docs/spec/model.md section 1).
 //!
 //! Accepts the HF-style config shipped with DeepSeek-V4-Flash (44-entry `compress_ratios` whose
 //! trailing entries belong to the MTP layer(s); 46 in the 0731 release, whose three DSpark
@@ -431,7 +431,7 @@ pub fn flash_config_json() -> serde_json::Value {
 }
 
 impl ModelConfig {
-    /// The RoPE table a layer of `kind` uses (attention.md 3.3): plain `rope_theta` on SWA
+    /// The RoPE table a layer of `kind` uses (docs/spec/attention.md 3.3): plain `rope_theta` on SWA
     /// layers; `compress_rope_theta` on CSA and HCA layers, with YaRN when `rope_scaling` is set.
     /// Every rope of a layer uses it (q, window kv, compressed rows, index q and keys).
     pub fn rope_table(&self, kind: LayerKind) -> RopeTable {

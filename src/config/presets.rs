@@ -5,7 +5,7 @@
 use super::*;
 
 impl ModelConfig {
-    /// The DeepSeek-V4-Flash config (spec/model.md 1.1), exactly as released.
+    /// The DeepSeek-V4-Flash config (docs/spec/model.md 1.1), exactly as released.
     pub fn flash() -> Self {
         let mut ratios = vec![0, 0];
         for _ in 0..20 {
@@ -65,7 +65,7 @@ impl ModelConfig {
         }
     }
 
-    /// The `tiny` synthetic architecture: every component at toy size (see design.md 7).
+    /// The `tiny` synthetic architecture: every component at toy size (see docs/architecture.md section 7).
     /// Layers: 0 SWA (hash router), 1 CSA (hash router), 2 HCA, 3 CSA (score routers) + 1 MTP.
     /// Vocabulary 4096 (documented smaller than V4's 129,280 to keep the checkpoint at a few MB);
     /// 16 index heads so exact top-k ties are rare; top-k 8 so selection matters early.

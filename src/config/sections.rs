@@ -100,7 +100,7 @@ pub struct QuantizationConfig {
 }
 
 impl QuantizationConfig {
-    /// The official release's block-FP8 settings (spec/model.md 1.1).
+    /// The official release's block-FP8 settings (docs/spec/model.md 1.1).
     pub fn official() -> Self {
         QuantizationConfig {
             activation_scheme: Some("dynamic".into()),

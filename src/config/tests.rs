@@ -242,7 +242,7 @@ fn size_bounds_are_at_least_16x_the_released_models() {
             l.field
         );
     }
-    // The released values of V4-Pro (spec/model.md 1.2) stay accepted.
+    // The released values of V4-Pro (docs/spec/model.md 1.2) stay accepted.
     let mut v = flash_config_json();
     for (field, value) in [
         ("hidden_size", 7168),
@@ -498,7 +498,7 @@ fn text_after_the_config_object_is_refused() {
     assert!(msg.contains("trailing characters"), "{msg}");
 }
 
-// RoPE tables of the config's layers (attention.md 3.3).
+// RoPE tables of the config's layers (docs/spec/attention.md 3.3).
 use crate::numerics::rope::yarn_correction_range;
 
 fn close_rel(a: f64, b: f64, rel: f64) -> bool {

@@ -1,4 +1,4 @@
-//! The attention block of one layer (attention.md 4, 7): SWA, CSA or HCA.
+//! The attention block of one layer (docs/spec/attention.md 4, 7): SWA, CSA or HCA.
 //!
 //! For the chunk's attention input `x [T, D]` (the attn_norm output) at positions `p0..p0+T`:
 //! 1. query: `qr = q_norm(wq_a · x)` `[T, q_lora]`; `q = wq_b · qr` `[T, H, d]`; per-head RMS
@@ -315,7 +315,7 @@ mod tests {
     use crate::numerics::codecs::bf16_round;
 
     /// `--kv fp8` on main KV rows of the tiny model (64 dims = 48 nope + 16 rope): the nope dims
-    /// get e4m3 with their block's power-of-two scale, the rope dims bf16 only (attention.md
+    /// get e4m3 with their block's power-of-two scale, the rope dims bf16 only (docs/spec/attention.md
     /// 3.5, 9.1). Rounding all 64 dims would share the nope block's scale and move the rope dims.
     #[test]
     fn kv_fp8_rounds_the_nope_dims_and_leaves_the_rope_dims_bf16() {

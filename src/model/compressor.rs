@@ -1,4 +1,4 @@
-//! The KV compressor (attention.md 5): pools token projections into compressed rows, streaming.
+//! The KV compressor (docs/spec/attention.md 5): pools token projections into compressed rows, streaming.
 //!
 //! One compressor of ratio m and output width c (c = head_dim for the main KV, index_head_dim
 //! for the indexer), overlap factor κ = 2 when m = 4 else 1:
@@ -198,7 +198,7 @@ mod tests {
         }
     }
 
-    /// Row w computed straight from attention.md 5.1 / 5.2 and 5.3.
+    /// Row w computed straight from docs/spec/attention.md 5.1 / 5.2 and 5.3.
     fn reference_row(
         comp: &Compressor<CpuMatrix>,
         x: &[f32],

@@ -1,4 +1,4 @@
-//! Token embedding and stream expansion (model.md 4.1).
+//! Token embedding and stream expansion (docs/spec/model.md 4.1).
 //!
 //! `e_t = embed.weight[token_t]` (no scaling); the residual state of a token starts as `hc_mult`
 //! identical copies of `e_t`. Input: token ids `[T]` (validated against the vocabulary before

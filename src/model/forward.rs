@@ -1,7 +1,7 @@
 //! The engine: loads a checkpoint, runs the forward pass over a sequence in chunks, and reports
 //! to the observer.
 //!
-//! One state machine serves every use (attention.md 8): `forward` appends `tokens` at positions
+//! One state machine serves every use (docs/spec/attention.md 8): `forward` appends `tokens` at positions
 //! `state.len()..` in chunks of `opts.chunk` tokens; a one-shot prefill, a chunked prefill and
 //! single-token decode steps are the same code path and compute the same math. They are not
 //! bit-identical: the GEMM's blocking (and its m = 1 vector path) depends on how many tokens

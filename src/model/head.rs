@@ -1,4 +1,4 @@
-//! The output head (model.md 4.4): HC head mix, final RMSNorm, LM head.
+//! The output head (docs/spec/model.md 4.4): HC head mix, final RMSNorm, LM head.
 //!
 //! For the streams `[R, n, D]` of the positions whose logits are wanted:
 //! `p_j = σ(m_j · hc_head_scale + hc_head_base_j) + hc_eps` (no Sinkhorn, no post),

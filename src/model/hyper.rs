@@ -1,4 +1,4 @@
-//! mHC, manifold-constrained hyper-connections (model.md 4.3 and 4.4): the weights of one site
+//! mHC, manifold-constrained hyper-connections (docs/spec/model.md 4.3 and 4.4): the weights of one site
 //! and the scalars of a config. The per-token coefficient math (pre, post, Sinkhorn comb) is
 //! `numerics::mhc`, which the backends evaluate.
 

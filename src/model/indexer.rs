@@ -1,4 +1,4 @@
-//! The lightning indexer of CSA layers (attention.md 6): picks which compressed rows each query
+//! The lightning indexer of CSA layers (docs/spec/attention.md 6): picks which compressed rows each query
 //! attends.
 //!
 //! - Keys: the indexer's own ratio-4 overlapping compressor (width `index_head_dim`) → norm →

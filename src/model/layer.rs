@@ -1,4 +1,4 @@
-//! One decoder layer (model.md 4.3): `X ← HC_attn(X, Attention)`, then `X ← HC_ffn(X, MoE)`.
+//! One decoder layer (docs/spec/model.md 4.3): `X ← HC_attn(X, Attention)`, then `X ← HC_ffn(X, MoE)`.
 //!
 //! Each site: `(h, post, comb) = hc_pre(X)`, `y = F(RMSNorm_w(h))`,
 //! `X'_k = post_k·y + Σ_j comb[j][k]·X_j`. There is no other residual add.

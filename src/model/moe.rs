@@ -1,4 +1,4 @@
-//! The MoE block of one layer (model.md 5): router, routed experts, shared expert.
+//! The MoE block of one layer (docs/spec/model.md 5): router, routed experts, shared expert.
 //!
 //! Input `u [T, D]` (the ffn_norm output), output `[T, D]`:
 //! - scores `s = sqrtsoftplus(u · gateᵀ)` `[T, E]` (f32, as REF);

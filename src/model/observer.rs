@@ -1,7 +1,7 @@
 //! The engine's observation hook: what the forward pass hands to whoever wants to look inside.
 //!
 //! The engine knows nothing about needles; the probe knows nothing about backends. This trait is
-//! the only contact between them (design.md section 3):
+//! the only contact between them (docs/architecture.md section 3):
 //! - at every CSA layer and every probed query position, [`IndexerObservation`]: the raw index
 //!   query of that position (after RoPE, before any Hadamard or rounding), the raw head weights
 //!   (the `weights_proj` output before the indexer scale, 2^-6.5 on Flash), a *view* of the

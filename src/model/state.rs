@@ -1,5 +1,5 @@
 //! Per-sequence state: everything a layer must remember between chunks / decode steps
-//! (attention.md section 8). One [`SequenceState`] per sequence, created by
+//! (docs/spec/attention.md section 8). One [`SequenceState`] per sequence, created by
 //! `Engine::new_sequence` and reset (or dropped) between sequences — never shared.
 //!
 //! The caches of rows ([`RowCache`]) hold backend activations (`A` = the backend's

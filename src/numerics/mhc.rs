@@ -1,4 +1,4 @@
-//! mHC, manifold-constrained hyper-connections (model.md 4.3 and 4.4): the exact per-token
+//! mHC, manifold-constrained hyper-connections (docs/spec/model.md 4.3 and 4.4): the exact per-token
 //! coefficient math (the weights of a site are `model::hyper`'s).
 //!
 //! A token's residual state is `n` streams `X_j ∈ R^D` (`n = hc_mult = 4`). Each decoder layer
@@ -20,7 +20,7 @@
 //! here are the definition the CPU backend evaluates per token; a device kernel must match
 //! them.
 
-/// Scalars of the mHC sites (model.md 4.3): stream count, Sinkhorn iterations and epsilons.
+/// Scalars of the mHC sites (docs/spec/model.md 4.3): stream count, Sinkhorn iterations and epsilons.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HcParams {
     /// Residual streams per token (`hc_mult`, 4).
@@ -68,7 +68,7 @@ pub fn head_coefficients(mixes: &[f32], base: &[f32], scale: &[f32], hc_eps: f32
     }
 }
 
-/// Sinkhorn on logits `a [n, n]` in place (model.md 4.3 step 3): row softmax + eps, column
+/// Sinkhorn on logits `a [n, n]` in place (docs/spec/model.md 4.3 step 3): row softmax + eps, column
 /// normalisation, then `iters - 1` rounds of row then column normalisation.
 pub fn sinkhorn(a: &mut [f32], n: usize, iters: usize, eps: f32) {
     for row in a.chunks_exact_mut(n) {
@@ -131,7 +131,7 @@ mod tests {
         assert!(a.iter().all(|&v| v > 0.0));
     }
 
-    /// model.md 4.3 step 3 written out in f64: row softmax + eps, column normalisation, then
+    /// docs/spec/model.md 4.3 step 3 written out in f64: row softmax + eps, column normalisation, then
     /// `iters - 1` rounds of row and column normalisation, each sum plus eps.
     fn sinkhorn_f64(logits: &[f32], n: usize, iters: usize, eps: f64) -> Vec<f64> {
         let mut c: Vec<f64> = logits.iter().map(|&v| v as f64).collect();
@@ -215,7 +215,7 @@ mod tests {
         );
     }
 
-    /// The head's `pre` adds hc_eps after the sigmoid, as each layer site does (model.md 4.4).
+    /// The head's `pre` adds hc_eps after the sigmoid, as each layer site does (docs/spec/model.md 4.4).
     #[test]
     fn head_coefficients_add_hc_eps_after_the_sigmoid() {
         let (mixes, base, scale) = ([0.5f32, -1.0, 0.0, 2.0], [0.1f32, 0.2, -0.3, 0.0], [1.5]);

@@ -1,4 +1,4 @@
-//! The names of the numerics switches: [`IndexProfile`] (`--index`, design §5) and [`KvMode`]
+//! The names of the numerics switches: [`IndexProfile`] (`--index`, docs/architecture.md section 5) and [`KvMode`]
 //! (`--kv`), with canonical names, aliases, parsing (an unknown name lists the valid ones) and
 //! serde as the canonical names. What each profile computes lives in `profiles.rs`.
 
@@ -28,7 +28,7 @@ pub enum IndexProfile {
 }
 
 impl IndexProfile {
-    /// Every profile, in the order of design §5.
+    /// Every profile, in the order of docs/architecture.md section 5.
     pub const ALL: [IndexProfile; 8] = [
         IndexProfile::Exact,
         IndexProfile::SglangFp8,

@@ -1,4 +1,4 @@
-//! Index-key profiles (`--index`, design §5) and the main-KV mode (`--kv`): how the lightning
+//! Index-key profiles (`--index`, docs/architecture.md section 5) and the main-KV mode (`--kv`): how the lightning
 //! indexer's queries and keys are rounded before scoring, one variant per engine behaviour.
 //!
 //! Inputs are the engine's raw f32 values: query `q` `[heads, dim]` after RoPE (before any
@@ -437,7 +437,7 @@ mod tests {
         assert_eq!(score_one(IndexProfile::OfficialFp4, &Q4, &W, &K4), 1.0625);
     }
 
-    /// REF's bf16 score arithmetic step by step (attention.md 6.4), on a hand-made prepared query
+    /// REF's bf16 score arithmetic step by step (docs/spec/attention.md 6.4), on a hand-made prepared query
     /// whose one-hot heads make each dot a key value: every one of the three bf16 roundings changes
     /// the result, so dropping any of them fails here.
     #[test]
@@ -477,7 +477,7 @@ mod tests {
 
     /// A 128-dim index row in the Hadamard basis `t` with t[0] = 4 (block 0) and t[32] = 0.7
     /// (block 1), so the rotated row the fp4 step sees is `t` up to rounding noise. With scales per
-    /// 32 elements (attention.md 3.6) block 1 gets scale 2^-3 and 0.7 -> 5.6 -> e2m1 6 -> 0.75; a
+    /// 32 elements (docs/spec/attention.md 3.6) block 1 gets scale 2^-3 and 0.7 -> 5.6 -> e2m1 6 -> 0.75; a
     /// block of 64 or 128 would share block 0's scale 1 and give 0.5.
     #[test]
     fn fp4_profiles_scale_each_32_elements_of_a_128_dim_row_on_their_own() {

@@ -1,4 +1,4 @@
-//! RoPE frequency tables (attention.md 3.3, generalised to any rope dim d_r). Which table a layer
+//! RoPE frequency tables (docs/spec/attention.md 3.3, generalised to any rope dim d_r). Which table a layer
 //! uses is the config's business ([`crate::config::ModelConfig::rope_table`]); this file owns the
 //! arithmetic.
 //!
@@ -12,7 +12,7 @@
 //!   `freq'_i = freq_i/factor · ramp_i + freq_i · (1 - ramp_i)`.
 //!   Without `rope_scaling` in the config the compress base is used plainly.
 //!
-//! Numerical choice: REF's fp32 pipeline (attention.md 3.3), so long-context angles carry the
+//! Numerical choice: REF's fp32 pipeline (docs/spec/attention.md 3.3), so long-context angles carry the
 //! same rounding as the model's own table: `freq_i = fp32(1 / fp32(base^fp32(2i/d_r)))`, the
 //! YaRN blend in fp32 one operation at a time, angle `fp32(fp32(pos) · freq'_i)`, then cos / sin
 //! of that f32 angle evaluated in f64 and rounded (correctly rounded; REF's GPU `cosf` / `sinf`

@@ -1,5 +1,5 @@
 //! The needle side of needlescope: scenarios, prompt building, needle spans, row mapping, ranks
-//! and the observer that turns engine observations into records (design.md sections 3 and 4).
+//! and the observer that turns engine observations into records (docs/architecture.md sections 3 and 4).
 //!
 //! - [`tokenizer`]: the DeepSeek-V4 tokenizer (shipped offline) and byte offsets of tokens.
 //! - [`scenario`]: what a needle test is (needle template, value generator, question, answer
@@ -9,7 +9,7 @@
 //! - [`value`]: needle value / kv key generators (`[value]`, `[key]` tables).
 //! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans
 //!   (`spans.rs` derives and checks the spans from the final encoding).
-//! - [`rows`]: CSA/HCA row mapping and visibility (design.md section 4, normative).
+//! - [`rows`]: CSA/HCA row mapping and visibility (docs/architecture.md section 4, normative).
 //! - [`rank`]: needle rank, ties, k-th score, margin, selection; the `LayerRecord`.
 //! - [`observe`]: `NeedleObserver`, the `model::observer::Observer` of a probe run.
 //!

@@ -1,7 +1,7 @@
 //! The needle prompt: the V4 chat prompt of EXACTLY the requested token count, with the needle
 //! at the requested depth and the exact token spans of the needle and of the answer value.
 //!
-//! Format (model.md 7.2, no Jinja; BOS written as text and recognised as a special token):
+//! Format (docs/spec/model.md 7.2, no Jinja; BOS written as text and recognised as a special token):
 //! `<｜begin▁of▁sentence｜>{system}<｜User｜>{haystack with needle}\n\n{question}<｜Assistant｜></think>`
 //! (`<think>` instead of `</think>` in thinking mode). Trailing whitespace of the haystack is
 //! dropped before the `\n\n`.

@@ -1,4 +1,4 @@
-//! Needle ranks among the visible CSA rows, exactly design.md section 4:
+//! Needle ranks among the visible CSA rows, exactly docs/architecture.md section 4:
 //!
 //! - rank of row `w` = 1 + number of visible rows with a STRICTLY higher score;
 //! - needle rank = best (smallest) rank over the visible needle rows; its row is the lowest

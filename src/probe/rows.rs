@@ -1,5 +1,5 @@
 //! Row mapping: which compressed rows hold which tokens and which rows a query can see.
-//! Exactly design.md section 4 (normative) and attention.md 5.4 / 6.5 / 10:
+//! Exactly docs/architecture.md section 4 (normative) and docs/spec/attention.md 5.4 / 6.5 / 10:
 //!
 //! - CSA row `w` (ratio 4, overlapping) pools tokens `[4w-4, 4w+3]` (clipped at 0); it exists
 //!   once token `4w+3` is processed and is visible to query `t` iff `w < n_t = floor((t+1)/4)`.
@@ -8,7 +8,7 @@
 //!   (inclusive), restricted to visible rows; HCA rows `[floor(a/128), floor((b-1)/128)]`.
 //!
 //! Spans are half-open token ranges `(a, b)`; rows are returned as half-open `Range<usize>`,
-//! empty for an empty span. Worked example (attention.md 10): needle `[1000, 1012)` -> CSA rows
+//! empty for an empty span. Worked example (docs/spec/attention.md 10): needle `[1000, 1012)` -> CSA rows
 //! 250..=253, row 250 visible from t = 1003, row 253 from t = 1015; HCA row 7 from t = 1023.
 
 use std::ops::Range;
@@ -93,7 +93,7 @@ pub fn csa_visible_rows(t: usize) -> usize {
     RowKind::Csa.visible_rows(t)
 }
 
-/// CSA needle rows of `span` visible to query `t` (design.md section 4).
+/// CSA needle rows of `span` visible to query `t` (docs/architecture.md section 4).
 pub fn csa_needle_rows(span: (usize, usize), t: usize) -> Range<usize> {
     RowKind::Csa.visible_span_rows(span, t)
 }

@@ -2,7 +2,7 @@
 //! [`LayerRecord`] (layers.csv), [`AttentionRecord`] (attention.csv), [`ProbeRun`] (one
 //! (index, top-k) run of a probe, as `probe --json` prints it), [`RunInfo`] (run.json), the cell
 //! ids, and the "why" analysis of lost layers ([`why`]). The probe fills these records, the
-//! report stores and renders them; neither the model nor a backend is visible from here. The `*_COLUMNS` constants are the CSV headers in design.md order; the serde field
+//! report stores and renders them; neither the model nor a backend is visible from here. The `*_COLUMNS` constants are the CSV headers in the order of docs/architecture.md section 5; the serde field
 //! order of each record must equal them (a test checks it).
 //!
 //! Everything the tables and plots show is read from these records; the few accessors on
@@ -15,7 +15,7 @@ pub use crate::numerics::modes::{IndexProfile, KvMode};
 
 pub mod why;
 
-/// One row of layers.csv (design.md section 6): exactly these fields, in this order.
+/// One row of layers.csv (docs/outputs.md): exactly these fields, in this order.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LayerRecord {
     pub cell_id: String,
@@ -30,7 +30,7 @@ pub struct LayerRecord {
     pub needle_rank: Option<usize>,
     pub rank_ties: usize,
     /// Of `rank_ties`, how many are needle rows themselves (they keep the needle whatever the
-    /// tie order). Not a layers.csv column (design.md fixes those): 0 in records read back
+    /// tie order). Not a layers.csv column (docs/outputs.md fixes those): 0 in records read back
     /// from a file or JSON, which makes [`why::tied_at_cutoff`] conservative.
     #[serde(skip)]
     pub needle_ties: usize,
@@ -41,7 +41,7 @@ pub struct LayerRecord {
     pub trivial: bool,
 }
 
-/// One row of attention.csv (design.md section 6), exactly these fields in this order.
+/// One row of attention.csv (docs/outputs.md), exactly these fields in this order.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AttentionRecord {
     pub cell_id: String,
@@ -186,7 +186,7 @@ pub struct CellRecord {
     /// by indexer recall only (a synthetic model whose LM path cannot answer).
     pub answer_correct: Option<bool>,
     /// The needle rank on the CSA layer where it ranked WORST at the answer position (driving
-    /// profile); each layer's needle rank is already the best over its needle rows (design.md 4),
+    /// profile); each layer's needle rank is already the best over its needle rows (docs/architecture.md section 4),
     /// so this is "min over needle rows, max over CSA layers": the layer most likely to lose the
     /// needle, the number the heatmap writes in each cell. Empty when no needle row was visible.
     pub min_needle_rank: Option<usize>,
@@ -237,7 +237,7 @@ impl CellRecord {
     }
 
     /// Whether the cell counts towards a recall rate: it has an answer verdict, or a CSA layer
-    /// where the indexer could have lost the needle (design.md 4: a trivial cell is shown,
+    /// where the indexer could have lost the needle (docs/architecture.md section 4: a trivial cell is shown,
     /// never counted as evidence).
     pub fn is_evidence(&self) -> bool {
         self.answer_correct.is_some() || !self.all_trivial()

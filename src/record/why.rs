@@ -5,7 +5,7 @@
 //! The comparison is exact, not statistical: every scored profile ranks the same keys of the
 //! same forward, so a layer the `exact` profile (the un-quantised math) keeps and the driving
 //! profile loses was lost to the driving profile's rounding, and a layer `exact` loses too was
-//! lost by the un-quantised math itself at this top-k. "Selected" is design.md's definition
+//! lost by the un-quantised math itself at this top-k. "Selected" is the definition of docs/architecture.md section 4
 //! (rank <= k, rank = 1 + rows scoring strictly higher; ties are in `rank_ties`). Without
 //! `exact` among the scored profiles, a layer another profile keeps, or none keeps, is said as
 //! such, and a run scored under no other profile cannot be told apart at all; the text then
@@ -272,7 +272,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
 }
 
 /// Non-trivial CSA layers at the answer position whose driving needle counts as selected
-/// (rank <= k) while an engine's tie order could still drop every needle row: design.md's rank
+/// (rank <= k) while an engine's tie order could still drop every needle row: the rank of docs/architecture.md section 4
 /// does not depend on tie order, an engine's top-k does. The tie group fills places
 /// `rank..=rank + rank_ties`; tied needle rows (`needle_ties`) keep the needle whatever the
 /// order, so only the group's other rows can push it out: they must be able to fill all

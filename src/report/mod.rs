@@ -1,6 +1,6 @@
-//! The reporting layer (design.md section 6): results are records first, written and flushed as
+//! The reporting layer (docs/outputs.md): results are records first, written and flushed as
 //! cells finish; tables and plots are rendered from the records, so `needlescope report DIR`
-//! redoes them without the model (style.md rule 11).
+//! redoes them without the model (docs/architecture.md section 10, item 11).
 //!
 //! - [`records`]: [`CellRecord`] (cells.csv), the probe's [`LayerRecord`] / [`AttentionRecord`]
 //!   (layers.csv / attention.csv), [`RunInfo`] (run.json) and the normative column lists.
@@ -55,7 +55,7 @@ pub fn rerender(dir: &std::path::Path, colour: bool) -> Result<(String, Vec<std:
 }
 
 /// The first line of the terminal table of a run on a synthetic model (run.json `synthetic`),
-/// as every plot title says "(synthetic model)" (design.md section 7).
+/// as every plot title says "(synthetic model)" (docs/architecture.md section 7).
 pub const SYNTHETIC_LINE: &str =
     "synthetic model (written by `synth`): these results show the method, not DeepSeek-V4's weights\n";
 

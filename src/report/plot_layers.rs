@@ -68,7 +68,7 @@ pub(crate) fn render(
     };
     let rows: Vec<&LayerRecord> = rows.into_iter().filter(|r| r.query_pos == pos).collect();
 
-    // Profiles: driving first, then in design.md order.
+    // Profiles: driving first, then in the order of docs/architecture.md section 5.
     let mut profiles: Vec<(bool, String)> = rows
         .iter()
         .map(|r| (r.driving, r.profile.clone()))

@@ -3,7 +3,7 @@
 //! error naming the file, the line and the fields, never a table or plot that quietly shows a
 //! rank the probe cannot have produced.
 //!
-//! Only relations the writer guarantees are checked (design.md 4 and 6): a needle rank lies
+//! Only relations the writer guarantees are checked (docs/architecture.md section 4 and docs/outputs.md): a needle rank lies
 //! among the visible rows, with its ties; the rank, score and margin are all present or all
 //! absent with the needle rows; the margin is the needle score minus the k-th score, bit for bit
 //! (both are written in shortest round-trip form, NaN included); a selected needle has a rank

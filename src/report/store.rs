@@ -1,4 +1,4 @@
-//! The report directory on disk (design.md section 6): [`RunDir`] writes it cell by cell and
+//! The report directory on disk (docs/outputs.md): [`RunDir`] writes it cell by cell and
 //! resumes it; [`RunRecords`] (`read.rs`) reads it back for `needlescope report`.
 //!
 //! Files: `run.json` ([`RunInfo`]), `cells.csv`, `layers.csv`, `attention.csv` (headers written

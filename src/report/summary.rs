@@ -103,7 +103,7 @@ pub fn median(sorted: &[usize]) -> Option<f64> {
 }
 
 /// Groups `cells` by (target_tokens, index, kv, topk), ordered by length, then profile in
-/// design.md order, then kv, then top-k; `rounding` gives the cells' rounding losses.
+/// the order of docs/architecture.md section 5, then kv, then top-k; `rounding` gives the cells' rounding losses.
 pub fn summarize(cells: &[CellRecord], rounding: &RoundingLosses) -> Vec<GroupSummary> {
     let mut groups: BTreeMap<(usize, usize, &str, usize), Vec<&CellRecord>> = BTreeMap::new();
     for c in cells {

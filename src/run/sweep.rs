@@ -1,5 +1,5 @@
 //! `sweep`: the recall grid — context length x needle depth x index profile x top-k (x samples) —
-//! written record by record into a resumable run directory (design.md section 6).
+//! written record by record into a resumable run directory (docs/outputs.md).
 //!
 //! Work order: for each (length, depth, sample) the prompt is built once; then every (driving
 //! profile, top-k) combination is one real forward pass plus greedy generation, with every other

@@ -1,5 +1,5 @@
 //! `trace`: run token ids through the engine and record, for chosen query positions, what the
-//! indexer did on every CSA layer, plus the logits (design.md section 6, "trace").
+//! indexer did on every CSA layer, plus the logits (docs/outputs.md, "trace").
 //!
 //! Output tensors (one safetensors file):
 //! - `tokens` i64 `[T]`, `positions` i64 `[P]`;

@@ -1,5 +1,5 @@
 //! `synth`: deterministic synthetic checkpoints in the official tensor names and formats
-//! (design.md section 7), so the real loader is what tests and demos exercise.
+//! (docs/architecture.md section 7), so the real loader is what tests and demos exercise.
 //!
 //! Config: `ModelConfig::tiny()` or `flash()`, then `--layers N` (the first N entries of the
 //! preset's schedule, MTP entries kept, `num_hash_layers` capped at N) and `--experts E`

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden-reference generator for needlescope (design.md section 8, "Golden").
+"""Golden-reference generator for needlescope (docs/architecture.md section 8, "Golden").
 
 Runs HuggingFace transformers' pure-PyTorch `deepseek_v4` model in float32 on CPU over a fixed,
 deterministic token sequence and writes a small safetensors fixture that the Rust tests compare
@@ -28,31 +28,31 @@ Header metadata (strings): transformers / torch / numpy versions, sha256 of conf
 every *.safetensors file of the checkpoint, seed, T, topk, dtype, token rule, csa/hca layer lists.
 
 ------------------------------------------------------------------------------------------------
-HF transformers (5.24) vs the official reference (spec/attention.md, spec/model.md), as it matters
+HF transformers (5.24) vs the official reference (docs/spec/attention.md, docs/spec/model.md), as it matters
 here, and how this script deals with it:
 
 * Precision. Loaded with dtype=float32, HF runs *every* op in fp32: no bf16 rounding of any
   intermediate (REF rounds q, kv, compressed rows, indexer weights, scores ... to bf16), no FP8
-  activation quantisation of linears (model.md 2.3), no FP8 KV simulation (attention.md 3.5), no
-  Hadamard and no FP4 simulation in the indexer (attention.md 3.6/3.7, 9.4). HF's own bf16
+  activation quantisation of linears (docs/spec/model.md 2.3), no FP8 KV simulation (docs/spec/attention.md 3.5), no
+  Hadamard and no FP4 simulation in the indexer (docs/spec/attention.md 3.6/3.7, 9.4). HF's own bf16
   deviations (compressor projections/weighted sum in bf16, cos/sin cast to bf16, bf16 router
-  logits, bf16 hc_post; attention.md 3.4, 9.4, 11; model.md 9) do NOT apply in fp32 because all
+  logits, bf16 hc_post; docs/spec/attention.md 3.4, 9.4, 11; docs/spec/model.md 9) do NOT apply in fp32 because all
   of them are "cast to the activation dtype". So the fixture is the un-quantised math = Rust's
   `exact` index profile with `--kv exact`, computed in f32 end to end.
 * Indexer scores: HF computes sum_h (w_h * H_I^-0.5) * ReLU(q_h . k_w) * d_I^-0.5, i.e. the
-  same 2^-6.5 product as REF (attention.md 6.3/6.4), in fp32. Scores are read from
+  same 2^-6.5 product as REF (docs/spec/attention.md 6.3/6.4), in fp32. Scores are read from
   `...compressor.indexer.scorer` (output [B, S, R], before HF's causal -inf mask), the mask is
-  re-applied here with the design.md rule w < floor((t+1)/4).
+  re-applied here with the rule of docs/architecture.md section 4, w < floor((t+1)/4).
 * Top-k: HF uses torch.topk on fp32 scores with k = min(index_topk, R) (R = rows of the whole
-  prefill, like REF prefill, attention.md 6.5) and replaces picks >= floor((t+1)/4) by -1. Its
+  prefill, like REF prefill, docs/spec/attention.md 6.5) and replaces picks >= floor((t+1)/4) by -1. Its
   tie order is unspecified, so this script writes its own top-k (stable sort: descending score,
-  ties to the lower row, = design.md 6 `trace` convention) and the `margin` tensor so the Rust
+  ties to the lower row, = docs/outputs.md `trace` convention) and the `margin` tensor so the Rust
   test can skip near-tied positions. HF's own indices are checked against ours (as sets, and as
   ordered lists where the top-k scores are well separated); the script aborts on a mismatch.
 * Stateless forward (use_cache=False): one forward over all T ids gives per-position indexer
   outputs for every query position (HF's no-cache compressor emits every complete window of the
   prompt and masks per query; the trailing T mod 4 / T mod 128 tokens make no row, exactly as in
-  REF prefill, attention.md 5.5). --self-check additionally runs the cached path one-shot and in
+  REF prefill, docs/spec/attention.md 5.5). --self-check additionally runs the cached path one-shot and in
   chunks and asserts it reproduces the same logits / indices.
 * Config: HF maps `compress_ratios` entries through {0: sliding, 4: CSA, 128: HCA} (any other
   value is a KeyError) and drops entries past num_hidden_layers (the MTP entry); the actual rates

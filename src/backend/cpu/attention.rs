@@ -1,5 +1,5 @@
-//! Attention-side reductions of the CPU backend: sparse attention with sink (attention.md 4.5)
-//! and compressor pooling (attention.md 5.1 / 5.2).
+//! Attention-side reductions of the CPU backend: sparse attention with sink (docs/spec/attention.md 4.5)
+//! and compressor pooling (docs/spec/attention.md 5.1 / 5.2).
 //!
 //! Sparse attention, per query t and head h over its entries e_i (key = value):
 //! `ℓ_i = (q·e_i)·scale`, `o = Σ_i exp(ℓ_i - m) e_i / (Σ_i exp(ℓ_i - m) + exp(σ_h - m))`.

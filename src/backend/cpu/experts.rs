@@ -1,4 +1,4 @@
-//! MoE ops of the CPU backend (model.md 5): router scores, clamped SwiGLU, the routed experts
+//! MoE ops of the CPU backend (docs/spec/model.md 5): router scores, clamped SwiGLU, the routed experts
 //! grouped by expert, and the dense shared expert.
 //!
 //! - `sqrtsoftplus(z) = sqrt(softplus(z))` with PyTorch's softplus (β = 1, linear above 20).

@@ -1,4 +1,4 @@
-//! Sparse attention with sink on the GPU backend (attention.md 4.5; kernels in
+//! Sparse attention with sink on the GPU backend (docs/spec/attention.md 4.5; kernels in
 //! `kernels/attention.cu`, the row gather in `kernels/elementwise.cu`).
 //!
 //! Everything large is a device activation used in place on the current site's device: the

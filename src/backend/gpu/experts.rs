@@ -1,4 +1,4 @@
-//! The MoE ops on the GPU backend (model.md 5; kernels in `kernels/moe.cu`): router scores, the
+//! The MoE ops on the GPU backend (docs/spec/model.md 5; kernels in `kernels/moe.cu`): router scores, the
 //! dense shared expert and the routed experts grouped by expert.
 //!
 //! - `router_scores`: `u [T, D] · gateᵀ` always in [`GemmType::F32`] (the router picks experts:

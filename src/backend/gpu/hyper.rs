@@ -1,5 +1,5 @@
 //! mHC ops of the GPU backend (kernels in `kernels/hyper.cu`): the layer-site pre-mix with
-//! Sinkhorn, the post-mix and the head mix (model.md 4.3 / 4.4, the formulas of
+//! Sinkhorn, the post-mix and the head mix (docs/spec/model.md 4.3 / 4.4, the formulas of
 //! `crate::model::hyper`).
 //!
 //! Shapes: `streams [T, n, D]`, block input / output `[T, D]`, `post [T, n]`, `comb [T, n, n]`

@@ -101,7 +101,7 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
 
 /// Draft stages a config declares beyond its MTP layers (0 for the base release): Flash-0731
 /// lists 46 `compress_ratios` for its 43 layers, its three DSpark stages replacing the one MTP
-/// layer (spec/model.md 1.2).
+/// layer (docs/spec/model.md 1.2).
 fn draft_stages(cfg: &crate::config::ModelConfig) -> usize {
     let stages = cfg
         .compress_ratios

@@ -19,7 +19,7 @@ pub struct TensorSpec<'a> {
     pub bytes: u64,
 }
 
-/// What a tensor belongs to, in the order of spec/model.md section 8.
+/// What a tensor belongs to, in the order of docs/spec/model.md section 8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Component {

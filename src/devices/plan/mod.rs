@@ -5,7 +5,7 @@
 //! bytes), so the same code serves `inspect --config` (the expected inventory) and
 //! `inspect --model` (the tensors actually on disk).
 //!
-//! Counting rules (spec/model.md section 8):
+//! Counting rules (docs/spec/model.md section 8):
 //! - bytes are payload bytes of the stored tensors, scales included;
 //! - parameters are logical weights: packed FP4 (`I8`, `U8`) counts two per byte; scale tensors
 //!   (`*.scale`, `*.weight_scale`, `*.weight_scale_2`, `*.input_scale`), hash-router tables

@@ -200,7 +200,7 @@ fn flash_official_footprint_matches_the_published_totals() {
     assert_eq!(f.main.params, 284_332_230_231);
     assert_eq!(f.mtp.bytes, 3_593_787_756);
     assert_eq!(f.mtp.params, 6_610_048_635);
-    // spec/model.md section 8, one row per component: (params, bytes, tensors).
+    // docs/spec/model.md section 8, one row per component: (params, bytes, tensors).
     let rows = [
         (
             Component::RoutedExperts,

@@ -1,4 +1,4 @@
-//! PNG plots of a report directory (design.md section 6), drawn with plotters' bitmap backend.
+//! PNG plots of a report directory (docs/outputs.md), drawn with plotters' bitmap backend.
 //!
 //! Text goes through ONE embedded font: DejaVu Sans (assets/fonts/DejaVuSans.ttf, Bitstream
 //! Vera licence, see DejaVuSans-LICENSE.txt next to it), registered once as family

@@ -3,7 +3,7 @@
 //! layer the lightning indexer scores the rows holding the needle's digits `margin` haystack
 //! standard deviations above the haystack mean. Nothing in the engine or the probe knows about
 //! it: ranks, the loss of the needle with context, and the fp8 / bf16 / fp4 differences all come
-//! out of the ordinary forward pass (design.md 7; the construction is in `docs/planted.md`).
+//! out of the ordinary forward pass (docs/architecture.md section 7; the construction is in `docs/planted.md`).
 //!
 //! - Margin: calibrated per CSA layer on reference passkey-haystack text (`planted_calib.rs`),
 //!   so `--margin 2` gives an exact needle z-score of ~2.0 on passkey prompts; the needle's rank
