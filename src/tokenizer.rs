@@ -52,6 +52,10 @@ pub const THINK_START: &str = "<think>";
 /// Thinking end (id 128822): ends the prompt in non-thinking ("chat") mode.
 pub const THINK_END: &str = "</think>";
 
+/// The chat-format markers, which must not appear inside user-supplied text (a haystack file, a
+/// scenario's fields): they would be tokenised as special tokens and break the prompt format.
+pub const CHAT_MARKERS: &[&str] = &[BOS, EOS, USER, ASSISTANT, THINK_START, THINK_END];
+
 /// The special tokens the prompt format and the answer decoding need, each with its id in every
 /// DeepSeek-V4 tokenizer (docs/spec/model.md 7.1). A tokenizer that spells one of them as anything but
 /// that single id is not a DeepSeek-V4 tokenizer: the prompt would shift (the needle moves) or

@@ -83,7 +83,7 @@ fn check_every_tensor_decodes_with(format: WeightFormat, fp8_compressors: bool) 
         },
         ..format.into()
     };
-    assert_eq!(needlescope::checkpoint::options_for(&ckpt), opts);
+    assert_eq!(ckpt.inventory_options(), opts);
     let diff = compare(&ckpt, &expected_inventory_with(&cfg, opts));
     assert!(diff.is_clean(), "{}", diff.summary(10));
     assert!(audit(&ckpt).is_clean());

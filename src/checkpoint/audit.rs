@@ -1,40 +1,13 @@
 //! The diff of a checkpoint against the inventory its config implies (what `inspect` shows).
 //!
-//! [`audit`] compares against the checkpoint's own format ([`options_for`] also settles the one
+//! [`audit`] compares against the checkpoint's own format ([`Checkpoint::inventory_options`] also settles the one
 //! NVFP4 unknown, whether the MTP experts were re-quantised too, and which compressor / indexer
 //! linears are stored as FP8). Shapes `[]` and `[1]` count as
 //! equal (NVFP4 scalars are written either way); everything else must match exactly.
 
-use super::dtype::{numel, Dtype, WeightFormat};
-use super::inventory::{
-    expected_inventory_with, CompressorKinds, CompressorLinear, ExpectedTensor, InventoryOptions,
-};
+use super::dtype::{numel, Dtype};
+use super::inventory::{expected_inventory_with, ExpectedTensor};
 use super::reader::Checkpoint;
-
-/// The inventory options that match what `ckpt` holds: its format, for NVFP4 whether the MTP
-/// experts were re-quantised too, and which compressor / indexer linear kinds are stored as
-/// FP8 (a kind counts as FP8 when any of its weights is F8_E4M3; every layer is then expected
-/// so, and a layer storing it otherwise shows as a mismatch).
-pub fn options_for(ckpt: &Checkpoint) -> InventoryOptions {
-    let format = ckpt.format();
-    let mtp_experts_nvfp4 = format == WeightFormat::Nvfp4
-        && ckpt.names().any(|n| {
-            n.starts_with("mtp.") && n.contains(".experts.") && n.ends_with(".weight_scale_2")
-        });
-    let mut fp8_compressor_linears = CompressorKinds::NONE;
-    for name in ckpt.names() {
-        if let Some(kind) = CompressorLinear::of_weight(name) {
-            if ckpt.info(name).is_some_and(|t| t.dtype == Dtype::F8E4M3) {
-                fp8_compressor_linears.insert(kind);
-            }
-        }
-    }
-    InventoryOptions {
-        format,
-        mtp_experts_nvfp4,
-        fp8_compressor_linears,
-    }
-}
 
 /// A stored tensor whose dtype or shape differs from the expected one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,7 +65,7 @@ fn same_shape(a: &[usize], b: &[usize]) -> bool {
 }
 
 /// Compares what `ckpt` holds with `expected` (use `expected_inventory_with(cfg,
-/// options_for(ckpt))`, or [`audit`], to compare against the checkpoint's own format).
+/// ckpt.inventory_options())`, or [`audit`], to compare against the checkpoint's own format).
 pub fn compare(ckpt: &Checkpoint, expected: &[ExpectedTensor]) -> InventoryDiff {
     let mut diff = InventoryDiff::default();
     let mut seen = std::collections::HashSet::with_capacity(expected.len());
@@ -125,7 +98,7 @@ pub fn compare(ckpt: &Checkpoint, expected: &[ExpectedTensor]) -> InventoryDiff 
 pub fn audit(ckpt: &Checkpoint) -> InventoryDiff {
     compare(
         ckpt,
-        &expected_inventory_with(ckpt.config(), options_for(ckpt)),
+        &expected_inventory_with(ckpt.config(), ckpt.inventory_options()),
     )
 }
 
@@ -207,7 +180,7 @@ pub fn check_config_describes(ckpt: &Checkpoint) -> Result<Vec<String>, super::C
     if diff.extra.is_empty() {
         return Ok(Vec::new());
     }
-    let opts = options_for(ckpt);
+    let opts = ckpt.inventory_options();
     let known: std::collections::HashSet<String> =
         expected_inventory_with(&crate::config::ModelConfig::flash(), opts)
             .iter()

@@ -1,7 +1,7 @@
 //! The compressor and indexer linears whose storage a checkpoint may choose (BF16 in the
 //! Flash release, FP8 blocks with E8M0 scales in some others): [`CompressorLinear`] names the
 //! five kinds, [`CompressorKinds`] is the set a checkpoint stores as FP8 (settled per kind for
-//! the whole model by `audit::options_for`; docs/spec/model.md section 9).
+//! the whole model by `Checkpoint::inventory_options`; docs/spec/model.md section 9).
 
 /// The five compressor / indexer linears of an attention block, by module name after
 /// `attn.` (their storage is settled per kind, see [`CompressorKinds`]).

@@ -22,7 +22,7 @@
 //! `input_scale` []; MTP experts stay MXFP4 unless the checkpoint shows otherwise.
 //! Compressor / indexer linears (`wkv`, `wgate`, `weights_proj`) are BF16 in every format,
 //! except that a kind a checkpoint stores as F8_E4M3 is expected as the FP8 set in every layer
-//! (docs/spec/model.md section 9: trust the safetensors dtype; see `audit::options_for`).
+//! (docs/spec/model.md section 9: trust the safetensors dtype; see `Checkpoint::inventory_options`).
 
 use super::dtype::{numel, Dtype, WeightFormat};
 use crate::config::{LayerKind, ModelConfig, RouterKind};

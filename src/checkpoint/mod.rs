@@ -25,7 +25,7 @@ pub mod linear;
 pub mod reader;
 pub mod writer;
 
-pub use audit::{audit, compare, options_for, InventoryDiff, Mismatch};
+pub use audit::{audit, compare, InventoryDiff, Mismatch};
 pub use dtype::{Dtype, WeightFormat};
 pub use inventory::{expected_inventory, ExpectedTensor};
 pub use linear::QuantWeight;

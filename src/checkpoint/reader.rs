@@ -14,10 +14,11 @@
 //! zero-copy view. Linears go through [`Checkpoint::linear`] (borrowing the mmap) or
 //! [`Checkpoint::shared_linear`] (sharing it, for weights decoded on use; see `linear.rs`).
 
-use super::audit::options_for;
 use super::dtype::{Dtype, WeightFormat};
 use super::header::parse_header;
-use super::inventory::{expected_inventory_with, CompressorLinear, ExpectedTensor};
+use super::inventory::{
+    expected_inventory_with, CompressorKinds, CompressorLinear, ExpectedTensor, InventoryOptions,
+};
 use super::CheckpointError;
 use crate::config::ModelConfig;
 use crate::numerics::formats::{
@@ -70,6 +71,31 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 
 impl Checkpoint {
+    /// The inventory options that match what this checkpoint holds: its format, for NVFP4 whether the MTP
+    /// experts were re-quantised too, and which compressor / indexer linear kinds are stored as
+    /// FP8 (a kind counts as FP8 when any of its weights is F8_E4M3; every layer is then expected
+    /// so, and a layer storing it otherwise shows as a mismatch).
+    pub fn inventory_options(&self) -> InventoryOptions {
+        let format = self.format();
+        let mtp_experts_nvfp4 = format == WeightFormat::Nvfp4
+            && self.names().any(|n| {
+                n.starts_with("mtp.") && n.contains(".experts.") && n.ends_with(".weight_scale_2")
+            });
+        let mut fp8_compressor_linears = CompressorKinds::NONE;
+        for name in self.names() {
+            if let Some(kind) = CompressorLinear::of_weight(name) {
+                if self.info(name).is_some_and(|t| t.dtype == Dtype::F8E4M3) {
+                    fp8_compressor_linears.insert(kind);
+                }
+            }
+        }
+        InventoryOptions {
+            format,
+            mtp_experts_nvfp4,
+            fp8_compressor_linears,
+        }
+    }
+
     /// Opens `dir`: config, shard list, mmaps and headers (see the module doc).
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
         if dir.is_file() {
@@ -293,7 +319,7 @@ impl Checkpoint {
     pub(crate) fn expected(&self, name: &str) -> Option<&ExpectedTensor> {
         self.expected
             .get_or_init(|| {
-                expected_inventory_with(&self.config, options_for(self))
+                expected_inventory_with(&self.config, self.inventory_options())
                     .into_iter()
                     .map(|t| (t.name.clone(), t))
                     .collect()

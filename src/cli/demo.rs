@@ -114,7 +114,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         // The cache's directory name is needlescope's own: whatever an earlier (or older)
         // demo left there, cut short, is ours to replace.
         if dir.is_dir() {
-            crate::synth::out_dir::write_synth_mark(&dir, "planted")?;
+            crate::synth::write_synth_mark(&dir, "planted")?;
         }
         let opts = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, &dir);
         let summary = synth_planted(&opts, Some(args.margin))?;

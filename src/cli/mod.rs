@@ -15,14 +15,11 @@ use clap::{Parser, Subcommand};
 use std::io::Write;
 
 pub mod bench;
-mod bench_device;
 pub mod demo;
 pub mod device;
 pub mod doctor;
 pub mod inspect;
 pub mod probe;
-pub mod probe_out;
-mod probe_text;
 pub mod report;
 pub mod sweep;
 pub mod synth;

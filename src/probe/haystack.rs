@@ -25,7 +25,7 @@ use unicode_segmentation::UnicodeSegmentation;
 use super::scenario::{HaystackKind, Scenario, ScenarioError, ValueSpec};
 use super::words::*;
 use crate::numerics::rng::Rng;
-use crate::tokenizer::{ASSISTANT, BOS, EOS, THINK_END, THINK_START, USER};
+use crate::tokenizer::CHAT_MARKERS;
 
 /// How units are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,10 +332,6 @@ pub fn tool_line(rng: &mut Rng) -> String {
     )
 }
 
-/// Chat-format markers that must not appear inside user-supplied haystack text (they would be
-/// tokenised as special tokens and break the prompt format).
-pub const FORBIDDEN_MARKERS: &[&str] = &[BOS, EOS, USER, ASSISTANT, THINK_START, THINK_END];
-
 /// The largest haystack file read: 256 MiB of text is some 60M tokens, far past any context.
 pub const MAX_HAYSTACK_FILE_BYTES: u64 = 256 << 20;
 
@@ -383,7 +379,7 @@ pub fn file_units(text: &str, path: &Path) -> Result<Vec<Unit>, ScenarioError> {
         path: PathBuf::from(path),
         problem,
     };
-    if let Some(m) = FORBIDDEN_MARKERS.iter().find(|m| text.contains(**m)) {
+    if let Some(m) = CHAT_MARKERS.iter().find(|m| text.contains(**m)) {
         return Err(err(format!(
             "contains the chat marker {m}, which would break the prompt format"
         )));

@@ -16,7 +16,6 @@
 //! The probe knows nothing about backends: it only sees `IndexerObservation` and
 //! `AttentionObservation` values.
 
-mod answer;
 pub mod haystack;
 pub mod observe;
 pub mod prompt;
@@ -24,9 +23,6 @@ pub mod rank;
 pub mod rows;
 pub mod scenario;
 pub mod session;
-mod spans;
-
-pub mod value;
 
 pub mod words;
 

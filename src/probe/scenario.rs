@@ -18,13 +18,10 @@
 //! come from the portable PRNG (`rng.rs`), so a seed gives the same needle everywhere. Digit
 //! values never start with 0 (a leading zero invites "answer" checks to fail on formatting).
 
-use std::path::{Path, PathBuf};
-
-use serde::Deserialize;
-
-pub use super::value::ValueSpec;
-use super::value::{parse_value, RawValue};
+use super::words::VALUE_WORDS;
 use crate::numerics::rng::Rng;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
 
 /// Built-in scenarios: (name, TOML text).
 pub const BUILTIN: &[(&str, &str)] = &[
@@ -169,7 +166,7 @@ struct RawHaystack {
 }
 
 /// Chat markers that may not appear in scenario text.
-const MARKERS: &[&str] = super::haystack::FORBIDDEN_MARKERS;
+const MARKERS: &[&str] = crate::tokenizer::CHAT_MARKERS;
 
 impl Scenario {
     /// Names of the built-in scenarios.
@@ -465,4 +462,275 @@ impl Scenario {
             .unwrap_or_default();
         (value, key)
     }
+}
+
+// ------------------------------------------------------------
+// Needle values and kv keys: the `[value]` / `[key]` tables of a scenario and their seeded
+// generators (`digits` with n, the first non-zero; `words` with n from a word list joined by
+// `sep`; `uuid`, version-4 shaped). Generation uses the portable PRNG (`rng.rs`), so a seed
+// gives the same value on every platform.
+
+/// How a needle value (or a kv key) is generated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValueSpec {
+    /// `n` decimal digits, the first non-zero.
+    Digits { n: usize },
+    /// `n` words from `list`, joined by `sep`.
+    Words {
+        n: usize,
+        sep: String,
+        list: Vec<String>,
+    },
+    /// A lowercase version-4-shaped UUID (8-4-4-4-12 hex).
+    Uuid,
+}
+
+impl ValueSpec {
+    pub fn generate(&self, rng: &mut Rng) -> String {
+        match self {
+            ValueSpec::Digits { n } => {
+                let mut s = String::with_capacity(*n);
+                for i in 0..*n {
+                    let d = if i == 0 {
+                        rng.range(1, 9)
+                    } else {
+                        rng.below(10)
+                    };
+                    s.push(char::from(b'0' + d as u8));
+                }
+                s
+            }
+            ValueSpec::Words { n, sep, list } => {
+                let words: Vec<&str> = (0..*n).map(|_| rng.pick(list).as_str()).collect();
+                words.join(sep)
+            }
+            ValueSpec::Uuid => {
+                let hex = |rng: &mut Rng, k: usize| -> String {
+                    (0..k)
+                        .map(|_| char::from_digit(rng.below(16) as u32, 16).unwrap_or('0'))
+                        .collect()
+                };
+                let variant = char::from_digit(8 + rng.below(4) as u32, 16).unwrap_or('8');
+                format!(
+                    "{}-{}-4{}-{}{}-{}",
+                    hex(rng, 8),
+                    hex(rng, 4),
+                    hex(rng, 3),
+                    variant,
+                    hex(rng, 3),
+                    hex(rng, 12)
+                )
+            }
+        }
+    }
+}
+
+/// A `[value]` or `[key]` table as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawValue {
+    pub(crate) kind: String,
+    pub(crate) n: Option<i64>,
+    pub(crate) sep: Option<String>,
+    pub(crate) words: Option<Vec<String>>,
+}
+
+/// Validates a `[value]` / `[key]` table (`table` is "value" or "key"); errors name `source`.
+/// Whether `text` holds a chat marker or looks like a special token's text (DeepSeek's
+/// special tokens are written between `<｜` and `｜>`, with full-width bars).
+fn looks_like_special(text: &str) -> bool {
+    crate::tokenizer::CHAT_MARKERS
+        .iter()
+        .any(|m| text.contains(m))
+        || text.contains('｜')
+}
+
+pub(crate) fn parse_value(
+    raw: &RawValue,
+    table: &'static str,
+    source: &str,
+) -> Result<ValueSpec, ScenarioError> {
+    let field = |field: &'static str, expected: &str, found: String| ScenarioError::Field {
+        file: source.to_string(),
+        field,
+        expected: expected.to_string(),
+        found,
+    };
+    let (f_n, f_kind, f_words, f_sep) = if table == "key" {
+        ("key.n", "key.kind", "key.words", "key.sep")
+    } else {
+        ("value.n", "value.kind", "value.words", "value.sep")
+    };
+    let n_in = |lo: i64, hi: i64| -> Result<usize, ScenarioError> {
+        match raw.n {
+            Some(n) if (lo..=hi).contains(&n) => Ok(n as usize),
+            Some(n) => Err(field(
+                f_n,
+                &format!("an integer in {lo}..={hi}"),
+                n.to_string(),
+            )),
+            None => Err(field(
+                f_n,
+                &format!("an integer in {lo}..={hi}"),
+                "none".into(),
+            )),
+        }
+    };
+    match raw.kind.as_str() {
+        "digits" => Ok(ValueSpec::Digits { n: n_in(1, 64)? }),
+        "words" => {
+            let list: Vec<String> = match &raw.words {
+                Some(w) => w.iter().map(|s| s.trim().to_string()).collect(),
+                None => VALUE_WORDS.iter().map(|s| s.to_string()).collect(),
+            };
+            if list.is_empty()
+                || list
+                    .iter()
+                    .any(|w| w.is_empty() || w.chars().any(char::is_whitespace))
+            {
+                return Err(field(
+                    f_words,
+                    "a non-empty list of single words",
+                    format!("{list:?}"),
+                ));
+            }
+            // A chat marker or a special token's text in a word would end up inside the
+            // needle (on some seeds only): refused here, not partway through a sweep.
+            if let Some(w) = list.iter().find(|w| looks_like_special(w)) {
+                return Err(field(
+                    f_words,
+                    "plain words without chat markers or special-token text",
+                    format!("{w:?}"),
+                ));
+            }
+            // A brace would let a drawn word carry `{value}` or `{key}` into the needle, where
+            // it would be substituted again (the separator is refused braces likewise).
+            if let Some(w) = list.iter().find(|w| w.contains(['{', '}'])) {
+                return Err(field(f_words, "words without braces", format!("{w:?}")));
+            }
+            let sep = raw.sep.clone().unwrap_or_else(|| "-".into());
+            if looks_like_special(&sep) {
+                return Err(field(
+                    f_sep,
+                    "a separator without chat markers or special-token text",
+                    format!("{sep:?}"),
+                ));
+            }
+            if sep.chars().any(|c| c == '{' || c == '}') {
+                return Err(field(
+                    f_sep,
+                    "a separator without braces",
+                    format!("{sep:?}"),
+                ));
+            }
+            Ok(ValueSpec::Words {
+                n: n_in(1, 16)?,
+                sep,
+                list,
+            })
+        }
+        "uuid" => Ok(ValueSpec::Uuid),
+        other => Err(field(
+            f_kind,
+            "\"digits\", \"words\" or \"uuid\"",
+            format!("{other:?}"),
+        )),
+    }
+}
+
+// ------------------------------------------------------------
+// How a scenario's answer is judged, and the notes a run prints about its answer: the
+// generated text against the needle's value (thinking mode, cut-off answers, hedged digit
+// answers), numbers in a `--haystack-file` shaped like the answer, and thinking scenarios
+// that need room to reach `</think>`. Methods of [`Scenario`], kept apart from its loading.
+
+impl Scenario {
+    /// A note when the `--haystack-file` text holds numbers shaped like this scenario's
+    /// answer (a digits value: runs of exactly that many digits), which the model could
+    /// answer with instead of the needle's; None when there are none or the value is not
+    /// digits. The built-in haystacks never hold such numbers.
+    pub fn competing_answers_note(&self) -> Option<String> {
+        let (HaystackKind::File(Some(path)), ValueSpec::Digits { n }) =
+            (&self.haystack, &self.value)
+        else {
+            return None;
+        };
+        let text = std::fs::read_to_string(path).ok()?;
+        let runs = digit_runs_of(&text, *n);
+        let first: Vec<&str> = runs.iter().take(3).copied().collect();
+        (!runs.is_empty()).then(|| {
+            format!(
+                "--haystack-file {} holds {} {n}-digit number{} ({}{}), shaped like the needle's \
+                 answer: the model may answer with one of them",
+                path.display(),
+                runs.len(),
+                if runs.len() == 1 { "" } else { "s" },
+                first.join(", "),
+                if runs.len() > 3 { ", ..." } else { "" }
+            )
+        })
+    }
+
+    /// A note for a thinking-mode scenario judged by its answer: the answer follows `</think>`,
+    /// and a run whose `generate` tokens end before it gets no verdict (the indexer judges it
+    /// instead). None for a chat scenario or `--generate 0` (the indexer judges).
+    pub fn thinking_note(&self, generate: usize) -> Option<String> {
+        (self.thinking && generate > 0).then(|| {
+            format!(
+                "scenario {} thinks first: its answer follows </think>, and a run whose \
+                 {generate} generated tokens end before </think> has no answer to judge (the \
+                 indexer's recall judges it instead); give --generate room for the reasoning \
+                 (hundreds to thousands of tokens), or --generate 0 to judge by the indexer \
+                 alone",
+                self.name
+            )
+        })
+    }
+
+    /// Whether the generated text answers correctly for the expected `value`. In thinking
+    /// mode only the text after the last `</think>` is the answer (a value repeated while
+    /// reasoning is not an answer). `None`, no verdict, when the answer was never reached or
+    /// never finished: a thinking run without `</think>`, or a run cut off by the token limit
+    /// (not ended by the end-of-sentence token, `ended`) whose answer so far is not right (it
+    /// may have stopped inside the value). A too-short generation says nothing about the needle.
+    pub fn judge_generated(&self, generated: &str, value: &str, ended: bool) -> Option<bool> {
+        let answer = if self.thinking {
+            generated.rsplit_once(crate::tokenizer::THINK_END)?.1
+        } else {
+            generated
+        };
+        match self.check_answer(answer, value) {
+            true => Some(true),
+            false if ended => Some(false),
+            false => None,
+        }
+    }
+
+    /// Whether `generated` answers correctly for the expected `value`: the scenario's check
+    /// passes and, for a digits value, no other number of the value's length is offered beside
+    /// it (an answer that hedges between candidates has not recalled the needle).
+    pub fn check_answer(&self, generated: &str, value: &str) -> bool {
+        let passes = match &self.answer {
+            AnswerCheck::Substring => generated.contains(value),
+            AnswerCheck::Regex(p) => {
+                regex::Regex::new(&p.replace("{value}", &regex::escape(value)))
+                    .map(|re| re.is_match(generated))
+                    .unwrap_or(false)
+            }
+        };
+        let hedges = match self.value {
+            ValueSpec::Digits { .. } => digit_runs_of(generated, value.len())
+                .iter()
+                .any(|r| *r != value),
+            _ => false,
+        };
+        passes && !hedges
+    }
+}
+
+/// The maximal runs of ASCII digits in `text` that are exactly `n` long.
+fn digit_runs_of(text: &str, n: usize) -> Vec<&str> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|run| run.len() == n)
+        .collect()
 }

@@ -96,9 +96,7 @@ pub fn model_marks(model_dir: &Path) -> ModelMarks {
     // Only the two fields needed, so a planted.json from another version still counts.
     let path = model_dir.join(crate::synth::planted::INFO_FILE);
     let Ok(text) = std::fs::read_to_string(path) else {
-        let synthetic = model_dir
-            .join(crate::synth::out_dir::SYNTH_MARK_FILE)
-            .is_file();
+        let synthetic = model_dir.join(crate::synth::SYNTH_MARK_FILE).is_file();
         return ModelMarks {
             synthetic,
             answers: !synthetic,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
 use super::InspectArgs;
-use crate::checkpoint::{audit, options_for, Checkpoint, Dtype, InventoryDiff, WeightFormat};
+use crate::checkpoint::{audit, Checkpoint, Dtype, InventoryDiff, WeightFormat};
 use crate::config::{ModelConfig, RouterKind};
 use crate::devices::plan::Footprint;
 
@@ -171,7 +171,8 @@ fn inventory_report(
         unindexed_count: ckpt.unindexed().len(),
         draft_stages: 0,
         draft_differences: 0,
-        fp8_compressor_linears: options_for(ckpt)
+        fp8_compressor_linears: ckpt
+            .inventory_options()
             .fp8_compressor_linears
             .modules()
             .into_iter()

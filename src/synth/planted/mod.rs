@@ -28,7 +28,7 @@ pub mod recipe;
 
 pub mod calib;
 
-use super::out_dir::claim_out_dir;
+use super::claim_out_dir;
 use super::tensors::Values;
 use super::{set_weight_format, SynthOptions, SynthSummary};
 use crate::checkpoint::dtype::{Dtype, WeightFormat};
