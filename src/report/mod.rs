@@ -16,25 +16,15 @@
 //!
 //! Errors are [`ReportError`]s naming the file, with expected vs found where it applies.
 
-mod agreement;
-pub mod completeness;
-mod csvio;
 pub mod error;
 pub mod lock;
-mod plot_heatmap;
-mod plot_layers;
-mod plot_ranks;
 pub mod plots;
-mod read;
 
-mod resume;
-mod row_checks;
 pub mod store;
 pub mod summary;
-mod validate;
 
 /// A depth as the report writes it everywhere (`50%`, `12.25%`: every decimal it has).
-pub(crate) use plot_heatmap::depth_label;
+pub(crate) use plots::heatmap::depth_label;
 
 pub use error::{FieldDifference, ReportError, Result};
 pub use lock::DirLock;

@@ -5,11 +5,11 @@
 //! `sans-serif` ([`ensure_font`]); no system font is ever looked up, so the PNGs are the same
 //! on every machine.
 //!
-//! - `heatmap_<index>_<topk>.png` (`plot_heatmap`): context length x depth, colour =
+//! - `heatmap_<index>_<topk>.png` (`heatmap`): context length x depth, colour =
 //!   verdict, worst `min_needle_rank` over the samples written in each cell.
-//! - `layers_<cell_id>.png` (`plot_layers`): needle rank per CSA layer at the answer
+//! - `layers_<cell_id>.png` (`layers`): needle rank per CSA layer at the answer
 //!   position, one line per scored profile, the run's top-k values as horizontal lines.
-//! - `rank_vs_length.png` (`plot_ranks`): median and worst `min_needle_rank` against
+//! - `rank_vs_length.png` (`ranks`): median and worst `min_needle_rank` against
 //!   context length per (profile, top-k).
 //!
 //! Every plot is 1000 x 700 px with a header (what is plotted; model, scenario, profile, top-k,
@@ -32,7 +32,10 @@ use super::error::{ReportError, Result};
 use super::store::RunRecords;
 use crate::record::{file_stem, IndexProfile, RunInfo};
 
+pub(crate) mod heatmap;
+mod layers;
 pub mod legend;
+mod ranks;
 pub mod text;
 
 pub use legend::{flow, legend_layout, LegendLayout};
@@ -82,23 +85,22 @@ pub fn render_all(run_dir: &Path) -> Result<Vec<PathBuf>> {
 /// the temporary of a render cut short), so the directory shows exactly its records.
 pub fn render_records(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
     ensure_font()?;
-    let mut written = super::plot_heatmap::render(records, out_dir)?;
-    let index = super::plot_layers::LayerPlotIndex::new(records);
+    let mut written = heatmap::render(records, out_dir)?;
+    let index = layers::LayerPlotIndex::new(records);
     let layer_plots: Vec<Option<PathBuf>> = records
         .cells
         .par_iter()
         .map(|cell| {
             let path = out_dir.join(format!("layers_{}.png", file_stem(&cell.cell_id)));
             atomically(&path, |tmp| {
-                super::plot_layers::render(records, &index, cell, tmp)
-                    .map(|p| p.map(|_| path.clone()))
+                layers::render(records, &index, cell, tmp).map(|p| p.map(|_| path.clone()))
             })
         })
         .collect::<Result<_>>()?;
     written.extend(layer_plots.into_iter().flatten());
     if !records.cells.is_empty() {
         let path = out_dir.join("rank_vs_length.png");
-        atomically(&path, |tmp| super::plot_ranks::render(records, tmp))?;
+        atomically(&path, |tmp| ranks::render(records, tmp))?;
         written.push(path);
     }
     remove_stale_plots(out_dir, &written)?;

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use super::store::{ATTENTION_CSV, LAYERS_CSV};
+use super::{ATTENTION_CSV, LAYERS_CSV};
 use crate::record::{AttentionRecord, CellRecord, LayerRecord};
 
 /// A finished cell whose rows in one file are not its full grid.

@@ -23,8 +23,8 @@ use std::io::Write;
 use std::ops::Range;
 use std::path::Path;
 
-use super::error::{ReportError, Result};
 use super::row_checks::RowCheck;
+use crate::report::error::{ReportError, Result};
 
 /// One complete record of a CSV file.
 pub(crate) struct Row<T> {

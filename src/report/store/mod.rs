@@ -38,27 +38,35 @@
 //! complete line that does not parse; only a torn last line (a kill) is dropped, and
 //! [`RunRecords::notes`] says so. CRLF files (a CSV re-saved on Windows) read like LF ones.
 
+mod agreement;
+pub mod completeness;
+mod csvio;
+mod read;
+mod resume;
+mod row_checks;
+mod validate;
+
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::completeness::{incomplete_cells, orphan_cells, IncompleteCell};
-use super::csvio::{
-    atomic_write, count_lines, csv_err, flush_sync, open_append, read_json, read_tolerant,
-    truncate, write_json, ParsedCsv,
-};
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
-pub use super::read::RunRecords;
-use super::row_checks::refuse_inconsistent;
 use super::summary::{cell_rounding_losses, rounding_losses, RoundingLosses, SummaryJson};
-use super::validate::CellCheck;
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
 };
+use completeness::{incomplete_cells, orphan_cells, IncompleteCell};
+use csvio::{
+    atomic_write, count_lines, csv_err, flush_sync, open_append, read_json, read_tolerant,
+    truncate, write_json, ParsedCsv,
+};
+pub use read::RunRecords;
+use row_checks::refuse_inconsistent;
+use validate::CellCheck;
 
 pub const RUN_JSON: &str = "run.json";
 pub const CELLS_CSV: &str = "cells.csv";

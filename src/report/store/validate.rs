@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::error::{ReportError, Result};
 use crate::record::{CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::report::error::{ReportError, Result};
 
 /// The result-determining part of a sweep's `sweep_args` (`crate::run::sweep::SweepPlan`).
 #[derive(Debug, Deserialize)]
@@ -80,8 +80,8 @@ impl CellCheck {
     /// A check for the cells.csv of the directory holding `run_json` (which records `info`).
     pub fn new(dir: &Path, info: &RunInfo) -> Result<CellCheck> {
         Ok(CellCheck {
-            path: dir.join(super::store::CELLS_CSV),
-            kind: RunKind::of(info, &dir.join(super::store::RUN_JSON))?,
+            path: dir.join(super::CELLS_CSV),
+            kind: RunKind::of(info, &dir.join(super::RUN_JSON))?,
             seen: HashMap::new(),
         })
     }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::store::{CELLS_CSV, LAYERS_CSV};
+use super::{CELLS_CSV, LAYERS_CSV};
 use crate::record::{CellRecord, LayerRecord};
 
 /// A field that disagrees with the other file.

@@ -13,14 +13,14 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use super::error::Result;
-use super::plots::legend::{draw_rows, Key, Mark, Row, Stroke};
-use super::plots::{
+use super::legend::{draw_rows, Key, Mark, Row, Stroke};
+use super::{
     canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
     LEGEND_W, SIZE,
 };
-use super::store::RunRecords;
 use crate::record::{format_tokens, CellRecord, IndexProfile, LayerRecord};
+use crate::report::error::Result;
+use crate::report::store::RunRecords;
 
 /// What every layer plot of a run draws from, indexed once: each cell's layers.csv rows of
 /// phase "prompt" (in file order) and the run's top-k values. Built in one pass over the rows,

@@ -26,13 +26,13 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::error::Result;
-use super::plots::{
+use super::{
     canvas, ellipsize_middle, flow, plot_err, subtitle, text_width, thin_ticks, AXIS_PX, FONT,
     LABEL_PX,
 };
-use super::store::RunRecords;
 use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode};
+use crate::report::error::Result;
+use crate::report::store::RunRecords;
 
 mod tiles;
 
@@ -80,7 +80,7 @@ pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf
             String::new()
         };
         let path = out_dir.join(format!("heatmap_{index}_{topk}{suffix}.png"));
-        super::plots::atomically(&path, |tmp| {
+        super::atomically(&path, |tmp| {
             draw(records, &cells, index, cells[0].kv, topk, tmp)
         })?;
         out.push(path);

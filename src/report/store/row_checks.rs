@@ -14,8 +14,8 @@
 
 use std::path::Path;
 
-use super::error::{ReportError, Result};
 use crate::record::{AttentionRecord, CellRecord, LayerRecord};
+use crate::report::error::{ReportError, Result};
 
 /// A row that contradicts itself: the field found wrong, what it should be, and its value.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,17 +11,17 @@ use serde::de::DeserializeOwned;
 use super::agreement::first_disagreement;
 use super::completeness::{incomplete_cells, orphan_cells};
 use super::csvio::{read_json, read_tolerant, write_json, ParsedCsv};
-use super::error::{ReportError, Result};
 use super::row_checks::RowCheck;
-use super::store::{
+use super::validate::CellCheck;
+use super::{
     list_some, not_a_run_dir, ATTENTION_CSV, CELLS_CSV, LAYERS_CSV, RUN_JSON, SUMMARY_JSON,
 };
-use super::summary::{rounding_losses, SummaryJson};
-use super::validate::CellCheck;
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
 };
+use crate::report::error::{ReportError, Result};
+use crate::report::summary::{rounding_losses, SummaryJson};
 
 /// Everything a report directory holds, read without modifying it (for `needlescope report`).
 #[derive(Clone, Debug)]

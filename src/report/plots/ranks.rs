@@ -7,7 +7,7 @@
 //! labelled "2k", "4k", ...; rank 1 at the bottom. The run's top-k values are grey dotted
 //! horizontal lines. The legend sits in a column right of the plot: one key per profile, one
 //! per top-k marker, the two line styles; it always fits (`legend::legend_layout`). The numbers
-//! are those of [`super::summary::summarize`].
+//! are those of [`crate::report::summary::summarize`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -15,15 +15,15 @@ use std::path::Path;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::error::Result;
-use super::plots::legend::{draw_mark, draw_rows, Key, Mark, Row, Stroke, MARKS};
-use super::plots::{
+use super::legend::{draw_mark, draw_rows, Key, Mark, Row, Stroke, MARKS};
+use super::{
     canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
     LEGEND_W, SIZE,
 };
-use super::store::RunRecords;
-use super::summary::{summarize, GroupSummary};
 use crate::record::{format_tokens, IndexProfile};
+use crate::report::error::Result;
+use crate::report::store::RunRecords;
+use crate::report::summary::{summarize, GroupSummary};
 
 /// Colour of the top-k lines and of the legend's style-only keys.
 const GREY: RGBColor = RGBColor(130, 130, 130);

@@ -8,8 +8,8 @@
 //! not compared when the scenario's name and content fingerprint agree, so a scenario file
 //! given by another path resumes.
 
-use super::FieldDifference;
 use crate::record::{writer, RunInfo};
+use crate::report::FieldDifference;
 
 /// `sweep_args` keys whose value is a set of grid values written as a list.
 const SET_KEYS: [&str; 5] = ["lengths", "depths", "indexes", "topks", "compare"];
