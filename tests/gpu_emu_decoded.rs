@@ -1,4 +1,4 @@
-//! Decoded weight copies (`backend::gpu::decoded`) on the host emulator: a product with a copy
+//! Decoded weight copies (`backend::gpu::matrix`) on the host emulator: a product with a copy
 //! gives the banded path's result bit for bit in every stored format and GEMM type, the copy is
 //! made once (later products launch no dequantisation), weights stored in the GEMM's own type
 //! are read in place with no copy, the budget is never exceeded (what does not fit keeps the

@@ -5,7 +5,7 @@
 //! besides its weights. The plan charges that device `state + workspace`, of which
 //! `FIXED_WORKSPACE` is for what the emulator does not see (CUDA context, cuBLAS workspace,
 //! kernel modules, allocator granularity); the rest must bound the measured peak, with decoded
-//! weight copies off (they live in the plan's free headroom, `backend::gpu::decoded`).
+//! weight copies off (they live in the plan's free headroom, `backend::gpu::matrix`).
 //!
 //! Configurations: the tiny model, and a model with Flash's proportions at small dimensions
 //! (`flash_like`: 4 residual streams, heads x head_dim = 8 x hidden, q / o ranks hidden / 4,

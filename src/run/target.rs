@@ -24,8 +24,8 @@
 use std::io::Write;
 
 use super::device::{auto_note, gemm_name, resolve, DeviceChoice, DeviceSpec, Resolved};
-use crate::backend::gpu::decoded::{headroom_budget, DECODE_CACHE_ENV};
 use crate::backend::gpu::driver::CudaReport;
+use crate::backend::gpu::matrix::{headroom_budget, DECODE_CACHE_ENV};
 use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
 use crate::backend::{Backend, CpuBackend, WeightResidency};
 use crate::checkpoint::Checkpoint;

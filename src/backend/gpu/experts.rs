@@ -29,10 +29,9 @@
 //! `u` and the outputs are device activations; only the router scores (which the model routes
 //! with) are downloaded, and the routes uploaded.
 
-use super::decoded::resident_operand;
 use super::executor::{buf, download, grid_for, upload, Arg, Executor, GemmType};
 pub use super::experts_layout::{padded_group_rows, BatchedLayout, SizeClass};
-use super::matrix::{self, gemm_weight, WeightProduct};
+use super::matrix::{self, gemm_weight, resident_operand, WeightProduct};
 use super::{Act, GpuBackend, GpuError, GpuMatrix};
 use crate::backend::{FfnWeights, Routes};
 

@@ -294,6 +294,30 @@ pub fn compile_all(archs: &[String], driver: &str) -> Vec<CompileReport> {
     out
 }
 
+extern "C" {
+    fn ns_emu_kernel_count() -> std::ffi::c_int;
+    fn ns_emu_kernel_name(i: std::ffi::c_int) -> *const std::ffi::c_char;
+    fn ns_emu_kernel_sig(i: std::ffi::c_int) -> *const std::ffi::c_char;
+}
+
+/// `(name, signature)` of every kernel, in the launch table the build compiled into the host
+/// emulator (the signatures every executor checks launches against).
+pub fn kernel_table() -> &'static [(String, String)] {
+    static TABLE: OnceLock<Vec<(String, String)>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        // SAFETY: the table is static C data; indices are in range.
+        unsafe {
+            (0..ns_emu_kernel_count())
+                .map(|i| {
+                    let name = std::ffi::CStr::from_ptr(ns_emu_kernel_name(i)).to_string_lossy();
+                    let sig = std::ffi::CStr::from_ptr(ns_emu_kernel_sig(i)).to_string_lossy();
+                    (name.into_owned(), sig.into_owned())
+                })
+                .collect()
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,7 +330,7 @@ mod tests {
                 assert!(seen.insert(k.clone()), "kernel {k} defined twice");
                 assert_eq!(family_of(&k), Some(*family));
                 assert!(
-                    super::super::checks::signature_of(&k).is_some(),
+                    super::super::executor::signature_of(&k).is_some(),
                     "kernel {k} missing from the emulator table"
                 );
             }

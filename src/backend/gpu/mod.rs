@@ -32,9 +32,7 @@
 
 pub mod act;
 pub mod attention;
-pub mod checks;
 pub mod cuda;
-pub mod decoded;
 pub mod driver;
 pub mod emu;
 pub mod executor;
@@ -51,15 +49,14 @@ pub mod pool;
 pub mod scores;
 pub mod topk;
 
+#[cfg(doc)]
+use super::{Backend, Site};
 pub use act::GpuAct;
 pub use cuda::CudaExecutor;
 pub use emu::EmuExecutor;
 pub use executor::{Executor, GemmType, GpuError};
+use matrix::DecodeBudget;
 pub use matrix::GpuMatrix;
-
-#[cfg(doc)]
-use super::{Backend, Site};
-use decoded::DecodeBudget;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -4,8 +4,10 @@
 //! `cublasGemmBatchedEx`. Row-major `y[m, n] = x[m, k] · w[n, k]ᵀ` is column-major
 //! `yᵀ[n, m] = W · X` with w read transposed; f32 output and f32 compute always.
 
-use super::super::checks::{check_gemm, check_owned, per_weight_products};
-use super::super::executor::{bytemuck_lite, gemm_key, Executor, Gemm, GemmType, GpuError};
+use super::super::executor::{
+    bytemuck_lite, check_gemm, check_owned, gemm_key, per_weight_products, Executor, Gemm,
+    GemmType, GpuError,
+};
 use super::{CudaBuf, CudaExecutor};
 use cudarc::cublas::sys as blas;
 use std::ffi::c_void;

@@ -9,14 +9,15 @@
 //! first launch. Allocations, the out-of-memory retry and frees are in `alloc`, the count of
 //! the bytes they hold in `held`.
 
-use super::checks::{arg_slots, check_owned, check_range};
 use super::executor::{
-    gemm_key, Arg, Executor, Gemm, GpuError, MemoryUse, OpProfile, OpTime, Transfers, BLOCK,
+    arg_slots, check_owned, check_range, gemm_key, Arg, Executor, Gemm, GpuError, MemoryUse,
+    OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::kernels;
 use super::pool::BufferPool;
 use cudarc::cublas::sys as blas;
 use cudarc::driver::{result as drv, sys, CudaContext};
+use held::HeldBytes;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +26,6 @@ use std::sync::{Arc, Mutex};
 mod alloc;
 mod gemm;
 mod held;
-use held::HeldBytes;
 
 fn driver_err(what: &str, e: drv::DriverError) -> GpuError {
     GpuError::Driver(format!("{what}: {e:?}"))

@@ -13,27 +13,23 @@
 //!
 //! Memory accounting (off by default) lives in `emu/memory.rs`.
 
-use super::checks::{arg_slots, check_gemm, check_owned, check_range};
 use super::executor::{
-    gemm_key, Arg, Executor, Gemm, GemmType, GpuError, MemoryUse, OpProfile, OpTime, Transfers,
-    BLOCK,
+    arg_slots, check_gemm, check_owned, check_range, gemm_key, Arg, Executor, Gemm, GemmType,
+    GpuError, MemoryUse, OpProfile, OpTime, Transfers, BLOCK,
 };
 use super::pool::BufferPool;
-
-mod buffer;
-mod memory;
 use buffer::free_host;
 pub use buffer::{EmuBuf, GUARD_BYTES};
 pub use memory::MemoryStats;
 use rayon::prelude::*;
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+mod buffer;
+mod memory;
 
 extern "C" {
-    fn ns_emu_kernel_count() -> c_int;
-    fn ns_emu_kernel_name(i: c_int) -> *const c_char;
-    fn ns_emu_kernel_sig(i: c_int) -> *const c_char;
     fn ns_emu_run(
         index: c_int,
         grid: c_uint,
@@ -43,23 +39,6 @@ extern "C" {
         reverse: c_int,
         params: *mut *mut c_void,
     );
-}
-
-/// `(name, signature)` of every kernel built into the emulator, in table order.
-pub fn kernel_table() -> &'static [(String, String)] {
-    static TABLE: OnceLock<Vec<(String, String)>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        // SAFETY: the table is static C data; indices are in range.
-        unsafe {
-            (0..ns_emu_kernel_count())
-                .map(|i| {
-                    let name = CStr::from_ptr(ns_emu_kernel_name(i)).to_string_lossy();
-                    let sig = CStr::from_ptr(ns_emu_kernel_sig(i)).to_string_lossy();
-                    (name.into_owned(), sig.into_owned())
-                })
-                .collect()
-        }
-    })
 }
 
 /// The host emulator (one emulated device with a stated memory capacity).
@@ -147,7 +126,7 @@ impl EmuExecutor {
     }
 
     fn index_of(kernel: &str) -> Option<c_int> {
-        kernel_table()
+        super::kernels::kernel_table()
             .iter()
             .position(|(n, _)| n == kernel)
             .map(|i| i as c_int)
