@@ -19,7 +19,7 @@ mod engine_support;
 
 use engine_support::tokens;
 use needlescope::backend::gpu::emu::MemoryStats;
-use needlescope::backend::gpu::pool::DEFAULT_POOL_BYTES;
+use needlescope::backend::gpu::switches::DEFAULT_POOL_BYTES;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::config::ModelConfig;

@@ -246,8 +246,9 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let mut target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     target.set_cpu_weights(&ckpt, args.weights);
-    let profiling =
-        crate::backend::gpu::executor::profile_from_env().map_err(anyhow::Error::msg)?;
+    let profiling = crate::backend::gpu::GpuSwitches::from_env()
+        .map_err(anyhow::Error::msg)?
+        .profile;
     if profiling && matches!(target, Target::Cpu { .. }) {
         writeln!(
             out,

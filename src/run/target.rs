@@ -25,7 +25,8 @@ use std::io::Write;
 
 use super::device::{auto_note, gemm_name, resolve, DeviceChoice, DeviceSpec, Resolved};
 use crate::backend::gpu::driver::CudaReport;
-use crate::backend::gpu::matrix::{headroom_budget, DECODE_CACHE_ENV};
+use crate::backend::gpu::matrix::headroom_budget;
+use crate::backend::gpu::GpuSwitches;
 use crate::backend::gpu::{CudaExecutor, EmuExecutor, Executor, GemmType, GpuBackend};
 use crate::backend::{Backend, CpuBackend, WeightResidency};
 use crate::checkpoint::Checkpoint;
@@ -144,7 +145,7 @@ impl Target {
         let (resolved, note) = resolve(&args.device, probe)?;
         if !matches!(resolved, Resolved::Cpu) {
             // The GPU backend's switches: a bad value is refused, not read as the default.
-            crate::backend::gpu::check_env().map_err(anyhow::Error::msg)?;
+            GpuSwitches::from_env().map_err(anyhow::Error::msg)?;
         }
         let target = match resolved {
             Resolved::Cpu => None,
@@ -351,14 +352,15 @@ fn load_with_bar<B: Backend>(
 /// leaves free there, less a margin, capped by `NEEDLESCOPE_DECODE_CACHE_MIB`
 /// ([`headroom_budget`]).
 fn decode_budgets(placement: &Placement, devices: usize) -> anyhow::Result<Vec<usize>> {
-    let cap = std::env::var(DECODE_CACHE_ENV).ok();
-    let mut budgets = placement
+    let cap = GpuSwitches::from_env()
+        .map_err(anyhow::Error::msg)?
+        .decode_cache_bytes;
+    let mut budgets: Vec<usize> = placement
         .plan
         .devices
         .iter()
-        .map(|d| headroom_budget(d.free, d.capacity, cap.as_deref()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)?;
+        .map(|d| headroom_budget(d.free, d.capacity, cap))
+        .collect();
     budgets.resize(devices, 0);
     Ok(budgets)
 }

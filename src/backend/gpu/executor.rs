@@ -249,30 +249,8 @@ pub trait Executor: Send + Sync {
     }
 }
 
-/// The variable that turns the op profile on.
-pub const PROFILE_ENV: &str = "NEEDLESCOPE_PROFILE";
-
-/// Whether [`PROFILE_ENV`] turns the op profile on: `1`, `true`, `yes` or `on` do, unset,
-/// empty, `0`, `false`, `no` or `off` do not (any case); anything else is an error naming the
-/// variable (`false` must not switch on a profile that slows every operation down).
-pub fn profile_from_env() -> Result<bool, String> {
-    let v = match std::env::var(PROFILE_ENV) {
-        Err(std::env::VarError::NotPresent) => return Ok(false),
-        Err(e) => return Err(format!("{PROFILE_ENV}: expected 1 or 0, found {e}")),
-        Ok(v) => v,
-    };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" | "0" | "false" | "no" | "off" => Ok(false),
-        "1" | "true" | "yes" | "on" => Ok(true),
-        _ => Err(format!(
-            "{PROFILE_ENV}: expected 1 (profile the GPU operations) or 0 (also true/false, \
-             yes/no, on/off), found {v:?}"
-        )),
-    }
-}
-
 /// Wall time per device operation (kernel name, GEMM shape, allocation, copy), collected when
-/// the environment variable `NEEDLESCOPE_PROFILE` turns it on ([`profile_from_env`]): each
+/// the environment variable `NEEDLESCOPE_PROFILE` turns it on ([`GpuSwitches::profile`](super::GpuSwitches::profile)): each
 /// timed operation is bracketed by device synchronisations, so a profiled run is slower than a
 /// plain one and the times are each operation's own. `bench` prints the table (see
 /// [`Executor::op_profile`]).
@@ -283,10 +261,10 @@ pub struct OpProfile {
 }
 
 impl OpProfile {
-    /// On when [`PROFILE_ENV`] says so ([`profile_from_env`]; a bad value counts as off here,
-    /// `GpuBackend`'s callers refuse it first through `check_env`).
+    /// On when `NEEDLESCOPE_PROFILE` says so ([`GpuSwitches::profile`]; a bad value counts as
+    /// off here, the commands refuse it first).
     pub fn from_env() -> Self {
-        Self::new(profile_from_env().unwrap_or(false))
+        Self::new(super::GpuSwitches::or_default().profile)
     }
 
     pub fn new(enabled: bool) -> Self {

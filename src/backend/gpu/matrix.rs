@@ -491,9 +491,6 @@ pub fn gemm_tflops<E: Executor>(
 // charged what its allocation takes on the device ([`Executor::footprint`]: its buffer pool's size
 // class), not its values' bytes, so the budget bounds the device memory the copies really hold.
 
-/// Environment variable capping the decoded copies per device, in MiB (0 turns them off).
-pub const DECODE_CACHE_ENV: &str = "NEEDLESCOPE_DECODE_CACHE_MIB";
-
 /// Bytes of one device's memory that decoded copies may take.
 #[derive(Debug)]
 pub struct DecodeBudget {
@@ -548,25 +545,12 @@ impl DecodeBudget {
 /// The budget for decoded copies on a device the memory plan leaves `plan_free` bytes free on
 /// (capacity `capacity`): that less a margin of max(2 GiB, 5% of the capacity) for what the plan
 /// does not itemise (CUDA context, cuBLAS and NVRTC modules, allocation granularity), capped by
-/// `env_mib` ([`DECODE_CACHE_ENV`]) when given. An `env_mib` that is not a number is an error
-/// naming the variable.
-pub fn headroom_budget(
-    plan_free: i64,
-    capacity: u64,
-    env_mib: Option<&str>,
-) -> Result<usize, String> {
+/// `cap` ([`GpuSwitches::decode_cache_bytes`](super::GpuSwitches::decode_cache_bytes)) when
+/// given.
+pub fn headroom_budget(plan_free: i64, capacity: u64, cap: Option<usize>) -> usize {
     let margin = (2u64 << 30).max(capacity / 20);
     let headroom = (plan_free.max(0) as u64).saturating_sub(margin) as usize;
-    match env_mib {
-        None => Ok(headroom),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .map(|mib| headroom.min(mib.saturating_mul(1 << 20)))
-            .map_err(|_| {
-                format!("{DECODE_CACHE_ENV}: expected a whole number of MiB, found {v:?}")
-            }),
-    }
+    cap.map_or(headroom, |c| headroom.min(c))
 }
 
 /// A decoded copy of a whole weight in one GEMM type.
@@ -677,25 +661,17 @@ mod decoded_tests {
         let gib = 1i64 << 30;
         // 80 GiB device, 30 GiB left by the plan: margin 4 GiB (5%).
         let cap = 80u64 << 30;
-        assert_eq!(headroom_budget(30 * gib, cap, None).unwrap(), 26 << 30);
+        assert_eq!(headroom_budget(30 * gib, cap, None), 26 << 30);
         // Small device: the 2 GiB floor.
-        assert_eq!(headroom_budget(3 * gib, 8 << 30, None).unwrap(), 1 << 30);
-        assert_eq!(headroom_budget(gib, 8 << 30, None).unwrap(), 0);
-        assert_eq!(headroom_budget(-gib, 8 << 30, None).unwrap(), 0);
+        assert_eq!(headroom_budget(3 * gib, 8 << 30, None), 1 << 30);
+        assert_eq!(headroom_budget(gib, 8 << 30, None), 0);
+        assert_eq!(headroom_budget(-gib, 8 << 30, None), 0);
+        assert_eq!(headroom_budget(30 * gib, cap, Some(1 << 30)), 1 << 30);
+        assert_eq!(headroom_budget(30 * gib, cap, Some(0)), 0);
         assert_eq!(
-            headroom_budget(30 * gib, cap, Some("1024")).unwrap(),
-            1 << 30
-        );
-        assert_eq!(headroom_budget(30 * gib, cap, Some(" 0 ")).unwrap(), 0);
-        assert_eq!(
-            headroom_budget(30 * gib, cap, Some("999999")).unwrap(),
+            headroom_budget(30 * gib, cap, Some(999_999 << 20)),
             26 << 30,
             "the cap never exceeds the plan's headroom"
-        );
-        let err = headroom_budget(30 * gib, cap, Some("lots")).unwrap_err();
-        assert!(
-            err.contains(DECODE_CACHE_ENV) && err.contains("lots"),
-            "{err}"
         );
     }
 }

@@ -47,6 +47,7 @@ pub mod norm;
 mod ops;
 pub mod pool;
 pub mod scores;
+pub mod switches;
 pub mod topk;
 
 #[cfg(doc)]
@@ -59,36 +60,7 @@ use matrix::DecodeBudget;
 pub use matrix::GpuMatrix;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Picks the GEMM attention (`gemm`; unset or empty: the per-product kernels).
-pub const ATTENTION_ENV: &str = "NEEDLESCOPE_ATTENTION";
-/// Picks the batched routed experts (`batched`; unset or empty: expert by expert).
-pub const MOE_ENV: &str = "NEEDLESCOPE_MOE";
-
-/// Whether the opt-in switch `var` is set to its one value `on`; unset or empty is off, any
-/// other value an error naming the variable (a misspelt `batch` must not silently run the
-/// default path the user meant to avoid).
-pub fn env_choice(var: &str, on: &str) -> Result<bool, String> {
-    match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
-        Ok(v) if v.trim().is_empty() => Ok(false),
-        Ok(v) if v.trim() == on => Ok(true),
-        found => Err(format!(
-            "{var}: expected {on:?} (or unset for the default), found {:?}",
-            found.unwrap_or_else(|e| format!("{e}"))
-        )),
-    }
-}
-
-/// Checks every environment switch the GPU backend reads ([`ATTENTION_ENV`], [`MOE_ENV`],
-/// [`executor::PROFILE_ENV`]), so a bad value is an error before a GPU run starts rather than
-/// a silent default.
-pub fn check_env() -> Result<(), String> {
-    env_choice(ATTENTION_ENV, "gemm")?;
-    env_choice(MOE_ENV, "batched")?;
-    executor::profile_from_env()?;
-    Ok(())
-}
+pub use switches::GpuSwitches;
 
 /// The backend on real GPUs.
 pub type CudaBackend = GpuBackend<CudaExecutor>;
@@ -124,6 +96,8 @@ impl<E: Executor> GpuBackend<E> {
     pub fn new(devices: Vec<E>, layer_device: Vec<usize>, gemm: GemmType) -> Self {
         assert!(!devices.is_empty(), "a GPU backend needs a device");
         let devices_len = devices.len();
+        // Refused at the command line first when bad (run::target).
+        let switches = GpuSwitches::or_default();
         assert!(
             layer_device.iter().all(|&d| d < devices.len()),
             "layer placed on a device that does not exist"
@@ -134,10 +108,10 @@ impl<E: Executor> GpuBackend<E> {
             current: AtomicUsize::new(0),
             gemm,
             error: Mutex::new(None),
-            attention_gemm: env_choice(ATTENTION_ENV, "gemm").unwrap_or(false),
+            attention_gemm: switches.attention_gemm,
             attention_tile_bytes: matrix::WORKSPACE_BYTES,
             decode_budgets: vec![None; devices_len],
-            moe_batched: env_choice(MOE_ENV, "batched").unwrap_or(false),
+            moe_batched: switches.moe_batched,
             moe_batched_calls: AtomicUsize::new(0),
         }
     }

@@ -38,22 +38,6 @@ pub const LARGE_BYTES: usize = 64 << 20;
 /// Class step above [`LARGE_BYTES`].
 pub const LARGE_STEP: usize = 2 << 20;
 
-/// Default bytes a pool keeps; [`POOL_ENV`] overrides it (0 turns pooling off).
-pub const DEFAULT_POOL_BYTES: usize = 4 << 30;
-
-/// Environment variable setting the bytes a pool keeps, in MiB.
-pub const POOL_ENV: &str = "NEEDLESCOPE_POOL_MIB";
-
-/// The value `value` of the environment variable `var`, a whole number of MiB, in bytes; an
-/// error naming the variable and the value otherwise.
-pub fn mib_setting(var: &str, value: &str) -> Result<usize, String> {
-    value
-        .trim()
-        .parse::<usize>()
-        .map(|mib| mib.saturating_mul(1 << 20))
-        .map_err(|_| format!("{var}: expected a whole number of MiB, found {value:?}"))
-}
-
 impl BufferPool {
     /// A pool keeping at most `limit` bytes.
     pub fn new(limit: usize) -> Self {
@@ -63,16 +47,10 @@ impl BufferPool {
         }
     }
 
-    /// The pool of a real device: [`POOL_ENV`] MiB, else [`DEFAULT_POOL_BYTES`]; `None` when
-    /// that is 0. A value that is not a whole number is an error naming the variable.
-    pub fn from_env() -> Result<Option<Self>, String> {
-        Self::from_setting(std::env::var(POOL_ENV).ok().as_deref())
-    }
-
-    /// [`Self::from_env`] for the variable's value `setting` (None: unset).
-    pub fn from_setting(setting: Option<&str>) -> Result<Option<Self>, String> {
-        let limit = setting.map_or(Ok(DEFAULT_POOL_BYTES), |v| mib_setting(POOL_ENV, v))?;
-        Ok((limit > 0).then(|| Self::new(limit)))
+    /// A pool keeping at most `limit` bytes, or none for 0 (a real device's pool:
+    /// [`GpuSwitches::pool_bytes`](super::GpuSwitches::pool_bytes)).
+    pub fn limited(limit: usize) -> Option<Self> {
+        (limit > 0).then(|| Self::new(limit))
     }
 
     /// The size class of an allocation of `bytes`: what is really allocated for it.
@@ -182,13 +160,10 @@ mod tests {
     }
 
     #[test]
-    fn the_setting_is_mib_zero_is_off_and_garbage_is_an_error() {
-        let limit = |v| BufferPool::from_setting(v).unwrap().map(|p| p.limit);
-        assert_eq!(limit(None), Some(DEFAULT_POOL_BYTES));
-        assert_eq!(limit(Some(" 64 ")), Some(64 << 20));
-        assert_eq!(limit(Some("0")), None);
-        let err = BufferPool::from_setting(Some("4G")).unwrap_err();
-        assert!(err.contains(POOL_ENV) && err.contains("4G"), "{err}");
+    fn a_zero_limit_is_no_pool() {
+        let limit = |v| BufferPool::limited(v).map(|p| p.limit);
+        assert_eq!(limit(64 << 20), Some(64 << 20));
+        assert_eq!(limit(0), None);
     }
 
     #[test]

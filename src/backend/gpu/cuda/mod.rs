@@ -112,7 +112,11 @@ impl CudaExecutor {
             ));
         }
         // A bad pool setting fails before any device state exists.
-        let pool = BufferPool::from_env().map_err(GpuError::Other)?;
+        let pool = BufferPool::limited(
+            super::GpuSwitches::from_env()
+                .map_err(GpuError::Other)?
+                .pool_bytes,
+        );
         let count = crate::backend::gpu::driver::quietly(CudaContext::device_count)
             .map_err(GpuError::Driver)?
             .map_err(|e| driver_err("cuDeviceGetCount", e))?;
