@@ -10,7 +10,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = needlescope::cli::values::join_hyphen_values(std::env::args_os());
+    let args = needlescope::cli::flags::join_hyphen_values(std::env::args_os());
     let cli = needlescope::cli::Cli::parse_from(args);
     if let Err(err) = needlescope::run::interrupt::install() {
         eprintln!("warning: Ctrl-C handler not installed ({err}); Ctrl-C will stop runs at once");

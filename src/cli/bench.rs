@@ -3,7 +3,7 @@
 //! (`scripts/bench-cpu.sh` adds the transformers comparison on the CPU).
 
 use super::device::DeviceArgs;
-use super::values::parse_token_count;
+use super::flags::parse_token_count;
 use crate::backend::{Backend, DeviceMemoryUse, OpTime, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -41,7 +41,7 @@ pub struct BenchArgs {
     pub kv: KvMode,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
-    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     /// Untimed prefill of this many tokens before the timed ones, so that one-off work (kernel

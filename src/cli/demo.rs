@@ -17,7 +17,7 @@ use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::values::{parse_token_count, DepthList};
+use super::flags::{parse_token_count, DepthList};
 use crate::checkpoint::WeightFormat;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::run::sweep::{run_sweep_locked, SweepPlan};
@@ -54,7 +54,7 @@ pub struct DemoArgs {
     pub index: Vec<IndexProfile>,
 
     /// Needle margin of the planted model, in haystack standard deviations (-3 to 12)
-    #[arg(long, value_name = "SIGMAS", default_value_t = DEFAULT_MARGIN, allow_negative_numbers = true, value_parser = super::values::parse_margin)]
+    #[arg(long, value_name = "SIGMAS", default_value_t = DEFAULT_MARGIN, allow_negative_numbers = true, value_parser = super::flags::parse_margin)]
     pub margin: f64,
 }
 

@@ -7,7 +7,7 @@ use clap::Args;
 use std::io::Write;
 
 use super::human_bytes;
-use super::values::parse_arch;
+use super::flags::parse_arch;
 use crate::backend::gpu::driver;
 use crate::backend::gpu::kernels::{self, CubinSource};
 

@@ -24,7 +24,7 @@ pub mod report;
 pub mod sweep;
 pub mod synth;
 pub mod trace;
-pub mod values;
+pub mod flags;
 
 pub use crate::units::{group_digits, human_bytes};
 

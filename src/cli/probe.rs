@@ -3,7 +3,7 @@
 //! and each `--compare` profile, and whether the generated answer is right (docs/architecture.md section 3, docs/outputs.md).
 
 use super::device::DeviceArgs;
-use super::values::{parse_depth, parse_positive, parse_token_count};
+use super::flags::{parse_depth, parse_positive, parse_token_count};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::devices::placement::Workload;
@@ -72,13 +72,13 @@ pub struct ProbeArgs {
         long,
         value_name = "N",
         default_value_t = 24,
-        value_parser = super::values::parse_count,
+        value_parser = super::flags::parse_count,
         help = "Tokens to generate after the prompt (to check the answer; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
     )]
     pub generate: usize,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
-    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     #[command(flatten)]
@@ -97,7 +97,7 @@ pub struct ProbeArgs {
     pub out: Option<PathBuf>,
 
     /// Seed of the needle value and the haystack
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::parse_seed)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::flags::parse_seed)]
     pub seed: u64,
 
     /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::device::DeviceArgs;
-use super::values::{parse_positive, parse_token_count, DepthList};
+use super::flags::{parse_positive, parse_token_count, DepthList};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::run::sweep::{run_sweep, SweepPlan};
 
@@ -68,21 +68,21 @@ pub struct SweepArgs {
     pub out: Option<PathBuf>,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
-    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     #[command(flatten)]
     pub device: DeviceArgs,
 
     /// Seed of the needle values and haystacks (sample i uses seed + i)
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::parse_seed)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::flags::parse_seed)]
     pub seed: u64,
 
     #[arg(
         long,
         value_name = "N",
         default_value_t = 24,
-        value_parser = super::values::parse_count,
+        value_parser = super::flags::parse_count,
         help = "Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
     )]
     pub generate: usize,

@@ -5,7 +5,7 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::values::parse_positive;
+use super::flags::parse_positive;
 use super::{group_digits, human_bytes};
 use crate::checkpoint::WeightFormat;
 use crate::synth::{synth_with_progress, Preset, SynthOptions};
@@ -37,7 +37,7 @@ pub struct SynthArgs {
     pub out: PathBuf,
 
     /// Seed of the portable PRNG (same seed, same bytes on every platform)
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::values::parse_seed)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::flags::parse_seed)]
     pub seed: u64,
 
     /// Number of safetensors shards (more than 1 adds model.safetensors.index.json)
@@ -59,7 +59,7 @@ pub struct SynthArgs {
 
     /// planted only: the needle rows' score margin over the haystack rows, in haystack
     /// standard deviations, -3 to 12 (needle about mean + margin x sd) [default: 2]
-    #[arg(long, value_name = "SIGMAS", allow_negative_numbers = true, value_parser = super::values::parse_margin)]
+    #[arg(long, value_name = "SIGMAS", allow_negative_numbers = true, value_parser = super::flags::parse_margin)]
     pub margin: Option<f64>,
 }
 

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::device::DeviceArgs;
-use super::values::{parse_positive, Positions};
+use super::flags::{parse_positive, Positions};
 use crate::backend::Backend;
 use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
@@ -44,7 +44,7 @@ pub struct TraceArgs {
     pub topk: Option<usize>,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
-    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto")]
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto")]
     pub chunk: usize,
 
     /// Output safetensors file

@@ -15,7 +15,7 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::values::parse_token_count;
+use super::flags::parse_token_count;
 use super::{group_digits, human_bytes};
 use crate::checkpoint::WeightFormat;
 use crate::devices::plan::DeviceSet;
@@ -55,7 +55,7 @@ pub struct InspectArgs {
     pub context: usize,
 
     /// With --devices: prefill chunk the memory plan provisions workspace for, or auto: the largest of 8192, 4096 and 2048 that fits, as a GPU run chooses
-    #[arg(long, value_name = "TOKENS|auto", value_parser = super::values::parse_chunk, default_value = "auto", requires = "devices")]
+    #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto", requires = "devices")]
     pub chunk: usize,
 
     /// Print everything as one JSON object
