@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet
-PARITY=$(cargo test --release --no-run --test gpu_cuda_parity 2>&1 | sed -n 's/.*(\(.*gpu_cuda_parity-[0-9a-f]*\)).*/\1/p' | tail -1)
+PARITY=$(cargo test --release --no-run --test gpu 2>&1 | sed -n 's/.*(\(.*gpu-[0-9a-f]*\)).*/\1/p' | tail -1)
 rm -rf gpu-bin && mkdir -p gpu-bin
 cp "${CARGO_TARGET_DIR:-target}/release/needlescope" gpu-bin/
 cp "$PARITY" gpu-bin/

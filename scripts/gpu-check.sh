@@ -5,7 +5,7 @@
 #      benchmark model (`synth --preset flash --layers 4`: all 256 experts, official FP8 + FP4,
 #      19 GB) starts writing in the background (skipped, and said so, without 20 GiB free);
 #   2. `doctor`: every kernel compiled for this GPU's architecture;
-#   3. parity (tests/gpu_cuda_parity.rs) of the opt-in fast paths (attention as batched GEMMs,
+#   3. parity (tests/gpu/main.rs) of the opt-in fast paths (attention as batched GEMMs,
 #      routed experts as batched GEMMs: each decides whether it becomes the default), then every
 #      op at Flash dims (blocking launches, so a faulting kernel is named at its launch);
 #   4. the prefill benchmark at 8k, chunk 8k, bf16 GEMMs: the fast paths that passed against the
@@ -75,12 +75,12 @@ timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap -
 # 2. Binaries (and the commit they were built from).
 if [ -n "${NS_BIN_DIR:-}" ]; then
   BIN="$NS_BIN_DIR/needlescope"
-  PARITY=$(ls "$NS_BIN_DIR"/gpu_cuda_parity-* 2>/dev/null | head -1)
+  PARITY=$(ls "$NS_BIN_DIR"/gpu-* 2>/dev/null | head -1)
   VERSION=$(cat "$NS_BIN_DIR/VERSION" 2>/dev/null || echo "unknown (no $NS_BIN_DIR/VERSION)")
 else
   cargo build --release --quiet 2>&1 | tail -5
   BIN=target/release/needlescope
-  PARITY=$(cargo test --release --no-run --test gpu_cuda_parity 2>&1 | sed -n 's/.*(\(.*gpu_cuda_parity-[0-9a-f]*\)).*/\1/p' | tail -1)
+  PARITY=$(cargo test --release --no-run --test gpu 2>&1 | sed -n 's/.*(\(.*gpu-[0-9a-f]*\)).*/\1/p' | tail -1)
   VERSION=$(git describe --always --dirty 2>/dev/null || echo unknown)
 fi
 note "binary   $BIN, built from $VERSION ($(elapsed))"

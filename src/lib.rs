@@ -1,13 +1,15 @@
 //! needlescope: explains why a DeepSeek-V4 model forgets a fact that sits in its own prompt.
 //!
 //! The library holds everything testable; `main.rs` only parses arguments and maps errors to
-//! exit codes. Layout (docs/architecture.md section 2): `config` (ModelConfig), `checkpoint` (safetensors
-//! shards, number formats, synthetic checkpoints), `numerics` (fp8/fp4/e8m0 codecs, Hadamard,
-//! index-key profiles), `backend` (the Backend trait, its CPU reference and the GPU backend),
-//! `plan` (footprint and memory plan) and `placement` (layers onto devices), `model` (one file per
-//! component in forward order, the per-sequence state and the layer loop with its observer),
-//! `probe` (scenarios, prompts, needle spans, ranks), `report` (records, CSV, tables, plots) and
-//! `cli` (one file per subcommand).
+//! exit codes. The modules are layers (docs/architecture.md sections 2 and 9; the test
+//! `tests/architecture` enforces that none imports one above it), bottom to top:
+//! `units` and `numerics` (codecs, profiles, Hadamard, RoPE, mHC maths, the PRNG), `config`
+//! (ModelConfig), `tokenizer`, `checkpoint` (safetensors), `backend` (the Backend trait, the CPU
+//! reference, the GPU backend), `devices` (host room, memory plan, placement), `model` (the
+//! engine, one file per component in forward order, the Observer trait), `record` (the record
+//! schema and the "why" analysis), then `probe` (scenarios, prompts, ranks, the observer),
+//! `report` (the report directory, summary, plots) and `synth` (synthetic checkpoints), `run`
+//! (target selection, the sweep and trace loops, Ctrl-C) and `cli` (one file per subcommand).
 
 pub mod backend;
 pub mod checkpoint;

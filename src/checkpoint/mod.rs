@@ -1,5 +1,5 @@
 //! Checkpoints: safetensors shards read zero-copy, the expected tensor inventory of a release,
-//! and the synthetic-checkpoint writer.
+//! and a streaming safetensors writer (the synthetic checkpoints that use it are `crate::synth`).
 //!
 //! - [`dtype`]: safetensors dtypes and [`WeightFormat`] (bf16 / official FP8+FP4 / NVFP4).
 //! - [`header`]: one shard's 8-byte length + JSON header, validated against the file.
@@ -10,8 +10,7 @@
 //! - [`inventory`]: the exact tensor list of a release computed from the config alone
 //!   (docs/spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
 //!   `compressor_kinds`: the compressor / indexer linears whose storage a checkpoint chooses.
-//! - [`prng`], [`values`], [`writer`], [`synth`](mod@synth): the deterministic synthetic checkpoints of
-//!   docs/architecture.md section 7.
+//! - [`writer`]: safetensors files written tensor by tensor, shard assignment and names.
 //!
 //! Every error names the file, the tensor (or field), what was expected and what was found;
 //! nothing here panics on a malformed file.

@@ -320,7 +320,7 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // The device-side figures of `needlescope bench` (GPU backends): the operation profile of one
 // length (`NEEDLESCOPE_PROFILE=1`: calls and wall time per kernel, GEMM shape, allocation and
 // copy) and each device's peak memory against its memory plan.

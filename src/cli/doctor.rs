@@ -6,8 +6,8 @@
 use clap::Args;
 use std::io::Write;
 
-use super::human_bytes;
 use super::flags::parse_arch;
+use super::human_bytes;
 use crate::backend::gpu::driver;
 use crate::backend::gpu::kernels::{self, CubinSource};
 

@@ -18,13 +18,13 @@ pub mod bench;
 pub mod demo;
 pub mod device;
 pub mod doctor;
+pub mod flags;
 pub mod inspect;
 pub mod probe;
 pub mod report;
 pub mod sweep;
 pub mod synth;
 pub mod trace;
-pub mod flags;
 
 pub use crate::units::{group_digits, human_bytes};
 

@@ -352,7 +352,7 @@ impl ProbeProgress for BarProgress {
     }
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // `probe --out DIR`: the probe's records in a report directory that `needlescope report` reads
 // (run.json, cells.csv, layers.csv, attention.csv, summary.json, PNGs), through the sweep's
 // store ([`RunDir`]).
@@ -443,7 +443,7 @@ pub fn record(
     Ok(())
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // `needlescope probe`'s text output: the per-layer table of the needle's rank, score and margin
 // under the driving profile and each `--compare` profile, the answer line, and the other
 // probed positions (question tokens, generated tokens) grouped into ranges.

@@ -1,5 +1,5 @@
-//! Range and identity checks of `ModelConfig::validate` (a part of `config.rs`, kept apart so
-//! that file stays readable).
+//! Range and identity checks of `ModelConfig::validate`: the sanity bound of every size field and
+//! the identity fields (`model_type`, `quant_method`), checked before the structural ones.
 //!
 //! Owns:
 //! - the upper bound of every size field ([`SIZE_LIMITS`]). Memory figures (`inspect`'s

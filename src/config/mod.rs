@@ -10,13 +10,13 @@
 //! `model_type` must be `"deepseek_v4"` (or absent), `quantization_config.quant_method` absent,
 //! `"fp8"` or `"modelopt"`, and every size field lies under a generous sanity bound (at least 16x
 //! the largest released value, [`limits::SIZE_LIMITS`]) so that no memory figure computed from the
-//! config can overflow; those checks live in `config_limits.rs`, the structural ones in
-//! `config_validate.rs`, the nested `rope_scaling` and `quantization_config` sections in
-//! `config_sections.rs`, and the built-in Flash and tiny configs in `config_presets.rs`.
-//! Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
+//! config can overflow; those checks live in [`limits`]. This file holds, in this order, the
+//! config itself and its derived facts, the nested `rope_scaling` and `quantization_config`
+//! sections, the structural checks ([`ModelConfig::validate`]) and the built-in Flash and tiny
+//! configs. Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
 //! so there is one source of truth for the layer schedule.
 
-use crate::numerics::rope::RopeTable;
+use crate::numerics::rope::{RopeTable, Yarn};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -444,14 +444,459 @@ impl ModelConfig {
     }
 }
 
-mod sections;
-pub use sections::{QuantizationConfig, RopeScaling};
-
 pub mod limits;
-
-mod validate;
-
-mod presets;
 
 #[cfg(test)]
 mod tests;
+
+// ---------------------------------------------------------------------------------------------
+// The nested sections of `config.json`: `rope_scaling` ([`RopeScaling`], YaRN; `type` and
+// `rope_type` reconciled) and `quantization_config` ([`QuantizationConfig`]: block-FP8 of
+// the official release, ModelOpt's NVFP4 experts). Read as written; checks that need the
+// whole config live in `ModelConfig::validate` below.
+
+/// YaRN parameters (`rope_scaling`). The kind is read from `type` or `rope_type` (configs
+/// written by transformers 4.x carry both; they must then agree), `"yarn"` when neither.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RopeScalingKeys")]
+pub struct RopeScaling {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub factor: f64,
+    pub original_max_position_embeddings: u64,
+    #[serde(default = "default_beta_fast")]
+    pub beta_fast: f64,
+    #[serde(default = "default_beta_slow")]
+    pub beta_slow: f64,
+}
+
+impl RopeScaling {
+    /// The parameters the RoPE table is built from.
+    pub fn yarn(&self) -> Yarn {
+        Yarn {
+            factor: self.factor,
+            original_max_position_embeddings: self.original_max_position_embeddings,
+            beta_fast: self.beta_fast,
+            beta_slow: self.beta_slow,
+        }
+    }
+}
+
+/// `rope_scaling` as written, before `type` and `rope_type` are reconciled.
+#[derive(Deserialize)]
+struct RopeScalingKeys {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    rope_type: Option<String>,
+    factor: f64,
+    original_max_position_embeddings: u64,
+    #[serde(default = "default_beta_fast")]
+    beta_fast: f64,
+    #[serde(default = "default_beta_slow")]
+    beta_slow: f64,
+}
+
+impl TryFrom<RopeScalingKeys> for RopeScaling {
+    type Error = String;
+
+    fn try_from(keys: RopeScalingKeys) -> Result<Self, String> {
+        let kind = match (keys.kind, keys.rope_type) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!(
+                    "rope_scaling: `type` is {a:?} but `rope_type` is {b:?}; expected the same kind"
+                ))
+            }
+            (Some(kind), _) | (None, Some(kind)) => kind,
+            (None, None) => "yarn".into(),
+        };
+        Ok(RopeScaling {
+            kind,
+            factor: keys.factor,
+            original_max_position_embeddings: keys.original_max_position_embeddings,
+            beta_fast: keys.beta_fast,
+            beta_slow: keys.beta_slow,
+        })
+    }
+}
+fn default_beta_fast() -> f64 {
+    32.0
+}
+fn default_beta_slow() -> f64 {
+    1.0
+}
+
+/// `quantization_config` of the official FP8 release (absent for bf16 checkpoints).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuantizationConfig {
+    #[serde(default)]
+    pub activation_scheme: Option<String>,
+    #[serde(default)]
+    pub fmt: Option<String>,
+    #[serde(default)]
+    pub quant_method: Option<String>,
+    #[serde(default)]
+    pub scale_fmt: Option<String>,
+    #[serde(default)]
+    pub weight_block_size: Option<Vec<usize>>,
+    /// `"NVFP4"` in NVIDIA's ModelOpt re-quantisation (nvidia/DeepSeek-V4-Flash-NVFP4): the
+    /// routed experts are NVFP4 while `quant_method` stays `"fp8"` for everything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_quant_algo: Option<String>,
+    /// Where Hugging Face's loader copies the top-level `expert_dtype` (and where NVIDIA's
+    /// V4.1 NVFP4 export keeps it): read as `expert_dtype` when the top level has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_dtype: Option<String>,
+}
+
+impl QuantizationConfig {
+    /// The official release's block-FP8 settings (docs/spec/model.md 1.1).
+    pub fn official() -> Self {
+        QuantizationConfig {
+            activation_scheme: Some("dynamic".into()),
+            fmt: Some("e4m3".into()),
+            quant_method: Some("fp8".into()),
+            scale_fmt: Some("ue8m0".into()),
+            weight_block_size: Some(vec![128, 128]),
+            moe_quant_algo: None,
+            expert_dtype: None,
+        }
+    }
+
+    /// The official settings plus ModelOpt's `moe_quant_algo: "NVFP4"`, as NVIDIA's export
+    /// writes them for the NVFP4 re-quantisation.
+    pub fn nvfp4_experts() -> Self {
+        QuantizationConfig {
+            moe_quant_algo: Some("NVFP4".into()),
+            ..Self::official()
+        }
+    }
+
+    /// Whether the config says the routed experts are NVFP4: `moe_quant_algo: "NVFP4"` (what
+    /// ModelOpt's DeepSeek-V4 export writes beside `quant_method: "fp8"`) or `quant_method:
+    /// "modelopt"` (ModelOpt's generic Hugging Face export).
+    pub fn states_nvfp4_experts(&self) -> bool {
+        self.moe_quant_algo
+            .as_deref()
+            .is_some_and(|a| a.eq_ignore_ascii_case("nvfp4"))
+            || self.quant_method.as_deref() == Some("modelopt")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `ModelConfig::validate`: every
+// structural assumption the engine makes about a config, checked once at load, each failure
+// naming the field, the value found and what was expected. Size bounds and identity fields are
+// checked first by [`limits::check`](super::limits::check).
+
+impl ModelConfig {
+    /// Checks every structural assumption the engine makes.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |field: &str, found: String, expected: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            found,
+            expected: expected.to_string(),
+        };
+        limits::check(self, path)?;
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("head_dim", self.head_dim),
+            ("q_lora_rank", self.q_lora_rank),
+            ("o_groups", self.o_groups),
+            ("o_lora_rank", self.o_lora_rank),
+            ("index_n_heads", self.index_n_heads),
+            ("index_head_dim", self.index_head_dim),
+            ("index_topk", self.index_topk),
+            ("n_routed_experts", self.n_routed_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("hc_mult", self.hc_mult),
+            ("hc_sinkhorn_iters", self.hc_sinkhorn_iters),
+            ("sliding_window", self.sliding_window),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(bad(field, "0".into(), "a positive integer"));
+            }
+        }
+        for (field, id) in [
+            ("bos_token_id", self.bos_token_id),
+            ("eos_token_id", self.eos_token_id),
+        ] {
+            if id as usize >= self.vocab_size {
+                return Err(bad(
+                    field,
+                    id.to_string(),
+                    &format!("a token id below vocab_size ({})", self.vocab_size),
+                ));
+            }
+        }
+        if self.num_key_value_heads != 1 {
+            return Err(bad(
+                "num_key_value_heads",
+                self.num_key_value_heads.to_string(),
+                "1 (DeepSeek-V4 shares one KV head)",
+            ));
+        }
+        if self.qk_rope_head_dim == 0
+            || !self.qk_rope_head_dim.is_multiple_of(2)
+            || self.qk_rope_head_dim > self.head_dim
+        {
+            return Err(bad(
+                "qk_rope_head_dim",
+                self.qk_rope_head_dim.to_string(),
+                &format!("an even number in 2..={} (head_dim)", self.head_dim),
+            ));
+        }
+        if self.qk_rope_head_dim >= self.index_head_dim {
+            return Err(bad(
+                "index_head_dim",
+                self.index_head_dim.to_string(),
+                &format!(
+                    "larger than qk_rope_head_dim = {} (the indexer ropes its last qk_rope_head_dim dims)",
+                    self.qk_rope_head_dim
+                ),
+            ));
+        }
+        if !self.index_head_dim.is_power_of_two() {
+            return Err(bad(
+                "index_head_dim",
+                self.index_head_dim.to_string(),
+                "a power of two (the Hadamard rotation spans the index head)",
+            ));
+        }
+        if !self.num_attention_heads.is_multiple_of(self.o_groups) {
+            return Err(bad(
+                "o_groups",
+                self.o_groups.to_string(),
+                &format!(
+                    "a divisor of num_attention_heads = {}",
+                    self.num_attention_heads
+                ),
+            ));
+        }
+        if self.num_experts_per_tok > self.n_routed_experts {
+            return Err(bad(
+                "num_experts_per_tok",
+                self.num_experts_per_tok.to_string(),
+                &format!("at most n_routed_experts = {}", self.n_routed_experts),
+            ));
+        }
+        if self.n_shared_experts > 1 {
+            return Err(bad(
+                "n_shared_experts",
+                self.n_shared_experts.to_string(),
+                "0 or 1",
+            ));
+        }
+        if self.num_hash_layers > self.num_hidden_layers {
+            return Err(bad(
+                "num_hash_layers",
+                self.num_hash_layers.to_string(),
+                &format!("at most num_hidden_layers = {}", self.num_hidden_layers),
+            ));
+        }
+        if self.hc_mult != 4 {
+            return Err(bad(
+                "hc_mult",
+                self.hc_mult.to_string(),
+                "4 (mHC with 4 residual streams; (2+n)*n = 24 coefficients)",
+            ));
+        }
+        if self.scoring_func != "sqrtsoftplus" {
+            return Err(bad(
+                "scoring_func",
+                format!("{:?}", self.scoring_func),
+                "\"sqrtsoftplus\"",
+            ));
+        }
+        if self.hidden_act != "silu" {
+            return Err(bad(
+                "hidden_act",
+                format!("{:?}", self.hidden_act),
+                "\"silu\"",
+            ));
+        }
+        if self.tie_word_embeddings {
+            return Err(bad(
+                "tie_word_embeddings",
+                "true".into(),
+                "false (V4 has separate embed and head)",
+            ));
+        }
+        // One entry per main layer, then (optionally) entries for the MTP / draft stages: 44
+        // for Flash (one MTP layer), 46 for Flash-0731 (three DSpark stages). Only the first
+        // num_hidden_layers entries schedule the model (as in transformers).
+        if self.compress_ratios.len() < self.num_hidden_layers {
+            return Err(bad(
+                "compress_ratios",
+                format!("a list of {} entries", self.compress_ratios.len()),
+                &format!(
+                    "at least {} entries (one per layer, num_hidden_layers {}; {} with the \
+                     num_nextn_predict_layers {})",
+                    self.num_hidden_layers,
+                    self.num_hidden_layers,
+                    self.num_hidden_layers + self.num_nextn_predict_layers,
+                    self.num_nextn_predict_layers
+                ),
+            ));
+        }
+        for (i, &r) in self.compress_ratios.iter().enumerate() {
+            if LayerKind::from_ratio(r).is_none() {
+                return Err(bad(
+                    &format!("compress_ratios[{i}]"),
+                    r.to_string(),
+                    "one of 0, 4, 128",
+                ));
+            }
+        }
+        if let Some(ed) = &self.expert_dtype {
+            if ed != "fp4" && ed != "fp8" && ed != "bf16" {
+                return Err(bad(
+                    "expert_dtype",
+                    format!("{ed:?}"),
+                    "\"fp4\", \"fp8\" or \"bf16\"",
+                ));
+            }
+        }
+        if let Some(q) = &self.quantization_config {
+            if let Some(b) = &q.weight_block_size {
+                if b.len() != 2 || b[0] == 0 || b[1] == 0 {
+                    return Err(bad(
+                        "quantization_config.weight_block_size",
+                        format!("{b:?}"),
+                        "two positive integers, e.g. [128, 128]",
+                    ));
+                }
+            }
+        }
+        if let Some(rs) = &self.rope_scaling {
+            if rs.kind != "yarn" {
+                return Err(bad(
+                    "rope_scaling.type",
+                    format!("{:?}", rs.kind),
+                    "\"yarn\"",
+                ));
+            }
+            // factor and original_max_position_embeddings: checked in `limits`.
+        }
+        for (field, v) in [
+            ("rope_theta", self.rope_theta),
+            ("compress_rope_theta", self.compress_rope_theta),
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("routed_scaling_factor", self.routed_scaling_factor),
+            ("swiglu_limit", self.swiglu_limit),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(field, v.to_string(), "a finite positive number"));
+            }
+        }
+        if !(self.hc_eps.is_finite() && self.hc_eps >= 0.0) {
+            return Err(bad(
+                "hc_eps",
+                self.hc_eps.to_string(),
+                "a finite number >= 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The built-in configs: [`ModelConfig::flash`], DeepSeek-V4-Flash
+// exactly as released, and [`ModelConfig::tiny`], the toy-size architecture the tests and
+// `synth --preset tiny` use.
+
+impl ModelConfig {
+    /// The DeepSeek-V4-Flash config (docs/spec/model.md 1.1), exactly as released.
+    pub fn flash() -> Self {
+        let mut ratios = vec![0, 0];
+        for _ in 0..20 {
+            ratios.extend([4, 128]);
+        }
+        ratios.extend([4, 0]);
+        ModelConfig {
+            architectures: vec!["DeepseekV4ForCausalLM".into()],
+            model_type: "deepseek_v4".into(),
+            vocab_size: 129280,
+            hidden_size: 4096,
+            num_hidden_layers: 43,
+            num_attention_heads: 64,
+            num_key_value_heads: 1,
+            head_dim: 512,
+            qk_rope_head_dim: 64,
+            q_lora_rank: 1024,
+            o_groups: 8,
+            o_lora_rank: 1024,
+            index_n_heads: 64,
+            index_head_dim: 128,
+            index_topk: 512,
+            n_routed_experts: 256,
+            num_experts_per_tok: 6,
+            n_shared_experts: 1,
+            moe_intermediate_size: 2048,
+            num_hash_layers: 3,
+            num_nextn_predict_layers: 1,
+            hc_mult: 4,
+            hc_sinkhorn_iters: 20,
+            hc_eps: 1e-6,
+            rms_norm_eps: 1e-6,
+            sliding_window: 128,
+            rope_theta: 10000.0,
+            compress_rope_theta: 160000.0,
+            rope_scaling: Some(RopeScaling {
+                kind: "yarn".into(),
+                factor: 16.0,
+                original_max_position_embeddings: 65536,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            }),
+            routed_scaling_factor: 1.5,
+            scoring_func: "sqrtsoftplus".into(),
+            swiglu_limit: 10.0,
+            norm_topk_prob: true,
+            topk_method: Some("noaux_tc".into()),
+            max_position_embeddings: 1048576,
+            bos_token_id: 0,
+            eos_token_id: 1,
+            tie_word_embeddings: false,
+            expert_dtype: Some("fp4".into()),
+            quantization_config: Some(QuantizationConfig::official()),
+            compress_ratios: ratios,
+            hidden_act: "silu".into(),
+            torch_dtype: Some("bfloat16".into()),
+        }
+    }
+
+    /// The `tiny` synthetic architecture: every component at toy size (see docs/architecture.md section 7).
+    /// Layers: 0 SWA (hash router), 1 CSA (hash router), 2 HCA, 3 CSA (score routers) + 1 MTP.
+    /// Vocabulary 4096 (documented smaller than V4's 129,280 to keep the checkpoint at a few MB);
+    /// 16 index heads so exact top-k ties are rare; top-k 8 so selection matters early.
+    pub fn tiny() -> Self {
+        let mut c = Self::flash();
+        c.vocab_size = 4096;
+        c.hidden_size = 64;
+        c.num_hidden_layers = 4;
+        c.compress_ratios = vec![0, 4, 128, 4, 0];
+        c.num_nextn_predict_layers = 1;
+        c.num_attention_heads = 4;
+        c.head_dim = 64;
+        c.qk_rope_head_dim = 16;
+        c.q_lora_rank = 32;
+        c.o_groups = 2;
+        c.o_lora_rank = 32;
+        c.index_n_heads = 16;
+        c.index_head_dim = 32;
+        c.index_topk = 8;
+        c.n_routed_experts = 8;
+        c.num_experts_per_tok = 2;
+        c.moe_intermediate_size = 32;
+        c.num_hash_layers = 2;
+        c.expert_dtype = None;
+        c.quantization_config = None;
+        c
+    }
+}

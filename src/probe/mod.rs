@@ -1,20 +1,21 @@
 //! The needle side of needlescope: scenarios, prompt building, needle spans, row mapping, ranks
 //! and the observer that turns engine observations into records (docs/architecture.md sections 3 and 4).
 //!
-//! - [`tokenizer`]: the DeepSeek-V4 tokenizer (shipped offline) and byte offsets of tokens.
 //! - [`scenario`]: what a needle test is (needle template, value generator, question, answer
-//!   check, haystack kind); built-in scenarios from `scenarios/*.toml` or a user's file.
+//!   check, haystack kind); built-in scenarios from `scenarios/*.toml` or a user's file; the
+//!   needle value / kv key generators (`[value]`, `[key]` tables) and answer judging.
 //! - [`haystack`]: seeded text generators for the haystack kinds (noise, kv, tools, file);
-//!   [`words`] holds their own word lists and templates, [`rng`] the portable PRNG.
-//! - [`value`]: needle value / kv key generators (`[value]`, `[key]` tables).
+//!   [`words`] holds their own word lists and templates (draws: `numerics::rng`).
 //! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans
-//!   (`spans.rs` derives and checks the spans from the final encoding).
+//!   (derived and checked from the final encoding; the tokenizer is `crate::tokenizer`).
 //! - [`rows`]: CSA/HCA row mapping and visibility (docs/architecture.md section 4, normative).
-//! - [`rank`]: needle rank, ties, k-th score, margin, selection; the `LayerRecord`.
+//! - [`rank`]: needle rank, ties, k-th score, margin, selection; a `record::LayerRecord` from them.
 //! - [`observe`]: `NeedleObserver`, the `model::observer::Observer` of a probe run.
+//! - [`session`]: one probe: every (index, top-k) run on a prompt, with its answer.
 //!
-//! The probe knows nothing about backends: it only sees `IndexerObservation` and
-//! `AttentionObservation` values.
+//! The probe knows nothing about backends beyond the `Backend` bound of the engine it drives:
+//! it only sees `IndexerObservation` and `AttentionObservation` values, and writes the records
+//! of `crate::record`.
 
 pub mod haystack;
 pub mod observe;

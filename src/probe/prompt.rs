@@ -28,8 +28,8 @@
 //! re-checked against the prompt text.
 
 mod error {
-    //! [`PromptError`]: why a needle prompt could not be built (a part of `prompt.rs`, kept apart so
-    //! that file stays readable); each error names the flag, scenario or field concerned.
+    //! [`PromptError`]: why a needle prompt could not be built; each error names the flag,
+    //! scenario or field concerned.
 
     use crate::probe::scenario::ScenarioError;
     use crate::tokenizer::TokenizerError;
@@ -554,7 +554,7 @@ fn make_filler(
     Ok(None)
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // The exact token spans of a rendered needle prompt (the span convention of `prompt.rs`): the
 // needle and answer-value spans from the byte offsets of the final encoding, with the checks
 // that refuse a control token outside the chat markers, a value that is not unique, or a

@@ -15,7 +15,7 @@
 //! ```
 //! Relative `haystack.file` paths resolve against the scenario file's directory. Every error
 //! names the scenario source and the field, with what was expected and what was found. Values
-//! come from the portable PRNG (`rng.rs`), so a seed gives the same needle everywhere. Digit
+//! come from the portable PRNG (`numerics::rng`), so a seed gives the same needle everywhere. Digit
 //! values never start with 0 (a leading zero invites "answer" checks to fail on formatting).
 
 use super::words::VALUE_WORDS;
@@ -464,10 +464,10 @@ impl Scenario {
     }
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // Needle values and kv keys: the `[value]` / `[key]` tables of a scenario and their seeded
 // generators (`digits` with n, the first non-zero; `words` with n from a word list joined by
-// `sep`; `uuid`, version-4 shaped). Generation uses the portable PRNG (`rng.rs`), so a seed
+// `sep`; `uuid`, version-4 shaped). Generation uses the portable PRNG (`numerics::rng`), so a seed
 // gives the same value on every platform.
 
 /// How a needle value (or a kv key) is generated.
@@ -638,11 +638,11 @@ pub(crate) fn parse_value(
     }
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // How a scenario's answer is judged, and the notes a run prints about its answer: the
 // generated text against the needle's value (thinking mode, cut-off answers, hedged digit
 // answers), numbers in a `--haystack-file` shaped like the answer, and thinking scenarios
-// that need room to reach `</think>`. Methods of [`Scenario`], kept apart from its loading.
+// that need room to reach `</think>`. Methods of [`Scenario`].
 
 impl Scenario {
     /// A note when the `--haystack-file` text holds numbers shaped like this scenario's

@@ -2,17 +2,19 @@
 //! cells finish; tables and plots are rendered from the records, so `needlescope report DIR`
 //! redoes them without the model (docs/architecture.md section 10, item 11).
 //!
-//! - [`records`]: [`CellRecord`] (cells.csv), the probe's [`LayerRecord`] / [`AttentionRecord`]
-//!   (layers.csv / attention.csv), [`RunInfo`] (run.json) and the normative column lists.
+//! The records themselves (cells.csv, layers.csv, attention.csv and run.json rows, and their
+//! normative column lists) are `crate::record`'s.
+//!
 //! - [`store`]: [`RunDir`], the resumable report directory (commit protocol: layer and attention
 //!   rows first, the cells.csv row last), and [`RunRecords`] to read one back; rows read back
-//!   are checked by `validate` (duplicated or inconsistent cell ids, impossible values, cells
-//!   outside run.json's grid).
+//!   are checked there (`store::validate`: duplicated or inconsistent cell ids, impossible
+//!   values, cells outside run.json's grid).
 //! - [`lock`]: [`DirLock`], the directory lock every writer (sweep, demo, probe --out, report)
 //!   holds while it writes.
 //! - [`summary`]: per (length, profile, top-k) recall, median / worst rank, CSA layers lost; the
 //!   terminal table and summary.json.
-//! - [`plots`]: the PNGs ([`render_all`]) through the embedded DejaVu Sans font.
+//! - [`plots`]: the PNGs ([`render_all`]: heatmaps, per-layer ranks, rank vs length) through the
+//!   embedded DejaVu Sans font.
 //!
 //! Errors are [`ReportError`]s naming the file, with expected vs found where it applies.
 

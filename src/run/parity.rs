@@ -69,7 +69,7 @@ pub struct ForwardTolerance {
 impl ForwardTolerance {
     /// For f32 GEMMs (the CPU's arithmetic up to summation order). `rounding_flips` 3%: the
     /// CPU itself changes about 3% of its top-k lists between chunk sizes under official-fp4 +
-    /// fp8 KV (summation order alone; tests/engine_invariants.rs); an H200 against the CPU
+    /// fp8 KV (summation order alone; tests/model/invariants.rs); an H200 against the CPU
     /// moved at most 0.09% (tiny, 1,500 tokens). Before the KV rows were replayed, fp8 KV
     /// logits differed by up to 1.3e-2 on the emulator (one flipped e4m3 code under the GEMM
     /// attention on tiny) and by 3.2e-3 on an H200 (Flash 4 layers, 300 tokens).

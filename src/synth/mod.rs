@@ -446,7 +446,7 @@ pub(crate) fn tiny_for_tests() -> (tempfile::TempDir, crate::checkpoint::Checkpo
     (dir, ckpt)
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // The directories synth writes into: the mark that makes a directory synth's own (and the
 // model synthetic in every report), and the rule that a directory holding a checkpoint synth
 // did not write is refused untouched, so a wrong `--out` can never delete a user's weights.

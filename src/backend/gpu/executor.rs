@@ -392,7 +392,7 @@ pub mod bytemuck_lite {
     }
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // Checks every executor runs before touching device memory: a kernel launch's arguments
 // against the kernel's C signature ([`signature_of`], [`arg_slots`]), a GEMM's dimensions,
 // offsets and alignment against its buffers ([`check_gemm`]), a copy's range

@@ -470,7 +470,7 @@ pub fn gemm_tflops<E: Executor>(
     Ok(2.0 * (m * n * k) as f64 / secs.max(1e-12) / 1e12)
 }
 
-// ------------------------------------------------------------
+// ---------------------------------------------------------------------------------------------
 // Decoded copies of stored weights kept on the device, so that a weight used by every chunk of a
 // prefill (and by every prompt of a sweep) is dequantised once instead of once per product.
 //

@@ -2,8 +2,8 @@
 //! whole forward passes (`crate::run::parity`, which drives two engines), reported as [`Check`]s with a normalised error and the
 //! threshold it must meet.
 //!
-//! Used by `tests/gpu_emu_parity.rs` (the GPU backend's logic on the host emulator, on CI) and
-//! `tests/gpu_cuda_parity.rs` (real GPUs, ignored by default, run by `scripts/gpu-check.sh`).
+//! Used by `tests/backend/emu_parity.rs` (the GPU backend's logic on the host emulator, on CI) and
+//! `tests/gpu/main.rs` (real GPUs, ignored by default, run by `scripts/gpu-check.sh`).
 //!
 //! Error measure: `max |got - want| / max |want|` over an op's outputs (a relative error that
 //! does not blow up at small elements); `want` is never all zeros (inputs are drawn away from

@@ -42,7 +42,7 @@
 //!   instead charged a workspace of 4.44 GiB where this charges 2.91 GiB: Flash, 128k, chunk
 //!   2048, first of two devices.) The
 //!   phases and their bounds are checked against the peaks measured on the host emulator
-//!   (`tests/gpu_emu_memory.rs`). The last device adds the logits of up to
+//!   (`tests/backend/emu_memory.rs`). The last device adds the logits of up to
 //!   [`PROBED_LOGIT_ROWS`] probed positions (`4 B x vocab` each). Every device adds the largest
 //!   single cache allocation ([`largest_cache_bytes`]): the moment a cache grows or drops its
 //!   front, two of its allocations coexist.

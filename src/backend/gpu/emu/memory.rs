@@ -6,7 +6,7 @@
 //! allocation ([`EmuExecutor::memory_stats`], [`EmuExecutor::reset_peaks`]). It does not tell
 //! weights from activations by itself: a caller snapshots [`MemoryStats::in_use`] after loading
 //! the weights and reads decoded copies from `GpuBackend::decode_cache_use`
-//! (`tests/gpu_emu_memory.rs` checks the memory plan against it this way).
+//! (`tests/backend/emu_memory.rs` checks the memory plan against it this way).
 
 use super::EmuExecutor;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -8,7 +8,7 @@
 //! built with, so placement across several "devices" can be tested too. Every buffer is
 //! followed by a guard ([`GUARD_BYTES`]) checked after each launch, so a kernel that writes
 //! past an argument's end fails here instead of corrupting a neighbour on a GPU; the launch
-//! check (`checks.rs`) only sees where each argument starts.
+//! check (`executor::check_args`) only sees where each argument starts.
 
 //!
 //! Memory accounting (off by default) lives in `emu/memory.rs`.

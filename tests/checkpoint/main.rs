@@ -1,0 +1,13 @@
+//! Checkpoints: safetensors reading and writing, inventories and audits, the synthetic generators (tiny, flash, planted) and their byte-level reproducibility.
+//!
+//! One test binary per area (docs/architecture.md section 8); each module is one family of
+//! tests, shared helpers come from `needlescope-testkit` (tests/support).
+
+mod errors;
+mod fp8_compressors;
+mod hand_written;
+mod inventory;
+mod planted;
+mod reference_bytes;
+mod roundtrip;
+mod synth_speed;

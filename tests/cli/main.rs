@@ -1,0 +1,14 @@
+//! The binary driven as a user would: help, bad checkpoints, edges of every flag, devices, inspect, bench, trace.
+//!
+//! One test binary per area (docs/architecture.md section 8); each module is one family of
+//! tests, shared helpers come from `needlescope-testkit` (tests/support).
+
+mod bad_checkpoint;
+mod bench;
+mod device;
+mod edges;
+mod emu_combos;
+mod help;
+mod inspect;
+mod trace;
+mod trace_transfer;

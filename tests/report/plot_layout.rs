@@ -1,0 +1,392 @@
+//! Plots stay readable whatever the grid: many depths or lengths, many profiles and top-k
+//! values, long model names, mixed judging, stopped sweeps. The layout rules are checked as
+//! functions (tick thinning, legend rows, header lines, profile colours) and on the PNGs'
+//! pixels. Set NEEDLESCOPE_PLOT_DIR to keep the PNGs there for looking at them.
+
+use needlescope_testkit::report as report_support;
+
+use std::path::{Path, PathBuf};
+
+use needlescope::numerics::modes::IndexProfile;
+use needlescope::record::{CellRecord, RunInfo};
+use needlescope::report::plots::{
+    ellipsize_middle, flow, header_lines, legend_layout, profile_colour, text_width, thin_ticks,
+    HEADER_TEXT_W,
+};
+use needlescope::report::{render_records, RunRecords};
+use report_support::*;
+
+const W: usize = 1000;
+const H: usize = 700;
+
+fn out_dir(name: &str) -> (Option<tempfile::TempDir>, PathBuf) {
+    let (keep, p) = match std::env::var_os("NEEDLESCOPE_PLOT_DIR") {
+        Some(d) => (None, PathBuf::from(d).join(name)),
+        None => {
+            let t = tempfile::tempdir().unwrap();
+            let p = t.path().join(name);
+            (Some(t), p)
+        }
+    };
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    (keep, p)
+}
+
+/// The RGB pixels of a 1000 x 700 PNG, row by row.
+fn pixels(path: &Path) -> Vec<[u8; 3]> {
+    let decoder = png::Decoder::new(std::fs::File::open(path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut buf).unwrap();
+    assert_eq!(frame.color_type, png::ColorType::Rgb, "{}", path.display());
+    assert_eq!((frame.width, frame.height), (W as u32, H as u32));
+    buf[..frame.buffer_size()]
+        .chunks(3)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect()
+}
+
+/// How many pixels in columns `xs` and rows `ys` satisfy `pred`.
+fn count(
+    px: &[[u8; 3]],
+    xs: std::ops::Range<usize>,
+    ys: std::ops::Range<usize>,
+    pred: impl Fn([u8; 3]) -> bool,
+) -> usize {
+    ys.flat_map(|y| xs.clone().map(move |x| (x, y)))
+        .filter(|&(x, y)| pred(px[y * W + x]))
+        .count()
+}
+
+/// `profile_colour(name)` as bytes.
+fn colour(name: &str) -> [u8; 3] {
+    let c = profile_colour(name);
+    [c.0, c.1, c.2]
+}
+
+fn dark(p: [u8; 3]) -> bool {
+    p.iter().all(|&c| c < 80)
+}
+
+/// Records handed straight to the plotter (no layer rows: no layer plots to wait for).
+fn records(dir: &Path, info: RunInfo, cells: Vec<CellRecord>) -> RunRecords {
+    RunRecords {
+        dir: dir.to_path_buf(),
+        info,
+        cells,
+        layers: vec![],
+        attention: vec![],
+        notes: vec![],
+    }
+}
+
+/// A sweep's run.json over this grid (samples per tile as given).
+fn sweep_info(lengths: &[usize], depths: &[f64], indexes: &[&str], topks: &[usize]) -> RunInfo {
+    let mut info = run_info(false);
+    info.sweep_args = serde_json::json!({
+        "lengths": lengths, "depths": depths, "indexes": indexes, "topks": topks,
+        "kv": "fp8", "samples": 1,
+    });
+    info
+}
+
+fn grid_cells(
+    lengths: &[usize],
+    depths: &[f64],
+    index: IndexProfile,
+    topk: usize,
+) -> Vec<CellRecord> {
+    let mut out = Vec::new();
+    for &l in lengths {
+        for (j, &d) in depths.iter().enumerate() {
+            let mut c = cell(
+                &format!("L{l}-d{d}-{}-k{topk}-s0", index.name()),
+                l,
+                d,
+                index,
+                topk,
+            );
+            c.answer_correct = Some(j % 7 != 3);
+            c.min_needle_rank = Some(1 + (j * 37 + l) % 900);
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[test]
+fn thinned_ticks_keep_the_first_and_last_and_stay_within_the_limit() {
+    assert_eq!(thin_ticks(7, 20), (0..7).collect::<Vec<_>>());
+    assert_eq!(
+        thin_ticks(1000, 20),
+        [0, 100, 200, 300, 400, 500, 600, 700, 800, 900, 999]
+    );
+    for max in [2usize, 5, 12, 20] {
+        for n in 1..=1200usize {
+            let t = thin_ticks(n, max);
+            assert!(t.len() <= max.max(2), "n {n} max {max}: {t:?}");
+            assert_eq!((t[0], *t.last().unwrap()), (0, n - 1), "n {n} max {max}");
+            let even = (n - 1) as f64 / (max.max(2) - 1) as f64;
+            for w in t.windows(2) {
+                assert!(w[1] > w[0], "n {n} max {max}: {t:?}");
+                assert!(
+                    (w[1] - w[0]) as f64 >= even / 2.0,
+                    "n {n} max {max}: {t:?} crowds"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn legend_rows_always_end_inside_their_column() {
+    for height in [0u32, 40, 300, 607, 628] {
+        for rows in 0..=150usize {
+            let l = legend_layout(rows, height);
+            assert!(
+                (20..=28).contains(&l.pitch),
+                "{rows} rows in {height}: {l:?}"
+            );
+            let lines = l.shown + usize::from(l.more);
+            if lines > 0 {
+                let last_bottom = l.top + l.pitch * (lines as i32 - 1) + 12;
+                assert!(
+                    last_bottom <= height as i32,
+                    "{rows} rows in {height}: {l:?}"
+                );
+            }
+            assert!(l.shown <= rows, "{rows} rows in {height}: {l:?}");
+            if l.shown < rows && height >= 36 {
+                assert!(
+                    l.more,
+                    "{rows} rows in {height}: the left-out rows go unsaid"
+                );
+            }
+            if rows as i32 * 20 <= height as i32 - 36 {
+                assert_eq!(l.shown, rows, "{rows} rows fit {height} px: {l:?}");
+            }
+        }
+    }
+    // Swatches flow onto new lines rather than past the edge.
+    let widths = [300u32, 250, 280, 200, 120, 990];
+    for (i, (_, x)) in flow(&widths, 26, 960).iter().enumerate() {
+        assert!(*x == 0 || x + widths[i] <= 960, "swatch {i} at {x}");
+    }
+}
+
+#[test]
+fn profile_colours_are_distinct_and_never_grey() {
+    let mut seen = Vec::new();
+    let names: Vec<&str> = IndexProfile::ALL.iter().map(|p| p.name()).collect();
+    for name in names.iter().copied().chain(["not-a-profile"]) {
+        let c = colour(name);
+        let spread = c.iter().max().unwrap() - c.iter().min().unwrap();
+        assert!(spread >= 60, "{name} is greyish: {c:?}");
+        if name != "not-a-profile" {
+            assert!(!seen.contains(&c), "{name} shares {c:?}");
+            seen.push(c);
+        }
+    }
+}
+
+#[test]
+fn header_lines_fit_the_canvas() {
+    let info = {
+        let mut i = run_info(true);
+        i.model_path = "/models/DeepSeek-V4-Flash-NVFP4".into();
+        i
+    };
+    let names: Vec<&str> = IndexProfile::ALL.iter().map(|p| p.name()).collect();
+    let long_id = format!(
+        "L1048576-d33.333333-{}-k2048-s12",
+        "fp8-no-hadamard-k".repeat(8)
+    );
+    let cases: Vec<Vec<String>> = vec![
+        vec![
+            format!("model {}", info.model_name()),
+            "scenario passkey".into(),
+            format!("index {}", names.join(", ")),
+            "top-k 16, 32, 48, 64, 128, 256, 512, 1024".into(),
+            "19 of 20 cells".into(),
+        ],
+        vec![
+            format!("model {}", info.model_name()),
+            "scenario passkey".into(),
+            "index fp8-no-hadamard-k (driving)".to_string(),
+            "top-k 2048".into(),
+            format!("cell {long_id}"),
+        ],
+        vec!["x".repeat(400)],
+    ];
+    for parts in &cases {
+        let ((title, px), lines) = header_lines(
+            "Needle recall (answer where present, else indexer) by context length and depth",
+            true,
+            parts,
+        );
+        assert!(
+            px >= 18 && text_width(&title, px) <= HEADER_TEXT_W,
+            "{title} at {px}"
+        );
+        assert!(title.ends_with("(synthetic model)"), "{title}");
+        assert!((1..=2).contains(&lines.len()), "{lines:?}");
+        for l in &lines {
+            assert!(text_width(l, 17) <= HEADER_TEXT_W, "too wide: {l}");
+        }
+    }
+    let s = ellipsize_middle(&long_id, 17, 300);
+    assert!(s.starts_with("L1048576-d33") && s.ends_with("k2048-s12") && s.contains('…'));
+}
+
+/// 1000 depths (the CLI's maximum) and 101: the tiles' colours fill the plot (no numbers or
+/// borders over them), and the depth labels are at most about 20 separate lines of text.
+#[test]
+fn heatmap_with_many_depths_shows_colours_and_thinned_labels() {
+    // 0, 0.1, ..., 99.9 as `--depths 0:99.9:0.1` gives; 0, 1, ..., 100; and 37 depths with
+    // every decimal an f64 has (labels wider than usual): depth i is 100 i / span %.
+    for (n, span) in [(1000usize, 1000.0), (101, 100.0), (37, 36.0)] {
+        let (_keep, dir) = out_dir(&format!("depths-{n}"));
+        let depths: Vec<f64> = (0..n).map(|i| i as f64 * 100.0 / span).collect();
+        let cells = grid_cells(&[4096], &depths, IndexProfile::SglangFp8, 512);
+        let info = sweep_info(&[4096], &depths, &["fp8"], &[512]);
+        render_records(&records(&dir, info, cells), &dir).unwrap();
+        let px = pixels(&dir.join("heatmap_fp8_512.png"));
+        let tiles = [[122u8, 198, 126], [236, 112, 99]];
+        let coloured = count(&px, 0..W, 0..H, |p| tiles.contains(&p));
+        assert!(
+            coloured > W * H * 45 / 100,
+            "{n} depths: {coloured} tile pixels"
+        );
+        let ink = |p: [u8; 3]| p.iter().any(|&c| c < 200);
+        assert_eq!(
+            count(&px, 0..3, 0..H, ink),
+            0,
+            "{n} depths: labels cut at the left"
+        );
+        let left = (0..W).find(|&x| tiles.contains(&px[300 * W + x])).unwrap();
+        let black = count(&px, left..950, 100..540, dark);
+        assert!(
+            black < 200,
+            "{n} depths: {black} dark pixels over the tiles"
+        );
+        // Rows of the label column (right-aligned left of the tiles, the ticks left out)
+        // holding text, grouped into labels.
+        let inked: Vec<bool> = (0..H)
+            .map(|y| count(&px, left - 45..left - 12, y..y + 1, dark) > 0)
+            .collect();
+        let labels: Vec<(usize, usize)> = inked
+            .iter()
+            .enumerate()
+            .filter(|&(y, &i)| i && (y == 0 || !inked[y - 1]))
+            .map(|(y, _)| (y, (y..H).take_while(|&z| inked[z]).count()))
+            .collect();
+        assert!(
+            (2..=21).contains(&labels.len()),
+            "{n} depths: {} label lines",
+            labels.len()
+        );
+        assert!(
+            labels.iter().all(|l| l.1 <= 20),
+            "{n} depths: labels overlap: {labels:?}"
+        );
+    }
+}
+
+/// rank_vs_length.png and a layer plot colour a profile alike; fp8 is not `exact`'s blue.
+#[test]
+fn rank_plot_colours_series_by_profile() {
+    let (_keep, dir) = out_dir("colours");
+    let sweep = sample_sweep(&[2048, 8192], &[0.0, 50.0], true, 1);
+    let cells: Vec<CellRecord> = sweep.iter().map(|s| s.0.clone()).collect();
+    render_records(&records(&dir, run_info(false), cells), &dir).unwrap();
+    let px = pixels(&dir.join("rank_vs_length.png"));
+    let has = |name: &str| {
+        let c = colour(name);
+        count(&px, 100..720, 80..640, |p| p == c)
+    };
+    assert!(
+        has("fp8") > 100 && has("bf16") > 100,
+        "fp8 {} bf16 {}",
+        has("fp8"),
+        has("bf16")
+    );
+    assert_eq!(has("exact"), 0, "no exact series, yet its colour is drawn");
+}
+
+/// 8 profiles x 4 top-k and a long model name: the legend ends inside the canvas and the
+/// subtitle is not cut at either edge.
+#[test]
+fn rank_plot_legend_and_header_fit_with_many_series() {
+    let (_keep, dir) = out_dir("many-series");
+    let names: Vec<&str> = IndexProfile::ALL.iter().map(|p| p.name()).collect();
+    let topks = [16usize, 32, 48, 64];
+    let mut cells = Vec::new();
+    for &p in &IndexProfile::ALL {
+        for &k in &topks {
+            cells.extend(grid_cells(&[1024, 4096], &[0.0, 50.0], p, k));
+        }
+    }
+    let mut info = sweep_info(&[1024, 4096], &[0.0, 50.0], &names, &topks);
+    info.model_path = "/models/DeepSeek-V4-Flash-NVFP4".into();
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("rank_vs_length.png"));
+    let ink = |p: [u8; 3]| p.iter().any(|&c| c < 200);
+    assert_eq!(
+        count(&px, 730..W, H - 14..H, ink),
+        0,
+        "legend runs off the bottom"
+    );
+    assert_eq!(
+        count(&px, 0..4, 0..100, ink),
+        0,
+        "header cut at the left edge"
+    );
+    assert_eq!(
+        count(&px, W - 4..W, 0..100, ink),
+        0,
+        "header cut at the right edge"
+    );
+}
+
+/// Answer-judged and trivial indexer-judged cells in one heatmap: the grey of the trivial
+/// tiles has its legend swatch under the grid.
+#[test]
+fn mixed_judging_heatmap_has_a_grey_legend_entry() {
+    let (_keep, dir) = out_dir("mixed");
+    let mut cells = grid_cells(
+        &[2048, 4096],
+        &[0.0, 50.0, 100.0],
+        IndexProfile::SglangFp8,
+        512,
+    );
+    for c in cells.iter_mut().filter(|c| c.target_tokens == 2048) {
+        c.answer_correct = None;
+        (c.csa_layers_selected, c.csa_layers_nontrivial) = (0, 0);
+    }
+    let info = sweep_info(&[2048, 4096], &[0.0, 50.0, 100.0], &["fp8"], &[512]);
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("heatmap_fp8_512.png"));
+    let grey = count(&px, 0..W, 620..H, |p| p == [205, 205, 205]);
+    assert!(grey >= 18 * 18, "legend band has {grey} grey pixels");
+}
+
+/// A stopped sweep: planned tiles without cells are hatched, not left blank.
+#[test]
+fn stopped_sweep_heatmap_hatches_tiles_not_run() {
+    let (_keep, dir) = out_dir("stopped");
+    let depths = [0.0, 25.0, 50.0, 75.0, 100.0];
+    let mut cells = grid_cells(&[1024, 2048, 4096], &depths, IndexProfile::SglangFp8, 64);
+    cells.truncate(9);
+    let info = sweep_info(&[1024, 2048, 4096], &depths, &["fp8"], &[64]);
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("heatmap_fp8_64.png"));
+    let hatch = count(&px, 100..980, 80..560, |p| p == [150, 150, 150]);
+    let background = count(&px, 100..980, 80..560, |p| p == [244, 244, 244]);
+    assert!(
+        hatch > 500 && background > 5000,
+        "hatch {hatch}, background {background}"
+    );
+    let swatch = count(&px, 0..W, 600..H, |p| p == [150, 150, 150]);
+    assert!(swatch > 10, "no not-run legend swatch");
+}
