@@ -1,5 +1,5 @@
 //! The command line: one file per subcommand (its clap argument struct and the orchestration
-//! that calls into the library), plus the flag syntax shared between them ([`values`]).
+//! that calls into the library), plus the flag syntax shared between them ([`flags`]).
 //!
 //! Flags parse into validated values at the clap layer (token counts, depth lists, profile
 //! lists, device specs), so a bad value is a usage error (exit 2) that names the flag and the
@@ -7,7 +7,7 @@
 //! return `anyhow::Result`; `main` prints the whole error chain and exits 1.
 //!
 //! The commands that run the model (probe, sweep, trace, bench) share `--device` /
-//! `--gpu-gemm` ([`device::DeviceArgs`]); [`engine::Target`] is the one place that turns them
+//! `--gpu-gemm` ([`device::DeviceArgs`]); [`crate::run::target::Target`] is the one place that turns them
 //! into a backend (CPU reference, CUDA GPUs, or the host emulator of the GPU backend), places
 //! the layers over the devices and loads the engine.
 

@@ -1,5 +1,5 @@
 //! The DeepSeek-V4 forward pass, one file per component in forward order:
-//! [`embed`] → per layer { [`hyper`] (mHC pre) → [`attention`] (with [`rope`], [`compressor`],
+//! [`embed`] → per layer { [`hyper`] (mHC pre) → [`attention`] (with the RoPE tables of `numerics::rope`, [`compressor`],
 //! [`indexer`]) → mHC post → mHC pre → [`moe`] → mHC post } ([`layer`]) → [`head`].
 //! [`state`] holds the per-sequence caches, [`forward`] the [`Engine`] (loading, the chunk /
 //! layer loop, the observer calls), [`mod@bench`] the prefill benchmark, [`observer`] the fixed

@@ -60,7 +60,7 @@ pub struct Rerendered {
     pub files: Vec<std::path::PathBuf>,
     /// Finished cells read.
     pub cells: usize,
-    /// The cells of the sweep's grid ([`RunInfo::cells_planned`]).
+    /// The cells of the sweep's grid ([`crate::record::RunInfo::cells_planned`]).
     pub planned: Option<usize>,
     /// [`RunRecords::notes`]: what was read but left out (a torn last line).
     pub notes: Vec<String>,

@@ -261,7 +261,7 @@ pub struct OpProfile {
 }
 
 impl OpProfile {
-    /// On when `NEEDLESCOPE_PROFILE` says so ([`GpuSwitches::profile`]; a bad value counts as
+    /// On when `NEEDLESCOPE_PROFILE` says so ([`GpuSwitches::profile`](super::GpuSwitches::profile); a bad value counts as
     /// off here, the commands refuse it first).
     pub fn from_env() -> Self {
         Self::new(super::GpuSwitches::or_default().profile)
@@ -426,7 +426,7 @@ pub fn check_args<B>(kernel: &str, args: &[Arg<'_, B>]) -> Result<(), GpuError> 
     Ok(())
 }
 
-/// The single products of [`Executor::gemm_each_weight`](Executor::gemm_each_weight): product `b` with its own `x`, `w`
+/// The single products of [`Executor::gemm_each_weight`]: product `b` with its own `x`, `w`
 /// and `y` offsets (bytes), `batch` 1. Refuses a batch that does not match the weights or a
 /// `w_kn` layout.
 pub fn per_weight_products<B>(g: &Gemm, ws: &[(&B, usize)]) -> Result<Vec<Gemm>, GpuError> {

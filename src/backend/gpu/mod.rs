@@ -141,7 +141,7 @@ impl<E: Executor> GpuBackend<E> {
     }
 
     /// The same backend keeping decoded copies of the weights it loads from now on, up to
-    /// `limits[i]` bytes on device `i` (0: none; see [`decoded`]). Without this call no copies
+    /// `limits[i]` bytes on device `i` (0: none; see [`matrix`]'s decoded copies). Without this call no copies
     /// are made and every quantised product decodes band by band.
     pub fn with_decode_budgets(mut self, limits: &[usize]) -> Self {
         assert_eq!(
