@@ -21,9 +21,14 @@ use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Model directory: config.json, safetensors
-    #[arg(long, value_name = "DIR")]
+    /// Model directory: config.json, safetensors; or a Hugging Face repo id (ORG/NAME) in the local cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub; never downloaded)
+    #[arg(long, value_name = "DIR|ORG/NAME")]
     pub model: PathBuf,
+
+    /// With --model ORG/NAME or a models--ORG--NAME directory of the Hugging Face cache: the ref
+    /// (branch, tag) or commit whose snapshot to use [default: main]
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
 
     /// Prompt lengths in tokens, comma list (k = 1024, m = 1048576)
     #[arg(long, value_name = "TOKENS", value_delimiter = ',', value_parser = parse_token_count, default_value = "1k,4k,16k")]

@@ -13,6 +13,7 @@
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
+use std::path::PathBuf;
 
 pub mod bench;
 pub mod demo;
@@ -73,16 +74,39 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// Runs a parsed command line, printing to `out`.
 pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    // `--model` may name a repository of the Hugging Face cache: every command sees the
+    // snapshot directory it resolves to (run::hub).
+    let locate = |model: &mut PathBuf, revision: &Option<String>| -> anyhow::Result<()> {
+        *model = crate::run::hub::locate_model(model, revision.as_deref())?;
+        Ok(())
+    };
     match cli.command {
         Command::Demo(a) => demo::run(&a, out),
-        Command::Inspect(a) => inspect::run(&a, out),
-        Command::Probe(a) => probe::run(&a, out),
-        Command::Sweep(a) => sweep::run(&a, out),
+        Command::Inspect(mut a) => {
+            if let Some(model) = a.model.as_mut() {
+                locate(model, &a.revision)?;
+            }
+            inspect::run(&a, out)
+        }
+        Command::Probe(mut a) => {
+            locate(&mut a.model, &a.revision)?;
+            probe::run(&a, out)
+        }
+        Command::Sweep(mut a) => {
+            locate(&mut a.model, &a.revision)?;
+            sweep::run(&a, out)
+        }
         Command::Report(a) => report::run(&a, out),
-        Command::Trace(a) => trace::run(&a, out),
+        Command::Trace(mut a) => {
+            locate(&mut a.model, &a.revision)?;
+            trace::run(&a, out)
+        }
         Command::Synth(a) => synth::run(&a, out),
         Command::Doctor(a) => doctor::run(&a, out),
-        Command::Bench(a) => bench::run(&a, out),
+        Command::Bench(mut a) => {
+            locate(&mut a.model, &a.revision)?;
+            bench::run(&a, out)
+        }
     }
 }
 

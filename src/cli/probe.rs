@@ -30,9 +30,14 @@ pub enum ProbeSet {
 
 #[derive(Args, Debug, Clone)]
 pub struct ProbeArgs {
-    /// Model directory: config.json, safetensors (sharded with index.json or single), tokenizer.json (the built-in V4 tokenizer if absent; the model must have its 129,280-token vocabulary)
-    #[arg(long, value_name = "DIR")]
+    /// Model directory: config.json, safetensors (sharded with index.json or single), tokenizer.json (the built-in V4 tokenizer if absent; the model must have its 129,280-token vocabulary); or a Hugging Face repo id (ORG/NAME) in the local cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub; never downloaded)
+    #[arg(long, value_name = "DIR|ORG/NAME")]
     pub model: PathBuf,
+
+    /// With --model ORG/NAME or a models--ORG--NAME directory of the Hugging Face cache: the ref
+    /// (branch, tag) or commit whose snapshot to use [default: main]
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
 
     /// Scenario: a built-in name (passkey, ...) or a scenario TOML file
     #[arg(long, value_name = "NAME|FILE", default_value = "passkey")]

@@ -19,9 +19,14 @@ use std::collections::BTreeMap;
 
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
-    /// Model directory: config.json, safetensors
-    #[arg(long, value_name = "DIR")]
+    /// Model directory: config.json, safetensors; or a Hugging Face repo id (ORG/NAME) in the local cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub; never downloaded)
+    #[arg(long, value_name = "DIR|ORG/NAME")]
     pub model: PathBuf,
+
+    /// With --model ORG/NAME or a models--ORG--NAME directory of the Hugging Face cache: the ref
+    /// (branch, tag) or commit whose snapshot to use [default: main]
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
 
     /// Token ids, whitespace- or comma-separated integers
     #[arg(long, value_name = "FILE")]

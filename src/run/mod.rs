@@ -1,6 +1,7 @@
 //! Orchestration: everything a command does between its parsed flags and its printed result.
-//! [`target`] decides the device and opens the model and tokenizer ([`device`] resolves the
-//! device spec); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
+//! [`hub`] finds the model directory `--model` names (a path, or a repository of the Hugging Face
+//! cache); [`target`] decides the device and opens the model and tokenizer ([`device`] resolves
+//! the device spec); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
 //! scores and logits; [`parity`] holds two engines against each other; [`checks`] refuses
 //! arguments no run can honour; [`interrupt`] turns Ctrl-C into "stop after the work in
 //! flight"; [`progress`] styles the bars. `cli` calls into here; nothing here parses a command
@@ -8,6 +9,7 @@
 
 pub mod checks;
 pub mod device;
+pub mod hub;
 pub mod interrupt;
 pub mod parity;
 pub mod progress;

@@ -9,6 +9,7 @@ mod device;
 mod edges;
 mod emu_combos;
 mod help;
+mod hub;
 mod inspect;
 mod trace;
 mod trace_transfer;

@@ -34,9 +34,14 @@ pub use text::compact_ranges;
 #[derive(Args, Debug, Clone)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["model", "config"])))]
 pub struct InspectArgs {
-    /// Checkpoint directory (config.json + safetensors); its tensors are checked against the config
-    #[arg(long, value_name = "DIR")]
+    /// Checkpoint directory (config.json + safetensors), or a Hugging Face repo id (ORG/NAME) in the local cache (never downloaded); its tensors are checked against the config
+    #[arg(long, value_name = "DIR|ORG/NAME")]
     pub model: Option<PathBuf>,
+
+    /// With --model ORG/NAME or a models--ORG--NAME directory of the Hugging Face cache: the ref
+    /// (branch, tag) or commit whose snapshot to use [default: main]
+    #[arg(long, value_name = "REV", requires = "model")]
+    pub revision: Option<String>,
 
     /// A config.json alone: sizes come from the inventory it implies (no weights needed)
     #[arg(long, value_name = "FILE")]
