@@ -6,7 +6,6 @@
 use cli_support::{synth_tiny, Run};
 use needlescope_testkit::cli as cli_support;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 const COMMIT: &str = "4f2ab0c1d2e3f405162738495a6b7c8d9e0f1a2b";
 
@@ -41,7 +40,7 @@ fn hub_cache(cache: &Path) -> PathBuf {
 
 /// The binary with only the given cache variables set (HOME pointed at `home`).
 fn run_with(env: &[(&str, &Path)], home: &Path, args: &[&str]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_needlescope"));
+    let mut cmd = cli_support::bin();
     for var in [
         "HF_HUB_CACHE",
         "HUGGINGFACE_HUB_CACHE",
@@ -54,16 +53,7 @@ fn run_with(env: &[(&str, &Path)], home: &Path, args: &[&str]) -> Run {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("the needlescope binary runs");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    cli_support::run_in(cmd, args)
 }
 
 #[test]

@@ -77,7 +77,12 @@ pub fn bin() -> Command {
 
 /// Runs the binary with `args`.
 pub fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
-    let out: Output = bin()
+    run_in(bin(), args)
+}
+
+/// Runs `cmd` (the binary, with whatever environment the caller set) with `args`.
+pub fn run_in<S: AsRef<std::ffi::OsStr>>(mut cmd: Command, args: &[S]) -> Run {
+    let out: Output = cmd
         .args(args)
         .stdin(Stdio::null())
         .output()
