@@ -22,6 +22,7 @@ pub mod doctor;
 pub mod flags;
 pub mod inspect;
 pub mod probe;
+pub mod prompt;
 pub mod report;
 pub mod sweep;
 pub mod synth;
@@ -49,6 +50,8 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// One prompt: needle ranks on every CSA layer under each index profile and top-k
     Probe(probe::ProbeArgs),
+    /// Render a prompt (a --prompt conversation or a scenario) without a model: tokens, needle spans, ids
+    Prompt(prompt::PromptArgs),
     /// Lengths x depths x profiles x top-k grid, resumable, into a report directory
     Sweep(sweep::SweepArgs),
     /// Re-render the summary table, summary.json and PNGs of a report directory from its CSV records
@@ -91,6 +94,12 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         Command::Probe(mut a) => {
             locate(&mut a.model, &a.revision)?;
             probe::run(&a, out)
+        }
+        Command::Prompt(mut a) => {
+            if let Some(model) = a.model.as_mut() {
+                locate(model, &a.revision)?;
+            }
+            prompt::run(&a, out)
         }
         Command::Sweep(mut a) => {
             locate(&mut a.model, &a.revision)?;

@@ -43,6 +43,18 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "NAME|FILE", default_value = "passkey")]
     pub scenario: String,
 
+    /// Your own conversation instead of a scenario: an OpenAI-style chat request (*.json: messages, tools, chat_template_kwargs.thinking, reasoning_effort) or a messages array; any other file is UTF-8 text, one user message in chat mode. Rendered as DeepSeek-V4's encoder renders it (`needlescope prompt` shows the result)
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["scenario", "length", "depth", "seed", "haystack_file"])]
+    pub prompt: Option<PathBuf>,
+
+    /// With --prompt: a needle, the text the model loses, exactly as it stands in the rendered prompt (repeatable, at least one; each must occur there once; each is ranked on every CSA layer)
+    #[arg(long, value_name = "TEXT", requires = "prompt")]
+    pub needle: Vec<String>,
+
+    /// With --prompt: the expected answer (the reply is correct when it contains it; needed unless --generate 0)
+    #[arg(long, value_name = "TEXT", requires = "prompt")]
+    pub answer: Option<String>,
+
     /// Prompt length in tokens, e.g. 16000, 16k (= 16384) or 1m
     #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_parser = parse_token_count, default_value = "16k")]
     pub length: usize,
@@ -143,12 +155,19 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
+    refuse_duplicates("--needle", &args.needle, |n| n.clone())?;
+    if args.prompt.is_some() && args.answer.is_none() && args.generate > 0 {
+        anyhow::bail!(
+            "--prompt: expected --answer TEXT (what a correct reply contains) to judge the \
+             generated answer, or --generate 0 to judge by the indexer alone"
+        );
+    }
     let ckpt = crate::run::target::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
     cfg.require_csa_layer(&args.model.join("config.json"))?;
     crate::run::checks::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
     let positions = crate::run::checks::positions_taken(args.length, args.generate);
-    if positions > cfg.max_position_embeddings {
+    if args.prompt.is_none() && positions > cfg.max_position_embeddings {
         anyhow::bail!(
             "--length {} with --generate {}: expected at most the model's \
              max_position_embeddings ({}) positions, found {positions}",
@@ -157,21 +176,41 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             cfg.max_position_embeddings
         );
     }
-    // The tokenizer (cheap, checked against the config), then the backend: a device that
-    // cannot be used, or a model that does not fit, fails before the prompt is built. The
-    // prompt is exactly `--length` tokens.
+    // The tokenizer (cheap, checked against the config) and a conversation's prompt (its
+    // length sizes the work), then the backend: a device that cannot be used, or a model that
+    // does not fit, fails before a scenario's prompt is built (exactly `--length` tokens).
     let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
+    let source = prompt_source(args);
+    let built = match &args.prompt {
+        Some(_) => Some(source.build(&tok, cfg.max_position_embeddings, args.generate)?),
+        None => None,
+    };
+    let length = built.as_ref().map_or(args.length, |(_, p)| p.tokens.len());
     let work = Workload {
-        context: args.length + args.generate,
+        context: length + args.generate,
         chunk: args.chunk,
         topk: args.topk.iter().copied().max().unwrap_or(cfg.index_topk),
     };
     let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     let backend = target.record();
-    let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
-    if let Some(note) = scenario.competing_answers_note() {
-        eprintln!("note: {note}");
-    }
+    let (scenario, prompt) = match built {
+        Some(built) => built,
+        None => {
+            let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
+            if let Some(note) = scenario.competing_answers_note() {
+                eprintln!("note: {note}");
+            }
+            let prompt = build_prompt(
+                &tok,
+                &scenario,
+                args.length,
+                args.depth,
+                args.seed,
+                cfg.max_position_embeddings,
+            )?;
+            (scenario, prompt)
+        }
+    };
     let marks = crate::run::sweep::model_marks(&args.model);
     let judge_answers = marks.judges_answers(args.generate);
     if let Some(note) = scenario
@@ -180,14 +219,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     {
         eprintln!("note: {note}");
     }
-    let prompt = build_prompt(
-        &tok,
-        &scenario,
-        args.length,
-        args.depth,
-        args.seed,
-        cfg.max_position_embeddings,
-    )?;
+    let needle_texts: Vec<String> = prompt.needles.iter().map(|n| n.text.clone()).collect();
     let topks = if args.topk.is_empty() {
         vec![cfg.index_topk]
     } else {
@@ -244,6 +276,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "depth_pct": prompt.depth_pct,
                 "actual_depth_pct": prompt.actual_depth_pct,
                 "needle": [prompt.needle.0, prompt.needle.1],
+                "needles": super::prompt::needles_json(&prompt),
                 "answer": [prompt.answer.0, prompt.answer.1],
                 "needle_text": prompt.needle_text,
                 "answer_value": prompt.answer_value,
@@ -260,7 +293,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "lost_layers": crate::record::why::lost_layers(r, last),
                 "why": crate::record::why::why(r, last),
             }))).collect::<serde_json::Result<Vec<_>>>()?,
-            "conclusion": conclusion(&runs, last, judge_answers),
+            "conclusion": conclusion(&runs, last, judge_answers, &needle_texts),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     } else {
@@ -268,7 +301,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     if let Some(store) = store {
         let stderr = &mut std::io::stderr();
-        record(store, &prompt, args.length, &runs, judge_answers, stderr)?;
+        record(store, &prompt, length, &runs, judge_answers, stderr)?;
     }
     let planned = opts.indexes.len() * opts.topks.len();
     if runs.len() < planned {
@@ -372,6 +405,24 @@ impl ProbeProgress for BarProgress {
 // The directory is locked ([`crate::report::DirLock`]) from [`open`], before the model runs,
 // until [`record`] has rendered the report: a probe is refused while another probe or a sweep
 // writes there.
+
+/// The prompt flags of a probe.
+fn prompt_source(args: &ProbeArgs) -> super::prompt::PromptSource<'_> {
+    match &args.prompt {
+        Some(path) => super::prompt::PromptSource::Conversation {
+            path,
+            needles: &args.needle,
+            answer: args.answer.as_deref(),
+        },
+        None => super::prompt::PromptSource::Scenario {
+            name: &args.scenario,
+            haystack_file: args.haystack_file.as_deref(),
+            length: args.length,
+            depth: args.depth,
+            seed: args.seed,
+        },
+    }
+}
 
 /// The arguments that must agree between probes sharing a directory.
 fn shared_args(args: &ProbeArgs) -> serde_json::Value {
@@ -482,16 +533,34 @@ pub(super) fn print_tables(
     } else {
         String::new()
     };
-    writeln!(
-        out,
-        "scenario {} | {} tokens | needle at depth {:.1}% (tokens {}..{}{asked}) | answer value {:?}",
-        scenario.name,
-        prompt.tokens.len(),
-        prompt.actual_depth_pct,
-        prompt.needle.0,
-        prompt.needle.1,
-        prompt.answer_value
-    )?;
+    if prompt.needles.len() == 1 && prompt.needles[0].location == "haystack" {
+        writeln!(
+            out,
+            "scenario {} | {} tokens | needle at depth {:.1}% (tokens {}..{}{asked}) | answer value {:?}",
+            scenario.name,
+            prompt.tokens.len(),
+            prompt.actual_depth_pct,
+            prompt.needle.0,
+            prompt.needle.1,
+            prompt.answer_value
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{} | {} tokens | {} | answer {:?}",
+            scenario.name,
+            prompt.tokens.len(),
+            crate::units::count_of(prompt.needles.len(), "needle"),
+            prompt.answer_value
+        )?;
+        for (i, n) in prompt.needles.iter().enumerate() {
+            writeln!(
+                out,
+                "  needle {i}: tokens {}..{} in {}: {:?}",
+                n.span.0, n.span.1, n.location, n.span_text
+            )?;
+        }
+    }
     writeln!(
         out,
         "CSA layers: {:?}; ranks at the answer position (query {last}); rank 1 = best",
@@ -524,7 +593,11 @@ pub(super) fn print_tables(
                 .map(|p| p.name().to_string())
                 .filter(|p| *p != run.index),
         );
+        let several = prompt.needles.len() > 1;
         write!(out, "{:>5} {:>8} {:>7}", "layer", "visible", "needle")?;
+        if several {
+            write!(out, " {:>2}", "#")?;
+        }
         for p in &profiles {
             write!(out, " {:>14}", format!("rank[{p}]"))?;
         }
@@ -536,10 +609,15 @@ pub(super) fn print_tables(
                 "{:>5} {:>8} {:>7}",
                 driving.layer, driving.visible_rows, driving.needle_rows
             )?;
+            if several {
+                write!(out, " {:>2}", driving.needle)?;
+            }
             for p in &profiles {
                 let rank = here
                     .iter()
-                    .find(|r| r.layer == driving.layer && &r.profile == p)
+                    .find(|r| {
+                        r.layer == driving.layer && r.needle == driving.needle && &r.profile == p
+                    })
                     .and_then(|r| r.needle_rank);
                 write!(out, " {:>14}", fmt_opt(rank))?;
             }
@@ -582,7 +660,12 @@ pub(super) fn print_tables(
         }
     }
     writeln!(out)?;
-    writeln!(out, "conclusion: {}", conclusion(runs, last, judge_answers))?;
+    let needle_texts: Vec<String> = prompt.needles.iter().map(|n| n.text.clone()).collect();
+    writeln!(
+        out,
+        "conclusion: {}",
+        conclusion(runs, last, judge_answers, &needle_texts)
+    )?;
     Ok(())
 }
 
@@ -631,8 +714,7 @@ fn print_other_positions(out: &mut dyn Write, run: &ProbeRun, last: usize) -> an
             .filter(|r| r.driving && r.query_pos == pos)
             .collect();
         let worst = here.iter().filter_map(|r| r.needle_rank).max();
-        let nontrivial = here.iter().filter(|r| !r.trivial).count();
-        let selected = here.iter().filter(|r| !r.trivial && r.selected).count();
+        let (selected, nontrivial) = crate::record::layers_selected(here.iter().copied());
         let figures = (worst, selected, nontrivial);
         match groups.last_mut() {
             Some(g)

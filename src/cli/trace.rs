@@ -28,9 +28,18 @@ pub struct TraceArgs {
     #[arg(long, value_name = "REV")]
     pub revision: Option<String>,
 
-    /// Token ids, whitespace- or comma-separated integers
+    /// Token ids, whitespace- or comma-separated integers (what `needlescope prompt --ids-out` writes)
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "prompt",
+        conflicts_with = "prompt"
+    )]
+    pub tokens: Option<PathBuf>,
+
+    /// A conversation instead of --tokens: an OpenAI-style chat request (*.json) or a messages array, or a UTF-8 text file (one user message), rendered as DeepSeek-V4's encoder renders it
     #[arg(long, value_name = "FILE")]
-    pub tokens: PathBuf,
+    pub prompt: Option<PathBuf>,
 
     /// Positions to record: all, last, or a comma list of 0-based positions
     #[arg(long, value_name = "all|last|LIST", default_value = "last")]
@@ -139,10 +148,21 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
         Some(real.join(p.strip_prefix(&a).unwrap_or(p)))
     };
     let out_full = canonical_parent(out);
-    if out_full.is_some() && out_full == canonical_parent(&args.tokens) {
+    let input = args.tokens.as_ref().or(args.prompt.as_ref());
+    if out_full.is_some() && input.is_some_and(|i| out_full == canonical_parent(i)) {
         anyhow::bail!(
-            "--out {}: is the token file given to --tokens; expected another path",
-            out.display()
+            "--out {}: is the {} given to {}; expected another path",
+            out.display(),
+            if args.tokens.is_some() {
+                "token file"
+            } else {
+                "conversation"
+            },
+            if args.tokens.is_some() {
+                "--tokens"
+            } else {
+                "--prompt"
+            }
         );
     }
     if let (Some(full), Ok(model)) = (&out_full, std::fs::canonicalize(&args.model)) {
@@ -245,7 +265,28 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     check_out_path(args)?;
     let ckpt = crate::run::target::open_model(&args.model)?;
     let cfg = ckpt.config().clone();
-    let tokens = trace::parse_token_file(&args.tokens, cfg.vocab_size)?;
+    let tokens = match (&args.tokens, &args.prompt) {
+        (Some(file), _) => trace::parse_token_file(file, cfg.vocab_size)?,
+        (None, Some(path)) => {
+            let request = crate::probe::chat::ChatRequest::from_file(path)?;
+            for note in &request.notes {
+                eprintln!("note: --prompt {}: {note}", path.display());
+            }
+            let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
+            let ids = tok.encode(&request.render().text)?;
+            if ids.len() > cfg.max_position_embeddings {
+                return Err(crate::probe::PromptError::PromptTooLong {
+                    source_name: path.display().to_string(),
+                    tokens: ids.len(),
+                    plus: String::new(),
+                    max_positions: cfg.max_position_embeddings,
+                }
+                .into());
+            }
+            ids
+        }
+        (None, None) => anyhow::bail!("expected --tokens FILE or --prompt FILE"),
+    };
     let positions: Vec<usize> = match &args.positions {
         Positions::All => (0..tokens.len()).collect(),
         Positions::Last => vec![tokens.len() - 1],

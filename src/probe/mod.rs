@@ -4,6 +4,10 @@
 //! - [`scenario`]: what a needle test is (needle template, value generator, question, answer
 //!   check, haystack kind); built-in scenarios from `scenarios/*.toml` or a user's file; the
 //!   needle value / kv key generators (`[value]`, `[key]` tables) and answer judging.
+//! - [`chat`]: the DeepSeek-V4 chat encoder: a user's conversation (`--prompt FILE`: a chat
+//!   request, a messages array or text) read, checked and rendered as the V4 release renders it.
+//! - [`conversation`]: that conversation as a needle prompt: tokens, the span of each
+//!   `--needle`, the answer.
 //! - [`haystack`]: seeded text generators for the haystack kinds (noise, kv, tools, file);
 //!   [`words`] holds their own word lists and templates (draws: `numerics::rng`).
 //! - [`prompt`]: the V4 chat prompt of exactly the requested length with exact token spans
@@ -17,6 +21,8 @@
 //! it only sees `IndexerObservation` and `AttentionObservation` values, and writes the records
 //! of `crate::record`.
 
+pub mod chat;
+pub mod conversation;
 pub mod haystack;
 pub mod observe;
 pub mod prompt;

@@ -17,9 +17,12 @@
 //! mismatches (e.g. `visible_rows != floor((t+1)/4)`) are recorded as [`ObservationError`]s
 //! instead of panicking, since observer methods cannot return errors.
 //!
+//! Several needles (a user's `--needle`s, `--needles N`) are ranked one by one: each gets its
+//! own record per (cell, profile), with its index in `needle`, and its own selection check.
+//!
 //! At every layer ([`AttentionObservation`]) it records the needle attention mass: per head,
-//! the probability on window tokens inside the needle span plus compressed rows that pool a
-//! needle token; mean over heads and the max head; whether any needle token is in the raw
+//! the probability on window tokens inside a needle span plus compressed rows that pool a
+//! needle token (any needle's: the mass on all of them together); mean over heads and the max head; whether any needle token is in the raw
 //! window; and the mean sink share ([`AttentionRecord`], the attention.csv fields).
 
 use std::collections::BTreeSet;
@@ -44,9 +47,10 @@ pub struct CellTopk {
 /// What to observe.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NeedleObserverConfig {
-    /// Needle token span `[a, b)`.
-    pub needle: (usize, usize),
-    /// Answer token span `[a, b)` (kept for reports; ranks use the needle span).
+    /// The needles' token spans `[a, b)`, each ranked on its own (records carry the index);
+    /// at least one.
+    pub needles: Vec<(usize, usize)>,
+    /// Answer token span `[a, b)` (kept for reports; ranks use the needle spans).
     pub answer: (usize, usize),
     /// Prompt length: positions below it are phase "prompt", position `prompt_len - 1 + s` is
     /// decode step `s`.
@@ -136,28 +140,41 @@ impl NeedleObserver {
         });
     }
 
+    /// One record per (cell, needle) from the needles' ranks under `profile`.
     fn push_records(
         &mut self,
         obs: &IndexerObservation<'_>,
         profile: IndexProfile,
-        rank: &NeedleRank,
+        ranks: &[NeedleRank],
         scores: &[f32],
     ) {
         let ks: Vec<usize> = self.cfg.cells.iter().map(|c| c.topk).collect();
         let kth = kth_scores(scores, &ks);
         let phase = self.phase(obs.query_pos);
         for (cell, kth) in self.cfg.cells.iter().zip(kth) {
-            let meta = RecordMeta {
-                cell_id: &cell.cell_id,
-                layer: obs.layer,
-                query_pos: obs.query_pos,
-                phase: &phase,
-                profile: profile.name(),
-                driving: profile == self.cfg.driving,
-            };
-            self.layer_records
-                .push(LayerRecord::new(&meta, rank, kth, cell.topk));
+            for (needle, rank) in ranks.iter().enumerate() {
+                let meta = RecordMeta {
+                    cell_id: &cell.cell_id,
+                    layer: obs.layer,
+                    query_pos: obs.query_pos,
+                    phase: &phase,
+                    profile: profile.name(),
+                    driving: profile == self.cfg.driving,
+                    needle,
+                };
+                self.layer_records
+                    .push(LayerRecord::new(&meta, rank, kth, cell.topk));
+            }
         }
+    }
+
+    /// Each needle's CSA rows.
+    fn needle_rows(&self) -> Vec<std::ops::Range<usize>> {
+        self.cfg
+            .needles
+            .iter()
+            .map(|&span| RowKind::Csa.span_rows(span))
+            .collect()
     }
 
     /// Checks shapes; records an error and returns false when the observation is unusable.
@@ -272,30 +289,34 @@ impl Observer for NeedleObserver {
         if !self.wants_position(obs.query_pos) || !self.check_indexer(obs) {
             return;
         }
-        let rows = RowKind::Csa.span_rows(self.cfg.needle);
+        let rows = self.needle_rows();
         let driving = self.cfg.driving;
         if !self.check_finite(obs, driving, obs.scores) {
             return;
         }
-        let rank = rank_needle(obs.scores, rows.clone());
-        self.push_records(obs, driving, &rank, obs.scores);
-
-        // The engine's selection against the driving rank.
-        let engine_k = obs.selected.len();
-        let engine_has = obs
-            .selected
+        let ranks: Vec<NeedleRank> = rows
             .iter()
-            .any(|&w| w >= 0 && rows.contains(&(w as usize)) && (w as usize) < obs.visible_rows);
-        self.selection_checks += 1;
-        if engine_has != rank.selected(engine_k) && !rank.ties_straddle(engine_k) {
-            self.disagreements.push(SelectionDisagreement {
-                layer: obs.layer,
-                query_pos: obs.query_pos,
-                topk: engine_k,
-                needle_rank: rank.needle_rank,
-                rank_ties: rank.rank_ties,
-                engine_selected_needle: engine_has,
+            .map(|r| rank_needle(obs.scores, r.clone()))
+            .collect();
+        self.push_records(obs, driving, &ranks, obs.scores);
+
+        // The engine's selection against the driving rank, needle by needle.
+        let engine_k = obs.selected.len();
+        for (needle_rows, rank) in rows.iter().zip(&ranks) {
+            let engine_has = obs.selected.iter().any(|&w| {
+                w >= 0 && needle_rows.contains(&(w as usize)) && (w as usize) < obs.visible_rows
             });
+            self.selection_checks += 1;
+            if engine_has != rank.selected(engine_k) && !rank.ties_straddle(engine_k) {
+                self.disagreements.push(SelectionDisagreement {
+                    layer: obs.layer,
+                    query_pos: obs.query_pos,
+                    topk: engine_k,
+                    needle_rank: rank.needle_rank,
+                    rank_ties: rank.rank_ties,
+                    engine_selected_needle: engine_has,
+                });
+            }
         }
 
         let mut done = vec![driving];
@@ -318,8 +339,11 @@ impl Observer for NeedleObserver {
             if !self.check_finite(obs, profile, &scores) {
                 continue;
             }
-            let rank = rank_needle(&scores, rows.clone());
-            self.push_records(obs, profile, &rank, &scores);
+            let ranks: Vec<NeedleRank> = rows
+                .iter()
+                .map(|r| rank_needle(&scores, r.clone()))
+                .collect();
+            self.push_records(obs, profile, &ranks, &scores);
         }
     }
 
@@ -344,8 +368,9 @@ impl Observer for NeedleObserver {
             );
             return;
         }
-        let (a, b) = self.cfg.needle;
-        let in_needle = |p: usize| p >= a && p < b;
+        // Attention on any needle (the union of the spans).
+        let needles = self.cfg.needles.clone();
+        let in_needle = |p: usize| needles.iter().any(|&(a, b)| p >= a && p < b);
         let kind = RowKind::from_ratio(obs.ratio);
         if kind.is_none() && !obs.compressed_rows.is_empty() {
             self.error(
@@ -357,16 +382,14 @@ impl Observer for NeedleObserver {
             );
             return;
         }
-        let mask: Vec<bool> = obs
-            .window_positions
-            .iter()
-            .map(|&p| in_needle(p))
-            .chain(
-                obs.compressed_rows
-                    .iter()
-                    .map(|&w| kind.is_some_and(|k| k.row_touches(w, (a, b)))),
-            )
-            .collect();
+        let mask: Vec<bool> =
+            obs.window_positions
+                .iter()
+                .map(|&p| in_needle(p))
+                .chain(obs.compressed_rows.iter().map(|&w| {
+                    kind.is_some_and(|k| needles.iter().any(|&span| k.row_touches(w, span)))
+                }))
+                .collect();
         let masses: Vec<f32> = obs
             .probs
             .chunks(per_head.max(1))
@@ -418,7 +441,7 @@ mod tests {
     #[test]
     fn a_nan_head_is_not_hidden_from_the_max_head() {
         let mut o = NeedleObserver::new(NeedleObserverConfig {
-            needle: (10, 14),
+            needles: vec![(10, 14)],
             answer: (11, 14),
             prompt_len: 64,
             prompt_positions: vec![63],

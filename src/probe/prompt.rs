@@ -41,6 +41,42 @@ mod error {
         Tokenizer(#[from] TokenizerError),
         #[error(transparent)]
         Scenario(#[from] ScenarioError),
+        #[error(transparent)]
+        Chat(#[from] crate::probe::chat::ChatError),
+        #[error("--needle: expected at least one needle (the text the model loses, as it stands in the prompt), found none")]
+        NoNeedle,
+        #[error(
+            "--needle #{index}: empty; expected the text of a needle as it stands in the prompt"
+        )]
+        EmptyNeedle { index: usize },
+        #[error("--needle {needle:?} does not occur in the rendered prompt of {source_name}; expected it exactly once, as it stands there (case, spaces and escapes included){hint}")]
+        NeedleAbsent {
+            needle: String,
+            source_name: String,
+            hint: String,
+        },
+        #[error("--needle {needle:?} occurs {count} times in the rendered prompt of {source_name}, expected exactly once (lengthen it until it is unique): {places}")]
+        NeedleAmbiguous {
+            needle: String,
+            source_name: String,
+            count: usize,
+            places: String,
+        },
+        #[error("--needle {needle:?} (in {location}) lies inside or holds the special token {token:?} (id {id}) at prompt position {position}: a special token is structure the model reads, not text; expected a needle of plain text")]
+        NeedleInSpecialToken {
+            needle: String,
+            location: String,
+            token: String,
+            id: u32,
+            position: usize,
+        },
+        #[error("--prompt {source_name}: the rendered prompt has {tokens} tokens{plus}, over the model's max_position_embeddings ({max_positions})")]
+        PromptTooLong {
+            source_name: String,
+            tokens: usize,
+            plus: String,
+            max_positions: usize,
+        },
         #[error("--depth: expected a percentage in 0..=100, found {found}")]
         Depth { found: f64 },
         #[error("--length {target}: too short for scenario {scenario}: the chat template, needle and question alone take {minimum} tokens (minimum length {minimum})")]
@@ -104,13 +140,49 @@ use super::scenario::Scenario;
 use crate::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
 pub use error::PromptError;
 
+/// One needle of a prompt: its text and token span.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct NeedleSpan {
+    /// The needle text, as named or placed.
+    pub text: String,
+    /// Token span `[a, b)`: every token that overlaps the text's bytes.
+    pub span: (usize, usize),
+    /// `decode(tokens[span])`: `glued_before + text + glued_after`.
+    pub span_text: String,
+    /// Text outside the needle that BPE merged into its first token (`" "` before a word),
+    /// empty when the needle starts on a token boundary.
+    pub glued_before: String,
+    /// Text outside the needle merged into its last token, empty when it ends on a boundary.
+    pub glued_after: String,
+    /// Where it sits: `haystack` in a scenario's prompt, `messages[3]` in a conversation.
+    pub location: String,
+}
+
+impl NeedleSpan {
+    /// The span from `span_text` (which holds `text` once, with only glued text around it).
+    pub fn new(text: &str, span: (usize, usize), span_text: String, location: &str) -> Self {
+        let at = span_text.find(text).unwrap_or(0);
+        let end = (at + text.len()).min(span_text.len());
+        NeedleSpan {
+            text: text.to_string(),
+            span,
+            glued_before: span_text[..at].to_string(),
+            glued_after: span_text[end..].to_string(),
+            span_text,
+            location: location.to_string(),
+        }
+    }
+}
+
 /// A rendered needle prompt.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct NeedlePrompt {
     /// Prompt token ids, BOS first; `tokens.len()` is the requested length.
     pub tokens: Vec<u32>,
-    /// Needle token span `[a, b)`.
+    /// The first needle's token span `[a, b)` (= `needles[0].span`).
     pub needle: (usize, usize),
+    /// Every needle, in order (one for a single-needle scenario); each is ranked on its own.
+    pub needles: Vec<NeedleSpan>,
     /// Answer value token span `[a, b)`, inside the needle span.
     pub answer: (usize, usize),
     /// The needle sentence (value and key substituted), no surrounding whitespace.
@@ -706,9 +778,16 @@ pub(super) fn finish(
     } else {
         100.0 * na.saturating_sub(h0) as f64 / others as f64
     };
+    let needles = vec![NeedleSpan::new(
+        &needle_text,
+        (na, nb),
+        needle_span_text.clone(),
+        "haystack",
+    )];
     Ok(NeedlePrompt {
         tokens: ids,
         needle: (na, nb),
+        needles,
         answer: (aa, ab),
         needle_text,
         answer_value: value,

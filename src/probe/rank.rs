@@ -160,6 +160,8 @@ pub struct RecordMeta<'a> {
     pub phase: &'a str,
     pub profile: &'a str,
     pub driving: bool,
+    /// Which of the run's needles the rank is of.
+    pub needle: usize,
 }
 
 impl LayerRecord {
@@ -172,6 +174,7 @@ impl LayerRecord {
             phase: meta.phase.to_string(),
             profile: meta.profile.to_string(),
             driving: meta.driving,
+            needle: meta.needle,
             visible_rows: rank.visible_rows,
             needle_rows: rank.needle_rows,
             needle_rank: rank.needle_rank,

@@ -169,6 +169,26 @@ struct RawHaystack {
 const MARKERS: &[&str] = crate::tokenizer::CHAT_MARKERS;
 
 impl Scenario {
+    /// The scenario of a user's conversation (`--prompt FILE`): named `prompt:FILE`, judged by
+    /// substring (the generated text contains `--answer`; after `</think>` in thinking mode),
+    /// its fingerprint covering the file's bytes, the needles and the answer (the haystack
+    /// kind `file` with that path). Nothing is generated from it: the conversation is the prompt.
+    pub fn conversation(path: &Path, needles: &[String], answer: &str, thinking: bool) -> Self {
+        Scenario {
+            name: format!("prompt:{}", path.display()),
+            description: format!("answer {answer:?}"),
+            needle: needles.join("\n"),
+            question: String::new(),
+            system: None,
+            thinking,
+            value: ValueSpec::Uuid,
+            key: None,
+            answer: AnswerCheck::Substring,
+            haystack: HaystackKind::File(Some(path.to_path_buf())),
+            source: path.display().to_string(),
+        }
+    }
+
     /// Names of the built-in scenarios.
     pub fn builtin_names() -> Vec<&'static str> {
         BUILTIN.iter().map(|(n, _)| *n).collect()

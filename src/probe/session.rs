@@ -125,7 +125,7 @@ pub fn run_probe<B: Backend>(
                 .filter(|&p| p != index)
                 .collect();
             let mut observer = NeedleObserver::new(NeedleObserverConfig {
-                needle: prompt.needle,
+                needles: prompt.needles.iter().map(|n| n.span).collect(),
                 answer: prompt.answer,
                 prompt_len: prompt.tokens.len(),
                 prompt_positions: prompt_positions.clone(),
@@ -239,22 +239,74 @@ pub fn answer_position_records(run: &ProbeRun, last_prompt_pos: usize) -> Vec<&L
         .collect()
 }
 
-/// Non-trivial CSA layers where the driving profile lost the needle at the answer position,
-/// and the number of non-trivial layers.
+/// CSA layers at the answer position under the driving profile: (non-trivial layers that lost
+/// a needle (any of them), non-trivial layers, all CSA layers).
 pub fn layers_lost(run: &ProbeRun, last_prompt_pos: usize) -> (usize, usize, usize) {
+    use std::collections::BTreeSet;
     let recs = answer_position_records(run, last_prompt_pos);
-    let nontrivial = recs.iter().filter(|r| !r.trivial).count();
-    let lost = recs.iter().filter(|r| !r.trivial && !r.selected).count();
-    (lost, nontrivial, recs.len())
+    let layers = |keep: &dyn Fn(&LayerRecord) -> bool| {
+        recs.iter()
+            .filter(|r| keep(r))
+            .map(|r| r.layer)
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
+    (
+        layers(&|r| !r.trivial && !r.selected),
+        layers(&|r| !r.trivial),
+        layers(&|_| true),
+    )
+}
+
+/// With several needles: for each, the non-trivial CSA layers that lost it at the answer
+/// position under the driving profile, e.g. `needle 0 "cwd is /srv/a" lost on layers 3, 7;
+/// needle 1 "..." kept`; `None` with one needle.
+pub fn needles_lost(run: &ProbeRun, last_prompt_pos: usize, needles: &[String]) -> Option<String> {
+    if needles.len() < 2 {
+        return None;
+    }
+    let recs = answer_position_records(run, last_prompt_pos);
+    let parts: Vec<String> = needles
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let lost: Vec<String> = recs
+                .iter()
+                .filter(|r| r.needle == i && !r.trivial && !r.selected)
+                .map(|r| r.layer.to_string())
+                .collect();
+            let shown: String = if text.chars().count() > 48 {
+                format!("{}...", text.chars().take(45).collect::<String>())
+            } else {
+                text.clone()
+            };
+            match lost.len() {
+                0 => format!("needle {i} {shown:?} kept"),
+                1 => format!("needle {i} {shown:?} lost on layer {}", lost[0]),
+                _ => format!("needle {i} {shown:?} lost on layers {}", lost.join(", ")),
+            }
+        })
+        .collect();
+    Some(parts.join(", "))
 }
 
 /// The one-line conclusion, e.g. "needle lost on 7/21 CSA layers under fp8 at top-512; all
 /// kept with bf16 at top-512".
 /// `judge_answers` is false for a model whose LM path is not built to answer (the planted demo
 /// model): then the verdict part is left out.
-pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool) -> String {
+///
+/// With several needles (`needles`, their texts), "the needle lost on n layers" counts the
+/// layers that lost any of them, and each needle's own layers follow in brackets.
+pub fn conclusion(
+    runs: &[ProbeRun],
+    last_prompt_pos: usize,
+    judge_answers: bool,
+    needles: &[String],
+) -> String {
     let mut parts = Vec::new();
     for run in runs {
+        let each = needles_lost(run, last_prompt_pos, needles)
+            .map_or(String::new(), |e| format!(" [{e}]"));
         let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
         let verdict = match run.answer_correct {
             Some(true) => "answer correct",
@@ -274,7 +326,12 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
             )
         } else if lost == 0 {
             format!(
-                "needle kept on {} under {} at top-{}",
+                "{} kept on {} under {} at top-{}",
+                if needles.len() > 1 {
+                    "every needle"
+                } else {
+                    "needle"
+                },
                 all(nontrivial, "non-trivial CSA layer"),
                 run.index,
                 run.topk
@@ -285,11 +342,17 @@ pub fn conclusion(runs: &[ProbeRun], last_prompt_pos: usize, judge_answers: bool
             let rounding = crate::record::why::rounding_losses(&run.layers, last_prompt_pos)
                 .filter(|_| run.index != "exact")
                 .map_or(String::new(), |n| format!(" (exact keeps {n})"));
+            let noun = if needles.len() > 1 {
+                "a needle"
+            } else {
+                "needle"
+            };
             format!(
-                "needle lost on {lost}/{total} CSA layers under {} at top-{}{rounding}",
+                "{noun} lost on {lost}/{total} CSA layers under {} at top-{}{rounding}",
                 run.index, run.topk
             )
         };
+        let what = format!("{what}{each}");
         if judge_answers {
             parts.push(format!("{what} ({verdict})"));
         } else {

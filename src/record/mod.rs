@@ -25,6 +25,9 @@ pub struct LayerRecord {
     pub phase: String,
     pub profile: String,
     pub driving: bool,
+    /// Which of the run's needles (0-based, in the order named: `--needle`, or placement order
+    /// for `--needles N`); 0 when there is one.
+    pub needle: usize,
     pub visible_rows: usize,
     pub needle_rows: usize,
     pub needle_rank: Option<usize>,
@@ -39,6 +42,19 @@ pub struct LayerRecord {
     pub margin: Option<f32>,
     pub selected: bool,
     pub trivial: bool,
+}
+
+/// Over records of one position and profile (one per CSA layer and needle): the non-trivial
+/// layers on which every needle was selected, and the non-trivial layers.
+pub fn layers_selected<'a>(records: impl IntoIterator<Item = &'a LayerRecord>) -> (usize, usize) {
+    let mut by_layer: std::collections::BTreeMap<usize, bool> = Default::default();
+    for r in records.into_iter().filter(|r| !r.trivial) {
+        *by_layer.entry(r.layer).or_insert(true) &= r.selected;
+    }
+    (
+        by_layer.values().filter(|&&all| all).count(),
+        by_layer.len(),
+    )
 }
 
 /// One row of attention.csv (docs/outputs.md), exactly these fields in this order.
@@ -127,13 +143,14 @@ pub const CELLS_COLUMNS: [&str; 17] = [
 ];
 
 /// layers.csv columns, in order.
-pub const LAYERS_COLUMNS: [&str; 15] = [
+pub const LAYERS_COLUMNS: [&str; 16] = [
     "cell_id",
     "layer",
     "query_pos",
     "phase",
     "profile",
     "driving",
+    "needle",
     "visible_rows",
     "needle_rows",
     "needle_rank",

@@ -46,6 +46,8 @@ pub struct Keeper {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LostLayer {
     pub layer: usize,
+    /// Which of the run's needles (0 when there is one).
+    pub needle: usize,
     /// The driving profile's needle rank (`None`: no needle row visible).
     pub rank: Option<usize>,
     /// The other scored profiles that select the needle at this top-k.
@@ -102,7 +104,7 @@ pub fn lost_layers_of<'a>(
         .map(|driving| {
             let others: Vec<&&LayerRecord> = here
                 .iter()
-                .filter(|r| !r.driving && r.layer == driving.layer)
+                .filter(|r| !r.driving && r.layer == driving.layer && r.needle == driving.needle)
                 .collect();
             let kept_by: Vec<Keeper> = others
                 .iter()
@@ -136,6 +138,7 @@ pub fn lost_layers_of<'a>(
                 .min();
             LostLayer {
                 layer: driving.layer,
+                needle: driving.needle,
                 rank: driving.needle_rank,
                 kept_by,
                 exact_rank: exact_rank.flatten(),
@@ -144,7 +147,7 @@ pub fn lost_layers_of<'a>(
             }
         })
         .collect();
-    lost.sort_by_key(|l| l.layer);
+    lost.sort_by_key(|l| (l.layer, l.needle));
     lost
 }
 
@@ -162,8 +165,14 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     let of = |cause: LossCause| -> Vec<&LostLayer> {
         lost.iter().filter(|l| l.cause == cause).collect()
     };
+    // With several needles each lost layer names its needle: `layer 3 (needle 1)`.
+    let several = run.layers.iter().any(|r| r.needle > 0);
+    let name = |layer: usize, needle: usize| match several {
+        true => format!("{layer} (needle {needle})"),
+        false => layer.to_string(),
+    };
     let layers = |ls: &[&LostLayer]| {
-        let names: Vec<String> = ls.iter().map(|l| l.layer.to_string()).collect();
+        let names: Vec<String> = ls.iter().map(|l| name(l.layer, l.needle)).collect();
         let noun = if ls.len() == 1 { "layer" } else { "layers" };
         format!("{noun} {}", names.join(", "))
     };
@@ -262,7 +271,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
             "layer {} counts as selected (rank {rank} <= {}), but its needle score ties {} other \
              rows (ranks {rank}-{}{needle}), so whether an engine keeps it may depend on its tie \
              order",
-            r.layer,
+            name(r.layer, r.needle),
             run.topk,
             r.rank_ties,
             rank + r.rank_ties
@@ -305,6 +314,7 @@ mod tests {
             phase: "prompt".into(),
             profile: profile.into(),
             driving,
+            needle: 0,
             visible_rows: 25,
             needle_rows: 2,
             needle_rank: rank,
@@ -556,6 +566,7 @@ mod tests {
             phase: "prompt",
             profile: "official-fp4",
             driving: true,
+            needle: 0,
         };
         let k = 4;
         let r = LayerRecord::new(&meta, &rank, kth_scores(&scores, &[k])[0], k);

@@ -152,9 +152,11 @@ pub fn cell_record(
         // No answer to judge (a thinking run that never reached </think>): the indexer's
         // recall judges the cell, as for a model that does not answer.
         answer_correct: judge_by_answer.then_some(run.answer_correct).flatten(),
+        // Over every needle: the worst rank of any, and a layer counts as selected only when
+        // it selects all of them (docs/outputs.md).
         min_needle_rank: recs.iter().filter_map(|r| r.needle_rank).max(),
-        csa_layers_selected: recs.iter().filter(|r| r.selected && !r.trivial).count(),
-        csa_layers_nontrivial: recs.iter().filter(|r| !r.trivial).count(),
+        csa_layers_selected: crate::record::layers_selected(recs.iter().copied()).0,
+        csa_layers_nontrivial: crate::record::layers_selected(recs.iter().copied()).1,
         wall_seconds: run.wall_seconds,
     }
 }

@@ -106,7 +106,7 @@ fn official_format_keeps_the_needle_selected_on_every_csa_layer() {
     let sc = Scenario::load("passkey").unwrap();
     let p = build_prompt(&tok, &sc, 2048, 40.0, 0, 1 << 20).unwrap();
     let mut obs = NeedleObserver::new(NeedleObserverConfig {
-        needle: p.needle,
+        needles: vec![p.needle],
         answer: p.answer,
         prompt_len: p.tokens.len(),
         prompt_positions: vec![p.tokens.len() - 1],

@@ -3,5 +3,6 @@
 //! One test binary per area (docs/architecture.md section 8); each module is one family of
 //! tests, shared helpers come from `needlescope-testkit` (tests/support).
 
+mod conversation;
 mod planted_trends;
 mod probe_sweep;

@@ -140,7 +140,7 @@ fn setup(margin: f64) -> Setup {
 fn run_cell(s: &Setup, length: usize, depth: f64) -> Cell {
     let p = build_prompt(&s.tok, &s.scenario, length, depth, 1, 1 << 20).unwrap();
     let cfg = NeedleObserverConfig {
-        needle: p.needle,
+        needles: vec![p.needle],
         answer: p.answer,
         prompt_len: length,
         prompt_positions: vec![length - 1],

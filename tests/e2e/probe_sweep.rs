@@ -56,6 +56,7 @@ fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
         "phase",
         "profile",
         "driving",
+        "needle",
         "visible_rows",
         "needle_rows",
         "needle_rank",

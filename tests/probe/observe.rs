@@ -25,7 +25,7 @@ fn config(
     ks: &[usize],
 ) -> NeedleObserverConfig {
     NeedleObserverConfig {
-        needle,
+        needles: vec![needle],
         answer: (needle.0 + 1, needle.1),
         prompt_len: 64,
         prompt_positions: vec![63],
@@ -421,7 +421,7 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                 let keys = vec![0.25f32; n_t * 8];
                 let observe = |selected: &[i32]| {
                     let mut o = NeedleObserver::new(NeedleObserverConfig {
-                        needle: (a, b),
+                        needles: vec![(a, b)],
                         answer: (a, b),
                         prompt_len: t + 1,
                         prompt_positions: vec![t],

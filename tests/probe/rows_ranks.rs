@@ -165,6 +165,7 @@ fn needle_tied_at_the_kth_place_is_selected_with_zero_margin_and_straddling_ties
         phase: "prompt",
         profile: "fp8",
         driving: true,
+        needle: 0,
     };
     let rec = LayerRecord::new(&meta, &r, kth, 2);
     assert!(rec.selected && !rec.trivial);
@@ -200,6 +201,7 @@ fn trivial_means_every_visible_row_fits_in_the_top_k() {
         phase: "prompt",
         profile: "exact",
         driving: false,
+        needle: 0,
     };
     let r = rank_needle(&s[..512], 0..1);
     assert!(LayerRecord::new(&meta, &r, None, 512).trivial);
@@ -236,6 +238,7 @@ fn a_nan_needle_is_never_selected() {
         phase: "prompt",
         profile: "fp8",
         driving: true,
+        needle: 0,
     };
     let rec = LayerRecord::new(&meta, &r, kth_scores(&s, &[4])[0], 4);
     assert!(!rec.selected && !rec.trivial);
@@ -270,6 +273,7 @@ fn layer_record_serialises_with_exactly_the_layers_csv_fields() {
         phase: "prompt",
         profile: "fp8",
         driving: true,
+        needle: 0,
     };
     let r = rank_needle(&[0.25, 1.0], 0..1);
     let rec = LayerRecord::new(&meta, &r, None, 512);
@@ -279,11 +283,11 @@ fn layer_record_serialises_with_exactly_the_layers_csv_fields() {
     let mut lines = text.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "cell_id,layer,query_pos,phase,profile,driving,visible_rows,needle_rows,needle_rank,rank_ties,needle_score,kth_score,margin,selected,trivial"
+        "cell_id,layer,query_pos,phase,profile,driving,needle,visible_rows,needle_rows,needle_rank,rank_ties,needle_score,kth_score,margin,selected,trivial"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "16k-40-fp8-512,7,16383,prompt,fp8,true,2,1,2,0,0.25,,,true,true"
+        "16k-40-fp8-512,7,16383,prompt,fp8,true,0,2,1,2,0,0.25,,,true,true"
     );
 }
 

@@ -17,8 +17,8 @@ use report_support::*;
 const DESIGN_CELLS: &str = "cell_id, target_tokens, prompt_tokens, depth_pct, needle_start, \
     needle_end, answer_start, answer_end, index, kv, topk, answer_text, answer_correct, \
     min_needle_rank, csa_layers_selected, csa_layers_nontrivial, wall_seconds";
-const DESIGN_LAYERS: &str = "cell_id, layer, query_pos, phase, profile, driving, visible_rows, \
-    needle_rows, needle_rank, rank_ties, needle_score, kth_score, margin, selected, trivial";
+const DESIGN_LAYERS: &str = "cell_id, layer, query_pos, phase, profile, driving, needle, \
+    visible_rows, needle_rows, needle_rank, rank_ties, needle_score, kth_score, margin, selected, trivial";
 const DESIGN_ATTENTION: &str = "cell_id, layer, layer_type, query_pos, phase, needle_mass_mean, \
     needle_mass_max_head, needle_in_window, sink_mass_mean";
 
@@ -240,6 +240,12 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
     let prompt = needlescope::probe::NeedlePrompt {
         tokens: vec![0; 4096],
         needle: (1000, 1012),
+        needles: vec![needlescope::probe::prompt::NeedleSpan::new(
+            "The pass key is 71432.",
+            (1000, 1012),
+            " The pass key is 71432.".into(),
+            "haystack",
+        )],
         answer: (1005, 1007),
         needle_text: "The pass key is 71432.".into(),
         answer_value: "71432".into(),

@@ -71,6 +71,7 @@ pub fn layer(
         phase: "prompt".into(),
         profile: profile.into(),
         driving,
+        needle: 0,
         visible_rows: 1024,
         needle_rows: 9,
         needle_rank: Some(rank),

@@ -241,6 +241,7 @@ mod tests {
             phase,
             profile: "fp8",
             driving: true,
+            needle: 0,
         };
         let r = NeedleRank {
             visible_rows: 20,

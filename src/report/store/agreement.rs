@@ -148,6 +148,7 @@ mod tests {
                 phase: "prompt",
                 profile,
                 driving,
+                needle: 0,
             };
             let r = NeedleRank {
                 visible_rows: 20,

@@ -3,9 +3,9 @@
 //! A cells.csv row commits a cell only after its other rows are synced (`store`), so a kill
 //! never leaves a finished cell with missing rows; a file edited, truncated or deleted by hand
 //! does. The probe writes a full grid per cell, which is what is checked:
-//! - layers.csv: one row per (CSA layer, probed query position, profile), the layers being
-//!   every CSA layer that appears in the run's rows (all cells share the model), the positions
-//!   and profiles the cell's own;
+//! - layers.csv: one row per (CSA layer, probed query position, needle, profile), the layers being
+//!   every CSA layer that appears in the run's rows (all cells share the model), the positions,
+//!   needles and profiles the cell's own;
 //! - attention.csv: one row per (layer, query position), over every layer that appears in the
 //!   run's attention rows (the probe records every layer at every probed position; a cell
 //!   without attention rows lost them, e.g. to a deleted attention.csv);
@@ -31,8 +31,8 @@ pub struct IncompleteCell {
     pub why: String,
 }
 
-/// One grid key: (layer, query position, profile; "" for attention rows).
-type Key<'a> = (usize, usize, &'a str);
+/// One grid key: (layer, query position, needle, profile; needle 0 and "" for attention rows).
+type Key<'a> = (usize, usize, usize, &'a str);
 
 /// The first finished cells (in cells.csv order) whose layers.csv or attention.csv rows are
 /// not complete; empty when all are.
@@ -44,12 +44,12 @@ pub fn incomplete_cells<'a>(
     let layer_keys = layers.into_iter().map(|r| {
         (
             r.cell_id.as_str(),
-            (r.layer, r.query_pos, r.profile.as_str()),
+            (r.layer, r.query_pos, r.needle, r.profile.as_str()),
         )
     });
     let attention_keys = attention
         .into_iter()
-        .map(|r| (r.cell_id.as_str(), (r.layer, r.query_pos, "")));
+        .map(|r| (r.cell_id.as_str(), (r.layer, r.query_pos, 0, "")));
     let mut out = Vec::new();
     for (file, keys) in [
         (LAYERS_CSV, grids(layer_keys)),
@@ -88,27 +88,34 @@ fn grids<'a>(
 /// What keeps `grid` from being every layer of `run_layers` at each of its positions and
 /// profiles exactly once, or None.
 fn grid_gap(grid: &BTreeMap<Key, usize>, run_layers: &BTreeSet<usize>) -> Option<String> {
-    let describe = |&(layer, pos, profile): &Key| {
+    let describe = |&(layer, pos, needle, profile): &Key| {
         let profile = if profile.is_empty() {
             String::new()
         } else {
             format!(" ({profile})")
         };
-        format!("layer {layer} at query position {pos}{profile}")
+        let needle = if needle > 0 {
+            format!(" for needle {needle}")
+        } else {
+            String::new()
+        };
+        format!("layer {layer} at query position {pos}{needle}{profile}")
     };
     if let Some((key, n)) = grid.iter().find(|(_, &n)| n > 1) {
         return Some(format!("{n} rows for {}", describe(key)));
     }
     let positions: BTreeSet<usize> = grid.keys().map(|k| k.1).collect();
-    let profiles: BTreeSet<&str> = grid.keys().map(|k| k.2).collect();
-    let expected = run_layers.len() * positions.len() * profiles.len();
+    let needles: BTreeSet<usize> = grid.keys().map(|k| k.2).collect();
+    let profiles: BTreeSet<&str> = grid.keys().map(|k| k.3).collect();
+    let expected = run_layers.len() * positions.len() * needles.len() * profiles.len();
     if grid.len() == expected {
         return None;
     }
     let missing = positions
         .iter()
         .flat_map(|&p| profiles.iter().map(move |&f| (p, f)))
-        .flat_map(|(p, f)| run_layers.iter().map(move |&l| (l, p, f)))
+        .flat_map(|(p, f)| needles.iter().map(move |&n| (p, n, f)))
+        .flat_map(|(p, n, f)| run_layers.iter().map(move |&l| (l, p, n, f)))
         .find(|k| !grid.contains_key(k))?;
     Some(format!(
         "{} of its {expected} rows; missing {}",
@@ -140,6 +147,7 @@ mod tests {
             phase: "prompt".into(),
             profile: profile.into(),
             driving: profile == "fp8",
+            needle: 0,
             visible_rows: 10,
             needle_rows: 2,
             needle_rank: Some(1),

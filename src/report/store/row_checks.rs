@@ -153,8 +153,12 @@ pub(crate) trait RowPlace {
 impl RowPlace for LayerRecord {
     fn place(&self) -> String {
         let r = self;
+        let needle = match r.needle {
+            0 => String::new(),
+            n => format!(", needle {n}"),
+        };
         format!(
-            "cell {} at layer {}, query position {} ({})",
+            "cell {} at layer {}, query position {}{needle} ({})",
             r.cell_id, r.layer, r.query_pos, r.profile
         )
     }
@@ -187,6 +191,7 @@ mod tests {
             phase: "prompt",
             profile: "fp8",
             driving: true,
+            needle: 0,
         }
     }
 

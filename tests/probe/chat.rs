@@ -1,0 +1,54 @@
+//! The V4 chat encoder against golden renderings made by the reference encoder
+//! (tests/reference/make_chat_goldens.py; revision and command in tests/reference/README.md):
+//! each conversation in tests/reference/chat/ renders byte for byte as the reference renders
+//! it, and encodes id for id as Hugging Face `tokenizers` encodes that text.
+
+use needlescope::probe::chat::ChatRequest;
+use needlescope::tokenizer::V4Tokenizer;
+use std::path::PathBuf;
+
+fn cases() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference/chat");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.ends_with(".json") && !name.ends_with(".ids.json")
+        })
+        .collect();
+    cases.sort();
+    cases
+}
+
+#[test]
+fn every_golden_conversation_renders_byte_for_byte_and_id_for_id() {
+    let tok = V4Tokenizer::builtin().unwrap();
+    let cases = cases();
+    assert!(cases.len() >= 12, "{} golden conversations", cases.len());
+    for case in cases {
+        let stem = case.to_string_lossy().trim_end_matches(".json").to_string();
+        let want_text = std::fs::read_to_string(format!("{stem}.rendered.txt")).unwrap();
+        let want_ids: Vec<u32> =
+            serde_json::from_str(&std::fs::read_to_string(format!("{stem}.ids.json")).unwrap())
+                .unwrap();
+        let request = ChatRequest::from_file(&case).unwrap_or_else(|e| panic!("{e}"));
+        let got = request.render().text;
+        if got != want_text {
+            let at = got
+                .bytes()
+                .zip(want_text.bytes())
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want_text.len()));
+            panic!(
+                "{}: rendering differs from byte {at}:\n got: {:?}\nwant: {:?}",
+                case.display(),
+                &got[at.saturating_sub(40).min(got.len())..(at + 80).min(got.len())],
+                &want_text
+                    [at.saturating_sub(40).min(want_text.len())..(at + 80).min(want_text.len())]
+            );
+        }
+        let ids = tok.encode(&got).unwrap();
+        assert_eq!(ids, want_ids, "{}: token ids", case.display());
+    }
+}
