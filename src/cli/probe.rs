@@ -43,17 +43,8 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "NAME|FILE", default_value = "passkey")]
     pub scenario: String,
 
-    /// Your own conversation instead of a scenario: an OpenAI-style chat request (*.json: messages, tools, chat_template_kwargs.thinking, reasoning_effort) or a messages array; any other file is UTF-8 text, one user message in chat mode. Rendered as DeepSeek-V4's encoder renders it (`needlescope prompt` shows the result)
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["scenario", "length", "depth", "seed", "haystack_file"])]
-    pub prompt: Option<PathBuf>,
-
-    /// With --prompt: a needle, the text the model loses, exactly as it stands in the rendered prompt (repeatable, at least one; each must occur there once; each is ranked on every CSA layer)
-    #[arg(long, value_name = "TEXT", requires = "prompt")]
-    pub needle: Vec<String>,
-
-    /// With --prompt: the expected answer (the reply is correct when it contains it; needed unless --generate 0)
-    #[arg(long, value_name = "TEXT", requires = "prompt")]
-    pub answer: Option<String>,
+    #[command(flatten)]
+    pub conversation: super::prompt::ConversationArgs,
 
     /// Prompt length in tokens, e.g. 16000, 16k (= 16384) or 1m
     #[arg(long, allow_negative_numbers = true, value_name = "TOKENS", value_parser = parse_token_count, default_value = "16k")]
@@ -120,6 +111,9 @@ pub struct ProbeArgs {
     /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)
     #[arg(long, value_name = "FILE")]
     pub haystack_file: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub needles: super::prompt::NeedlesArgs,
 }
 
 /// The probe's body on a loaded engine of any backend.
@@ -155,8 +149,9 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
-    refuse_duplicates("--needle", &args.needle, |n| n.clone())?;
-    if args.prompt.is_some() && args.answer.is_none() && args.generate > 0 {
+    refuse_duplicates("--needle", &args.conversation.needle, |n| n.clone())?;
+    if args.conversation.prompt.is_some() && args.conversation.answer.is_none() && args.generate > 0
+    {
         anyhow::bail!(
             "--prompt: expected --answer TEXT (what a correct reply contains) to judge the \
              generated answer, or --generate 0 to judge by the indexer alone"
@@ -167,7 +162,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     cfg.require_csa_layer(&args.model.join("config.json"))?;
     crate::run::checks::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
     let positions = crate::run::checks::positions_taken(args.length, args.generate);
-    if args.prompt.is_none() && positions > cfg.max_position_embeddings {
+    if args.conversation.prompt.is_none() && positions > cfg.max_position_embeddings {
         anyhow::bail!(
             "--length {} with --generate {}: expected at most the model's \
              max_position_embeddings ({}) positions, found {positions}",
@@ -181,8 +176,11 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     // does not fit, fails before a scenario's prompt is built (exactly `--length` tokens).
     let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
     let source = prompt_source(args);
-    let built = match &args.prompt {
+    let built = match &args.conversation.prompt {
         Some(_) => Some(source.build(&tok, cfg.max_position_embeddings, args.generate)?),
+        None if args.needles.count > 1 => {
+            Some(source.build(&tok, cfg.max_position_embeddings, args.generate)?)
+        }
         None => None,
     };
     let length = built.as_ref().map_or(args.length, |(_, p)| p.tokens.len());
@@ -408,11 +406,11 @@ impl ProbeProgress for BarProgress {
 
 /// The prompt flags of a probe.
 fn prompt_source(args: &ProbeArgs) -> super::prompt::PromptSource<'_> {
-    match &args.prompt {
+    match &args.conversation.prompt {
         Some(path) => super::prompt::PromptSource::Conversation {
             path,
-            needles: &args.needle,
-            answer: args.answer.as_deref(),
+            needles: &args.conversation.needle,
+            answer: args.conversation.answer.as_deref(),
         },
         None => super::prompt::PromptSource::Scenario {
             name: &args.scenario,
@@ -420,6 +418,7 @@ fn prompt_source(args: &ProbeArgs) -> super::prompt::PromptSource<'_> {
             length: args.length,
             depth: args.depth,
             seed: args.seed,
+            needles: args.needles.count(),
         },
     }
 }
@@ -434,6 +433,8 @@ fn shared_args(args: &ProbeArgs) -> serde_json::Value {
         "seed": args.seed,
         "generate": args.generate,
         "compare": compare,
+        "needles": args.needles.count,
+        "ask": args.needles.ask.name(),
         "probe": match args.probe {
             ProbeSet::Answer => "answer",
             ProbeSet::Question => "question",

@@ -14,22 +14,14 @@ use std::path::{Path, PathBuf};
 use super::flags::{parse_depth, parse_token_count};
 use crate::probe::chat::ChatRequest;
 use crate::probe::conversation::conversation_prompt;
-use crate::probe::{build_prompt, NeedlePrompt, Scenario};
+use crate::probe::prompt::{build_prompt_with, NeedleCount};
+use crate::probe::{NeedlePrompt, Scenario};
 use crate::tokenizer::V4Tokenizer;
 
 #[derive(Args, Debug, Clone)]
 pub struct PromptArgs {
-    /// A conversation: an OpenAI-style chat request (*.json: messages, tools, chat_template_kwargs.thinking, reasoning_effort) or a messages array; any other file is UTF-8 text, one user message in chat mode
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["scenario", "length", "depth", "seed", "haystack_file"])]
-    pub prompt: Option<PathBuf>,
-
-    /// With --prompt: a needle, exactly as it stands in the rendered prompt (repeatable; each must occur there once)
-    #[arg(long, value_name = "TEXT", requires = "prompt")]
-    pub needle: Vec<String>,
-
-    /// With --prompt: the expected answer (a correct reply contains it)
-    #[arg(long, value_name = "TEXT", requires = "prompt")]
-    pub answer: Option<String>,
+    #[command(flatten)]
+    pub conversation: ConversationArgs,
 
     /// Scenario: a built-in name (passkey, ...) or a scenario TOML file
     #[arg(long, value_name = "NAME|FILE", default_value = "passkey")]
@@ -51,6 +43,9 @@ pub struct PromptArgs {
     #[arg(long, value_name = "FILE")]
     pub haystack_file: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub needles: NeedlesArgs,
+
     /// Model directory (or ORG/NAME in the Hugging Face cache) whose tokenizer and context
     /// length to use [default: the built-in V4 tokenizer, no context limit]
     #[arg(long, value_name = "DIR|ORG/NAME")]
@@ -69,6 +64,49 @@ pub struct PromptArgs {
     pub json: bool,
 }
 
+/// `--prompt FILE`, `--needle`, `--answer`: a user's conversation instead of a scenario (probe
+/// and prompt; trace takes `--prompt` alone).
+#[derive(Args, Debug, Clone)]
+pub struct ConversationArgs {
+    /// Your own conversation instead of a scenario: an OpenAI-style chat request (*.json: messages, tools, chat_template_kwargs.thinking, reasoning_effort) or a messages array; any other file is UTF-8 text, one user message in chat mode. Rendered as DeepSeek-V4's encoder renders it (docs/prompts.md)
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["scenario", "length", "depth", "seed", "haystack_file"])]
+    pub prompt: Option<PathBuf>,
+
+    /// With --prompt: a needle, the text the model loses, exactly as it stands in the rendered prompt (repeatable, at least one; each must occur there once; each is ranked on every CSA layer)
+    #[arg(long, value_name = "TEXT", requires = "prompt")]
+    pub needle: Vec<String>,
+
+    /// With --prompt: the expected answer (a reply is correct when it contains it; probe needs it unless --generate 0)
+    #[arg(long, value_name = "TEXT", requires = "prompt")]
+    pub answer: Option<String>,
+}
+
+/// `--needles N` / `--ask`: several needles in a scenario's prompt (RULER's multi-key case).
+#[derive(Args, Debug, Clone)]
+pub struct NeedlesArgs {
+    /// Needles in a scenario's prompt: the first at --depth, the others evenly spaced after it (passkey, kv-retrieval); each is ranked on every CSA layer
+    #[arg(long = "needles", value_name = "N", default_value_t = 1, value_parser = super::flags::parse_positive, conflicts_with = "prompt")]
+    pub count: usize,
+
+    /// With --needles N: which needle the question asks for: first, last or all (the answer must hold every value)
+    #[arg(
+        long,
+        value_name = "first|last|all",
+        default_value = "first",
+        conflicts_with = "prompt"
+    )]
+    pub ask: crate::probe::scenario::Ask,
+}
+
+impl NeedlesArgs {
+    pub fn count(&self) -> NeedleCount {
+        NeedleCount {
+            count: self.count,
+            ask: self.ask,
+        }
+    }
+}
+
 /// Where a probe's prompt comes from.
 pub enum PromptSource<'a> {
     /// A user's conversation (`--prompt`), its needles and expected answer.
@@ -84,6 +122,7 @@ pub enum PromptSource<'a> {
         length: usize,
         depth: f64,
         seed: u64,
+        needles: NeedleCount,
     },
 }
 
@@ -119,9 +158,11 @@ impl PromptSource<'_> {
                 length,
                 depth,
                 seed,
+                needles,
             } => {
                 let scenario = Scenario::load_with(name, haystack_file)?;
-                let prompt = build_prompt(tok, &scenario, length, depth, seed, max_positions)?;
+                let prompt =
+                    build_prompt_with(tok, &scenario, length, depth, seed, max_positions, needles)?;
                 Ok((scenario, prompt))
             }
         }
@@ -137,11 +178,12 @@ pub fn run(args: &PromptArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         None => (V4Tokenizer::builtin()?, usize::MAX),
     };
-    let source = match &args.prompt {
+    let conv = &args.conversation;
+    let source = match &conv.prompt {
         Some(path) => PromptSource::Conversation {
             path,
-            needles: &args.needle,
-            answer: args.answer.as_deref(),
+            needles: &conv.needle,
+            answer: conv.answer.as_deref(),
         },
         None => PromptSource::Scenario {
             name: &args.scenario,
@@ -149,6 +191,7 @@ pub fn run(args: &PromptArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             length: args.length,
             depth: args.depth,
             seed: args.seed,
+            needles: args.needles.count(),
         },
     };
     let (scenario, prompt) = source.build(&tok, max_positions, 0)?;

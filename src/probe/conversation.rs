@@ -128,6 +128,11 @@ pub fn conversation_prompt(
         needle_text: spans[0].text.clone(),
         needle_span_text: spans[0].span_text.clone(),
         needles: spans,
+        answer_values: if answer_value.is_empty() {
+            Vec::new()
+        } else {
+            vec![answer_value.clone()]
+        },
         answer_value,
         key: String::new(),
         question: rendered

@@ -60,8 +60,8 @@ enum GenKind {
         template: String,
         key: Option<ValueSpec>,
         value: ValueSpec,
-        needle_key: String,
-        needle_value: String,
+        needle_keys: Vec<String>,
+        needle_values: Vec<String>,
         /// Keys of the lines so far: a key never comes back with another value.
         used_keys: std::collections::HashSet<String>,
     },
@@ -73,12 +73,12 @@ enum GenKind {
 }
 
 impl HaystackGen {
-    /// A generator for `sc` whose distractors avoid `needle_key` / `needle_value`.
+    /// A generator for `sc` whose distractors avoid the needles' keys and values.
     pub fn new(
         sc: &Scenario,
         seed: u64,
-        needle_key: &str,
-        needle_value: &str,
+        needle_keys: &[String],
+        needle_values: &[String],
     ) -> Result<Self, ScenarioError> {
         let kind = match &sc.haystack {
             HaystackKind::Noise => GenKind::Noise,
@@ -87,8 +87,8 @@ impl HaystackGen {
                 template: sc.needle.clone(),
                 key: sc.key.clone(),
                 value: sc.value.clone(),
-                needle_key: needle_key.to_string(),
-                needle_value: needle_value.to_string(),
+                needle_keys: needle_keys.to_vec(),
+                needle_values: needle_values.to_vec(),
                 used_keys: Default::default(),
             },
             HaystackKind::File(path) => {
@@ -138,8 +138,8 @@ impl HaystackGen {
                 template,
                 key,
                 value,
-                needle_key,
-                needle_value,
+                needle_keys,
+                needle_values,
                 used_keys,
             } => {
                 // Distinct from the needle's key and value, and a key not used by an earlier
@@ -151,11 +151,11 @@ impl HaystackGen {
                 for _ in 0..64 {
                     let k = key.as_ref().map(|s| s.generate(&mut self.rng));
                     let v = value.generate(&mut self.rng);
-                    let k_ok = k
-                        .as_deref()
-                        .is_none_or(|k| k != needle_key.as_str() && !used_keys.contains(k));
+                    let k_ok = k.as_deref().is_none_or(|k| {
+                        !needle_keys.iter().any(|n| n == k) && !used_keys.contains(k)
+                    });
                     line = fill(template, k.as_deref().unwrap_or(""), &v);
-                    if k_ok && v != *needle_value {
+                    if k_ok && !needle_values.contains(&v) {
                         if let Some(k) = k {
                             used_keys.insert(k);
                         }

@@ -77,6 +77,12 @@ mod error {
             plus: String,
             max_positions: usize,
         },
+        #[error("--needles {found}: scenario {scenario} needs {why}")]
+        NeedleCount {
+            found: usize,
+            scenario: String,
+            why: String,
+        },
         #[error("--depth: expected a percentage in 0..=100, found {found}")]
         Depth { found: f64 },
         #[error("--length {target}: too short for scenario {scenario}: the chat template, needle and question alone take {minimum} tokens (minimum length {minimum})")]
@@ -136,7 +142,7 @@ mod error {
     }
 }
 use super::haystack::{fill, HaystackGen, Layout, Unit};
-use super::scenario::Scenario;
+use super::scenario::{Ask, Scenario};
 use crate::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
 pub use error::PromptError;
 
@@ -187,8 +193,10 @@ pub struct NeedlePrompt {
     pub answer: (usize, usize),
     /// The needle sentence (value and key substituted), no surrounding whitespace.
     pub needle_text: String,
-    /// The value the model must reproduce.
+    /// The value the model must reproduce (the asked values joined by ", " with `--ask all`).
     pub answer_value: String,
+    /// Every value the answer must hold: one, or each needle's with `--ask all`.
+    pub answer_values: Vec<String>,
     /// The kv key asked for ("" when the scenario has none).
     pub key: String,
     /// The question as asked.
@@ -221,8 +229,10 @@ const MAX_MISSES: usize = 8;
 /// The prompt text with the byte ranges of the needle, its answer value and the haystack body.
 pub(super) struct Rendered {
     pub(super) text: String,
-    pub(super) needle_bytes: (usize, usize),
-    pub(super) value_bytes: (usize, usize),
+    /// Per needle.
+    pub(super) needle_bytes: Vec<(usize, usize)>,
+    /// Per needle: its value.
+    pub(super) value_bytes: Vec<(usize, usize)>,
     pub(super) body_bytes: (usize, usize),
 }
 
@@ -230,6 +240,24 @@ pub(super) struct Rendered {
 const DEPTH_TOLERANCE_PCT: f64 = 1.0;
 /// Placements tried per prompt (each aims past the last miss); the closest one is kept.
 const DEPTH_ROUNDS: usize = 4;
+
+/// How many needles a scenario's prompt holds and which one its question asks for
+/// (`--needles N`, `--ask`): the first at the requested depth, the others evenly spaced after
+/// it (needle i at `depth + i * (100 - depth) / N` percent of the haystack).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NeedleCount {
+    pub count: usize,
+    pub ask: Ask,
+}
+
+impl Default for NeedleCount {
+    fn default() -> Self {
+        NeedleCount {
+            count: 1,
+            ask: Ask::First,
+        }
+    }
+}
 
 /// Builds the prompt for `sc` of exactly `target_tokens` tokens with the needle at `depth_pct`.
 ///
@@ -250,9 +278,46 @@ pub fn build_prompt(
     seed: u64,
     max_positions: usize,
 ) -> Result<NeedlePrompt, PromptError> {
+    build_prompt_with(
+        tok,
+        sc,
+        target_tokens,
+        depth_pct,
+        seed,
+        max_positions,
+        NeedleCount::default(),
+    )
+}
+
+/// [`build_prompt`] with `needles.count` needles (values and keys all distinct; draw `d` of
+/// needle `i` is the seed's value stream `d * count + i`, so one needle draws as before).
+pub fn build_prompt_with(
+    tok: &V4Tokenizer,
+    sc: &Scenario,
+    target_tokens: usize,
+    depth_pct: f64,
+    seed: u64,
+    max_positions: usize,
+    needles: NeedleCount,
+) -> Result<NeedlePrompt, PromptError> {
+    if needles.count == 0 {
+        return Err(PromptError::NeedleCount {
+            found: 0,
+            scenario: sc.name.clone(),
+            why: "at least one needle".into(),
+        });
+    }
     let mut last = None;
     for draw in 0..VALUE_DRAWS {
-        match build_prompt_draw(tok, sc, target_tokens, depth_pct, seed, draw, max_positions) {
+        let built = build_prompt_draw(
+            tok,
+            sc,
+            target_tokens,
+            (depth_pct, seed, draw),
+            max_positions,
+            needles,
+        );
+        match built {
             Err(
                 e @ (PromptError::ValueNotUnique { .. } | PromptError::LengthNotReached { .. }),
             ) => last = Some(e),
@@ -271,16 +336,14 @@ pub fn build_prompt(
 /// Values tried per prompt (see [`build_prompt`]).
 const VALUE_DRAWS: usize = 8;
 
-/// [`build_prompt`] with the `draw`-th value of the seed.
-#[allow(clippy::too_many_arguments)]
+/// [`build_prompt`] with the `draw`-th values of the seed.
 fn build_prompt_draw(
     tok: &V4Tokenizer,
     sc: &Scenario,
     target_tokens: usize,
-    depth_pct: f64,
-    seed: u64,
-    draw: usize,
+    (depth_pct, seed, draw): (f64, u64, usize),
     max_positions: usize,
+    needles: NeedleCount,
 ) -> Result<NeedlePrompt, PromptError> {
     let mut aim = depth_pct;
     let mut best: Option<NeedlePrompt> = None;
@@ -292,6 +355,7 @@ fn build_prompt_draw(
             (depth_pct, aim),
             (seed, draw),
             max_positions,
+            needles,
         );
         let p = match placed {
             Ok(p) => p,
@@ -314,9 +378,40 @@ fn build_prompt_draw(
     Ok(best.expect("at least one round"))
 }
 
-/// One placement: the needle at the unit boundary nearest `aim_pct` of the haystack's summed
-/// unit counts; `depth_pct` (the request) is what the prompt records.
-#[allow(clippy::too_many_arguments)]
+/// The question of a prompt with `keys` (one per needle) under `needles.ask`.
+fn question_for(
+    sc: &Scenario,
+    keys: &[String],
+    needles: NeedleCount,
+) -> Result<String, PromptError> {
+    if needles.count == 1 {
+        return Ok(fill(&sc.question, &keys[0], ""));
+    }
+    let (template, key) = match needles.ask {
+        Ask::First => (&sc.ask.first, keys[0].clone()),
+        Ask::Last => (&sc.ask.last, keys[keys.len() - 1].clone()),
+        Ask::All => (&sc.ask.all, String::new()),
+    };
+    let Some(template) = template else {
+        return Err(PromptError::NeedleCount {
+            found: needles.count,
+            scenario: sc.name.clone(),
+            why: format!(
+                "a question for --ask {}: the scenario has no needles.ask_{} (and its question \
+                 names no {{key}}); passkey and kv-retrieval have them",
+                needles.ask.name(),
+                needles.ask.name()
+            ),
+        });
+    };
+    Ok(template
+        .replace("{keys}", &keys.join(", "))
+        .replace("{key}", &key))
+}
+
+/// One placement: the first needle at the unit boundary nearest `aim_pct` of the haystack's
+/// summed unit counts, the others at theirs after it; `depth_pct` (the request) is what the
+/// prompt records.
 fn place_needle(
     tok: &V4Tokenizer,
     sc: &Scenario,
@@ -324,6 +419,7 @@ fn place_needle(
     (depth_pct, aim_pct): (f64, f64),
     (seed, draw): (u64, usize),
     max_positions: usize,
+    plan: NeedleCount,
 ) -> Result<NeedlePrompt, PromptError> {
     if !(0.0..=100.0).contains(&depth_pct) {
         return Err(PromptError::Depth { found: depth_pct });
@@ -334,69 +430,115 @@ fn place_needle(
             max_positions,
         });
     }
-    let (value, key) = sc.generate_value_draw(seed, draw);
-    let needle_text = fill(&sc.needle, &key, &value);
-    let value_offset = fill(sc.needle.split("{value}").next().unwrap_or(""), &key, "").len();
-    let question = fill(&sc.question, &key, "");
-    let mut gen = HaystackGen::new(sc, seed, &key, &value)?;
+    let n = plan.count;
+    let drawn: Vec<(String, String)> = (0..n)
+        .map(|i| sc.generate_value_draw(seed, draw * n + i))
+        .collect();
+    // Several needles need distinct values (and keys): redrawn like a value the haystack holds.
+    for (i, (value, key)) in drawn.iter().enumerate() {
+        if drawn[..i]
+            .iter()
+            .any(|(v, k)| v == value || (!key.is_empty() && k == key))
+        {
+            return Err(PromptError::ValueNotUnique {
+                scenario: sc.name.clone(),
+                value: value.clone(),
+                count: 2,
+                draws: 1,
+            });
+        }
+    }
+    let values: Vec<String> = drawn.iter().map(|(v, _)| v.clone()).collect();
+    let keys: Vec<String> = drawn.iter().map(|(_, k)| k.clone()).collect();
+    let needle_texts: Vec<String> = drawn.iter().map(|(v, k)| fill(&sc.needle, k, v)).collect();
+    let value_offsets: Vec<usize> = keys
+        .iter()
+        .map(|k| fill(sc.needle.split("{value}").next().unwrap_or(""), k, "").len())
+        .collect();
+    let question = question_for(sc, &keys, plan)?;
+    let mut gen = HaystackGen::new(sc, seed, &keys, &values)?;
     let layout = gen.layout();
-    let needle_unit = Unit {
-        sep: if layout == Layout::Prose {
-            " ".into()
-        } else {
-            String::new()
-        },
-        text: if layout == Layout::Lines {
-            format!("{needle_text}\n")
-        } else {
-            needle_text.clone()
-        },
-    };
+    let needle_units: Vec<Unit> = needle_texts
+        .iter()
+        .map(|text| Unit {
+            sep: if layout == Layout::Prose {
+                " ".into()
+            } else {
+                String::new()
+            },
+            text: if layout == Layout::Lines {
+                format!("{text}\n")
+            } else {
+                text.clone()
+            },
+        })
+        .collect();
     let prefix = format!("{BOS}{}{USER}", sc.system.as_deref().unwrap_or(""));
     let suffix = format!(
         "\n\n{question}{ASSISTANT}{}",
         if sc.thinking { THINK_START } else { THINK_END }
     );
-    let render = |before: &[Unit], after: &[Unit], filler: &Option<Unit>, far: FarEnd| {
+    // The body: [filler] before needle_0 gaps[0] needle_1 ... needle_{n-1} after [filler].
+    let render = |before: &[Unit],
+                  gaps: &[Vec<Unit>],
+                  after: &[Unit],
+                  filler: &Option<Unit>,
+                  far: FarEnd| {
         let mut body = String::new();
-        let mut needle_at = 0;
-        let items = filler
-            .iter()
-            .filter(|_| far == FarEnd::Start)
-            .chain(before)
-            .chain(std::iter::once(&needle_unit))
-            .chain(after)
-            .chain(filler.iter().filter(|_| far == FarEnd::End));
+        let mut needle_at = vec![0; n];
+        // (unit, Some(needle index)), the filler marked by `true`.
+        let mut items: Vec<(&Unit, Option<usize>, bool)> = Vec::new();
+        if let (Some(f), FarEnd::Start) = (filler, far) {
+            items.push((f, None, true));
+        }
+        items.extend(before.iter().map(|u| (u, None, false)));
+        for (i, needle) in needle_units.iter().enumerate() {
+            if i > 0 {
+                items.extend(gaps[i - 1].iter().map(|u| (u, None, false)));
+            }
+            items.push((needle, Some(i), false));
+        }
+        items.extend(after.iter().map(|u| (u, None, false)));
+        if let (Some(f), FarEnd::End) = (filler, far) {
+            items.push((f, None, true));
+        }
         // A unit that continues its predecessor's text (a file without spaces) must not glue
-        // to the needle (whose last token would merge with it) or to the generated filler.
+        // to a needle (whose last token would merge with it) or to the generated filler.
         let mut after_inserted = false;
-        for u in items {
+        for (u, needle, is_filler) in items {
             if !body.is_empty() {
                 body.push_str(&u.sep);
                 if after_inserted && u.sep.is_empty() && layout == Layout::Prose {
                     body.push(' ');
                 }
             }
-            let is_needle = std::ptr::eq(u, &needle_unit);
-            if is_needle {
-                needle_at = body.len();
+            if let Some(i) = needle {
+                needle_at[i] = body.len();
             }
-            after_inserted = is_needle || filler.as_ref().is_some_and(|f| std::ptr::eq(u, f));
+            after_inserted = needle.is_some() || is_filler;
             body.push_str(&u.text);
         }
         let body = body.trim_end();
-        let n0 = prefix.len() + needle_at;
         let text = format!("{prefix}{body}{suffix}");
+        let at = |i: usize| prefix.len() + needle_at[i];
         Rendered {
-            needle_bytes: (n0, n0 + needle_text.len()),
-            value_bytes: (n0 + value_offset, n0 + value_offset + value.len()),
+            needle_bytes: (0..n)
+                .map(|i| (at(i), at(i) + needle_texts[i].len()))
+                .collect(),
+            value_bytes: (0..n)
+                .map(|i| {
+                    let v = at(i) + value_offsets[i];
+                    (v, v + values[i].len())
+                })
+                .collect(),
             body_bytes: (prefix.len(), prefix.len() + body.len()),
             text,
         }
     };
     let count = |s: &str| tok.encode(s).map(|v| v.len());
+    let no_gaps: Vec<Vec<Unit>> = vec![Vec::new(); n.saturating_sub(1)];
 
-    let minimum = count(&render(&[], &[], &None, FarEnd::End).text)?;
+    let minimum = count(&render(&[], &no_gaps, &[], &None, FarEnd::End).text)?;
     if target_tokens < minimum {
         return Err(PromptError::TooShort {
             target: target_tokens,
@@ -435,19 +577,43 @@ fn place_needle(
             tried: MAX_MISSES,
         });
     }
-    // Needle boundary nearest the requested depth.
-    let goal = aim_pct / 100.0 * used as f64;
-    let (mut split, mut acc, mut best) = (0, 0usize, f64::INFINITY);
-    for j in 0..=units.len() {
-        let d = (acc as f64 - goal).abs();
-        if d < best {
-            (best, split) = (d, j);
+    // Needle boundaries nearest the requested depths: the first at the aim, the others evenly
+    // spaced after the requested depth, each at or after the one before.
+    let mut splits = Vec::with_capacity(n);
+    let mut from = 0;
+    for i in 0..n {
+        let pct = if i == 0 {
+            aim_pct
+        } else {
+            depth_pct + i as f64 * (100.0 - depth_pct) / n as f64
+        };
+        let goal = pct / 100.0 * used as f64;
+        let mut acc: usize = units[..from].iter().map(|u| u.1).sum();
+        let (mut split, mut best) = (from, f64::INFINITY);
+        for j in from..=units.len() {
+            let d = (acc as f64 - goal).abs();
+            if d < best {
+                (best, split) = (d, j);
+            }
+            if j < units.len() {
+                acc += units[j].1;
+            }
         }
-        if j < units.len() {
-            acc += units[j].1;
-        }
+        splits.push(split);
+        from = split;
     }
-    let mut after: Vec<(Unit, usize)> = units.split_off(split);
+    let mut after: Vec<(Unit, usize)> = units.split_off(splits[n - 1]);
+    let mut gaps: Vec<Vec<Unit>> = Vec::with_capacity(n - 1);
+    for i in (1..n).rev() {
+        gaps.push(
+            units
+                .split_off(splits[i - 1])
+                .into_iter()
+                .map(|(u, _)| u)
+                .collect(),
+        );
+    }
+    gaps.reverse();
     let mut before = units;
     let mut far = if depth_pct <= 50.0 {
         FarEnd::End
@@ -509,7 +675,7 @@ fn place_needle(
         };
         let b: Vec<Unit> = before.iter().map(|(u, _)| u.clone()).collect();
         let a: Vec<Unit> = after.iter().map(|(u, _)| u.clone()).collect();
-        let rendered = render(&b, &a, &filler, far);
+        let rendered = render(&b, &gaps, &a, &filler, far);
         let (ids, offsets) = tok.encode_with_offsets(&rendered.text)?;
         if ids.len().abs_diff(target_tokens) < closest.abs_diff(target_tokens) {
             closest = ids.len();
@@ -526,15 +692,21 @@ fn place_needle(
                     },
                 });
             }
+            let asked: Vec<usize> = match (n, plan.ask) {
+                (1, _) | (_, Ask::First) => vec![0],
+                (_, Ask::Last) => vec![n - 1],
+                (_, Ask::All) => (0..n).collect(),
+            };
+            let needles: Vec<(String, String, String)> = (0..n)
+                .map(|i| (needle_texts[i].clone(), values[i].clone(), keys[i].clone()))
+                .collect();
             return finish(
                 tok,
                 sc,
                 rendered,
-                ids,
-                offsets,
-                needle_text,
-                value,
-                key,
+                (ids, offsets),
+                &needles,
+                &asked,
                 question,
                 depth_pct,
             );
@@ -658,7 +830,11 @@ fn check_control_tokens(
         }
         let (part, source_text) = if span.0 < body.0 {
             ("system prompt", "the scenario's `system`".to_string())
-        } else if span.0 >= r.needle_bytes.0 && span.1 <= r.needle_bytes.1 {
+        } else if r
+            .needle_bytes
+            .iter()
+            .any(|n| span.0 >= n.0 && span.1 <= n.1)
+        {
             (
                 "needle",
                 "the scenario's `needle` (or its value / key words)".to_string(),
@@ -709,60 +885,64 @@ fn span_of(
     glued_ok.then_some((a, b, covered))
 }
 
-/// Checks the final encoding (control tokens, a unique value, exact spans) and assembles the
-/// [`NeedlePrompt`]: the needle and answer spans and the achieved depth.
+/// Checks the final encoding (control tokens, unique values, exact spans) and assembles the
+/// [`NeedlePrompt`]: each needle's span, the answer span (of the first asked needle's value)
+/// and the achieved depth of the first needle. `needles` are (text, value, key).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish(
     tok: &V4Tokenizer,
     sc: &Scenario,
     r: Rendered,
-    ids: Vec<u32>,
-    offsets: Vec<(usize, usize)>,
-    needle_text: String,
-    value: String,
-    key: String,
+    (ids, offsets): (Vec<u32>, Vec<(usize, usize)>),
+    needles: &[(String, String, String)],
+    asked: &[usize],
     question: String,
     depth_pct: f64,
 ) -> Result<NeedlePrompt, PromptError> {
     check_control_tokens(tok, sc, &r, &ids, &offsets)?;
-    let count = r.text.matches(value.as_str()).count();
-    if count != 1 {
-        return Err(PromptError::ValueNotUnique {
-            scenario: sc.name.clone(),
-            value,
-            count,
-            draws: 1,
-        });
-    }
-    let mut spans = [(0, 0, String::new()), (0, 0, String::new())];
-    for (i, (what, bytes, expected)) in [
-        ("needle", r.needle_bytes, &needle_text),
-        ("answer value", r.value_bytes, &value),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let not_exact = |found: String| PromptError::SpanNotExact {
-            scenario: sc.name.clone(),
-            what,
-            expected: expected.clone(),
-            found,
-        };
-        let (a, b, covered) = span_of(&r.text, &offsets, bytes).ok_or_else(|| {
-            let lo = offsets.iter().position(|o| o.1 > bytes.0).unwrap_or(0);
-            let hi = offsets
-                .iter()
-                .rposition(|o| o.0 < bytes.1)
-                .map_or(lo, |h| h + 1);
-            not_exact(tok.decode(&ids[lo..hi.max(lo)]).unwrap_or_default())
-        })?;
-        let decoded = tok.decode(&ids[a..b])?;
-        if decoded != covered || decoded.trim() != expected.as_str() {
-            return Err(not_exact(decoded));
+    for (_, value, _) in needles {
+        let count = r.text.matches(value.as_str()).count();
+        if count != 1 {
+            return Err(PromptError::ValueNotUnique {
+                scenario: sc.name.clone(),
+                value: value.clone(),
+                count,
+                draws: 1,
+            });
         }
-        spans[i] = (a, b, decoded);
     }
-    let [(na, nb, needle_span_text), (aa, ab, answer_span_text)] = spans;
+    // (needle span, value span) of each needle, with their decoded text.
+    let mut spans = Vec::with_capacity(needles.len());
+    for (i, (text, value, _)) in needles.iter().enumerate() {
+        let mut pair = Vec::with_capacity(2);
+        for (what, bytes, expected) in [
+            ("needle", r.needle_bytes[i], text),
+            ("answer value", r.value_bytes[i], value),
+        ] {
+            let not_exact = |found: String| PromptError::SpanNotExact {
+                scenario: sc.name.clone(),
+                what,
+                expected: expected.clone(),
+                found,
+            };
+            let (a, b, covered) = span_of(&r.text, &offsets, bytes).ok_or_else(|| {
+                let lo = offsets.iter().position(|o| o.1 > bytes.0).unwrap_or(0);
+                let hi = offsets
+                    .iter()
+                    .rposition(|o| o.0 < bytes.1)
+                    .map_or(lo, |h| h + 1);
+                not_exact(tok.decode(&ids[lo..hi.max(lo)]).unwrap_or_default())
+            })?;
+            let decoded = tok.decode(&ids[a..b])?;
+            if decoded != covered || decoded.trim() != expected.as_str() {
+                return Err(not_exact(decoded));
+            }
+            pair.push((a, b, decoded));
+        }
+        spans.push(pair);
+    }
+    let (na, nb, needle_span_text) = spans[0][0].clone();
+    let (aa, ab, answer_span_text) = spans[asked[0]][1].clone();
     // Haystack token range: tokens whose bytes lie in the body.
     let h0 = offsets
         .iter()
@@ -778,20 +958,29 @@ pub(super) fn finish(
     } else {
         100.0 * na.saturating_sub(h0) as f64 / others as f64
     };
-    let needles = vec![NeedleSpan::new(
-        &needle_text,
-        (na, nb),
-        needle_span_text.clone(),
-        "haystack",
-    )];
+    let needle_spans = needles
+        .iter()
+        .zip(&spans)
+        .map(|((text, _, _), pair)| {
+            let (a, b, decoded) = pair[0].clone();
+            NeedleSpan::new(text, (a, b), decoded, "haystack")
+        })
+        .collect();
+    let answer_values: Vec<String> = asked.iter().map(|&i| needles[i].1.clone()).collect();
+    let asked_keys: Vec<&str> = asked
+        .iter()
+        .map(|&i| needles[i].2.as_str())
+        .filter(|k| !k.is_empty())
+        .collect();
     Ok(NeedlePrompt {
         tokens: ids,
         needle: (na, nb),
-        needles,
+        needles: needle_spans,
         answer: (aa, ab),
-        needle_text,
-        answer_value: value,
-        key,
+        needle_text: needles[0].0.clone(),
+        answer_value: answer_values.join(", "),
+        answer_values,
+        key: asked_keys.join(", "),
         question,
         depth_pct,
         actual_depth_pct,

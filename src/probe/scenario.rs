@@ -12,7 +12,10 @@
 //! [key]       same fields as [value]; required iff the needle uses {key}
 //! [answer]    check = "substring" | "regex";  pattern = "\\b{value}\\b"   (regex only)
 //! [haystack]  kind = "noise" | "kv" | "tools" | "file";  file = "essay.txt"  (file only)
+//! [needles]   ask_first = "..."; ask_last = "..."  (may use {key});  ask_all = "..."  ({keys})
 //! ```
+//! The optional `[needles]` table holds the questions of a prompt with several needles
+//! (`--needles N --ask first|last|all`, docs/prompts.md).
 //! Relative `haystack.file` paths resolve against the scenario file's directory. Every error
 //! names the scenario source and the field, with what was expected and what was found. Values
 //! come from the portable PRNG (`numerics::rng`), so a seed gives the same needle everywhere. Digit
@@ -130,8 +133,54 @@ pub struct Scenario {
     pub key: Option<ValueSpec>,
     pub answer: AnswerCheck,
     pub haystack: HaystackKind,
+    /// The questions of a prompt with several needles (`--needles N`, the `[needles]` table).
+    pub ask: AskQuestions,
     /// "builtin:NAME" or the file path, for messages and reports.
     pub source: String,
+}
+
+/// Which of several needles the question asks for (`--ask`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Ask {
+    /// The first needle (the one at `--depth`).
+    #[default]
+    First,
+    /// The last needle.
+    Last,
+    /// Every needle: the answer must hold every value.
+    All,
+}
+
+impl Ask {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ask::First => "first",
+            Ask::Last => "last",
+            Ask::All => "all",
+        }
+    }
+}
+
+impl std::str::FromStr for Ask {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "first" => Ok(Ask::First),
+            "last" => Ok(Ask::Last),
+            "all" => Ok(Ask::All),
+            other => Err(format!("expected first, last or all, found {other:?}")),
+        }
+    }
+}
+
+/// The `[needles]` table: the question templates of a prompt with several needles. `first` and
+/// `last` may use `{key}` (the asked needle's key), `all` may use `{keys}` (every key, joined
+/// by ", "); a scenario whose question has `{key}` asks `first` / `last` with it by default.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct AskQuestions {
+    pub first: Option<String>,
+    pub last: Option<String>,
+    pub all: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +198,15 @@ struct RawScenario {
     key: Option<RawValue>,
     answer: Option<RawAnswer>,
     haystack: RawHaystack,
+    needles: Option<RawNeedles>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNeedles {
+    ask_first: Option<String>,
+    ask_last: Option<String>,
+    ask_all: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +243,7 @@ impl Scenario {
             key: None,
             answer: AnswerCheck::Substring,
             haystack: HaystackKind::File(Some(path.to_path_buf())),
+            ask: AskQuestions::default(),
             source: path.display().to_string(),
         }
     }
@@ -387,6 +446,48 @@ impl Scenario {
                 ))
             }
         };
+        let mut ask = AskQuestions::default();
+        if let Some(n) = &raw.needles {
+            for (name, text, slot) in [
+                ("needles.ask_first", &n.ask_first, "{key}"),
+                ("needles.ask_last", &n.ask_last, "{key}"),
+                ("needles.ask_all", &n.ask_all, "{keys}"),
+            ] {
+                let Some(text) = text else { continue };
+                let text = text.trim().to_string();
+                let other_slot = if slot == "{key}" { "{keys}" } else { "{key}" };
+                if text.is_empty() || text.contains("{value}") || text.contains(other_slot) {
+                    return Err(field(
+                        name,
+                        "a non-empty question without {value}; {key} in ask_first / ask_last, {keys} in ask_all",
+                        format!("{text:?}"),
+                    ));
+                }
+                if text.contains(slot) && n_key == 0 {
+                    return Err(field(
+                        name,
+                        "no key slot: the needle has no {key}",
+                        slot.into(),
+                    ));
+                }
+                if let Some(m) = MARKERS.iter().find(|m| text.contains(**m)) {
+                    return Err(field(
+                        name,
+                        "plain text without chat markers",
+                        m.to_string(),
+                    ));
+                }
+                match name {
+                    "needles.ask_first" => ask.first = Some(text),
+                    "needles.ask_last" => ask.last = Some(text),
+                    _ => ask.all = Some(text),
+                }
+            }
+        }
+        if q_key {
+            ask.first.get_or_insert_with(|| question.clone());
+            ask.last.get_or_insert_with(|| question.clone());
+        }
         if haystack == HaystackKind::Kv && !(n_key == 1 && q_key) {
             return Err(field(
                 "needle",
@@ -405,6 +506,7 @@ impl Scenario {
             key,
             answer,
             haystack,
+            ask,
             source: source.to_string(),
         })
     }
@@ -713,13 +815,15 @@ impl Scenario {
     /// never finished: a thinking run without `</think>`, or a run cut off by the token limit
     /// (not ended by the end-of-sentence token, `ended`) whose answer so far is not right (it
     /// may have stopped inside the value). A too-short generation says nothing about the needle.
-    pub fn judge_generated(&self, generated: &str, value: &str, ended: bool) -> Option<bool> {
+    ///
+    /// With several expected values (`--ask all`) every one must be there.
+    pub fn judge_generated(&self, generated: &str, values: &[String], ended: bool) -> Option<bool> {
         let answer = if self.thinking {
             generated.rsplit_once(crate::tokenizer::THINK_END)?.1
         } else {
             generated
         };
-        match self.check_answer(answer, value) {
+        match self.check_answers(answer, values) {
             true => Some(true),
             false if ended => Some(false),
             false => None,
@@ -730,7 +834,13 @@ impl Scenario {
     /// passes and, for a digits value, no other number of the value's length is offered beside
     /// it (an answer that hedges between candidates has not recalled the needle).
     pub fn check_answer(&self, generated: &str, value: &str) -> bool {
-        let passes = match &self.answer {
+        self.check_answers(generated, &[value.to_string()])
+    }
+
+    /// [`Self::check_answer`] for several expected values: each passes the check, and no
+    /// number of a value's length other than the expected ones is offered.
+    pub fn check_answers(&self, generated: &str, values: &[String]) -> bool {
+        let passes = |value: &str| match &self.answer {
             AnswerCheck::Substring => generated.contains(value),
             AnswerCheck::Regex(p) => {
                 regex::Regex::new(&p.replace("{value}", &regex::escape(value)))
@@ -738,13 +848,13 @@ impl Scenario {
                     .unwrap_or(false)
             }
         };
-        let hedges = match self.value {
+        let hedges = |value: &str| match self.value {
             ValueSpec::Digits { .. } => digit_runs_of(generated, value.len())
                 .iter()
-                .any(|r| *r != value),
+                .any(|r| !values.iter().any(|v| v == r)),
             _ => false,
         };
-        passes && !hedges
+        !values.is_empty() && values.iter().all(|v| passes(v) && !hedges(v))
     }
 }
 

@@ -189,7 +189,7 @@ pub fn run_probe<B: Backend>(
             let answer_text = tok.decode(&text_ids)?;
             let ended = generated.last() == Some(&eos);
             let answer_correct =
-                scenario.judge_generated(&answer_text, &prompt.answer_value, ended);
+                scenario.judge_generated(&answer_text, &prompt.answer_values, ended);
             let run = ProbeRun {
                 cell_id: id,
                 index: index.name().to_string(),

@@ -351,3 +351,58 @@ fn with_short_context(cfg: &str) -> String {
     v["max_position_embeddings"] = 256.into();
     serde_json::to_string_pretty(&v).unwrap()
 }
+
+/// `--needles N` in a built-in scenario: each needle ranked on every CSA layer, in the JSON
+/// and in layers.csv of `--out`, and cells.csv's counts over all of them.
+#[test]
+fn several_scenario_needles_are_each_ranked_and_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r");
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--scenario",
+            "kv-retrieval",
+            "--length",
+            "1k",
+            "--depth",
+            "20",
+        ])
+        .args([
+            "--needles",
+            "3",
+            "--ask",
+            "all",
+            "--kv",
+            "exact",
+            "--topk",
+            "64",
+        ])
+        .args(["--generate", "0", "--json", "--out"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(&ok(out, "probe --needles 3")).unwrap();
+    assert_eq!(v["prompt"]["needles"].as_array().unwrap().len(), 3);
+    let last = v["prompt"]["length"].as_u64().unwrap() - 1;
+    let mut per_needle = [0; 3];
+    for r in v["runs"][0]["layers"].as_array().unwrap() {
+        if r["query_pos"] == last && r["driving"] == true {
+            per_needle[r["needle"].as_u64().unwrap() as usize] += 1;
+        }
+    }
+    assert_eq!(per_needle, [2, 2, 2], "each needle on both CSA layers");
+    let layers = std::fs::read_to_string(report.join("layers.csv")).unwrap();
+    let header: Vec<&str> = layers.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "needle").unwrap();
+    let needles: std::collections::BTreeSet<&str> = layers
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(col).unwrap())
+        .collect();
+    assert_eq!(needles.into_iter().collect::<Vec<_>>(), ["0", "1", "2"]);
+    // `report` reads the directory back (its completeness check knows the needle column).
+    ok(bin().arg("report").arg(&report).output().unwrap(), "report");
+}

@@ -637,3 +637,117 @@ fn a_value_the_haystack_holds_is_redrawn_the_same_way_every_time() {
         "{msg}"
     );
 }
+
+/// `--needles N`: N distinct needles, each span decoding to its own text, the first at the
+/// depth and the others evenly spaced after it, in order; the question and the answer values
+/// follow `--ask`; the prompt keeps its exact length.
+#[test]
+fn several_needles_are_placed_in_order_with_exact_spans_and_asked_as_told() {
+    use needlescope::probe::prompt::{build_prompt_with, NeedleCount};
+    use needlescope::probe::scenario::Ask;
+    let t = tok();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["passkey", "kv-retrieval"] {
+        let sc = scenario(name, &dir);
+        for ask in [Ask::First, Ask::Last, Ask::All] {
+            let plan = NeedleCount { count: 4, ask };
+            let p = build_prompt_with(&t, &sc, 4096, 10.0, 3, MAX, plan).unwrap();
+            assert_eq!(p.tokens.len(), 4096, "{name} {ask:?}");
+            assert_eq!(p.needles.len(), 4);
+            assert_eq!(p.needle, p.needles[0].span);
+            let starts: Vec<usize> = p.needles.iter().map(|n| n.span.0).collect();
+            assert!(
+                starts.windows(2).all(|w| w[0] < w[1]),
+                "in order: {starts:?}"
+            );
+            // Depth 10, then 32.5, 55, 77.5 percent: the gaps are about equal.
+            let gaps: Vec<f64> = starts.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+            for g in &gaps {
+                assert!(
+                    (g / gaps[0] - 1.0).abs() < 0.2,
+                    "{name}: even gaps {gaps:?}"
+                );
+            }
+            assert!(
+                (p.actual_depth_pct - 10.0).abs() <= 1.0,
+                "{}",
+                p.actual_depth_pct
+            );
+            for n in &p.needles {
+                let decoded = t.decode(&p.tokens[n.span.0..n.span.1]).unwrap();
+                assert_eq!(decoded.trim(), n.text, "{name}: span of {:?}", n.text);
+                assert_eq!(p.prompt_text.matches(n.text.as_str()).count(), 1);
+            }
+            let texts: std::collections::BTreeSet<&str> =
+                p.needles.iter().map(|n| n.text.as_str()).collect();
+            assert_eq!(texts.len(), 4, "distinct needles");
+            let asked: Vec<usize> = match ask {
+                Ask::First => vec![0],
+                Ask::Last => vec![3],
+                Ask::All => vec![0, 1, 2, 3],
+            };
+            assert_eq!(p.answer_values.len(), asked.len());
+            for (v, &i) in p.answer_values.iter().zip(&asked) {
+                assert!(p.needles[i].text.contains(v.as_str()), "{v} in needle {i}");
+            }
+            let answer = t.decode(&p.tokens[p.answer.0..p.answer.1]).unwrap();
+            assert_eq!(answer.trim(), p.answer_values[0]);
+            let question = &p.question;
+            match (name, ask) {
+                ("passkey", Ask::First) => assert!(question.contains("first pass key")),
+                ("passkey", Ask::Last) => assert!(question.contains("last pass key")),
+                ("passkey", Ask::All) => assert!(question.contains("all the pass keys")),
+                (_, Ask::All) => {
+                    assert!(
+                        p.needles.iter().all(|n| {
+                            let key = n.text.split_whitespace().nth(4).unwrap();
+                            question.contains(key)
+                        }),
+                        "{question}"
+                    );
+                }
+                (_, _) => {
+                    let key = p.needles[asked[0]].text.split_whitespace().nth(4).unwrap();
+                    assert!(question.contains(key), "{question} asks {key}");
+                }
+            }
+            // The judge wants every asked value, and no other number of their length.
+            let all = p.answer_values.join(", ");
+            assert_eq!(sc.judge_generated(&all, &p.answer_values, true), Some(true));
+            if ask == Ask::All {
+                let three = p.answer_values[..3].join(", ");
+                assert_eq!(
+                    sc.judge_generated(&three, &p.answer_values, true),
+                    Some(false)
+                );
+            } else {
+                let other = p
+                    .needles
+                    .iter()
+                    .position(|n| !n.text.contains(p.answer_values[0].as_str()))
+                    .unwrap();
+                let wrong_value: String = p.needles[other]
+                    .text
+                    .chars()
+                    .filter(|c| c.is_ascii_digit())
+                    .collect();
+                let hedge = format!("{} or {wrong_value}", p.answer_values[0]);
+                assert_eq!(
+                    sc.judge_generated(&hedge, &p.answer_values, true),
+                    Some(false)
+                );
+            }
+        }
+        // One needle draws exactly as before.
+        let one = build_prompt_with(&t, &sc, 2048, 50.0, 3, MAX, NeedleCount::default()).unwrap();
+        assert_eq!(one, build_prompt(&t, &sc, 2048, 50.0, 3, MAX).unwrap());
+    }
+    let essay = scenario("essay", &dir);
+    let plan = NeedleCount {
+        count: 2,
+        ask: Ask::First,
+    };
+    let err = build_prompt_with(&t, &essay, 2048, 50.0, 0, MAX, plan).unwrap_err();
+    assert!(matches!(err, PromptError::NeedleCount { .. }), "{err}");
+    assert!(err.to_string().contains("needles.ask_first"), "{err}");
+}

@@ -272,37 +272,37 @@ fn thinking_mode_judges_only_the_text_after_the_reasoning() {
     let answered = format!("The code mentioned was 12345.{end}12345");
     let wrong_answer = format!("The code mentioned was 12345.{end}I do not know.");
     assert_eq!(
-        chat.judge_generated(reasoning_only, "12345", false),
+        chat.judge_generated(reasoning_only, &["12345".to_string()], false),
         Some(true)
     );
     // Reasoning cut off before </think>: no answer, so no verdict (not WRONG), even when the
     // model stopped there itself.
     for ended in [false, true] {
         assert_eq!(
-            thinking.judge_generated(reasoning_only, "12345", ended),
+            thinking.judge_generated(reasoning_only, &["12345".to_string()], ended),
             None
         );
         assert_eq!(
-            thinking.judge_generated(&answered, "12345", ended),
+            thinking.judge_generated(&answered, &["12345".to_string()], ended),
             Some(true)
         );
     }
     assert_eq!(
-        thinking.judge_generated(&wrong_answer, "12345", true),
+        thinking.judge_generated(&wrong_answer, &["12345".to_string()], true),
         Some(false)
     );
     // Cut off by the token limit right after </think>, or inside the value: no verdict.
     let cut_after_think = format!("The code mentioned was 12345.{end}");
     assert_eq!(
-        thinking.judge_generated(&cut_after_think, "12345", false),
+        thinking.judge_generated(&cut_after_think, &["12345".to_string()], false),
         None
     );
     assert_eq!(
-        chat.judge_generated("The code is 123", "12345", false),
+        chat.judge_generated("The code is 123", &["12345".to_string()], false),
         None
     );
     assert_eq!(
-        chat.judge_generated("The code is 123", "12345", true),
+        chat.judge_generated("The code is 123", &["12345".to_string()], true),
         Some(false)
     );
 }
@@ -343,4 +343,35 @@ fn haystack_files_that_are_not_text_files_are_refused() {
     let ok = dir.path().join("ok.txt");
     std::fs::write(&ok, "One sentence. Another one.").unwrap();
     assert!(!read_file_units(&ok).unwrap().is_empty());
+}
+
+/// The `[needles]` table: its questions are read, and a slot it cannot fill is refused by name.
+#[test]
+fn the_needles_table_is_read_and_checked() {
+    let base = "name = \"m\"\nneedle = \"The code is {value}.\"\nquestion = \"Code?\"\n[value]\nkind = \"digits\"\nn = 5\n[haystack]\nkind = \"noise\"\n";
+    let ok = Scenario::from_toml_str(
+        &format!("{base}[needles]\nask_first = \"First code?\"\nask_all = \"All codes?\"\n"),
+        "m.toml",
+        None,
+    )
+    .unwrap();
+    assert_eq!(ok.ask.first.as_deref(), Some("First code?"));
+    assert_eq!(ok.ask.last, None);
+    assert_eq!(ok.ask.all.as_deref(), Some("All codes?"));
+    for (table, field) in [
+        ("ask_all = \"Values of {keys}?\"", "needles.ask_all"),
+        ("ask_first = \"Value {value}?\"", "needles.ask_first"),
+        ("ask_last = \"\"", "needles.ask_last"),
+        ("ask_first = \"<｜User｜>\"", "needles.ask_first"),
+        ("ask_other = \"x\"", "ask_other"),
+    ] {
+        let err = Scenario::from_toml_str(&format!("{base}[needles]\n{table}\n"), "m.toml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{table}: {err}");
+    }
+    // kv-retrieval asks first / last with its question, `all` from its table.
+    let kv = Scenario::load("kv-retrieval").unwrap();
+    assert_eq!(kv.ask.first.as_deref(), Some(kv.question.as_str()));
+    assert!(kv.ask.all.as_deref().unwrap().contains("{keys}"));
 }

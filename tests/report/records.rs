@@ -249,6 +249,7 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
         answer: (1005, 1007),
         needle_text: "The pass key is 71432.".into(),
         answer_value: "71432".into(),
+        answer_values: vec!["71432".into()],
         key: String::new(),
         question: "What is the pass key?".into(),
         depth_pct: 50.0,

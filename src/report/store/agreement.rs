@@ -85,8 +85,8 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
             .filter(|r| r.query_pos == answer)
             .collect();
         let worst = rows.iter().filter_map(|r| r.needle_rank).max();
-        let nontrivial = rows.iter().filter(|r| !r.trivial).count();
-        let selected = rows.iter().filter(|r| !r.trivial && r.selected).count();
+        // Per layer over the needles: selected only when every needle is.
+        let (selected, nontrivial) = crate::record::layers_selected(rows.iter().copied());
         let show = |v: Option<usize>| v.map_or("(empty)".to_string(), |v| v.to_string());
         let checks = [
             (
@@ -99,13 +99,13 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
                 "csa_layers_nontrivial",
                 nontrivial.to_string(),
                 cell.csa_layers_nontrivial.to_string(),
-                "its non-trivial driving layers.csv rows at the answer position",
+                "the CSA layers of its non-trivial driving layers.csv rows at the answer position",
             ),
             (
                 "csa_layers_selected",
                 selected.to_string(),
                 cell.csa_layers_selected.to_string(),
-                "those of them that selected the needle",
+                "those of them that selected the needle (every needle, when there are several)",
             ),
         ];
         for (field, expected, found, what) in checks {
