@@ -262,6 +262,14 @@ fn bad_conversations_are_named_errors_with_exit_1() {
             vec!["tools[0]", "`function`"],
         ),
         (
+            write(
+                "developer.json",
+                br#"[{"role": "developer", "content": ""}, {"role": "user", "content": "q"}]"#,
+            ),
+            vec!["q"],
+            vec!["messages[0].content", "empty developer message"],
+        ),
+        (
             write("task.json", br#"[{"role": "user", "content": "q", "task": "query"}]"#),
             vec!["q"],
             vec!["messages[0].task", "task tokens"],
