@@ -266,6 +266,14 @@ pub enum CheckpointError {
     )]
     ForeignOutDir { dir: PathBuf, files: String },
 
+    #[error(
+        "{}: not empty and not synth's output (it holds {files}, and no synth.json); synth \
+         writes only into a new or empty directory, or one it wrote before; choose a new or \
+         empty --out",
+        dir.display()
+    )]
+    NotEmptyOutDir { dir: PathBuf, files: String },
+
     #[error("synth option {field}: expected {expected}, found {found}")]
     SynthOption {
         field: &'static str,

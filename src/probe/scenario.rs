@@ -58,12 +58,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
 /// Errors loading or validating a scenario.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    #[error("unknown scenario {name:?}: not a built-in ({builtins}) and {what}")]
+    #[error("unknown scenario {name:?}: not a built-in ({builtins}) and {what}{suggestion}")]
     Unknown {
         name: String,
         builtins: String,
         /// "no such file", or "a directory, expected a TOML file".
         what: &'static str,
+        /// `; did you mean passkey?` for a name close to a built-in's, else empty.
+        suggestion: String,
     },
     #[error("scenario file {path}: cannot read: {source}")]
     Read {
@@ -72,6 +74,13 @@ pub enum ScenarioError {
     },
     #[error("scenario {file}: invalid TOML: {message}")]
     Toml { file: String, message: String },
+    #[error("scenario {file}: missing field `{field}`{place}; expected every required field (name, needle, question, [value] with kind, [haystack] with kind)")]
+    MissingField {
+        file: String,
+        field: String,
+        /// ` in the table that starts at line N` for a field of a table, else empty.
+        place: String,
+    },
     #[error("scenario {file}: field `{field}`: expected {expected}, found {found}")]
     Field {
         file: String,
@@ -268,6 +277,11 @@ impl Scenario {
                 } else {
                     "no such file"
                 },
+                suggestion: Self::builtin_names()
+                    .into_iter()
+                    .filter(|b| strsim::levenshtein(b, name_or_path) <= 2)
+                    .min_by_key(|b| strsim::levenshtein(b, name_or_path))
+                    .map_or(String::new(), |b| format!("; did you mean {b}?")),
             });
         }
         let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
@@ -284,9 +298,26 @@ impl Scenario {
         source: &str,
         base_dir: Option<&Path>,
     ) -> Result<Self, ScenarioError> {
-        let raw: RawScenario = toml::from_str(text).map_err(|e| ScenarioError::Toml {
-            file: source.to_string(),
-            message: e.to_string().trim_end().to_string(),
+        let raw: RawScenario = toml::from_str(text).map_err(|e| {
+            // serde's "missing field `x`" points at the enclosing table (line 1 for a
+            // top-level field, the comment line if there is one): name the field instead.
+            match e.message().strip_prefix("missing field `") {
+                Some(rest) => ScenarioError::MissingField {
+                    file: source.to_string(),
+                    field: rest.trim_end_matches('`').to_string(),
+                    place: match e.span() {
+                        Some(span) if span.start > 0 => format!(
+                            " in the table that starts at line {}",
+                            text[..span.start].matches('\n').count() + 1
+                        ),
+                        _ => String::new(),
+                    },
+                },
+                None => ScenarioError::Toml {
+                    file: source.to_string(),
+                    message: e.to_string().trim_end().to_string(),
+                },
+            }
         })?;
         let field = |field: &'static str, expected: &str, found: String| ScenarioError::Field {
             file: source.to_string(),

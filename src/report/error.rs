@@ -56,11 +56,14 @@ pub enum ReportError {
     Json { path: PathBuf, message: String },
     /// `create_or_resume` on a directory whose run.json records a different run.
     #[error(
-        "refusing to resume {}: {}; use a new output directory or repeat the original arguments",
+        "refusing to {action} {}: {}; use a new output directory or repeat the original arguments",
         .path.display(), join(.differences)
     )]
     ResumeMismatch {
         path: PathBuf,
+        /// `resume` (a sweep or demo: the finished cells would be kept) or `add cells to` (a
+        /// probe: probes never resume, they add their cells to a directory of the same settings).
+        action: &'static str,
         differences: Vec<FieldDifference>,
     },
     /// A record handed to the store (or found in a file) that contradicts another one.

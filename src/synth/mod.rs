@@ -456,10 +456,10 @@ pub(crate) fn tiny_for_tests() -> (tempfile::TempDir, crate::checkpoint::Checkpo
 /// later synth run may replace its files ([`claim_out_dir`]).
 pub const SYNTH_MARK_FILE: &str = "synth.json";
 
-/// Makes `dir` ready for a synth run of `preset`: creates it; refuses it when it holds
-/// checkpoint files (`config.json`, `*.safetensors`, the shard index) that synth did not write
-/// (no [`SYNTH_MARK_FILE`], no `planted.json`), so a wrong `--out` can never delete a user's
-/// downloaded weights; writes the mark (before any weight, so a run cut short still leaves a
+/// Makes `dir` ready for a synth run of `preset`: creates it; refuses it when it is not empty
+/// and synth did not write it (no [`SYNTH_MARK_FILE`], no `planted.json`), naming checkpoint
+/// files (`config.json`, `*.safetensors`, the shard index) first, so a wrong `--out` can never
+/// delete a user's downloaded weights or write into their report directory; writes the mark (before any weight, so a run cut short still leaves a
 /// directory synth may rewrite); removes what an earlier synth run left (`remove_stale`).
 pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
     if dir.exists() && !dir.is_dir() {
@@ -472,26 +472,39 @@ pub fn claim_out_dir(dir: &Path, preset: &str) -> Result<(), CheckpointError> {
     std::fs::create_dir_all(dir).map_err(|e| CheckpointError::io(dir, e))?;
     let ours = dir.join(SYNTH_MARK_FILE).is_file() || dir.join(planted::INFO_FILE).is_file();
     if !ours {
-        let mut found = Vec::new();
+        let mut checkpoint = Vec::new();
+        let mut other = Vec::new();
         let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
         for entry in rd {
             let name = entry.map_err(|e| CheckpointError::io(dir, e))?.file_name();
             let name = name.to_string_lossy().into_owned();
             if name == "config.json" || name == INDEX_FILE || name.ends_with(".safetensors") {
-                found.push(name);
+                checkpoint.push(name);
+            } else {
+                other.push(name);
             }
         }
-        if !found.is_empty() {
+        let listed = |mut found: Vec<String>| {
             found.sort();
             let more = found.len().saturating_sub(3);
             found.truncate(3);
+            if more > 0 {
+                format!("{} and {more} more", found.join(", "))
+            } else {
+                found.join(", ")
+            }
+        };
+        if !checkpoint.is_empty() {
             return Err(CheckpointError::ForeignOutDir {
                 dir: dir.to_path_buf(),
-                files: if more > 0 {
-                    format!("{} and {more} more", found.join(", "))
-                } else {
-                    found.join(", ")
-                },
+                files: listed(checkpoint),
+            });
+        }
+        // Any other file (a report directory, say) is the user's too: never written into.
+        if !other.is_empty() {
+            return Err(CheckpointError::NotEmptyOutDir {
+                dir: dir.to_path_buf(),
+                files: listed(other),
             });
         }
     }

@@ -265,6 +265,34 @@ fn synth_refuses_a_checkpoint_it_did_not_write() {
     );
     assert!(!needlescope::run::sweep::model_marks(&user).synthetic);
 
+    // Any other non-empty directory synth did not write (a report directory, as once the
+    // committed reports/demo) is refused untouched too.
+    let report = dir.path().join("report");
+    std::fs::create_dir(&report).unwrap();
+    for f in ["cells.csv", "layers.csv", "run.json", "heatmap_fp8_64.png"] {
+        std::fs::write(report.join(f), b"theirs").unwrap();
+    }
+    let e = synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &report),
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("not empty and not synth's output")
+            && e.contains("cells.csv, heatmap_fp8_64.png, layers.csv and 1 more"),
+        "{e}"
+    );
+    assert_eq!(dir_files(&report).len(), 4, "nothing written or removed");
+    // An empty directory is fine.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    synth(
+        &SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, &empty),
+        None,
+    )
+    .unwrap();
+
     // A run cut short after its mark: the next run may replace it.
     let ours = dir.path().join("ours");
     std::fs::create_dir(&ours).unwrap();

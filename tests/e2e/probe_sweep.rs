@@ -412,6 +412,9 @@ fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(stderr.contains("sweep_args.seed"), "{stderr}");
+    // Probes do not resume: they add cells to a directory of the same settings (issue 30).
+    assert!(stderr.contains("refusing to add cells to"), "{stderr}");
+    assert!(!stderr.contains("resume"), "{stderr}");
     assert_eq!(
         std::fs::read_to_string(out.join("cells.csv")).unwrap(),
         cells

@@ -375,3 +375,32 @@ fn the_needles_table_is_read_and_checked() {
     assert_eq!(kv.ask.first.as_deref(), Some(kv.question.as_str()));
     assert!(kv.ask.all.as_deref().unwrap().contains("{keys}"));
 }
+
+/// A missing field is named (not "invalid TOML at line 1, column 1", the comment line), with
+/// the table it belongs to; a name close to a built-in's is suggested (issue 30).
+#[test]
+fn a_missing_field_is_named_and_a_misspelt_builtin_is_suggested() {
+    let no_question = "# My scenario.\nname = \"m\"\nneedle = \"The code is {value}.\"\n[value]\nkind = \"digits\"\nn = 5\n[haystack]\nkind = \"noise\"\n";
+    let err = Scenario::from_toml_str(no_question, "m.toml", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("m.toml") && err.contains("missing field `question`"),
+        "{err}"
+    );
+    assert!(!err.contains("column 1"), "{err}");
+    let no_kind = "name = \"m\"\nneedle = \"The code is {value}.\"\nquestion = \"Code?\"\n[value]\nn = 5\n[haystack]\nkind = \"noise\"\n";
+    let err = Scenario::from_toml_str(no_kind, "m.toml", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("missing field `kind` in the table that starts at line 4"),
+        "{err}"
+    );
+    let err = Scenario::load("passkee").unwrap_err().to_string();
+    assert!(err.ends_with("did you mean passkey?"), "{err}");
+    let err = Scenario::load("kv-retrival").unwrap_err().to_string();
+    assert!(err.ends_with("did you mean kv-retrieval?"), "{err}");
+    let err = Scenario::load("zzz").unwrap_err().to_string();
+    assert!(!err.contains("did you mean"), "{err}");
+}

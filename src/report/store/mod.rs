@@ -143,6 +143,10 @@ impl RunDir {
             } else {
                 return Err(ReportError::ResumeMismatch {
                     path: run_json,
+                    action: match crate::record::writer(&info.sweep_args) {
+                        "probe" => "add cells to",
+                        _ => "resume",
+                    },
                     differences,
                 });
             }
