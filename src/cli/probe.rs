@@ -10,7 +10,7 @@ use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress};
-use crate::probe::{build_prompt, NeedlePrompt, Scenario};
+use crate::probe::{NeedlePrompt, Scenario};
 use crate::record::{config_hash, BackendRecord, LayerRecord, ProbeRun, RunInfo};
 use crate::report::RunDir;
 use crate::run::target::{EngineTask, Target};
@@ -178,9 +178,6 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let source = prompt_source(args);
     let built = match &args.conversation.prompt {
         Some(_) => Some(source.build(&tok, cfg.max_position_embeddings, args.generate)?),
-        None if args.needles.count > 1 => {
-            Some(source.build(&tok, cfg.max_position_embeddings, args.generate)?)
-        }
         None => None,
     };
     let length = built.as_ref().map_or(args.length, |(_, p)| p.tokens.len());
@@ -193,21 +190,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let backend = target.record();
     let (scenario, prompt) = match built {
         Some(built) => built,
-        None => {
-            let scenario = Scenario::load_with(&args.scenario, args.haystack_file.as_deref())?;
-            if let Some(note) = scenario.competing_answers_note() {
-                eprintln!("note: {note}");
-            }
-            let prompt = build_prompt(
-                &tok,
-                &scenario,
-                args.length,
-                args.depth,
-                args.seed,
-                cfg.max_position_embeddings,
-            )?;
-            (scenario, prompt)
-        }
+        None => source.build(&tok, cfg.max_position_embeddings, args.generate)?,
     };
     let marks = crate::run::sweep::model_marks(&args.model);
     let judge_answers = marks.judges_answers(args.generate);

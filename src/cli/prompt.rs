@@ -129,7 +129,7 @@ pub enum PromptSource<'a> {
 impl PromptSource<'_> {
     /// The scenario and the prompt; `reserve` positions (tokens to generate) must fit after a
     /// conversation within `max_positions`. Notes (parts not rendered, a text file that looks
-    /// like JSON) go to stderr.
+    /// like JSON, a haystack file holding numbers shaped like the answer) go to stderr.
     pub fn build(
         &self,
         tok: &V4Tokenizer,
@@ -161,6 +161,9 @@ impl PromptSource<'_> {
                 needles,
             } => {
                 let scenario = Scenario::load_with(name, haystack_file)?;
+                if let Some(note) = scenario.competing_answers_note() {
+                    eprintln!("note: {note}");
+                }
                 let prompt =
                     build_prompt_with(tok, &scenario, length, depth, seed, max_positions, needles)?;
                 Ok((scenario, prompt))

@@ -136,6 +136,7 @@ pub fn cell_record(
 ) -> CellRecord {
     let last = prompt.tokens.len() - 1;
     let recs = answer_position_records(run, last);
+    let (selected, nontrivial) = crate::record::layers_selected(recs.iter().copied());
     CellRecord {
         cell_id: run.cell_id.clone(),
         target_tokens,
@@ -155,8 +156,8 @@ pub fn cell_record(
         // Over every needle: the worst rank of any, and a layer counts as selected only when
         // it selects all of them (docs/outputs.md).
         min_needle_rank: recs.iter().filter_map(|r| r.needle_rank).max(),
-        csa_layers_selected: crate::record::layers_selected(recs.iter().copied()).0,
-        csa_layers_nontrivial: crate::record::layers_selected(recs.iter().copied()).1,
+        csa_layers_selected: selected,
+        csa_layers_nontrivial: nontrivial,
         wall_seconds: run.wall_seconds,
     }
 }
