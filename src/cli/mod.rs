@@ -19,6 +19,7 @@ pub mod bench;
 pub mod demo;
 pub mod device;
 pub mod doctor;
+pub mod engine;
 pub mod flags;
 pub mod inspect;
 pub mod probe;

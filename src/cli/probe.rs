@@ -114,6 +114,9 @@ pub struct ProbeArgs {
 
     #[command(flatten)]
     pub needles: super::prompt::NeedlesArgs,
+
+    #[command(flatten)]
+    pub engine: super::engine::EngineArgs,
 }
 
 /// The probe's body on a loaded engine of any backend.
@@ -150,6 +153,25 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     refuse_duplicates("--topk", &args.topk, |&k| k)?;
     refuse_duplicates("--needle", &args.conversation.needle, |n| n.clone())?;
+    args.engine.check()?;
+    if args.engine.is_set() {
+        if args.index.len() > 1 {
+            anyhow::bail!(
+                "--index: expected one profile with --engine (it drives the reference; every \
+                 profile is scored and held against the engine), found {}",
+                args.index.len()
+            );
+        }
+        if !args.topk.is_empty() {
+            anyhow::bail!(
+                "--topk: the engine's K is the top-k with --engine (read from its payload; \
+                 --engine-topk names it when the payload reads two ways)"
+            );
+        }
+        if args.engine.no_local || !super::engine::has_weights(&args.model) {
+            return run_engine_only(args, out);
+        }
+    }
     if args.conversation.prompt.is_some() && args.conversation.answer.is_none() && args.generate > 0
     {
         anyhow::bail!(
@@ -184,7 +206,13 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let work = Workload {
         context: length + args.generate,
         chunk: args.chunk,
-        topk: args.topk.iter().copied().max().unwrap_or(cfg.index_topk),
+        topk: args
+            .topk
+            .iter()
+            .copied()
+            .max()
+            .or(args.engine.engine_topk)
+            .unwrap_or(cfg.index_topk),
     };
     let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     let backend = target.record();
@@ -201,19 +229,33 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         eprintln!("note: {note}");
     }
     let needle_texts: Vec<String> = prompt.needles.iter().map(|n| n.text.clone()).collect();
-    let topks = if args.topk.is_empty() {
-        vec![cfg.index_topk]
-    } else {
-        args.topk.clone()
+    // The serving engine's capture first: its K is the runs' top-k, its tokens their answer.
+    let capture = match args.engine.is_set() {
+        true => Some(std::sync::Arc::new(args.engine.capture(
+            &prompt.tokens,
+            args.generate,
+            &capture_expect(args, &cfg, &tok, &prompt),
+        )?)),
+        false => None,
+    };
+    let topks = match &capture {
+        Some(c) => vec![c.topk],
+        None if args.topk.is_empty() => vec![cfg.index_topk],
+        None => args.topk.clone(),
+    };
+    let compare = match &capture {
+        Some(_) => super::engine::scored_with_engine(&args.index, &args.compare),
+        None => args.compare.clone(),
     };
     let opts = ProbeOptions {
         indexes: args.index.clone(),
-        compare: crate::probe::session::comparison_profiles(&args.index, &args.compare),
+        compare: crate::probe::session::comparison_profiles(&args.index, &compare),
         topks,
         kv: args.kv,
         generate: args.generate,
         chunk: target.chunk(),
         probe_question: args.probe == ProbeSet::Question,
+        served: capture.clone(),
     };
     // The records directory is checked before the model runs.
     let store = match &args.out {
@@ -276,9 +318,34 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }))).collect::<serde_json::Result<Vec<_>>>()?,
             "conclusion": conclusion(&runs, last, judge_answers, &needle_texts),
         });
+        let mut obj = obj;
+        if let (Some(c), Some(run)) = (&capture, runs.first()) {
+            let e = EngineView::of(c, run, &scenario, &prompt, &cfg, marks);
+            obj["engine"] = super::engine::engine_json(
+                c,
+                &run.served,
+                &e.verdict,
+                e.answer_correct,
+                Some(&run.index),
+                prompt.needles.len(),
+            );
+        }
         writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     } else {
         print_tables(out, &cfg, &scenario, &prompt, &runs, &opts, &backend, marks)?;
+        if let (Some(c), Some(run)) = (&capture, runs.first()) {
+            let e = EngineView::of(c, run, &scenario, &prompt, &cfg, marks);
+            super::engine::print_engine(
+                out,
+                c,
+                &run.served,
+                &run.layers,
+                &e.verdict,
+                e.answer_correct,
+                Some(&run.index),
+                prompt.needles.len(),
+            )?;
+        }
     }
     if let Some(store) = store {
         let stderr = &mut std::io::stderr();
@@ -298,6 +365,163 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             },
         }
         .into());
+    }
+    Ok(())
+}
+
+/// What the capture expects of the engine's response for this prompt.
+fn capture_expect(
+    args: &ProbeArgs,
+    cfg: &crate::config::ModelConfig,
+    tok: &V4Tokenizer,
+    prompt: &NeedlePrompt,
+) -> crate::probe::capture::CaptureExpect {
+    crate::probe::capture::CaptureExpect {
+        source: args.engine.source(),
+        prompt_tokens: prompt.tokens.len(),
+        csa_layers: cfg.layers_of_kind(crate::config::LayerKind::Csa),
+        config_topk: cfg.index_topk,
+        engine_topk: args.engine.engine_topk,
+        prompt_positions: match args.probe {
+            ProbeSet::Question => crate::probe::session::question_positions(tok, prompt),
+            ProbeSet::Answer => Vec::new(),
+        },
+    }
+}
+
+/// The engine's verdict and answer judgement of one run.
+struct EngineView {
+    verdict: crate::record::served::ServedVerdict,
+    answer_correct: Option<bool>,
+}
+
+impl EngineView {
+    fn of(
+        capture: &crate::probe::capture::EngineCapture,
+        run: &ProbeRun,
+        scenario: &Scenario,
+        prompt: &NeedlePrompt,
+        cfg: &crate::config::ModelConfig,
+        marks: crate::run::sweep::ModelMarks,
+    ) -> EngineView {
+        let order = super::engine::profile_order();
+        let last = prompt.tokens.len() - 1;
+        let driving = (!run.index.is_empty()).then_some(run.index.as_str());
+        EngineView {
+            verdict: crate::record::served::ServedVerdict::of(
+                &run.served,
+                &run.layers,
+                last,
+                &order,
+                driving,
+            ),
+            answer_correct: super::engine::engine_answer_correct(
+                capture,
+                scenario,
+                &prompt.answer_values,
+                cfg.eos_token_id,
+                marks.judges_answers(capture.output_ids.len()),
+            ),
+        }
+    }
+}
+
+/// Engine-only mode (`--no-local`, or a model directory without weights): the prompt is built
+/// with the model's tokenizer and config, the engine's selections and answer are read, and the
+/// needle's membership is reported per CSA layer; nothing runs locally.
+fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    if args.out.is_some() {
+        anyhow::bail!(
+            "--out: engine-only runs (no local model) are not recorded in report directories yet; \
+             print them (--json) instead"
+        );
+    }
+    let config_path = args.model.join("config.json");
+    let cfg = crate::config::ModelConfig::load(&config_path)?;
+    cfg.require_csa_layer(&config_path)?;
+    let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
+    let (scenario, prompt) =
+        prompt_source(args).build(&tok, cfg.max_position_embeddings, args.generate)?;
+    let capture = args.engine.capture(
+        &prompt.tokens,
+        args.generate,
+        &capture_expect(args, &cfg, &tok, &prompt),
+    )?;
+    let last = prompt.tokens.len() - 1;
+    let mut positions = vec![last];
+    positions.extend(
+        capture
+            .selections
+            .keys()
+            .copied()
+            .filter(|&p| p != last && p + 1 < capture.prompt_tokens + capture.output_ids.len()),
+    );
+    positions.sort_unstable();
+    positions.dedup();
+    let cell = format!(
+        "L{}-d{}-engine-k{}",
+        prompt.tokens.len(),
+        prompt.depth_pct,
+        capture.topk
+    );
+    let spans: Vec<(usize, usize)> = prompt.needles.iter().map(|n| n.span).collect();
+    let served = crate::probe::served::membership_records(&capture, &cell, &spans, &positions);
+    let marks = crate::run::sweep::model_marks(&args.model);
+    let verdict = crate::record::served::ServedVerdict::of(&served, &[], last, &[], None);
+    let answer_correct = super::engine::engine_answer_correct(
+        &capture,
+        &scenario,
+        &prompt.answer_values,
+        cfg.eos_token_id,
+        marks.judges_answers(capture.output_ids.len()),
+    );
+    if args.json {
+        let obj = serde_json::json!({
+            "model": args.model.display().to_string(),
+            "synthetic": marks.synthetic,
+            "scenario": scenario.name,
+            "local": false,
+            "prompt": {
+                "tokens": prompt.tokens,
+                "length": prompt.tokens.len(),
+                "depth_pct": prompt.depth_pct,
+                "actual_depth_pct": prompt.actual_depth_pct,
+                "needle": [prompt.needle.0, prompt.needle.1],
+                "needles": super::prompt::needles_json(&prompt),
+                "answer": [prompt.answer.0, prompt.answer.1],
+                "needle_text": prompt.needle_text,
+                "answer_value": prompt.answer_value,
+            },
+            "runs": [],
+            "engine": super::engine::engine_json(
+                &capture,
+                &served,
+                &verdict,
+                answer_correct,
+                None,
+                prompt.needles.len(),
+            ),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
+    } else {
+        writeln!(
+            out,
+            "{} | {} tokens | {} | answer {:?} | engine only (no local forward)",
+            scenario.name,
+            prompt.tokens.len(),
+            crate::units::count_of(prompt.needles.len(), "needle"),
+            prompt.answer_value
+        )?;
+        super::engine::print_engine(
+            out,
+            &capture,
+            &served,
+            &[],
+            &verdict,
+            answer_correct,
+            None,
+            prompt.needles.len(),
+        )?;
     }
     Ok(())
 }
@@ -410,7 +634,7 @@ fn prompt_source(args: &ProbeArgs) -> super::prompt::PromptSource<'_> {
 fn shared_args(args: &ProbeArgs) -> serde_json::Value {
     let mut compare: Vec<&str> = args.compare.iter().map(|p| p.name()).collect();
     compare.sort_unstable();
-    serde_json::json!({
+    let mut shared = serde_json::json!({
         "command": "probe",
         "kv": args.kv.name(),
         "seed": args.seed,
@@ -422,7 +646,12 @@ fn shared_args(args: &ProbeArgs) -> serde_json::Value {
             ProbeSet::Answer => "answer",
             ProbeSet::Question => "question",
         },
-    })
+    });
+    // Only with an engine, so that directories of earlier probes still match.
+    if args.engine.is_set() {
+        shared["engine"] = serde_json::json!("sglang");
+    }
+    shared
 }
 
 /// Opens (or joins) `dir` for this probe before anything runs: refused when it holds another
@@ -473,7 +702,7 @@ pub fn record(
             continue;
         }
         let cell = crate::run::sweep::cell_record(prompt, target_tokens, run, judge_answers);
-        store.append_cell(&cell, &run.layers, &run.attention)?;
+        store.append_cell_with_engine(&cell, &run.layers, &run.attention, &run.served)?;
     }
     // The directory stays locked until the PNGs are rendered.
     let lock = store.lock().clone();

@@ -21,6 +21,7 @@
 //! it only sees `IndexerObservation` and `AttentionObservation` values, and writes the records
 //! of `crate::record`.
 
+pub mod capture;
 pub mod chat;
 pub mod conversation;
 pub mod haystack;
@@ -29,6 +30,7 @@ pub mod prompt;
 pub mod rank;
 pub mod rows;
 pub mod scenario;
+pub mod served;
 pub mod session;
 
 pub mod words;

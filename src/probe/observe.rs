@@ -32,9 +32,11 @@ use rayon::prelude::*;
 use super::rank::{kth_scores, rank_needle, NeedleRank, RecordMeta};
 use crate::record::AttentionRecord;
 
+use super::capture::EngineCapture;
 use super::rows::RowKind;
 use crate::model::observer::{AttentionObservation, IndexerObservation, Observer};
 use crate::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
+use crate::record::served::ServedLayerRecord;
 use crate::record::LayerRecord;
 
 /// A cell scored by the observer: its id and top-k.
@@ -64,6 +66,10 @@ pub struct NeedleObserverConfig {
     pub compare: Vec<IndexProfile>,
     /// The engine's cell first, then counterfactual top-k cells.
     pub cells: Vec<CellTopk>,
+    /// A serving engine's captured selections (`--engine`): at every probed position and CSA
+    /// layer the engine's set is held against each scored profile's top-K
+    /// ([`super::served`]), giving `served_records`.
+    pub served: Option<std::sync::Arc<EngineCapture>>,
 }
 
 /// An observation the probe could not use; names layer, position and field.
@@ -94,6 +100,8 @@ pub struct NeedleObserver {
     prompt_positions: BTreeSet<usize>,
     pub layer_records: Vec<LayerRecord>,
     pub attention_records: Vec<AttentionRecord>,
+    /// With a serving engine's capture: one record per (layer, position, needle, profile).
+    pub served_records: Vec<ServedLayerRecord>,
     /// Number of (layer, position) selection checks made.
     pub selection_checks: usize,
     pub disagreements: Vec<SelectionDisagreement>,
@@ -108,6 +116,7 @@ impl NeedleObserver {
             prompt_positions,
             layer_records: Vec::new(),
             attention_records: Vec::new(),
+            served_records: Vec::new(),
             selection_checks: 0,
             disagreements: Vec::new(),
             errors: Vec::new(),
@@ -165,6 +174,62 @@ impl NeedleObserver {
                 self.layer_records
                     .push(LayerRecord::new(&meta, rank, kth, cell.topk));
             }
+        }
+    }
+
+    /// The serving engine's set at this observation's (position, layer), padding dropped; an
+    /// error when the capture has no row there.
+    fn served_set(&mut self, obs: &IndexerObservation<'_>) -> Option<Vec<usize>> {
+        let capture = self.cfg.served.clone()?;
+        match capture.selection(obs.query_pos, obs.layer) {
+            Some(row) => Some(super::served::engine_set(row)),
+            None => {
+                self.error(
+                    obs.layer,
+                    obs.query_pos,
+                    "the serving engine's selection",
+                    format!(
+                        "a row for this position (the engine sent rows 0..{})",
+                        capture.rows
+                    ),
+                    "none".into(),
+                );
+                None
+            }
+        }
+    }
+
+    /// One engine record per needle: the engine's set against `profile`'s top-K.
+    fn push_served(
+        &mut self,
+        obs: &IndexerObservation<'_>,
+        profile: IndexProfile,
+        scores: &[f32],
+        needle_rows: &[std::ops::Range<usize>],
+        engine_set: &[usize],
+    ) {
+        let Some(capture) = &self.cfg.served else {
+            return;
+        };
+        let k = capture.topk;
+        let overlap = super::served::overlap(engine_set, &super::served::top_rows(scores, k));
+        let Some(cell) = self.cfg.cells.first() else {
+            return;
+        };
+        for (needle, rows) in needle_rows.iter().enumerate() {
+            self.served_records.push(ServedLayerRecord {
+                cell_id: cell.cell_id.clone(),
+                layer: obs.layer,
+                query_pos: obs.query_pos,
+                phase: phase_label(obs.query_pos, self.cfg.prompt_len),
+                needle,
+                engine_topk: k,
+                visible_rows: obs.visible_rows,
+                selected_rows: engine_set.len(),
+                needle_selected: engine_set.iter().any(|w| rows.contains(w)),
+                profile: profile.name().to_string(),
+                overlap,
+            });
         }
     }
 
@@ -299,6 +364,10 @@ impl Observer for NeedleObserver {
             .map(|r| rank_needle(obs.scores, r.clone()))
             .collect();
         self.push_records(obs, driving, &ranks, obs.scores);
+        let engine_set = self.served_set(obs);
+        if let Some(set) = &engine_set {
+            self.push_served(obs, driving, obs.scores, &rows, set);
+        }
 
         // The engine's selection against the driving rank, needle by needle.
         let engine_k = obs.selected.len();
@@ -344,6 +413,9 @@ impl Observer for NeedleObserver {
                 .map(|r| rank_needle(&scores, r.clone()))
                 .collect();
             self.push_records(obs, profile, &ranks, &scores);
+            if let Some(set) = &engine_set {
+                self.push_served(obs, profile, &scores, &rows, set);
+            }
         }
     }
 
@@ -452,6 +524,7 @@ mod tests {
                 cell_id: "c".into(),
                 topk: 4,
             }],
+            served: None,
         });
         for nan_head in [0, 1] {
             let mut probs = [0.3f32, 0.1, 0.3, 0.1];

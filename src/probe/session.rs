@@ -51,6 +51,10 @@ pub struct ProbeOptions {
     pub chunk: usize,
     /// Also probe every token of the question.
     pub probe_question: bool,
+    /// A serving engine's capture (`--engine`): its answer tokens are fed instead of greedy
+    /// choices (so both sides see the same context at every decode position), and its
+    /// selections are held against every scored profile (`ProbeRun::served`).
+    pub served: Option<std::sync::Arc<super::capture::EngineCapture>>,
 }
 
 /// Progress callbacks: prefill tokens done of total, then each generated token.
@@ -136,6 +140,7 @@ pub fn run_probe<B: Backend>(
                     cell_id: id.clone(),
                     topk,
                 }],
+                served: opts.served.clone(),
             });
             progress.run_started(index, topk, prompt.tokens.len());
             let started = Instant::now();
@@ -157,9 +162,16 @@ pub fn run_probe<B: Backend>(
                 progress.prefill(done, total);
             }
             let mut generated = Vec::new();
-            while generated.len() < opts.generate && !logits.is_empty() {
+            // The serving engine's tokens, when it is held against this run.
+            let forced = opts.served.as_ref().map(|c| c.output_ids.clone());
+            let limit = forced.as_ref().map_or(opts.generate, |f| f.len());
+            while generated.len() < limit && !logits.is_empty() {
                 let position = prompt.tokens.len() + generated.len() - 1;
-                let next = argmax(&logits).ok_or_else(|| {
+                let chosen = match &forced {
+                    Some(f) => Some(f[generated.len()]),
+                    None => argmax(&logits),
+                };
+                let next = chosen.ok_or_else(|| {
                     anyhow::anyhow!(
                         "cannot judge the answer: the logits at position {position} \
                          (generated token {}) hold NaN or infinite values: damaged weight \
@@ -170,7 +182,7 @@ pub fn run_probe<B: Backend>(
                 })?;
                 generated.push(next);
                 progress.generated(generated.len());
-                if next == eos || generated.len() == opts.generate {
+                if next == eos || generated.len() == limit {
                     break;
                 }
                 let out =
@@ -200,6 +212,7 @@ pub fn run_probe<B: Backend>(
                 generated_ids: generated,
                 layers: std::mem::take(&mut observer.layer_records),
                 attention: std::mem::take(&mut observer.attention_records),
+                served: std::mem::take(&mut observer.served_records),
                 selection_disagreements: observer.disagreements.len(),
                 selection_checks: observer.selection_checks,
                 wall_seconds: started.elapsed().as_secs_f64(),

@@ -13,6 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use crate::numerics::modes::{IndexProfile, KvMode};
 
+pub mod served;
 pub mod why;
 
 /// One row of layers.csv (docs/outputs.md): exactly these fields, in this order.
@@ -87,6 +88,9 @@ pub struct ProbeRun {
     pub layers: Vec<LayerRecord>,
     #[serde(skip)]
     pub attention: Vec<AttentionRecord>,
+    /// The serving engine's selections held against this run (`--engine`; engine.csv rows).
+    #[serde(skip)]
+    pub served: Vec<served::ServedLayerRecord>,
     /// Positions where the engine's selection disagreed with the driving rank (ties aside).
     pub selection_disagreements: usize,
     pub selection_checks: usize,

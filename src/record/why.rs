@@ -339,6 +339,7 @@ mod tests {
             generated_ids: vec![],
             layers,
             attention: vec![],
+            served: vec![],
             selection_disagreements: 0,
             selection_checks: 0,
             wall_seconds: 0.0,

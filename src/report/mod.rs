@@ -89,6 +89,7 @@ fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);
     }
+    table.push_str(&engine_lines(&records));
     Rerendered {
         table,
         files,
@@ -102,6 +103,53 @@ fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -
             .unwrap_or_default(),
         notes: records.notes,
     }
+}
+
+/// The serving engine beside the reference, one line per cell with engine.csv rows: its
+/// conclusion at the cell's answer position (`record::served`). Empty without engine.csv.
+pub fn engine_lines(records: &RunRecords) -> String {
+    let order: Vec<&str> = crate::record::IndexProfile::ALL
+        .iter()
+        .map(|p| p.name())
+        .collect();
+    let mut text = String::new();
+    for cell in &records.cells {
+        let served: Vec<crate::record::served::ServedLayerRecord> = records
+            .engine
+            .iter()
+            .filter(|r| r.cell_id == cell.cell_id)
+            .cloned()
+            .collect();
+        let Some(first) = served.first() else {
+            continue;
+        };
+        let layers: Vec<crate::record::LayerRecord> = records
+            .layers
+            .iter()
+            .filter(|r| r.cell_id == cell.cell_id)
+            .cloned()
+            .collect();
+        let verdict = crate::record::served::ServedVerdict::of(
+            &served,
+            &layers,
+            cell.answer_position(),
+            &order,
+            Some(cell.index.name()),
+        );
+        if text.is_empty() {
+            text.push_str("\nserving engine (engine.csv) against the reference:\n");
+        }
+        text.push_str(&format!(
+            "  {} (engine K {}): {}\n",
+            cell.cell_id,
+            first.engine_topk,
+            verdict.conclusion(
+                Some(cell.index.name()),
+                1 + served.iter().map(|r| r.needle).max().unwrap_or(0)
+            )
+        ));
+    }
+    text
 }
 
 /// The lock of `dir`, which must already be a report directory (holds run.json): `report` on

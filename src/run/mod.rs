@@ -13,6 +13,7 @@ pub mod hub;
 pub mod interrupt;
 pub mod parity;
 pub mod progress;
+pub mod sglang;
 pub mod sweep;
 pub mod target;
 pub mod trace;

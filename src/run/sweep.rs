@@ -530,6 +530,7 @@ impl SweepTask<'_> {
             generate: plan.generate,
             chunk: plan.chunk,
             probe_question: false,
+            served: None,
         };
         let runs = run_probe(
             engine,
@@ -615,6 +616,7 @@ mod tests {
             generated_ids: vec![],
             layers: vec![],
             attention: vec![],
+            served: vec![],
             selection_disagreements: disagreements,
             selection_checks: 21,
             wall_seconds: 0.0,

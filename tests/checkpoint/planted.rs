@@ -117,6 +117,7 @@ fn official_format_keeps_the_needle_selected_on_every_csa_layer() {
             cell_id: "c".into(),
             topk: 64,
         }],
+        served: None,
     });
     let mut state = engine.new_sequence();
     let out = engine

@@ -4,5 +4,6 @@
 //! tests, shared helpers come from `needlescope-testkit` (tests/support).
 
 mod conversation;
+mod engine;
 mod planted_trends;
 mod probe_sweep;

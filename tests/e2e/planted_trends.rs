@@ -154,6 +154,7 @@ fn run_cell(s: &Setup, length: usize, depth: f64) -> Cell {
                 topk: k,
             })
             .collect(),
+        served: None,
     };
     let mut probe = Probe {
         inner: NeedleObserver::new(cfg),

@@ -39,6 +39,7 @@ fn config(
                 topk: k,
             })
             .collect(),
+        served: None,
     }
 }
 
@@ -429,6 +430,7 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                         driving: IndexProfile::SglangFp8,
                         compare: vec![],
                         cells: cells.clone(),
+                        served: None,
                     });
                     o.indexer(&IndexerObservation {
                         layer: 2,

@@ -25,6 +25,7 @@ fn options() -> ProbeOptions {
         generate: GENERATE,
         chunk: 96,
         probe_question: false,
+        served: None,
     }
 }
 

@@ -77,6 +77,7 @@ fn records(dir: &Path, info: RunInfo, cells: Vec<CellRecord>) -> RunRecords {
         cells,
         layers: vec![],
         attention: vec![],
+        engine: vec![],
         notes: vec![],
     }
 }

@@ -2,13 +2,14 @@
 //! A crate of its own, so that every binary links the same helpers without `#[path]`:
 //! [`cli`] runs the real binary and edits safetensors files, [`engine`] builds synthetic models,
 //! token ids and a recording observer, [`emu`] compares emulator outputs, [`planted`] shares one
-//! planted checkpoint per test binary, [`report`] writes records of a synthetic sweep.
+//! planted checkpoint per test binary, [`report`] writes records of a synthetic sweep, [`sglang`] is a stand-in SGLang server.
 
 pub mod cli;
 pub mod emu;
 pub mod engine;
 pub mod planted;
 pub mod report;
+pub mod sglang;
 
 use std::path::PathBuf;
 

@@ -284,6 +284,7 @@ mod tests {
                 layer("b", 3, "prompt"),
             ],
             attention: Vec::new(),
+            engine: Vec::new(),
             notes: Vec::new(),
         };
         let index = LayerPlotIndex::new(&records);

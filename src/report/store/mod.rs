@@ -55,6 +55,7 @@ use serde::Serialize;
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
 use super::summary::{cell_rounding_losses, rounding_losses, RoundingLosses, SummaryJson};
+use crate::record::served::{ServedLayerRecord, SERVED_COLUMNS};
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
@@ -73,6 +74,9 @@ pub const CELLS_CSV: &str = "cells.csv";
 pub const LAYERS_CSV: &str = "layers.csv";
 pub const ATTENTION_CSV: &str = "attention.csv";
 pub const SUMMARY_JSON: &str = "summary.json";
+/// The serving engine's records (`probe --engine ... --out`); only in directories that have
+/// them.
+pub const ENGINE_CSV: &str = "engine.csv";
 
 /// A report directory open for appending finished cells.
 pub struct RunDir {
@@ -83,6 +87,8 @@ pub struct RunDir {
     cells_w: csv::Writer<File>,
     layers_w: csv::Writer<File>,
     attention_w: csv::Writer<File>,
+    /// engine.csv, opened when the directory has one or a cell brings engine records.
+    engine_w: Option<csv::Writer<File>>,
     /// Checks each appended cell as a reader will.
     check: CellCheck,
     /// The cells.csv line the next appended row starts on.
@@ -208,6 +214,17 @@ impl RunDir {
         repair(&att_path, &attention, &ATTENTION_COLUMNS, |r| {
             finished.contains(&r.cell_id)
         })?;
+        let engine_path = dir.join(ENGINE_CSV);
+        let engine_w = if engine_path.exists() {
+            let engine: ParsedCsv<ServedLayerRecord> =
+                read_tolerant(&engine_path, &SERVED_COLUMNS)?;
+            repair(&engine_path, &engine, &SERVED_COLUMNS, |r| {
+                finished.contains(&r.cell_id)
+            })?;
+            Some(open_append(&engine_path)?)
+        } else {
+            None
+        };
         let next_line = if redo.is_empty() {
             if cells_csv.has_header {
                 cells_csv.next_line
@@ -236,6 +253,7 @@ impl RunDir {
             cells_w: open_append(&cells_path)?,
             layers_w: open_append(&layers_path)?,
             attention_w: open_append(&att_path)?,
+            engine_w,
             dir: dir.to_path_buf(),
             info,
             cells: cells.clone(),
@@ -266,6 +284,19 @@ impl RunDir {
         layers: &[LayerRecord],
         attention: &[AttentionRecord],
     ) -> Result<()> {
+        self.append_cell_with_engine(cell, layers, attention, &[])
+    }
+
+    /// [`Self::append_cell`] with the serving engine's records of the cell, written to
+    /// engine.csv (created with its header on first use) after attention.csv and before the
+    /// cells.csv row that commits the cell.
+    pub fn append_cell_with_engine(
+        &mut self,
+        cell: &CellRecord,
+        layers: &[LayerRecord],
+        attention: &[AttentionRecord],
+        engine: &[ServedLayerRecord],
+    ) -> Result<()> {
         let cells_path = self.dir.join(CELLS_CSV);
         if self.finished.contains(&cell.cell_id) {
             return Err(ReportError::Mismatch {
@@ -287,6 +318,13 @@ impl RunDir {
             &cell.cell_id,
             attention.iter().map(|r| r.cell_id.as_str()),
         )?;
+        let engine_path = self.dir.join(ENGINE_CSV);
+        same_cell(
+            &engine_path,
+            &cell.cell_id,
+            engine.iter().map(|r| r.cell_id.as_str()),
+        )?;
+        refuse_inconsistent(&engine_path, engine)?;
         // What a reader would refuse is refused before anything is written (the rows first:
         // the cell check remembers the cell's id once it passes).
         refuse_inconsistent(&layers_path, layers)?;
@@ -296,6 +334,17 @@ impl RunDir {
 
         append(&mut self.layers_w, &layers_path, layers)?;
         append(&mut self.attention_w, &att_path, attention)?;
+        if !engine.is_empty() {
+            if self.engine_w.is_none() {
+                let mut header = SERVED_COLUMNS.join(",");
+                header.push('\n');
+                atomic_write(&engine_path, header.as_bytes())?;
+                self.engine_w = Some(open_append(&engine_path)?);
+            }
+            if let Some(w) = self.engine_w.as_mut() {
+                append(w, &engine_path, engine)?;
+            }
+        }
         append(&mut self.cells_w, &cells_path, std::slice::from_ref(cell))?;
         self.finished.insert(cell.cell_id.clone());
         if let Some(count) = cell_rounding_losses(cell, layers) {

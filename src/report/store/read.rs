@@ -34,6 +34,8 @@ pub struct RunRecords {
     pub layers: Vec<LayerRecord>,
     /// attention.csv rows of finished cells.
     pub attention: Vec<AttentionRecord>,
+    /// engine.csv rows of finished cells (empty without engine.csv).
+    pub engine: Vec<crate::record::served::ServedLayerRecord>,
     /// What was read but left out, for the user: a torn last line per file (a run killed
     /// while writing it), e.g. `cells.csv, line 5: incomplete last line ...`.
     pub notes: Vec<String>,
@@ -90,6 +92,18 @@ impl RunRecords {
         }
         layers.retain(|r| finished.contains(&r.cell_id));
         attention.retain(|r| finished.contains(&r.cell_id));
+        let mut engine: Vec<crate::record::served::ServedLayerRecord> =
+            if dir.join(super::ENGINE_CSV).exists() {
+                rows(
+                    dir,
+                    super::ENGINE_CSV,
+                    &crate::record::served::SERVED_COLUMNS,
+                    &mut notes,
+                )?
+            } else {
+                Vec::new()
+            };
+        engine.retain(|r| finished.contains(&r.cell_id));
         if let Some(d) = incomplete_cells(&cells, &layers, &attention).first() {
             return Err(ReportError::Damaged {
                 path: dir.join(d.file),
@@ -113,6 +127,7 @@ impl RunRecords {
             cells,
             layers,
             attention,
+            engine,
             notes,
         })
     }

@@ -128,6 +128,41 @@ impl RowCheck for AttentionRecord {
     }
 }
 
+impl RowCheck for crate::record::served::ServedLayerRecord {
+    fn inconsistency(&self) -> Option<Inconsistency> {
+        let r = self;
+        let visible = (r.query_pos + 1) / 4;
+        if r.visible_rows != visible {
+            return wrong(
+                "visible_rows",
+                format!("floor((query_pos+1)/4) = {visible}"),
+                r.visible_rows,
+            );
+        }
+        let most = r.engine_topk.min(r.visible_rows);
+        if r.selected_rows > most {
+            return wrong(
+                "selected_rows",
+                format!("at most min(engine_topk, visible_rows) = {most}"),
+                r.selected_rows,
+            );
+        }
+        if let Some(o) = r.overlap {
+            if !(0.0..=1.0).contains(&o) {
+                return wrong("overlap", "a share between 0 and 1".into(), o);
+            }
+        }
+        if r.profile.is_empty() != r.overlap.is_none() {
+            return wrong(
+                "overlap",
+                "a value exactly when a profile is named".into(),
+                r.overlap.map_or("nothing".to_string(), |o| o.to_string()),
+            );
+        }
+        None
+    }
+}
+
 /// Refuses rows that a reader would refuse as inconsistent ([`RowCheck`]), naming the file,
 /// the cell, the layer and the field.
 pub(crate) fn refuse_inconsistent<T: RowCheck + RowPlace>(path: &Path, rows: &[T]) -> Result<()> {
@@ -160,6 +195,24 @@ impl RowPlace for LayerRecord {
         format!(
             "cell {} at layer {}, query position {}{needle} ({})",
             r.cell_id, r.layer, r.query_pos, r.profile
+        )
+    }
+}
+
+impl RowPlace for crate::record::served::ServedLayerRecord {
+    fn place(&self) -> String {
+        let r = self;
+        format!(
+            "cell {} at layer {}, query position {}, needle {} ({})",
+            r.cell_id,
+            r.layer,
+            r.query_pos,
+            r.needle,
+            if r.profile.is_empty() {
+                "engine only"
+            } else {
+                &r.profile
+            }
         )
     }
 }

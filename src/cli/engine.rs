@@ -1,0 +1,373 @@
+//! `--engine URL` / `--engine-capture FILE` (probe): the user's serving engine held against the
+//! reference. The flags, fetching the capture (live from SGLang or from a saved body), the
+//! `engine` object of `probe --json` and the engine section of the text output
+//! (docs/engines.md, docs/outputs.md).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::numerics::profiles::IndexProfile;
+use crate::probe::capture::{read_capture, CaptureExpect, EngineCapture};
+use crate::record::served::{ServedLayerRecord, ServedVerdict};
+
+/// The serving engine's flags.
+#[derive(Args, Debug, Clone, Default)]
+pub struct EngineArgs {
+    /// Your SGLang server (http://HOST:PORT, started with --enable-return-indexer-topk and --disable-radix-cache: docs/engines.md): the prompt's token ids are sent to its native /generate endpoint and its own indexer selections are held against the reference on every CSA layer
+    #[arg(long, value_name = "URL", conflicts_with = "engine_capture")]
+    pub engine: Option<String>,
+
+    /// A saved response of that request (the JSON body SGLang's /generate returned with return_indexer_topk, as curl saves it) instead of a live server
+    #[arg(long, value_name = "FILE")]
+    pub engine_capture: Option<PathBuf>,
+
+    /// The engine's top-k when its payload reads two ways (it is otherwise read from the payload's length)
+    #[arg(long, value_name = "K", value_parser = super::flags::parse_positive)]
+    pub engine_topk: Option<usize>,
+
+    /// Seconds the whole exchange with --engine may take: connecting, the engine's prefill and generation, reading the response
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = super::flags::parse_positive)]
+    pub engine_timeout: usize,
+
+    /// With --engine or --engine-capture: no local forward (the engine's selections and answer only, at the engine's speed); also chosen when --model holds config.json and a tokenizer but no weights
+    #[arg(long)]
+    pub no_local: bool,
+}
+
+impl EngineArgs {
+    /// Whether a serving engine takes part.
+    pub fn is_set(&self) -> bool {
+        self.engine.is_some() || self.engine_capture.is_some()
+    }
+
+    /// Where the capture comes from, as recorded (`source` of the JSON object).
+    pub fn source(&self) -> String {
+        match (&self.engine, &self.engine_capture) {
+            (Some(url), _) => url.clone(),
+            (None, Some(file)) => file.display().to_string(),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// Refuses flags that need an engine without one.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.is_set() {
+            return Ok(());
+        }
+        for (flag, given) in [
+            ("--no-local", self.no_local),
+            ("--engine-topk", self.engine_topk.is_some()),
+        ] {
+            if given {
+                anyhow::bail!("{flag}: expected --engine URL or --engine-capture FILE with it");
+            }
+        }
+        Ok(())
+    }
+
+    /// The capture of `tokens`: posted to the server, or read from the saved body; its
+    /// warnings go to stderr.
+    pub fn capture(
+        &self,
+        tokens: &[u32],
+        generate: usize,
+        expect: &CaptureExpect,
+    ) -> anyhow::Result<EngineCapture> {
+        let capture = match (&self.engine, &self.engine_capture) {
+            (Some(url), _) => crate::run::sglang::capture_from_server(
+                url,
+                tokens,
+                generate,
+                Duration::from_secs(self.engine_timeout as u64),
+                expect,
+            )?,
+            (None, Some(file)) => {
+                let f = std::fs::File::open(file)
+                    .map_err(|e| anyhow::anyhow!("--engine-capture {}: {e}", file.display()))?;
+                read_capture(std::io::BufReader::with_capacity(1 << 20, f), expect)?
+            }
+            (None, None) => anyhow::bail!("no serving engine given"),
+        };
+        for w in &capture.warnings {
+            eprintln!("warning: {w}");
+        }
+        Ok(capture)
+    }
+}
+
+/// Whether a model directory holds weights (a safetensors file or a shard index): without
+/// them, `--engine` runs engine-only.
+pub fn has_weights(model: &std::path::Path) -> bool {
+    std::fs::read_dir(model)
+        .map(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// The profiles scored with an engine: every one, so the closest can be found (the command's
+/// own `--index` and `--compare` first).
+pub fn scored_with_engine(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
+    let mut all: Vec<IndexProfile> = compare.to_vec();
+    for p in IndexProfile::ALL {
+        if !all.contains(&p) && !indexes.contains(&p) {
+            all.push(p);
+        }
+    }
+    all
+}
+
+/// The profile order of ties and tables (`IndexProfile::ALL`).
+pub fn profile_order() -> Vec<&'static str> {
+    IndexProfile::ALL.iter().map(|p| p.name()).collect()
+}
+
+/// The engine's answer verdict: `None` when answers are not judged or the answer did not end.
+pub fn engine_answer_correct(
+    capture: &EngineCapture,
+    scenario: &crate::probe::Scenario,
+    answer_values: &[String],
+    eos: u32,
+    judge_answers: bool,
+) -> Option<bool> {
+    if !judge_answers {
+        return None;
+    }
+    let ended = capture.ended() || capture.output_ids.last() == Some(&eos);
+    scenario.judge_generated(&capture.text, answer_values, ended)
+}
+
+/// `probe --json`'s `engine` object (docs/outputs.md).
+pub fn engine_json(
+    capture: &EngineCapture,
+    served: &[ServedLayerRecord],
+    verdict: &ServedVerdict,
+    answer_correct: Option<bool>,
+    driving: Option<&str>,
+    needles: usize,
+) -> serde_json::Value {
+    // One entry per (layer, position); overlaps per profile, needle membership per needle.
+    let mut layers: Vec<serde_json::Value> = Vec::new();
+    let mut keys: Vec<(usize, usize)> = served.iter().map(|r| (r.query_pos, r.layer)).collect();
+    keys.dedup();
+    keys.sort_unstable();
+    keys.dedup();
+    for (pos, layer) in keys {
+        let here: Vec<&ServedLayerRecord> = served
+            .iter()
+            .filter(|r| r.query_pos == pos && r.layer == layer)
+            .collect();
+        let first = here[0];
+        let mut needle_selected = vec![false; needles.max(1)];
+        for r in &here {
+            if let Some(slot) = needle_selected.get_mut(r.needle) {
+                *slot = r.needle_selected;
+            }
+        }
+        let mut overlap = serde_json::Map::new();
+        for r in here
+            .iter()
+            .filter(|r| r.needle == 0 && !r.profile.is_empty())
+        {
+            if let Some(o) = r.overlap {
+                overlap.insert(
+                    r.profile.clone(),
+                    super::probe::f32_as_in_csv(serde_json::json!(o)),
+                );
+            }
+        }
+        layers.push(serde_json::json!({
+            "layer": layer,
+            "query_pos": pos,
+            "phase": first.phase,
+            "visible_rows": first.visible_rows,
+            "needle_selected": if needles > 1 {
+                serde_json::json!(needle_selected)
+            } else {
+                serde_json::json!(needle_selected[0])
+            },
+            "selected_rows": first.selected_rows,
+            "overlap": overlap,
+        }));
+    }
+    let agreement = |a: &Option<crate::record::served::ProfileAgreement>| match a {
+        Some(a) => serde_json::json!({
+            "profile": a.profile,
+            "mean_overlap": super::probe::f32_as_in_csv(serde_json::json!(a.mean_overlap)),
+        }),
+        None => serde_json::Value::Null,
+    };
+    serde_json::json!({
+        "kind": "sglang",
+        "source": capture.source,
+        "topk": capture.topk,
+        "prompt_tokens": capture.prompt_tokens,
+        "completion_tokens": capture.completion_tokens,
+        "cached_tokens": capture.cached_tokens,
+        "finish_reason": capture.finish_reason,
+        "output_ids": capture.output_ids,
+        "answer_text": capture.text,
+        "answer_correct": answer_correct,
+        "reference_driving": driving,
+        "closest_profile": agreement(&verdict.closest),
+        "runner_up": agreement(&verdict.runner_up),
+        "inconclusive": verdict.inconclusive,
+        "lost_layers": verdict.lost,
+        "warnings": capture.warnings,
+        "conclusion": verdict.conclusion(driving, needles),
+        "layers": layers,
+    })
+}
+
+/// The engine section of the text output: at the answer position, per CSA layer, the engine's
+/// selection against the reference, then the agreement and the conclusion.
+#[allow(clippy::too_many_arguments)]
+pub fn print_engine(
+    out: &mut dyn Write,
+    capture: &EngineCapture,
+    served: &[ServedLayerRecord],
+    reference: &[crate::record::LayerRecord],
+    verdict: &ServedVerdict,
+    answer_correct: Option<bool>,
+    driving: Option<&str>,
+    needles: usize,
+) -> anyhow::Result<()> {
+    let answer_pos = capture.prompt_tokens - 1;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "== engine sglang {} | K {} | {} CSA layers | answer {:?} -> {}",
+        capture.source,
+        capture.topk,
+        capture.csa_layers.len(),
+        capture.text,
+        match answer_correct {
+            Some(true) => "CORRECT",
+            Some(false) => "WRONG",
+            None => "no verdict",
+        }
+    )?;
+    let profiles: Vec<String> = profile_order()
+        .into_iter()
+        .filter(|p| served.iter().any(|r| r.profile == *p))
+        .map(str::to_string)
+        .collect();
+    write!(out, "{:>5} {:>8} {:>7}", "layer", "visible", "engine")?;
+    if needles > 1 {
+        write!(out, " {:>2}", "#")?;
+    }
+    write!(out, " {:>7}", "needle")?;
+    if let Some(d) = driving {
+        write!(out, " {:>14}", format!("ref rank[{d}]"))?;
+    }
+    for p in &profiles {
+        write!(out, " {:>w$}", p, w = p.len().max(5))?;
+    }
+    writeln!(out)?;
+    let mut rows: Vec<&ServedLayerRecord> = served
+        .iter()
+        .filter(|r| r.query_pos == answer_pos)
+        .filter(|r| r.profile.is_empty() || profiles.first() == Some(&r.profile))
+        .collect();
+    rows.sort_by_key(|r| (r.layer, r.needle));
+    for r in rows {
+        write!(
+            out,
+            "{:>5} {:>8} {:>7}",
+            r.layer, r.visible_rows, r.selected_rows
+        )?;
+        if needles > 1 {
+            write!(out, " {:>2}", r.needle)?;
+        }
+        let trivial = r.visible_rows <= r.engine_topk;
+        write!(
+            out,
+            " {:>7}",
+            match (r.needle_selected, trivial) {
+                (true, true) => "trivial",
+                (true, false) => "yes",
+                (false, _) => "NO",
+            }
+        )?;
+        if let Some(d) = driving {
+            let rank = reference
+                .iter()
+                .find(|l| {
+                    l.query_pos == answer_pos
+                        && l.layer == r.layer
+                        && l.needle == r.needle
+                        && l.profile == d
+                })
+                .and_then(|l| l.needle_rank);
+            write!(out, " {:>14}", rank.map_or("-".into(), |x| x.to_string()))?;
+        }
+        for p in &profiles {
+            let o = served
+                .iter()
+                .find(|s| {
+                    s.query_pos == answer_pos
+                        && s.layer == r.layer
+                        && s.needle == 0
+                        && &s.profile == p
+                })
+                .and_then(|s| s.overlap);
+            write!(
+                out,
+                " {:>w$}",
+                o.map_or("-".into(), |x| format!("{x:.3}")),
+                w = p.len().max(5)
+            )?;
+        }
+        writeln!(out)?;
+    }
+    if !profiles.is_empty() {
+        writeln!(
+            out,
+            "(engine = rows the engine selected; needle = whether they hold a needle row; each \
+             profile column = the share of the engine's rows in that profile's top-{} on \
+             needlescope's hidden states)",
+            capture.topk
+        )?;
+        let means: Vec<String> = verdict
+            .agreement
+            .iter()
+            .map(|a| format!("{} {:.3}", a.profile, a.mean_overlap))
+            .collect();
+        writeln!(
+            out,
+            "agreement at the answer position (mean over {} non-trivial CSA layers): {}",
+            verdict.nontrivial_layers,
+            means.join(", ")
+        )?;
+    }
+    let decode = served
+        .iter()
+        .filter(|r| r.query_pos > answer_pos)
+        .map(|r| r.query_pos)
+        .collect::<std::collections::BTreeSet<_>>();
+    if !decode.is_empty() {
+        let lost: usize = served
+            .iter()
+            .filter(|r| {
+                r.query_pos > answer_pos
+                    && !r.needle_selected
+                    && r.visible_rows > r.engine_topk
+                    && (r.profile.is_empty() || profiles.first() == Some(&r.profile))
+            })
+            .count();
+        writeln!(
+            out,
+            "decode positions {}-{}: the engine's selection missed a needle on {lost} (layer, position, needle) of them",
+            decode.first().unwrap_or(&0),
+            decode.last().unwrap_or(&0)
+        )?;
+    }
+    writeln!(out, "engine: {}", verdict.conclusion(driving, needles))?;
+    Ok(())
+}
