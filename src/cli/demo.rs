@@ -139,6 +139,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         generate: 0,
         chunk: 4096,
         haystack_file: None,
+        engine: None,
     };
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();

@@ -9,28 +9,45 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::numerics::profiles::IndexProfile;
+
 use crate::probe::capture::{read_capture, CaptureExpect, EngineCapture};
 use crate::record::served::{ServedLayerRecord, ServedVerdict};
 
-/// The serving engine's flags.
+/// The serving engine's server flags (probe and sweep).
 #[derive(Args, Debug, Clone, Default)]
-pub struct EngineArgs {
-    /// Your SGLang server (http://HOST:PORT, started with --enable-return-indexer-topk and --disable-radix-cache: docs/engines.md): the prompt's token ids are sent to its native /generate endpoint and its own indexer selections are held against the reference on every CSA layer
-    #[arg(long, value_name = "URL", conflicts_with = "engine_capture")]
+pub struct EngineServerArgs {
+    /// Your SGLang server (http://HOST:PORT, started with --enable-return-indexer-topk and --disable-radix-cache: docs/engines.md): each prompt's token ids are sent to its native /generate endpoint and its own indexer selections are held against the reference on every CSA layer
+    #[arg(long, value_name = "URL")]
     pub engine: Option<String>,
 
-    /// A saved response of that request (the JSON body SGLang's /generate returned with return_indexer_topk, as curl saves it) instead of a live server
-    #[arg(long, value_name = "FILE")]
-    pub engine_capture: Option<PathBuf>,
-
-    /// The engine's top-k when its payload reads two ways (it is otherwise read from the payload's length)
+    /// The engine's top-k when its payload reads two ways or differs from the config's index_topk (it is otherwise read from the payload's length)
     #[arg(long, value_name = "K", value_parser = super::flags::parse_positive)]
     pub engine_topk: Option<usize>,
 
-    /// Seconds the whole exchange with --engine may take: connecting, the engine's prefill and generation, reading the response
+    /// Seconds one exchange with --engine may take: connecting, the engine's prefill and generation, reading the response
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = super::flags::parse_positive)]
     pub engine_timeout: usize,
+}
+
+impl EngineServerArgs {
+    /// Refuses `--engine-topk` without `--engine`.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.engine.is_none() && self.engine_topk.is_some() {
+            anyhow::bail!("--engine-topk: expected --engine URL with it");
+        }
+        Ok(())
+    }
+}
+
+/// probe's serving-engine flags: the server's, a saved response, engine-only mode.
+#[derive(Args, Debug, Clone, Default)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub server: EngineServerArgs,
+
+    /// A saved response of that request instead of a live server (the JSON body SGLang's /generate returned with return_indexer_topk, as curl saves it: docs/engines.md)
+    #[arg(long, value_name = "FILE", conflicts_with = "engine")]
+    pub engine_capture: Option<PathBuf>,
 
     /// With --engine or --engine-capture: no local forward (the engine's selections and answer only, at the engine's speed); also chosen when --model holds config.json and a tokenizer but no weights
     #[arg(long)]
@@ -40,12 +57,17 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// Whether a serving engine takes part.
     pub fn is_set(&self) -> bool {
-        self.engine.is_some() || self.engine_capture.is_some()
+        self.server.engine.is_some() || self.engine_capture.is_some()
+    }
+
+    /// `--engine-topk`.
+    pub fn engine_topk(&self) -> Option<usize> {
+        self.server.engine_topk
     }
 
     /// Where the capture comes from, as recorded (`source` of the JSON object).
     pub fn source(&self) -> String {
-        match (&self.engine, &self.engine_capture) {
+        match (&self.server.engine, &self.engine_capture) {
             (Some(url), _) => url.clone(),
             (None, Some(file)) => file.display().to_string(),
             (None, None) => String::new(),
@@ -59,7 +81,7 @@ impl EngineArgs {
         }
         for (flag, given) in [
             ("--no-local", self.no_local),
-            ("--engine-topk", self.engine_topk.is_some()),
+            ("--engine-topk", self.server.engine_topk.is_some()),
         ] {
             if given {
                 anyhow::bail!("{flag}: expected --engine URL or --engine-capture FILE with it");
@@ -76,12 +98,12 @@ impl EngineArgs {
         generate: usize,
         expect: &CaptureExpect,
     ) -> anyhow::Result<EngineCapture> {
-        let capture = match (&self.engine, &self.engine_capture) {
+        let capture = match (&self.server.engine, &self.engine_capture) {
             (Some(url), _) => crate::run::sglang::capture_from_server(
                 url,
                 tokens,
                 generate,
-                Duration::from_secs(self.engine_timeout as u64),
+                Duration::from_secs(self.server.engine_timeout as u64),
                 expect,
             )?,
             (None, Some(file)) => {
@@ -109,23 +131,6 @@ pub fn has_weights(model: &std::path::Path) -> bool {
             })
         })
         .unwrap_or(false)
-}
-
-/// The profiles scored with an engine: every one, so the closest can be found (the command's
-/// own `--index` and `--compare` first).
-pub fn scored_with_engine(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
-    let mut all: Vec<IndexProfile> = compare.to_vec();
-    for p in IndexProfile::ALL {
-        if !all.contains(&p) && !indexes.contains(&p) {
-            all.push(p);
-        }
-    }
-    all
-}
-
-/// The profile order of ties and tables (`IndexProfile::ALL`).
-pub fn profile_order() -> Vec<&'static str> {
-    IndexProfile::ALL.iter().map(|p| p.name()).collect()
 }
 
 /// The engine's answer verdict: `None` when answers are not judged or the answer did not end.
@@ -253,7 +258,7 @@ pub fn print_engine(
             None => "no verdict",
         }
     )?;
-    let profiles: Vec<String> = profile_order()
+    let profiles: Vec<String> = crate::probe::served::profile_order()
         .into_iter()
         .filter(|p| served.iter().any(|r| r.profile == *p))
         .map(str::to_string)

@@ -211,7 +211,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             .iter()
             .copied()
             .max()
-            .or(args.engine.engine_topk)
+            .or(args.engine.engine_topk())
             .unwrap_or(cfg.index_topk),
     };
     let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
@@ -244,7 +244,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         None => args.topk.clone(),
     };
     let compare = match &capture {
-        Some(_) => super::engine::scored_with_engine(&args.index, &args.compare),
+        Some(_) => crate::probe::served::scored_with_engine(&args.index, &args.compare),
         None => args.compare.clone(),
     };
     let opts = ProbeOptions {
@@ -381,7 +381,7 @@ fn capture_expect(
         prompt_tokens: prompt.tokens.len(),
         csa_layers: cfg.layers_of_kind(crate::config::LayerKind::Csa),
         config_topk: cfg.index_topk,
-        engine_topk: args.engine.engine_topk,
+        engine_topk: args.engine.engine_topk(),
         prompt_positions: match args.probe {
             ProbeSet::Question => crate::probe::session::question_positions(tok, prompt),
             ProbeSet::Answer => Vec::new(),
@@ -404,7 +404,7 @@ impl EngineView {
         cfg: &crate::config::ModelConfig,
         marks: crate::run::sweep::ModelMarks,
     ) -> EngineView {
-        let order = super::engine::profile_order();
+        let order = crate::probe::served::profile_order();
         let last = prompt.tokens.len() - 1;
         let driving = (!run.index.is_empty()).then_some(run.index.as_str());
         EngineView {

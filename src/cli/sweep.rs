@@ -79,6 +79,9 @@ pub struct SweepArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
 
+    #[command(flatten)]
+    pub engine: super::engine::EngineServerArgs,
+
     /// Seed of the needle values and haystacks (sample i uses seed + i)
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::flags::parse_seed)]
     pub seed: u64,
@@ -98,6 +101,21 @@ pub struct SweepArgs {
 }
 
 pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    args.engine.check()?;
+    if args.engine.engine.is_some() {
+        if !args.topk.is_empty() {
+            anyhow::bail!(
+                "--topk: the engine's K is the top-k with --engine (--engine-topk names it when \
+                 it is not the config's index_topk)"
+            );
+        }
+        if !super::engine::has_weights(&args.model) {
+            anyhow::bail!(
+                "--engine: sweep needs the local model's weights for now (engine-only runs: \
+                 probe --engine ... --no-local, one prompt at a time)"
+            );
+        }
+    }
     let cfg = crate::config::ModelConfig::load(&args.model)?;
     let plan = SweepPlan {
         scenario: args.scenario.clone(),
@@ -105,10 +123,11 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         depths: args.depths.0.clone(),
         indexes: args.index.clone(),
         compare: args.compare.clone(),
-        topks: if args.topk.is_empty() {
-            vec![cfg.index_topk]
-        } else {
-            args.topk.clone()
+        topks: match (&args.engine.engine, args.topk.is_empty()) {
+            // The engine's K is the top-k (checked against each capture).
+            (Some(_), _) => vec![args.engine.engine_topk.unwrap_or(cfg.index_topk)],
+            (None, true) => vec![cfg.index_topk],
+            (None, false) => args.topk.clone(),
         },
         kv: args.kv,
         samples: args.samples,
@@ -116,6 +135,15 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         generate: args.generate,
         chunk: args.chunk,
         haystack_file: args.haystack_file.clone(),
+        engine: args
+            .engine
+            .engine
+            .as_ref()
+            .map(|url| crate::run::sweep::SweepEngine {
+                url: url.clone(),
+                timeout: std::time::Duration::from_secs(args.engine.engine_timeout as u64),
+                topk: args.engine.engine_topk,
+            }),
     };
     let dir = match &args.out {
         Some(d) => d.clone(),

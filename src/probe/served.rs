@@ -10,7 +10,26 @@
 use super::capture::EngineCapture;
 use super::observe::phase_label;
 use super::rows::RowKind;
+use crate::numerics::profiles::IndexProfile;
 use crate::record::served::ServedLayerRecord;
+
+/// The profiles scored besides the driving ones when an engine is held against a run: every
+/// profile, so that the closest can be found (`compare` first, in its order, then the rest of
+/// `IndexProfile::ALL`; the driving `indexes` are scored anyway).
+pub fn scored_with_engine(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
+    let mut all: Vec<IndexProfile> = compare.to_vec();
+    for p in IndexProfile::ALL {
+        if !all.contains(&p) && !indexes.contains(&p) {
+            all.push(p);
+        }
+    }
+    all
+}
+
+/// The profile order of ties and tables (`IndexProfile::ALL`).
+pub fn profile_order() -> Vec<&'static str> {
+    IndexProfile::ALL.iter().map(|p| p.name()).collect()
+}
 
 /// The engine's rows at one (position, layer), padding dropped, ascending.
 pub fn engine_set(row: &[i32]) -> Vec<usize> {

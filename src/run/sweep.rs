@@ -67,6 +67,31 @@ pub struct SweepPlan {
     /// `scenario_fingerprint`, which the resume check compares, so the path itself is not.
     #[serde(skip)]
     pub haystack_file: Option<PathBuf>,
+    /// `--engine URL`: a serving engine held against every cell (each prompt is sent to it
+    /// once; its K is the sweep's top-k, its tokens every run's answer). run.json records its
+    /// kind (`"engine": "sglang"`), not its address, and nothing without one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "engine_kind"
+    )]
+    pub engine: Option<SweepEngine>,
+}
+
+/// The serving engine of a sweep.
+#[derive(Clone, Debug)]
+pub struct SweepEngine {
+    pub url: String,
+    pub timeout: std::time::Duration,
+    /// `--engine-topk`.
+    pub topk: Option<usize>,
+}
+
+fn engine_kind<S: serde::Serializer>(
+    _engine: &Option<SweepEngine>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str("sglang")
 }
 
 /// What a model directory says about itself, beyond the architecture.
@@ -476,8 +501,17 @@ impl EngineTask for SweepTask<'_> {
                         seed,
                         self.cfg.max_position_embeddings,
                     )?;
+                    let served = self.engine_capture(&prompt)?;
                     for (index, topk) in todo {
-                        run_count += self.cell(engine, &prompt, length, index, topk, &suffix)?;
+                        run_count += self.cell(
+                            engine,
+                            &prompt,
+                            length,
+                            index,
+                            topk,
+                            &suffix,
+                            served.clone(),
+                        )?;
                         self.stop_if_requested()?;
                     }
                 }
@@ -510,8 +544,55 @@ impl SweepTask<'_> {
         .into())
     }
 
+    /// With `--engine`: the prompt sent to the serving engine once, its capture checked; its K
+    /// must be the sweep's top-k.
+    fn engine_capture(
+        &mut self,
+        prompt: &NeedlePrompt,
+    ) -> anyhow::Result<Option<std::sync::Arc<crate::probe::capture::EngineCapture>>> {
+        let Some(e) = &self.plan.engine else {
+            return Ok(None);
+        };
+        let expect = crate::probe::capture::CaptureExpect {
+            source: e.url.clone(),
+            prompt_tokens: prompt.tokens.len(),
+            csa_layers: self.cfg.layers_of_kind(crate::config::LayerKind::Csa),
+            config_topk: self.cfg.index_topk,
+            engine_topk: e.topk,
+            prompt_positions: Vec::new(),
+        };
+        self.bars
+            .prefill
+            .set_message(format!("engine: {} tokens", prompt.tokens.len()));
+        let capture = crate::run::sglang::capture_from_server(
+            &e.url,
+            &prompt.tokens,
+            self.plan.generate,
+            e.timeout,
+            &expect,
+        )?;
+        let planned = self.plan.topks.first().copied().unwrap_or(0);
+        if capture.topk != planned {
+            anyhow::bail!(
+                "--engine {}: the engine's K is {} (from its payload), the sweep's top-k {planned}: \
+                 pass --engine-topk {}",
+                e.url,
+                capture.topk,
+                capture.topk
+            );
+        }
+        let out = &mut self.out;
+        for w in &capture.warnings {
+            self.bars
+                .cells
+                .suspend(|| writeln!(out, "warning: {w}"))?;
+        }
+        Ok(Some(std::sync::Arc::new(capture)))
+    }
+
     /// Runs one (index, top-k) combination of a prompt and commits its cell; returns the
     /// number of cells written.
+    #[allow(clippy::too_many_arguments)]
     fn cell<B: Backend>(
         &mut self,
         engine: &mut Engine<B>,
@@ -520,17 +601,22 @@ impl SweepTask<'_> {
         index: IndexProfile,
         topk: usize,
         suffix: &str,
+        served: Option<std::sync::Arc<crate::probe::capture::EngineCapture>>,
     ) -> anyhow::Result<usize> {
         let plan = self.plan;
+        let compare = match &served {
+            Some(_) => crate::probe::served::scored_with_engine(&plan.indexes, &plan.compare),
+            None => plan.compare.clone(),
+        };
         let opts = ProbeOptions {
             indexes: vec![index],
-            compare: crate::probe::session::comparison_profiles(&plan.indexes, &plan.compare),
+            compare: crate::probe::session::comparison_profiles(&plan.indexes, &compare),
             topks: vec![topk],
             kv: plan.kv,
             generate: plan.generate,
             chunk: plan.chunk,
             probe_question: false,
-            served: None,
+            served,
         };
         let runs = run_probe(
             engine,
@@ -546,9 +632,12 @@ impl SweepTask<'_> {
         for run in runs {
             let cell = cell_record(prompt, length, &run, self.judge_by_answer);
             commit_checked(&run, || {
-                Ok(self
-                    .run_dir
-                    .append_cell(&cell, &run.layers, &run.attention)?)
+                Ok(self.run_dir.append_cell_with_engine(
+                    &cell,
+                    &run.layers,
+                    &run.attention,
+                    &run.served,
+                )?)
             })?;
             written += 1;
             self.bars.cell_done(length);
@@ -580,8 +669,26 @@ impl SweepTask<'_> {
                 Some(n) if cell.layers_lost() > 0 => format!("  exact keeps {n}"),
                 _ => String::new(),
             };
+            // With an engine: how many non-trivial layers its own selection lost.
+            let served = if run.served.is_empty() {
+                String::new()
+            } else {
+                let v = crate::record::served::ServedVerdict::of(
+                    &run.served,
+                    &run.layers,
+                    cell.answer_position(),
+                    &crate::probe::served::profile_order(),
+                    Some(&run.index),
+                );
+                let lost: std::collections::BTreeSet<usize> =
+                    v.lost.iter().map(|l| l.layer).collect();
+                let closest = v
+                    .closest
+                    .map_or(String::new(), |c| format!(", closest {}", c.profile));
+                format!("  engine lost {}/{}{closest}", lost.len(), v.nontrivial_layers)
+            };
             let line = format!(
-                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{landed}",
+                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{served}{landed}",
                 cell.prompt_tokens,
                 crate::report::depth_label(cell.depth_pct),
                 cell.index.name(),

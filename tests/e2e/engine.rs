@@ -313,3 +313,154 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
         b = &b[size + 2..];
     }
 }
+
+#[test]
+fn probe_out_and_sweep_record_the_engine_and_report_re_renders_it() {
+    let server = start(planted(), IndexProfile::SglangFp8, KvMode::Exact, Fault::None, 3, LIFETIME);
+    let dir = tempfile::tempdir().unwrap();
+    // probe --out: engine.csv beside the reference's records.
+    let probed = dir.path().join("probe");
+    ok(
+        probe(&["--engine", &server.url, "--out", probed.to_str().unwrap()]),
+        "probe --engine --out",
+    );
+    let engine_csv = std::fs::read_to_string(probed.join("engine.csv")).unwrap();
+    let header = engine_csv.lines().next().unwrap();
+    assert_eq!(
+        header,
+        "cell_id,layer,query_pos,phase,needle,engine_topk,visible_rows,selected_rows,needle_selected,profile,overlap"
+    );
+    // 2 CSA layers x 3 probed positions x 8 profiles.
+    assert_eq!(engine_csv.lines().count(), 1 + 2 * 3 * 8, "{engine_csv}");
+    let report = ok(
+        bin().arg("report").arg(&probed).output().unwrap(),
+        "report",
+    );
+    assert!(report.contains("serving engine (engine.csv)"), "{report}");
+    assert!(report.contains("closest") || report.contains("agree"), "{report}");
+
+    // sweep --engine: one request per prompt, engine.csv rows for every cell, resumable.
+    let swept = dir.path().join("sweep");
+    let sweep = |extra: &[&str]| {
+        bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(planted())
+            .args(["--scenario", "passkey", "--lengths", "1k,2k", "--depths", "50"])
+            .args(["--kv", "exact", "--generate", "2", "--engine", &server.url, "--out"])
+            .arg(&swept)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let text = ok(sweep(&[]), "sweep --engine");
+    assert!(text.contains("engine lost 0/"), "{text}");
+    let rows = std::fs::read_to_string(swept.join("engine.csv")).unwrap();
+    for cell in ["L1024-d50-fp8-k64-s0", "L2048-d50-fp8-k64-s0"] {
+        assert!(rows.lines().any(|l| l.starts_with(cell)), "{cell}: {rows}");
+    }
+    let run_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(swept.join("run.json")).unwrap()).unwrap();
+    let args = &run_json["sweep_args"];
+    assert_eq!(args["engine"], "sglang", "{run_json}");
+    assert!(!args.to_string().contains(&server.url), "the address is not a result: {args}");
+    // Rerun: every cell finished, no request sent.
+    let again = ok(sweep(&[]), "sweep --engine resumed");
+    assert!(again.contains("0 cells run, 2 already finished"), "{again}");
+    assert_eq!(server.served.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // --topk contradicts the engine's K.
+    let out = sweep(&["--topk", "128"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+/// A DeepSeek-V4-Pro schedule (61 layers, 30 ratio-4 layers, index_topk 1024) in engine-only
+/// mode: config.json alone (the built-in tokenizer), a capture of that shape read and checked.
+#[test]
+fn engine_only_reads_a_pro_shaped_capture() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("pro");
+    std::fs::create_dir(&model).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&needlescope::config::ModelConfig::flash().to_json_string()).unwrap();
+    let mut ratios = vec![128, 128];
+    for layer in 2..61 {
+        ratios.push(if layer % 2 == 0 { 4 } else { 128 });
+    }
+    ratios.push(0);
+    assert_eq!(ratios.iter().filter(|&&r| r == 4).count(), 30);
+    cfg["num_hidden_layers"] = 61.into();
+    cfg["compress_ratios"] = serde_json::json!(ratios);
+    cfg["index_topk"] = 1024.into();
+    std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
+
+    let prompt = ok(
+        bin()
+            .arg("prompt")
+            .arg("--model")
+            .arg(&model)
+            .args(["--scenario", "passkey", "--length", "300", "--json"])
+            .output()
+            .unwrap(),
+        "prompt",
+    );
+    let p: Value = serde_json::from_str(&prompt).unwrap();
+    let n = match &p["tokens"] {
+        Value::Array(ids) => ids.len(),
+        other => other.as_u64().unwrap() as usize,
+    };
+    let needle: Vec<usize> = serde_json::from_value(p["needles"][0]["span"].clone()).unwrap();
+    // One generated token: rows 0..n-1, each layer selecting every visible row but the
+    // needle's on layer 2 (slot 0), in reverse order, padded to 1024.
+    let (k, layers) = (1024usize, 30usize);
+    let needle_rows = needle[0] / 4..(needle[1] - 1) / 4 + 2;
+    let mut bytes = Vec::with_capacity(n * layers * k * 4);
+    for t in 0..n {
+        let visible = (t + 1) / 4;
+        for slot in 0..layers {
+            let mut row: Vec<i32> = (0..visible)
+                .rev()
+                .filter(|w| !(slot == 0 && t == n - 1 && needle_rows.contains(w)))
+                .map(|w| w as i32)
+                .collect();
+            row.resize(k, -1);
+            bytes.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+        }
+    }
+    let body = serde_json::json!({
+        "text": "1234567",
+        "output_ids": [16],
+        "meta_info": {
+            "id": "pro",
+            "finish_reason": {"type": "length", "length": 1},
+            "prompt_tokens": n,
+            "completion_tokens": 1,
+            "cached_tokens": 0,
+            "indexer_topk": base64::engine::general_purpose::STANDARD.encode(&bytes),
+        },
+    });
+    let file = dir.path().join("pro.json");
+    std::fs::write(&file, body.to_string()).unwrap();
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(&model)
+        .args(["--scenario", "passkey", "--length", "300", "--generate", "1"])
+        .args(["--engine-capture", file.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(&ok(out, "engine-only Pro")).unwrap();
+    let e = &v["engine"];
+    assert_eq!(e["topk"], 1024);
+    let layers_out = e["layers"].as_array().unwrap();
+    assert_eq!(layers_out.len(), 30, "one entry per ratio-4 layer at the answer position");
+    assert_eq!(layers_out[0]["layer"], 2);
+    assert_eq!(layers_out[29]["layer"], 60);
+    assert_eq!(layers_out[0]["needle_selected"], false);
+    assert!(layers_out[1..].iter().all(|l| l["needle_selected"] == true));
+    // Every layer is trivial (75 visible rows <= K 1024): warnings name the short rows.
+    assert!(e["warnings"].as_array().unwrap().iter().any(|w| w
+        .as_str()
+        .unwrap()
+        .contains("layer 2")));
+}
