@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use clap::Args;
 
-
 use crate::probe::capture::{read_capture, CaptureExpect, EngineCapture};
 use crate::record::served::{ServedLayerRecord, ServedVerdict};
 

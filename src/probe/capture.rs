@@ -456,56 +456,97 @@ fn read_meta<R: Read>(
 }
 
 /// Decodes standard base64 from `reader` in blocks of [`BLOCK_CHARS`] into `sink`.
+///
+/// Two threads in a pipeline: this one reads the characters (the JSON string reader walks them
+/// one by one, the slower half), a scoped second one decodes each block and feeds the sink, so
+/// a capture reads at the JSON reader's pace. Each block but the last holds a multiple of 16
+/// characters (whole int32 values); three buffers circulate, so memory stays at a few MiB.
 pub fn decode_base64_stream<R: Read>(
     mut reader: R,
     src: &str,
     sink: &mut PayloadSink,
 ) -> Result<(), CaptureError> {
-    let mut chars = vec![0u8; BLOCK_CHARS];
-    let mut bytes = vec![0u8; BLOCK_CHARS / 4 * 3];
-    let mut filled = 0usize;
-    let mut offset = 0u64; // base64 characters decoded so far
-    let mut done = false;
-    while !done {
-        while filled < BLOCK_CHARS {
-            let n = reader
-                .read(&mut chars[filled..])
-                .map_err(|err| CaptureError::Read {
-                    source_name: src.into(),
-                    detail: err.to_string(),
-                })?;
-            if n == 0 {
-                done = true;
-                break;
-            }
-            filled += n;
-        }
-        if filled == 0 {
-            break;
-        }
-        // Whole 4-character groups; a tail of fewer is only legal at the very end.
-        let whole = if done { filled } else { filled / 16 * 16 };
-        if done && whole % 4 != 0 {
-            return Err(CaptureError::Payload {
-                source_name: src.into(),
-                detail: format!(
-                    "{} base64 characters, expected a multiple of 4 (a truncated string?)",
-                    offset + whole as u64
-                ),
-            });
-        }
-        let n = base64::engine::general_purpose::STANDARD
-            .decode_slice(&chars[..whole], &mut bytes)
-            .map_err(|err| CaptureError::Payload {
-                source_name: src.into(),
-                detail: format!("invalid base64 in the characters from offset {offset}: {err}"),
-            })?;
-        sink.push_bytes(&bytes[..n])?;
-        offset += whole as u64;
-        chars.copy_within(whole..filled, 0);
-        filled -= whole;
+    use std::sync::mpsc::sync_channel;
+    // (buffer, characters in it, last block)
+    let (full_tx, full_rx) = sync_channel::<(Vec<u8>, usize, bool)>(2);
+    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
+    for _ in 0..3 {
+        let _ = empty_tx.send(vec![0u8; BLOCK_CHARS]);
     }
-    Ok(())
+    std::thread::scope(|scope| {
+        let decoder = scope.spawn(move || -> Result<(), CaptureError> {
+            let mut bytes = vec![0u8; BLOCK_CHARS / 4 * 3];
+            let mut offset = 0u64; // base64 characters decoded so far
+            for (chars, len, last) in full_rx {
+                if last && len % 4 != 0 {
+                    return Err(CaptureError::Payload {
+                        source_name: src.into(),
+                        detail: format!(
+                            "{} base64 characters, expected a multiple of 4 (a truncated string?)",
+                            offset + len as u64
+                        ),
+                    });
+                }
+                let n = base64::engine::general_purpose::STANDARD
+                    .decode_slice(&chars[..len], &mut bytes)
+                    .map_err(|err| CaptureError::Payload {
+                        source_name: src.into(),
+                        detail: format!(
+                            "invalid base64 in the characters from offset {offset}: {err}"
+                        ),
+                    })?;
+                sink.push_bytes(&bytes[..n])?;
+                offset += len as u64;
+                // The reader may have finished already: a buffer nobody takes back is dropped.
+                let _ = empty_tx.try_send(chars);
+            }
+            Ok(())
+        });
+        // Characters read past the last whole group of the previous block.
+        let mut spill: Vec<u8> = Vec::with_capacity(16);
+        let read_result = (|| -> Result<(), CaptureError> {
+            loop {
+                let Ok(mut chars) = empty_rx.recv() else {
+                    return Ok(()); // the decoder stopped: its error is joined below
+                };
+                chars[..spill.len()].copy_from_slice(&spill);
+                let mut filled = spill.len();
+                let mut done = false;
+                while filled < BLOCK_CHARS {
+                    let n =
+                        reader
+                            .read(&mut chars[filled..])
+                            .map_err(|err| CaptureError::Read {
+                                source_name: src.into(),
+                                detail: err.to_string(),
+                            })?;
+                    if n == 0 {
+                        done = true;
+                        break;
+                    }
+                    filled += n;
+                }
+                let whole = if done { filled } else { filled / 16 * 16 };
+                spill.clear();
+                spill.extend_from_slice(&chars[whole..filled]);
+                if (whole > 0 || done) && full_tx.send((chars, whole, done)).is_err() {
+                    return Ok(()); // the decoder stopped
+                }
+                if done {
+                    return Ok(());
+                }
+            }
+        })();
+        drop(full_tx);
+        let decoded = decoder.join().unwrap_or_else(|_| {
+            Err(CaptureError::Payload {
+                source_name: src.into(),
+                detail: "the base64 decoder stopped unexpectedly".into(),
+            })
+        });
+        // A decoding error explains a reader that stopped early; else the reader's own.
+        decoded.and(read_result)
+    })
 }
 
 /// Receives the decoded payload as int32 values and keeps only what the probe reads.
@@ -658,6 +699,13 @@ impl PayloadSink {
             return Err(payload_err(format!(
                 "{} bytes, expected a whole number of int32 values (4 bytes each)",
                 self.values * 4 + self.carry.len() as u64
+            )));
+        }
+        if prompt_tokens == 0 || completion_tokens == 0 {
+            return Err(payload_err(format!(
+                "prompt_tokens {prompt_tokens}, completion_tokens {completion_tokens}: the answer \
+                 position's row (the last prompt token as the query) exists only with a prompt \
+                 and at least one generated token (max_new_tokens >= 1)"
             )));
         }
         let layers = self.csa_layers.len();

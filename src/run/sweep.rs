@@ -583,9 +583,7 @@ impl SweepTask<'_> {
         }
         let out = &mut self.out;
         for w in &capture.warnings {
-            self.bars
-                .cells
-                .suspend(|| writeln!(out, "warning: {w}"))?;
+            self.bars.cells.suspend(|| writeln!(out, "warning: {w}"))?;
         }
         Ok(Some(std::sync::Arc::new(capture)))
     }
@@ -685,7 +683,11 @@ impl SweepTask<'_> {
                 let closest = v
                     .closest
                     .map_or(String::new(), |c| format!(", closest {}", c.profile));
-                format!("  engine lost {}/{}{closest}", lost.len(), v.nontrivial_layers)
+                format!(
+                    "  engine lost {}/{}{closest}",
+                    lost.len(),
+                    v.nontrivial_layers
+                )
             };
             let line = format!(
                 "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{served}{landed}",

@@ -316,7 +316,14 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 
 #[test]
 fn probe_out_and_sweep_record_the_engine_and_report_re_renders_it() {
-    let server = start(planted(), IndexProfile::SglangFp8, KvMode::Exact, Fault::None, 3, LIFETIME);
+    let server = start(
+        planted(),
+        IndexProfile::SglangFp8,
+        KvMode::Exact,
+        Fault::None,
+        3,
+        LIFETIME,
+    );
     let dir = tempfile::tempdir().unwrap();
     // probe --out: engine.csv beside the reference's records.
     let probed = dir.path().join("probe");
@@ -332,12 +339,16 @@ fn probe_out_and_sweep_record_the_engine_and_report_re_renders_it() {
     );
     // 2 CSA layers x 3 probed positions x 8 profiles.
     assert_eq!(engine_csv.lines().count(), 1 + 2 * 3 * 8, "{engine_csv}");
-    let report = ok(
-        bin().arg("report").arg(&probed).output().unwrap(),
-        "report",
-    );
+    let report = ok(bin().arg("report").arg(&probed).output().unwrap(), "report");
     assert!(report.contains("serving engine (engine.csv)"), "{report}");
-    assert!(report.contains("closest") || report.contains("agree"), "{report}");
+    assert!(
+        probed.join("heatmap_engine_64.png").is_file(),
+        "the engine's heatmap beside the reference's"
+    );
+    assert!(
+        report.contains("closest") || report.contains("agree"),
+        "{report}"
+    );
 
     // sweep --engine: one request per prompt, engine.csv rows for every cell, resumable.
     let swept = dir.path().join("sweep");
@@ -346,8 +357,23 @@ fn probe_out_and_sweep_record_the_engine_and_report_re_renders_it() {
             .arg("sweep")
             .arg("--model")
             .arg(planted())
-            .args(["--scenario", "passkey", "--lengths", "1k,2k", "--depths", "50"])
-            .args(["--kv", "exact", "--generate", "2", "--engine", &server.url, "--out"])
+            .args([
+                "--scenario",
+                "passkey",
+                "--lengths",
+                "1k,2k",
+                "--depths",
+                "50",
+            ])
+            .args([
+                "--kv",
+                "exact",
+                "--generate",
+                "2",
+                "--engine",
+                &server.url,
+                "--out",
+            ])
             .arg(&swept)
             .args(extra)
             .output()
@@ -363,7 +389,10 @@ fn probe_out_and_sweep_record_the_engine_and_report_re_renders_it() {
         serde_json::from_str(&std::fs::read_to_string(swept.join("run.json")).unwrap()).unwrap();
     let args = &run_json["sweep_args"];
     assert_eq!(args["engine"], "sglang", "{run_json}");
-    assert!(!args.to_string().contains(&server.url), "the address is not a result: {args}");
+    assert!(
+        !args.to_string().contains(&server.url),
+        "the address is not a result: {args}"
+    );
     // Rerun: every cell finished, no request sent.
     let again = ok(sweep(&[]), "sweep --engine resumed");
     assert!(again.contains("0 cells run, 2 already finished"), "{again}");
@@ -445,7 +474,14 @@ fn engine_only_reads_a_pro_shaped_capture() {
         .arg("probe")
         .arg("--model")
         .arg(&model)
-        .args(["--scenario", "passkey", "--length", "300", "--generate", "1"])
+        .args([
+            "--scenario",
+            "passkey",
+            "--length",
+            "300",
+            "--generate",
+            "1",
+        ])
         .args(["--engine-capture", file.to_str().unwrap(), "--json"])
         .output()
         .unwrap();
@@ -453,14 +489,19 @@ fn engine_only_reads_a_pro_shaped_capture() {
     let e = &v["engine"];
     assert_eq!(e["topk"], 1024);
     let layers_out = e["layers"].as_array().unwrap();
-    assert_eq!(layers_out.len(), 30, "one entry per ratio-4 layer at the answer position");
+    assert_eq!(
+        layers_out.len(),
+        30,
+        "one entry per ratio-4 layer at the answer position"
+    );
     assert_eq!(layers_out[0]["layer"], 2);
     assert_eq!(layers_out[29]["layer"], 60);
     assert_eq!(layers_out[0]["needle_selected"], false);
     assert!(layers_out[1..].iter().all(|l| l["needle_selected"] == true));
     // Every layer is trivial (75 visible rows <= K 1024): warnings name the short rows.
-    assert!(e["warnings"].as_array().unwrap().iter().any(|w| w
-        .as_str()
+    assert!(e["warnings"]
+        .as_array()
         .unwrap()
-        .contains("layer 2")));
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("layer 2")));
 }

@@ -1116,3 +1116,14 @@ fn answer_rows_larger_than_the_tail_are_refused_by_name() {
     let c = sink.finish(n, m).unwrap();
     kept_as_sent(&c, &body, &[39, 40, 41, 42, 43]);
 }
+
+/// No generated token: the payload has rows up to N-2 only, so the answer position's row is
+/// missing; refused by name instead of a capture without it.
+#[test]
+fn a_capture_without_a_generated_token_is_refused() {
+    let (n, l, k) = (40, 2, 8);
+    let body = Body::new(n, 0, l, k);
+    let (err, msg) = fails(&body.json(), &expect(n, l, k));
+    assert!(matches!(err, CaptureError::Payload { .. }), "{err:?}");
+    has_all(&msg, &["completion_tokens 0", "max_new_tokens >= 1"]);
+}

@@ -152,10 +152,16 @@ impl RowCheck for crate::record::served::ServedLayerRecord {
                 return wrong("overlap", "a share between 0 and 1".into(), o);
             }
         }
-        if r.profile.is_empty() != r.overlap.is_none() {
+        // An overlap exactly when a profile is named and the engine selected a row (|E| > 0).
+        let expected_overlap = !r.profile.is_empty() && r.selected_rows > 0;
+        if expected_overlap != r.overlap.is_some() {
             return wrong(
                 "overlap",
-                "a value exactly when a profile is named".into(),
+                if expected_overlap {
+                    "a share (a profile is named and the engine selected rows)".into()
+                } else {
+                    "nothing (no profile, or no row selected by the engine)".into()
+                },
                 r.overlap.map_or("nothing".to_string(), |o| o.to_string()),
             );
         }

@@ -80,8 +80,81 @@ pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf
             String::new()
         };
         let path = out_dir.join(format!("heatmap_{index}_{topk}{suffix}.png"));
+        let what = format!("index {index}");
         super::atomically(&path, |tmp| {
-            draw(records, &cells, index, cells[0].kv, topk, tmp)
+            draw(records, &cells, &what, cells[0].kv, topk, tmp)
+        })?;
+        out.push(path);
+    }
+    out.extend(render_engine(records, out_dir)?);
+    Ok(out)
+}
+
+/// `heatmap_engine_<topk>.png`: the serving engine's own recall beside the reference's, one
+/// per engine K, from engine.csv: a tile is recalled when the engine's selection held every
+/// needle on every non-trivial CSA layer at the answer position (its answer is judged in the
+/// reference's heatmap: with an engine the reference runs the engine's tokens). Tiles carry
+/// no rank (an engine sends sets, not scores). The cells of the first driving profile stand
+/// for their prompts (every driving profile holds the same engine selection).
+fn render_engine(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
+    use std::collections::{BTreeMap, HashMap};
+    if records.engine.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Per cell: (engine K, layer -> every needle selected) at the answer position, non-trivial
+    // layers only.
+    let mut per_cell: HashMap<&str, (usize, BTreeMap<usize, bool>)> = HashMap::new();
+    let answer: HashMap<&str, usize> = records
+        .cells
+        .iter()
+        .map(|c| (c.cell_id.as_str(), c.answer_position()))
+        .collect();
+    for r in &records.engine {
+        if answer.get(r.cell_id.as_str()) != Some(&r.query_pos) {
+            continue;
+        }
+        let entry = per_cell
+            .entry(r.cell_id.as_str())
+            .or_insert((r.engine_topk, BTreeMap::new()));
+        if r.visible_rows > r.engine_topk {
+            *entry.1.entry(r.layer).or_insert(true) &= r.needle_selected;
+        }
+    }
+    let first_index = records
+        .cells
+        .iter()
+        .filter(|c| per_cell.contains_key(c.cell_id.as_str()))
+        .map(|c| order(c.index))
+        .min();
+    let mut by_k: BTreeMap<usize, Vec<CellRecord>> = BTreeMap::new();
+    for c in &records.cells {
+        let Some((k, layers)) = per_cell.get(c.cell_id.as_str()) else {
+            continue;
+        };
+        if Some(order(c.index)) != first_index {
+            continue;
+        }
+        let mut engine_cell = c.clone();
+        engine_cell.topk = *k;
+        engine_cell.answer_correct = None;
+        engine_cell.min_needle_rank = None;
+        engine_cell.csa_layers_nontrivial = layers.len();
+        engine_cell.csa_layers_selected = layers.values().filter(|&&all| all).count();
+        by_k.entry(*k).or_default().push(engine_cell);
+    }
+    let mut out = Vec::new();
+    for (k, cells) in by_k {
+        let refs: Vec<&CellRecord> = cells.iter().collect();
+        let path = out_dir.join(format!("heatmap_engine_{k}.png"));
+        super::atomically(&path, |tmp| {
+            draw(
+                records,
+                &refs,
+                "serving engine's own selection (engine.csv)",
+                refs[0].kv,
+                k,
+                tmp,
+            )
         })?;
         out.push(path);
     }
@@ -143,7 +216,7 @@ fn axis_ticks(n: usize, extent: u32, label: u32) -> Vec<usize> {
 fn draw(
     records: &RunRecords,
     cells: &[&CellRecord],
-    index: IndexProfile,
+    what: &str,
     kv: KvMode,
     topk: usize,
     path: &Path,
@@ -152,7 +225,7 @@ fn draw(
     let (lengths, depths) = (&grid.lengths, &grid.depths);
     let (nx, ny) = (lengths.len(), depths.len());
     let mut parts = vec![
-        format!("index {index}"),
+        what.to_string(),
         format!("top-k {topk}"),
         format!("kv {kv}"),
     ];
