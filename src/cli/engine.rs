@@ -26,15 +26,29 @@ pub struct EngineServerArgs {
     /// Seconds one exchange with --engine may take: connecting, the engine's prefill and generation, reading the response
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = super::flags::parse_positive)]
     pub engine_timeout: usize,
+
+    /// With --engine (or probe's --engine-capture): no local forward, the engine's selections and answers only, at the engine's speed; also chosen when --model holds config.json and a tokenizer but no weights
+    #[arg(long)]
+    pub no_local: bool,
 }
 
 impl EngineServerArgs {
-    /// Refuses `--engine-topk` without `--engine`.
+    /// Refuses `--engine-topk` and `--no-local` without `--engine`.
     pub fn check(&self) -> anyhow::Result<()> {
-        if self.engine.is_none() && self.engine_topk.is_some() {
-            anyhow::bail!("--engine-topk: expected --engine URL with it");
+        for (flag, given) in [
+            ("--engine-topk", self.engine_topk.is_some()),
+            ("--no-local", self.no_local),
+        ] {
+            if self.engine.is_none() && given {
+                anyhow::bail!("{flag}: expected --engine URL with it");
+            }
         }
         Ok(())
+    }
+
+    /// Whether the run is engine-only: `--no-local`, or a model directory without weights.
+    pub fn engine_only(&self, model: &std::path::Path) -> bool {
+        self.engine.is_some() && (self.no_local || !has_weights(model))
     }
 }
 
@@ -47,10 +61,6 @@ pub struct EngineArgs {
     /// A saved response of that request instead of a live server (the JSON body SGLang's /generate returned with return_indexer_topk, as curl saves it: docs/engines.md)
     #[arg(long, value_name = "FILE", conflicts_with = "engine")]
     pub engine_capture: Option<PathBuf>,
-
-    /// With --engine or --engine-capture: no local forward (the engine's selections and answer only, at the engine's speed); also chosen when --model holds config.json and a tokenizer but no weights
-    #[arg(long)]
-    pub no_local: bool,
 }
 
 impl EngineArgs {
@@ -79,7 +89,7 @@ impl EngineArgs {
             return Ok(());
         }
         for (flag, given) in [
-            ("--no-local", self.no_local),
+            ("--no-local", self.server.no_local),
             ("--engine-topk", self.server.engine_topk.is_some()),
         ] {
             if given {

@@ -168,7 +168,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                  --engine-topk names it when the payload reads two ways)"
             );
         }
-        if args.engine.no_local || !super::engine::has_weights(&args.model) {
+        if args.engine.server.no_local || !super::engine::has_weights(&args.model) {
             return run_engine_only(args, out);
         }
     }
@@ -430,18 +430,34 @@ impl EngineView {
 /// with the model's tokenizer and config, the engine's selections and answer are read, and the
 /// needle's membership is reported per CSA layer; nothing runs locally.
 fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    if args.out.is_some() {
-        anyhow::bail!(
-            "--out: engine-only runs (no local model) are not recorded in report directories yet; \
-             print them (--json) instead"
-        );
-    }
     let config_path = args.model.join("config.json");
     let cfg = crate::config::ModelConfig::load(&config_path)?;
     cfg.require_csa_layer(&config_path)?;
     let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
     let (scenario, prompt) =
         prompt_source(args).build(&tok, cfg.max_position_embeddings, args.generate)?;
+    let started = std::time::Instant::now();
+    // `--out`: an engine-only report directory (report::store::engine_only), checked before
+    // the engine is asked.
+    let mut store = match &args.out {
+        Some(dir) => {
+            let mut recorded = shared_args(args);
+            recorded["local"] = serde_json::json!(false);
+            let info = RunInfo::new(
+                args.model.display().to_string(),
+                config_hash(&cfg),
+                scenario.name.clone(),
+                crate::run::sweep::model_marks(&args.model).synthetic,
+                recorded,
+            )
+            .with_fingerprints(String::new(), scenario.fingerprint()?);
+            Some(
+                crate::report::store::EngineOnlyDir::create_or_resume(dir, info)
+                    .map_err(|e| anyhow::anyhow!("--out {}: {e}", dir.display()))?,
+            )
+        }
+        None => None,
+    };
     let capture = args.engine.capture(
         &prompt.tokens,
         args.generate,
@@ -458,11 +474,11 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
     );
     positions.sort_unstable();
     positions.dedup();
-    let cell = format!(
-        "L{}-d{}-engine-k{}",
+    let cell = crate::record::served::engine_cell_id(
         prompt.tokens.len(),
         prompt.depth_pct,
-        capture.topk
+        capture.topk,
+        None,
     );
     let spans: Vec<(usize, usize)> = prompt.needles.iter().map(|n| n.span).collect();
     let served = crate::probe::served::membership_records(&capture, &cell, &spans, &positions);
@@ -522,6 +538,38 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
             None,
             prompt.needles.len(),
         )?;
+    }
+    if let Some(store) = store.as_mut() {
+        let (selected, nontrivial) = crate::record::served::engine_layers_selected(&served, last);
+        let record = crate::record::served::EngineCellRecord {
+            cell_id: cell.clone(),
+            target_tokens: match args.conversation.prompt {
+                Some(_) => prompt.tokens.len(),
+                None => args.length,
+            },
+            prompt_tokens: prompt.tokens.len(),
+            depth_pct: prompt.depth_pct,
+            needle_start: prompt.needle.0,
+            needle_end: prompt.needle.1,
+            engine_topk: capture.topk,
+            answer_text: capture.text.clone(),
+            answer_correct,
+            csa_layers_selected: selected,
+            csa_layers_nontrivial: nontrivial,
+            wall_seconds: started.elapsed().as_secs_f64(),
+        };
+        if store.is_finished(&cell) {
+            eprintln!(
+                "{}: cell {cell} already recorded there, not written again",
+                store.path().display()
+            );
+        } else {
+            store.append(&record, &served)?;
+            eprintln!(
+                "recorded in {}: engine_cells.csv, engine.csv (engine only)",
+                store.path().display()
+            );
+        }
     }
     Ok(())
 }

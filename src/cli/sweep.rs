@@ -102,19 +102,11 @@ pub struct SweepArgs {
 
 pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     args.engine.check()?;
-    if args.engine.engine.is_some() {
-        if !args.topk.is_empty() {
-            anyhow::bail!(
-                "--topk: the engine's K is the top-k with --engine (--engine-topk names it when \
-                 it is not the config's index_topk)"
-            );
-        }
-        if !super::engine::has_weights(&args.model) {
-            anyhow::bail!(
-                "--engine: sweep needs the local model's weights for now (engine-only runs: \
-                 probe --engine ... --no-local, one prompt at a time)"
-            );
-        }
+    if args.engine.engine.is_some() && !args.topk.is_empty() {
+        anyhow::bail!(
+            "--topk: the engine's K is the top-k with --engine (--engine-topk names it when it \
+             is not the config's index_topk)"
+        );
     }
     let cfg = crate::config::ModelConfig::load(&args.model)?;
     let plan = SweepPlan {
@@ -153,6 +145,19 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             crate::record::rfc3339_utc(std::time::SystemTime::now()).replace(':', "")
         )),
     };
+    if args.engine.engine_only(&args.model) {
+        let done = crate::run::engine_only::run_engine_only_sweep(&args.model, &plan, &dir, out)?;
+        writeln!(
+            out,
+            "{} cells run, {} already finished; records in {} (engine only: engine_cells.csv, \
+             engine.csv)",
+            done.cells_run,
+            done.cells_skipped,
+            dir.display()
+        )?;
+        write!(out, "{}", done.table)?;
+        return Ok(());
+    }
     let outcome = run_sweep(&args.model, &plan, &dir, &args.device.choice(), out)?;
     writeln!(
         out,

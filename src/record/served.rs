@@ -61,6 +61,79 @@ pub const SERVED_COLUMNS: [&str; 11] = [
     "overlap",
 ];
 
+/// One row of engine_cells.csv (docs/outputs.md): one prompt of an engine-only sweep (no
+/// local model), exactly these fields in this order. Counts are taken at the answer position
+/// from the engine's own selection, as cells.csv counts the reference's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineCellRecord {
+    /// [`engine_cell_id`].
+    pub cell_id: String,
+    pub target_tokens: usize,
+    pub prompt_tokens: usize,
+    pub depth_pct: f64,
+    pub needle_start: usize,
+    pub needle_end: usize,
+    pub engine_topk: usize,
+    /// The engine's generated text.
+    pub answer_text: String,
+    /// Its verdict; empty when answers are not judged (a synthetic model) or it did not end.
+    pub answer_correct: Option<bool>,
+    /// Non-trivial CSA layers whose engine selection held every needle.
+    pub csa_layers_selected: usize,
+    pub csa_layers_nontrivial: usize,
+    /// Seconds of the exchange with the engine.
+    pub wall_seconds: f64,
+}
+
+/// engine_cells.csv columns, in order.
+pub const ENGINE_CELLS_COLUMNS: [&str; 12] = [
+    "cell_id",
+    "target_tokens",
+    "prompt_tokens",
+    "depth_pct",
+    "needle_start",
+    "needle_end",
+    "engine_topk",
+    "answer_text",
+    "answer_correct",
+    "csa_layers_selected",
+    "csa_layers_nontrivial",
+    "wall_seconds",
+];
+
+/// The cell id of an engine-only cell: `L{prompt tokens}-d{depth}-engine-k{K}`, with
+/// `-s{sample}` in a sweep.
+pub fn engine_cell_id(
+    prompt_tokens: usize,
+    depth_pct: f64,
+    topk: usize,
+    sample: Option<usize>,
+) -> String {
+    let suffix = sample.map_or(String::new(), |s| format!("-s{s}"));
+    format!("L{prompt_tokens}-d{depth_pct}-engine-k{topk}{suffix}")
+}
+
+/// Whether run.json's arguments are an engine-only run's (`"local": false`).
+pub fn is_engine_only(sweep_args: &serde_json::Value) -> bool {
+    sweep_args.get("local") == Some(&serde_json::Value::Bool(false))
+}
+
+/// (non-trivial layers whose selection held every needle, non-trivial layers) at `answer_pos`,
+/// from engine records (each (layer, needle) counted once whatever the profile).
+pub fn engine_layers_selected(served: &[ServedLayerRecord], answer_pos: usize) -> (usize, usize) {
+    let mut by_layer: std::collections::BTreeMap<usize, bool> = Default::default();
+    for r in served
+        .iter()
+        .filter(|r| r.query_pos == answer_pos && r.visible_rows > r.engine_topk)
+    {
+        *by_layer.entry(r.layer).or_insert(true) &= r.needle_selected;
+    }
+    (
+        by_layer.values().filter(|&&all| all).count(),
+        by_layer.len(),
+    )
+}
+
 /// A profile's mean overlap over the answer position's non-trivial CSA layers.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ProfileAgreement {

@@ -70,6 +70,9 @@ pub struct Rerendered {
 
 /// [`rerender`] in the directory of a lock the caller holds.
 pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
+    if let Some(engine_only) = engine_only_table(lock.dir())? {
+        return Ok(engine_only);
+    }
     let records = RunRecords::read(lock.dir())?;
     let mut files = vec![records.write_summary()?];
     files.extend(render_records(&records, lock.dir())?);
@@ -80,6 +83,9 @@ pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
 /// directory another run is writing (its finished cells so far; a torn last line or the rows
 /// of the cell in flight are left out) or one that cannot be written.
 pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
+    if let Some(engine_only) = engine_only_table(dir)? {
+        return Ok(engine_only);
+    }
     Ok(tabulate(RunRecords::read(dir)?, Vec::new(), colour))
 }
 
@@ -103,6 +109,36 @@ fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -
             .unwrap_or_default(),
         notes: records.notes,
     }
+}
+
+/// An engine-only directory's table (`store::engine_only`; it has no reference records and
+/// no plots), or `None` for any other directory.
+fn engine_only_table(dir: &std::path::Path) -> Result<Option<Rerendered>> {
+    let run_json = dir.join(store::RUN_JSON);
+    let Ok(text) = std::fs::read_to_string(&run_json) else {
+        return Ok(None);
+    };
+    let Ok(info) = serde_json::from_str::<crate::record::RunInfo>(&text) else {
+        return Ok(None);
+    };
+    if !crate::record::served::is_engine_only(&info.sweep_args) {
+        return Ok(None);
+    }
+    let records = store::EngineOnlyRecords::read(dir)?;
+    let planned = records.info.cells_planned();
+    Ok(Some(Rerendered {
+        table: records.table(),
+        files: Vec::new(),
+        cells: records.cells.len(),
+        planned,
+        command: records
+            .info
+            .command_line
+            .get(1)
+            .cloned()
+            .unwrap_or_default(),
+        notes: records.notes,
+    }))
 }
 
 /// The serving engine beside the reference, one line per cell with engine.csv rows: its

@@ -9,6 +9,7 @@
 
 pub mod checks;
 pub mod device;
+pub mod engine_only;
 pub mod hub;
 pub mod interrupt;
 pub mod parity;

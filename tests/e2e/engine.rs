@@ -238,6 +238,32 @@ fn a_saved_capture_gives_the_records_of_the_live_run_and_engine_only_reads_no_we
         );
     }
     assert_eq!(only["runs"].as_array().unwrap().len(), 0);
+    // Recorded: an engine-only report directory that `report` reads.
+    let recorded = dir.path().join("engine-only");
+    engine_only(
+        &bare,
+        &[
+            "--engine-capture",
+            file.to_str().unwrap(),
+            "--out",
+            recorded.to_str().unwrap(),
+        ],
+    );
+    let cells = std::fs::read_to_string(recorded.join("engine_cells.csv")).unwrap();
+    assert_eq!(cells.lines().count(), 2, "{cells}");
+    assert!(
+        cells
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("L2048-d40-engine-k64,2048,2048,"),
+        "{cells}"
+    );
+    let report = ok(
+        bin().arg("report").arg(&recorded).output().unwrap(),
+        "report",
+    );
+    assert!(report.contains("engine only"), "{report}");
     // --no-local on a model with weights: the same.
     let no_local = serde_json::from_str::<Value>(&ok(
         probe(&[
@@ -504,4 +530,98 @@ fn engine_only_reads_a_pro_shaped_capture() {
         .unwrap()
         .iter()
         .any(|w| w.as_str().unwrap().contains("layer 2")));
+}
+
+/// `sweep --engine` with no local model: engine_cells.csv and engine.csv per prompt, resumable
+/// (a rerun sends nothing), re-rendered by `report`; `--no-local` on a model with weights too.
+#[test]
+fn an_engine_only_sweep_records_membership_and_resumes() {
+    let server = start(
+        planted(),
+        IndexProfile::SglangFp8,
+        KvMode::Exact,
+        Fault::None,
+        4,
+        LIFETIME,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bare = dir.path().join("bare");
+    std::fs::create_dir(&bare).unwrap();
+    std::fs::copy(planted().join("config.json"), bare.join("config.json")).unwrap();
+    let swept = dir.path().join("sweep");
+    let sweep = |model: &Path, out: &Path, extra: &[&str]| {
+        let lengths = if extra.contains(&"--no-local") {
+            "2k"
+        } else {
+            "1k,2k"
+        };
+        bin()
+            .arg("sweep")
+            .arg("--model")
+            .arg(model)
+            .args([
+                "--scenario",
+                "passkey",
+                "--lengths",
+                lengths,
+                "--depths",
+                "50",
+            ])
+            .args(["--generate", "2", "--engine", &server.url, "--out"])
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let text = ok(sweep(&bare, &swept, &[]), "engine-only sweep");
+    assert!(text.contains("2 cells run, 0 already finished"), "{text}");
+    assert!(text.contains("engine only (no local forward)"), "{text}");
+    assert!(!swept.join("cells.csv").exists(), "no reference records");
+    let cells = std::fs::read_to_string(swept.join("engine_cells.csv")).unwrap();
+    let ids: Vec<&str> = cells
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["L1024-d50-engine-k64-s0", "L2048-d50-engine-k64-s0"],
+        "{cells}"
+    );
+    let rows = std::fs::read_to_string(swept.join("engine.csv")).unwrap();
+    // 2 CSA layers x (answer + 1 decode position) per cell, profile and overlap empty.
+    for id in &ids {
+        let mine: Vec<&str> = rows.lines().filter(|l| l.starts_with(id)).collect();
+        assert_eq!(mine.len(), 4, "{id}: {rows}");
+        assert!(mine.iter().all(|l| l.ends_with(",,")), "{rows}");
+    }
+    // Resumed: nothing sent, nothing added.
+    let again = ok(sweep(&bare, &swept, &[]), "engine-only sweep resumed");
+    assert!(again.contains("0 cells run, 2 already finished"), "{again}");
+    assert_eq!(server.served.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let report = ok(bin().arg("report").arg(&swept).output().unwrap(), "report");
+    assert!(report.contains("engine only"), "{report}");
+    assert!(
+        report.contains("2/2 layers") || report.contains("/2 layers"),
+        "{report}"
+    );
+    // Another grid in the same directory is refused by name.
+    let other = sweep(&bare, &swept, &["--samples", "2"]);
+    assert_eq!(other.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("samples"));
+    // --no-local on the planted model: the same membership.
+    let no_local = dir.path().join("no-local");
+    ok(sweep(planted(), &no_local, &["--no-local"]), "--no-local");
+    let a: Vec<String> = rows
+        .lines()
+        .filter(|l| l.starts_with("L2048"))
+        .map(String::from)
+        .collect();
+    let b: Vec<String> = std::fs::read_to_string(no_local.join("engine.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(String::from)
+        .collect();
+    assert_eq!(a, b);
 }

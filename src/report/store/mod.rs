@@ -41,6 +41,7 @@
 mod agreement;
 pub mod completeness;
 mod csvio;
+pub mod engine_only;
 mod read;
 mod resume;
 mod row_checks;
@@ -65,6 +66,7 @@ use csvio::{
     atomic_write, count_lines, csv_err, flush_sync, open_append, read_json, read_tolerant,
     truncate, write_json, ParsedCsv,
 };
+pub use engine_only::{EngineOnlyDir, EngineOnlyRecords, ENGINE_CELLS_CSV};
 pub use read::RunRecords;
 use row_checks::refuse_inconsistent;
 use validate::CellCheck;

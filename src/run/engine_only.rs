@@ -1,0 +1,213 @@
+//! The engine-only sweep: `sweep --engine URL` with no local forward (`--no-local`, or a model
+//! directory holding config.json and a tokenizer but no weights). Every prompt of the grid is
+//! built with the model's tokenizer and config, sent to the serving engine once, and its capture
+//! reduced to the needle's membership per CSA layer at the answer and decode positions
+//! (`probe::served::membership_records`) and the engine's answer: one engine_cells.csv row and
+//! its engine.csv rows per prompt, in an engine-only report directory
+//! (`report::store::engine_only`), resumable like any sweep. It runs at the engine's speed and
+//! needs no local memory for weights: models that do not fit here (V4-Pro) are swept this way.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::probe::capture::CaptureExpect;
+use crate::probe::Scenario;
+use crate::record::served::{engine_cell_id, engine_layers_selected, EngineCellRecord};
+use crate::record::{config_hash, RunInfo};
+use crate::report::store::EngineOnlyDir;
+
+use super::sweep::{check_plan, model_marks, SweepPlan};
+
+/// What an engine-only sweep did: cells run, cells already finished.
+pub struct EngineOnlyOutcome {
+    pub cells_run: usize,
+    pub cells_skipped: usize,
+    pub table: String,
+}
+
+/// The arguments run.json records for an engine-only sweep (the resume check compares them).
+fn recorded_args(plan: &SweepPlan) -> serde_json::Value {
+    serde_json::json!({
+        "command": "sweep",
+        "local": false,
+        "engine": "sglang",
+        "scenario": plan.scenario,
+        "lengths": plan.lengths,
+        "depths": plan.depths,
+        "topks": plan.topks,
+        "samples": plan.samples,
+        "seed": plan.seed,
+        "generate": plan.generate,
+    })
+}
+
+/// Runs (or resumes) the engine-only sweep of `plan` (which has an engine) into `out_dir`.
+pub fn run_engine_only_sweep(
+    model_dir: &Path,
+    plan: &SweepPlan,
+    out_dir: &Path,
+    out: &mut dyn Write,
+) -> anyhow::Result<EngineOnlyOutcome> {
+    let Some(engine) = &plan.engine else {
+        anyhow::bail!("an engine-only sweep needs --engine URL");
+    };
+    let config_path = model_dir.join("config.json");
+    let cfg = crate::config::ModelConfig::load(&config_path)?;
+    cfg.require_csa_layer(&config_path)?;
+    let tok = super::target::load_tokenizer(model_dir, &cfg)?;
+    let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
+    let finished_hint = crate::report::store::finished_cell_ids(out_dir);
+    check_plan(plan, &tok, &scenario, &cfg, &finished_hint)?;
+    let marks = model_marks(model_dir);
+    let info = RunInfo::new(
+        model_dir.display().to_string(),
+        config_hash(&cfg),
+        scenario.name.clone(),
+        marks.synthetic,
+        recorded_args(plan),
+    )
+    .with_fingerprints(String::new(), scenario.fingerprint()?);
+    let mut store = EngineOnlyDir::create_or_resume(out_dir, info)
+        .map_err(|e| anyhow::anyhow!("--out {}: {e}", out_dir.display()))?;
+    for note in store.notes() {
+        writeln!(out, "note: {}: {note}", out_dir.display())?;
+    }
+    let _resumable = super::interrupt::Resumable::new(out_dir);
+    let topk = plan.topks.first().copied().unwrap_or(cfg.index_topk);
+    let total = plan.lengths.len() * plan.depths.len() * plan.samples;
+    let already = store.cells().len();
+    if already > 0 {
+        writeln!(
+            out,
+            "resuming {}: {already} of {total} cells already finished",
+            out_dir.display()
+        )?;
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    bar.set_style(super::progress::style(super::progress::SWEEP_CELLS));
+    bar.set_position(already as u64);
+    let csa_layers = cfg.layers_of_kind(crate::config::LayerKind::Csa);
+    let (mut run, mut skipped) = (0, 0);
+    for &length in &plan.lengths {
+        for &depth in &plan.depths {
+            for sample in 0..plan.samples {
+                let id = engine_cell_id(length, depth, topk, Some(sample));
+                if store.is_finished(&id) {
+                    skipped += 1;
+                    continue;
+                }
+                let seed = plan.seed.wrapping_add(sample as u64);
+                let prompt = crate::probe::build_prompt(
+                    &tok,
+                    &scenario,
+                    length,
+                    depth,
+                    seed,
+                    cfg.max_position_embeddings,
+                )?;
+                bar.set_message(format!("engine: {length} tokens, depth {depth}%"));
+                let started = Instant::now();
+                let expect = CaptureExpect {
+                    source: engine.url.clone(),
+                    prompt_tokens: prompt.tokens.len(),
+                    csa_layers: csa_layers.clone(),
+                    config_topk: cfg.index_topk,
+                    engine_topk: engine.topk,
+                    prompt_positions: Vec::new(),
+                };
+                let capture = super::sglang::capture_from_server(
+                    &engine.url,
+                    &prompt.tokens,
+                    plan.generate,
+                    engine.timeout,
+                    &expect,
+                )?;
+                if capture.topk != topk {
+                    anyhow::bail!(
+                        "--engine {}: the engine's K is {} (from its payload), the sweep's \
+                         top-k {topk}: pass --engine-topk {}",
+                        engine.url,
+                        capture.topk,
+                        capture.topk
+                    );
+                }
+                for w in &capture.warnings {
+                    bar.suspend(|| writeln!(out, "warning: {w}"))?;
+                }
+                let answer = prompt.tokens.len() - 1;
+                // The answer position and every decode position fed back (not the stop edge).
+                let last_fed = answer + capture.output_ids.len().saturating_sub(1);
+                let positions: Vec<usize> = capture
+                    .selections
+                    .keys()
+                    .copied()
+                    .filter(|&p| p >= answer && p <= last_fed)
+                    .collect();
+                let spans: Vec<(usize, usize)> = prompt.needles.iter().map(|n| n.span).collect();
+                let served =
+                    crate::probe::served::membership_records(&capture, &id, &spans, &positions);
+                let (selected, nontrivial) = engine_layers_selected(&served, answer);
+                let ended = capture.ended() || capture.output_ids.last() == Some(&cfg.eos_token_id);
+                let answer_correct = marks
+                    .judges_answers(capture.output_ids.len())
+                    .then(|| scenario.judge_generated(&capture.text, &prompt.answer_values, ended))
+                    .flatten();
+                let cell = EngineCellRecord {
+                    cell_id: id,
+                    target_tokens: length,
+                    prompt_tokens: prompt.tokens.len(),
+                    depth_pct: depth,
+                    needle_start: prompt.needle.0,
+                    needle_end: prompt.needle.1,
+                    engine_topk: capture.topk,
+                    answer_text: capture.text.clone(),
+                    answer_correct,
+                    csa_layers_selected: selected,
+                    csa_layers_nontrivial: nontrivial,
+                    wall_seconds: started.elapsed().as_secs_f64(),
+                };
+                store.append(&cell, &served)?;
+                run += 1;
+                bar.inc(1);
+                let verdict = match cell.answer_correct {
+                    Some(true) => "correct",
+                    Some(false) => "WRONG",
+                    None if nontrivial == 0 => "trivial (n_t <= K)",
+                    None if selected == nontrivial => "recalled (engine)",
+                    None => "LOST (engine)",
+                };
+                let line = format!(
+                    "{:>7} tokens  depth {:>4}  engine K {:<5} {:<20} needle selected on {selected}/{nontrivial} layers  {:.1} s",
+                    cell.prompt_tokens,
+                    crate::report::depth_label(depth),
+                    cell.engine_topk,
+                    verdict,
+                    cell.wall_seconds
+                );
+                bar.suspend(|| writeln!(out, "{line}"))?;
+                if super::interrupt::stop_requested() && store.cells().len() < total {
+                    bar.abandon();
+                    return Err(super::interrupt::Interrupted {
+                        next: super::interrupt::next_step(out_dir),
+                        dir: Some(out_dir.to_path_buf()),
+                        finished: store.cells().len(),
+                        total,
+                    }
+                    .into());
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    drop(store);
+    let table = crate::report::store::EngineOnlyRecords::read(out_dir)?.table();
+    Ok(EngineOnlyOutcome {
+        cells_run: run,
+        cells_skipped: skipped,
+        table,
+    })
+}
