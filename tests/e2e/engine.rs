@@ -213,6 +213,31 @@ fn a_saved_capture_gives_the_records_of_the_live_run_and_engine_only_reads_no_we
         strip(&replay),
         "a saved body gives the live run's records"
     );
+    // --probe question: the question's rows are read from the payload and compared too.
+    let question = probe_json(&[
+        "--engine-capture",
+        file.to_str().unwrap(),
+        "--probe",
+        "question",
+    ]);
+    let positions: std::collections::BTreeSet<u64> = question["engine"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["query_pos"].as_u64().unwrap())
+        .collect();
+    assert!(
+        positions.iter().filter(|&&p| p < 2047).count() >= 5,
+        "{positions:?}"
+    );
+    for l in question["engine"]["layers"].as_array().unwrap() {
+        let r = reference(&question["runs"][0], &l["layer"], &l["query_pos"], "exact");
+        assert_eq!(
+            l["needle_selected"].as_bool().unwrap(),
+            r["needle_rank"].as_u64().unwrap() <= 64 || r["trivial"] == true,
+            "engine driven by exact, reference driven by fp8 at the question: {l}"
+        );
+    }
 
     // Engine-only: a model directory with config.json and the tokenizer, no weights.
     let bare = dir.path().join("bare");
