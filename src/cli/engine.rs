@@ -12,6 +12,30 @@ use clap::Args;
 use crate::probe::capture::{read_capture, CaptureExpect, EngineCapture};
 use crate::record::served::{ServedLayerRecord, ServedVerdict};
 
+/// The largest `--engine-topk`: SGLang's indexer runs 512 or 1024; far past any index_topk a
+/// model could have, and small enough that rows x layers x K cannot overflow.
+const MAX_ENGINE_TOPK: usize = 1 << 16;
+/// The longest `--engine-timeout`: a week.
+const MAX_ENGINE_TIMEOUT: usize = 7 * 24 * 3600;
+
+fn parse_engine_topk(s: &str) -> Result<usize, String> {
+    let k = super::flags::parse_positive(s)?;
+    if k > MAX_ENGINE_TOPK {
+        return Err(format!("expected at most {MAX_ENGINE_TOPK}, found {k}"));
+    }
+    Ok(k)
+}
+
+fn parse_engine_timeout(s: &str) -> Result<usize, String> {
+    let t = super::flags::parse_positive(s)?;
+    if t > MAX_ENGINE_TIMEOUT {
+        return Err(format!(
+            "expected at most {MAX_ENGINE_TIMEOUT} seconds (a week), found {t}"
+        ));
+    }
+    Ok(t)
+}
+
 /// The serving engine's server flags (probe and sweep).
 #[derive(Args, Debug, Clone, Default)]
 pub struct EngineServerArgs {
@@ -20,11 +44,11 @@ pub struct EngineServerArgs {
     pub engine: Option<String>,
 
     /// The engine's top-k when its payload reads two ways or differs from the config's index_topk (it is otherwise read from the payload's length)
-    #[arg(long, value_name = "K", value_parser = super::flags::parse_positive)]
+    #[arg(long, value_name = "K", value_parser = parse_engine_topk)]
     pub engine_topk: Option<usize>,
 
     /// Seconds one exchange with --engine may take: connecting, the engine's prefill and generation, reading the response
-    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = super::flags::parse_positive)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = parse_engine_timeout)]
     pub engine_timeout: usize,
 
     /// With --engine (or probe's --engine-capture): no local forward, the engine's selections and answers only, at the engine's speed; also chosen when --model holds config.json and a tokenizer but no weights
@@ -122,6 +146,17 @@ impl EngineArgs {
             }
             (None, None) => anyhow::bail!("no serving engine given"),
         };
+        // A saved body may hold more generated tokens than this run plans for (its memory
+        // plan and context check counted --generate).
+        if capture.output_ids.len() > generate.max(1) {
+            anyhow::bail!(
+                "{}: the engine generated {} tokens, more than --generate {generate} plans for; \
+                 pass --generate {}",
+                capture.source,
+                capture.output_ids.len(),
+                capture.output_ids.len()
+            );
+        }
         for w in &capture.warnings {
             eprintln!("warning: {w}");
         }

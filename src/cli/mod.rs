@@ -94,6 +94,7 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         Command::Probe(mut a) => {
             locate(&mut a.model, &a.revision)?;
+            a.generate = generate_default(a.generate_flag, &a.model);
             probe::run(&a, out)
         }
         Command::Prompt(mut a) => {
@@ -104,6 +105,7 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         Command::Sweep(mut a) => {
             locate(&mut a.model, &a.revision)?;
+            a.generate = generate_default(a.generate_flag, &a.model);
             sweep::run(&a, out)
         }
         Command::Report(a) => report::run(&a, out),
@@ -118,6 +120,19 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             bench::run(&a, out)
         }
     }
+}
+
+/// `--generate` of probe and sweep: as given, else 24 tokens, or none on a model `synth` wrote
+/// (its LM path does not answer: generating would print noise and judge nothing, so the
+/// indexer judges, as `demo` does).
+pub fn generate_default(flag: Option<usize>, model: &std::path::Path) -> usize {
+    flag.unwrap_or_else(|| {
+        if crate::run::sweep::model_marks(model).synthetic {
+            0
+        } else {
+            24
+        }
+    })
 }
 
 /// Whether an error is (caused by) writing to a closed pipe, which is not a failure.

@@ -77,12 +77,15 @@ pub struct ProbeArgs {
     pub kv: KvMode,
 
     #[arg(
-        long,
+        long = "generate",
         value_name = "N",
-        default_value_t = 24,
         value_parser = super::flags::parse_count,
-        help = "Tokens to generate after the prompt (to check the answer; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
+        help = "Tokens to generate after the prompt (to check the answer; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>) [default: 24; 0 on a synthetic model (written by synth), whose LM path does not answer]"
     )]
+    pub generate_flag: Option<usize>,
+
+    /// `--generate` resolved for the model ([`super::generate_default`]).
+    #[arg(skip)]
     pub generate: usize,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
@@ -437,8 +440,13 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
     let (scenario, prompt) =
         prompt_source(args).build(&tok, cfg.max_position_embeddings, args.generate)?;
     let started = std::time::Instant::now();
-    // `--out`: an engine-only report directory (report::store::engine_only), checked before
-    // the engine is asked.
+    let capture = args.engine.capture(
+        &prompt.tokens,
+        args.generate,
+        &capture_expect(args, &cfg, &tok, &prompt),
+    )?;
+    // `--out`: an engine-only report directory (report::store::engine_only), opened once the
+    // engine answered (a refused capture records nothing).
     let mut store = match &args.out {
         Some(dir) => {
             let mut recorded = shared_args(args);
@@ -458,11 +466,6 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
         }
         None => None,
     };
-    let capture = args.engine.capture(
-        &prompt.tokens,
-        args.generate,
-        &capture_expect(args, &cfg, &tok, &prompt),
-    )?;
     let last = prompt.tokens.len() - 1;
     let mut positions = vec![last];
     positions.extend(

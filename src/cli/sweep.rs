@@ -87,12 +87,15 @@ pub struct SweepArgs {
     pub seed: u64,
 
     #[arg(
-        long,
+        long = "generate",
         value_name = "N",
-        default_value_t = 24,
         value_parser = super::flags::parse_count,
-        help = "Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>)"
+        help = "Maximum generated tokens per cell (greedy, stops at EOS; 0: judge by indexer recall only; a thinking-mode scenario needs enough to get past </think>) [default: 24; 0 on a synthetic model (written by synth), whose LM path does not answer]"
     )]
+    pub generate_flag: Option<usize>,
+
+    /// `--generate` resolved for the model ([`super::generate_default`]).
+    #[arg(skip)]
     pub generate: usize,
 
     /// Haystack text for scenarios whose haystack kind is `file` (the built-in `essay`, say)

@@ -184,6 +184,17 @@ fn check_out_path(args: &TraceArgs) -> anyhow::Result<()> {
             existing.display()
         );
     }
+    // Only into an existing folder: a typo in a path must not leave a tree of new folders.
+    if let Some(parent) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !parent.exists() {
+            anyhow::bail!(
+                "--out {}: the folder {} does not exist; expected an existing folder (trace \
+                 makes none: create it first)",
+                out.display(),
+                parent.display()
+            );
+        }
+    }
     Ok(())
 }
 
@@ -305,17 +316,6 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     let backend = target.record();
-    // Every check passed: the folders of --out, made now rather than found missing after the
-    // forward.
-    if let Some(parent) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| {
-            anyhow::anyhow!(
-                "--out {}: cannot create {}: {e}",
-                args.out.display(),
-                parent.display()
-            )
-        })?;
-    }
     let opts = EngineOptions {
         index: args.index,
         kv: args.kv,

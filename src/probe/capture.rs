@@ -188,6 +188,7 @@ pub fn read_capture<R: Read>(
     let mut text = None;
     let mut output_ids = None;
     let mut meta = Meta::default();
+    let mut error_body = serde_json::Map::new();
     json.begin_object().map_err(json_err)?;
     while json.has_next().map_err(json_err)? {
         let name = json.next_name().map(str::to_string).map_err(json_err)?;
@@ -195,16 +196,21 @@ pub fn read_capture<R: Read>(
             "text" => text = Some(read_string(&mut json, src, "text")?),
             "output_ids" => output_ids = Some(read_ids(&mut json, src)?),
             "meta_info" => read_meta(&mut json, src, &mut meta, &mut sink)?,
-            "error" | "object" if json.peek().map_err(json_err)? != ValueType::Null => {
-                // An error body of the OpenAI-compatible kind: {"object": "error", "message"}.
+            // An error body: SGLang's {"error": ...} or the OpenAI-compatible
+            // {"object": "error", "message": ..., "code": ...}; the message is quoted.
+            "error" if json.peek().map_err(json_err)? != ValueType::Null => {
                 let detail =
                     serde_json::to_string(&read_small_value(&mut json, src)?).unwrap_or_default();
                 return Err(CaptureError::field(
                     src,
-                    &name,
+                    "error",
                     "a /generate result",
                     detail,
                 ));
+            }
+            "object" | "message" | "code" if json.peek().map_err(json_err)? != ValueType::Null => {
+                let v = read_small_value(&mut json, src)?;
+                error_body.insert(name, v);
             }
             _ => json.skip_value().map_err(json_err)?,
         }
@@ -217,6 +223,20 @@ pub fn read_capture<R: Read>(
         json.end_array().map_err(json_err)?;
     }
     json.consume_trailing_whitespace().map_err(json_err)?;
+    if error_body.get("object").and_then(|o| o.as_str()) == Some("error")
+        || (text.is_none() && error_body.contains_key("message"))
+    {
+        let message = error_body
+            .get("message")
+            .map(|m| m.as_str().map_or(m.to_string(), str::to_string))
+            .unwrap_or_else(|| serde_json::Value::Object(error_body.clone()).to_string());
+        return Err(CaptureError::field(
+            src,
+            "message",
+            "a /generate result",
+            format!("an error body: {message}"),
+        ));
+    }
 
     let text = text.ok_or_else(|| CaptureError::field(src, "text", "a string", "nothing"))?;
     let output_ids = output_ids
@@ -239,6 +259,14 @@ pub fn read_capture<R: Read>(
             "meta_info.completion_tokens",
             format!("{} (the length of output_ids)", output_ids.len()),
             completion_tokens.to_string(),
+        ));
+    }
+    if let Some(message) = &meta.abort {
+        return Err(CaptureError::field(
+            src,
+            "meta_info.finish_reason",
+            "a finished request",
+            format!("the engine aborted it: {message}"),
         ));
     }
     if !meta.saw_capture {
@@ -286,6 +314,8 @@ struct Meta {
     completion_tokens: Option<usize>,
     cached_tokens: usize,
     finish_reason: Option<String>,
+    /// The message of a `finish_reason` of type `abort`.
+    abort: Option<String>,
     saw_capture: bool,
 }
 
@@ -424,13 +454,20 @@ fn read_meta<R: Read>(
             }
             "finish_reason" => {
                 let v = read_small_value(json, src)?;
-                meta.finish_reason = match v {
+                meta.finish_reason = match &v {
                     serde_json::Value::Object(m) => {
                         m.get("type").and_then(|t| t.as_str()).map(str::to_string)
                     }
-                    serde_json::Value::String(s) => Some(s),
+                    serde_json::Value::String(s) => Some(s.clone()),
                     _ => None,
                 };
+                if meta.finish_reason.as_deref() == Some("abort") {
+                    meta.abort = Some(
+                        v.get("message")
+                            .map(|m| m.as_str().map_or(m.to_string(), str::to_string))
+                            .unwrap_or_else(|| v.to_string()),
+                    );
+                }
             }
             "indexer_topk" => match json.peek().map_err(e)? {
                 ValueType::String => {
@@ -830,7 +867,8 @@ impl PayloadSink {
                 self.tail_cap * 4
             )));
         }
-        let tail: Vec<i32> = self.tail.into_iter().collect();
+        // Reuses the ring's buffer (no second copy of the tail).
+        let tail: Vec<i32> = Vec::from(self.tail);
         for pos in answer..rows {
             let a = (pos as u64 * width as u64 - first_tail) as usize;
             capture.selections.insert(pos, tail[a..a + width].to_vec());

@@ -402,6 +402,13 @@ impl RunInfo {
     /// The cells a sweep's grid holds (lengths x depths x index profiles x top-k x samples),
     /// or None for a directory that another command wrote (a probe's has no plan).
     pub fn cells_planned(&self) -> Option<usize> {
+        if served::is_engine_only(&self.sweep_args)
+            && self.sweep_args.get("command").and_then(|c| c.as_str()) == Some("sweep")
+        {
+            let count = |key: &str| self.sweep_args.get(key)?.as_array().map(Vec::len);
+            let samples = self.sweep_args.get("samples")?.as_u64()? as usize;
+            return Some(count("lengths")? * count("depths")? * samples);
+        }
         if writer(&self.sweep_args) != "sweep" {
             return None;
         }

@@ -362,7 +362,7 @@ fn model_path_that_is_a_file_is_explained() {
             "--tokens",
             t,
             "--out",
-            "/nonexistent/t.st",
+            "/tmp/needlescope-never-written.st",
         ],
         vec!["probe", "--model", f, "--length", "300"],
         vec!["bench", "--model", f, "--lengths", "300"],

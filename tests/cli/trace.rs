@@ -309,14 +309,17 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
         "{e}"
     );
     assert!(!dir.path().join("new").exists());
-    // A refused trace makes no folder (they are made only once every check passed).
+    // A refused trace makes no folder and no file.
+    let e = trace(&dir.path().join("x/y/t.safetensors"), &tokens_file, &[]);
+    assert!(e.contains("x/y does not exist"), "{e}");
+    assert!(!dir.path().join("x").exists());
     let e = trace(
-        &dir.path().join("x/y/t.safetensors"),
+        &dir.path().join("t99.safetensors"),
         &tokens_file,
         &["--positions", "99"],
     );
     assert!(e.contains("position 99 is outside"), "{e}");
-    assert!(!dir.path().join("x").exists());
+    assert!(!dir.path().join("t99.safetensors").exists());
     let after: Vec<Vec<u8>> = weights.iter().map(|p| std::fs::read(p).unwrap()).collect();
     assert!(before == after, "the model directory is untouched");
     let out_dir = dir.path().join("a-dir");
@@ -340,9 +343,9 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
     assert!(e.contains("--topk 100000000: expected at most"), "{e}");
     assert!(!out.exists());
 
-    // Folders of --out that do not exist yet are made (before the forward, not after it).
+    // A folder of --out that does not exist is refused by name, and none is made.
     let nested = dir.path().join("n1/n2/t.safetensors");
-    let ok = Command::new(env!("CARGO_BIN_EXE_needlescope"))
+    let refused = Command::new(env!("CARGO_BIN_EXE_needlescope"))
         .args(["trace", "--device", "cpu", "--model"])
         .arg(&model)
         .arg("--tokens")
@@ -351,12 +354,13 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
         .arg(&nested)
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
+        stderr.contains("n1/n2") && stderr.contains("does not exist"),
+        "{stderr}"
     );
-    assert!(nested.is_file());
+    assert!(!dir.path().join("n1").exists(), "no folder made");
 }
 
 /// The file a trace writes, and what it holds in memory before that, are what

@@ -338,14 +338,15 @@ fn bad_conversations_are_named_errors_with_exit_1() {
         err.contains("664 tokens") && err.contains("max_position_embeddings (256)"),
         "{err}"
     );
-    // --prompt without --answer while generating.
+    // --prompt without --answer while generating (asked for: a synthetic model generates
+    // nothing by default).
     let out = bin()
         .arg("probe")
         .arg("--model")
         .arg(planted())
         .arg("--prompt")
         .arg(dir.path().join("ok.txt"))
-        .args(["--needle", "The code is 42."])
+        .args(["--needle", "The code is 42.", "--generate", "3"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -174,6 +174,15 @@ fn malformed_payloads_and_failing_servers_are_refused_by_name() {
     };
     let stderr = refused(&["--engine", &format!("http://{closed}")]);
     assert!(stderr.contains("connection refused"), "{stderr}");
+    // Values past their bounds are refused by the argument parser (exit 2).
+    for (flag, value) in [
+        ("--engine-timeout", "18446744073709551615"),
+        ("--engine-topk", "100000000"),
+    ] {
+        let out = probe(&["--engine", "http://127.0.0.1:9", flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("expected at most"));
+    }
     // Flags that need an engine, and flags that contradict one.
     assert!(refused(&["--no-local"]).contains("--engine URL or --engine-capture FILE"));
     let stderr = refused(&["--engine", "http://127.0.0.1:9", "--topk", "64"]);
@@ -212,6 +221,35 @@ fn a_saved_capture_gives_the_records_of_the_live_run_and_engine_only_reads_no_we
         strip(&live),
         strip(&replay),
         "a saved body gives the live run's records"
+    );
+    // A saved body with more generated tokens than --generate plans for is refused.
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--scenario",
+            "passkey",
+            "--length",
+            "2k",
+            "--depth",
+            "40",
+            "--kv",
+            "exact",
+        ])
+        .args([
+            "--generate",
+            "1",
+            "--engine-capture",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("generated 3 tokens") && stderr.contains("--generate 3"),
+        "{stderr}"
     );
     // --probe question: the question's rows are read from the payload and compared too.
     let question = probe_json(&[
@@ -634,6 +672,30 @@ fn an_engine_only_sweep_records_membership_and_resumes() {
     let other = sweep(&bare, &swept, &["--samples", "2"]);
     assert_eq!(other.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&other.stderr).contains("samples"));
+    // A run with a local model never takes over (and empties) an engine-only directory.
+    let before = std::fs::read_to_string(swept.join("engine.csv")).unwrap();
+    let out = bin()
+        .arg("sweep")
+        .arg("--model")
+        .arg(planted())
+        .args([
+            "--scenario",
+            "passkey",
+            "--lengths",
+            "1k",
+            "--depths",
+            "50",
+            "--out",
+        ])
+        .arg(&swept)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("engine-only report"));
+    assert_eq!(
+        std::fs::read_to_string(swept.join("engine.csv")).unwrap(),
+        before
+    );
     // --no-local on the planted model: the same membership.
     let no_local = dir.path().join("no-local");
     ok(sweep(planted(), &no_local, &["--no-local"]), "--no-local");

@@ -1663,3 +1663,28 @@ fn probe_and_sweep_score_the_other_index_profiles_and_compare() {
     seen.dedup();
     assert_eq!(seen, ["bf16", "exact", "fp8"]);
 }
+
+/// On a synthetic model probe generates nothing unless asked (its LM path does not answer:
+/// the indexer judges); `--generate N` still generates.
+#[test]
+fn probe_on_a_synthetic_model_generates_only_when_asked() {
+    let run = |extra: &[&str]| {
+        let v = probe_json(&[&["--length", "1k", "--depth", "50", "--topk", "64"], extra].concat());
+        v["runs"][0]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["query_pos"].as_u64().unwrap())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(
+        run(&[]).into_iter().collect::<Vec<_>>(),
+        vec![1023],
+        "only the answer position"
+    );
+    assert_eq!(
+        run(&["--generate", "3"]).len(),
+        3,
+        "the answer position and 2 decode steps"
+    );
+}

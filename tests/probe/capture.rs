@@ -840,6 +840,15 @@ fn an_error_body_is_an_error_not_a_panic() {
         assert!(matches!(err, CaptureError::Field { .. }), "{body}: {err:?}");
         has_all(&msg, &["a /generate result"]);
     }
+    // The message of an OpenAI-style error is quoted.
+    let (_, msg) = fails(
+        r#"{"object": "error", "message": "Input length 300000 exceeds the context", "code": 400}"#,
+        &e,
+    );
+    has_all(
+        &msg,
+        &["an error body: Input length 300000 exceeds the context"],
+    );
     // Bodies that are JSON but not an object.
     for body in ["[]", "\"Internal Server Error\"", "42", "[1]", "null"] {
         let (err, _) = fails(body, &e);
@@ -1126,4 +1135,19 @@ fn a_capture_without_a_generated_token_is_refused() {
     let (err, msg) = fails(&body.json(), &expect(n, l, k));
     assert!(matches!(err, CaptureError::Payload { .. }), "{err:?}");
     has_all(&msg, &["completion_tokens 0", "max_new_tokens >= 1"]);
+}
+
+/// An aborted request (HTTP 200, finish_reason abort, no capture) is named as such, with the
+/// engine's message, not taken for a server without capture.
+#[test]
+fn an_aborted_request_is_named_with_its_message() {
+    let e = expect(40, 2, 4);
+    let body = r#"{"text": "", "output_ids": [], "meta_info": {"id": "a", "finish_reason": {"type": "abort", "message": "memory pool is full"}, "prompt_tokens": 40, "completion_tokens": 0, "cached_tokens": 0}}"#;
+    let (err, msg) = fails(body, &e);
+    assert!(matches!(err, CaptureError::Field { .. }), "{err:?}");
+    has_all(
+        &msg,
+        &["meta_info.finish_reason", "aborted", "memory pool is full"],
+    );
+    assert!(!msg.contains("--enable-return-indexer-topk"), "{msg}");
 }

@@ -135,6 +135,18 @@ impl RunDir {
         let mut notes = Vec::new();
         let info = if run_json.exists() {
             let on_disk: RunInfo = read_json(&run_json)?;
+            // An engine-only directory has no reference records: never replaced by a run
+            // that would have them (its engine.csv would be emptied).
+            if crate::record::served::is_engine_only(&on_disk.sweep_args)
+                || dir.join(ENGINE_CELLS_CSV).exists()
+            {
+                return Err(ReportError::NotARunDir {
+                    path: dir.to_path_buf(),
+                    found: "an engine-only report (engine_cells.csv): a run with a local model \
+                            needs another --out"
+                        .into(),
+                });
+            }
             let differences = on_disk.resume_differences(&info);
             if differences.is_empty() {
                 on_disk
@@ -159,7 +171,13 @@ impl RunDir {
                 });
             }
         } else {
-            for name in [CELLS_CSV, LAYERS_CSV, ATTENTION_CSV] {
+            for name in [
+                CELLS_CSV,
+                LAYERS_CSV,
+                ATTENTION_CSV,
+                ENGINE_CSV,
+                ENGINE_CELLS_CSV,
+            ] {
                 let p = dir.join(name);
                 if p.metadata().is_ok_and(|m| m.len() > 0) {
                     return Err(ReportError::NotARunDir {
