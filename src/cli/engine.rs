@@ -177,21 +177,6 @@ pub fn has_weights(model: &std::path::Path) -> bool {
         .unwrap_or(false)
 }
 
-/// The engine's answer verdict: `None` when answers are not judged or the answer did not end.
-pub fn engine_answer_correct(
-    capture: &EngineCapture,
-    scenario: &crate::probe::Scenario,
-    answer_values: &[String],
-    eos: u32,
-    judge_answers: bool,
-) -> Option<bool> {
-    if !judge_answers {
-        return None;
-    }
-    let ended = capture.ended() || capture.output_ids.last() == Some(&eos);
-    scenario.judge_generated(&capture.text, answer_values, ended)
-}
-
 /// `probe --json`'s `engine` object (docs/outputs.md).
 pub fn engine_json(
     capture: &EngineCapture,

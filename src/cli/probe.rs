@@ -296,17 +296,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             "synthetic": marks.synthetic,
             "backend": backend,
             "scenario": scenario.name,
-            "prompt": {
-                "tokens": prompt.tokens,
-                "length": prompt.tokens.len(),
-                "depth_pct": prompt.depth_pct,
-                "actual_depth_pct": prompt.actual_depth_pct,
-                "needle": [prompt.needle.0, prompt.needle.1],
-                "needles": super::prompt::needles_json(&prompt),
-                "answer": [prompt.answer.0, prompt.answer.1],
-                "needle_text": prompt.needle_text,
-                "answer_value": prompt.answer_value,
-            },
+            "prompt": prompt_json(&prompt),
             "runs": runs.iter().map(|r| Ok(serde_json::json!({
                 "cell_id": r.cell_id,
                 "index": r.index,
@@ -372,6 +362,21 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `probe --json`'s `prompt` object.
+fn prompt_json(prompt: &NeedlePrompt) -> serde_json::Value {
+    serde_json::json!({
+        "tokens": prompt.tokens,
+        "length": prompt.tokens.len(),
+        "depth_pct": prompt.depth_pct,
+        "actual_depth_pct": prompt.actual_depth_pct,
+        "needle": [prompt.needle.0, prompt.needle.1],
+        "needles": super::prompt::needles_json(prompt),
+        "answer": [prompt.answer.0, prompt.answer.1],
+        "needle_text": prompt.needle_text,
+        "answer_value": prompt.answer_value,
+    })
+}
+
 /// What the capture expects of the engine's response for this prompt.
 fn capture_expect(
     args: &ProbeArgs,
@@ -418,7 +423,7 @@ impl EngineView {
                 &order,
                 driving,
             ),
-            answer_correct: super::engine::engine_answer_correct(
+            answer_correct: crate::probe::served::engine_answer_correct(
                 capture,
                 scenario,
                 &prompt.answer_values,
@@ -487,7 +492,7 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
     let served = crate::probe::served::membership_records(&capture, &cell, &spans, &positions);
     let marks = crate::run::sweep::model_marks(&args.model);
     let verdict = crate::record::served::ServedVerdict::of(&served, &[], last, &[], None);
-    let answer_correct = super::engine::engine_answer_correct(
+    let answer_correct = crate::probe::served::engine_answer_correct(
         &capture,
         &scenario,
         &prompt.answer_values,
@@ -500,17 +505,7 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
             "synthetic": marks.synthetic,
             "scenario": scenario.name,
             "local": false,
-            "prompt": {
-                "tokens": prompt.tokens,
-                "length": prompt.tokens.len(),
-                "depth_pct": prompt.depth_pct,
-                "actual_depth_pct": prompt.actual_depth_pct,
-                "needle": [prompt.needle.0, prompt.needle.1],
-                "needles": super::prompt::needles_json(&prompt),
-                "answer": [prompt.answer.0, prompt.answer.1],
-                "needle_text": prompt.needle_text,
-                "answer_value": prompt.answer_value,
-            },
+            "prompt": prompt_json(&prompt),
             "runs": [],
             "engine": super::engine::engine_json(
                 &capture,
@@ -543,24 +538,19 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
         )?;
     }
     if let Some(store) = store.as_mut() {
-        let (selected, nontrivial) = crate::record::served::engine_layers_selected(&served, last);
-        let record = crate::record::served::EngineCellRecord {
-            cell_id: cell.clone(),
-            target_tokens: match args.conversation.prompt {
-                Some(_) => prompt.tokens.len(),
-                None => args.length,
-            },
-            prompt_tokens: prompt.tokens.len(),
-            depth_pct: prompt.depth_pct,
-            needle_start: prompt.needle.0,
-            needle_end: prompt.needle.1,
-            engine_topk: capture.topk,
-            answer_text: capture.text.clone(),
-            answer_correct,
-            csa_layers_selected: selected,
-            csa_layers_nontrivial: nontrivial,
-            wall_seconds: started.elapsed().as_secs_f64(),
+        let target_tokens = match args.conversation.prompt {
+            Some(_) => prompt.tokens.len(),
+            None => args.length,
         };
+        let record = crate::probe::served::engine_cell(
+            cell.clone(),
+            target_tokens,
+            &prompt,
+            &capture,
+            &served,
+            answer_correct,
+            started.elapsed().as_secs_f64(),
+        );
         if store.is_finished(&cell) {
             eprintln!(
                 "{}: cell {cell} already recorded there, not written again",

@@ -75,6 +75,51 @@ pub fn overlap(engine: &[usize], reference: &[usize]) -> Option<f32> {
     Some(both as f32 / engine.len() as f32)
 }
 
+/// The engine's answer verdict under `scenario`: `None` when answers are not judged or the
+/// answer did not end (neither a stop finish nor EOS last).
+pub fn engine_answer_correct(
+    capture: &EngineCapture,
+    scenario: &super::Scenario,
+    answer_values: &[String],
+    eos: u32,
+    judge_answers: bool,
+) -> Option<bool> {
+    if !judge_answers {
+        return None;
+    }
+    let ended = capture.ended() || capture.output_ids.last() == Some(&eos);
+    scenario.judge_generated(&capture.text, answer_values, ended)
+}
+
+/// One engine-only cell (engine_cells.csv) from its prompt, the engine's capture and its
+/// membership records.
+pub fn engine_cell(
+    cell_id: String,
+    target_tokens: usize,
+    prompt: &super::NeedlePrompt,
+    capture: &EngineCapture,
+    served: &[ServedLayerRecord],
+    answer_correct: Option<bool>,
+    wall_seconds: f64,
+) -> crate::record::served::EngineCellRecord {
+    let answer = prompt.tokens.len() - 1;
+    let (selected, nontrivial) = crate::record::served::engine_layers_selected(served, answer);
+    crate::record::served::EngineCellRecord {
+        cell_id,
+        target_tokens,
+        prompt_tokens: prompt.tokens.len(),
+        depth_pct: prompt.depth_pct,
+        needle_start: prompt.needle.0,
+        needle_end: prompt.needle.1,
+        engine_topk: capture.topk,
+        answer_text: capture.text.clone(),
+        answer_correct,
+        csa_layers_selected: selected,
+        csa_layers_nontrivial: nontrivial,
+        wall_seconds,
+    }
+}
+
 /// Engine-only records: at each of `positions` and every captured layer, whether the engine's
 /// set holds a row of each needle (profile empty, no overlap).
 pub fn membership_records(

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::probe::capture::CaptureExpect;
 use crate::probe::Scenario;
-use crate::record::served::{engine_cell_id, engine_layers_selected, EngineCellRecord};
+use crate::record::served::engine_cell_id;
 use crate::record::{config_hash, RunInfo};
 use crate::report::store::EngineOnlyDir;
 
@@ -150,26 +150,23 @@ pub fn run_engine_only_sweep(
                 let spans: Vec<(usize, usize)> = prompt.needles.iter().map(|n| n.span).collect();
                 let served =
                     crate::probe::served::membership_records(&capture, &id, &spans, &positions);
-                let (selected, nontrivial) = engine_layers_selected(&served, answer);
-                let ended = capture.ended() || capture.output_ids.last() == Some(&cfg.eos_token_id);
-                let answer_correct = marks
-                    .judges_answers(capture.output_ids.len())
-                    .then(|| scenario.judge_generated(&capture.text, &prompt.answer_values, ended))
-                    .flatten();
-                let cell = EngineCellRecord {
-                    cell_id: id,
-                    target_tokens: length,
-                    prompt_tokens: prompt.tokens.len(),
-                    depth_pct: depth,
-                    needle_start: prompt.needle.0,
-                    needle_end: prompt.needle.1,
-                    engine_topk: capture.topk,
-                    answer_text: capture.text.clone(),
+                let answer_correct = crate::probe::served::engine_answer_correct(
+                    &capture,
+                    &scenario,
+                    &prompt.answer_values,
+                    cfg.eos_token_id,
+                    marks.judges_answers(capture.output_ids.len()),
+                );
+                let cell = crate::probe::served::engine_cell(
+                    id,
+                    length,
+                    &prompt,
+                    &capture,
+                    &served,
                     answer_correct,
-                    csa_layers_selected: selected,
-                    csa_layers_nontrivial: nontrivial,
-                    wall_seconds: started.elapsed().as_secs_f64(),
-                };
+                    started.elapsed().as_secs_f64(),
+                );
+                let (selected, nontrivial) = (cell.csa_layers_selected, cell.csa_layers_nontrivial);
                 store.append(&cell, &served)?;
                 run += 1;
                 bar.inc(1);

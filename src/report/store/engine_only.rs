@@ -45,15 +45,7 @@ pub struct EngineOnlyDir {
 impl EngineOnlyDir {
     /// Creates `dir` for `info` (whose arguments say `"local": false`) or resumes it.
     pub fn create_or_resume(dir: &Path, info: RunInfo) -> Result<EngineOnlyDir> {
-        if dir.exists() && !dir.is_dir() {
-            return Err(ReportError::Mismatch {
-                path: dir.to_path_buf(),
-                what: "report directory (--out)".into(),
-                expected: "a directory (or a path to create one at)".into(),
-                found: "a file".into(),
-            });
-        }
-        std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
+        super::make_out_dir(dir)?;
         let lock = DirLock::acquire(dir)?;
         let run_json = dir.join(RUN_JSON);
         let cells_path = dir.join(ENGINE_CELLS_CSV);

@@ -111,15 +111,7 @@ impl RunDir {
     /// ([`ReportError::Locked`]) while another process writes there (see [`DirLock`]); the
     /// lock is held until the store is dropped.
     pub fn create_or_resume(dir: &Path, info: RunInfo) -> Result<(RunDir, Vec<CellRecord>)> {
-        if dir.exists() && !dir.is_dir() {
-            return Err(ReportError::Mismatch {
-                path: dir.to_path_buf(),
-                what: "report directory (--out)".into(),
-                expected: "a directory (or a path to create one at)".into(),
-                found: "a file".into(),
-            });
-        }
-        std::fs::create_dir_all(dir).map_err(ReportError::io(dir))?;
+        make_out_dir(dir)?;
         RunDir::create_or_resume_locked(DirLock::acquire(dir)?, info)
     }
 
@@ -404,6 +396,19 @@ impl RunDir {
             &SummaryJson::new(&self.info, &self.cells, &self.rounding),
         )
     }
+}
+
+/// Creates the report directory `dir` (and its parents), refusing a file there.
+fn make_out_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(ReportError::Mismatch {
+            path: dir.to_path_buf(),
+            what: "report directory (--out)".into(),
+            expected: "a directory (or a path to create one at)".into(),
+            found: "a file".into(),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(ReportError::io(dir))
 }
 
 /// Every record handed in with a cell must carry its cell_id.
