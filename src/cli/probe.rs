@@ -558,11 +558,13 @@ fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> 
             );
         } else {
             store.append(&record, &served)?;
-            eprintln!(
-                "recorded in {}: engine_cells.csv, engine.csv (engine only)",
-                store.path().display()
-            );
         }
+        let records = crate::report::store::EngineOnlyRecords::read(store.path())?;
+        crate::report::html::write_engine_only_html(&records, store.path())?;
+        eprintln!(
+            "recorded in {}: engine_cells.csv, engine.csv (engine only), report.html",
+            store.path().display()
+        );
     }
     Ok(())
 }

@@ -157,8 +157,19 @@ pub fn lost_layers_of<'a>(
 /// ([`tied_at_cutoff`]). Ranks are those of these hidden states: a larger top-k
 /// changes what earlier layers attend to, so later layers' ranks would move too.
 pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
-    let lost = lost_layers(run, last_prompt_pos);
-    let tied = tied_at_cutoff(run, last_prompt_pos);
+    why_of(&run.layers, &run.index, run.topk, last_prompt_pos)
+}
+
+/// [`why`] from the layer records of one run or cell (layers.csv rows of one `cell_id`), its
+/// driving profile `index` and top-k: what the report directory's `report.html` says per cell.
+pub fn why_of(
+    layers: &[LayerRecord],
+    index: &str,
+    topk: usize,
+    last_prompt_pos: usize,
+) -> Option<String> {
+    let lost = lost_layers_of(layers, last_prompt_pos);
+    let tied = tied_at_cutoff_of(layers, topk, last_prompt_pos);
     if lost.is_empty() && tied.is_empty() {
         return None;
     }
@@ -166,7 +177,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
         lost.iter().filter(|l| l.cause == cause).collect()
     };
     // With several needles each lost layer names its needle: `layer 3 (needle 1)`.
-    let several = run.layers.iter().any(|r| r.needle > 0);
+    let several = layers.iter().any(|r| r.needle > 0);
     let name = |layer: usize, needle: usize| match several {
         true => format!("{layer} (needle {needle})"),
         false => layer.to_string(),
@@ -188,7 +199,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     if !rounding.is_empty() {
         parts.push(format!(
             "{} rounding lost {} (exact keeps {}: rank {} vs {})",
-            run.index,
+            index,
             layers(&rounding),
             them(&rounding),
             ranks(&rounding, &|l| l.exact_rank),
@@ -198,17 +209,17 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
     let exact_loses = of(LossCause::ExactLoses);
     if !exact_loses.is_empty() {
         let exact = crate::numerics::profiles::IndexProfile::Exact.name();
-        let driving = if run.index == exact {
+        let driving = if index == exact {
             String::new()
         } else {
-            format!("; {} rank {}", run.index, ranks(&exact_loses, &|l| l.rank))
+            format!("; {} rank {}", index, ranks(&exact_loses, &|l| l.rank))
         };
         parts.push(format!(
             "the exact math loses {}{} (exact rank {} > {}{driving}): the top-k is too small there",
             layers(&exact_loses),
-            if run.index == exact { "" } else { " too" },
+            if index == exact { "" } else { " too" },
             ranks(&exact_loses, &|l| l.exact_rank),
-            run.topk,
+            topk,
         ));
     }
     let other = of(LossCause::KeptByOther);
@@ -224,7 +235,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
             "{} kept by another profile ({}), lost under {} (rank {})",
             layers(&other),
             keepers.join(", "),
-            run.index,
+            index,
             ranks(&other, &|l| l.rank)
         ));
     }
@@ -241,7 +252,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
         parts.push(format!(
             "{} lost under {} (rank {})",
             layers(&unknown),
-            run.index,
+            index,
             ranks(&unknown, &|l| l.rank)
         ));
     }
@@ -272,7 +283,7 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
              rows (ranks {rank}-{}{needle}), so whether an engine keeps it may depend on its tie \
              order",
             name(r.layer, r.needle),
-            run.topk,
+            topk,
             r.rank_ties,
             rank + r.rank_ties
         ));
@@ -289,12 +300,21 @@ pub fn why(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
 /// the observer's own rule). Common under the fp4 profiles, whose scores take few distinct
 /// values.
 pub fn tied_at_cutoff(run: &ProbeRun, last_prompt_pos: usize) -> Vec<&LayerRecord> {
-    run.layers
+    tied_at_cutoff_of(&run.layers, run.topk, last_prompt_pos)
+}
+
+/// [`tied_at_cutoff`] over the layer records of one run or cell at top-k `topk`.
+pub fn tied_at_cutoff_of(
+    layers: &[LayerRecord],
+    topk: usize,
+    last_prompt_pos: usize,
+) -> Vec<&LayerRecord> {
+    layers
         .iter()
         .filter(|r| r.driving && r.query_pos == last_prompt_pos && !r.trivial && r.selected)
         .filter(|r| {
             let others = r.rank_ties.saturating_sub(r.needle_ties);
-            r.needle_rank.is_some_and(|rank| rank + others > run.topk)
+            r.needle_rank.is_some_and(|rank| rank + others > topk)
         })
         .collect()
 }

@@ -15,10 +15,13 @@
 //!   terminal table and summary.json.
 //! - [`plots`]: the PNGs ([`render_all`]: heatmaps, per-layer ranks, rank vs length) through the
 //!   embedded DejaVu Sans font.
+//! - [`html`]: `report.html`, the one self-contained page a person reads: settings, summary,
+//!   plots, engine comparison and one section per cell.
 //!
 //! Errors are [`ReportError`]s naming the file, with expected vs found where it applies.
 
 pub mod error;
+pub mod html;
 pub mod lock;
 pub mod plots;
 
@@ -39,8 +42,8 @@ pub use summary::{
 
 /// What `needlescope report DIR` does, without the model: takes the directory's lock (refused
 /// while a sweep writes there), reads the records, rewrites summary.json, renders every PNG,
-/// and returns the terminal table (with ANSI colour when `colour`) and the files written
-/// (summary.json first).
+/// writes report.html, and returns the terminal table (with ANSI colour when `colour`) and the
+/// files written (summary.json, then report.html, then the PNGs).
 pub fn rerender(dir: &std::path::Path, colour: bool) -> Result<(String, Vec<std::path::PathBuf>)> {
     let done = rerender_locked(&lock_existing(dir)?, colour)?;
     Ok((done.table, done.files))
@@ -56,7 +59,7 @@ pub const SYNTHETIC_LINE: &str =
 pub struct Rerendered {
     /// The terminal table.
     pub table: String,
-    /// Files written, summary.json first.
+    /// Files written: summary.json, report.html, then the PNGs.
     pub files: Vec<std::path::PathBuf>,
     /// Finished cells read.
     pub cells: usize,
@@ -70,12 +73,14 @@ pub struct Rerendered {
 
 /// [`rerender`] in the directory of a lock the caller holds.
 pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
-    if let Some(engine_only) = engine_only_table(lock.dir())? {
+    if let Some(engine_only) = engine_only_table(lock.dir(), true)? {
         return Ok(engine_only);
     }
     let records = RunRecords::read(lock.dir())?;
     let mut files = vec![records.write_summary()?];
-    files.extend(render_records(&records, lock.dir())?);
+    let plots = render_records(&records, lock.dir())?;
+    files.push(html::write_report_html(&records, lock.dir(), &plots)?);
+    files.extend(plots);
     Ok(tabulate(records, files, colour))
 }
 
@@ -83,7 +88,7 @@ pub fn rerender_locked(lock: &DirLock, colour: bool) -> Result<Rerendered> {
 /// directory another run is writing (its finished cells so far; a torn last line or the rows
 /// of the cell in flight are left out) or one that cannot be written.
 pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
-    if let Some(engine_only) = engine_only_table(dir)? {
+    if let Some(engine_only) = engine_only_table(dir, false)? {
         return Ok(engine_only);
     }
     Ok(tabulate(RunRecords::read(dir)?, Vec::new(), colour))
@@ -112,8 +117,8 @@ fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -
 }
 
 /// An engine-only directory's table (`store::engine_only`; it has no reference records and
-/// no plots), or `None` for any other directory.
-fn engine_only_table(dir: &std::path::Path) -> Result<Option<Rerendered>> {
+/// no plots), with its report.html written when `write`, or `None` for any other directory.
+fn engine_only_table(dir: &std::path::Path, write: bool) -> Result<Option<Rerendered>> {
     let run_json = dir.join(store::RUN_JSON);
     let Ok(text) = std::fs::read_to_string(&run_json) else {
         return Ok(None);
@@ -126,9 +131,13 @@ fn engine_only_table(dir: &std::path::Path) -> Result<Option<Rerendered>> {
     }
     let records = store::EngineOnlyRecords::read(dir)?;
     let planned = records.info.cells_planned();
+    let files = match write {
+        true => vec![html::write_engine_only_html(&records, dir)?],
+        false => Vec::new(),
+    };
     Ok(Some(Rerendered {
         table: records.table(),
-        files: Vec::new(),
+        files,
         cells: records.cells.len(),
         planned,
         command: records
@@ -141,14 +150,22 @@ fn engine_only_table(dir: &std::path::Path) -> Result<Option<Rerendered>> {
     }))
 }
 
-/// The serving engine beside the reference, one line per cell with engine.csv rows: its
-/// conclusion at the cell's answer position (`record::served`). Empty without engine.csv.
-pub fn engine_lines(records: &RunRecords) -> String {
+/// The serving engine's conclusion at one cell's answer position (`record::served`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConclusion {
+    pub cell_id: String,
+    /// The engine's top-k (engine.csv `engine_topk`).
+    pub engine_topk: usize,
+    pub conclusion: String,
+}
+
+/// The engine's conclusion for each cell with engine.csv rows, in cells.csv order.
+pub fn engine_conclusions(records: &RunRecords) -> Vec<EngineConclusion> {
     let order: Vec<&str> = crate::record::IndexProfile::ALL
         .iter()
         .map(|p| p.name())
         .collect();
-    let mut text = String::new();
+    let mut out = Vec::new();
     for cell in &records.cells {
         let served: Vec<crate::record::served::ServedLayerRecord> = records
             .engine
@@ -172,17 +189,29 @@ pub fn engine_lines(records: &RunRecords) -> String {
             &order,
             Some(cell.index.name()),
         );
+        out.push(EngineConclusion {
+            cell_id: cell.cell_id.clone(),
+            engine_topk: first.engine_topk,
+            conclusion: verdict.conclusion(
+                Some(cell.index.name()),
+                1 + served.iter().map(|r| r.needle).max().unwrap_or(0),
+            ),
+        });
+    }
+    out
+}
+
+/// The serving engine beside the reference, one line per cell with engine.csv rows: its
+/// conclusion at the cell's answer position ([`engine_conclusions`]). Empty without engine.csv.
+pub fn engine_lines(records: &RunRecords) -> String {
+    let mut text = String::new();
+    for c in engine_conclusions(records) {
         if text.is_empty() {
             text.push_str("\nserving engine (engine.csv) against the reference:\n");
         }
         text.push_str(&format!(
             "  {} (engine K {}): {}\n",
-            cell.cell_id,
-            first.engine_topk,
-            verdict.conclusion(
-                Some(cell.index.name()),
-                1 + served.iter().map(|r| r.needle).max().unwrap_or(0)
-            )
+            c.cell_id, c.engine_topk, c.conclusion
         ));
     }
     text

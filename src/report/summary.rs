@@ -192,23 +192,72 @@ const YELLOW: &str = "\x1b[33m";
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 
-/// The aligned table (columns padded by their plain-text width; colour codes, when asked for,
-/// wrap the padded cell so alignment holds), followed by a short legend.
-pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
-    const HEAD: [&str; 11] = [
-        "length",
-        "index",
-        "kv",
-        "top-k",
-        "cells",
-        "recall",
-        "median rank",
-        "worst rank",
-        "CSA lost (worst cell)",
-        "CSA lost (sum)",
-        "exact keeps",
-    ];
-    let mut rows: Vec<(Vec<String>, Option<&str>)> = Vec::new();
+/// The summary table's column heads, as the terminal table and `report.html` write them.
+pub const SUMMARY_HEAD: [&str; 11] = [
+    "length",
+    "index",
+    "kv",
+    "top-k",
+    "cells",
+    "recall",
+    "median rank",
+    "worst rank",
+    "CSA lost (worst cell)",
+    "CSA lost (sum)",
+    "exact keeps",
+];
+
+/// The column of [`SUMMARY_HEAD`] that [`RecallTone`] colours.
+pub const RECALL_COLUMN: usize = 5;
+
+/// What the summary table says under itself (terminal table and `report.html`).
+pub const SUMMARY_LEGEND: &str = "recall: answer correct; \"idx\": no answer verdict, judged by \
+     indexer recall (needle selected on every non-trivial CSA layer at the answer position), \
+     over the cells that count (an indexer-judged cell with only trivial CSA layers does not).\n\
+     rank: min_needle_rank (the needle rank on the worst CSA layer of a cell), median and worst over cells.\n\
+     CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
+     lost/non-trivial in the worst cell and summed over cells;\n\
+     exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
+     hidden states: lost to the index profile's rounding (the exact math loses the rest \
+     too: the top-k is too small there); -: exact not scored in every cell (rerun with \
+     --compare exact into a new --out).\n\
+     trivial: n_t <= k on every CSA layer of every cell (no evidence).\n";
+
+/// How a group's recall reads at a glance: all, some or none of its evidence cells recalled,
+/// or no evidence at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecallTone {
+    All,
+    Some,
+    None,
+    NoEvidence,
+}
+
+impl RecallTone {
+    fn ansi(self) -> &'static str {
+        match self {
+            RecallTone::All => GREEN,
+            RecallTone::Some => YELLOW,
+            RecallTone::None => RED,
+            RecallTone::NoEvidence => DIM,
+        }
+    }
+
+    /// The CSS class `report.html` gives the recall cell.
+    pub fn css_class(self) -> &'static str {
+        match self {
+            RecallTone::All => "recall-all",
+            RecallTone::Some => "recall-some",
+            RecallTone::None => "recall-none",
+            RecallTone::NoEvidence => "recall-trivial",
+        }
+    }
+}
+
+/// The rows of the summary table, one per group, as text in [`SUMMARY_HEAD`]'s order, with the
+/// tone of the recall cell.
+pub fn table_rows(groups: &[GroupSummary]) -> Vec<(Vec<String>, RecallTone)> {
+    let mut rows = Vec::new();
     for g in groups {
         let recall = match g.recall_rate {
             Some(rate) => format!(
@@ -225,13 +274,13 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
             None => "trivial".to_string(),
         };
         let tone = if g.evidence_cells == 0 {
-            Some(DIM)
+            RecallTone::NoEvidence
         } else if g.recalled == g.evidence_cells {
-            Some(GREEN)
+            RecallTone::All
         } else if g.recalled == 0 {
-            Some(RED)
+            RecallTone::None
         } else {
-            Some(YELLOW)
+            RecallTone::Some
         };
         let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
         let mut lost = format!("{}/{}", g.layers_lost_worst, g.layers_nontrivial_of_worst);
@@ -261,7 +310,15 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
             tone,
         ));
     }
-    let mut width: Vec<usize> = HEAD.iter().map(|h| h.chars().count()).collect();
+    rows
+}
+
+/// The terminal table of `groups` ([`table_rows`]): columns padded by their plain-text width
+/// (colour codes, when asked for, wrap the padded recall cell so alignment holds), followed by
+/// [`SUMMARY_LEGEND`].
+pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
+    let rows = table_rows(groups);
+    let mut width: Vec<usize> = SUMMARY_HEAD.iter().map(|h| h.chars().count()).collect();
     for (r, _) in &rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -277,7 +334,11 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
         }
     };
     let mut out = String::new();
-    let head: Vec<String> = HEAD.iter().enumerate().map(|(i, h)| pad(i, h)).collect();
+    let head: Vec<String> = SUMMARY_HEAD
+        .iter()
+        .enumerate()
+        .map(|(i, h)| pad(i, h))
+        .collect();
     out.push_str(head.join("  ").trim_end());
     out.push('\n');
     let rule: Vec<String> = width.iter().map(|w| "-".repeat(*w)).collect();
@@ -289,28 +350,17 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
             .enumerate()
             .map(|(i, c)| {
                 let p = pad(i, c);
-                match tone {
-                    Some(t) if colour && i == 5 => format!("{t}{p}{RESET}"),
-                    _ => p,
+                if colour && i == RECALL_COLUMN {
+                    format!("{}{p}{RESET}", tone.ansi())
+                } else {
+                    p
                 }
             })
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
-    out.push_str(
-        "recall: answer correct; \"idx\": no answer verdict, judged by indexer recall (needle \
-         selected on every non-trivial CSA layer at the answer position), over the cells that \
-         count (an indexer-judged cell with only trivial CSA layers does not).\n\
-         rank: min_needle_rank (the needle rank on the worst CSA layer of a cell), median and worst over cells.\n\
-         CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
-         lost/non-trivial in the worst cell and summed over cells;\n\
-         exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
-         hidden states: lost to the index profile's rounding (the exact math loses the rest \
-         too: the top-k is too small there); -: exact not scored in every cell (rerun with \
-         --compare exact into a new --out).\n\
-         trivial: n_t <= k on every CSA layer of every cell (no evidence).\n",
-    );
+    out.push_str(SUMMARY_LEGEND);
     out
 }
 

@@ -200,8 +200,11 @@ pub fn run_engine_only_sweep(
         }
     }
     bar.finish_and_clear();
+    // The page is written while the directory is still ours (the store holds its lock).
+    let records = crate::report::store::EngineOnlyRecords::read(out_dir)?;
+    crate::report::html::write_engine_only_html(&records, out_dir)?;
     drop(store);
-    let table = crate::report::store::EngineOnlyRecords::read(out_dir)?.table();
+    let table = records.table();
     Ok(EngineOnlyOutcome {
         cells_run: run,
         cells_skipped: skipped,

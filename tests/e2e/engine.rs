@@ -434,6 +434,13 @@ fn probe_out_and_sweep_record_the_engine_and_report_re_renders_it() {
         probed.join("heatmap_engine_64.png").is_file(),
         "the engine's heatmap beside the reference's"
     );
+    // report.html has the engine's section: its conclusion and its heatmap.
+    let page = std::fs::read_to_string(probed.join("report.html")).unwrap();
+    assert!(page.contains("<section id=\"engine\">"), "engine section");
+    assert!(
+        page.contains("heatmap_engine_64.png"),
+        "engine heatmap on the page"
+    );
     assert!(
         report.contains("closest") || report.contains("agree"),
         "{report}"

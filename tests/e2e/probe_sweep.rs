@@ -388,13 +388,19 @@ fn probe_out_is_a_report_directory_shared_only_by_like_probes() {
     let said = String::from_utf8_lossy(&first.stderr).to_string();
     assert!(
         said.contains(&format!(
-            "wrote in {}: summary.json, rank_vs_length.png",
+            "wrote in {}: summary.json, report.html, rank_vs_length.png",
             out.display()
         )),
         "{said}"
     );
     ok(first, "first probe");
-    for f in ["run.json", "cells.csv", "layers.csv", "summary.json"] {
+    for f in [
+        "run.json",
+        "cells.csv",
+        "layers.csv",
+        "summary.json",
+        "report.html",
+    ] {
         assert!(out.join(f).exists(), "{f} missing");
     }
     ok(probe_out(&out, &["--depth", "75"]), "second depth");
@@ -897,6 +903,7 @@ fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
         "heatmap_fp8_64.png",
         "heatmap_bf16_64.png",
         "rank_vs_length.png",
+        "report.html",
     ] {
         assert!(killed.join(png).exists(), "{png}");
     }
@@ -987,7 +994,8 @@ fn demo_runs_end_to_end_on_a_reduced_grid() {
     // One line says what was written: 2 heatmaps (top-k 64 and 128), one layer plot per cell.
     assert!(
         text.contains(&format!(
-            "wrote in {}: summary.json, rank_vs_length.png, 2 heatmaps (heatmap_*.png), 4 layer \
+            "wrote in {}: summary.json, report.html, rank_vs_length.png, 2 heatmaps \
+             (heatmap_*.png), 4 layer \
              plots (layers_*.png)",
             out.display()
         )),

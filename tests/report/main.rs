@@ -5,6 +5,7 @@
 
 mod checks;
 mod cli;
+mod html;
 mod plot_layout;
 mod plots;
 mod records;

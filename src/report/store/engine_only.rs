@@ -193,6 +193,52 @@ impl EngineOnlyRecords {
     }
 
     /// The terminal table: one line per cell (length, depth, the engine's layers, its answer).
+    /// The table's column heads ([`Self::rows`]).
+    pub const HEAD: [&'static str; 6] = [
+        "tokens",
+        "depth",
+        "K",
+        "needle selected on",
+        "verdict",
+        "answer",
+    ];
+
+    /// What the table says under itself.
+    pub const LEGEND: &'static str = "needle selected on: non-trivial CSA layers (n_t > K) whose \
+         engine selection held a row of every needle; verdict: the engine's answer where judged, \
+         else its selection (recalled = every non-trivial layer)";
+
+    /// One row per cell in [`Self::HEAD`]'s order, with whether the cell lost the needle.
+    pub fn rows(&self) -> Vec<([String; 6], bool)> {
+        self.cells
+            .iter()
+            .map(|c| {
+                let verdict = match c.answer_correct {
+                    Some(true) => "correct",
+                    Some(false) => "WRONG",
+                    None if c.csa_layers_nontrivial == 0 => "trivial",
+                    None if c.csa_layers_selected == c.csa_layers_nontrivial => "recalled",
+                    None => "LOST",
+                };
+                (
+                    [
+                        c.prompt_tokens.to_string(),
+                        format!("{}%", c.depth_pct),
+                        c.engine_topk.to_string(),
+                        format!(
+                            "{}/{} layers",
+                            c.csa_layers_selected, c.csa_layers_nontrivial
+                        ),
+                        verdict.to_string(),
+                        format!("{:?}", c.answer_text),
+                    ],
+                    matches!(verdict, "WRONG" | "LOST"),
+                )
+            })
+            .collect()
+    }
+
+    /// The terminal table.
     pub fn table(&self) -> String {
         let mut t = String::new();
         if self.info.synthetic {
@@ -203,36 +249,19 @@ impl EngineOnlyRecords {
              position; {} cells\n",
             self.cells.len()
         ));
+        let h = Self::HEAD;
         t.push_str(&format!(
-            "{:>8} {:>7} {:>6} {:>18} {:>10}  answer\n",
-            "tokens", "depth", "K", "needle selected on", "verdict"
+            "{:>8} {:>7} {:>6} {:>18} {:>10}  {}\n",
+            h[0], h[1], h[2], h[3], h[4], h[5]
         ));
-        for c in &self.cells {
-            let verdict = match c.answer_correct {
-                Some(true) => "correct",
-                Some(false) => "WRONG",
-                None if c.csa_layers_nontrivial == 0 => "trivial",
-                None if c.csa_layers_selected == c.csa_layers_nontrivial => "recalled",
-                None => "LOST",
-            };
+        for (r, _) in self.rows() {
             t.push_str(&format!(
-                "{:>8} {:>6}% {:>6} {:>18} {:>10}  {:?}\n",
-                c.prompt_tokens,
-                c.depth_pct,
-                c.engine_topk,
-                format!(
-                    "{}/{} layers",
-                    c.csa_layers_selected, c.csa_layers_nontrivial
-                ),
-                verdict,
-                c.answer_text
+                "{:>8} {:>7} {:>6} {:>18} {:>10}  {}\n",
+                r[0], r[1], r[2], r[3], r[4], r[5]
             ));
         }
-        t.push_str(
-            "needle selected on: non-trivial CSA layers (n_t > K) whose engine selection held a \
-             row of every needle; verdict: the engine's answer where judged, else its \
-             selection (recalled = every non-trivial layer)\n",
-        );
+        t.push_str(Self::LEGEND);
+        t.push('\n');
         t
     }
 }
