@@ -11,6 +11,8 @@
 //!   (docs/spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
 //!   `compressor_kinds`: the compressor / indexer linears whose storage a checkpoint chooses.
 //! - [`writer`]: safetensors files written tensor by tensor, shard assignment and names.
+//! - [`verify`](mod@verify): every stored value read once, in bounded pieces: NaN, infinite
+//!   and all-zero tensors (`inspect --verify`).
 //!
 //! Every error names the file, the tensor (or field), what was expected and what was found;
 //! nothing here panics on a malformed file.
@@ -22,6 +24,7 @@ pub mod header;
 pub mod inventory;
 pub mod linear;
 pub mod reader;
+pub mod verify;
 pub mod writer;
 
 pub use audit::{audit, compare, InventoryDiff, Mismatch};

@@ -1,7 +1,9 @@
 //! `needlescope trace`: runs a token file through the model and writes indexer scores, top-k
 //! selections and logits of the chosen positions to one safetensors file (docs/outputs.md), for
-//! comparison with other engines. `--device` picks the backend (the header metadata records it
-//! as `backend`).
+//! comparison with other engines. `--logits` picks which logits (whole rows, the top N with
+//! their token ids, or none; `run::trace_logits`); before the model runs, one line on stderr
+//! gives the file's size and what it holds. `--device` picks the backend (the header metadata
+//! records it as `backend`).
 
 use clap::Args;
 use std::io::Write;
@@ -14,7 +16,7 @@ use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::run::target::{EngineTask, Target};
-use crate::run::trace;
+use crate::run::trace::{self, LogitsMode, TraceLayout};
 use std::collections::BTreeMap;
 
 #[derive(Args, Debug, Clone)]
@@ -69,6 +71,10 @@ pub struct TraceArgs {
     #[arg(long)]
     pub dump_indexer_inputs: bool,
 
+    /// Logits kept per recorded position: none; top:N, the N largest (descending, ties to the lower token id) with their token ids; all, the whole row [default: all for at most 16 positions, else top:20]
+    #[arg(long, value_name = "none|top:N|all")]
+    pub logits: Option<LogitsMode>,
+
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -78,6 +84,7 @@ struct TraceTask<'a> {
     tokens: &'a [u32],
     positions: &'a [usize],
     dump: bool,
+    logits: LogitsMode,
 }
 
 impl EngineTask for TraceTask<'_> {
@@ -97,6 +104,7 @@ impl EngineTask for TraceTask<'_> {
             self.tokens,
             self.positions,
             self.dump,
+            self.logits,
             &mut |done, _| bar.set_position(done as u64),
         );
         bar.finish_and_clear();
@@ -231,23 +239,50 @@ fn existing_ancestor(path: &std::path::Path) -> PathBuf {
         .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf)
 }
 
+/// Says on stderr what the trace will write, before the model runs: the file's size and what
+/// it holds (logits, indexer, the rest), so a `--positions all` of gigabytes is no surprise.
+/// The header is estimated from the metadata known now (the backend's name, added later, is a
+/// few dozen bytes).
+fn announce_size(args: &TraceArgs, layout: &TraceLayout, metadata: &BTreeMap<String, String>) {
+    let sizes = layout.sizes();
+    let header =
+        8 + crate::checkpoint::writer::header_bytes(&layout.tensors(), metadata).len() as u64;
+    let total = layout.file_bytes() + header;
+    let human = crate::units::human_bytes;
+    let logits = match layout.logits {
+        LogitsMode::None => "none".to_string(),
+        LogitsMode::Top(n) => format!(
+            "{} (top:{n}: {} x {n} values and token ids)",
+            human(sizes.logits),
+            crate::units::group_digits(layout.positions as u64),
+        ),
+        LogitsMode::All => format!(
+            "{} (all: {} x {})",
+            human(sizes.logits),
+            crate::units::group_digits(layout.positions as u64),
+            crate::units::group_digits(layout.vocab as u64)
+        ),
+    };
+    let inputs = if layout.dump.is_some() {
+        format!(" (raw inputs {})", human(sizes.indexer_inputs))
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "trace: {} to write to {}: logits {logits}, indexer {}{inputs}, other {} (tokens, \
+         positions, header)",
+        human(total),
+        args.out.display(),
+        human(sizes.indexer + sizes.indexer_inputs),
+        human(sizes.other + header),
+    );
+}
+
 /// Refuses a trace whose file would not fit on the filesystem of `--out`, or whose records
 /// would not fit in the memory available, before the model runs (`--positions all` over a long
-/// input on a full-size model is tens of GiB: the logits alone are 0.5 MiB per position).
-fn check_room(
-    args: &TraceArgs,
-    cfg: &crate::config::ModelConfig,
-    tokens: usize,
-    positions: &[usize],
-    topk: usize,
-) -> anyhow::Result<()> {
-    let layout = trace::TraceLayout::for_config(
-        cfg,
-        tokens,
-        positions.len(),
-        topk,
-        args.dump_indexer_inputs,
-    );
+/// input on a full-size model is tens of GiB: the logits alone are 0.5 MiB per position with
+/// `--logits all`).
+fn check_room(args: &TraceArgs, layout: &TraceLayout, positions: &[usize]) -> anyhow::Result<()> {
     // The filesystem the file will be on: its nearest folder that exists now.
     let dir = existing_ancestor(&args.out);
     let room = crate::devices::host::Room {
@@ -259,10 +294,14 @@ fn check_room(
     };
     room.check().map_err(|short| {
         anyhow::anyhow!(
-            "--out {}: a trace of {} positions over {} tokens does not fit: {short}; record fewer positions (--positions last, or a list){}",
+            "--out {}: a trace of {} positions over {} tokens does not fit: {short}; record fewer positions (--positions last, or a list){}{}",
             args.out.display(),
             crate::units::group_digits(positions.len() as u64),
-            crate::units::group_digits(tokens as u64),
+            crate::units::group_digits(layout.tokens as u64),
+            match layout.logits {
+                LogitsMode::None => String::new(),
+                mode => format!(", or fewer logits (--logits {mode} now: top:N with a smaller N, or none)"),
+            },
             if args.dump_indexer_inputs {
                 ", or leave out --dump-indexer-inputs"
             } else {
@@ -308,7 +347,36 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         crate::run::checks::refuse_topk_past_rows("--topk", &[k], &cfg)?;
     }
     let topk = args.topk.unwrap_or(cfg.index_topk);
-    check_room(args, &cfg, tokens.len(), &positions, topk)?;
+    let logits = args
+        .logits
+        .unwrap_or_else(|| LogitsMode::default_for(positions.len(), cfg.vocab_size))
+        .check_vocab(cfg.vocab_size)?;
+    let layout = TraceLayout::for_config(
+        &cfg,
+        tokens.len(),
+        positions.len(),
+        topk,
+        args.dump_indexer_inputs,
+        logits,
+    );
+    let mut metadata = BTreeMap::new();
+    metadata.insert("profile".to_string(), args.index.name().to_string());
+    metadata.insert("kv".to_string(), args.kv.name().to_string());
+    metadata.insert("topk".to_string(), topk.to_string());
+    metadata.insert("logits".to_string(), logits.name());
+    metadata.insert("model".to_string(), args.model.display().to_string());
+    metadata.insert("model_config_sha256".to_string(), cfg.hash_hex());
+    // What the dumped head weights are multiplied by in every score: dim^-0.5 · heads^-0.5.
+    metadata.insert(
+        "index_weight_scale".to_string(),
+        crate::numerics::profiles::weight_scale(cfg.index_n_heads, cfg.index_head_dim).to_string(),
+    );
+    metadata.insert(
+        "needlescope_version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    announce_size(args, &layout, &metadata);
+    check_room(args, &layout, &positions)?;
     let work = Workload {
         context: tokens.len(),
         chunk: args.chunk,
@@ -327,34 +395,22 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         tokens: &tokens,
         positions: &positions,
         dump: args.dump_indexer_inputs,
+        logits,
     };
     let result = target.run(&ckpt, opts, task)?;
-    let mut metadata = BTreeMap::new();
-    metadata.insert("profile".to_string(), args.index.name().to_string());
-    metadata.insert("kv".to_string(), args.kv.name().to_string());
     metadata.insert("topk".to_string(), result.topk.to_string());
-    metadata.insert("model".to_string(), args.model.display().to_string());
-    metadata.insert("model_config_sha256".to_string(), cfg.hash_hex());
     metadata.insert("backend".to_string(), backend.to_string());
-    // What the dumped head weights are multiplied by in every score: dim^-0.5 · heads^-0.5.
-    metadata.insert(
-        "index_weight_scale".to_string(),
-        crate::numerics::profiles::weight_scale(cfg.index_n_heads, cfg.index_head_dim).to_string(),
-    );
-    metadata.insert(
-        "needlescope_version".to_string(),
-        env!("CARGO_PKG_VERSION").to_string(),
-    );
     trace::write_trace(&args.out, &result, metadata)?;
     writeln!(
         out,
-        "traced {}, {}, {} (index {}, kv {}, top-k {}) on {} in {:.2} s -> {} ({})",
+        "traced {}, {}, {} (index {}, kv {}, top-k {}, logits {}) on {} in {:.2} s -> {} ({})",
         crate::units::count_of(tokens.len(), "token"),
         crate::units::count_of(positions.len(), "position"),
         crate::units::count_of(result.indexer.len(), "CSA layer"),
         args.index,
         args.kv,
         result.topk,
+        logits,
         backend,
         started.elapsed().as_secs_f64(),
         args.out.display(),

@@ -2,7 +2,7 @@
 //! [`hub`] finds the model directory `--model` names (a path, or a repository of the Hugging Face
 //! cache); [`target`] decides the device and opens the model and tokenizer ([`device`] resolves
 //! the device spec); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
-//! scores and logits; [`parity`] holds two engines against each other; [`checks`] refuses
+//! scores and logits ([`trace_logits`]: which logits it keeps); [`parity`] holds two engines against each other; [`checks`] refuses
 //! arguments no run can honour; [`interrupt`] turns Ctrl-C into "stop after the work in
 //! flight"; [`progress`] styles the bars. `cli` calls into here; nothing here parses a command
 //! line or imports `cli`.
@@ -18,3 +18,4 @@ pub mod sglang;
 pub mod sweep;
 pub mod target;
 pub mod trace;
+pub mod trace_logits;

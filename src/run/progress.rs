@@ -1,5 +1,5 @@
-//! Progress bar styles shared by `probe`, `sweep`, `demo`, `trace`, `synth` and the model load
-//! (indicatif, on stderr), and the sweep's pair of bars.
+//! Progress bar styles shared by `probe`, `sweep`, `demo`, `trace`, `synth`, `inspect --verify`
+//! and the model load (indicatif, on stderr), and the sweep's pair of bars.
 //!
 //! Two keys replace indicatif's own: `{rate}` is a whole number of steps per second with digit
 //! groups and the template's unit after it (`1,234/s`; indicatif's `{per_sec}` prints four
@@ -29,6 +29,10 @@ pub const LOADING: &str = "loading weights [{bar:30}] {pos}/{len} parts (eta {et
 /// `synth`'s bar over the payload it writes.
 pub const SYNTH_BYTES: &str =
     "writing [{bar:30}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, eta {eta_or_unknown})";
+
+/// `inspect --verify`'s bar over the checkpoint's stored bytes.
+pub const VERIFY_BYTES: &str =
+    "verifying [{bar:30}] {bytes}/{total_bytes} ({binary_bytes_per_sec}, eta {eta_or_unknown})";
 
 /// `template` (an indicatif template that may use `{rate}` and `{eta_or_unknown}`) with bar
 /// characters `=> `; a template that does not parse falls back to the default bar.

@@ -7,7 +7,9 @@
 //!   -inf where row w is not visible to the query, i.e. w >= floor((t+1)/4)) and
 //!   `layers.L.indexer.topk` i32 `[P, k]` (the engine's selection: descending score, ties to
 //!   the lower row, -1 padding);
-//! - `logits` f32 `[P, vocab]`;
+//! - the logits, as `--logits` chose ([`LogitsMode`], `run::trace_logits`): `all`: `logits` f32
+//!   `[P, vocab]`; `top:N`: `logits.top.values` f32 `[P, N]` (descending, ties toward the lower
+//!   token id) and `logits.top.ids` i64 `[P, N]` (their token ids); `none`: no logits tensor;
 //! - with `dump_indexer_inputs`, per CSA layer: `layers.L.indexer.q` f32 `[P, heads, dim]`
 //!   (after RoPE, before any Hadamard or rounding), `layers.L.indexer.keys` f32
 //!   `[floor(T/4), dim]` (after norm and RoPE, before any Hadamard or rounding) and
@@ -15,14 +17,16 @@
 //!   `index_head_dim^-0.5 · index_n_heads^-0.5`, 2^-6.5 on Flash), so anyone can recompute the
 //!   scores under any profile.
 //!
-//! Header metadata: profile, kv, topk, model (directory), model config hash, backend, version,
-//! `index_weight_scale` (that scale, as the f32 the scores use).
+//! Header metadata: profile, kv, topk, logits (the mode), model (directory), model config
+//! hash, backend, version, `index_weight_scale` (that scale, as the f32 the scores use).
 //! The keys of all floor(T/4) rows are taken from the observation of the last token, which is
 //! observed (but not recorded unless requested) whenever inputs are dumped.
 //!
 //! [`TraceLayout`] gives the file's tensors and sizes, and the memory the recorded trace takes,
 //! from the config and the arguments alone, so `trace` can refuse a run that cannot fit before
-//! the model runs; [`write_trace`] writes from that same layout, one position's row at a time.
+//! the model runs, and [`TraceLayout::sizes`] splits the file's bytes into logits, indexer and
+//! the rest for the line `trace` prints first; [`write_trace`] writes from that same layout,
+//! one position's row at a time.
 
 use crate::backend::Backend;
 use crate::checkpoint::dtype::Dtype;
@@ -31,6 +35,7 @@ use crate::checkpoint::writer::SafetensorsWriter;
 use crate::checkpoint::CheckpointError;
 use crate::model::forward::{Engine, LogitsRequest};
 use crate::model::{IndexerObservation, Observer};
+pub use crate::run::trace_logits::{top_logits, LogitsMode, TopLogits};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -51,7 +56,13 @@ pub struct TraceResult {
     pub keys: BTreeMap<usize, Vec<f32>>,
     pub index_heads: usize,
     pub index_dim: usize,
+    /// Which logits were kept: `logits` holds the whole rows under [`LogitsMode::All`],
+    /// `top_logits` the top N under [`LogitsMode::Top`]; the other is empty.
+    pub logits_mode: LogitsMode,
+    /// The model's vocabulary (the width of a whole row of logits).
+    pub vocab: usize,
     pub logits: Vec<Vec<f32>>,
+    pub top_logits: Vec<TopLogits>,
 }
 
 struct TraceObserver<'a> {
@@ -123,26 +134,37 @@ pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
 }
 
 /// Runs the trace on a loaded engine of any backend. `positions` must be ascending, unique and
-/// inside the token list ([`check_inputs`]). The forward goes one engine chunk at a time (the
+/// inside the token list ([`check_inputs`]); `logits` says which logits to keep (a `top:N` past
+/// the vocabulary keeps them all, sorted). The forward goes one engine chunk at a time (the
 /// chunks the engine would cut anyway, so the results are the same), calling
-/// `prefilled(done, total)` after each, for a progress bar.
+/// `prefilled(done, total)` after each, for a progress bar. A chunk's whole rows of logits are
+/// reduced to their top N as soon as it is done, so memory holds no more than one chunk's rows.
 pub fn run_trace<B: Backend>(
     engine: &Engine<B>,
     tokens: &[u32],
     positions: &[usize],
     dump_indexer_inputs: bool,
+    logits_mode: LogitsMode,
     prefilled: &mut dyn FnMut(usize, usize),
 ) -> anyhow::Result<TraceResult> {
     check_inputs(tokens, positions)?;
     let recorded: BTreeSet<usize> = positions.iter().copied().collect();
+    let vocab = engine.config().vocab_size;
+    let logits_mode = match logits_mode {
+        LogitsMode::Top(n) => LogitsMode::Top(n.min(vocab)),
+        mode => mode,
+    };
     let mut result = TraceResult {
         tokens: tokens.to_vec(),
         positions: positions.to_vec(),
         topk: engine.topk(),
+        logits_mode,
+        vocab,
         ..TraceResult::default()
     };
     let mut state = engine.new_sequence();
-    let mut logits = Vec::with_capacity(positions.len());
+    let mut logits = Vec::new();
+    let mut top = Vec::new();
     {
         let mut observer = TraceObserver {
             recorded: &recorded,
@@ -158,18 +180,22 @@ pub fn run_trace<B: Backend>(
                 .copied()
                 .filter(|p| (done..end).contains(p))
                 .collect();
-            let out = engine.forward(
-                &mut state,
-                piece,
-                &mut observer,
-                LogitsRequest::Positions(here),
-            )?;
-            logits.extend(out.logits.into_iter().map(|(_, l)| l));
+            let request = match logits_mode {
+                LogitsMode::None => LogitsRequest::None,
+                _ => LogitsRequest::Positions(here),
+            };
+            let out = engine.forward(&mut state, piece, &mut observer, request)?;
+            match logits_mode {
+                LogitsMode::None => {}
+                LogitsMode::Top(n) => top.extend(out.logits.iter().map(|(_, l)| top_logits(l, n))),
+                LogitsMode::All => logits.extend(out.logits.into_iter().map(|(_, l)| l)),
+            }
             done = end;
             prefilled(done, tokens.len());
         }
     }
     result.logits = logits;
+    result.top_logits = top;
     Ok(result)
 }
 
@@ -186,16 +212,34 @@ pub struct TraceLayout {
     pub vocab: usize,
     /// `Some((index heads, index head dim))` with `--dump-indexer-inputs`.
     pub dump: Option<(usize, usize)>,
+    /// Which logits the file holds.
+    pub logits: LogitsMode,
+}
+
+/// A trace file's data bytes by what they hold ([`TraceLayout::sizes`]); the four add up to
+/// [`TraceLayout::file_bytes`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceSizes {
+    /// `logits`, or `logits.top.values` and `logits.top.ids`.
+    pub logits: u64,
+    /// Per CSA layer, the scores and the top-k.
+    pub indexer: u64,
+    /// Per CSA layer, the dumped raw q, keys and head weights (`--dump-indexer-inputs`).
+    pub indexer_inputs: u64,
+    /// `tokens` and `positions`.
+    pub other: u64,
 }
 
 impl TraceLayout {
-    /// The layout a model's config implies for `tokens` inputs and `positions` recorded.
+    /// The layout a model's config implies for `tokens` inputs and `positions` recorded, with
+    /// the `logits` kept (a `top:N` past the vocabulary keeps them all, as [`run_trace`] does).
     pub fn for_config(
         cfg: &crate::config::ModelConfig,
         tokens: usize,
         positions: usize,
         topk: usize,
         dump: bool,
+        logits: LogitsMode,
     ) -> Self {
         TraceLayout {
             tokens,
@@ -204,29 +248,67 @@ impl TraceLayout {
             csa_layers: cfg.csa_layers(),
             vocab: cfg.vocab_size,
             dump: dump.then_some((cfg.index_n_heads, cfg.index_head_dim)),
+            logits: match logits {
+                LogitsMode::Top(n) => LogitsMode::Top(n.min(cfg.vocab_size)),
+                mode => mode,
+            },
         }
     }
 
     /// The tensors of the file, in file order (layout in the module docs).
     pub fn tensors(&self) -> Vec<ExpectedTensor> {
+        self.grouped().into_iter().map(|(t, _)| t).collect()
+    }
+
+    /// The tensors in file order, each with the [`TraceSizes`] group it counts in.
+    fn grouped(&self) -> Vec<(ExpectedTensor, Group)> {
         let (t, p, rows) = (self.tokens, self.positions, self.tokens / 4);
-        let spec =
-            |name: String, dtype: Dtype, shape: Vec<usize>| ExpectedTensor { name, dtype, shape };
+        let spec = |name: String, dtype: Dtype, shape: Vec<usize>, group: Group| {
+            (ExpectedTensor { name, dtype, shape }, group)
+        };
         let mut out = vec![
-            spec("tokens".into(), Dtype::I64, vec![t]),
-            spec("positions".into(), Dtype::I64, vec![p]),
+            spec("tokens".into(), Dtype::I64, vec![t], Group::Other),
+            spec("positions".into(), Dtype::I64, vec![p], Group::Other),
         ];
         for layer in &self.csa_layers {
             let name = |what: &str| format!("layers.{layer}.indexer.{what}");
-            out.push(spec(name("scores"), Dtype::F32, vec![p, rows]));
-            out.push(spec(name("topk"), Dtype::I32, vec![p, self.topk]));
+            out.push(spec(
+                name("scores"),
+                Dtype::F32,
+                vec![p, rows],
+                Group::Indexer,
+            ));
+            out.push(spec(
+                name("topk"),
+                Dtype::I32,
+                vec![p, self.topk],
+                Group::Indexer,
+            ));
             if let Some((heads, dim)) = self.dump {
-                out.push(spec(name("q"), Dtype::F32, vec![p, heads, dim]));
-                out.push(spec(name("weights"), Dtype::F32, vec![p, heads]));
-                out.push(spec(name("keys"), Dtype::F32, vec![rows, dim]));
+                let inputs = Group::IndexerInputs;
+                out.push(spec(name("q"), Dtype::F32, vec![p, heads, dim], inputs));
+                out.push(spec(name("weights"), Dtype::F32, vec![p, heads], inputs));
+                out.push(spec(name("keys"), Dtype::F32, vec![rows, dim], inputs));
             }
         }
-        out.push(spec("logits".into(), Dtype::F32, vec![p, self.vocab]));
+        match self.logits {
+            LogitsMode::None => {}
+            LogitsMode::Top(n) => {
+                out.push(spec(
+                    TOP_VALUES.into(),
+                    Dtype::F32,
+                    vec![p, n],
+                    Group::Logits,
+                ));
+                out.push(spec(TOP_IDS.into(), Dtype::I64, vec![p, n], Group::Logits));
+            }
+            LogitsMode::All => out.push(spec(
+                "logits".into(),
+                Dtype::F32,
+                vec![p, self.vocab],
+                Group::Logits,
+            )),
+        }
         out
     }
 
@@ -235,8 +317,23 @@ impl TraceLayout {
         self.tensors().iter().map(|t| t.bytes()).sum()
     }
 
+    /// The data bytes of the file split by what they hold.
+    pub fn sizes(&self) -> TraceSizes {
+        let mut s = TraceSizes::default();
+        for (t, group) in self.grouped() {
+            *match group {
+                Group::Logits => &mut s.logits,
+                Group::Indexer => &mut s.indexer,
+                Group::IndexerInputs => &mut s.indexer_inputs,
+                Group::Other => &mut s.other,
+            } += t.bytes();
+        }
+        s
+    }
+
     /// Bytes the recorded trace holds in memory before it is written, for these recorded
-    /// `positions` (each keeps the scores of its visible rows only, floor((t + 1) / 4)).
+    /// `positions` (each keeps the scores of its visible rows only, floor((t + 1) / 4); a
+    /// `top:N` row N f32 values and N u32 ids).
     pub fn memory_bytes(&self, positions: &[usize]) -> u64 {
         let rows = self.tokens as u64 / 4;
         let visible: u64 = positions.iter().map(|&t| (t as u64 + 1) / 4).sum();
@@ -245,8 +342,26 @@ impl TraceLayout {
             + self.dump.map_or(0, |(heads, dim)| {
                 4 * (p * heads as u64 * (dim as u64 + 1) + rows * dim as u64)
             });
-        self.csa_layers.len() as u64 * per_layer + 4 * p * self.vocab as u64
+        let logits = match self.logits {
+            LogitsMode::None => 0,
+            LogitsMode::Top(n) => 8 * p * n as u64,
+            LogitsMode::All => 4 * p * self.vocab as u64,
+        };
+        self.csa_layers.len() as u64 * per_layer + logits
     }
+}
+
+/// The tensor names of `--logits top:N`.
+pub const TOP_VALUES: &str = "logits.top.values";
+pub const TOP_IDS: &str = "logits.top.ids";
+
+/// Which [`TraceSizes`] figure a tensor counts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Group {
+    Logits,
+    Indexer,
+    IndexerInputs,
+    Other,
 }
 
 /// Writes a trace to `path` as safetensors (layout in the module docs), one position's row at
@@ -261,8 +376,9 @@ pub fn write_trace(
         positions: trace.positions.len(),
         topk: trace.topk,
         csa_layers: trace.indexer.keys().copied().collect(),
-        vocab: trace.logits.first().map_or(0, |l| l.len()),
+        vocab: trace.vocab,
         dump: (!trace.inputs.is_empty()).then_some((trace.index_heads, trace.index_dim)),
+        logits: trace.logits_mode,
     };
     let rows = layout.tokens / 4;
     let no_inputs = Vec::new();
@@ -306,6 +422,17 @@ pub fn write_trace(
         }
         for row in &trace.logits {
             w.write("logits", &f32_bytes(row))?;
+        }
+        for row in &trace.top_logits {
+            w.write(TOP_VALUES, &f32_bytes(&row.values))?;
+        }
+        for row in &trace.top_logits {
+            let ids: Vec<u8> = row
+                .ids
+                .iter()
+                .flat_map(|&id| i64::from(id).to_le_bytes())
+                .collect();
+            w.write(TOP_IDS, &ids)?;
         }
         Ok(())
     };

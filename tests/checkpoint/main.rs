@@ -11,3 +11,4 @@ mod planted;
 mod reference_bytes;
 mod roundtrip;
 mod synth_speed;
+mod verify;

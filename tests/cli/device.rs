@@ -56,7 +56,8 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// `trace` of the 300 ids on tiny, every position recorded, into `out`, plus `extra` flags.
+/// `trace` of the 300 ids on tiny, every position recorded with its whole row of logits, into
+/// `out`, plus `extra` flags.
 fn trace(out: &Path, extra: &[&str]) -> Run {
     let m = models();
     let mut args = vec![
@@ -66,6 +67,8 @@ fn trace(out: &Path, extra: &[&str]) -> Run {
         "--tokens".into(),
         s(&m.ids),
         "--positions".into(),
+        "all".into(),
+        "--logits".into(),
         "all".into(),
         "--out".into(),
         s(out),
@@ -104,6 +107,21 @@ fn tensors(path: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     v.sort();
     v
+}
+
+/// The lines of a trace's stderr but the one that says the size of the file it will write
+/// (`trace: 1.23 MiB to write to ...`, printed by every trace).
+fn notes(stderr: &str) -> Vec<&str> {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let size = lines
+        .iter()
+        .filter(|l| l.starts_with("trace: ") && l.contains(" to write to "))
+        .count();
+    assert_eq!(size, 1, "one size line\n{stderr}");
+    lines
+        .into_iter()
+        .filter(|l| !(l.starts_with("trace: ") && l.contains(" to write to ")))
+        .collect()
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
@@ -198,7 +216,7 @@ fn auto_without_a_gpu_notes_it_once_and_computes_what_cpu_computes() {
     let tmp = tempfile::tempdir().unwrap();
     let (a, c) = (tmp.path().join("auto.st"), tmp.path().join("cpu.st"));
     let auto = trace(&a, &[]).ok();
-    let lines: Vec<&str> = auto.stderr.lines().collect();
+    let lines: Vec<&str> = notes(&auto.stderr);
     assert_eq!(lines.len(), 1, "exactly one note\n{}", auto.dump());
     assert!(
         lines[0].starts_with("note: --device auto: ")
@@ -208,7 +226,7 @@ fn auto_without_a_gpu_notes_it_once_and_computes_what_cpu_computes() {
         lines[0]
     );
     let cpu = trace(&c, &["--device", "cpu"]).ok();
-    assert!(cpu.stderr.is_empty(), "{}", cpu.dump());
+    assert!(notes(&cpu.stderr).is_empty(), "{}", cpu.dump());
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&c).unwrap());
 
     let auto = probe(&[]).ok();
@@ -228,8 +246,8 @@ fn gpu_gemm_on_the_cpu_is_noted_once() {
     )
     .ok();
     assert_eq!(
-        r.stderr.trim(),
-        "note: --gpu-gemm f32 is ignored on the CPU reference backend (f32 throughout)"
+        notes(&r.stderr),
+        ["note: --gpu-gemm f32 is ignored on the CPU reference backend (f32 throughout)"]
     );
 }
 
@@ -270,7 +288,7 @@ fn emu_runs_trace_across_two_devices_like_the_cpu() {
     let emu = trace(&e, &["--device", &spec, "--gpu-gemm", "f32"]).ok();
     let placed = format!("cuda-emu (GEMM f32): {}", ranges.join(", "));
     let emu = emu.stdout_has(&[&placed, "+embed", "+head"]);
-    assert!(emu.stderr.is_empty(), "{}", emu.dump());
+    assert!(notes(&emu.stderr).is_empty(), "{}", emu.dump());
     trace(&c, &["--device", "cpu"]).ok();
     let (emu, cpu) = (tensors(&e), tensors(&c));
     assert_eq!(

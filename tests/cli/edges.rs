@@ -97,7 +97,8 @@ fn ctrl_c_while_a_trace_is_written_leaves_no_partial_file() {
     let out = dir.path().join("trace.safetensors");
     let partial = dir.path().join("trace.safetensors.partial");
     let child = bin()
-        .args(["trace", "--device", "cpu", "--positions", "all", "--model"])
+        .args(["trace", "--device", "cpu", "--positions", "all"])
+        .args(["--logits", "all", "--model"])
         .arg(&model)
         .arg("--tokens")
         .arg(&tokens)

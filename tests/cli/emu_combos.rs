@@ -97,7 +97,7 @@ fn i32s(b: &[u8]) -> Vec<i32> {
         .collect()
 }
 
-/// `trace --positions all --dump-indexer-inputs` of the ids on tiny into `out`.
+/// `trace --positions all --logits all --dump-indexer-inputs` of the ids on tiny into `out`.
 fn trace(out: &Path, device: &str, extra: &[&str], env: &[(&str, &str)]) -> String {
     let m = models();
     let mut args: Vec<String> = [
@@ -107,6 +107,8 @@ fn trace(out: &Path, device: &str, extra: &[&str], env: &[(&str, &str)]) -> Stri
         "--tokens",
         &s(&m.ids),
         "--positions",
+        "all",
+        "--logits",
         "all",
         "--dump-indexer-inputs",
         "--device",

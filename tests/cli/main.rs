@@ -1,4 +1,4 @@
-//! The binary driven as a user would: help, bad checkpoints, edges of every flag, devices, inspect, bench, trace.
+//! The binary driven as a user would: help, bad checkpoints, edges of every flag, devices, inspect (and --verify), bench, trace.
 //!
 //! One test binary per area (docs/architecture.md section 8); each module is one family of
 //! tests, shared helpers come from `needlescope-testkit` (tests/support).
@@ -11,5 +11,6 @@ mod emu_combos;
 mod help;
 mod hub;
 mod inspect;
+mod inspect_verify;
 mod trace;
 mod trace_transfer;

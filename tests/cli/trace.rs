@@ -370,7 +370,7 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
 fn trace_size_is_known_before_the_run() {
     use needlescope::checkpoint::Checkpoint;
     use needlescope::model::forward::{Engine, EngineOptions};
-    use needlescope::run::trace::TraceLayout;
+    use needlescope::run::trace::{LogitsMode, TraceLayout};
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let ckpt = Checkpoint::open(&model).unwrap();
@@ -387,11 +387,15 @@ fn trace_size_is_known_before_the_run() {
     let all: Vec<usize> = (0..tokens.len()).collect();
     for (positions, dump) in [(vec![5usize, 150, 202], true), (all, false)] {
         let mut progress = Vec::new();
-        let result =
-            needlescope::run::trace::run_trace(&engine, &tokens, &positions, dump, &mut |d, t| {
-                progress.push((d, t))
-            })
-            .unwrap();
+        let result = needlescope::run::trace::run_trace(
+            &engine,
+            &tokens,
+            &positions,
+            dump,
+            LogitsMode::All,
+            &mut |d, t| progress.push((d, t)),
+        )
+        .unwrap();
         // One report per engine chunk of 64 tokens.
         assert_eq!(progress, [(64, 203), (128, 203), (192, 203), (203, 203)]);
         // The logits of a chunk-by-chunk trace equal one forward's over all tokens.
@@ -406,8 +410,14 @@ fn trace_size_is_known_before_the_run() {
             .unwrap();
         let whole: Vec<Vec<f32>> = whole.logits.into_iter().map(|(_, l)| l).collect();
         assert!(whole == result.logits, "dump {dump}");
-        let layout =
-            TraceLayout::for_config(&cfg, tokens.len(), positions.len(), engine.topk(), dump);
+        let layout = TraceLayout::for_config(
+            &cfg,
+            tokens.len(),
+            positions.len(),
+            engine.topk(),
+            dump,
+            LogitsMode::All,
+        );
         let recorded: usize = result
             .indexer
             .values()
@@ -487,4 +497,363 @@ fn trace_that_cannot_fit_is_refused_before_the_model_runs() {
         assert!(stderr.contains(part), "missing {part:?} in: {stderr}");
     }
     assert!(!out.exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// --logits and the size line
+// ---------------------------------------------------------------------------------------------
+
+/// `trace --device cpu` of `tokens` through `model` into `out`, plus `extra` flags.
+fn trace_with(
+    model: &std::path::Path,
+    tokens: &std::path::Path,
+    out: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_needlescope"))
+        .args(["trace", "--device", "cpu", "--model"])
+        .arg(model)
+        .arg("--tokens")
+        .arg(tokens)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// A token file of `n` ids inside tiny's vocabulary, in `dir`.
+fn token_file(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let path = dir.join(format!("ids{n}.txt"));
+    let ids: Vec<String> = (0..n).map(|i| ((i * 37) % 4000 + 3).to_string()).collect();
+    std::fs::write(&path, ids.join(" ")).unwrap();
+    path
+}
+
+/// The trace file's metadata entry `key`.
+fn meta(bytes: &[u8], key: &str) -> String {
+    let (_, m) = SafeTensors::read_metadata(bytes).unwrap();
+    m.metadata().clone().unwrap()[key].clone()
+}
+
+/// The size line `trace` prints on stderr.
+fn size_line(stderr: &str) -> &str {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("trace: ") && l.contains(" to write to "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one size line in: {stderr}");
+    lines[0]
+}
+
+/// Up to 16 recorded positions keep every logit; more keep the top 20 with their token ids,
+/// unless `--logits` says otherwise; the mode is in the metadata and the closing line.
+#[test]
+fn trace_logits_default_to_all_up_to_16_positions_else_top_20() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tokens = token_file(dir.path(), 40);
+    let sixteen: Vec<String> = (0..16).map(|p| (p * 2).to_string()).collect();
+    let sixteen = sixteen.join(",");
+    for (positions, rows, mode) in [(sixteen.as_str(), 16usize, "all"), ("all", 40, "top:20")] {
+        let out = dir.path().join(format!("t-{rows}.safetensors"));
+        let output = trace_with(&model, &tokens, &out, &["--positions", positions]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        assert!(stdout.contains(&format!("logits {mode})")), "{stdout}");
+        let bytes = std::fs::read(&out).unwrap();
+        assert_eq!(meta(&bytes, "logits"), mode);
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let logits: Vec<String> = st
+            .names()
+            .into_iter()
+            .filter(|n| n.starts_with("logits"))
+            .map(str::to_string)
+            .collect();
+        if mode == "all" {
+            assert_eq!(logits, ["logits"]);
+            assert_eq!(st.tensor("logits").unwrap().shape(), [rows, 4096]);
+        } else {
+            let values = st.tensor("logits.top.values").unwrap();
+            let ids = st.tensor("logits.top.ids").unwrap();
+            assert_eq!(logits.len(), 2, "{logits:?}");
+            assert_eq!(values.shape(), [rows, 20]);
+            assert_eq!(values.dtype(), safetensors::Dtype::F32);
+            assert_eq!(ids.shape(), [rows, 20]);
+            assert_eq!(ids.dtype(), safetensors::Dtype::I64);
+        }
+    }
+}
+
+/// `--logits top:N` keeps, per position, exactly the N largest of the logits `--logits all`
+/// writes for the same input (values bit for bit, descending, ties to the lower token id) and
+/// their token ids; everything else in the file is the same.
+#[test]
+fn trace_top_logits_are_the_top_of_the_full_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tokens = token_file(dir.path(), 40);
+    let (all, top) = (
+        dir.path().join("all.safetensors"),
+        dir.path().join("top.safetensors"),
+    );
+    for (out, mode) in [(&all, "all"), (&top, "top:7")] {
+        let output = trace_with(
+            &model,
+            &tokens,
+            out,
+            &["--positions", "all", "--logits", mode],
+        );
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let (all_bytes, top_bytes) = (std::fs::read(&all).unwrap(), std::fs::read(&top).unwrap());
+    let (all_st, top_st) = (
+        SafeTensors::deserialize(&all_bytes).unwrap(),
+        SafeTensors::deserialize(&top_bytes).unwrap(),
+    );
+    assert_eq!(meta(&top_bytes, "logits"), "top:7");
+    let (shape, full) = f32s(&all_st, "logits");
+    assert_eq!(shape, [40, 4096]);
+    let (tshape, values) = f32s(&top_st, "logits.top.values");
+    assert_eq!(tshape, [40, 7]);
+    let ids: Vec<i64> = top_st
+        .tensor("logits.top.ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for p in 0..40 {
+        let row = &full[p * 4096..(p + 1) * 4096];
+        let mut order: Vec<usize> = (0..4096).collect();
+        // Stable: equal values keep the lower token id first.
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        for j in 0..7 {
+            let (id, value) = (ids[p * 7 + j], values[p * 7 + j]);
+            assert_eq!(id, order[j] as i64, "position {p}, rank {j}");
+            assert_eq!(
+                value.to_bits(),
+                row[order[j]].to_bits(),
+                "position {p}, rank {j}"
+            );
+        }
+    }
+    // The indexer tensors do not depend on the logits kept.
+    for (name, view) in all_st.tensors() {
+        if !name.starts_with("logits") {
+            assert_eq!(top_st.tensor(&name).unwrap().data(), view.data(), "{name}");
+        }
+    }
+}
+
+/// `--logits none` writes no logits tensor, and says so in the size line and the metadata.
+#[test]
+fn trace_logits_none_writes_no_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tokens = token_file(dir.path(), 40);
+    let out = dir.path().join("none.safetensors");
+    let output = trace_with(&model, &tokens, &out, &["--logits", "none"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(size_line(&stderr).contains("logits none"), "{stderr}");
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(meta(&bytes, "logits"), "none");
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let names: Vec<&str> = st.names();
+    assert!(names.iter().all(|n| !n.starts_with("logits")), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with("indexer.scores")));
+}
+
+/// Before the model runs, one line on stderr gives the size of the file and what it holds:
+/// logits and indexer to the byte of what is then written, the total within the header's
+/// estimate. A trace refused for room prints it too, before the refusal (so before anything
+/// is written).
+#[test]
+fn trace_prints_the_file_size_before_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tokens = token_file(dir.path(), 40);
+    for (mode, label) in [("all", "(all: 40 x 4,096)"), ("top:3", "(top:3: 40 x 3 ")] {
+        let out = dir.path().join(format!("t-{mode}.safetensors"));
+        let output = trace_with(
+            &model,
+            &tokens,
+            &out,
+            &[
+                "--positions",
+                "all",
+                "--logits",
+                mode,
+                "--dump-indexer-inputs",
+            ],
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let line = size_line(&stderr);
+        let bytes = std::fs::read(&out).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let sum = |keep: &dyn Fn(&str) -> bool| -> u64 {
+            st.tensors()
+                .iter()
+                .filter(|(n, _)| keep(n))
+                .map(|(_, v)| v.data().len() as u64)
+                .sum()
+        };
+        let human = needlescope::units::human_bytes;
+        let logits = sum(&|n| n.starts_with("logits"));
+        let indexer = sum(&|n| n.starts_with("layers."));
+        let inputs = sum(&|n| {
+            n.starts_with("layers.")
+                && (n.ends_with(".q") || n.ends_with(".keys") || n.ends_with(".weights"))
+        });
+        assert!(inputs > 0);
+        for part in [
+            format!("logits {} {label}", human(logits)),
+            format!("indexer {} (raw inputs {})", human(indexer), human(inputs)),
+            format!(" to write to {}", out.display()),
+        ] {
+            assert!(line.contains(&part), "{part:?} not in: {line}");
+        }
+        let len = bytes.len() as u64;
+        let total = line
+            .strip_prefix("trace: ")
+            .and_then(|l| l.split(" to write to ").next())
+            .unwrap();
+        assert!(
+            (len - 256..=len + 256).any(|n| human(n) == total),
+            "total {total} vs the file's {len} bytes: {line}"
+        );
+    }
+
+    // Refused for room (terabytes of indexer scores): the size line comes first.
+    let config = model.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["max_position_embeddings"] = serde_json::json!(1 << 20);
+    std::fs::write(&config, v.to_string()).unwrap();
+    let huge = dir.path().join("huge.txt");
+    std::fs::write(&huge, "5 ".repeat(1_000_000)).unwrap();
+    let out = dir.path().join("huge.safetensors");
+    let output = trace_with(&model, &huge, &out, &["--positions", "all"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let line = size_line(&stderr);
+    assert!(
+        line.contains("TiB to write to") && line.contains("top:20: 1,000,000 x 20"),
+        "{line}"
+    );
+    let refusal = stderr.find("does not fit").expect("refused");
+    assert!(stderr.find(line).unwrap() < refusal, "{stderr}");
+    assert!(stderr.contains("--logits top:20 now"), "{stderr}");
+    assert!(!out.exists());
+}
+
+/// Bad `--logits` values are refused naming the flag and what it accepts (a usage error, exit
+/// 2); a top:N past the vocabulary names the vocabulary size (exit 1). Nothing is written.
+#[test]
+fn trace_refuses_bad_logits_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tokens = token_file(dir.path(), 8);
+    let out = dir.path().join("t.safetensors");
+    for (value, code, words) in [
+        ("foo", 2, &["--logits", "expected none, all or top:N"][..]),
+        ("top:0", 2, &["--logits", "top:0", "at least 1"][..]),
+        ("top:x", 2, &["--logits", "top:x", "not a whole number"][..]),
+        ("top:4097", 1, &["--logits top:4097", "vocab_size 4096"][..]),
+    ] {
+        let output = trace_with(&model, &tokens, &out, &["--logits", value]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{value}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        for w in words {
+            assert!(stderr.contains(w), "{value}: {w:?} not in: {stderr}");
+        }
+        assert!(!out.exists());
+    }
+    // top:N equal to the vocabulary is every logit, sorted.
+    let output = trace_with(&model, &tokens, &out, &["--logits", "top:4096"]);
+    assert!(output.status.success());
+}
+
+/// What `TraceLayout` computes before the run holds under every `--logits` mode: the bytes
+/// the recorded trace holds in memory, the file's data bytes, tensor names and shapes.
+#[test]
+fn trace_layout_follows_the_logits_mode() {
+    use needlescope::checkpoint::Checkpoint;
+    use needlescope::model::forward::{Engine, EngineOptions};
+    use needlescope::run::trace::{run_trace, write_trace, LogitsMode, TraceLayout};
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let ckpt = Checkpoint::open(&model).unwrap();
+    let cfg = ckpt.config().clone();
+    let tokens: Vec<u32> = (0..70u32).map(|i| (i * 37) % 4000 + 3).collect();
+    let engine = Engine::load(&ckpt, EngineOptions::default()).unwrap();
+    let positions: Vec<usize> = (0..tokens.len()).collect();
+    for mode in [LogitsMode::None, LogitsMode::Top(5), LogitsMode::All] {
+        let result = run_trace(&engine, &tokens, &positions, false, mode, &mut |_, _| {}).unwrap();
+        let layout = TraceLayout::for_config(&cfg, 70, 70, engine.topk(), false, mode);
+        let recorded: usize = result
+            .indexer
+            .values()
+            .flatten()
+            .map(|(s, sel)| 4 * (s.len() + sel.len()))
+            .chain(result.logits.iter().map(|l| 4 * l.len()))
+            .chain(
+                result
+                    .top_logits
+                    .iter()
+                    .map(|t| 4 * t.values.len() + 4 * t.ids.len()),
+            )
+            .sum();
+        assert_eq!(layout.memory_bytes(&positions), recorded as u64, "{mode}");
+        let sizes = layout.sizes();
+        assert_eq!(
+            sizes.logits + sizes.indexer + sizes.indexer_inputs + sizes.other,
+            layout.file_bytes()
+        );
+        let out = dir
+            .path()
+            .join(format!("t-{mode}.safetensors").replace(':', "-"));
+        write_trace(&out, &result, Default::default()).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        assert_eq!(
+            (bytes.len() - 8 - header) as u64,
+            layout.file_bytes(),
+            "{mode}"
+        );
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let mut stored: Vec<(String, Vec<usize>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.shape().to_vec()))
+            .collect();
+        stored.sort();
+        let mut expected: Vec<(String, Vec<usize>)> = layout
+            .tensors()
+            .into_iter()
+            .map(|t| (t.name, t.shape))
+            .collect();
+        expected.sort();
+        assert_eq!(stored, expected, "{mode}");
+        let logits_bytes: u64 = layout
+            .tensors()
+            .iter()
+            .filter(|t| t.name.starts_with("logits"))
+            .map(|t| t.bytes())
+            .sum();
+        assert_eq!(sizes.logits, logits_bytes, "{mode}");
+        match mode {
+            LogitsMode::None => assert_eq!(sizes.logits, 0),
+            LogitsMode::Top(n) => assert_eq!(sizes.logits, 70 * n as u64 * 12),
+            LogitsMode::All => assert_eq!(sizes.logits, 70 * 4096 * 4),
+        }
+    }
 }

@@ -9,7 +9,7 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::Backend;
 use needlescope::checkpoint::WeightFormat;
 use needlescope::model::{Engine, EngineOptions};
-use needlescope::run::trace::{run_trace, TraceLayout};
+use needlescope::run::trace::{run_trace, LogitsMode, TraceLayout};
 use needlescope::synth::Preset;
 
 #[test]
@@ -30,9 +30,17 @@ fn a_trace_downloads_no_attention_probabilities() {
     )
     .unwrap();
     let before = engine.backend().transfer_bytes().1;
-    run_trace(&engine, &toks, &positions, false, &mut |_, _| {}).unwrap();
+    run_trace(
+        &engine,
+        &toks,
+        &positions,
+        false,
+        LogitsMode::All,
+        &mut |_, _| {},
+    )
+    .unwrap();
     let d2h = engine.backend().transfer_bytes().1 - before;
-    let layout = TraceLayout::for_config(&cfg, n, n, cfg.index_topk, false);
+    let layout = TraceLayout::for_config(&cfg, n, n, cfg.index_topk, false, LogitsMode::All);
     let records = layout.memory_bytes(&positions);
     // Attention probabilities: per layer and query, heads x entries (window + selected / all
     // compressed rows).

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
 use super::InspectArgs;
+use crate::checkpoint::verify::VerifyReport;
 use crate::checkpoint::{audit, Checkpoint, Dtype, InventoryDiff, WeightFormat};
 use crate::config::{ModelConfig, RouterKind};
 use crate::devices::plan::Footprint;
@@ -23,14 +24,15 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
              the checkpoint's tensors"
         );
     }
-    let (source, cfg, footprint, inventory) = if let Some(dir) = &args.model {
-        from_checkpoint(dir)?
+    let (source, cfg, footprint, inventory, verify) = if let Some(dir) = &args.model {
+        from_checkpoint(dir, args.verify)?
     } else {
         let path = args
             .config
             .as_ref()
             .expect("clap requires --model or --config");
-        from_config(path, args.format)?
+        let (source, cfg, footprint, inventory) = from_config(path, args.format)?;
+        (source, cfg, footprint, inventory, None)
     };
     if args.devices.is_some() && args.context > cfg.max_position_embeddings {
         bail!(
@@ -56,13 +58,23 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             .collect(),
         footprint,
         inventory,
+        verify,
         plan,
     })
 }
 
 type Loaded = (Source, ModelConfig, Footprint, Option<InventoryReport>);
 
-fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
+/// [`Loaded`] and, with `verify`, what reading every value found.
+type Checked = (
+    Source,
+    ModelConfig,
+    Footprint,
+    Option<InventoryReport>,
+    Option<VerifyReport>,
+);
+
+fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Checked> {
     if !dir.exists() {
         bail!("model directory {} does not exist", dir.display());
     }
@@ -87,6 +99,11 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
         format_note: format_note(format),
         shards: Some(ckpt.shard_paths().len()),
     };
+    let verified = if verify {
+        Some(verify_values(&ckpt)?)
+    } else {
+        None
+    };
     Ok((
         source,
         cfg,
@@ -96,7 +113,29 @@ fn from_checkpoint(dir: &Path) -> anyhow::Result<Loaded> {
             draft_differences: draft_unchecked,
             ..inventory_report(&ckpt, &diff, format)
         }),
+        verified,
     ))
+}
+
+/// `--verify`: every stored value read, with a bar over the bytes on stderr (hidden when it is
+/// not a terminal).
+fn verify_values(ckpt: &Checkpoint) -> anyhow::Result<VerifyReport> {
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(crate::run::progress::style(
+        crate::run::progress::VERIFY_BYTES,
+    ));
+    let report = crate::checkpoint::verify::verify(ckpt, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    report.with_context(|| {
+        format!(
+            "--verify: cannot read the values of {}",
+            ckpt.dir().display()
+        )
+    })
 }
 
 /// Draft stages a config declares beyond its MTP layers (0 for the base release): Flash-0731

@@ -1,10 +1,13 @@
 //! `needlescope inspect`: what a checkpoint holds (`--model DIR`) or what a config implies
 //! (`--config FILE`, no weights needed): model summary, layer schedule, parameters and bytes per
 //! component and per number format, the inventory check against the config (with `--model`) and
-//! the memory plan over `--devices` at `--context` (see `crate::devices::plan`).
+//! the memory plan over `--devices` at `--context` (see `crate::devices::plan`); with
+//! `--verify`, every stored value read (`crate::checkpoint::verify`): NaN, infinite and
+//! all-zero tensors by name.
 //!
 //! Exit status: non-zero when the checkpoint does not match the inventory its config implies,
-//! or when the memory plan does not fit; the full report is printed first either way.
+//! when `--verify` finds a tensor with NaN, infinite or only zero values, or when the memory
+//! plan does not fit; the full report is printed first either way.
 //!
 //! Layout: this file holds the arguments and the entry point (print, then decide the exit
 //! status); `report` the `--json` record types; `build` turns a checkpoint or a config into that
@@ -63,6 +66,10 @@ pub struct InspectArgs {
     #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto", requires = "devices")]
     pub chunk: usize,
 
+    /// With --model: also read every stored value of every shard (a progress bar over the bytes) and name each tensor holding NaN or infinite values, or only zeros; non-zero exit on any
+    #[arg(long, conflicts_with = "config")]
+    pub verify: bool,
+
     /// Print everything as one JSON object
     #[arg(long)]
     pub json: bool,
@@ -92,6 +99,16 @@ pub fn run(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             inv.missing_count,
             inv.extra_count,
             inv.mismatched_count,
+            first.join("; ")
+        ));
+    }
+    if let Some(v) = report.verify.as_ref().filter(|v| !v.clean()) {
+        let first: Vec<String> = v.findings.iter().take(3).map(|f| f.to_string()).collect();
+        problems.push(format!(
+            "checkpoint {}: {} of {} tensors hold NaN or infinite values, or only zeros; first: {}",
+            report.source.path.display(),
+            v.findings.len(),
+            group_digits(v.tensors as u64),
             first.join("; ")
         ));
     }

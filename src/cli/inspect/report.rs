@@ -1,10 +1,12 @@
 //! The record `inspect` computes and `--json` prints: where the numbers come from, the model
-//! dimensions, the layer schedule, the footprint, the inventory check and the memory plan.
+//! dimensions, the layer schedule, the footprint, the inventory check, the values read by
+//! `--verify` and the memory plan.
 //! Plain data; [`super::build()`] fills it and [`super::text`] renders it.
 
 use serde::Serialize;
 use std::path::PathBuf;
 
+use crate::checkpoint::verify::VerifyReport;
 use crate::devices::plan::{Footprint, MemoryPlan};
 
 /// Where the numbers come from.
@@ -114,5 +116,7 @@ pub struct InspectReport {
     pub schedule: Vec<LayerRow>,
     pub footprint: Footprint,
     pub inventory: Option<InventoryReport>,
+    /// With `--verify`: the tensors read and those holding NaN, infinite or only zero values.
+    pub verify: Option<VerifyReport>,
     pub plan: Option<MemoryPlan>,
 }

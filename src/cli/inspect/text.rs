@@ -1,6 +1,7 @@
 //! The text rendering of an [`InspectReport`]: source and dimensions, the layer schedule (a
 //! one-letter map and compact layer ranges per kind and router), the component and number
-//! format tables, and the inventory verdict; the memory plan table is [`super::plan_table`].
+//! format tables, the inventory verdict and the `--verify` findings; the memory plan table is
+//! [`super::plan_table`].
 
 use std::io::Write;
 
@@ -204,6 +205,39 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
                 "  note      FP8 blocks + E8M0 scales, not the release's BF16, for {} (the \
                  stored dtype is used; every layer is expected so)",
                 inv.fp8_compressor_linears.join(", ")
+            )?;
+        }
+    }
+
+    // Values read by --verify.
+    if let Some(v) = &r.verify {
+        writeln!(out)?;
+        if v.clean() {
+            writeln!(
+                out,
+                "verify      OK: verified {} tensors, {}, no NaN/Inf/all-zero",
+                group_digits(v.tensors as u64),
+                human_bytes(v.bytes)
+            )?;
+        } else {
+            writeln!(
+                out,
+                "verify      FOUND {} of {} tensors ({} read) with NaN or infinite values, or only zeros:",
+                v.findings.len(),
+                group_digits(v.tensors as u64),
+                human_bytes(v.bytes)
+            )?;
+            for f in &v.findings {
+                let what = if f.all_zero { "all-zero" } else { "NaN/Inf" };
+                writeln!(out, "  {what:<10} {f}")?;
+            }
+        }
+        if let Some(first) = v.zero_biases.first() {
+            writeln!(
+                out,
+                "  note      {} additive bias tensor(s) (ape, attn_sink, gate bias) are all zero, a \
+                 valid value for a bias, so not counted (first: {first})",
+                v.zero_biases.len()
             )?;
         }
     }
