@@ -142,6 +142,16 @@ fn image(path: &Path, alt: &str) -> Result<String> {
     ))
 }
 
+/// The PNG at `path` as a figure captioned with its file name.
+fn figure(path: &Path) -> Result<String> {
+    let name = file_name(path);
+    Ok(format!(
+        "<figure>{}<figcaption>{}</figcaption></figure>\n",
+        image(path, &name)?,
+        text(&name)
+    ))
+}
+
 /// The plot of `plots` whose file name is `name`, if it was written.
 fn plot<'a>(plots: &'a [PathBuf], name: &str) -> Option<&'a PathBuf> {
     plots
@@ -307,13 +317,7 @@ fn plots_section(records: &RunRecords, plots: &[PathBuf]) -> Result<String> {
              needle rank over the samples written there.</p>\n",
         );
         for p in heatmaps {
-            let name = file_name(p);
-            let _ = writeln!(
-                out,
-                "<figure>{}<figcaption>{}</figcaption></figure>",
-                image(p, &name)?,
-                text(&name)
-            );
+            out.push_str(&figure(p)?);
         }
         out.push_str("</section>\n");
     }
@@ -355,13 +359,7 @@ fn engine_section(records: &RunRecords, plots: &[PathBuf]) -> Result<String> {
         .iter()
         .filter(|p| file_name(p).starts_with("heatmap_engine_"))
     {
-        let name = file_name(p);
-        let _ = writeln!(
-            out,
-            "<figure>{}<figcaption>{}</figcaption></figure>",
-            image(p, &name)?,
-            text(&name)
-        );
+        out.push_str(&figure(p)?);
     }
     out.push_str("</section>\n");
     Ok(out)
@@ -505,12 +503,7 @@ fn cell_section(records: &RunRecords, cell: &CellRecord, plots: &[PathBuf]) -> R
     out.push_str("</tbody>\n</table>\n");
     let name = format!("layers_{}.png", file_stem(&cell.cell_id));
     if let Some(p) = plot(plots, &name) {
-        let _ = writeln!(
-            out,
-            "<figure>{}<figcaption>{}</figcaption></figure>",
-            image(p, &name)?,
-            text(&name)
-        );
+        out.push_str(&figure(p)?);
     }
     out.push_str("</section>\n");
     Ok(out)
