@@ -514,6 +514,7 @@ body { font-family: 'DejaVu Sans', Verdana, sans-serif; margin: 2em; color: #222
 h1 { font-size: 1.5em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; }
+table.summary td, table.cells td, table.layers td { white-space: nowrap; }
 th { background: #f2f2f2; } table.settings th { text-align: left; } table.settings td { text-align: left; }
 td:first-child, td.text { text-align: left; }
 nav a { margin-right: 1em; }
