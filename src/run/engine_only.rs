@@ -76,7 +76,14 @@ pub fn run_engine_only_sweep(
     let _resumable = super::interrupt::Resumable::new(out_dir);
     let topk = plan.topks.first().copied().unwrap_or(cfg.index_topk);
     let total = plan.lengths.len() * plan.depths.len() * plan.samples;
-    let already = store.cells().len();
+    // Cells of this grid already finished (a grown directory also holds cells of others).
+    let already = plan
+        .lengths
+        .iter()
+        .flat_map(|&l| plan.depths.iter().map(move |&d| (l, d)))
+        .flat_map(|(l, d)| (0..plan.samples).map(move |s| engine_cell_id(l, d, topk, Some(s))))
+        .filter(|id| store.is_finished(id))
+        .count();
     if already > 0 {
         writeln!(
             out,
@@ -186,12 +193,18 @@ pub fn run_engine_only_sweep(
                     cell.wall_seconds
                 );
                 bar.suspend(|| writeln!(out, "{line}"))?;
-                if super::interrupt::stop_requested() && store.cells().len() < total {
+                if super::interrupt::stop_requested() && already + run < total {
                     bar.abandon();
+                    // The finished cells' page, so the stop loses nothing to read.
+                    let page = crate::report::store::EngineOnlyRecords::read(out_dir)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|r| {
+                            Ok(crate::report::html::write_engine_only_html(&r, out_dir)?)
+                        });
                     return Err(super::interrupt::Interrupted {
-                        next: super::interrupt::next_step(out_dir),
+                        next: super::interrupt::after_stop(out_dir, page.is_ok()),
                         dir: Some(out_dir.to_path_buf()),
-                        finished: store.cells().len(),
+                        finished: already + run,
                         total,
                     }
                     .into());

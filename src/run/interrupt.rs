@@ -8,8 +8,11 @@
 //! `--out` has a timestamp, so the hint names it), the demo starts afresh ([`restart_hint`]).
 //! A probe stops after the (index, top-k) run in flight, prints the finished runs and records
 //! them in its `--out` directory when it has one.
-//! While the report is rendered after the last cell ([`Resumable::rendering`]) Ctrl-C exits
-//! at once, saying that the records are complete and `needlescope report` renders them. Outside
+//! A sweep (or demo) stopped this way renders the plots and report.html of its finished cells
+//! before it exits ([`after_stop`] says where they are, or, when that failed, that
+//! `needlescope report DIR` writes them). While a report is rendered (after the last cell,
+//! [`Resumable::rendering`], or after a stop, [`rendering_after_stop`]) Ctrl-C exits at once,
+//! saying that the records are kept and `needlescope report` renders them. Outside
 //! such a run Ctrl-C ends the process at once (saying so), as without a handler. Whenever
 //! Ctrl-C ends the process it first removes the half-written files registered with
 //! [`RemoveOnInterrupt`] (a trace's `.partial` file). A library user that never
@@ -65,6 +68,31 @@ pub fn next_step(dir: &Path) -> String {
     )
 }
 
+/// What a run stopped by Ctrl-C says after its finished cells: where their report is
+/// (`rendered`: the plots and report.html were written) or how to write it, then
+/// [`next_step`].
+pub fn after_stop(dir: &Path, rendered: bool) -> String {
+    let report = if rendered {
+        format!("their plots and report.html are in {}", dir.display())
+    } else {
+        format!(
+            "`needlescope report {}` writes their plots and report.html",
+            dir.display()
+        )
+    };
+    format!("{report}; {}", next_step(dir))
+}
+
+/// A run stopped by Ctrl-C renders the report of its finished cells: from now on Ctrl-C
+/// exits at once, saying that `needlescope report` writes it (see [`Resumable::rendering`]).
+pub fn rendering_after_stop() {
+    if let Ok(mut active) = ACTIVE.lock() {
+        if let Some(a) = active.as_mut() {
+            a.rendering = true;
+        }
+    }
+}
+
 /// Replaces the resume hint of the runs that follow (the demo, which starts afresh when rerun,
 /// says so); `None` restores it.
 pub fn restart_hint(hint: Option<String>) {
@@ -92,6 +120,15 @@ fn on_ctrl_c() {
         exit_interrupted();
     };
     match (&dir, rendering) {
+        (Some(dir), true) if stop_requested() => {
+            eprintln!(
+                "\nstopped by Ctrl-C while writing the report of the finished cells in {0}; \
+                 `needlescope report {0}` writes it; {1}",
+                dir.display(),
+                next_step(dir)
+            );
+            exit_interrupted();
+        }
         (Some(dir), true) => {
             eprintln!(
                 "\nstopped by Ctrl-C while writing the report: every cell is finished in {0}; \

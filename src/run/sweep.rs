@@ -13,7 +13,11 @@
 //!
 //! Resume: `RunDir::create_or_resume` refuses when the model or any result-determining argument
 //! differs from run.json, returns the finished cells, and repairs a torn last line; finished
-//! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
+//! cells are skipped, so a killed sweep loses at most the cell in flight. A rerun with more
+//! lengths, depths, profiles, top-k values or samples grows the grid (run.json records the
+//! union; `report::store::resume`): only its missing cells run, each scoring every profile of
+//! the grown grid. Ctrl-C stops after the cell in flight and renders the finished cells'
+//! summary, plots and report.html before the process exits. A (length, depth,
 //! sample) whose cells are all finished is not even tokenised again. Ctrl-C stops between cells
 //! (`crate::run::interrupt`: the first press lets the cell in flight finish, a second stops at once).
 //!
@@ -41,6 +45,7 @@ use crate::run::device::DeviceChoice;
 use crate::run::progress::SweepBars;
 use crate::run::target::{EngineTask, Target};
 use crate::tokenizer::V4Tokenizer;
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -327,6 +332,20 @@ mod check {
 pub use check::check_plan;
 use check::sweep_prompt;
 
+/// The id of every cell of `plan`'s grid, in no particular order.
+fn plan_cell_ids(plan: &SweepPlan) -> impl Iterator<Item = String> + '_ {
+    plan.lengths.iter().flat_map(move |&length| {
+        plan.depths.iter().flat_map(move |&depth| {
+            plan.indexes.iter().flat_map(move |&index| {
+                plan.topks.iter().flat_map(move |&topk| {
+                    (0..plan.samples)
+                        .map(move |s| format!("{}-s{s}", cell_id_base(length, depth, index, topk)))
+                })
+            })
+        })
+    })
+}
+
 /// Runs (or resumes) the sweep into `out_dir` on the backend `device` asks for (decided and
 /// placed before run.json is written, which records it); prints a line per finished cell to
 /// `out`.
@@ -409,6 +428,12 @@ fn sweep_into(
     let resumable = crate::run::interrupt::Resumable::new(out_dir);
     let per_prompt = plan.indexes.len() * plan.topks.len();
     let total = plan.lengths.len() * plan.depths.len() * plan.samples * per_prompt;
+    // Cells of this grid already finished (a directory whose grid grew holds others too).
+    let ids: HashSet<String> = plan_cell_ids(plan).collect();
+    let finished: Vec<CellRecord> = finished
+        .into_iter()
+        .filter(|c| ids.contains(&c.cell_id))
+        .collect();
     if !finished.is_empty() {
         writeln!(
             out,
@@ -421,8 +446,17 @@ fn sweep_into(
         writeln!(out, "note: {}: {note}", out_dir.display())?;
     }
     let dir_lock = run_dir.lock().clone();
+    // Every profile of the directory's grid is scored on each new cell (a grown grid's
+    // earlier profiles too), so cells of one directory compare the same profiles.
+    let grid_indexes: Vec<IndexProfile> = run_dir
+        .info()
+        .sweep_args
+        .get("indexes")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_else(|| plan.indexes.clone());
     let task = SweepTask {
         plan,
+        grid_indexes,
         cfg: &cfg,
         tok: &tok,
         scenario: &scenario,
@@ -452,6 +486,8 @@ fn sweep_into(
 /// run, cells skipped).
 struct SweepTask<'a> {
     plan: &'a SweepPlan,
+    /// run.json's `indexes` (the plan's, or more when the grid grew): scored on every cell.
+    grid_indexes: Vec<IndexProfile>,
     cfg: &'a ModelConfig,
     tok: &'a V4Tokenizer,
     scenario: &'a Scenario,
@@ -528,20 +564,39 @@ impl SweepTask<'_> {
     /// for it and cells remain (checked after each committed cell, so the cell in flight at
     /// the press, its prompt building included, is finished first).
     fn stop_if_requested(&mut self) -> anyhow::Result<()> {
-        let finished = self.run_dir.cells().len();
-        if !crate::run::interrupt::stop_requested() || finished >= self.total {
+        if !crate::run::interrupt::stop_requested() || self.finished_in_plan() >= self.total {
             return Ok(());
         }
         self.bars.prefill.finish_and_clear();
         self.bars.cells.abandon();
         let dir = self.run_dir.path().to_path_buf();
+        // The finished cells' summary, plots and report.html, under the run's own lock; a
+        // failure there is said, and loses nothing (`report DIR` renders them later).
+        crate::run::interrupt::rendering_after_stop();
+        let rendered = match crate::report::rerender_locked(self.run_dir.lock(), false) {
+            Ok(done) => {
+                write!(self.out, "{}", done.table)?;
+                true
+            }
+            Err(e) => {
+                writeln!(self.out, "warning: the report of the finished cells: {e}")?;
+                false
+            }
+        };
         Err(crate::run::interrupt::Interrupted {
-            next: crate::run::interrupt::next_step(&dir),
+            next: crate::run::interrupt::after_stop(&dir, rendered),
             dir: Some(dir),
-            finished,
+            finished: self.finished_in_plan(),
             total: self.total,
         }
         .into())
+    }
+
+    /// Finished cells of this run's grid (a grown directory also holds cells of others).
+    fn finished_in_plan(&self) -> usize {
+        plan_cell_ids(self.plan)
+            .filter(|id| self.run_dir.is_finished(id))
+            .count()
     }
 
     /// With `--engine`: the prompt sent to the serving engine once, its capture checked; its K
@@ -602,13 +657,14 @@ impl SweepTask<'_> {
         served: Option<std::sync::Arc<crate::probe::capture::EngineCapture>>,
     ) -> anyhow::Result<usize> {
         let plan = self.plan;
+        let grid = &self.grid_indexes;
         let compare = match &served {
-            Some(_) => crate::probe::served::scored_with_engine(&plan.indexes, &plan.compare),
+            Some(_) => crate::probe::served::scored_with_engine(grid, &plan.compare),
             None => plan.compare.clone(),
         };
         let opts = ProbeOptions {
             indexes: vec![index],
-            compare: crate::probe::session::comparison_profiles(&plan.indexes, &compare),
+            compare: crate::probe::session::comparison_profiles(grid, &compare),
             topks: vec![topk],
             kv: plan.kv,
             generate: plan.generate,

@@ -908,11 +908,17 @@ fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
         assert!(killed.join(png).exists(), "{png}");
     }
 
-    // Same directory, different arguments: refused, naming what differs.
-    let refused = sweep(&killed, "128").output().unwrap();
+    // Same directory, arguments that would change finished cells: refused, naming each.
+    let refused = sweep(&killed, "64")
+        .args(["--seed", "7", "--compare", "exact"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
-    assert!(stderr.contains("topk"), "{stderr}");
+    assert!(
+        stderr.contains("sweep_args.seed") && stderr.contains("sweep_args.compare"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // Same arguments and config, other weights (another seed): refused too, and nothing added.
@@ -938,6 +944,47 @@ fn sweep_resumed_after_a_kill_equals_an_uninterrupted_run() {
     assert!(!refused.status.success());
     assert!(stderr.contains("model_fingerprint"), "{stderr}");
     assert_eq!(records(&killed), (b_cells, b_layers, b_attn));
+}
+
+/// A sweep rerun on its directory with another top-k (or length, depth, profile, sample count)
+/// grows the grid: the finished cells stay byte for byte, only the new ones run, and the
+/// directory then holds what one sweep of the grown grid writes; run.json records the union.
+#[test]
+fn a_sweep_grid_grows_computing_only_the_new_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let grown = dir.path().join("grown");
+    ok(sweep(&grown, "64").output().unwrap(), "sweep at top-64");
+    let before = std::fs::read_to_string(grown.join("cells.csv")).unwrap();
+    let out = ok(sweep(&grown, "128,64").output().unwrap(), "the grid grown");
+    assert!(
+        out.contains("the grid grows (topks + 128)")
+            && out.contains("resuming")
+            && out.contains("8 of 16 cells already finished")
+            && out.contains("8 cells run, 8 already finished"),
+        "{out}"
+    );
+    let after = std::fs::read_to_string(grown.join("cells.csv")).unwrap();
+    assert!(
+        after.starts_with(&before),
+        "finished rows kept as they were"
+    );
+    let run: Value =
+        serde_json::from_str(&std::fs::read_to_string(grown.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["sweep_args"]["topks"], serde_json::json!([64, 128]));
+    let whole = dir.path().join("whole");
+    ok(
+        sweep(&whole, "64,128").output().unwrap(),
+        "the whole grid at once",
+    );
+    assert_eq!(records(&grown), records(&whole));
+    assert!(grown.join("heatmap_fp8_128.png").exists());
+    // A grid inside the recorded one runs nothing and changes nothing.
+    let out = ok(sweep(&grown, "128").output().unwrap(), "a sub-grid");
+    assert!(out.contains("0 cells run, 8 already finished"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(grown.join("cells.csv")).unwrap(),
+        after
+    );
 }
 
 /// Two demos started together on an empty model cache: one writes the planted model while
@@ -1207,13 +1254,20 @@ fn ctrl_c_stops_a_sweep_between_cells_and_the_rerun_resumes() {
     assert!(
         stderr.contains("1 of 2 cells are finished and kept in")
             && stderr.contains(&format!(
-                "to resume, rerun the same command with --out {}",
+                "their plots and report.html are in {0}; to resume, rerun the same command \
+                 with --out {0}",
                 once.display()
             )),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(finished_cells(&once), 1);
+    // The finished cell's report is there before the rerun.
+    for file in ["report.html", "heatmap_fp8_64.png", "rank_vs_length.png"] {
+        assert!(once.join(file).exists(), "{file}");
+    }
+    let html = std::fs::read_to_string(once.join("report.html")).unwrap();
+    assert_eq!(html.matches("<tr class=\"cell\" ").count(), 1, "one cell");
     let out = spawn_sweep(&once, "8k,512").wait_with_output().unwrap();
     assert!(
         out.status.success(),

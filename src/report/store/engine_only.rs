@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use super::csvio::{open_append, read_json, read_tolerant, write_json, ParsedCsv};
 use super::row_checks::RowCheck;
-use super::{append, repair, same_cell, ENGINE_CSV, RUN_JSON};
+use super::{append, repair, same_cell, Resume, ENGINE_CSV, RUN_JSON};
 use crate::record::served::{
     is_engine_only, EngineCellRecord, ServedLayerRecord, ENGINE_CELLS_COLUMNS, SERVED_COLUMNS,
 };
@@ -55,7 +55,24 @@ impl EngineOnlyDir {
             read_tolerant(&cells_path, &ENGINE_CELLS_COLUMNS)?;
         if run_json.exists() {
             let on_disk: RunInfo = read_json(&run_json)?;
-            let differences = on_disk.resume_differences(&info);
+            let differences = match on_disk.resume_with(&info) {
+                Resume::Same => Vec::new(),
+                Resume::Grown { .. } if cells_csv.records.is_empty() => {
+                    on_disk.resume_differences(&info)
+                }
+                Resume::Grown { info, grown } => {
+                    if !grown.is_empty() {
+                        write_json(&run_json, &info)?;
+                        notes.push(format!(
+                            "the grid grows ({}): its finished cells are kept, only the new \
+                             ones are sent to the engine",
+                            grown.join("; ")
+                        ));
+                    }
+                    Vec::new()
+                }
+                Resume::Refused(differences) => differences,
+            };
             if !differences.is_empty() {
                 if cells_csv.records.is_empty() && is_engine_only(&on_disk.sweep_args) {
                     write_json(&run_json, &info)?;

@@ -23,10 +23,12 @@
 //!    its full grid loses its cells.csv row too and is computed again; rows of cells that
 //!    cells.csv does not list are dropped as in 3. [`RunDir::notes`] says what was changed.
 //!
-//! run.json is written once, atomically, when the directory is created; a resume checks it
-//! against the new run ([`RunInfo::resume_differences`]) and refuses on any difference, unless
-//! cells.csv lists no finished cell (a run stopped before its first): then nothing is lost, and
-//! the new run's run.json replaces it, with a note.
+//! run.json is written atomically when the directory is created; a resume checks it against
+//! the new run ([`RunInfo::resume_with`]) and refuses on any difference that would change
+//! finished cells, unless cells.csv lists no finished cell (a run stopped before its first):
+//! then nothing is lost, and the new run's run.json replaces it, with a note. A sweep whose
+//! grid grows (more lengths, depths, profiles, top-k values or samples) keeps its finished
+//! cells, and run.json is rewritten with the union of both grids, with a note.
 //!
 //! Every writer holds the directory's [`DirLock`] (`DIR/.lock`) from
 //! [`RunDir::create_or_resume`] until the [`RunDir`] is dropped; a second writer is refused
@@ -68,6 +70,7 @@ use csvio::{
 };
 pub use engine_only::{EngineOnlyDir, EngineOnlyRecords, ENGINE_CELLS_CSV};
 pub use read::RunRecords;
+pub use resume::Resume;
 use row_checks::refuse_inconsistent;
 use validate::CellCheck;
 
@@ -139,7 +142,23 @@ impl RunDir {
                         .into(),
                 });
             }
-            let differences = on_disk.resume_differences(&info);
+            let differences = match on_disk.resume_with(&info) {
+                Resume::Same => Vec::new(),
+                // Nothing finished: the new run's run.json replaces it (below).
+                Resume::Grown { .. } if no_finished_cell(dir)? => on_disk.resume_differences(&info),
+                Resume::Grown { info, grown } => {
+                    if !grown.is_empty() {
+                        write_json(&run_json, &info)?;
+                        notes.push(format!(
+                            "the grid grows ({}): its finished cells are kept, only the new \
+                             ones are computed",
+                            grown.join("; ")
+                        ));
+                    }
+                    return RunDir::open_records(lock, info, notes);
+                }
+                Resume::Refused(differences) => differences,
+            };
             if differences.is_empty() {
                 on_disk
             } else if no_finished_cell(dir)? {
@@ -181,7 +200,18 @@ impl RunDir {
             write_json(&run_json, &info)?;
             info
         };
+        RunDir::open_records(lock, info, notes)
+    }
 
+    /// Reads, repairs and opens for appending the records of the directory of `lock`, whose
+    /// run.json records `info` (checked or written by the caller); `notes` so far.
+    fn open_records(
+        lock: DirLock,
+        info: RunInfo,
+        mut notes: Vec<String>,
+    ) -> Result<(RunDir, Vec<CellRecord>)> {
+        let dir = lock.dir().to_path_buf();
+        let dir = dir.as_path();
         let cells_path = dir.join(CELLS_CSV);
         let cells_csv: ParsedCsv<CellRecord> = read_tolerant(&cells_path, &CELLS_COLUMNS)?;
         let mut check = CellCheck::new(dir, &info)?;
