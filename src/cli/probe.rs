@@ -64,7 +64,7 @@ pub struct ProbeArgs {
     pub index: Vec<IndexProfile>,
 
     /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
-    /// other --index profiles are scored too
+    /// other --index profiles are scored too, and exact whenever a rounding profile drives
     #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub compare: Vec<IndexProfile>,
 
@@ -248,7 +248,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let compare = match &capture {
         Some(_) => crate::probe::served::scored_with_engine(&args.index, &args.compare),
-        None => args.compare.clone(),
+        None => with_exact(&args.index, &args.compare),
     };
     let opts = ProbeOptions {
         indexes: args.index.clone(),
@@ -309,6 +309,7 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 "lost_layers": crate::record::why::lost_layers(r, last),
                 "why": crate::record::why::why(r, last),
             }))).collect::<serde_json::Result<Vec<_>>>()?,
+            "diagnosis": crate::probe::session::diagnosis(&runs, last),
             "conclusion": conclusion(&runs, last, judge_answers, &needle_texts),
         });
         let mut obj = obj;
@@ -360,6 +361,19 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// `--compare` with `exact` added when a rounding profile drives and it is not scored: it
+/// costs no forward, and only it tells a layer lost to rounding from one the top-k is too small
+/// for ([`crate::record::why`]).
+pub fn with_exact(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
+    let exact = IndexProfile::Exact;
+    let mut out = compare.to_vec();
+    if indexes.iter().any(|&p| p != exact) && !compare.contains(&exact) && !indexes.contains(&exact)
+    {
+        out.push(exact);
+    }
+    out
 }
 
 /// `probe --json`'s `prompt` object.
@@ -760,6 +774,17 @@ pub fn record(
 // under the driving profile and each `--compare` profile, the answer line, and the other
 // probed positions (question tokens, generated tokens) grouped into ranges.
 
+/// What the columns of a probe's per-layer tables mean (docs/architecture.md section 4), printed
+/// under them as the sweep's summary prints [`crate::report::summary::SUMMARY_LEGEND`].
+pub const PROBE_LEGEND: &str = "\nlegend: visible: compressed rows the query can see, n_t = \
+     floor((query + 1) / 4) (one row per 4 tokens); needle: those holding a needle token.\n\
+     rank[p]: the needle's best row under profile p, 1 + rows scoring strictly higher (-: no \
+     needle row visible); the first is the driving profile, the one the run selected with.\n\
+     margin: needle score minus the k-th best score under the driving profile (>= 0: inside \
+     the top-k); selected: rank <= k.\n\
+     trivial: n_t <= k, every visible row is kept, so the layer cannot lose the needle and \
+     does not count.\n";
+
 fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("-".to_string(), |x| x.to_string())
 }
@@ -780,6 +805,11 @@ pub(super) fn print_tables(
     if marks.synthetic {
         write!(out, "{}", crate::report::SYNTHETIC_LINE)?;
     }
+    writeln!(
+        out,
+        "diagnosis: {}",
+        crate::probe::session::diagnosis(runs, last)
+    )?;
     // Same rule as the sweep's lines: more than a point off the request is said.
     let asked = if (prompt.actual_depth_pct - prompt.depth_pct).abs() > 1.0 {
         format!(
@@ -889,6 +919,9 @@ pub(super) fn print_tables(
             writeln!(out, "why: {why}")?;
         }
         print_other_positions(out, run, last)?;
+    }
+    if !runs.is_empty() {
+        write!(out, "{PROBE_LEGEND}")?;
     }
     if let Some(run) = runs.first() {
         writeln!(out)?;

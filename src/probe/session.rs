@@ -303,6 +303,112 @@ pub fn needles_lost(run: &ProbeRun, last_prompt_pos: usize, needles: &[String]) 
     Some(parts.join(", "))
 }
 
+/// The one-sentence diagnosis a probe's text starts with: for each run, which layers its
+/// profile and top-k lose the needle on and why, told apart by the exact math scored on the
+/// same hidden states (kept by exact: the profile's rounding; lost by exact too: the top-k is
+/// too small there), or that it keeps the needle everywhere; e.g. `fp8 at top-64 loses the
+/// needle on layers 1, 3 (2 of 2 non-trivial CSA layers): the exact math keeps layer 3 (fp8
+/// rounding) and loses layer 1 too (top-64 is too small there); bf16 at top-64 keeps it on
+/// both non-trivial CSA layers`.
+pub fn diagnosis(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
+    use crate::record::why::{lost_layers, LossCause};
+    let layer_list = |layers: &[usize]| {
+        let mut layers = layers.to_vec();
+        layers.dedup();
+        let names: Vec<String> = layers.iter().map(|l| l.to_string()).collect();
+        match names.len() {
+            1 => format!("layer {}", names[0]),
+            _ => format!("layers {}", names.join(", ")),
+        }
+    };
+    let parts: Vec<String> = runs
+        .iter()
+        .map(|run| {
+            let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
+            let who = format!("{} at top-{}", run.index, run.topk);
+            if nontrivial == 0 {
+                return format!(
+                    "{who} cannot lose the needle: every CSA layer keeps every visible row \
+                     (n_t <= k on all {total})"
+                );
+            }
+            if lost == 0 {
+                let all = match nontrivial {
+                    1 => "the only non-trivial CSA layer".to_string(),
+                    2 => "both non-trivial CSA layers".to_string(),
+                    n => format!("all {n} non-trivial CSA layers"),
+                };
+                return format!("{who} keeps the needle on {all}");
+            }
+            let layers = lost_layers(run, last_prompt_pos);
+            let of = |cause: LossCause| -> Vec<usize> {
+                layers
+                    .iter()
+                    .filter(|l| l.cause == cause)
+                    .map(|l| l.layer)
+                    .collect()
+            };
+            let all: Vec<usize> = layers.iter().map(|l| l.layer).collect();
+            let mut causes = Vec::new();
+            let rounding = of(LossCause::Rounding);
+            if !rounding.is_empty() {
+                causes.push(format!(
+                    "the exact math keeps {} ({} rounding)",
+                    layer_list(&rounding),
+                    run.index
+                ));
+            }
+            let exact_loses = of(LossCause::ExactLoses);
+            if !exact_loses.is_empty() {
+                let too = if run.index == IndexProfile::Exact.name() {
+                    ""
+                } else {
+                    " too"
+                };
+                let verb = if rounding.is_empty() {
+                    "the exact math loses"
+                } else {
+                    "loses"
+                };
+                causes.push(format!(
+                    "{verb} {}{too} (top-{} is too small there)",
+                    layer_list(&exact_loses),
+                    run.topk
+                ));
+            }
+            let hidden = of(LossCause::NotVisible);
+            if !hidden.is_empty() {
+                causes.push(format!(
+                    "{} cannot see a needle row yet",
+                    layer_list(&hidden)
+                ));
+            }
+            let unexplained: Vec<usize> = layers
+                .iter()
+                .filter(|l| {
+                    matches!(
+                        l.cause,
+                        LossCause::KeptByOther | LossCause::NoProfileKeeps | LossCause::Unknown
+                    )
+                })
+                .map(|l| l.layer)
+                .collect();
+            if !unexplained.is_empty() {
+                causes.push(format!(
+                    "{} cannot be told apart without the exact profile",
+                    layer_list(&unexplained)
+                ));
+            }
+            format!(
+                "{who} loses the needle on {} ({lost} of {nontrivial} non-trivial CSA layers): {}",
+                layer_list(&all),
+                causes.join(" and ")
+            )
+        })
+        .collect();
+    parts.join("; ")
+}
+
 /// The one-line conclusion, e.g. "needle lost on 7/21 CSA layers under fp8 at top-512; all
 /// kept with bf16 at top-512".
 /// `judge_answers` is false for a model whose LM path is not built to answer (the planted demo

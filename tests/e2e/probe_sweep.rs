@@ -266,6 +266,108 @@ fn probe_why_tells_rounding_from_a_small_topk() {
     assert!(text.contains("exact keeps 1\n"), "{text}");
 }
 
+/// The probe's text explains itself: a one-sentence diagnosis first (which profile and
+/// top-k lose the needle where, and whether the exact math keeps it), the tables, then a
+/// legend of their columns; `exact` is scored when a rounding profile drives without it.
+#[test]
+fn probe_text_starts_with_a_diagnosis_and_scores_exact_without_being_asked() {
+    let args = [
+        "--length",
+        "16k",
+        "--depth",
+        "50",
+        "--index",
+        "fp8,bf16",
+        "--topk",
+        "64,128",
+        "--generate",
+        "0",
+    ];
+    let v = probe_json(&args);
+    let diagnosis = v["diagnosis"].as_str().unwrap();
+    assert!(
+        diagnosis.starts_with(
+            "fp8 at top-64 loses the needle on layers 1, 3 (2 of 2 non-trivial CSA layers): \
+             the exact math keeps layer 3 (fp8 rounding) and loses layer 1 too (top-64 is too \
+             small there); fp8 at top-128 loses"
+        ),
+        "{diagnosis}"
+    );
+    assert!(
+        diagnosis.contains(
+            "bf16 at top-64 loses the needle on layer 1 (1 of 2 non-trivial CSA layers): the \
+             exact math loses layer 1 too (top-64 is too small there)"
+        ) && diagnosis.ends_with("bf16 at top-128 keeps the needle on both non-trivial CSA layers"),
+        "{diagnosis}"
+    );
+    // exact was not asked for and is scored: every run has its rows and a cause per layer.
+    for run in v["runs"].as_array().unwrap() {
+        let profiles: std::collections::BTreeSet<&str> = run["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["profile"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            profiles,
+            ["bf16", "exact", "fp8"].into(),
+            "{}",
+            run["cell_id"]
+        );
+        for lost in run["lost_layers"].as_array().unwrap() {
+            let cause = lost["cause"].as_str().unwrap();
+            assert!(cause == "rounding" || cause == "exact_loses", "{lost}");
+        }
+    }
+    let out = bin()
+        .arg("probe")
+        .arg("--model")
+        .arg(planted())
+        .args(["--scenario", "passkey", "--kv", "exact"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = ok(out, "probe");
+    let lines: Vec<&str> = text.lines().collect();
+    // After the synthetic-model line, before the prompt and the tables.
+    assert_eq!(lines[1], format!("diagnosis: {diagnosis}"), "{text}");
+    assert!(lines[2].starts_with("scenario passkey"), "{text}");
+    assert!(text.contains("rank[exact]"), "{text}");
+    let legend = text
+        .find("\nlegend: visible: compressed rows")
+        .expect("a legend");
+    let last_table = text.rfind("\n== index").unwrap();
+    let attention = text.find("\nattention on the needle").unwrap();
+    assert!(last_table < legend && legend < attention, "{text}");
+    for term in [
+        "needle: ",
+        "rank[p]: ",
+        "margin: ",
+        "selected: ",
+        "trivial: ",
+    ] {
+        assert!(text[legend..attention].contains(term), "{term}: {text}");
+    }
+    // Driving exact, or exact compared: not scored twice.
+    let v = probe_json(&[
+        "--length",
+        "2k",
+        "--index",
+        "exact",
+        "--topk",
+        "64",
+        "--generate",
+        "0",
+    ]);
+    let profiles: std::collections::BTreeSet<&str> = v["runs"][0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["profile"].as_str().unwrap())
+        .collect();
+    assert_eq!(profiles, ["exact"].into());
+}
+
 #[test]
 fn probe_ranks_match_trace_scores_on_the_same_prompt() {
     let v = probe_json(&[
