@@ -126,7 +126,33 @@ pub fn cell_id_base(
 }
 
 /// cells.csv columns, in order.
-pub const CELLS_COLUMNS: [&str; 17] = [
+pub const CELLS_COLUMNS: [&str; 20] = [
+    "cell_id",
+    "target_tokens",
+    "prompt_tokens",
+    "depth_pct",
+    "needle_start",
+    "needle_end",
+    "answer_start",
+    "answer_end",
+    "index",
+    "kv",
+    "topk",
+    "answer_text",
+    "answer_correct",
+    "min_needle_rank",
+    "csa_layers_selected",
+    "csa_layers_nontrivial",
+    "wall_seconds",
+    "recalled",
+    "exact_keeps",
+    "sample",
+];
+
+/// The cells.csv columns written before `recalled`, `exact_keeps` and `sample` (needlescope
+/// 0.1 until 2026-12): such a file is still read, those three derived from the rest, and a
+/// resumed run rewrites it with them.
+pub const CELLS_COLUMNS_BEFORE_DERIVED: [&str; 17] = [
     "cell_id",
     "target_tokens",
     "prompt_tokens",
@@ -214,6 +240,19 @@ pub struct CellRecord {
     pub csa_layers_selected: usize,
     pub csa_layers_nontrivial: usize,
     pub wall_seconds: f64,
+    /// The cell's verdict however it was judged ([`Self::verdict`]): `answer_correct` when
+    /// present, else indexer recall; empty when the cell is no evidence (judged by the indexer
+    /// with every CSA layer trivial).
+    #[serde(default)]
+    pub recalled: Option<bool>,
+    /// Of the CSA layers lost at the answer position, those the `exact` profile selects on the
+    /// same hidden states (lost to the driving profile's rounding); empty when `exact` was not
+    /// scored in the cell ([`crate::record::why::rounding_losses`]).
+    #[serde(default)]
+    pub exact_keeps: Option<usize>,
+    /// The sample of a sweep cell (its cell_id's `-s{sample}`); empty for a probe's cell.
+    #[serde(default)]
+    pub sample: Option<usize>,
 }
 
 /// How a cell's success is judged.
@@ -236,6 +275,31 @@ impl CellRecord {
     /// The verdict: `answer_correct` when present, else indexer recall.
     pub fn recalled(&self) -> bool {
         self.answer_correct.unwrap_or_else(|| self.indexer_recall())
+    }
+
+    /// The `recalled` column: [`Self::recalled`] for a cell that is evidence
+    /// ([`Self::is_evidence`]), else empty.
+    pub fn verdict(&self) -> Option<bool> {
+        self.is_evidence().then(|| self.recalled())
+    }
+
+    /// The sample a sweep's cell_id names (`...-s{sample}`); `None` for a probe's id.
+    pub fn sample_of_id(cell_id: &str) -> Option<usize> {
+        let (_, n) = cell_id.rsplit_once("-s")?;
+        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| n.parse().ok())
+            .flatten()
+    }
+
+    /// Sets the columns derived from the others and from the cell's layers.csv rows
+    /// (`recalled`, `exact_keeps`, `sample`), as the writer does before appending the row.
+    pub fn derive_columns<'a>(&mut self, layers: impl IntoIterator<Item = &'a LayerRecord>) {
+        self.recalled = self.verdict();
+        self.sample = Self::sample_of_id(&self.cell_id);
+        self.exact_keeps = self
+            .prompt_tokens
+            .checked_sub(1)
+            .and_then(|answer| why::rounding_losses(layers, answer));
     }
 
     pub fn judge(&self) -> Judge {

@@ -167,7 +167,7 @@ pub fn cell_record(
     let last = prompt.tokens.len() - 1;
     let recs = answer_position_records(run, last);
     let (selected, nontrivial) = crate::record::layers_selected(recs.iter().copied());
-    CellRecord {
+    let mut cell = CellRecord {
         cell_id: run.cell_id.clone(),
         target_tokens,
         prompt_tokens: prompt.tokens.len(),
@@ -189,7 +189,12 @@ pub fn cell_record(
         csa_layers_selected: selected,
         csa_layers_nontrivial: nontrivial,
         wall_seconds: run.wall_seconds,
-    }
+        recalled: None,
+        exact_keeps: None,
+        sample: None,
+    };
+    cell.derive_columns(&run.layers);
+    cell
 }
 
 /// What a sweep did.

@@ -675,10 +675,22 @@ fn an_engine_only_sweep_records_membership_and_resumes() {
         report.contains("2/2 layers") || report.contains("/2 layers"),
         "{report}"
     );
-    // Another grid in the same directory is refused by name.
-    let other = sweep(&bare, &swept, &["--samples", "2"]);
+    // More samples grow the grid: only the new prompts are sent.
+    let grown = ok(
+        sweep(&bare, &swept, &["--samples", "2"]),
+        "engine-only grid grown",
+    );
+    assert!(
+        grown.contains("the grid grows (samples 1 -> 2)")
+            && grown.contains("2 cells run, 2 already finished"),
+        "{grown}"
+    );
+    assert_eq!(server.served.load(std::sync::atomic::Ordering::SeqCst), 4);
+    // Another seed would change the finished cells: refused by name, nothing sent.
+    let other = sweep(&bare, &swept, &["--samples", "2", "--seed", "5"]);
     assert_eq!(other.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&other.stderr).contains("samples"));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("sweep_args.seed"));
+    assert_eq!(server.served.load(std::sync::atomic::Ordering::SeqCst), 4);
     // A run with a local model never takes over (and empties) an engine-only directory.
     let before = std::fs::read_to_string(swept.join("engine.csv")).unwrap();
     let out = bin()

@@ -264,6 +264,20 @@ fn probe_why_tells_rounding_from_a_small_topk() {
     let text = ok(out, "sweep");
     assert!(text.contains("lost 2/2 layers"), "{text}");
     assert!(text.contains("exact keeps 1\n"), "{text}");
+    // cells.csv says the same without the layers: not recalled, exact keeps 1, sample 0.
+    let cells = std::fs::read_to_string(dir.path().join("sweep/cells.csv")).unwrap();
+    let mut rdr = csv::Reader::from_reader(cells.as_bytes());
+    let head = rdr.headers().unwrap().clone();
+    let row = rdr.records().next().unwrap().unwrap();
+    let get = |name: &str| {
+        row.get(head.iter().position(|h| h == name).unwrap())
+            .unwrap()
+    };
+    assert_eq!(
+        (get("recalled"), get("exact_keeps"), get("sample")),
+        ("false", "1", "0"),
+        "{cells}"
+    );
 }
 
 /// The probe's text explains itself: a one-sentence diagnosis first (which profile and

@@ -416,6 +416,79 @@ fn impossible_values_are_refused_naming_the_field() {
     }
 }
 
+/// The derived columns (`recalled`, `exact_keeps`, `sample`) are the store's: whatever a
+/// caller passes, the row holds what follows from the cell and its layers.csv rows, and a
+/// hand edit of any of them is refused by report and resume, naming the field.
+#[test]
+fn derived_columns_follow_the_row_and_an_edit_is_refused() {
+    let mut cells = sweep_cells();
+    // Cell 1 loses layer 4 (rank 6 > k 5) where exact keeps it (rank 2): one rounding loss.
+    cells[1].0.topk = 5;
+    cells[1].0.cell_id = "L2048-d50-bf16-k5-s1".into();
+    let id = cells[1].0.cell_id.clone();
+    let mut rows = grid_layers(&id);
+    rows.push(layer(&id, 2, "exact", false, 1));
+    rows.push(layer(&id, 4, "exact", false, 2));
+    // Judged by the indexer (no answer verdict); what a caller says is not what is written.
+    cells[1].0.answer_correct = None;
+    cells[1].0.recalled = Some(true);
+    cells[1].0.sample = Some(7);
+    let (c, rows) = agreeing(cells[1].0.clone(), rows);
+    cells[1] = (c, rows, vec![attention(&id, 2)]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut info = sweep_info();
+    info.sweep_args["topks"] = serde_json::json!([512, 1024, 5]);
+    write_run(dir.path(), info.clone(), &cells);
+    let back = RunRecords::read(dir.path()).unwrap();
+    let derived: Vec<(Option<bool>, Option<usize>, Option<usize>)> = back
+        .cells
+        .iter()
+        .map(|c| (c.recalled, c.exact_keeps, c.sample))
+        .collect();
+    assert_eq!(
+        derived,
+        [
+            (Some(true), None, Some(0)),
+            (Some(false), Some(1), Some(1)),
+            (Some(true), None, Some(0)),
+            (Some(true), None, Some(1)),
+        ]
+    );
+    type Edit = fn(&mut CellRecord);
+    let cases: [(&str, Edit, u64); 4] = [
+        ("recalled", |c| c.recalled = Some(true), 3),
+        ("recalled", |c| c.recalled = None, 3),
+        ("sample", |c| c.sample = Some(0), 3),
+        ("exact_keeps", |c| c.exact_keeps = Some(2), 3),
+    ];
+    for (field, edit, line) in cases {
+        let run = tempfile::tempdir().unwrap();
+        write_run(run.path(), info.clone(), &cells);
+        let path = run.path().join("cells.csv");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let mut bad = back.cells[1].clone();
+        edit(&mut bad);
+        lines[line as usize - 1] = String::from_utf8(csv_line(&bad)).unwrap().trim_end().into();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let err = RunRecords::read(run.path()).err().unwrap();
+        let (at, named, ..) = invalid(err);
+        assert_eq!((at, named.as_str()), (line, field));
+        assert!(RunDir::create_or_resume(run.path(), info.clone()).is_err());
+    }
+    // An exact_keeps within the lost layers but not what layers.csv says: the cross-file check.
+    let run = tempfile::tempdir().unwrap();
+    write_run(run.path(), info.clone(), &cells);
+    let path = run.path().join("cells.csv");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen(",1,1\n", ",0,1\n", 1)).unwrap();
+    let msg = RunRecords::read(run.path()).err().unwrap().to_string();
+    assert!(
+        msg.contains("exact_keeps of cell L2048-d50-bf16-k5-s1") && msg.contains("expected 1"),
+        "{msg}"
+    );
+}
+
 /// Line numbers count physical lines: a quoted answer holding a newline takes two.
 #[test]
 fn line_numbers_count_newlines_inside_answers() {

@@ -195,14 +195,20 @@ fn records_without_times(dir: &Path) -> Vec<Vec<String>> {
         .iter()
         .map(|name| {
             let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            let wall = text
+                .lines()
+                .next()
+                .unwrap()
+                .split(',')
+                .position(|c| c == "wall_seconds");
             let mut lines: Vec<String> = text
                 .lines()
                 .map(|l| {
+                    let mut fields: Vec<&str> = l.split(',').collect();
                     if *name == "cells.csv" {
-                        l.rsplit_once(',').unwrap().0.to_string()
-                    } else {
-                        l.to_string()
+                        fields.remove(wall.unwrap());
                     }
+                    fields.join(",")
                 })
                 .collect();
             lines.sort();

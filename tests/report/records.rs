@@ -16,7 +16,8 @@ use report_support::*;
 /// docs/outputs.md, copied verbatim (the normative header lines).
 const DESIGN_CELLS: &str = "cell_id, target_tokens, prompt_tokens, depth_pct, needle_start, \
     needle_end, answer_start, answer_end, index, kv, topk, answer_text, answer_correct, \
-    min_needle_rank, csa_layers_selected, csa_layers_nontrivial, wall_seconds";
+    min_needle_rank, csa_layers_selected, csa_layers_nontrivial, wall_seconds, recalled, \
+    exact_keeps, sample";
 const DESIGN_LAYERS: &str = "cell_id, layer, query_pos, phase, profile, driving, needle, \
     visible_rows, needle_rows, needle_rank, rank_ties, needle_score, kth_score, margin, selected, trivial";
 const DESIGN_ATTENTION: &str = "cell_id, layer, layer_type, query_pos, phase, needle_mass_mean, \
@@ -148,6 +149,11 @@ fn every_field_type_round_trips_through_the_files() {
     drop(store);
 
     let back = RunRecords::read(dir.path()).unwrap();
+    // The store sets the derived columns from the cell and its rows.
+    let (mut a, mut b) = (a, b);
+    a.derive_columns(&a_layers);
+    b.derive_columns(std::slice::from_ref(&lb));
+    assert_eq!((a.recalled, b.recalled), (None, Some(false)));
     assert_eq!(back.cells, vec![a.clone(), b.clone()]);
     assert_eq!(back.layers, vec![la, la_hidden, lb]);
     assert_eq!(back.attention, vec![aa, attention("b", 7)]);

@@ -475,3 +475,63 @@ fn summary_counts_layers_lost_to_rounding_across_a_resume() {
         "the reader agrees"
     );
 }
+
+/// A cells.csv written before `recalled`, `exact_keeps` and `sample` (its header ends at
+/// `wall_seconds`) is read with the three derived, with a note, and a resumed run rewrites it
+/// in today's form (what it would have written) before appending.
+#[test]
+fn a_cells_csv_of_an_older_version_is_read_and_rewritten_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path();
+    let (mut store, _) = RunDir::create_or_resume(run, run_info(false)).unwrap();
+    for (c, l, a) in three_cells() {
+        store.append_cell(&c, &l, &a).unwrap();
+    }
+    drop(store);
+    let path = run.join("cells.csv");
+    let today = std::fs::read_to_string(&path).unwrap();
+    let today_cells = RunRecords::read(run).unwrap().cells;
+    // The older file: every line without its last three fields.
+    let older: String = today
+        .lines()
+        .map(|l| {
+            let mut fields: Vec<&str> = l.split(',').collect();
+            fields.truncate(fields.len() - 3);
+            fields.join(",") + "\n"
+        })
+        .collect();
+    assert!(older.starts_with(&needlescope::record::CELLS_COLUMNS_BEFORE_DERIVED.join(",")));
+    std::fs::write(&path, &older).unwrap();
+    let back = RunRecords::read(run).unwrap();
+    assert_eq!(back.cells, today_cells);
+    assert!(
+        back.notes
+            .iter()
+            .any(|n| n.contains("written by an older needlescope")),
+        "{:?}",
+        back.notes
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        older,
+        "report reads only"
+    );
+    let (store, done) = RunDir::create_or_resume(run, run_info(false)).unwrap();
+    assert_eq!(done, today_cells);
+    assert!(
+        store
+            .notes()
+            .iter()
+            .any(|n| n.contains("rewritten with the columns recalled")),
+        "{:?}",
+        store.notes()
+    );
+    drop(store);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), today);
+    // Any other header is still refused.
+    std::fs::write(&path, older.replacen("wall_seconds", "seconds", 1)).unwrap();
+    assert!(matches!(
+        RunRecords::read(run).err().unwrap(),
+        ReportError::Header { .. }
+    ));
+}

@@ -54,6 +54,9 @@ pub fn cell(id: &str, target: usize, depth: f64, index: IndexProfile, topk: usiz
         csa_layers_selected: 21,
         csa_layers_nontrivial: 21,
         wall_seconds: 1.25,
+        recalled: Some(true),
+        exact_keeps: None,
+        sample: CellRecord::sample_of_id(id),
     }
 }
 

@@ -6,7 +6,8 @@
 //!   at most k and its score is a number, `trivial` exactly when `visible_rows <= k`;
 //! - each cells.csv row against its driving rows at the answer position (the last prompt
 //!   token): `min_needle_rank` is their worst rank, `csa_layers_nontrivial` counts the
-//!   non-trivial ones and `csa_layers_selected` those of them that selected the needle.
+//!   non-trivial ones and `csa_layers_selected` those of them that selected the needle;
+//!   `exact_keeps` counts the lost layers its `exact` rows select (empty without them).
 //!
 //! Relations within one row are `row_checks`'s, every row being there is `completeness`'s.
 
@@ -72,8 +73,18 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
     }
     // Each cell's driving rows, gathered in one pass (a report may hold millions of rows).
     let mut driving: HashMap<&str, Vec<&LayerRecord>> = HashMap::new();
-    for r in layers.iter().filter(|r| r.driving) {
-        driving.entry(r.cell_id.as_str()).or_default().push(r);
+    // And every row at the cell's answer position, for `exact_keeps`.
+    let mut answer_rows: HashMap<&str, Vec<&LayerRecord>> = HashMap::new();
+    for r in layers {
+        let Some(cell) = by_id.get(r.cell_id.as_str()) else {
+            continue;
+        };
+        if r.query_pos == cell.answer_position() {
+            answer_rows.entry(r.cell_id.as_str()).or_default().push(r);
+        }
+        if r.driving {
+            driving.entry(r.cell_id.as_str()).or_default().push(r);
+        }
     }
     for cell in cells {
         let answer = cell.answer_position();
@@ -88,6 +99,14 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
         // Per layer over the needles: selected only when every needle is.
         let (selected, nontrivial) = crate::record::layers_selected(rows.iter().copied());
         let show = |v: Option<usize>| v.map_or("(empty)".to_string(), |v| v.to_string());
+        let keeps = crate::record::why::rounding_losses(
+            answer_rows
+                .get(cell.cell_id.as_str())
+                .into_iter()
+                .flatten()
+                .copied(),
+            answer,
+        );
         let checks = [
             (
                 "min_needle_rank",
@@ -106,6 +125,13 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
                 selected.to_string(),
                 cell.csa_layers_selected.to_string(),
                 "those of them that selected the needle (every needle, when there are several)",
+            ),
+            (
+                "exact_keeps",
+                show(keeps),
+                show(cell.exact_keeps),
+                "the lost layers its exact layers.csv rows select at the answer position; \
+                 empty when exact was not scored",
             ),
         ];
         for (field, expected, found, what) in checks {
@@ -137,7 +163,7 @@ mod tests {
             "needle_start": 40, "needle_end": 50, "answer_start": 90, "answer_end": 91,
             "index": "fp8", "kv": "exact", "topk": 4, "answer_text": "", "answer_correct": null,
             "min_needle_rank": 9, "csa_layers_selected": 1, "csa_layers_nontrivial": 2,
-            "wall_seconds": 1.0
+            "wall_seconds": 1.0, "exact_keeps": 0
         }))
         .unwrap();
         let row = |layer, profile, driving, rank| {
@@ -191,6 +217,15 @@ mod tests {
         let mut c = cells.clone();
         c[0].csa_layers_nontrivial = 1;
         assert_eq!(found(&c, &layers), (CELLS_CSV, "csa_layers_nontrivial"));
+        // exact_keeps: layer 3 is lost and exact has no row there, so it keeps none; without
+        // exact rows at all the column is empty.
+        let mut c = cells.clone();
+        c[0].exact_keeps = Some(1);
+        assert_eq!(found(&c, &layers), (CELLS_CSV, "exact_keeps"));
+        assert_eq!(found(&cells, &layers[..2]), (CELLS_CSV, "exact_keeps"));
+        let mut c = cells.clone();
+        c[0].exact_keeps = None;
+        assert_eq!(first_disagreement(&c, &layers[..2]), None);
         // A rank past the cell's top-k marked selected, and the reverse.
         let mut l = layers.clone();
         l[1].selected = true;

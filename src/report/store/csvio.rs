@@ -49,6 +49,9 @@ pub(crate) struct ParsedCsv<T> {
     pub torn_line: Option<u64>,
     /// The line a record appended after the complete prefix will start on.
     pub next_line: u64,
+    /// The header is an older version's ([`RowCheck::older_columns`]): the rows were read
+    /// with it and completed ([`RowCheck::complete_older`]); appending needs a rewrite first.
+    pub older: bool,
 }
 
 impl<T> ParsedCsv<T> {
@@ -100,11 +103,13 @@ pub(crate) fn count_lines(bytes: &[u8]) -> u64 {
     line_ends(bytes, 0..bytes.len())
 }
 
-/// Reads `path`, checking the header against `columns` (exact names and order).
+/// Reads `path`, checking the header against `columns` (exact names and order), or against
+/// the columns an older version wrote ([`RowCheck::older_columns`]; [`ParsedCsv::older`]).
 pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
     path: &Path,
     columns: &[&str],
 ) -> Result<ParsedCsv<T>> {
+    let mut columns = columns;
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -119,12 +124,13 @@ pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
         file_len: len,
         torn_line: None,
         next_line: 1,
+        older: false,
     };
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
         .from_reader(bytes.as_slice());
-    let header = csv::ByteRecord::from(columns.to_vec());
+    let mut header = csv::ByteRecord::from(columns.to_vec());
     let mut rec = csv::ByteRecord::new();
     let mut start = 0u64;
     // Line ends before byte `counted` (counted incrementally: files can be large).
@@ -193,11 +199,18 @@ pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
                 break;
             }
             if rec != header || !terminated {
-                return Err(ReportError::Header {
-                    path: path.to_path_buf(),
-                    expected: columns.join(","),
-                    found: text.trim_end().to_string(),
-                });
+                let older = T::older_columns()
+                    .filter(|o| terminated && rec.iter().eq(o.iter().map(|c| c.as_bytes())));
+                let Some(older) = older else {
+                    return Err(ReportError::Header {
+                        path: path.to_path_buf(),
+                        expected: columns.join(","),
+                        found: text.trim_end().to_string(),
+                    });
+                };
+                columns = older;
+                header = csv::ByteRecord::from(older.to_vec());
+                out.older = true;
             }
             out.has_header = true;
             out.header_end = end;
@@ -216,7 +229,10 @@ pub(crate) fn read_tolerant<T: DeserializeOwned + RowCheck>(
                 .map_err(|e| field_error(&e, &rec, columns))
         };
         match (parsed, terminated) {
-            (Ok(value), true) => {
+            (Ok(mut value), true) => {
+                if out.older {
+                    value.complete_older();
+                }
                 if let Some(bad) = value.inconsistency() {
                     return Err(ReportError::Invalid {
                         path: path.to_path_buf(),

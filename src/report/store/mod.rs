@@ -155,7 +155,7 @@ impl RunDir {
                             grown.join("; ")
                         ));
                     }
-                    return RunDir::open_records(lock, info, notes);
+                    return RunDir::open_records(lock, *info, notes);
                 }
                 Resume::Refused(differences) => differences,
             };
@@ -222,6 +222,21 @@ impl RunDir {
         let layers: ParsedCsv<LayerRecord> = read_tolerant(&layers_path, &LAYERS_COLUMNS)?;
         let att_path = dir.join(ATTENTION_CSV);
         let attention: ParsedCsv<AttentionRecord> = read_tolerant(&att_path, &ATTENTION_COLUMNS)?;
+        // A cells.csv of an older version gains today's columns before anything is appended.
+        let cells_csv = if cells_csv.older {
+            let mut all: Vec<CellRecord> =
+                cells_csv.records.iter().map(|r| r.value.clone()).collect();
+            let rows: Vec<LayerRecord> = layers.records.iter().map(|r| r.value.clone()).collect();
+            derive_exact_keeps(&mut all, &rows);
+            rewrite_cells(&cells_path, &all)?;
+            notes.push(format!(
+                "{CELLS_CSV} was written by an older needlescope: rewritten with the columns \
+                 recalled, exact_keeps and sample, derived from its rows and layers.csv"
+            ));
+            read_tolerant(&cells_path, &CELLS_COLUMNS)?
+        } else {
+            cells_csv
+        };
 
         // Finished cells whose other rows are not all there (files damaged by hand) go back to
         // the run, which computes them again; rows of unlisted cells are dropped.
@@ -320,6 +335,8 @@ impl RunDir {
     /// Records one finished cell: its layers.csv rows, then attention.csv rows, then (the commit
     /// marker) its cells.csv row, each file flushed and synced; then summary.json. Every layer
     /// and attention record must carry `cell.cell_id`, and the cell must not be finished yet.
+    /// The columns derived from the others (`recalled`, `exact_keeps`, `sample`) are set
+    /// here ([`CellRecord::derive_columns`]).
     pub fn append_cell(
         &mut self,
         cell: &CellRecord,
@@ -339,6 +356,10 @@ impl RunDir {
         attention: &[AttentionRecord],
         engine: &[ServedLayerRecord],
     ) -> Result<()> {
+        // The derived columns follow from the cell and its rows: set here, whatever was given.
+        let mut cell = cell.clone();
+        cell.derive_columns(layers);
+        let cell = &cell;
         let cells_path = self.dir.join(CELLS_CSV);
         if self.finished.contains(&cell.cell_id) {
             return Err(ReportError::Mismatch {
@@ -425,6 +446,39 @@ impl RunDir {
             &self.dir.join(SUMMARY_JSON),
             &SummaryJson::new(&self.info, &self.cells, &self.rounding),
         )
+    }
+}
+
+/// Replaces `path` (atomically) with today's cells.csv header and `cells`.
+fn rewrite_cells(path: &Path, cells: &[CellRecord]) -> Result<()> {
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .terminator(csv::Terminator::Any(b'\n'))
+        .from_writer(Vec::new());
+    for cell in cells {
+        w.serialize(cell).map_err(csv_err(path))?;
+    }
+    let rows = w
+        .into_inner()
+        .map_err(|e| ReportError::io(path)(e.into_error()))?;
+    let mut bytes = format!("{}\n", CELLS_COLUMNS.join(",")).into_bytes();
+    bytes.extend_from_slice(&rows);
+    atomic_write(path, &bytes)
+}
+
+/// Sets each cell's `exact_keeps` from its `layers` rows (those of other cells are skipped):
+/// for cells read from a cells.csv written before the column.
+pub(crate) fn derive_exact_keeps(cells: &mut [CellRecord], layers: &[LayerRecord]) {
+    let mut by_cell: std::collections::HashMap<&str, Vec<&LayerRecord>> = Default::default();
+    for r in layers {
+        by_cell.entry(r.cell_id.as_str()).or_default().push(r);
+    }
+    for cell in cells {
+        let rows = by_cell
+            .get(cell.cell_id.as_str())
+            .cloned()
+            .unwrap_or_default();
+        cell.exact_keeps = cell_rounding_losses(cell, rows);
     }
 }
 

@@ -60,7 +60,8 @@ impl RunRecords {
         for row in &cells_csv.records {
             check.check(&row.value, row.line)?;
         }
-        let cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
+        let older = cells_csv.older;
+        let mut cells: Vec<CellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
         let finished: HashSet<String> = cells.iter().map(|c| c.cell_id.clone()).collect();
         let mut layers: Vec<LayerRecord> = rows(dir, LAYERS_CSV, &LAYERS_COLUMNS, &mut notes)?;
         let mut attention: Vec<AttentionRecord> =
@@ -109,6 +110,14 @@ impl RunRecords {
                 path: dir.join(d.file),
                 problem: format!("finished cell {}: {}", d.cell_id, d.why),
             });
+        }
+        if older {
+            // Written before the column: derived here, from the rows it is checked against.
+            super::derive_exact_keeps(&mut cells, &layers);
+            notes.push(format!(
+                "{CELLS_CSV} was written by an older needlescope (no recalled, exact_keeps, \
+                 sample columns): read with them derived; a resumed run rewrites it with them"
+            ));
         }
         if let Some(d) = first_disagreement(&cells, &layers) {
             return Err(ReportError::Mismatch {

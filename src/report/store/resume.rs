@@ -39,7 +39,10 @@ pub enum Resume {
     /// union of both grids) replaces run.json, `grown` says what was added, one part per key
     /// (`lengths + 4096, 8192`, `samples 1 -> 3`); empty when the new grid lies inside the
     /// recorded one (nothing to record, only cells to fill in).
-    Grown { info: RunInfo, grown: Vec<String> },
+    Grown {
+        info: Box<RunInfo>,
+        grown: Vec<String>,
+    },
     /// Differences that would change finished cells, each by name.
     Refused(Vec<FieldDifference>),
 }
@@ -81,7 +84,10 @@ impl RunInfo {
             }
             info.sweep_args[key] = merged;
         }
-        Resume::Grown { info, grown }
+        Resume::Grown {
+            info: Box::new(info),
+            grown,
+        }
     }
 
     /// Fields in which `now` (the run being started) differs from `self` (run.json): the
@@ -261,7 +267,7 @@ mod tests {
         assert_eq!(
             was.resume_with(&inside),
             Resume::Grown {
-                info: was.clone(),
+                info: Box::new(was.clone()),
                 grown: vec![]
             }
         );

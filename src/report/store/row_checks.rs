@@ -29,6 +29,16 @@ pub trait RowCheck {
     fn inconsistency(&self) -> Option<Inconsistency> {
         None
     }
+
+    /// The header an older version wrote, whose rows are still read (the columns it lacks
+    /// are derived by [`Self::complete_older`]); `None`: only today's header.
+    fn older_columns() -> Option<&'static [&'static str]> {
+        None
+    }
+
+    /// Fills, in a row read under [`Self::older_columns`], the fields it derives from the
+    /// rest of the row.
+    fn complete_older(&mut self) {}
 }
 
 fn wrong(field: &'static str, expected: String, found: impl ToString) -> Option<Inconsistency> {
@@ -39,8 +49,20 @@ fn wrong(field: &'static str, expected: String, found: impl ToString) -> Option<
     })
 }
 
-/// cells.csv rows are checked with the run's plan by [`super::validate::CellCheck`].
-impl RowCheck for CellRecord {}
+/// cells.csv rows are checked with the run's plan by [`super::validate::CellCheck`]. A
+/// cells.csv written before `recalled`, `exact_keeps` and `sample` is read with the first and
+/// last derived from the row; `exact_keeps` needs the cell's layers.csv rows, and is set by
+/// the readers ([`super::RunRecords::read`], a resume) that have them.
+impl RowCheck for CellRecord {
+    fn older_columns() -> Option<&'static [&'static str]> {
+        Some(&crate::record::CELLS_COLUMNS_BEFORE_DERIVED)
+    }
+
+    fn complete_older(&mut self) {
+        self.recalled = self.verdict();
+        self.sample = CellRecord::sample_of_id(&self.cell_id);
+    }
+}
 
 impl RowCheck for LayerRecord {
     fn inconsistency(&self) -> Option<Inconsistency> {

@@ -7,6 +7,9 @@
 //!   `min_needle_rank` 0 (ranks count from 1), `csa_layers_selected` above
 //!   `csa_layers_nontrivial`, a needle or answer span that is reversed or ends past
 //!   `prompt_tokens`;
+//! - derived columns that do not follow from the row: `recalled` other than the verdict
+//!   ([`CellRecord::verdict`]), `exact_keeps` above the layers lost, `sample` other than the
+//!   cell_id's `-s{sample}` (`exact_keeps` against layers.csv is `agreement`'s);
 //! - for a sweep or demo run (run.json's `sweep_args` is a sweep plan): a `target_tokens`,
 //!   `depth_pct`, `index`, `topk` or `kv` outside the plan, a `prompt_tokens` other than
 //!   `target_tokens` (sweep prompts are built to the exact length), and a cell_id other than
@@ -227,6 +230,43 @@ impl CellCheck {
                     );
                 }
             }
+        }
+        if cell.recalled != cell.verdict() {
+            let shown = |v: Option<bool>| v.map_or("empty".to_string(), |b| b.to_string());
+            return bad(
+                "recalled",
+                format!(
+                    "{} (answer_correct {}, else the indexer: {} of {} non-trivial CSA layers \
+                     selected; empty without evidence)",
+                    shown(cell.verdict()),
+                    shown(cell.answer_correct),
+                    cell.csa_layers_selected,
+                    cell.csa_layers_nontrivial
+                ),
+                shown(cell.recalled),
+            );
+        }
+        if let Some(keeps) = cell.exact_keeps.filter(|&k| k > cell.layers_lost()) {
+            return bad(
+                "exact_keeps",
+                format!(
+                    "at most the layers lost, csa_layers_nontrivial - csa_layers_selected ({})",
+                    cell.layers_lost()
+                ),
+                keeps.to_string(),
+            );
+        }
+        if cell.sample != CellRecord::sample_of_id(&cell.cell_id) {
+            let shown = |v: Option<usize>| v.map_or("empty".to_string(), |n| n.to_string());
+            return bad(
+                "sample",
+                format!(
+                    "{} (the -s<sample> of cell_id {})",
+                    shown(CellRecord::sample_of_id(&cell.cell_id)),
+                    cell.cell_id
+                ),
+                shown(cell.sample),
+            );
         }
         self.seen.insert(cell.cell_id.clone(), line);
         Ok(())

@@ -257,6 +257,9 @@ mod tests {
             csa_layers_selected: 2,
             csa_layers_nontrivial: 2,
             wall_seconds: 1.0,
+            recalled: None,
+            exact_keeps: None,
+            sample: Some(0),
         }
     }
 
