@@ -65,13 +65,18 @@ pub fn lost_layers(run: &ProbeRun, last_prompt_pos: usize) -> Vec<LostLayer> {
     lost_layers_of(&run.layers, last_prompt_pos)
 }
 
-/// CSA layers lost to the driving profile's rounding ([`LossCause::Rounding`]) at the answer
-/// position, among the records of one run or cell; `None` when `exact` was not scored there
-/// (neither driving nor compared), so rounding cannot be told from the rest.
+/// CSA layers lost to the driving profile's rounding at the answer position, among the
+/// records of one run or cell: lost layers (non-trivial, some needle not selected under the
+/// driving profile) on which `exact` selects every needle. With one needle these are the
+/// layers of cause [`LossCause::Rounding`]; with several a layer counts once, as layers are
+/// counted lost once (`csa_layers_selected`), so the count never exceeds the layers lost.
+/// `None` when `exact` was not scored there (neither driving nor compared), so rounding cannot
+/// be told from the rest.
 pub fn rounding_losses<'a>(
     records: impl IntoIterator<Item = &'a LayerRecord>,
     last_prompt_pos: usize,
 ) -> Option<usize> {
+    use std::collections::BTreeMap;
     let exact = crate::numerics::profiles::IndexProfile::Exact.name();
     let here: Vec<&LayerRecord> = records
         .into_iter()
@@ -80,10 +85,20 @@ pub fn rounding_losses<'a>(
     if !here.iter().any(|r| r.profile == exact) {
         return None;
     }
-    let lost = lost_layers_of(here, last_prompt_pos);
+    // Per layer: lost under the driving profile; every needle selected by exact.
+    let mut lost: BTreeMap<usize, bool> = BTreeMap::new();
+    let mut exact_keeps: BTreeMap<usize, bool> = BTreeMap::new();
+    for r in &here {
+        if r.driving && !r.trivial {
+            *lost.entry(r.layer).or_default() |= !r.selected;
+        }
+        if r.profile == exact {
+            *exact_keeps.entry(r.layer).or_insert(true) &= r.selected;
+        }
+    }
     Some(
         lost.iter()
-            .filter(|l| l.cause == LossCause::Rounding)
+            .filter(|&(layer, &lost)| lost && exact_keeps.get(layer) == Some(&true))
             .count(),
     )
 }
@@ -444,6 +459,22 @@ mod tests {
         assert_eq!(rounding_losses(&unscored, 99), None);
         let driving_exact = [rec(2, "exact", true, Some(40))];
         assert_eq!(rounding_losses(&driving_exact, 99), Some(0));
+        // Several needles: a layer counts once, and only when exact selects every needle.
+        let needle = |mut r: LayerRecord, n: usize| {
+            r.needle = n;
+            r
+        };
+        let several = [
+            rec(2, "fp8", true, Some(40)),
+            needle(rec(2, "fp8", true, Some(50)), 1),
+            rec(2, "exact", false, Some(3)),
+            needle(rec(2, "exact", false, Some(5)), 1),
+            rec(4, "fp8", true, Some(70)),
+            needle(rec(4, "fp8", true, Some(2)), 1),
+            rec(4, "exact", false, Some(3)),
+            needle(rec(4, "exact", false, Some(30)), 1),
+        ];
+        assert_eq!(rounding_losses(&several, 99), Some(1));
     }
 
     #[test]

@@ -611,7 +611,7 @@ fn an_engine_only_sweep_records_membership_and_resumes() {
         IndexProfile::SglangFp8,
         KvMode::Exact,
         Fault::None,
-        4,
+        5,
         LIFETIME,
     );
     let dir = tempfile::tempdir().unwrap();
