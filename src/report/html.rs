@@ -382,7 +382,7 @@ fn cells_table(records: &RunRecords) -> String {
         "<section id=\"cells\">\n<h2>Cells</h2>\n<table class=\"cells\">\n<thead><tr>\
          <th>cell</th><th>length</th><th>prompt tokens</th><th>depth</th><th>index</th>\
          <th>kv</th><th>top-k</th><th>verdict</th><th>worst rank</th><th>CSA lost</th>\
-         <th>answer</th><th>seconds</th></tr></thead>\n<tbody>\n",
+         <th>exact keeps</th><th>answer</th><th>seconds</th></tr></thead>\n<tbody>\n",
     );
     for cell in &records.cells {
         let (verdict, class) = verdict(cell);
@@ -390,7 +390,7 @@ fn cells_table(records: &RunRecords) -> String {
             out,
             "<tr class=\"cell\" data-cell=\"{}\"><td><a href=\"#cell-{}\">{}</a></td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td>\
-             <td>{}</td><td>{}/{}</td><td>{}</td><td>{:.1}</td></tr>",
+             <td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
             attr(&cell.cell_id),
             attr(&file_stem(&cell.cell_id)),
             text(&cell.cell_id),
@@ -405,6 +405,8 @@ fn cells_table(records: &RunRecords) -> String {
                 .map_or_else(|| "-".to_string(), |r| r.to_string()),
             cell.layers_lost(),
             cell.csa_layers_nontrivial,
+            cell.exact_keeps
+                .map_or_else(|| "-".to_string(), |n| n.to_string()),
             text(&cell.answer_text),
             cell.wall_seconds
         );
@@ -415,7 +417,9 @@ fn cells_table(records: &RunRecords) -> String {
          the answer position); trivial: every CSA layer had n_t &lt;= k.</li>\n<li>worst rank: \
          the needle rank on the CSA layer where it ranked worst (rank 1 = best).</li>\n\
          <li>CSA lost: non-trivial CSA layers that did not select the needle / non-trivial CSA \
-         layers.</li>\n</ul>\n</section>\n",
+         layers.</li>\n<li>exact keeps: of those lost, the layers the exact profile selects on \
+         the same hidden states (lost to rounding; the rest the exact math loses too: the top-k \
+         is too small there); -: exact not scored.</li>\n</ul>\n</section>\n",
     );
     out
 }

@@ -724,7 +724,7 @@ impl SweepTask<'_> {
             };
             // With exact scored, how many of the lost layers the exact math keeps (lost to
             // rounding; the summary's "exact keeps" column sums these).
-            let rounding = match crate::report::summary::cell_rounding_losses(&cell, &run.layers) {
+            let rounding = match cell.exact_keeps {
                 Some(n) if cell.layers_lost() > 0 => format!("  exact keeps {n}"),
                 _ => String::new(),
             };

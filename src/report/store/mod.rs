@@ -410,7 +410,7 @@ impl RunDir {
         }
         append(&mut self.cells_w, &cells_path, std::slice::from_ref(cell))?;
         self.finished.insert(cell.cell_id.clone());
-        if let Some(count) = cell_rounding_losses(cell, layers) {
+        if let Some(count) = cell.exact_keeps {
             self.rounding.insert(cell.cell_id.clone(), count);
         }
         self.cells.push(cell.clone());
