@@ -152,25 +152,7 @@ pub const CELLS_COLUMNS: [&str; 20] = [
 /// The cells.csv columns written before `recalled`, `exact_keeps` and `sample` (needlescope
 /// 0.1 until 2026-12): such a file is still read, those three derived from the rest, and a
 /// resumed run rewrites it with them.
-pub const CELLS_COLUMNS_BEFORE_DERIVED: [&str; 17] = [
-    "cell_id",
-    "target_tokens",
-    "prompt_tokens",
-    "depth_pct",
-    "needle_start",
-    "needle_end",
-    "answer_start",
-    "answer_end",
-    "index",
-    "kv",
-    "topk",
-    "answer_text",
-    "answer_correct",
-    "min_needle_rank",
-    "csa_layers_selected",
-    "csa_layers_nontrivial",
-    "wall_seconds",
-];
+pub const CELLS_COLUMNS_BEFORE_DERIVED: &[&str] = CELLS_COLUMNS.split_at(17).0;
 
 /// layers.csv columns, in order.
 pub const LAYERS_COLUMNS: [&str; 16] = [

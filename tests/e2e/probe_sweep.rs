@@ -11,15 +11,22 @@ use needlescope_testkit::planted as planted_support;
 use planted_support::{bin, ok, planted};
 
 fn probe_json(extra: &[&str]) -> Value {
+    let mut json = vec!["--json"];
+    json.extend_from_slice(extra);
+    serde_json::from_str(&probe_text(&json)).expect("probe --json prints one JSON object")
+}
+
+/// The stdout of a passkey probe on the planted model with exact KV and `extra`.
+fn probe_text(extra: &[&str]) -> String {
     let out = bin()
         .arg("probe")
         .arg("--model")
         .arg(planted())
-        .args(["--scenario", "passkey", "--kv", "exact", "--json"])
+        .args(["--scenario", "passkey", "--kv", "exact"])
         .args(extra)
         .output()
         .unwrap();
-    serde_json::from_str(&ok(out, "probe")).expect("probe --json prints one JSON object")
+    ok(out, "probe")
 }
 
 #[test]
@@ -220,15 +227,7 @@ fn probe_why_tells_rounding_from_a_small_topk() {
     );
     assert!(why.contains("the exact math loses layer 1 too"), "{why}");
 
-    let out = bin()
-        .arg("probe")
-        .arg("--model")
-        .arg(planted())
-        .args(["--scenario", "passkey", "--kv", "exact"])
-        .args(args)
-        .output()
-        .unwrap();
-    let text = ok(out, "probe");
+    let text = probe_text(&args);
     assert!(text.contains(&format!("\nwhy: {why}\n")), "{text}");
 
     // The sweep's line for the same cell says how many lost layers the exact math keeps.
@@ -333,15 +332,7 @@ fn probe_text_starts_with_a_diagnosis_and_scores_exact_without_being_asked() {
             assert!(cause == "rounding" || cause == "exact_loses", "{lost}");
         }
     }
-    let out = bin()
-        .arg("probe")
-        .arg("--model")
-        .arg(planted())
-        .args(["--scenario", "passkey", "--kv", "exact"])
-        .args(args)
-        .output()
-        .unwrap();
-    let text = ok(out, "probe");
+    let text = probe_text(&args);
     let lines: Vec<&str> = text.lines().collect();
     // After the synthetic-model line, before the prompt and the tables.
     assert_eq!(lines[1], format!("diagnosis: {diagnosis}"), "{text}");

@@ -55,7 +55,7 @@ fn wrong(field: &'static str, expected: String, found: impl ToString) -> Option<
 /// the readers ([`super::RunRecords::read`], a resume) that have them.
 impl RowCheck for CellRecord {
     fn older_columns() -> Option<&'static [&'static str]> {
-        Some(&crate::record::CELLS_COLUMNS_BEFORE_DERIVED)
+        Some(crate::record::CELLS_COLUMNS_BEFORE_DERIVED)
     }
 
     fn complete_older(&mut self) {
