@@ -13,13 +13,13 @@
 //!
 //! Resume: `RunDir::create_or_resume` refuses when the model or any result-determining argument
 //! differs from run.json, returns the finished cells, and repairs a torn last line; finished
-//! cells are skipped, so a killed sweep loses at most the cell in flight. A rerun with more
+//! cells are skipped, so a killed sweep loses at most the cell in flight. A (length, depth,
+//! sample) whose cells are all finished is not even tokenised again. A rerun with more
 //! lengths, depths, profiles, top-k values or samples grows the grid (run.json records the
 //! union; `report::store::resume`): only its missing cells run, each scoring every profile of
-//! the grown grid. Ctrl-C stops after the cell in flight and renders the finished cells'
-//! summary, plots and report.html before the process exits. A (length, depth,
-//! sample) whose cells are all finished is not even tokenised again. Ctrl-C stops between cells
-//! (`crate::run::interrupt`: the first press lets the cell in flight finish, a second stops at once).
+//! the grown grid. Ctrl-C stops between cells (`crate::run::interrupt`: the first press lets
+//! the cell in flight finish, then the finished cells' summary, plots and report.html are
+//! written before the process exits; a second press stops at once).
 //!
 //! Backend: `--device` is decided and the layers placed before run.json is written
 //! (`crate::run::target::Target`, planned for the longest length plus the generated tokens and
