@@ -11,8 +11,9 @@ use needlescope::config::ModelConfig;
 use needlescope::numerics::modes::IndexProfile;
 use needlescope::record::{CellRecord, LayerRecord, RunInfo};
 use needlescope::report::plots::{
-    ellipsize_middle, flow, header_lines, layer_plot, legend_layout, profile_colour, rank_label,
-    rank_ticks, spaced_ticks, text_width, thin_ticks, HEADER_TEXT_W, LABEL_PX, TICK_GAP,
+    ellipsize_middle, flow, header_lines, layer_plot, legend_layout, line_style_legend,
+    profile_colour, rank_label, rank_ticks, spaced_ticks, text_width, thin_ticks, HEADER_TEXT_W,
+    LABEL_PX, SIZE, TICK_GAP,
 };
 use needlescope::report::{render_all, render_records, RunDir, RunRecords};
 use report_support::*;
@@ -589,4 +590,61 @@ fn rank_axis_ticks_all_carry_a_label() {
     }
     assert_eq!(rank_ticks(25.0).0, [1.0, 2.0, 5.0, 10.0, 20.0]);
     assert_eq!(rank_ticks(2560.0).0, [1.0, 10.0, 100.0, 1000.0]);
+}
+
+/// rank_vs_length.png never implies that a line follows one needle position: over several
+/// depths the legend says a point gathers them; with one depth it names the depth.
+#[test]
+fn rank_plot_legend_says_what_a_point_is_taken_over() {
+    let text = |depths: &[f64], samples| line_style_legend(depths, samples).join(" ");
+    let many = text(&[10.0, 30.0, 50.0, 70.0, 90.0], 1);
+    assert!(many.contains("over 5 depths (10% to 90%)"), "{many}");
+    assert!(many.contains("may come from different depths"), "{many}");
+    assert!(many.contains("not follow one needle position"), "{many}");
+    let sampled = text(&[0.0, 100.0], 3);
+    assert!(
+        sampled.contains("2 depths (0% to 100%) and 3 samples"),
+        "{sampled}"
+    );
+    let one = text(&[50.0], 3);
+    assert!(
+        one.contains("3 samples per length, all at depth 50%"),
+        "{one}"
+    );
+    assert!(!one.contains("different depths"), "{one}");
+    let single = text(&[33.3], 1);
+    assert!(
+        single.contains("at depth 33.3% (median = worst)"),
+        "{single}"
+    );
+}
+
+/// rank_vs_length.png ticks the measured lengths, every tick labelled: its pixel row just
+/// below the x axis has dark tick marks exactly under the 5 lengths of the demo grid.
+#[test]
+fn rank_plot_ticks_every_measured_length_with_a_label() {
+    let (_keep, dir) = out_dir("rank-ticks");
+    let lengths = [1024, 2048, 4096, 8192, 16384];
+    let mut cells = Vec::new();
+    for &p in &[IndexProfile::SglangFp8, IndexProfile::SglangBf16Keys] {
+        cells.extend(grid_cells(&lengths, &[10.0, 50.0, 90.0], p, 64));
+    }
+    let info = sweep_info(&lengths, &[10.0, 50.0, 90.0], &["fp8", "bf16"], &[64]);
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("rank_vs_length.png"));
+    let (x0, x1) = (110, SIZE.0 as usize - 270 - 10);
+    let axis_y = (600..H)
+        .find(|&y| count(&px, x0 + 5..x1 - 5, y..y + 1, dark) > (x1 - x0) / 2)
+        .expect("the x axis line");
+    let marks: Vec<usize> = (x0..x1)
+        .filter(|&x| count(&px, x..x + 1, axis_y + 2..axis_y + 4, dark) == 2)
+        .collect();
+    assert_eq!(marks.len(), lengths.len(), "tick marks at {marks:?}");
+    for &m in &marks {
+        let label = count(&px, m - 6..m + 7, axis_y + 8..axis_y + 30, dark);
+        assert!(
+            label > 10,
+            "tick at {m} without a label ({label} dark pixels)"
+        );
+    }
 }

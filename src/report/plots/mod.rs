@@ -42,6 +42,7 @@ pub mod text;
 
 pub use layers::{layer_plot, LayerPlot, LayerTick, ProfileSeries};
 pub use legend::{flow, legend_layout, LegendLayout};
+pub use ranks::line_style_legend;
 pub use text::{ellipsize_middle, fit_lines, fit_size, text_width, wrap_words};
 
 /// The embedded font.
