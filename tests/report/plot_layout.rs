@@ -648,3 +648,44 @@ fn rank_plot_ticks_every_measured_length_with_a_label() {
         );
     }
 }
+
+/// Probes at two (length, depth) positions sharing a directory (no plan), one with 3 samples
+/// that disagree: the two positions of the grid without a cell are dotted with a "no cell"
+/// swatch under the grid (before, they were left blank), and the split tile's `(2/3)` is
+/// explained there.
+#[test]
+fn heatmap_marks_positions_without_a_cell_and_explains_split_counts() {
+    let (_keep, dir) = out_dir("no-cell");
+    let mut cells = Vec::new();
+    for (s, correct) in [true, true, false].into_iter().enumerate() {
+        let mut c = cell(
+            &format!("L2048-d0-fp8-k64-s{s}"),
+            2048,
+            0.0,
+            IndexProfile::SglangFp8,
+            64,
+        );
+        c.answer_correct = Some(correct);
+        c.min_needle_rank = Some(100 + 23 * s);
+        cells.push(c);
+    }
+    cells.push(cell(
+        "L4096-d50-fp8-k64-s0",
+        4096,
+        50.0,
+        IndexProfile::SglangFp8,
+        64,
+    ));
+    let mut info = run_info(false);
+    info.sweep_args = serde_json::json!({"command": "probe"});
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("heatmap_fp8_64.png"));
+    let background = count(&px, 100..980, 80..560, |p| p == [252, 252, 252]);
+    let dots = count(&px, 100..980, 80..560, |p| p == [150, 150, 150]);
+    assert!(
+        background > 20_000 && dots > 500,
+        "no-cell tiles: background {background}, dots {dots}"
+    );
+    let swatch = count(&px, 0..W, 600..H, |p| p == [252, 252, 252]);
+    assert!(swatch > 100, "no no-cell legend swatch ({swatch})");
+}
