@@ -7,13 +7,15 @@ use needlescope_testkit::report as report_support;
 
 use std::path::{Path, PathBuf};
 
+use needlescope::config::ModelConfig;
 use needlescope::numerics::modes::IndexProfile;
-use needlescope::record::{CellRecord, RunInfo};
+use needlescope::record::{CellRecord, LayerRecord, RunInfo};
 use needlescope::report::plots::{
-    ellipsize_middle, flow, header_lines, legend_layout, profile_colour, text_width, thin_ticks,
-    HEADER_TEXT_W,
+    ellipsize_middle, flow, header_lines, layer_plot, legend_layout, line_style_legend,
+    profile_colour, rank_label, rank_ticks, spaced_ticks, text_width, thin_ticks, HEADER_TEXT_W,
+    LABEL_PX, SIZE, TICK_GAP,
 };
-use needlescope::report::{render_records, RunRecords};
+use needlescope::report::{render_all, render_records, RunDir, RunRecords};
 use report_support::*;
 
 const W: usize = 1000;
@@ -390,4 +392,300 @@ fn stopped_sweep_heatmap_hatches_tiles_not_run() {
     );
     let swatch = count(&px, 0..W, 600..H, |p| p == [150, 150, 150]);
     assert!(swatch > 10, "no not-run legend swatch");
+}
+
+/// Records shaped like a DeepSeek-V4-Flash probe at 64k tokens: its 21 CSA layers (of 43), all
+/// 8 index profiles scored with fp8 driving; exact and bf16-qk equal on every layer, bf16 equal
+/// to exact on every other layer only, sglang-fp4 and official-fp4 equal to fp8 on a few.
+fn write_flash_shaped(dir: &Path) -> CellRecord {
+    let csa = ModelConfig::flash().csa_layers();
+    assert_eq!(csa.len(), 21);
+    let id = "L65536-d50-fp8-k512-s0";
+    let c = cell(id, 65536, 50.0, IndexProfile::SglangFp8, 512);
+    let mut rows: Vec<LayerRecord> = Vec::new();
+    for (i, &l) in csa.iter().enumerate() {
+        let exact = 2 + (i * 37) % 300;
+        for p in IndexProfile::ALL {
+            let rank = match p {
+                IndexProfile::Exact | IndexProfile::Bf16Qk => exact,
+                IndexProfile::SglangBf16Keys if i % 2 == 0 => exact,
+                IndexProfile::SglangBf16Keys => exact + 3,
+                IndexProfile::SglangFp8 => exact * 2 + 1,
+                IndexProfile::SglangFp4 | IndexProfile::OfficialFp4 if i % 5 == 0 => exact * 2 + 1,
+                IndexProfile::SglangFp4 => exact * 3,
+                IndexProfile::OfficialFp4 => exact * 3 + 7,
+                IndexProfile::VllmFp8 => exact + 40,
+                IndexProfile::Fp8NoHadamardK => exact * 9,
+            };
+            let mut r = layer(id, l, p.name(), p == IndexProfile::SglangFp8, rank);
+            r.visible_rows = 16384;
+            rows.push(r);
+        }
+    }
+    let (c, rows) = agreeing(c, rows);
+    let attn: Vec<_> = csa.iter().map(|&l| attention(id, l)).collect();
+    let (mut store, _) = RunDir::create_or_resume(dir, run_info(false)).unwrap();
+    store.append_cell(&c, &rows, &attn).unwrap();
+    c
+}
+
+/// A Flash-shaped layer plot stays readable: every tick labelled, at CSA layers only, no two
+/// labels touching; every legend row drawn in full inside the canvas, naming the identical
+/// profiles; and on the PNG each of the 8 profiles' colours shows in the data area (exact and
+/// bf16-qk, equal on every layer, side by side rather than one over the other), and the axis
+/// has a tick mark exactly where the layout puts a labelled tick.
+#[test]
+fn flash_shaped_layer_plot_stays_readable() {
+    let (_keep, dir) = out_dir("flash-layers");
+    let c = write_flash_shaped(&dir);
+    render_all(&dir).unwrap();
+    let records = RunRecords::read(&dir).unwrap();
+    let plot = layer_plot(&records, &c).unwrap();
+    let csa = ModelConfig::flash().csa_layers();
+    assert_eq!(plot.layers, csa);
+    assert_eq!(plot.series.len(), 8);
+    let mut marks: Vec<_> = plot.series.iter().map(|s| s.mark).collect();
+    marks.dedup();
+    assert_eq!(marks.len(), 8, "every profile its own marker");
+
+    // Ticks: labelled, at CSA layers, first and last kept, apart, inside the data area.
+    assert!(
+        plot.ticks.len() >= 11,
+        "{} of 21 layers labelled",
+        plot.ticks.len()
+    );
+    assert_eq!(plot.ticks[0].layer, csa[0]);
+    assert_eq!(plot.ticks.last().unwrap().layer, *csa.last().unwrap());
+    for t in &plot.ticks {
+        assert!(
+            csa.contains(&t.layer),
+            "tick at layer {} (no CSA layer)",
+            t.layer
+        );
+        assert_eq!(t.label, t.layer.to_string());
+        assert!(t.x_px >= plot.data_x.0 && t.x_px <= plot.data_x.1);
+    }
+    for w in plot.ticks.windows(2) {
+        let room = w[1].x_px - w[0].x_px - f64::from(w[0].width_px + w[1].width_px) / 2.0;
+        assert!(
+            room >= f64::from(TICK_GAP),
+            "labels {} and {} touch",
+            w[0].label,
+            w[1].label
+        );
+    }
+
+    // Lanes: every profile its own, inside the data area at the outer layers too.
+    let mut offsets: Vec<f64> = plot.series.iter().map(|s| s.offset_px).collect();
+    offsets.sort_by(f64::total_cmp);
+    assert!(
+        offsets.windows(2).all(|w| w[1] - w[0] >= 2.0),
+        "{offsets:?}"
+    );
+    for l in [csa[0], *csa.last().unwrap()] {
+        for o in &offsets {
+            let x = plot.x_px(l as f64) + o;
+            assert!(
+                x > plot.data_x.0 + 4.0 && x < plot.data_x.1 - 4.0,
+                "layer {l} at {x}"
+            );
+        }
+    }
+
+    // Legend: every row drawn, in full, inside the column.
+    let legend = plot.legend();
+    let l = plot.legend_layout;
+    assert_eq!((l.shown, l.more), (legend.len(), false), "{legend:?}");
+    assert!(l.pitch >= 20);
+    assert!(l.top + l.pitch * (legend.len() as i32 - 1) + 12 <= plot.legend_height as i32);
+    assert_eq!(plot.legend_drawn(), legend, "a legend row is shortened");
+    assert!(
+        legend.iter().any(|r| r == "exact = bf16-qk"),
+        "identical profiles not named: {legend:?}"
+    );
+    assert_eq!(
+        plot.identical,
+        vec![vec!["exact".to_string(), "bf16-qk".into()]]
+    );
+
+    // Pixels: every profile visible in the data area.
+    let png = dir.join(format!("layers_{}.png", c.cell_id));
+    let px = pixels(&png);
+    let (x0, x1) = (plot.data_x.0 as usize, plot.data_x.1 as usize);
+    for p in IndexProfile::ALL {
+        let shown = count(&px, x0..x1, 90..620, |q| q == colour(p.name()));
+        assert!(shown > 150, "{}: {shown} pixels of its colour", p.name());
+    }
+    // Tick marks: the dark columns just below the x axis are the layout's ticks.
+    let axis_y = (600..H)
+        .find(|&y| count(&px, x0 + 5..x1 - 5, y..y + 1, dark) > (x1 - x0) / 2)
+        .expect("the x axis line");
+    let marks: Vec<usize> = (x0..x1)
+        .filter(|&x| count(&px, x..x + 1, axis_y + 2..axis_y + 4, dark) == 2)
+        .collect();
+    let want: Vec<f64> = plot.ticks.iter().map(|t| t.x_px).collect();
+    assert_eq!(
+        marks.len(),
+        want.len(),
+        "tick marks at {marks:?}, labelled ticks at {want:?}"
+    );
+    for (m, w) in marks.iter().zip(&want) {
+        assert!(
+            (*m as f64 - w).abs() <= 1.5,
+            "tick marks at {marks:?}, labelled ticks at {want:?}"
+        );
+    }
+}
+
+/// With 61 layers of which 30 are CSA (V4-Pro's count), the labels thin out and still never
+/// touch; irregular gaps between CSA layers too.
+#[test]
+fn layer_axis_labels_thin_without_touching() {
+    let widths = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| text_width(&(2 * i + 1).to_string(), LABEL_PX))
+            .collect()
+    };
+    for (centres, label_widths) in [
+        (
+            (0..30)
+                .map(|i| 110.0 + i as f64 * 20.0)
+                .collect::<Vec<f64>>(),
+            widths(30),
+        ),
+        (vec![110.0, 112.0, 300.0, 318.0, 700.0], widths(5)),
+        (
+            (0..21).map(|i| 110.0 + i as f64 * 29.76).collect(),
+            widths(21),
+        ),
+    ] {
+        let ticks = spaced_ticks(&centres, &label_widths, TICK_GAP);
+        assert_eq!(ticks[0], 0);
+        for w in ticks.windows(2) {
+            let room = centres[w[1]]
+                - centres[w[0]]
+                - f64::from(label_widths[w[0]] + label_widths[w[1]]) / 2.0;
+            assert!(room >= f64::from(TICK_GAP), "{centres:?}: {ticks:?}");
+        }
+        assert!(
+            ticks.len() >= centres.len().min(3) / 2,
+            "{centres:?}: {ticks:?}"
+        );
+    }
+}
+
+/// The rank axes are ticked at integers only, each with its label (plotters' own key points
+/// left ticks without labels between 1 and 10 on short axes).
+#[test]
+fn rank_axis_ticks_all_carry_a_label() {
+    for top in [10.0, 17.5, 25.0, 99.0, 250.0, 2560.0, 1e6] {
+        let (labelled, mesh) = rank_ticks(top);
+        assert!(labelled.len() >= 2, "{top}: {labelled:?}");
+        assert_eq!(labelled[0], 1.0);
+        for v in &labelled {
+            assert!(!rank_label(v).is_empty(), "{top}: tick {v} has no label");
+            assert!(*v <= top);
+        }
+        assert!(labelled.iter().all(|v| mesh.contains(v)));
+    }
+    assert_eq!(rank_ticks(25.0).0, [1.0, 2.0, 5.0, 10.0, 20.0]);
+    assert_eq!(rank_ticks(2560.0).0, [1.0, 10.0, 100.0, 1000.0]);
+}
+
+/// rank_vs_length.png never implies that a line follows one needle position: over several
+/// depths the legend says a point gathers them; with one depth it names the depth.
+#[test]
+fn rank_plot_legend_says_what_a_point_is_taken_over() {
+    let text = |depths: &[f64], samples| line_style_legend(depths, samples).join(" ");
+    let many = text(&[10.0, 30.0, 50.0, 70.0, 90.0], 1);
+    assert!(many.contains("over 5 depths (10% to 90%)"), "{many}");
+    assert!(many.contains("may come from different depths"), "{many}");
+    assert!(many.contains("not follow one needle position"), "{many}");
+    let sampled = text(&[0.0, 100.0], 3);
+    assert!(
+        sampled.contains("2 depths (0% to 100%) and 3 samples"),
+        "{sampled}"
+    );
+    let one = text(&[50.0], 3);
+    assert!(
+        one.contains("3 samples per length, all at depth 50%"),
+        "{one}"
+    );
+    assert!(!one.contains("different depths"), "{one}");
+    let single = text(&[33.3], 1);
+    assert!(
+        single.contains("at depth 33.3% (median = worst)"),
+        "{single}"
+    );
+}
+
+/// rank_vs_length.png ticks the measured lengths, every tick labelled: its pixel row just
+/// below the x axis has dark tick marks exactly under the 5 lengths of the demo grid.
+#[test]
+fn rank_plot_ticks_every_measured_length_with_a_label() {
+    let (_keep, dir) = out_dir("rank-ticks");
+    let lengths = [1024, 2048, 4096, 8192, 16384];
+    let mut cells = Vec::new();
+    for &p in &[IndexProfile::SglangFp8, IndexProfile::SglangBf16Keys] {
+        cells.extend(grid_cells(&lengths, &[10.0, 50.0, 90.0], p, 64));
+    }
+    let info = sweep_info(&lengths, &[10.0, 50.0, 90.0], &["fp8", "bf16"], &[64]);
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("rank_vs_length.png"));
+    let (x0, x1) = (110, SIZE.0 as usize - 270 - 10);
+    let axis_y = (600..H)
+        .find(|&y| count(&px, x0 + 5..x1 - 5, y..y + 1, dark) > (x1 - x0) / 2)
+        .expect("the x axis line");
+    let marks: Vec<usize> = (x0..x1)
+        .filter(|&x| count(&px, x..x + 1, axis_y + 2..axis_y + 4, dark) == 2)
+        .collect();
+    assert_eq!(marks.len(), lengths.len(), "tick marks at {marks:?}");
+    for &m in &marks {
+        let label = count(&px, m - 6..m + 7, axis_y + 8..axis_y + 30, dark);
+        assert!(
+            label > 10,
+            "tick at {m} without a label ({label} dark pixels)"
+        );
+    }
+}
+
+/// Probes at two (length, depth) positions sharing a directory (no plan), one with 3 samples
+/// that disagree: the two positions of the grid without a cell are dotted with a "no cell"
+/// swatch under the grid (before, they were left blank), and the split tile's `(2/3)` is
+/// explained there.
+#[test]
+fn heatmap_marks_positions_without_a_cell_and_explains_split_counts() {
+    let (_keep, dir) = out_dir("no-cell");
+    let mut cells = Vec::new();
+    for (s, correct) in [true, true, false].into_iter().enumerate() {
+        let mut c = cell(
+            &format!("L2048-d0-fp8-k64-s{s}"),
+            2048,
+            0.0,
+            IndexProfile::SglangFp8,
+            64,
+        );
+        c.answer_correct = Some(correct);
+        c.min_needle_rank = Some(100 + 23 * s);
+        cells.push(c);
+    }
+    cells.push(cell(
+        "L4096-d50-fp8-k64-s0",
+        4096,
+        50.0,
+        IndexProfile::SglangFp8,
+        64,
+    ));
+    let mut info = run_info(false);
+    info.sweep_args = serde_json::json!({"command": "probe"});
+    render_records(&records(&dir, info, cells), &dir).unwrap();
+    let px = pixels(&dir.join("heatmap_fp8_64.png"));
+    let background = count(&px, 100..980, 80..560, |p| p == [252, 252, 252]);
+    let dots = count(&px, 100..980, 80..560, |p| p == [150, 150, 150]);
+    assert!(
+        background > 20_000 && dots > 500,
+        "no-cell tiles: background {background}, dots {dots}"
+    );
+    let swatch = count(&px, 0..W, 600..H, |p| p == [252, 252, 252]);
+    assert!(swatch > 100, "no no-cell legend swatch ({swatch})");
 }

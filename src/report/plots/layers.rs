@@ -1,22 +1,35 @@
 //! `layers_<cell_id>.png`: the needle rank on every CSA layer for one cell, at the answer
 //! position (the last prompt token, phase "prompt"; if the cell has no row there, the last
-//! probed prompt position it has). One line per scored profile (the driving one first and
-//! marked), rank 1 at the BOTTOM of a log axis. Dashed horizontal lines: every top-k of the run
-//! (the cell's own k drawn darker); dotted: the number of visible rows n_t (no rank can exceed
-//! it; a top-k at or above it makes the layer trivial). Profiles have their colours of every
-//! plot ([`profile_colour`]). The legend sits in a column right of the plot, never over the
-//! data, and always fits it (`legend::legend_layout`). Cells without layers.csv rows get no
-//! plot.
+//! probed prompt position it has). One series per scored profile (the driving one first and
+//! drawn on top), rank 1 at the BOTTOM of a log axis; with several needles a point is the worst
+//! of their ranks (as `min_needle_rank`). Dashed horizontal lines: every top-k of the run (the
+//! cell's own k drawn darker); dotted: the number of visible rows n_t (no rank can exceed it; a
+//! top-k at or above it makes the layer trivial).
+//!
+//! Nothing hides: every profile has its colour of every plot ([`profile_colour`]) and a marker
+//! shape of its own, and sits in a lane of its own a few pixels beside the layer ([`lanes`]), so
+//! profiles with equal ranks stay side by side instead of on top of one another; profiles equal
+//! on every layer are named in the legend ("exact = bf16-qk") and all but the first of them
+//! drawn dashed. A layer where a profile has no rank (no needle row visible) gets a hollow marker
+//! above n_t and breaks its line. The x axis is ticked at CSA layers only, every tick labelled,
+//! thinned so that no two labels touch ([`spaced_ticks`]). The legend sits in a column right of
+//! the plot, never over the data, and always fits it (`legend::legend_layout`). What is drawn is
+//! decided before any pixel ([`layer_plot`]), so tests check the layout of the PNG. Cells
+//! without layers.csv rows get no plot.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use super::legend::{draw_rows, Key, Mark, Row, Stroke};
+use super::legend::{
+    draw_mark, draw_rows, drawn_text, legend_layout, note_rows, row_text, Key, LegendLayout, Mark,
+    Row, Stroke, MARKS,
+};
 use super::{
-    canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
-    LEGEND_W, SIZE,
+    canvas, header_height, header_lines, plot_err, profile_colour, rank_axis, rank_axis_top,
+    rank_label, spaced_ticks, subtitle, text_width, TickedAxis, AXIS_PX, FONT, LABEL_PX, LEGEND_W,
+    SIZE, TICK_GAP,
 };
 use crate::record::{format_tokens, CellRecord, IndexProfile, LayerRecord};
 use crate::report::error::Result;
@@ -49,24 +62,120 @@ impl<'a> LayerPlotIndex<'a> {
     }
 }
 
-/// Draws the plot for `cell` into `path`; `None` when the cell has no layers.csv rows.
-pub(crate) fn render(
-    records: &RunRecords,
-    index: &LayerPlotIndex,
-    cell: &CellRecord,
-    path: &Path,
-) -> Result<Option<PathBuf>> {
-    let rows: Vec<&LayerRecord> = index.rows(&cell.cell_id).to_vec();
+/// Chart margins and label areas: the data area spans x from `MARGIN + Y_LABELS_W` to
+/// `SIZE.0 - LEGEND_W - MARGIN_RIGHT - 1` on the canvas (checked when drawing).
+const MARGIN: u32 = 14;
+const MARGIN_RIGHT: u32 = 10;
+const X_LABELS_H: u32 = 64;
+const Y_LABELS_W: u32 = 96;
+/// Profiles' lanes: at most this far apart (pixels), and all of them within this share of the
+/// narrowest gap between two CSA layers.
+const LANE_MAX_PX: f64 = 8.0;
+const LANE_SHARE: f64 = 0.7;
+
+/// One scored profile's series on a layer plot.
+pub struct ProfileSeries {
+    pub profile: String,
+    pub driving: bool,
+    /// Rank on each of [`LayerPlot::layers`] (the worst over the needles); None where no needle
+    /// row was visible.
+    pub ranks: Vec<Option<usize>>,
+    /// How far right of its layer the series' points sit, in pixels (negative: left).
+    pub offset_px: f64,
+    pub mark: Mark,
+    /// Solid, or dashed for a profile equal on every layer to one drawn before it.
+    pub(crate) stroke: Stroke,
+}
+
+/// A labelled tick of the layer axis.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerTick {
+    pub layer: usize,
+    pub label: String,
+    /// Centre of the tick and its label on the canvas, and the label's width, in pixels.
+    pub x_px: f64,
+    pub width_px: u32,
+}
+
+/// What a layer plot draws, decided before any pixel.
+pub struct LayerPlot {
+    pub title: String,
+    pub subtitle: Vec<String>,
+    /// The probed position drawn.
+    pub query_pos: usize,
+    /// The CSA layers with rows, ascending.
+    pub layers: Vec<usize>,
+    /// One per scored profile, the driving one first.
+    pub series: Vec<ProfileSeries>,
+    /// Profiles with equal ranks on every layer: groups of two or more, in series order.
+    pub identical: Vec<Vec<String>>,
+    /// Needles ranked in the cell.
+    pub needles: usize,
+    /// The x axis's ticks, each labelled (a subset of `layers`).
+    pub ticks: Vec<LayerTick>,
+    /// The data area's left and right edge on the canvas, in pixels.
+    pub data_x: (f64, f64),
+    /// The legend column's height, and where its rows go.
+    pub legend_height: u32,
+    pub legend_layout: LegendLayout,
+    rows: Vec<Row>,
+    top: f64,
+    visible: usize,
+}
+
+impl LayerPlot {
+    /// The legend's rows in full, top-down.
+    pub fn legend(&self) -> Vec<String> {
+        self.rows.iter().map(|r| row_text(r).to_string()).collect()
+    }
+
+    /// The legend's rows as drawn (shortened in the middle where wider than the column).
+    pub fn legend_drawn(&self) -> Vec<String> {
+        self.rows.iter().map(drawn_text).collect()
+    }
+
+    /// Canvas x of `layer` (a CSA layer or any position between), as plotters maps it.
+    pub fn x_px(&self, layer: f64) -> f64 {
+        let (lo, hi) = self.x_range();
+        let share = (layer - lo) / (hi - lo);
+        self.data_x.0 + (share * (self.data_x.1 - self.data_x.0) + 1e-3).floor()
+    }
+
+    /// The x axis: the first and last CSA layer with half the narrowest gap between two CSA
+    /// layers (at least half a layer) beyond each, so the lanes of the outer layers fit.
+    fn x_range(&self) -> (f64, f64) {
+        let lo = *self.layers.first().expect("a plot has layers") as f64;
+        let hi = *self.layers.last().expect("a plot has layers") as f64;
+        let narrowest = self.layers.windows(2).map(|w| w[1] - w[0]).min();
+        let pad = narrowest.map_or(0.5, |gap| gap as f64 / 2.0).max(0.5);
+        (lo - pad, hi + pad)
+    }
+
+    /// Where the hollow markers of a layer without a rank go: above n_t and every rank.
+    fn no_rank_y(&self) -> f64 {
+        self.top / 1.6
+    }
+}
+
+/// The layer plot of `cell` in `records` (None when the cell has no layers.csv rows of phase
+/// "prompt").
+pub fn layer_plot(records: &RunRecords, cell: &CellRecord) -> Option<LayerPlot> {
+    plan(records, &LayerPlotIndex::new(records), cell)
+}
+
+fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Option<LayerPlot> {
+    let rows = index.rows(&cell.cell_id);
     let answer_pos = cell.answer_position();
     let pos = if rows.iter().any(|r| r.query_pos == answer_pos) {
         answer_pos
     } else {
-        match rows.iter().map(|r| r.query_pos).max() {
-            Some(p) => p,
-            None => return Ok(None),
-        }
+        rows.iter().map(|r| r.query_pos).max()?
     };
-    let rows: Vec<&LayerRecord> = rows.into_iter().filter(|r| r.query_pos == pos).collect();
+    let rows: Vec<&LayerRecord> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.query_pos == pos)
+        .collect();
 
     // Profiles: driving first, then in the order of docs/architecture.md section 5.
     let mut profiles: Vec<(bool, String)> = rows
@@ -75,17 +184,45 @@ pub(crate) fn render(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    profiles.sort_by_key(|(driving, name)| {
-        let order = IndexProfile::ALL.iter().position(|p| p.name() == name);
-        (!driving, order.unwrap_or(usize::MAX), name.clone())
-    });
+    let order = |name: &str| IndexProfile::ALL.iter().position(|p| p.name() == name);
+    profiles
+        .sort_by_key(|(driving, name)| (!driving, order(name).unwrap_or(usize::MAX), name.clone()));
     profiles.dedup_by(|a, b| a.1 == b.1);
 
-    let layers: BTreeSet<usize> = rows.iter().map(|r| r.layer).collect();
-    let (lo, hi) = (
-        *layers.first().expect("rows are not empty") as f64,
-        *layers.last().expect("rows are not empty") as f64,
-    );
+    let layers: Vec<usize> = rows
+        .iter()
+        .map(|r| r.layer)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let needles = rows.iter().map(|r| r.needle).collect::<BTreeSet<_>>().len();
+    let rank_at = |layer: usize, name: &str| {
+        rows.iter()
+            .filter(|r| r.layer == layer && r.profile == name)
+            .filter_map(|r| r.needle_rank)
+            .max()
+    };
+    let mut series: Vec<ProfileSeries> = profiles
+        .iter()
+        .enumerate()
+        .map(|(i, (driving, name))| ProfileSeries {
+            profile: name.clone(),
+            driving: *driving,
+            ranks: layers.iter().map(|&l| rank_at(l, name)).collect(),
+            offset_px: 0.0,
+            mark: MARKS[order(name).unwrap_or(i) % MARKS.len()],
+            stroke: Stroke::Solid,
+        })
+        .collect();
+    let identical = identical_groups(&series);
+    for group in &identical {
+        for name in &group[1..] {
+            if let Some(s) = series.iter_mut().find(|s| &s.profile == name) {
+                s.stroke = Stroke::Dashed;
+            }
+        }
+    }
+
     let topks = &index.topks;
     let visible = rows.iter().map(|r| r.visible_rows).max().unwrap_or(0);
     let max_rank = rows.iter().filter_map(|r| r.needle_rank).max().unwrap_or(1);
@@ -104,32 +241,228 @@ pub(crate) fn render(
             format!("cell {}", cell.cell_id),
         ],
     );
-    let (root, body) = canvas(path, &records.info, &title, &sub)?;
-    let err = plot_err(path);
-    let (plot_area, legend_area) = body.split_horizontally(SIZE.0 - LEGEND_W);
-    let mut chart = ChartBuilder::on(&plot_area)
-        .margin(14)
-        .margin_right(10)
-        .x_label_area_size(64)
-        .y_label_area_size(96)
-        .build_cartesian_2d((lo - 0.5)..(hi + 0.5), (0.7f64..top).log_scale())
-        .map_err(&err)?;
-    let span = (hi - lo) as usize + 1;
-    chart
-        .configure_mesh()
-        .x_labels(span.min(12))
-        // Ticks are labelled only where a CSA layer is (the others have no indexer).
-        .x_label_formatter(&|v: &f64| {
-            let layer = v.round();
-            if (v - layer).abs() < 1e-6 && layer >= 0.0 && layers.contains(&(layer as usize)) {
-                format!("{}", layer as i64)
-            } else {
-                String::new()
+    let (_, header) = header_lines(&title, records.info.synthetic, &sub);
+    let legend_height = SIZE.1 - header_height(header.len());
+    let data_x = (
+        f64::from(MARGIN + Y_LABELS_W),
+        f64::from(SIZE.0 - LEGEND_W - MARGIN_RIGHT - 1),
+    );
+    let mut plot = LayerPlot {
+        title,
+        subtitle: sub,
+        query_pos: pos,
+        layers,
+        series,
+        identical,
+        needles,
+        ticks: Vec::new(),
+        data_x,
+        legend_height,
+        legend_layout: legend_layout(0, legend_height),
+        rows: Vec::new(),
+        top,
+        visible,
+    };
+    plot.ticks = layer_ticks(&plot);
+    let centres: Vec<f64> = plot.layers.iter().map(|&l| plot.x_px(l as f64)).collect();
+    for (s, offset) in plot
+        .series
+        .iter_mut()
+        .zip(lanes(&centres, profiles.len(), data_x))
+    {
+        s.offset_px = offset;
+    }
+    plot.rows = legend_rows(&plot, topks, cell);
+    plot.legend_layout = legend_layout(plot.rows.len(), legend_height);
+    Some(plot)
+}
+
+/// Groups of profiles whose ranks are equal on every layer (no rank counting as a value), two
+/// or more to a group, in series order.
+fn identical_groups(series: &[ProfileSeries]) -> Vec<Vec<String>> {
+    let mut groups: Vec<(&[Option<usize>], Vec<String>)> = Vec::new();
+    for s in series {
+        match groups
+            .iter_mut()
+            .find(|(ranks, _)| *ranks == s.ranks.as_slice())
+        {
+            Some((_, names)) => names.push(s.profile.clone()),
+            None => groups.push((&s.ranks, vec![s.profile.clone()])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, names)| names)
+        .filter(|names| names.len() > 1)
+        .collect()
+}
+
+/// The sideways offsets (pixels) of `n` series' lanes around layers at canvas x `centres` in a
+/// data area spanning `data_x`: evenly spaced and centred on the layer, at most
+/// [`LANE_MAX_PX`] apart, all within [`LANE_SHARE`] of the narrowest gap between two layers
+/// (and of the room at the ends of the axis).
+fn lanes(centres: &[f64], n: usize, data_x: (f64, f64)) -> Vec<f64> {
+    if n < 2 {
+        return vec![0.0; n];
+    }
+    let ends = match centres {
+        [first, .., last] | [first @ last] => 2.0 * (first - data_x.0).min(data_x.1 - last),
+        [] => data_x.1 - data_x.0,
+    };
+    let narrowest = centres.windows(2).map(|w| w[1] - w[0]).fold(ends, f64::min);
+    let step = (LANE_SHARE * narrowest / (n - 1) as f64).min(LANE_MAX_PX);
+    (0..n)
+        .map(|i| (i as f64 - (n - 1) as f64 / 2.0) * step)
+        .collect()
+}
+
+/// The labelled ticks of the layer axis: CSA layers only, all of them when their labels leave
+/// [`TICK_GAP`] between neighbours, else evenly thinned ([`spaced_ticks`]).
+fn layer_ticks(plot: &LayerPlot) -> Vec<LayerTick> {
+    let all: Vec<LayerTick> = plot
+        .layers
+        .iter()
+        .map(|&layer| {
+            let label = layer.to_string();
+            LayerTick {
+                layer,
+                x_px: plot.x_px(layer as f64),
+                width_px: text_width(&label, LABEL_PX),
+                label,
             }
         })
+        .collect();
+    let centres: Vec<f64> = all.iter().map(|t| t.x_px).collect();
+    let widths: Vec<u32> = all.iter().map(|t| t.width_px).collect();
+    spaced_ticks(&centres, &widths, TICK_GAP)
+        .into_iter()
+        .map(|i| all[i].clone())
+        .collect()
+}
+
+/// Cut-off lines' colours: the cell's own top-k, the run's other top-k values, n_t.
+const OWN_TOPK: RGBColor = RGBColor(40, 40, 40);
+const OTHER_TOPK: RGBColor = RGBColor(150, 150, 150);
+const VISIBLE: RGBColor = RGBColor(110, 110, 110);
+
+/// The legend column, top-down: the cut-off lines, the driving profile, the profiles scored
+/// alongside, then notes on what is drawn together, side by side, without a rank.
+fn legend_rows(plot: &LayerPlot, topks: &BTreeSet<usize>, cell: &CellRecord) -> Vec<Row> {
+    let key = |colour, width, stroke, mark, filled, label: String| {
+        Row::Key(Key {
+            colour,
+            width,
+            stroke,
+            mark,
+            filled,
+            label,
+        })
+    };
+    let mut rows = Vec::new();
+    for &k in topks {
+        let own = k == cell.topk;
+        let colour = if own { OWN_TOPK } else { OTHER_TOPK };
+        let label = format!("top-k {k}{}", if own { " (this cell)" } else { "" });
+        rows.push(key(colour, 2, Stroke::Dashed, Mark::None, true, label));
+    }
+    if plot.visible > 0 {
+        let label = format!("visible rows n_t = {}", plot.visible);
+        rows.push(key(VISIBLE, 2, Stroke::Dotted, Mark::None, true, label));
+    }
+    let profile_key = |s: &ProfileSeries| {
+        let width = if s.driving { 3 } else { 2 };
+        let colour = profile_colour(&s.profile);
+        key(colour, width, s.stroke, s.mark, true, s.profile.clone())
+    };
+    let (driving, others): (Vec<&ProfileSeries>, Vec<&ProfileSeries>) =
+        plot.series.iter().partition(|s| s.driving);
+    if !driving.is_empty() {
+        rows.push(Row::Heading("driving profile".into()));
+        rows.extend(driving.into_iter().map(profile_key));
+    }
+    if !others.is_empty() {
+        rows.push(Row::Heading("scored alongside".into()));
+        rows.extend(others.into_iter().map(profile_key));
+    }
+    if !plot.identical.is_empty() {
+        rows.push(Row::Note("identical on every layer (dashed):".into()));
+        for group in &plot.identical {
+            rows.extend(note_rows(&group.join(" = ")));
+        }
+    }
+    if plot.series.len() > 1 {
+        rows.extend(note_rows(
+            "profiles sit side by side at each layer so that equal ranks stay visible",
+        ));
+    }
+    if plot.needles > 1 {
+        rows.extend(note_rows(&format!(
+            "a point: the worst rank of the {} needles",
+            plot.needles
+        )));
+    }
+    if plot.series.iter().any(|s| s.ranks.contains(&None)) {
+        rows.extend(note_rows(
+            "hollow marker above n_t: no needle row visible there (no rank)",
+        ));
+    }
+    if plot.visible > 0 && plot.visible <= cell.topk {
+        rows.extend(note_rows(
+            "n_t <= k: every visible row is selected (trivial cell)",
+        ));
+    }
+    rows
+}
+
+/// Draws the plot for `cell` into `path`; `None` when the cell has no layers.csv rows.
+pub(crate) fn render(
+    records: &RunRecords,
+    index: &LayerPlotIndex,
+    cell: &CellRecord,
+    path: &Path,
+) -> Result<Option<PathBuf>> {
+    let Some(plot) = plan(records, index, cell) else {
+        return Ok(None);
+    };
+    let (root, body) = canvas(path, &records.info, &plot.title, &plot.subtitle)?;
+    let err = plot_err(path);
+    let (plot_area, legend_area) = body.split_horizontally(SIZE.0 - LEGEND_W);
+    let (lo, hi) = plot.x_range();
+    let ticks: Vec<f64> = plot.ticks.iter().map(|t| t.layer as f64).collect();
+    let every_layer: Vec<f64> = plot.layers.iter().map(|&l| l as f64).collect();
+    let mut chart = ChartBuilder::on(&plot_area)
+        .margin(MARGIN)
+        .margin_right(MARGIN_RIGHT)
+        .x_label_area_size(X_LABELS_H)
+        .y_label_area_size(Y_LABELS_W)
+        .build_cartesian_2d(
+            TickedAxis {
+                range: lo..hi,
+                labelled: ticks,
+                mesh: every_layer,
+            },
+            rank_axis(plot.top),
+        )
+        .map_err(&err)?;
+    let drawn = chart.plotting_area().get_pixel_range().0;
+    debug_assert_eq!(
+        (f64::from(drawn.start), f64::from(drawn.end)),
+        plot.data_x,
+        "the layout's data area is not the chart's"
+    );
+    let tick_label = |v: &f64| {
+        plot.ticks
+            .iter()
+            .find(|t| (t.layer as f64 - v).abs() < 1e-6)
+            .map_or_else(String::new, |t| t.label.clone())
+    };
+    chart
+        .configure_mesh()
+        .x_label_formatter(&tick_label)
         .y_label_formatter(&rank_label)
         .x_desc(format!(
-            "model layer, CSA layers only (query position {pos}, the last prompt token)"
+            "model layer, CSA layers only (query position {}, the last prompt token)",
+            plot.query_pos
         ))
         .y_desc("needle rank (log scale, 1 = best, at bottom)")
         .label_style((FONT, LABEL_PX))
@@ -139,92 +472,79 @@ pub(crate) fn render(
         .draw()
         .map_err(&err)?;
 
-    let mut keys = Vec::new();
-    let x_range = [lo - 0.5, hi + 0.5];
-    let mut hline = |y: f64, colour: RGBColor, stroke: Stroke, label: String| -> Result<()> {
-        let (dash, gap) = if stroke == Stroke::Dotted {
-            (2, 5)
-        } else {
-            (10, 6)
-        };
+    // Cut-off lines.
+    let mut hline = |y: f64, colour: RGBColor, stroke: Stroke| -> Result<()> {
+        let (dash, gap) = stroke.pattern().unwrap_or((10, 6));
         chart
             .draw_series(DashedLineSeries::new(
-                x_range.iter().map(|&x| (x, y)),
+                [lo, hi].map(|x| (x, y)),
                 dash,
                 gap,
                 colour.stroke_width(2),
             ))
             .map_err(&err)?;
-        keys.push(Row::Key(Key {
-            colour,
-            width: 2,
-            stroke,
-            mark: Mark::None,
-            filled: true,
-            label,
-        }));
         Ok(())
     };
-    for &k in topks {
-        let own = k == cell.topk;
-        let colour = if own {
-            RGBColor(40, 40, 40)
-        } else {
-            RGBColor(150, 150, 150)
-        };
-        let label = format!("top-k {k}{}", if own { " (this cell)" } else { "" });
-        hline(k as f64, colour, Stroke::Dashed, label)?;
+    for &k in &index.topks {
+        let colour = if k == cell.topk { OWN_TOPK } else { OTHER_TOPK };
+        hline(k as f64, colour, Stroke::Dashed)?;
     }
-    if visible > 0 {
-        let label = format!("visible rows n_t = {visible}");
-        hline(
-            visible as f64,
-            RGBColor(110, 110, 110),
-            Stroke::Dotted,
-            label,
-        )?;
+    if plot.visible > 0 {
+        hline(plot.visible as f64, VISIBLE, Stroke::Dotted)?;
     }
 
-    for (driving, name) in &profiles {
-        let colour = profile_colour(name);
-        let mut points: Vec<(f64, f64)> = Vec::new();
-        for &l in &layers {
-            let rank = rows
+    // The series, the driving one last (on top); a line breaks where a layer has no rank.
+    let px_per_layer = (plot.data_x.1 - plot.data_x.0) / (hi - lo);
+    for s in plot.series.iter().rev() {
+        let colour = profile_colour(&s.profile);
+        let width = if s.driving { 3 } else { 2 };
+        let x = |l: usize| l as f64 + s.offset_px / px_per_layer;
+        let runs = s
+            .ranks
+            .split(Option::is_none)
+            .zip(runs_start(&s.ranks))
+            .filter(|(run, _)| !run.is_empty());
+        for (run, first) in runs {
+            let points: Vec<(f64, f64)> = run
                 .iter()
-                .find(|r| r.layer == l && &r.profile == name)
-                .and_then(|r| r.needle_rank);
-            if let Some(rank) = rank {
-                points.push((l as f64, rank as f64));
+                .enumerate()
+                .map(|(i, r)| (x(plot.layers[first + i]), r.unwrap_or(1) as f64))
+                .collect();
+            let style = colour.stroke_width(width);
+            match s.stroke.pattern() {
+                Some((dash, gap)) => chart
+                    .draw_series(DashedLineSeries::new(points, dash, gap, style))
+                    .map(|_| ()),
+                None => chart
+                    .draw_series(LineSeries::new(points, style))
+                    .map(|_| ()),
             }
+            .map_err(&err)?;
         }
-        let width = if *driving { 3 } else { 2 };
-        chart
-            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(width)))
-            .map_err(&err)?;
-        chart
-            .draw_series(
-                points
-                    .iter()
-                    .map(|&p| Circle::new(p, if *driving { 5 } else { 4 }, colour.filled())),
-            )
-            .map_err(&err)?;
-        keys.push(Row::Key(Key {
-            colour,
-            width,
-            stroke: Stroke::Solid,
-            mark: Mark::Circle,
-            filled: true,
-            label: format!("{name}{}", if *driving { " (driving)" } else { "" }),
-        }));
+        let r = if s.driving { 5 } else { 4 };
+        for (i, rank) in s.ranks.iter().enumerate() {
+            let (y, filled) = match rank {
+                Some(rank) => (*rank as f64, true),
+                None => (plot.no_rank_y(), false),
+            };
+            let c = chart.backend_coord(&(x(plot.layers[i]), y));
+            draw_mark(&root, c, s.mark, colour, filled, r, path)?;
+        }
     }
-    if visible > 0 && visible <= cell.topk {
-        keys.push(Row::Note(String::new()));
-        keys.push(Row::Note("n_t <= k: every visible row".into()));
-        keys.push(Row::Note("is selected (trivial cell)".into()));
-    }
-    draw_rows(&legend_area, &keys, path)?;
+    draw_rows(&legend_area, &plot.rows, path)?;
     root.present().map_err(&err)?;
     Ok(Some(path.to_path_buf()))
+}
+
+/// The index in `ranks` where each of `ranks.split(Option::is_none)`'s runs starts.
+fn runs_start(ranks: &[Option<usize>]) -> impl Iterator<Item = usize> + '_ {
+    std::iter::once(0).chain(
+        ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_none())
+            .map(|(i, _)| i + 1),
+    )
 }
 
 #[cfg(test)]
@@ -234,25 +554,49 @@ mod tests {
     use crate::record::RunInfo;
 
     fn layer(cell_id: &str, layer: usize, phase: &str) -> LayerRecord {
+        ranked(cell_id, layer, phase, "fp8", 0, Some(3))
+    }
+
+    /// A row of `profile` (fp8 drives) for `needle` at `layer`; no rank: no needle row visible.
+    fn ranked(
+        cell_id: &str,
+        layer: usize,
+        phase: &str,
+        profile: &str,
+        needle: usize,
+        rank: Option<usize>,
+    ) -> LayerRecord {
         let meta = RecordMeta {
             cell_id,
             layer,
             query_pos: 99,
             phase,
-            profile: "fp8",
-            driving: true,
-            needle: 0,
+            profile,
+            driving: profile == "fp8",
+            needle,
         };
         let r = NeedleRank {
             visible_rows: 20,
-            needle_rows: 1,
-            best_row: Some(0),
-            needle_rank: Some(3),
+            needle_rows: usize::from(rank.is_some()),
+            best_row: rank.map(|_| 0),
+            needle_rank: rank,
             rank_ties: 0,
             needle_ties: 0,
-            needle_score: Some(1.0),
+            needle_score: rank.map(|_| 1.0),
         };
         LayerRecord::new(&meta, &r, Some(0.5), 4)
+    }
+
+    fn records_of(cells: Vec<CellRecord>, layers: Vec<LayerRecord>) -> RunRecords {
+        RunRecords {
+            dir: PathBuf::from("r"),
+            info: RunInfo::new("m", "sha256:00", "passkey", true, serde_json::json!({})),
+            cells,
+            layers,
+            attention: Vec::new(),
+            engine: Vec::new(),
+            notes: Vec::new(),
+        }
     }
 
     fn cell(id: &str, topk: usize) -> CellRecord {
@@ -266,6 +610,81 @@ mod tests {
         .unwrap();
         c.cell_id = id.into();
         c
+    }
+
+    /// Two needles: a point is the worst of their ranks (before, the first needle's row alone
+    /// was drawn), and the legend says so.
+    #[test]
+    fn with_several_needles_a_point_is_their_worst_rank() {
+        let c = cell("a", 4);
+        let rows = vec![
+            ranked("a", 1, "prompt", "fp8", 0, Some(3)),
+            ranked("a", 1, "prompt", "fp8", 1, Some(9)),
+            ranked("a", 3, "prompt", "fp8", 0, Some(12)),
+            ranked("a", 3, "prompt", "fp8", 1, None),
+        ];
+        let records = records_of(vec![c.clone()], rows);
+        let plot = layer_plot(&records, &c).unwrap();
+        assert_eq!(plot.series[0].ranks, [Some(9), Some(12)]);
+        assert_eq!(plot.needles, 2);
+        let legend = plot.legend().join(" ");
+        assert!(
+            legend.contains("the worst rank of the 2 needles"),
+            "{legend}"
+        );
+    }
+
+    /// A layer where a profile has no rank (no needle row visible) is drawn (a hollow marker
+    /// above n_t, the line broken there) and the legend says what it means; profiles equal on
+    /// every layer are named, profiles equal on some layers are not, and every profile has its
+    /// own lane and marker.
+    #[test]
+    fn a_layer_without_a_rank_and_identical_profiles_are_shown_and_named() {
+        let c = cell("a", 4);
+        let mut rows = Vec::new();
+        for (l, fp8, bf16) in [
+            (1, Some(3), Some(5)),
+            (3, None, None),
+            (5, Some(8), Some(8)),
+        ] {
+            rows.push(ranked("a", l, "prompt", "fp8", 0, fp8));
+            rows.push(ranked("a", l, "prompt", "exact", 0, bf16));
+            rows.push(ranked("a", l, "prompt", "bf16-qk", 0, bf16));
+            rows.push(ranked("a", l, "prompt", "bf16", 0, fp8));
+        }
+        let records = records_of(vec![c.clone()], rows);
+        let plot = layer_plot(&records, &c).unwrap();
+        let names: Vec<&str> = plot.series.iter().map(|s| s.profile.as_str()).collect();
+        assert_eq!(names, ["fp8", "exact", "bf16", "bf16-qk"]);
+        assert_eq!(plot.series[0].ranks, [Some(3), None, Some(8)]);
+        assert_eq!(
+            plot.identical,
+            [vec!["fp8", "bf16"], vec!["exact", "bf16-qk"]]
+        );
+        let legend = plot.legend();
+        for want in [
+            "identical on every layer (dashed):",
+            "fp8 = bf16",
+            "exact = bf16-qk",
+        ] {
+            assert!(legend.iter().any(|r| r == want), "{want} not in {legend:?}");
+        }
+        assert!(
+            legend.join(" ").contains("no needle row visible"),
+            "{legend:?}"
+        );
+        let mut offsets: Vec<f64> = plot.series.iter().map(|s| s.offset_px).collect();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 4, "{offsets:?}");
+        let mut marks: Vec<Mark> = plot.series.iter().map(|s| s.mark).collect();
+        marks.dedup();
+        assert_eq!(marks.len(), 4);
+        super::super::ensure_font().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layers_a.png");
+        let index = LayerPlotIndex::new(&records);
+        assert!(render(&records, &index, &c, &path).unwrap().is_some());
+        assert!(path.is_file());
     }
 
     /// The layer plots draw from one index of the rows built in one pass (before, every cell's

@@ -4,8 +4,10 @@
 //! (`draw_rows`): headings, keys (a line sample with a marker, and a label) and grey notes,
 //! top-down. [`legend_layout`] spaces the rows so that they always fit the column: the pitch
 //! shrinks from 28 to 20 px, and rows that still do not fit are replaced by one "… and N more"
-//! line. Labels are shortened in the middle to the column's width. The heatmap's legend is a
-//! band under the grid whose swatches flow onto as many lines as they need ([`flow`]).
+//! line. Labels are shortened in the middle to the column's width ([`drawn_text`] says what a
+//! row shows); a note too long for one row is wrapped onto several ([`note_rows`]). The
+//! heatmap's legend is a band under the grid whose swatches flow onto as many lines as they
+//! need ([`flow`]).
 
 use std::path::Path;
 
@@ -13,7 +15,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::text::ellipsize_middle;
+use super::text::{ellipsize_middle, wrap_words};
 use super::{plot_err, FONT, LEGEND_W};
 use crate::report::error::Result;
 
@@ -27,9 +29,21 @@ pub(crate) enum Stroke {
     Dotted,
 }
 
+impl Stroke {
+    /// (dash, gap) lengths in pixels of a dashed or dotted line on the data; None when solid
+    /// or not drawn.
+    pub(crate) fn pattern(self) -> Option<(u32, u32)> {
+        match self {
+            Stroke::Dashed => Some((10, 6)),
+            Stroke::Dotted => Some((2, 5)),
+            Stroke::None | Stroke::Solid => None,
+        }
+    }
+}
+
 /// A point marker (on the data and on legend keys).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Mark {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
     None,
     Circle,
     Triangle,
@@ -37,16 +51,21 @@ pub(crate) enum Mark {
     Diamond,
     TriangleDown,
     Cross,
+    TriangleRight,
+    Plus,
 }
 
-/// Markers told apart by shape, in the order series get them.
-pub(crate) const MARKS: [Mark; 6] = [
+/// Markers told apart by shape, in the order series get them (as many as there are index
+/// profiles, so each profile of a layer plot has its own).
+pub const MARKS: [Mark; 8] = [
     Mark::Circle,
     Mark::Triangle,
     Mark::Square,
     Mark::Diamond,
     Mark::TriangleDown,
     Mark::Cross,
+    Mark::TriangleRight,
+    Mark::Plus,
 ];
 
 /// One legend key: a line sample (with marker) and its label.
@@ -169,18 +188,59 @@ pub(crate) fn draw_mark<DB: DrawingBackend>(
             (x, y + r + 1),
             (x - r - 1, y),
         ]),
-        Mark::Cross => {
+        Mark::TriangleRight => {
+            polygon(vec![(x + r + 1, y), (x - r + 1, y - r), (x - r + 1, y + r)])
+        }
+        Mark::Cross | Mark::Plus => {
             let line = colour.stroke_width(if filled { 3 } else { 2 });
-            for (a, b) in [
-                ((x - r, y - r), (x + r, y + r)),
-                ((x - r, y + r), (x + r, y - r)),
-            ] {
+            let strokes = if mark == Mark::Cross {
+                [
+                    ((x - r, y - r), (x + r, y + r)),
+                    ((x - r, y + r), (x + r, y - r)),
+                ]
+            } else {
+                [
+                    ((x - r - 1, y), (x + r + 1, y)),
+                    ((x, y - r - 1), (x, y + r + 1)),
+                ]
+            };
+            for (a, b) in strokes {
                 area.draw(&PathElement::new(vec![a, b], line))
                     .map_err(&err)?;
             }
             Ok(())
         }
     }
+}
+
+/// Widest text of a heading or note, and of a key's label (right of its line sample).
+const TEXT_W: u32 = LEGEND_W - 12;
+const KEY_LABEL_W: u32 = LEGEND_W - (KEY_LINE.1 as u32 + 10) - 6;
+/// Where a key's line sample starts and ends.
+const KEY_LINE: (i32, i32) = (6, 44);
+
+/// The text of `row` in full (a key's label, a heading's or note's text).
+pub(crate) fn row_text(row: &Row) -> &str {
+    match row {
+        Row::Heading(text) | Row::Note(text) => text,
+        Row::Key(k) => &k.label,
+    }
+}
+
+/// The text `row` shows: [`row_text`], shortened in the middle when it is wider than its place.
+pub(crate) fn drawn_text(row: &Row) -> String {
+    let width = match row {
+        Row::Key(_) => KEY_LABEL_W,
+        _ => TEXT_W,
+    };
+    ellipsize_middle(row_text(row), LEGEND_PX, width)
+}
+
+/// `text` as grey note rows, wrapped at spaces to the column's width.
+pub(crate) fn note_rows(text: &str) -> impl Iterator<Item = Row> {
+    wrap_words(text, LEGEND_PX, TEXT_W)
+        .into_iter()
+        .map(Row::Note)
 }
 
 /// Draws `rows` top-down into `area` (the legend column), placed by [`legend_layout`].
@@ -198,21 +258,17 @@ pub(crate) fn draw_rows<DB: DrawingBackend>(
         .into_font()
         .color(&RGBColor(90, 90, 90))
         .pos(left);
-    let (x0, x1) = (6i32, 44i32);
-    let text_w = LEGEND_W - 12;
-    let key_w = LEGEND_W - (x1 as u32 + 10) - 6;
+    let (x0, x1) = KEY_LINE;
     for (i, row) in rows.iter().take(layout.shown).enumerate() {
         let y = layout.top + layout.pitch * i as i32;
         let k = match row {
-            Row::Heading(text) => {
-                let text = ellipsize_middle(text, LEGEND_PX, text_w);
-                area.draw(&Text::new(text, (x0, y), black.clone()))
+            Row::Heading(_) => {
+                area.draw(&Text::new(drawn_text(row), (x0, y), black.clone()))
                     .map_err(&err)?;
                 continue;
             }
-            Row::Note(text) => {
-                let text = ellipsize_middle(text, LEGEND_PX, text_w);
-                area.draw(&Text::new(text, (x0, y), grey.clone()))
+            Row::Note(_) => {
+                area.draw(&Text::new(drawn_text(row), (x0, y), grey.clone()))
                     .map_err(&err)?;
                 continue;
             }
@@ -231,8 +287,7 @@ pub(crate) fn draw_rows<DB: DrawingBackend>(
         }
         let c = ((x0 + x1) / 2, y);
         draw_mark(area, c, k.mark, k.colour, k.filled, 5, path)?;
-        let label = ellipsize_middle(&k.label, LEGEND_PX, key_w);
-        area.draw(&Text::new(label, (x1 + 10, y), black.clone()))
+        area.draw(&Text::new(drawn_text(row), (x1 + 10, y), black.clone()))
             .map_err(&err)?;
     }
     if layout.more {

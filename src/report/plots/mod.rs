@@ -22,6 +22,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use plotters::coord::combinators::WithKeyPoints;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -38,8 +40,10 @@ pub mod legend;
 mod ranks;
 pub mod text;
 
+pub use layers::{layer_plot, LayerPlot, LayerTick, ProfileSeries};
 pub use legend::{flow, legend_layout, LegendLayout};
-pub use text::{ellipsize_middle, fit_lines, fit_size, text_width};
+pub use ranks::line_style_legend;
+pub use text::{ellipsize_middle, fit_lines, fit_size, text_width, wrap_words};
 
 /// The embedded font.
 const FONT_BYTES: &[u8] = include_bytes!(concat!(
@@ -53,7 +57,7 @@ pub const SIZE: (u32, u32) = (1000, 700);
 /// Text sizes in pixels.
 pub(crate) const TITLE_PX: u32 = 24;
 pub(crate) const SUBTITLE_PX: u32 = 17;
-pub(crate) const LABEL_PX: u32 = 17;
+pub const LABEL_PX: u32 = 17;
 pub(crate) const AXIS_PX: u32 = 19;
 /// Height of the header band.
 pub(crate) const HEADER_PX: u32 = 72;
@@ -192,6 +196,11 @@ pub const HEADER_TEXT_W: u32 = SIZE.0 - 2 * 12;
 /// Pitch of the subtitle's lines.
 const SUBTITLE_PITCH: u32 = 21;
 
+/// Height of the header band when its subtitle takes `subtitle_lines` lines (one at least).
+pub fn header_height(subtitle_lines: usize) -> u32 {
+    HEADER_PX + SUBTITLE_PITCH * (subtitle_lines.max(1) as u32 - 1)
+}
+
 /// The header's lines as drawn: the title (shrunk from `TITLE_PX` down to 18 px, then
 /// shortened, until it fits [`HEADER_TEXT_W`]) with its size, and the subtitle `parts` on at
 /// most two lines of at most [`HEADER_TEXT_W`] ([`fit_lines`]).
@@ -226,8 +235,7 @@ pub(crate) fn canvas<'a>(
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err(path))?;
     let ((title, title_px), lines) = header_lines(title, info.synthetic, subtitle);
-    let extra = SUBTITLE_PITCH * (lines.len().max(1) as u32 - 1);
-    let (head, body) = root.split_vertically(HEADER_PX + extra);
+    let (head, body) = root.split_vertically(header_height(lines.len()));
     let centre = Pos::new(HPos::Center, VPos::Top);
     let x = SIZE.0 as i32 / 2;
     head.draw(&Text::new(
@@ -275,8 +283,9 @@ pub fn profile_colour(name: &str) -> RGBColor {
     PROFILE_COLOURS[i]
 }
 
-/// Rank-axis labels: integers (`1`, `10`, `1000`), nothing for fractional ticks.
-pub(crate) fn rank_label(v: &f64) -> String {
+/// Rank-axis labels: integers (`1`, `10`, `1000`); [`rank_ticks`] puts ticks nowhere else, so
+/// the empty string (for a fractional value) is never drawn beside a tick.
+pub fn rank_label(v: &f64) -> String {
     if *v >= 1.0 && (v - v.round()).abs() < 1e-6 {
         format!("{}", v.round() as u64)
     } else {
@@ -288,6 +297,49 @@ pub(crate) fn rank_label(v: &f64) -> String {
 pub(crate) fn rank_axis_top(max: f64) -> f64 {
     (max.max(2.0) * 2.5).max(10.0)
 }
+
+/// Lower end of every log rank axis (rank 1 sits a little above the bottom).
+const RANK_AXIS_BOTTOM: f64 = 0.7;
+
+/// The ticks of a log rank axis from [`RANK_AXIS_BOTTOM`] to `top`: (labelled, mesh only). The
+/// labelled ones are the powers of ten up to `top`, with 2 and 5 times each when the axis spans
+/// fewer than two decades (1, 2, 5, 10, 20); every one is an integer, so [`rank_label`] labels
+/// it. The mesh lines (no tick, no label) are the integers 1-9 times each power of ten.
+pub fn rank_ticks(top: f64) -> (Vec<f64>, Vec<f64>) {
+    let decades: Vec<f64> = std::iter::successors(Some(1.0f64), |p| Some(p * 10.0))
+        .take_while(|p| *p <= top)
+        .collect();
+    let multiples: &[f64] = if decades.len() < 3 {
+        &[1.0, 2.0, 5.0]
+    } else {
+        &[1.0]
+    };
+    let within = |v: &f64| *v <= top;
+    let labelled = decades
+        .iter()
+        .flat_map(|p| multiples.iter().map(move |m| m * p))
+        .filter(within)
+        .collect();
+    let mesh = decades
+        .iter()
+        .flat_map(|p| (1..=9).map(move |m| f64::from(m) * p))
+        .filter(within)
+        .collect();
+    (labelled, mesh)
+}
+
+/// A log rank axis from [`RANK_AXIS_BOTTOM`] to `top`, rank 1 at the bottom, ticked and
+/// meshed by [`rank_ticks`] (plotters' own key points would put unlabelled ticks between).
+pub(crate) fn rank_axis(top: f64) -> WithKeyPoints<LogCoord<f64>> {
+    let (labelled, mesh) = rank_ticks(top);
+    (RANK_AXIS_BOTTOM..top)
+        .log_scale()
+        .with_key_points(labelled)
+        .with_light_points(mesh)
+}
+
+/// Least room between two neighbouring axis labels, in pixels ([`spaced_ticks`]).
+pub const TICK_GAP: u32 = 8;
 
 /// Width of the legend column to the right of line plots (never over the data).
 pub(crate) const LEGEND_W: u32 = 270;
@@ -318,6 +370,61 @@ pub fn thin_ticks(n: usize, max: usize) -> Vec<usize> {
     }
     ticks.push(n - 1);
     ticks
+}
+
+/// A linear axis over `range` ticked (and labelled) at `labelled` only, with mesh lines at
+/// `mesh`: plotters' own key points of an f64 axis fall on round numbers, not on the CSA layers
+/// or lengths a plot measured, and any it does not label would be ticks without a label.
+pub(crate) struct TickedAxis {
+    pub range: std::ops::Range<f64>,
+    pub labelled: Vec<f64>,
+    pub mesh: Vec<f64>,
+}
+
+impl Ranged for TickedAxis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        let span = self.range.end - self.range.start;
+        let share = if span > 0.0 {
+            (value - self.range.start) / span
+        } else {
+            0.5
+        };
+        limit.0 + (f64::from(limit.1 - limit.0) * share + 1e-3).floor() as i32
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            self.mesh.clone()
+        } else {
+            self.labelled.clone()
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.clone()
+    }
+}
+
+/// The labels of an axis to draw so that none overlaps its neighbour: indices into `centres`
+/// (ascending pixel positions along the axis) whose labels are `widths` pixels long. All of
+/// them when every two neighbours leave `gap` pixels between their labels, else the most of
+/// [`thin_ticks`]' evenly spaced choices that do (the first always kept), down to the first
+/// alone.
+pub fn spaced_ticks(centres: &[f64], widths: &[u32], gap: u32) -> Vec<usize> {
+    let n = centres.len().min(widths.len());
+    let apart = |a: usize, b: usize| {
+        centres[b] - centres[a] >= f64::from(widths[a] + widths[b]) / 2.0 + f64::from(gap)
+    };
+    for max in (2..=n.max(2)).rev() {
+        let ticks = thin_ticks(n, max);
+        if ticks.windows(2).all(|w| apart(w[0], w[1])) {
+            return ticks;
+        }
+    }
+    (0..n.min(1)).collect()
 }
 
 #[cfg(test)]

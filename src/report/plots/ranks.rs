@@ -3,11 +3,14 @@
 //! per (index profile, top-k) (and kv when a run mixes kv modes). Colour tells the profile
 //! ([`profile_colour`], as in every plot), the marker's shape the top-k (and kv); series of one
 //! profile with identical points are drawn once with the first top-k's marker, and a legend
-//! note names the top-k values they stand for. Both axes are log scale: x in powers of two
-//! labelled "2k", "4k", ...; rank 1 at the bottom. The run's top-k values are grey dotted
-//! horizontal lines. The legend sits in a column right of the plot: one key per profile, one
-//! per top-k marker, the two line styles; it always fits (`legend::legend_layout`). The numbers
-//! are those of [`crate::report::summary::summarize`].
+//! note names the top-k values they stand for. Both axes are log scale: x ticked at the
+//! measured lengths ("2k", "4k", ...; thinned so that no two labels touch, every tick
+//! labelled); rank 1 at the bottom. The run's top-k values are grey dotted horizontal lines.
+//! The legend sits in a column right of the plot: one key per profile, one per top-k marker,
+//! the two line styles and what they are taken over ([`line_style_legend`]: a point is over
+//! depths and samples, so a line does not follow one needle position; with one depth, that
+//! depth); it always fits (`legend::legend_layout`). The numbers are those of
+//! [`crate::report::summary::summarize`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -15,10 +18,11 @@ use std::path::Path;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::legend::{draw_mark, draw_rows, Key, Mark, Row, Stroke, MARKS};
+use super::heatmap::depth_label;
+use super::legend::{draw_mark, draw_rows, note_rows, row_text, Key, Mark, Row, Stroke, MARKS};
 use super::{
-    canvas, plot_err, profile_colour, rank_axis_top, rank_label, subtitle, AXIS_PX, FONT, LABEL_PX,
-    LEGEND_W, SIZE,
+    canvas, plot_err, profile_colour, rank_axis, rank_axis_top, rank_label, spaced_ticks, subtitle,
+    text_width, TickedAxis, AXIS_PX, FONT, LABEL_PX, LEGEND_W, SIZE, TICK_GAP,
 };
 use crate::record::{format_tokens, IndexProfile};
 use crate::report::error::Result;
@@ -28,6 +32,11 @@ use crate::report::summary::{summarize, GroupSummary};
 /// Colour of the top-k lines and of the legend's style-only keys.
 const GREY: RGBColor = RGBColor(130, 130, 130);
 const DARK: RGBColor = RGBColor(70, 70, 70);
+/// Chart margins and label areas: the data area spans x from `MARGIN + Y_LABELS_W` to
+/// `SIZE.0 - LEGEND_W - MARGIN_RIGHT - 1` on the canvas.
+const MARGIN: u32 = 14;
+const MARGIN_RIGHT: u32 = 10;
+const Y_LABELS_W: u32 = 96;
 
 pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     let groups = summarize(&records.cells, &Default::default());
@@ -110,24 +119,40 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     )?;
     let err = plot_err(path);
     let (plot_area, legend_area) = body.split_horizontally(SIZE.0 - LEGEND_W);
+    // Ticks at the measured lengths, as many as have room for their labels.
+    let lengths: Vec<usize> = lengths.into_iter().collect();
+    let labels: Vec<String> = lengths.iter().map(|&n| format_tokens(n)).collect();
+    let (x0, x1) = (
+        f64::from(MARGIN + Y_LABELS_W),
+        f64::from(SIZE.0 - LEGEND_W - MARGIN_RIGHT - 1),
+    );
+    let centres: Vec<f64> = lengths
+        .iter()
+        .map(|&n| x0 + (x(n) - (xlo - pad)) / (xhi - xlo + 2.0 * pad) * (x1 - x0))
+        .collect();
+    let widths: Vec<u32> = labels.iter().map(|l| text_width(l, LABEL_PX)).collect();
+    let ticked = spaced_ticks(&centres, &widths, TICK_GAP);
+    let x_axis = TickedAxis {
+        range: (xlo - pad)..(xhi + pad),
+        labelled: ticked.iter().map(|&i| x(lengths[i])).collect(),
+        mesh: lengths.iter().map(|&n| x(n)).collect(),
+    };
     let mut chart = ChartBuilder::on(&plot_area)
-        .margin(14)
-        .margin_right(10)
+        .margin(MARGIN)
+        .margin_right(MARGIN_RIGHT)
         .x_label_area_size(64)
-        .y_label_area_size(96)
-        .build_cartesian_2d((xlo - pad)..(xhi + pad), (0.7f64..top).log_scale())
+        .y_label_area_size(Y_LABELS_W)
+        .build_cartesian_2d(x_axis, rank_axis(top))
         .map_err(&err)?;
-    let span = (xhi - xlo + 2.0 * pad).ceil() as usize + 1;
+    let tick_label = |v: &f64| {
+        ticked
+            .iter()
+            .find(|&&i| (x(lengths[i]) - v).abs() < 1e-9)
+            .map_or_else(String::new, |&i| labels[i].clone())
+    };
     chart
         .configure_mesh()
-        .x_labels(span.min(12))
-        .x_label_formatter(&|v: &f64| {
-            if (v - v.round()).abs() < 1e-6 && *v >= 0.0 {
-                format_tokens(1usize << (v.round() as u32).min(40))
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&tick_label)
         .y_label_formatter(&rank_label)
         .x_desc("context length (tokens, log scale)")
         .y_desc("needle rank on the worst CSA layer (log, 1 = best)")
@@ -238,13 +263,25 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         let mark = MARKS[i % MARKS.len()];
         rows.push(key(DARK, 2, Stroke::None, mark, true, format!("k={k}{kv}")));
     }
-    rows.push(Row::Heading("line style".into()));
-    let median = "median over depths, samples";
-    rows.push(key(DARK, 3, Stroke::Solid, Mark::None, true, median.into()));
-    let worst = "worst (hollow markers)";
-    rows.push(key(DARK, 2, Stroke::Dashed, Mark::None, true, worst.into()));
-    let cut = "top-k of the run".to_string();
-    rows.push(key(GREY, 2, Stroke::Dotted, Mark::None, true, cut));
+    let depths: Vec<f64> = {
+        let mut d: Vec<f64> = records.cells.iter().map(|c| c.depth_pct).collect();
+        d.sort_by(f64::total_cmp);
+        d.dedup();
+        d
+    };
+    let mut per_point: BTreeMap<(usize, u64, String, &str, usize), usize> = BTreeMap::new();
+    for c in &records.cells {
+        let at = (
+            c.target_tokens,
+            c.depth_pct.to_bits(),
+            c.index.to_string(),
+            c.kv.name(),
+            c.topk,
+        );
+        *per_point.entry(at).or_default() += 1;
+    }
+    let samples = per_point.values().copied().max().unwrap_or(1);
+    rows.extend(line_style_rows(&depths, samples));
     if !notes.is_empty() {
         rows.push(Row::Note("drawn once (identical):".into()));
         rows.extend(notes.into_iter().map(Row::Note));
@@ -252,6 +289,70 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     draw_rows(&legend_area, &rows, path)?;
     root.present().map_err(&err)?;
     Ok(())
+}
+
+/// The legend's line-style rows: the median and worst keys, and a note on what a point is
+/// taken over. With several depths a point gathers them all (and the samples), so the note says
+/// that a line joins lengths, not one needle position, and that its worst points may come from
+/// different depths; with one depth it names it.
+fn line_style_rows(depths: &[f64], samples: usize) -> Vec<Row> {
+    let key = |width, stroke, label: &str| {
+        Row::Key(Key {
+            colour: DARK,
+            width,
+            stroke,
+            mark: Mark::None,
+            filled: true,
+            label: label.to_string(),
+        })
+    };
+    let mut rows = vec![
+        Row::Heading("line style".into()),
+        key(3, Stroke::Solid, "median (filled markers)"),
+        key(2, Stroke::Dashed, "worst (hollow markers)"),
+        Row::Key(Key {
+            colour: GREY,
+            width: 2,
+            stroke: Stroke::Dotted,
+            mark: Mark::None,
+            filled: true,
+            label: "top-k of the run".into(),
+        }),
+    ];
+    let samples_part = if samples > 1 {
+        format!(" and {samples} samples")
+    } else {
+        String::new()
+    };
+    let note = match depths {
+        [] => String::new(),
+        [depth] if samples > 1 => format!(
+            "median and worst over {samples} samples per length, all at depth {}",
+            depth_label(*depth)
+        ),
+        [depth] => format!(
+            "one cell per length, at depth {} (median = worst)",
+            depth_label(*depth)
+        ),
+        [first, .., last] => format!(
+            "median and worst over {} depths ({} to {}){samples_part} per length: a line does \
+             not follow one needle position, its worst points may come from different depths",
+            depths.len(),
+            depth_label(*first),
+            depth_label(*last)
+        ),
+    };
+    rows.extend(note_rows(&note));
+    rows
+}
+
+/// The text of the line-style rows of rank_vs_length.png's legend for a run over `depths`
+/// with at most `samples` cells per (length, depth, series), top-down.
+pub fn line_style_legend(depths: &[f64], samples: usize) -> Vec<String> {
+    line_style_rows(depths, samples)
+        .iter()
+        .map(|r| row_text(r).to_string())
+        .collect()
 }
 
 /// `order`'s (profile, top-k) series with those of one profile and equal `points` merged into

@@ -87,3 +87,27 @@ pub fn fit_size(text: &str, px: u32, min_px: u32, max_w: u32) -> (String, u32) {
     }
     (ellipsize_middle(text, min_px, max_w), min_px)
 }
+
+/// `text` broken at spaces into lines of at most `max_w` pixels at `px`, as many as it needs; a
+/// word wider than a line of its own is shortened in the middle.
+pub fn wrap_words(text: &str, px: u32, max_w: u32) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let longer = if line.is_empty() {
+            word.to_string()
+        } else {
+            format!("{line} {word}")
+        };
+        if line.is_empty() || text_width(&longer, px) <= max_w {
+            line = longer;
+        } else {
+            lines.push(ellipsize_middle(&line, px, max_w));
+            line = word.to_string();
+        }
+    }
+    if !line.is_empty() {
+        lines.push(ellipsize_middle(&line, px, max_w));
+    }
+    lines
+}

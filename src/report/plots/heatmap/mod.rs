@@ -11,7 +11,10 @@
 //!   subtitle says "n of m cells" when the plan has more, and a tile with fewer samples than
 //!   planned adds "[finished/planned]" to its number.
 //! - number: the worst (largest) `min_needle_rank` over the samples, "-" when none; with several
-//!   samples and a split verdict, "(recalled/samples)" follows.
+//!   samples and a split verdict, "(recalled/samples)" follows, and the legend explains it with
+//!   the first such tile ("146 (2/3): worst rank 146; 2 of the tile's 3 samples recalled").
+//! - a position of the grid without a cell and outside the plan (probes sharing a directory) is
+//!   dotted ("no cell"), never blank.
 //!
 //! Many depths or lengths: when a row (column) is too short (narrow) for its text, the numbers
 //! and the white tile borders are left out (the colours alone fill the grid) and the axis
@@ -27,8 +30,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::{
-    canvas, ellipsize_middle, flow, plot_err, subtitle, text_width, thin_ticks, AXIS_PX, FONT,
-    LABEL_PX,
+    canvas, flow, plot_err, subtitle, text_width, thin_ticks, wrap_words, AXIS_PX, FONT, LABEL_PX,
 };
 use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode};
 use crate::report::error::Result;
@@ -36,7 +38,7 @@ use crate::report::store::RunRecords;
 
 mod tiles;
 
-use tiles::{Fill, Grid, Judging, HATCH, NOT_RUN};
+use tiles::{Fill, Grid, Judging, HATCH, NOT_RUN, NO_CELL};
 
 /// Legend band: swatch size, line pitches, text size.
 const SWATCH: i32 = 18;
@@ -327,10 +329,10 @@ fn draw(
                         .draw_series(std::iter::once(Rectangle::new(corners, c.filled())))
                         .map_err(&err)?;
                 }
-                Fill::NotRun => {
+                Fill::NotRun | Fill::NoCell => {
                     let (x0, y0) = chart.backend_coord(&(x, y + 1.0));
                     let (x1, y1) = chart.backend_coord(&(x + 1.0, y));
-                    hatch(&root, (x0, y0), (x1 - 1, y1 - 1), path)?;
+                    pattern(&root, t.fill, (x0, y0), (x1 - 1, y1 - 1), path)?;
                 }
             }
             if border > 0 {
@@ -359,13 +361,13 @@ fn draw(
 }
 
 /// The legend band under the grid: the swatches of [`Grid::legend`] flowing over as many
-/// lines as they need, then one line per note ([`LegendBand::notes`]).
+/// lines as they need, then the notes ([`LegendBand::notes`]) wrapped to the band's width.
 struct LegendBand {
     entries: Vec<(Fill, &'static str)>,
     /// (line, x) of each entry.
     placed: Vec<(usize, u32)>,
     lines: i32,
-    /// Note lines (as many whether or not the tiles hold numbers).
+    /// Note lines (the most of the two variants, with and without numbers in the tiles).
     notes: i32,
     width: u32,
 }
@@ -379,11 +381,16 @@ impl LegendBand {
             .collect();
         let placed = flow(&widths, 26, width);
         let lines = placed.last().map_or(0, |p| p.0 as i32 + 1);
+        let notes = [true, false]
+            .map(|numbers| Self::note_lines(grid, numbers, width).len())
+            .into_iter()
+            .max()
+            .unwrap_or(0);
         LegendBand {
             entries,
             placed,
             lines,
-            notes: Self::notes(grid, true).len() as i32,
+            notes: notes as i32,
             width,
         }
     }
@@ -392,29 +399,64 @@ impl LegendBand {
         (10 + ENTRY_PITCH * self.lines + NOTE_PITCH * self.notes + 6) as u32
     }
 
-    /// What the numbers are (or that the tiles are too small for them), what `[n/m]` means
-    /// when a tile is partial, and what "recalled" means when judging is mixed.
-    fn notes(grid: &Grid, numbers: bool) -> Vec<&'static str> {
+    /// What the numbers are (or that the tiles are too small for them), what a tile's
+    /// `(recalled/samples)` means, shown on the first tile that has it, what `[n/m]` means when
+    /// a tile is partial, and what "recalled" means when judging is mixed.
+    fn notes(grid: &Grid, numbers: bool) -> Vec<String> {
         let mut out = vec![if numbers {
             "number in a tile: min_needle_rank (needle rank on the worst CSA layer at the answer \
              position), worst over samples"
         } else {
             "no numbers: the tiles are too small (min_needle_rank is in cells.csv and summary.json)"
-        }];
+        }
+        .to_string()];
+        if let Some(t) = grid.first_split() {
+            let (recalled, n) = t.split.unwrap_or_default();
+            let worst = t.worst.map_or_else(|| "-".to_string(), |w| w.to_string());
+            let judged = match grid.judging {
+                Judging::Answer => "answered correctly",
+                Judging::Indexer => "kept the needle on every non-trivial CSA layer",
+                Judging::Mixed => "recalled",
+            };
+            let trivial = if grid.judging == Judging::Answer {
+                ""
+            } else {
+                " (samples with every CSA layer trivial not counted)"
+            };
+            out.push(if numbers {
+                format!(
+                    "{}: worst rank {worst} over the tile's samples; {recalled} of its {n} \
+                     samples {judged}{trivial}",
+                    t.text
+                )
+            } else {
+                format!("amber: some of a tile's samples {judged}, not all{trivial}")
+            });
+        }
         if grid.any_partial() {
             out.push(if numbers {
                 "[n/m]: n of the m samples planned for the tile finished (the sweep stopped early)"
             } else {
                 "some tiles have fewer finished samples than planned (the sweep stopped early)"
-            });
+            }
+            .to_string());
         }
         if grid.judging == Judging::Mixed {
             out.push(
                 "recalled: the generated answer is right where a cell has one, else the needle \
-                 is selected on every non-trivial CSA layer",
+                 is selected on every non-trivial CSA layer"
+                    .to_string(),
             );
         }
         out
+    }
+
+    /// [`LegendBand::notes`] wrapped at spaces to `width` pixels, line by line.
+    fn note_lines(grid: &Grid, numbers: bool, width: u32) -> Vec<String> {
+        Self::notes(grid, numbers)
+            .iter()
+            .flat_map(|note| wrap_words(note, LEGEND_TEXT_PX, width))
+            .collect()
     }
 
     fn draw<DB: DrawingBackend>(
@@ -433,19 +475,66 @@ impl LegendBand {
                 Fill::Colour(c) => area
                     .draw(&Rectangle::new([(x, y), corner], c.filled()))
                     .map_err(&err)?,
-                Fill::NotRun => hatch(area, (x, y), corner, path)?,
+                Fill::NotRun | Fill::NoCell => {
+                    pattern(area, *fill, (x, y), corner, path)?;
+                    // A near-white swatch needs an edge to be seen.
+                    let edge = Rectangle::new([(x, y), corner], HATCH.stroke_width(1));
+                    area.draw(&edge).map_err(&err)?;
+                }
             }
             let text = Text::new(label.to_string(), (x + SWATCH + 6, y + 1), style.clone());
             area.draw(&text).map_err(&err)?;
         }
-        for (k, note) in Self::notes(grid, numbers).iter().enumerate() {
+        for (k, line) in Self::note_lines(grid, numbers, self.width)
+            .into_iter()
+            .enumerate()
+        {
             let y = 10 + ENTRY_PITCH * self.lines + 2 + NOTE_PITCH * k as i32;
-            let text = ellipsize_middle(note, LEGEND_TEXT_PX, self.width);
-            area.draw(&Text::new(text, (20, y), style.clone()))
+            area.draw(&Text::new(line, (20, y), style.clone()))
                 .map_err(&err)?;
         }
         Ok(())
     }
+}
+
+/// Fills the pixel rectangle `(x0, y0)..=(x1, y1)` of `area` with the pattern of a tile
+/// without samples: not run (hatched) or no cell (dotted); anything else is left alone.
+fn pattern<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    fill: Fill,
+    from: (i32, i32),
+    to: (i32, i32),
+    path: &Path,
+) -> Result<()> {
+    match fill {
+        Fill::NotRun => hatch(area, from, to, path),
+        Fill::NoCell => dots(area, from, to, path),
+        Fill::Colour(_) => Ok(()),
+    }
+}
+
+/// Fills the pixel rectangle `(x0, y0)..=(x1, y1)` of `area` with the no-cell pattern: a
+/// near-white background under 2 px dots 6 px apart (in phase across neighbouring tiles).
+fn dots<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x0, y0): (i32, i32),
+    (x1, y1): (i32, i32),
+    path: &Path,
+) -> Result<()> {
+    let err = plot_err(path);
+    if x1 < x0 || y1 < y0 {
+        return Ok(());
+    }
+    area.draw(&Rectangle::new([(x0, y0), (x1, y1)], NO_CELL.filled()))
+        .map_err(&err)?;
+    let first = |v: i32| v.div_euclid(6) * 6 + 2;
+    for y in (first(y0)..y1).step_by(6).filter(|&y| y >= y0) {
+        for x in (first(x0)..x1).step_by(6).filter(|&x| x >= x0) {
+            area.draw(&Rectangle::new([(x, y), (x + 1, y + 1)], HATCH.filled()))
+                .map_err(&err)?;
+        }
+    }
+    Ok(())
 }
 
 /// Fills the pixel rectangle `(x0, y0)..=(x1, y1)` of `area` with the not-run pattern: a
@@ -477,6 +566,59 @@ fn hatch<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three samples at one position, ranks 146, 20 and 30, the 146 one answered wrong.
+    fn split_tile_cells() -> Vec<CellRecord> {
+        [(146, false), (20, true), (30, true)]
+            .into_iter()
+            .enumerate()
+            .map(|(s, (rank, correct))| {
+                serde_json::from_value(serde_json::json!({
+                    "cell_id": format!("L4096-d50-fp8-k64-s{s}"), "target_tokens": 4096,
+                    "prompt_tokens": 4096, "depth_pct": 50.0, "needle_start": 40,
+                    "needle_end": 50, "answer_start": 4000, "answer_end": 4005,
+                    "index": "fp8", "kv": "exact", "topk": 64, "answer_text": "",
+                    "answer_correct": correct, "min_needle_rank": rank,
+                    "csa_layers_selected": 1, "csa_layers_nontrivial": 2, "wall_seconds": 1.0
+                }))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    /// A tile's "(2/3)" is explained under the grid with that tile's own numbers (before, the
+    /// legend did not say what the parenthesised count was); with indexer judging the note
+    /// says what recalled means and that trivial samples are not counted.
+    #[test]
+    fn the_legend_explains_a_split_tile_with_its_own_numbers() {
+        let cells = split_tile_cells();
+        let refs: Vec<&CellRecord> = cells.iter().collect();
+        let info =
+            crate::record::RunInfo::new("m", "sha256:0", "passkey", false, serde_json::json!({}));
+        let grid = Grid::new(&info, &refs);
+        assert_eq!(grid.tiles[&(0, 0)].text, "146 (2/3)");
+        let notes = LegendBand::notes(&grid, true);
+        let want = "146 (2/3): worst rank 146 over the tile's samples; 2 of its 3 samples \
+                    answered correctly";
+        assert!(notes.iter().any(|n| n == want), "{notes:?}");
+        let mut indexer = cells.clone();
+        for c in &mut indexer {
+            c.csa_layers_selected = if c.min_needle_rank == Some(146) { 1 } else { 2 };
+            c.answer_correct = None;
+        }
+        let refs: Vec<&CellRecord> = indexer.iter().collect();
+        let grid = Grid::new(&info, &refs);
+        let notes = LegendBand::notes(&grid, true).join(" ");
+        assert!(
+            notes.contains("2 of its 3 samples kept the needle on every non-trivial CSA layer"),
+            "{notes}"
+        );
+        assert!(notes.contains("trivial not counted"), "{notes}");
+        // Each note line fits the band.
+        for line in LegendBand::note_lines(&grid, true, 960) {
+            assert!(text_width(&line, LEGEND_TEXT_PX) <= 960, "{line}");
+        }
+    }
 
     #[test]
     fn depth_labels_keep_every_decimal_of_the_depth() {

@@ -4,7 +4,9 @@
 //!
 //! A sweep's plan names every (length, depth) and the samples per tile, so a stopped sweep's
 //! missing tiles are drawn as "not run" and a tile with fewer samples than planned says so
-//! (`[2/3]`); a probe's directory has no plan and shows what it has.
+//! (`[2/3]`); a probe's directory has no plan and shows what it has. A position of the grid
+//! that neither has a cell nor is planned (probes at different lengths and depths sharing a
+//! directory) is drawn as "no cell" rather than left blank.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -21,6 +23,8 @@ pub(super) const GREY: RGBColor = RGBColor(205, 205, 205);
 /// Not-run tiles: this background under [`HATCH`] lines.
 pub(super) const NOT_RUN: RGBColor = RGBColor(244, 244, 244);
 pub(super) const HATCH: RGBColor = RGBColor(150, 150, 150);
+/// No-cell tiles: this background under dots of [`HATCH`].
+pub(super) const NO_CELL: RGBColor = RGBColor(252, 252, 252);
 
 /// The grid part of a sweep's `sweep_args` (the rest is checked by `validate`).
 #[derive(Debug, Deserialize)]
@@ -41,6 +45,9 @@ pub(super) enum Fill {
     Colour(RGBColor),
     /// Planned, no sample finished.
     NotRun,
+    /// Neither planned nor run: a position of the grid (a length and a depth of other cells)
+    /// without a cell.
+    NoCell,
 }
 
 /// The verdict of one grid tile.
@@ -49,15 +56,32 @@ pub(super) struct Tile {
     pub fill: Fill,
     /// Worst rank, "(recalled/evidence)" when split, "[finished/planned]" when partial.
     pub text: String,
+    /// The worst `min_needle_rank` over the samples.
+    pub worst: Option<usize>,
+    /// (recalled, evidence samples) when the samples disagree (the "(2/3)" of the text).
+    pub split: Option<(usize, usize)>,
     /// Some samples finished, fewer than planned.
     pub partial: bool,
+}
+
+impl Tile {
+    /// A tile without samples.
+    fn empty(fill: Fill) -> Tile {
+        Tile {
+            fill,
+            text: String::new(),
+            worst: None,
+            split: None,
+            partial: false,
+        }
+    }
 }
 
 /// The tiles of one heatmap: column i = `lengths[i]`, row j = `depths[j]` (0 % first).
 pub(super) struct Grid {
     pub lengths: Vec<usize>,
     pub depths: Vec<f64>,
-    /// (column, row) -> tile; a pair neither run nor planned has none.
+    /// (column, row) -> tile, for every pair.
     pub tiles: HashMap<(usize, usize), Tile>,
     /// Cells (samples) of this heatmap, and the plan's count for it when the run has a plan.
     pub finished: usize,
@@ -101,13 +125,18 @@ impl Grid {
             for &l in &p.lengths {
                 for &d in &p.depths {
                     if let (Some(i), Some(j)) = (column(l), row(d)) {
-                        tiles.entry((i, j)).or_insert_with(|| Tile {
-                            fill: Fill::NotRun,
-                            text: String::new(),
-                            partial: false,
-                        });
+                        tiles
+                            .entry((i, j))
+                            .or_insert_with(|| Tile::empty(Fill::NotRun));
                     }
                 }
+            }
+        }
+        for i in 0..lengths.len() {
+            for j in 0..depths.len() {
+                tiles
+                    .entry((i, j))
+                    .or_insert_with(|| Tile::empty(Fill::NoCell));
             }
         }
         Grid {
@@ -130,7 +159,8 @@ impl Grid {
     }
 
     /// The legend's swatches: the verdict colours of the judging, grey when trivial tiles
-    /// are drawn (always listed for indexer-only runs), and "not run" when a tile is.
+    /// are drawn (always listed for indexer-only runs), "not run" and "no cell" whenever a tile
+    /// is.
     pub fn legend(&self) -> Vec<(Fill, &'static str)> {
         let used = |f: Fill| self.tiles.values().any(|t| t.fill == f);
         let mut out: Vec<(Fill, &'static str)> = match self.judging {
@@ -159,7 +189,18 @@ impl Grid {
         if used(Fill::NotRun) {
             out.push((Fill::NotRun, "not run"));
         }
+        if used(Fill::NoCell) {
+            out.push((Fill::NoCell, "no cell at this length and depth"));
+        }
         out
+    }
+
+    /// The first tile (by length, then depth) whose samples disagree, for the legend's example.
+    pub fn first_split(&self) -> Option<&Tile> {
+        (0..self.lengths.len())
+            .flat_map(|i| (0..self.depths.len()).map(move |j| (i, j)))
+            .filter_map(|at| self.tiles.get(&at))
+            .find(|t| t.split.is_some())
     }
 
     /// Whether a tile has fewer samples than planned.
@@ -219,7 +260,8 @@ pub(super) fn tile(samples: &[&CellRecord], planned: Option<usize>) -> Tile {
     };
     let worst = samples.iter().filter_map(|c| c.min_needle_rank).max();
     let mut text = worst.map_or_else(|| "-".to_string(), |w| w.to_string());
-    if n > 1 && recalled != 0 && recalled != n {
+    let split = (n > 1 && recalled != 0 && recalled != n).then_some((recalled, n));
+    if let Some((recalled, n)) = split {
         text.push_str(&format!(" ({recalled}/{n})"));
     }
     let partial = planned.is_some_and(|p| samples.len() < p);
@@ -229,6 +271,8 @@ pub(super) fn tile(samples: &[&CellRecord], planned: Option<usize>) -> Tile {
     Tile {
         fill: Fill::Colour(fill),
         text,
+        worst,
+        split,
         partial,
     }
 }
@@ -344,5 +388,27 @@ mod tests {
         let grid = Grid::new(&probe, &refs);
         assert_eq!((grid.tiles.len(), grid.completeness()), (1, None));
         assert!(!grid.tiles[&(0, 0)].partial);
+    }
+
+    /// Probes at (4096, 0 %) and (8192, 50 %) sharing a directory: the two other positions of
+    /// the grid are "no cell" tiles with a legend entry, not blank (before, they had no tile).
+    #[test]
+    fn grid_positions_without_a_cell_are_drawn_and_named() {
+        let mut far = sample(50.0, Some(9), Some(true));
+        far.target_tokens = 8192;
+        let cells = [sample(0.0, Some(3), Some(true)), far];
+        let refs: Vec<&CellRecord> = cells.iter().collect();
+        let mut probe = sweep(&[0.0], 1);
+        probe.sweep_args = serde_json::json!({"command": "probe"});
+        let grid = Grid::new(&probe, &refs);
+        assert_eq!(grid.tiles.len(), 4);
+        assert_eq!(grid.tiles[&(0, 1)].fill, Fill::NoCell);
+        assert_eq!(grid.tiles[&(1, 0)].fill, Fill::NoCell);
+        assert!(grid
+            .legend()
+            .contains(&(Fill::NoCell, "no cell at this length and depth")));
+        // A full grid has none, and no legend entry for it.
+        let full = Grid::new(&probe, &refs[..1]);
+        assert!(!full.legend().iter().any(|e| e.0 == Fill::NoCell));
     }
 }
