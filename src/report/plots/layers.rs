@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use super::legend::{
-    draw_mark, draw_rows, drawn_text, legend_layout, note_rows, row_text, Key, LegendLayout, Mark,
-    Row, Stroke, MARKS,
+    draw_mark, draw_rows, drawn_text, legend_layout, note_rows, row_text, LegendLayout, Mark, Row,
+    Stroke, MARKS,
 };
 use super::{
     canvas, header_height, header_lines, plot_err, profile_colour, rank_axis, rank_axis_top,
@@ -348,16 +348,7 @@ const VISIBLE: RGBColor = RGBColor(110, 110, 110);
 /// The legend column, top-down: the cut-off lines, the driving profile, the profiles scored
 /// alongside, then notes on what is drawn together, side by side, without a rank.
 fn legend_rows(plot: &LayerPlot, topks: &BTreeSet<usize>, cell: &CellRecord) -> Vec<Row> {
-    let key = |colour, width, stroke, mark, filled, label: String| {
-        Row::Key(Key {
-            colour,
-            width,
-            stroke,
-            mark,
-            filled,
-            label,
-        })
-    };
+    let key = Row::key;
     let mut rows = Vec::new();
     for &k in topks {
         let own = k == cell.topk;

@@ -88,6 +88,27 @@ pub(crate) enum Row {
     Note(String),
 }
 
+impl Row {
+    /// A [`Row::Key`].
+    pub(crate) fn key(
+        colour: RGBColor,
+        width: u32,
+        stroke: Stroke,
+        mark: Mark,
+        filled: bool,
+        label: String,
+    ) -> Row {
+        Row::Key(Key {
+            colour,
+            width,
+            stroke,
+            mark,
+            filled,
+            label,
+        })
+    }
+}
+
 /// Where the rows of a legend column go: row i is centred at `top + i * pitch`; the first
 /// `shown` rows are drawn, and when `more` the next line says how many were left out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

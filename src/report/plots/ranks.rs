@@ -237,16 +237,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         }
     }
 
-    let key = |colour, width, stroke, mark, filled, label: String| {
-        Row::Key(Key {
-            colour,
-            width,
-            stroke,
-            mark,
-            filled,
-            label,
-        })
-    };
+    let key = Row::key;
     let mut rows = vec![Row::Heading("colour: index profile".into())];
     for p in &profiles {
         rows.push(key(
