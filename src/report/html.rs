@@ -265,7 +265,7 @@ fn settings(info: &RunInfo, finished: usize, notes: &[String]) -> String {
 
 /// The summary table, as the terminal writes it, with its legend under it.
 fn summary_section(records: &RunRecords) -> String {
-    let rounding = summary::rounding_losses(&records.cells, &records.layers);
+    let rounding = summary::rounding_losses(&records.cells);
     let groups = summary::summarize(&records.cells, &rounding);
     let mut out = String::from(
         "<section id=\"summary\">\n<h2>Summary</h2>\n<table class=\"summary\">\n<thead><tr>",

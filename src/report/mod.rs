@@ -95,7 +95,7 @@ pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
 }
 
 fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -> Rerendered {
-    let rounding = summary::rounding_losses(&records.cells, &records.layers);
+    let rounding = summary::rounding_losses(&records.cells);
     let mut table = render_table(&summarize(&records.cells, &rounding), colour);
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);

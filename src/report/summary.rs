@@ -14,8 +14,9 @@
 //!   the worst cell (and its non-trivial count) and the sum over cells;
 //! - a trivial cell has no non-trivial CSA layer: shown, never evidence;
 //! - layers lost to rounding: of those lost layers, the ones the `exact` profile selects on
-//!   the same hidden states ([`crate::record::why`]), counted from layers.csv per cell
-//!   ([`RoundingLosses`]); a group has the figure only when `exact` was scored in every cell.
+//!   the same hidden states ([`crate::record::why`]): each cell's `exact_keeps`, which the
+//!   store derives from its layers.csv rows ([`RoundingLosses`]); a group has the figure only
+//!   when `exact` was scored in every cell.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -28,19 +29,12 @@ use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
 /// ([`crate::record::why::rounding_losses`]); cells where `exact` was not scored are absent.
 pub type RoundingLosses = HashMap<String, usize>;
 
-/// [`RoundingLosses`] of `cells` from their layers.csv records.
-pub fn rounding_losses(cells: &[CellRecord], layers: &[LayerRecord]) -> RoundingLosses {
-    let mut by_cell: HashMap<&str, Vec<&LayerRecord>> = HashMap::new();
-    for r in layers {
-        by_cell.entry(r.cell_id.as_str()).or_default().push(r);
-    }
+/// [`RoundingLosses`] of `cells`: their `exact_keeps` column (set by the store from the
+/// cell's layers.csv rows, and checked against them when a directory is read).
+pub fn rounding_losses(cells: &[CellRecord]) -> RoundingLosses {
     cells
         .iter()
-        .filter_map(|c| {
-            let records = by_cell.get(c.cell_id.as_str())?;
-            let count = cell_rounding_losses(c, records.iter().copied())?;
-            Some((c.cell_id.clone(), count))
-        })
+        .filter_map(|c| Some((c.cell_id.clone(), c.exact_keeps?)))
         .collect()
 }
 

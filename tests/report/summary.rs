@@ -190,8 +190,17 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
         layer("b", 4, "fp8", true, 5),
         layer("b", 4, "exact", false, 6),
     ];
+    // The store sets exact_keeps from each cell's rows; the summary reads it.
+    let of = |id: &str, rows: &[_]| -> Vec<_> {
+        rows.iter()
+            .filter(|r: &&needlescope::record::LayerRecord| r.cell_id == id)
+            .cloned()
+            .collect()
+    };
+    a.derive_columns(&of("a", &layers));
+    b.derive_columns(&of("b", &layers));
     let cells = [a.clone(), b.clone()];
-    let rounding = rounding_losses(&cells, &layers);
+    let rounding = rounding_losses(&cells);
     assert_eq!((rounding["a"], rounding["b"]), (1, 1));
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.layers_lost_total, 3);
@@ -210,7 +219,9 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
         .filter(|r| !(r.cell_id == "b" && r.profile == "exact"))
         .cloned()
         .collect();
-    let rounding = rounding_losses(&cells, &without_b);
+    b.derive_columns(&of("b", &without_b));
+    let cells = [a.clone(), b.clone()];
+    let rounding = rounding_losses(&cells);
     assert!(!rounding.contains_key("b"));
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.layers_lost_to_rounding, None);

@@ -57,7 +57,7 @@ use serde::Serialize;
 
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
-use super::summary::{cell_rounding_losses, rounding_losses, RoundingLosses, SummaryJson};
+use super::summary::{cell_rounding_losses, rounding_losses, SummaryJson};
 use crate::record::served::{ServedLayerRecord, SERVED_COLUMNS};
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
@@ -102,8 +102,6 @@ pub struct RunDir {
     lock: DirLock,
     /// See [`RunDir::notes`].
     notes: Vec<String>,
-    /// The finished cells' rounding losses, for summary.json.
-    rounding: RoundingLosses,
 }
 
 impl RunDir {
@@ -299,13 +297,6 @@ impl RunDir {
             kept.next_line
         };
 
-        let kept_layers: Vec<LayerRecord> = layers
-            .records
-            .into_iter()
-            .map(|r| r.value)
-            .filter(|r| finished.contains(&r.cell_id))
-            .collect();
-        let rounding = rounding_losses(&cells, &kept_layers);
         let run = RunDir {
             cells_w: open_append(&cells_path)?,
             layers_w: open_append(&layers_path)?,
@@ -319,7 +310,6 @@ impl RunDir {
             next_line,
             lock,
             notes,
-            rounding,
         };
         run.write_summary()?;
         Ok((run, cells))
@@ -410,9 +400,6 @@ impl RunDir {
         }
         append(&mut self.cells_w, &cells_path, std::slice::from_ref(cell))?;
         self.finished.insert(cell.cell_id.clone());
-        if let Some(count) = cell.exact_keeps {
-            self.rounding.insert(cell.cell_id.clone(), count);
-        }
         self.cells.push(cell.clone());
         self.write_summary()
     }
@@ -444,7 +431,7 @@ impl RunDir {
     fn write_summary(&self) -> Result<()> {
         write_json(
             &self.dir.join(SUMMARY_JSON),
-            &SummaryJson::new(&self.info, &self.cells, &self.rounding),
+            &SummaryJson::new(&self.info, &self.cells, &rounding_losses(&self.cells)),
         )
     }
 }

@@ -144,7 +144,7 @@ impl RunRecords {
     /// Rewrites `<dir>/summary.json` from these records (atomically); returns its path.
     pub fn write_summary(&self) -> Result<PathBuf> {
         let path = self.dir.join(SUMMARY_JSON);
-        let rounding = rounding_losses(&self.cells, &self.layers);
+        let rounding = rounding_losses(&self.cells);
         write_json(&path, &SummaryJson::new(&self.info, &self.cells, &rounding))?;
         Ok(path)
     }
