@@ -196,13 +196,25 @@ pub fn run_engine_only_sweep(
                 if super::interrupt::stop_requested() && already + run < total {
                     bar.abandon();
                     // The finished cells' page, so the stop loses nothing to read.
+                    super::interrupt::rendering_after_stop();
                     let page = crate::report::store::EngineOnlyRecords::read(out_dir)
                         .map_err(anyhow::Error::from)
                         .and_then(|r| {
                             Ok(crate::report::html::write_engine_only_html(&r, out_dir)?)
                         });
                     return Err(super::interrupt::Interrupted {
-                        next: super::interrupt::after_stop(out_dir, page.is_ok()),
+                        // An engine-only page has no plots.
+                        next: format!(
+                            "{}; {}",
+                            match page {
+                                Ok(_) => format!("their report.html is in {}", out_dir.display()),
+                                Err(_) => format!(
+                                    "`needlescope report {}` writes their report.html",
+                                    out_dir.display()
+                                ),
+                            },
+                            super::interrupt::next_step(out_dir)
+                        ),
                         dir: Some(out_dir.to_path_buf()),
                         finished: already + run,
                         total,

@@ -86,6 +86,11 @@ pub fn after_stop(dir: &Path, rendered: bool) -> String {
 /// A run stopped by Ctrl-C renders the report of its finished cells: from now on Ctrl-C
 /// exits at once, saying that `needlescope report` writes it (see [`Resumable::rendering`]).
 pub fn rendering_after_stop() {
+    mark_rendering();
+}
+
+/// Marks the run in progress as rendering its report (Ctrl-C then exits at once).
+fn mark_rendering() {
     if let Ok(mut active) = ACTIVE.lock() {
         if let Some(a) = active.as_mut() {
             a.rendering = true;
@@ -237,11 +242,7 @@ impl Resumable {
     /// Every cell is finished: from now on (the summary and plots) Ctrl-C exits at once,
     /// pointing at `needlescope report`.
     pub fn rendering(&self) {
-        if let Ok(mut active) = ACTIVE.lock() {
-            if let Some(a) = active.as_mut() {
-                a.rendering = true;
-            }
-        }
+        mark_rendering();
     }
 }
 
