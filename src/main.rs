@@ -6,12 +6,11 @@
 //! flag value, missing argument), 130 stopped by Ctrl-C (a sweep, demo or probe first finishes the cell
 //! in flight and says how to resume; see `needlescope::run::interrupt`).
 
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args = needlescope::cli::flags::join_hyphen_values(std::env::args_os());
-    let cli = needlescope::cli::Cli::parse_from(args);
+    let cli = needlescope::cli::parse_from(args);
     if let Err(err) = needlescope::run::interrupt::install() {
         eprintln!("warning: Ctrl-C handler not installed ({err}); Ctrl-C will stop runs at once");
     }

@@ -1,6 +1,7 @@
 //! `--engine URL` / `--engine-capture FILE` (probe): the user's serving engine held against the
-//! reference. The flags, fetching the capture (live from SGLang or from a saved body), the
-//! `engine` object of `probe --json` and the engine section of the text output
+//! reference. The flags (turned into a [`EnginePlan`]: `run::sglang` fetches the capture, live
+//! from SGLang or from a saved body), the `engine` object of `probe --json` and the engine
+//! section of the text output
 //! (docs/engines.md, docs/outputs.md).
 
 use std::io::Write;
@@ -9,8 +10,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::probe::capture::{read_capture, CaptureExpect, EngineCapture};
-use crate::record::served::{ServedLayerRecord, ServedVerdict};
+use crate::probe::capture::EngineCapture;
+use crate::record::served::ServedLayerRecord;
+use crate::record::verdict::EngineVerdict;
+use crate::run::sglang::{EnginePlan, EngineSource};
 
 /// The largest `--engine-topk`: SGLang's indexer runs 512 or 1024; far past any index_topk a
 /// model could have, and small enough that rows x layers x K cannot overflow.
@@ -72,7 +75,7 @@ impl EngineServerArgs {
 
     /// Whether the run is engine-only: `--no-local`, or a model directory without weights.
     pub fn engine_only(&self, model: &std::path::Path) -> bool {
-        self.engine.is_some() && (self.no_local || !has_weights(model))
+        self.engine.is_some() && (self.no_local || !crate::run::target::has_weights(model))
     }
 }
 
@@ -98,15 +101,6 @@ impl EngineArgs {
         self.server.engine_topk
     }
 
-    /// Where the capture comes from, as recorded (`source` of the JSON object).
-    pub fn source(&self) -> String {
-        match (&self.server.engine, &self.engine_capture) {
-            (Some(url), _) => url.clone(),
-            (None, Some(file)) => file.display().to_string(),
-            (None, None) => String::new(),
-        }
-    }
-
     /// Refuses flags that need an engine without one.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.is_set() {
@@ -123,65 +117,30 @@ impl EngineArgs {
         Ok(())
     }
 
-    /// The capture of `tokens`: posted to the server, or read from the saved body; its
-    /// warnings go to stderr.
-    pub fn capture(
-        &self,
-        tokens: &[u32],
-        generate: usize,
-        expect: &CaptureExpect,
-    ) -> anyhow::Result<EngineCapture> {
-        let capture = match (&self.server.engine, &self.engine_capture) {
-            (Some(url), _) => crate::run::sglang::capture_from_server(
-                url,
-                tokens,
-                generate,
-                Duration::from_secs(self.server.engine_timeout as u64),
-                expect,
-            )?,
-            (None, Some(file)) => {
-                let f = std::fs::File::open(file)
-                    .map_err(|e| anyhow::anyhow!("--engine-capture {}: {e}", file.display()))?;
-                read_capture(std::io::BufReader::with_capacity(1 << 20, f), expect)?
-            }
-            (None, None) => anyhow::bail!("no serving engine given"),
+    /// What the run needs of these flags: where the capture comes from, `--engine-topk`,
+    /// `--no-local`; `None` without an engine.
+    pub fn plan(&self) -> Option<EnginePlan> {
+        let source = match (&self.server.engine, &self.engine_capture) {
+            (Some(url), _) => EngineSource::Server {
+                url: url.clone(),
+                timeout: Duration::from_secs(self.server.engine_timeout as u64),
+            },
+            (None, Some(file)) => EngineSource::Saved(file.clone()),
+            (None, None) => return None,
         };
-        // A saved body may hold more generated tokens than this run plans for (its memory
-        // plan and context check counted --generate).
-        if capture.output_ids.len() > generate.max(1) {
-            anyhow::bail!(
-                "{}: the engine generated {} tokens, more than --generate {generate} plans for; \
-                 pass --generate {}",
-                capture.source,
-                capture.output_ids.len(),
-                capture.output_ids.len()
-            );
-        }
-        for w in &capture.warnings {
-            eprintln!("warning: {w}");
-        }
-        Ok(capture)
-    }
-}
-
-/// Whether a model directory holds weights (a safetensors file or a shard index): without
-/// them, `--engine` runs engine-only.
-pub fn has_weights(model: &std::path::Path) -> bool {
-    std::fs::read_dir(model)
-        .map(|entries| {
-            entries.flatten().any(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
-            })
+        Some(EnginePlan {
+            source,
+            topk: self.server.engine_topk,
+            no_local: self.server.no_local,
         })
-        .unwrap_or(false)
+    }
 }
 
 /// `probe --json`'s `engine` object (docs/outputs.md).
 pub fn engine_json(
     capture: &EngineCapture,
     served: &[ServedLayerRecord],
-    verdict: &ServedVerdict,
+    verdict: &EngineVerdict,
     answer_correct: Option<bool>,
     driving: Option<&str>,
     needles: usize,
@@ -230,7 +189,7 @@ pub fn engine_json(
             "overlap": overlap,
         }));
     }
-    let agreement = |a: &Option<crate::record::served::ProfileAgreement>| match a {
+    let agreement = |a: &Option<crate::record::verdict::ProfileAgreement>| match a {
         Some(a) => serde_json::json!({
             "profile": a.profile,
             "mean_overlap": super::probe::f32_as_in_csv(serde_json::json!(a.mean_overlap)),
@@ -267,7 +226,7 @@ pub fn print_engine(
     capture: &EngineCapture,
     served: &[ServedLayerRecord],
     reference: &[crate::record::LayerRecord],
-    verdict: &ServedVerdict,
+    verdict: &EngineVerdict,
     answer_correct: Option<bool>,
     driving: Option<&str>,
     needles: usize,

@@ -67,6 +67,59 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Parses a command line as clap does, then refuses what clap's derive lets through: `--needle`
+/// or `--answer` without `--prompt` (their `requires` is not enforced inside the flattened
+/// group), which would otherwise be accepted and ignored. A refusal is a usage error: clap's
+/// message and exit code 2, naming both flags.
+pub fn parse_from<I, T>(args: I) -> Cli
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    if let Err((sub, message)) = cli.unenforced_relations() {
+        use clap::CommandFactory;
+        let mut command = Cli::command();
+        let sub = command
+            .find_subcommand_mut(sub)
+            .expect("a subcommand of Cli")
+            .clone();
+        sub.error(clap::error::ErrorKind::MissingRequiredArgument, message)
+            .exit();
+    }
+    cli
+}
+
+impl Cli {
+    /// The relations between flags that clap's derive does not enforce (see [`parse_from`]):
+    /// the subcommand and the message of the first broken one.
+    pub fn unenforced_relations(&self) -> Result<(), (&'static str, String)> {
+        let (sub, conversation) = match &self.command {
+            Command::Probe(a) => ("probe", &a.conversation),
+            Command::Prompt(a) => ("prompt", &a.conversation),
+            _ => return Ok(()),
+        };
+        if conversation.prompt.is_some() {
+            return Ok(());
+        }
+        for (flag, given) in [
+            ("--needle", !conversation.needle.is_empty()),
+            ("--answer", conversation.answer.is_some()),
+        ] {
+            if given {
+                return Err((
+                    sub,
+                    format!(
+                        "{flag} names a needle or answer of your own conversation: it needs \
+                         --prompt FILE (a scenario's needle and answer are its own)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs a parsed command line, printing to stdout.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
@@ -127,7 +180,7 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
 /// indexer judges, as `demo` does).
 pub fn generate_default(flag: Option<usize>, model: &std::path::Path) -> usize {
     flag.unwrap_or_else(|| {
-        if crate::run::sweep::model_marks(model).synthetic {
+        if crate::run::target::model_marks(model).synthetic {
             0
         } else {
             24

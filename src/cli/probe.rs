@@ -1,20 +1,17 @@
-//! `needlescope probe`: one prompt (scenario, length, depth), one forward pass per (driving
-//! index profile, top-k); reports the needle's rank on every CSA layer under the driving profile
-//! and each `--compare` profile, and whether the generated answer is right (docs/architecture.md section 3, docs/outputs.md).
+//! `needlescope probe`: its flags, their checks, and its output. One prompt (scenario, length,
+//! depth, or a conversation), one forward pass per (driving index profile, top-k), run by
+//! [`crate::run::probe`]; this file prints the needle's rank on every CSA layer under the
+//! driving profile and each `--compare` profile, the diagnosis, why and conclusion
+//! ([`crate::record::verdict`]), the attention table, and `--json` (docs/outputs.md).
 
 use super::device::DeviceArgs;
 use super::flags::{parse_depth, parse_positive, parse_token_count};
-use crate::backend::Backend;
-use crate::checkpoint::Checkpoint;
-use crate::devices::placement::Workload;
-use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::probe::session::{conclusion, run_probe, ProbeOptions, ProbeProgress};
-use crate::probe::{NeedlePrompt, Scenario};
-use crate::record::{config_hash, BackendRecord, LayerRecord, ProbeRun, RunInfo};
-use crate::report::RunDir;
-use crate::run::target::{EngineTask, Target};
-use crate::tokenizer::V4Tokenizer;
+use crate::probe::NeedlePrompt;
+use crate::record::verdict;
+use crate::record::{LayerRecord, ProbeRun};
+use crate::run::probe::{EngineOnlyProbe, LocalProbe, ProbeOutcome, ProbePlan};
+use crate::run::prompt::PromptSource;
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -64,7 +61,8 @@ pub struct ProbeArgs {
     pub index: Vec<IndexProfile>,
 
     /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
-    /// other --index profiles are scored too, and exact whenever a rounding profile drives
+    /// other --index profiles are scored too, and exact whenever a rounding profile drives (it
+    /// tells rounding from a too-small top-k: the `why:` lines)
     #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub compare: Vec<IndexProfile>,
 
@@ -122,31 +120,8 @@ pub struct ProbeArgs {
     pub engine: super::engine::EngineArgs,
 }
 
-/// The probe's body on a loaded engine of any backend.
-struct ProbeTask<'a> {
-    tok: &'a V4Tokenizer,
-    scenario: &'a Scenario,
-    prompt: &'a NeedlePrompt,
-    opts: &'a ProbeOptions,
-    progress: &'a mut dyn ProbeProgress,
-}
-
-impl EngineTask for ProbeTask<'_> {
-    type Output = Vec<ProbeRun>;
-    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<Vec<ProbeRun>> {
-        run_probe(
-            engine,
-            self.tok,
-            self.scenario,
-            self.prompt,
-            self.opts,
-            "",
-            self.progress,
-            &crate::run::interrupt::stop_requested,
-        )
-    }
-}
-
+/// Checks the flags, runs the probe ([`crate::run::probe`]) and prints its tables or JSON; then
+/// the runs are recorded into `--out` and a stop by Ctrl-C is reported.
 pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     use crate::run::checks::refuse_duplicates;
     refuse_duplicates("--index", &args.index, |p| p.name())?;
@@ -171,209 +146,133 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                  --engine-topk names it when the payload reads two ways)"
             );
         }
-        if args.engine.server.no_local || !super::engine::has_weights(&args.model) {
-            return run_engine_only(args, out);
-        }
     }
-    if args.conversation.prompt.is_some() && args.conversation.answer.is_none() && args.generate > 0
-    {
-        anyhow::bail!(
-            "--prompt: expected --answer TEXT (what a correct reply contains) to judge the \
-             generated answer, or --generate 0 to judge by the indexer alone"
-        );
-    }
-    let ckpt = crate::run::target::open_model(&args.model)?;
-    let cfg = ckpt.config().clone();
-    cfg.require_csa_layer(&args.model.join("config.json"))?;
-    crate::run::checks::refuse_topk_past_rows("--topk", &args.topk, &cfg)?;
-    let positions = crate::run::checks::positions_taken(args.length, args.generate);
-    if args.conversation.prompt.is_none() && positions > cfg.max_position_embeddings {
-        anyhow::bail!(
-            "--length {} with --generate {}: expected at most the model's \
-             max_position_embeddings ({}) positions, found {positions}",
-            args.length,
-            args.generate,
-            cfg.max_position_embeddings
-        );
-    }
-    // The tokenizer (cheap, checked against the config) and a conversation's prompt (its
-    // length sizes the work), then the backend: a device that cannot be used, or a model that
-    // does not fit, fails before a scenario's prompt is built (exactly `--length` tokens).
-    let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
-    let source = prompt_source(args);
-    let built = match &args.conversation.prompt {
-        Some(_) => Some(source.build(&tok, cfg.max_position_embeddings, args.generate)?),
-        None => None,
-    };
-    let length = built.as_ref().map_or(args.length, |(_, p)| p.tokens.len());
-    let work = Workload {
-        context: length + args.generate,
-        chunk: args.chunk,
-        topk: args
-            .topk
-            .iter()
-            .copied()
-            .max()
-            .or(args.engine.engine_topk())
-            .unwrap_or(cfg.index_topk),
-    };
-    let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
-    let backend = target.record();
-    let (scenario, prompt) = match built {
-        Some(built) => built,
-        None => source.build(&tok, cfg.max_position_embeddings, args.generate)?,
-    };
-    let marks = crate::run::sweep::model_marks(&args.model);
-    let judge_answers = marks.judges_answers(args.generate);
-    if let Some(note) = scenario
-        .thinking_note(args.generate)
-        .filter(|_| judge_answers)
-    {
-        eprintln!("note: {note}");
-    }
-    let needle_texts: Vec<String> = prompt.needles.iter().map(|n| n.text.clone()).collect();
-    // The serving engine's capture first: its K is the runs' top-k, its tokens their answer.
-    let capture = match args.engine.is_set() {
-        true => Some(std::sync::Arc::new(args.engine.capture(
-            &prompt.tokens,
-            args.generate,
-            &capture_expect(args, &cfg, &tok, &prompt),
-        )?)),
-        false => None,
-    };
-    let topks = match &capture {
-        Some(c) => vec![c.topk],
-        None if args.topk.is_empty() => vec![cfg.index_topk],
-        None => args.topk.clone(),
-    };
-    let compare = match &capture {
-        Some(_) => crate::probe::served::scored_with_engine(&args.index, &args.compare),
-        None => with_exact(&args.index, &args.compare),
-    };
-    let opts = ProbeOptions {
+    let plan = ProbePlan {
+        model: &args.model,
+        prompt: prompt_source(args),
         indexes: args.index.clone(),
-        compare: crate::probe::session::comparison_profiles(&args.index, &compare),
-        topks,
+        compare: args.compare.clone(),
+        topks: args.topk.clone(),
         kv: args.kv,
         generate: args.generate,
-        chunk: target.chunk(),
+        chunk: args.chunk,
+        device: args.device.choice(),
         probe_question: args.probe == ProbeSet::Question,
-        served: capture.clone(),
+        out: args.out.as_deref(),
+        engine: args.engine.plan(),
     };
-    // The records directory is checked before the model runs.
-    let store = match &args.out {
-        Some(dir) => Some(open(dir, args, &ckpt, &scenario, backend.clone())?),
-        None => None,
-    };
-    // Ctrl-C stops after the run in flight; the finished runs are printed and recorded.
-    let _stoppable = crate::run::interrupt::Resumable::recorded_in(args.out.as_deref());
-    let mut progress = BarProgress::new();
-    let task = ProbeTask {
-        tok: &tok,
-        scenario: &scenario,
-        prompt: &prompt,
-        opts: &opts,
-        progress: &mut progress,
-    };
-    let runs = target.run(&ckpt, EngineOptions::default(), task)?;
-    progress.finish();
-    // Checked before anything is printed or recorded: ranks that do not follow from what the
-    // engine selected must reach neither the terminal nor a report.
-    for run in &runs {
-        run.check_selection().map_err(|why| {
-            let not = if store.is_some() {
-                "no run was printed or recorded"
-            } else {
-                "no run was printed"
-            };
-            anyhow::anyhow!("{why}; {not}")
-        })?;
-    }
-    let last = prompt.tokens.len() - 1;
-    if args.json {
-        let obj = serde_json::json!({
-            "model": args.model.display().to_string(),
-            "synthetic": marks.synthetic,
-            "backend": backend,
-            "scenario": scenario.name,
-            "prompt": prompt_json(&prompt),
-            "runs": runs.iter().map(|r| Ok(serde_json::json!({
-                "cell_id": r.cell_id,
-                "index": r.index,
-                "kv": r.kv,
-                "topk": r.topk,
-                "answer_text": r.answer_text,
-                "answer_correct": judge_answers.then_some(r.answer_correct).flatten(),
-                "layers": f32_as_in_csv(serde_json::to_value(&r.layers)?),
-                "attention": f32_as_in_csv(serde_json::to_value(&r.attention)?),
-                "lost_layers": crate::record::why::lost_layers(r, last),
-                "why": crate::record::why::why(r, last),
-            }))).collect::<serde_json::Result<Vec<_>>>()?,
-            "diagnosis": crate::probe::session::diagnosis(&runs, last),
-            "conclusion": conclusion(&runs, last, judge_answers, &needle_texts),
-        });
-        let mut obj = obj;
-        if let (Some(c), Some(run)) = (&capture, runs.first()) {
-            let e = EngineView::of(c, run, &scenario, &prompt, &cfg, marks);
-            obj["engine"] = super::engine::engine_json(
-                c,
-                &run.served,
-                &e.verdict,
-                e.answer_correct,
-                Some(&run.index),
-                prompt.needles.len(),
-            );
+    let stderr = &mut std::io::stderr();
+    match crate::run::probe::run(&plan)? {
+        // Stopped by Ctrl-C before any run finished: nothing to print or record.
+        ProbeOutcome::Local(probe) if probe.runs.is_empty() => probe.finish(stderr),
+        ProbeOutcome::Local(probe) => {
+            match args.json {
+                true => print_json(out, &args.model, &probe)?,
+                false => print_tables(out, &probe)?,
+            }
+            probe.finish(stderr)
         }
-        writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
-    } else {
-        print_tables(out, &cfg, &scenario, &prompt, &runs, &opts, &backend, marks)?;
-        if let (Some(c), Some(run)) = (&capture, runs.first()) {
-            let e = EngineView::of(c, run, &scenario, &prompt, &cfg, marks);
-            super::engine::print_engine(
-                out,
-                c,
-                &run.served,
-                &run.layers,
-                &e.verdict,
-                e.answer_correct,
-                Some(&run.index),
-                prompt.needles.len(),
-            )?;
+        ProbeOutcome::EngineOnly(probe) => {
+            match args.json {
+                true => print_engine_only_json(out, &args.model, &probe)?,
+                false => print_engine_only(out, &probe)?,
+            }
+            probe.finish(stderr)
         }
     }
-    if let Some(store) = store {
-        let stderr = &mut std::io::stderr();
-        record(store, &prompt, length, &runs, judge_answers, stderr)?;
+}
+
+/// `probe --json` of a local probe (docs/outputs.md).
+fn print_json(out: &mut dyn Write, model: &Path, probe: &LocalProbe) -> anyhow::Result<()> {
+    let last = probe.prompt.tokens.len() - 1;
+    let needle_texts: Vec<String> = probe
+        .prompt
+        .needles
+        .iter()
+        .map(|n| n.text.clone())
+        .collect();
+    let judge_answers = probe.judge_answers;
+    let mut obj = serde_json::json!({
+        "model": model.display().to_string(),
+        "synthetic": probe.marks.synthetic,
+        "backend": probe.backend,
+        "scenario": probe.scenario.name,
+        "prompt": prompt_json(&probe.prompt),
+        "runs": probe.runs.iter().map(|r| Ok(serde_json::json!({
+            "cell_id": r.cell_id,
+            "index": r.index,
+            "kv": r.kv,
+            "topk": r.topk,
+            "answer_text": r.answer_text,
+            "answer_correct": judge_answers.then_some(r.answer_correct).flatten(),
+            "layers": f32_as_in_csv(serde_json::to_value(&r.layers)?),
+            "attention": f32_as_in_csv(serde_json::to_value(&r.attention)?),
+            "lost_layers": verdict::lost_layers(r, last),
+            "why": verdict::why(r, last),
+        }))).collect::<serde_json::Result<Vec<_>>>()?,
+        "diagnosis": verdict::diagnosis(&probe.runs, last),
+        "conclusion": verdict::conclusion(&probe.runs, last, judge_answers, &needle_texts),
+    });
+    if let (Some(e), Some(run)) = (&probe.engine, probe.runs.first()) {
+        obj["engine"] = super::engine::engine_json(
+            &e.capture,
+            &run.served,
+            &e.verdict,
+            e.answer_correct,
+            Some(&run.index),
+            probe.prompt.needles.len(),
+        );
     }
-    let planned = opts.indexes.len() * opts.topks.len();
-    if runs.len() < planned {
-        return Err(crate::run::interrupt::Interrupted {
-            dir: args.out.clone(),
-            finished: runs.len(),
-            total: planned,
-            next: match &args.out {
-                Some(_) => "rerunning the same command runs every cell again and records \
-                            the ones missing there"
-                    .into(),
-                None => "their tables are above (probe --out DIR would keep them)".into(),
-            },
-        }
-        .into());
-    }
+    writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     Ok(())
 }
 
-/// `--compare` with `exact` added when a rounding profile drives and it is not scored: it
-/// costs no forward, and only it tells a layer lost to rounding from one the top-k is too small
-/// for ([`crate::record::why`]).
-pub fn with_exact(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
-    let exact = IndexProfile::Exact;
-    let mut out = compare.to_vec();
-    if indexes.iter().any(|&p| p != exact) && !compare.contains(&exact) && !indexes.contains(&exact)
-    {
-        out.push(exact);
-    }
-    out
+/// `probe --json` of the engine alone.
+fn print_engine_only_json(
+    out: &mut dyn Write,
+    model: &Path,
+    probe: &EngineOnlyProbe,
+) -> anyhow::Result<()> {
+    let obj = serde_json::json!({
+        "model": model.display().to_string(),
+        "synthetic": probe.marks.synthetic,
+        "scenario": probe.scenario.name,
+        "local": false,
+        "prompt": prompt_json(&probe.prompt),
+        "runs": [],
+        "engine": super::engine::engine_json(
+            &probe.capture,
+            probe.served(),
+            &probe.verdict,
+            probe.cell.cell.answer_correct,
+            None,
+            probe.prompt.needles.len(),
+        ),
+    });
+    writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
+    Ok(())
+}
+
+/// The text of a probe of the engine alone.
+fn print_engine_only(out: &mut dyn Write, probe: &EngineOnlyProbe) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{} | {} tokens | {} | answer {:?} | engine only (no local forward)",
+        probe.scenario.name,
+        probe.prompt.tokens.len(),
+        crate::units::count_of(probe.prompt.needles.len(), "needle"),
+        probe.prompt.answer_value
+    )?;
+    super::engine::print_engine(
+        out,
+        &probe.capture,
+        probe.served(),
+        &[],
+        &probe.verdict,
+        probe.cell.cell.answer_correct,
+        None,
+        probe.prompt.needles.len(),
+    )
 }
 
 /// `probe --json`'s `prompt` object.
@@ -385,202 +284,29 @@ fn prompt_json(prompt: &NeedlePrompt) -> serde_json::Value {
         "actual_depth_pct": prompt.actual_depth_pct,
         "needle": [prompt.needle.0, prompt.needle.1],
         "needles": super::prompt::needles_json(prompt),
-        "answer": [prompt.answer.0, prompt.answer.1],
+        "answer_span": [prompt.answer.0, prompt.answer.1],
         "needle_text": prompt.needle_text,
         "answer_value": prompt.answer_value,
     })
 }
 
-/// What the capture expects of the engine's response for this prompt.
-fn capture_expect(
-    args: &ProbeArgs,
-    cfg: &crate::config::ModelConfig,
-    tok: &V4Tokenizer,
-    prompt: &NeedlePrompt,
-) -> crate::probe::capture::CaptureExpect {
-    crate::probe::capture::CaptureExpect {
-        source: args.engine.source(),
-        prompt_tokens: prompt.tokens.len(),
-        csa_layers: cfg.layers_of_kind(crate::config::LayerKind::Csa),
-        config_topk: cfg.index_topk,
-        engine_topk: args.engine.engine_topk(),
-        prompt_positions: match args.probe {
-            ProbeSet::Question => crate::probe::session::question_positions(tok, prompt),
-            ProbeSet::Answer => Vec::new(),
+/// The prompt flags of a probe.
+fn prompt_source(args: &ProbeArgs) -> PromptSource<'_> {
+    match &args.conversation.prompt {
+        Some(path) => PromptSource::Conversation {
+            path,
+            needles: &args.conversation.needle,
+            answer: args.conversation.answer.as_deref(),
+        },
+        None => PromptSource::Scenario {
+            name: &args.scenario,
+            haystack_file: args.haystack_file.as_deref(),
+            length: args.length,
+            depth: args.depth,
+            seed: args.seed,
+            needles: args.needles.count(),
         },
     }
-}
-
-/// The engine's verdict and answer judgement of one run.
-struct EngineView {
-    verdict: crate::record::served::ServedVerdict,
-    answer_correct: Option<bool>,
-}
-
-impl EngineView {
-    fn of(
-        capture: &crate::probe::capture::EngineCapture,
-        run: &ProbeRun,
-        scenario: &Scenario,
-        prompt: &NeedlePrompt,
-        cfg: &crate::config::ModelConfig,
-        marks: crate::run::sweep::ModelMarks,
-    ) -> EngineView {
-        let order = crate::probe::served::profile_order();
-        let last = prompt.tokens.len() - 1;
-        let driving = (!run.index.is_empty()).then_some(run.index.as_str());
-        EngineView {
-            verdict: crate::record::served::ServedVerdict::of(
-                &run.served,
-                &run.layers,
-                last,
-                &order,
-                driving,
-            ),
-            answer_correct: crate::probe::served::engine_answer_correct(
-                capture,
-                scenario,
-                &prompt.answer_values,
-                cfg.eos_token_id,
-                marks.judges_answers(capture.output_ids.len()),
-            ),
-        }
-    }
-}
-
-/// Engine-only mode (`--no-local`, or a model directory without weights): the prompt is built
-/// with the model's tokenizer and config, the engine's selections and answer are read, and the
-/// needle's membership is reported per CSA layer; nothing runs locally.
-fn run_engine_only(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let config_path = args.model.join("config.json");
-    let cfg = crate::config::ModelConfig::load(&config_path)?;
-    cfg.require_csa_layer(&config_path)?;
-    let tok = crate::run::target::load_tokenizer(&args.model, &cfg)?;
-    let (scenario, prompt) =
-        prompt_source(args).build(&tok, cfg.max_position_embeddings, args.generate)?;
-    let started = std::time::Instant::now();
-    let capture = args.engine.capture(
-        &prompt.tokens,
-        args.generate,
-        &capture_expect(args, &cfg, &tok, &prompt),
-    )?;
-    // `--out`: an engine-only report directory (report::store::engine_only), opened once the
-    // engine answered (a refused capture records nothing).
-    let mut store = match &args.out {
-        Some(dir) => {
-            let mut recorded = shared_args(args);
-            recorded["local"] = serde_json::json!(false);
-            let info = RunInfo::new(
-                args.model.display().to_string(),
-                config_hash(&cfg),
-                scenario.name.clone(),
-                crate::run::sweep::model_marks(&args.model).synthetic,
-                recorded,
-            )
-            .with_fingerprints(String::new(), scenario.fingerprint()?);
-            Some(
-                crate::report::store::EngineOnlyDir::create_or_resume(dir, info)
-                    .map_err(|e| anyhow::anyhow!("--out {}: {e}", dir.display()))?,
-            )
-        }
-        None => None,
-    };
-    let last = prompt.tokens.len() - 1;
-    let mut positions = vec![last];
-    positions.extend(
-        capture
-            .selections
-            .keys()
-            .copied()
-            .filter(|&p| p != last && p + 1 < capture.prompt_tokens + capture.output_ids.len()),
-    );
-    positions.sort_unstable();
-    positions.dedup();
-    let cell = crate::record::served::engine_cell_id(
-        prompt.tokens.len(),
-        prompt.depth_pct,
-        capture.topk,
-        None,
-    );
-    let spans: Vec<(usize, usize)> = prompt.needles.iter().map(|n| n.span).collect();
-    let served = crate::probe::served::membership_records(&capture, &cell, &spans, &positions);
-    let marks = crate::run::sweep::model_marks(&args.model);
-    let verdict = crate::record::served::ServedVerdict::of(&served, &[], last, &[], None);
-    let answer_correct = crate::probe::served::engine_answer_correct(
-        &capture,
-        &scenario,
-        &prompt.answer_values,
-        cfg.eos_token_id,
-        marks.judges_answers(capture.output_ids.len()),
-    );
-    if args.json {
-        let obj = serde_json::json!({
-            "model": args.model.display().to_string(),
-            "synthetic": marks.synthetic,
-            "scenario": scenario.name,
-            "local": false,
-            "prompt": prompt_json(&prompt),
-            "runs": [],
-            "engine": super::engine::engine_json(
-                &capture,
-                &served,
-                &verdict,
-                answer_correct,
-                None,
-                prompt.needles.len(),
-            ),
-        });
-        writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
-    } else {
-        writeln!(
-            out,
-            "{} | {} tokens | {} | answer {:?} | engine only (no local forward)",
-            scenario.name,
-            prompt.tokens.len(),
-            crate::units::count_of(prompt.needles.len(), "needle"),
-            prompt.answer_value
-        )?;
-        super::engine::print_engine(
-            out,
-            &capture,
-            &served,
-            &[],
-            &verdict,
-            answer_correct,
-            None,
-            prompt.needles.len(),
-        )?;
-    }
-    if let Some(store) = store.as_mut() {
-        let target_tokens = match args.conversation.prompt {
-            Some(_) => prompt.tokens.len(),
-            None => args.length,
-        };
-        let record = crate::probe::served::engine_cell(
-            cell.clone(),
-            target_tokens,
-            &prompt,
-            &capture,
-            &served,
-            answer_correct,
-            started.elapsed().as_secs_f64(),
-        );
-        if store.is_finished(&cell) {
-            eprintln!(
-                "{}: cell {cell} already recorded there, not written again",
-                store.path().display()
-            );
-        } else {
-            store.append(&record, &served)?;
-        }
-        let records = crate::report::store::EngineOnlyRecords::read(store.path())?;
-        crate::report::html::write_engine_only_html(&records, store.path())?;
-        eprintln!(
-            "recorded in {}: engine_cells.csv, engine.csv (engine only), report.html",
-            store.path().display()
-        );
-    }
-    Ok(())
 }
 
 /// `value` (layers.csv or attention.csv records as JSON) with every non-integer number written
@@ -611,164 +337,6 @@ pub fn f32_as_in_csv(mut value: serde_json::Value) -> serde_json::Value {
     value
 }
 
-/// Prefill / generation progress on stderr (hidden when stderr is not a terminal).
-struct BarProgress {
-    bar: Option<indicatif::ProgressBar>,
-}
-
-impl BarProgress {
-    fn new() -> Self {
-        BarProgress { bar: None }
-    }
-    fn finish(&mut self) {
-        if let Some(b) = self.bar.take() {
-            b.finish_and_clear();
-        }
-    }
-}
-
-impl ProbeProgress for BarProgress {
-    fn run_started(&mut self, index: IndexProfile, topk: usize, prompt_tokens: usize) {
-        self.finish();
-        let bar = indicatif::ProgressBar::with_draw_target(
-            Some(prompt_tokens as u64),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        bar.set_style(crate::run::progress::style(
-            crate::run::progress::PROBE_PREFILL,
-        ));
-        bar.set_message(format!("prefill {index} top-{topk}"));
-        self.bar = Some(bar);
-    }
-    fn prefill(&mut self, done: usize, _total: usize) {
-        if let Some(b) = &self.bar {
-            b.set_position(done as u64);
-        }
-    }
-    fn generated(&mut self, count: usize) {
-        if let Some(b) = &self.bar {
-            b.set_message(format!("generated {count} tokens"));
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// `probe --out DIR`: the probe's records in a report directory that `needlescope report` reads
-// (run.json, cells.csv, layers.csv, attention.csv, summary.json, PNGs), through the sweep's
-// store ([`RunDir`]).
-//
-// Several probes may share a directory, each adding its cells (one per driving profile and
-// top-k, named by length, depth, profile and top-k), as long as everything else that shapes
-// the records is the same: model (config and weights), scenario, `--kv`, `--seed`,
-// `--generate`, `--compare` and `--probe`. Those are run.json's `sweep_args` (with
-// `"command": "probe"`, so a sweep's directory is refused too), checked before the model
-// runs. A cell already recorded is not written again.
-//
-// The directory is locked ([`crate::report::DirLock`]) from [`open`], before the model runs,
-// until [`record`] has rendered the report: a probe is refused while another probe or a sweep
-// writes there.
-
-/// The prompt flags of a probe.
-fn prompt_source(args: &ProbeArgs) -> super::prompt::PromptSource<'_> {
-    match &args.conversation.prompt {
-        Some(path) => super::prompt::PromptSource::Conversation {
-            path,
-            needles: &args.conversation.needle,
-            answer: args.conversation.answer.as_deref(),
-        },
-        None => super::prompt::PromptSource::Scenario {
-            name: &args.scenario,
-            haystack_file: args.haystack_file.as_deref(),
-            length: args.length,
-            depth: args.depth,
-            seed: args.seed,
-            needles: args.needles.count(),
-        },
-    }
-}
-
-/// The arguments that must agree between probes sharing a directory.
-fn shared_args(args: &ProbeArgs) -> serde_json::Value {
-    let mut compare: Vec<&str> = args.compare.iter().map(|p| p.name()).collect();
-    compare.sort_unstable();
-    let mut shared = serde_json::json!({
-        "command": "probe",
-        "kv": args.kv.name(),
-        "seed": args.seed,
-        "generate": args.generate,
-        "compare": compare,
-        "needles": args.needles.count,
-        "ask": args.needles.ask.name(),
-        "probe": match args.probe {
-            ProbeSet::Answer => "answer",
-            ProbeSet::Question => "question",
-        },
-    });
-    // Only with an engine, so that directories of earlier probes still match.
-    if args.engine.is_set() {
-        shared["engine"] = serde_json::json!("sglang");
-    }
-    shared
-}
-
-/// Opens (or joins) `dir` for this probe before anything runs: refused when it holds another
-/// command's report or one made with other shared arguments (see the module doc).
-pub fn open(
-    dir: &Path,
-    args: &ProbeArgs,
-    ckpt: &Checkpoint,
-    scenario: &Scenario,
-    backend: BackendRecord,
-) -> anyhow::Result<RunDir> {
-    let marks = crate::run::sweep::model_marks(&args.model);
-    let info = RunInfo::new(
-        args.model.display().to_string(),
-        config_hash(ckpt.config()),
-        scenario.name.clone(),
-        marks.synthetic,
-        shared_args(args),
-    )
-    .with_fingerprints(ckpt.fingerprint(), scenario.fingerprint()?)
-    .with_backend(backend);
-    let (store, _) = RunDir::create_or_resume(dir, info)
-        .map_err(|e| anyhow::anyhow!("--out {}: {e}", dir.display()))?;
-    Ok(store)
-}
-
-/// Appends the cells of `runs` not yet in `store`, then rewrites summary.json and the PNGs;
-/// says on `out` which cells were already there and what was written where.
-pub fn record(
-    mut store: RunDir,
-    prompt: &NeedlePrompt,
-    target_tokens: usize,
-    runs: &[ProbeRun],
-    judge_answers: bool,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
-    for note in store.notes() {
-        writeln!(out, "note: {}: {note}", store.path().display())?;
-    }
-    for run in runs {
-        if store.is_finished(&run.cell_id) {
-            writeln!(
-                out,
-                "{}: cell {} already recorded there, not written again",
-                store.path().display(),
-                run.cell_id
-            )?;
-            continue;
-        }
-        let cell = crate::run::sweep::cell_record(prompt, target_tokens, run, judge_answers);
-        store.append_cell_with_engine(&cell, &run.layers, &run.attention, &run.served)?;
-    }
-    // The directory stays locked until the PNGs are rendered.
-    let lock = store.lock().clone();
-    drop(store);
-    let done = crate::report::rerender_locked(&lock, false)?;
-    writeln!(out, "{}", done.files_line(lock.dir()))?;
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------------------------
 // `needlescope probe`'s text output: the per-layer table of the needle's rank, score and margin
 // under the driving profile and each `--compare` profile, the answer line, and the other
@@ -789,27 +357,27 @@ fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("-".to_string(), |x| x.to_string())
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn print_tables(
-    out: &mut dyn Write,
-    cfg: &crate::config::ModelConfig,
-    scenario: &Scenario,
-    prompt: &NeedlePrompt,
-    runs: &[ProbeRun],
-    opts: &ProbeOptions,
-    backend: &BackendRecord,
-    marks: crate::run::sweep::ModelMarks,
-) -> anyhow::Result<()> {
-    let judge_answers = marks.judges_answers(opts.generate);
+/// The text of a local probe: the diagnosis, the prompt line, one table per run with its
+/// `why:`, the other probed positions, the legend, the attention table, the conclusion, and the
+/// engine's section with `--engine`.
+fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
+    let LocalProbe {
+        cfg,
+        scenario,
+        prompt,
+        opts,
+        runs,
+        backend,
+        marks,
+        judge_answers,
+        ..
+    } = probe;
+    let judge_answers = *judge_answers;
     let last = prompt.tokens.len() - 1;
     if marks.synthetic {
         write!(out, "{}", crate::report::SYNTHETIC_LINE)?;
     }
-    writeln!(
-        out,
-        "diagnosis: {}",
-        crate::probe::session::diagnosis(runs, last)
-    )?;
+    writeln!(out, "diagnosis: {}", verdict::diagnosis(runs, last))?;
     // Same rule as the sweep's lines: more than a point off the request is said.
     let asked = if (prompt.actual_depth_pct - prompt.depth_pct).abs() > 1.0 {
         format!(
@@ -915,7 +483,7 @@ pub(super) fn print_tables(
                 if driving.trivial { "yes" } else { "no" }
             )?;
         }
-        if let Some(why) = crate::record::why::why(run, last) {
+        if let Some(why) = verdict::why(run, last) {
             writeln!(out, "why: {why}")?;
         }
         print_other_positions(out, run, last)?;
@@ -953,8 +521,20 @@ pub(super) fn print_tables(
     writeln!(
         out,
         "conclusion: {}",
-        conclusion(runs, last, judge_answers, &needle_texts)
+        verdict::conclusion(runs, last, judge_answers, &needle_texts)
     )?;
+    if let (Some(e), Some(run)) = (&probe.engine, runs.first()) {
+        super::engine::print_engine(
+            out,
+            &e.capture,
+            &run.served,
+            &run.layers,
+            &e.verdict,
+            e.answer_correct,
+            Some(&run.index),
+            prompt.needles.len(),
+        )?;
+    }
     Ok(())
 }
 

@@ -4,18 +4,17 @@
 //! the form `trace --tokens` reads, `--json` prints `{"tokens", "text", "needles", "answer"}`.
 //! This is how a user checks a 30K-token prompt before a long GPU run.
 //!
-//! Also the one place that turns the prompt flags of `probe` and `prompt` into a scenario and
-//! a [`NeedlePrompt`] ([`PromptSource::build`]).
+//! The flags become a [`PromptSource`] (`run::prompt`), the one place that turns them into a
+//! scenario and a [`NeedlePrompt`]; `probe` and `trace` share these flag structs.
 
 use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::flags::{parse_depth, parse_token_count};
-use crate::probe::chat::ChatRequest;
-use crate::probe::conversation::conversation_prompt;
-use crate::probe::prompt::{build_prompt_with, NeedleCount};
-use crate::probe::{NeedlePrompt, Scenario};
+use crate::probe::prompt::NeedleCount;
+use crate::probe::NeedlePrompt;
+use crate::run::prompt::PromptSource;
 use crate::tokenizer::V4Tokenizer;
 
 #[derive(Args, Debug, Clone)]
@@ -103,71 +102,6 @@ impl NeedlesArgs {
         NeedleCount {
             count: self.count,
             ask: self.ask,
-        }
-    }
-}
-
-/// Where a probe's prompt comes from.
-pub enum PromptSource<'a> {
-    /// A user's conversation (`--prompt`), its needles and expected answer.
-    Conversation {
-        path: &'a Path,
-        needles: &'a [String],
-        answer: Option<&'a str>,
-    },
-    /// A scenario at a length, depth and seed.
-    Scenario {
-        name: &'a str,
-        haystack_file: Option<&'a Path>,
-        length: usize,
-        depth: f64,
-        seed: u64,
-        needles: NeedleCount,
-    },
-}
-
-impl PromptSource<'_> {
-    /// The scenario and the prompt; `reserve` positions (tokens to generate) must fit after a
-    /// conversation within `max_positions`. Notes (parts not rendered, a text file that looks
-    /// like JSON, a haystack file holding numbers shaped like the answer) go to stderr.
-    pub fn build(
-        &self,
-        tok: &V4Tokenizer,
-        max_positions: usize,
-        reserve: usize,
-    ) -> anyhow::Result<(Scenario, NeedlePrompt)> {
-        match *self {
-            PromptSource::Conversation {
-                path,
-                needles,
-                answer,
-            } => {
-                let request = ChatRequest::from_file(path)?;
-                for note in &request.notes {
-                    eprintln!("note: --prompt {}: {note}", path.display());
-                }
-                let prompt =
-                    conversation_prompt(tok, &request, needles, answer, max_positions, reserve)?;
-                let scenario =
-                    Scenario::conversation(path, needles, answer.unwrap_or(""), request.thinking);
-                Ok((scenario, prompt))
-            }
-            PromptSource::Scenario {
-                name,
-                haystack_file,
-                length,
-                depth,
-                seed,
-                needles,
-            } => {
-                let scenario = Scenario::load_with(name, haystack_file)?;
-                if let Some(note) = scenario.competing_answers_note() {
-                    eprintln!("note: {note}");
-                }
-                let prompt =
-                    build_prompt_with(tok, &scenario, length, depth, seed, max_positions, needles)?;
-                Ok((scenario, prompt))
-            }
         }
     }
 }

@@ -49,7 +49,8 @@ pub struct SweepArgs {
     pub index: Vec<IndexProfile>,
 
     /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
-    /// other --index profiles are scored too
+    /// other --index profiles are scored too, and exact whenever a rounding profile drives (it
+    /// tells rounding from a too-small top-k: the summary's `exact keeps`)
     #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub compare: Vec<IndexProfile>,
 

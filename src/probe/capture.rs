@@ -882,7 +882,7 @@ impl PayloadSink {
 }
 
 fn phase_of(pos: usize, prompt_tokens: usize) -> String {
-    super::observe::phase_label(pos, prompt_tokens)
+    crate::record::phase_label(pos, prompt_tokens)
 }
 
 fn row_error(c: &EngineCapture, pos: usize, slot: usize, detail: String) -> CaptureError {

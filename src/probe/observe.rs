@@ -37,7 +37,7 @@ use super::rows::RowKind;
 use crate::model::observer::{AttentionObservation, IndexerObservation, Observer};
 use crate::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
 use crate::record::served::ServedLayerRecord;
-use crate::record::LayerRecord;
+use crate::record::{phase_label, LayerRecord};
 
 /// A cell scored by the observer: its id and top-k.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -314,16 +314,6 @@ impl NeedleObserver {
             );
         }
         ok
-    }
-}
-
-/// "prompt" for positions inside the prompt, else the decode step number (1 = the position of
-/// the first generated token).
-pub fn phase_label(pos: usize, prompt_len: usize) -> String {
-    if pos < prompt_len {
-        "prompt".into()
-    } else {
-        (pos + 1 - prompt_len).to_string()
     }
 }
 

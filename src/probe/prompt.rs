@@ -213,6 +213,20 @@ pub struct NeedlePrompt {
     pub prompt_text: String,
 }
 
+impl NeedlePrompt {
+    /// Where this prompt put its needle, as a cell's record says it; `target_tokens` is the
+    /// length asked for.
+    pub fn place(&self, target_tokens: usize) -> crate::record::PromptPlace {
+        crate::record::PromptPlace {
+            target_tokens,
+            prompt_tokens: self.tokens.len(),
+            depth_pct: self.depth_pct,
+            needle: self.needle,
+            answer: self.answer,
+        }
+    }
+}
+
 /// Where the filler goes: the haystack end far from the needle.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum FarEnd {

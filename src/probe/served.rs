@@ -8,9 +8,9 @@
 //! absent for an empty E.
 
 use super::capture::EngineCapture;
-use super::observe::phase_label;
 use super::rows::RowKind;
 use crate::numerics::profiles::IndexProfile;
+use crate::record::phase_label;
 use crate::record::served::ServedLayerRecord;
 
 /// The profiles scored besides the driving ones when an engine is held against a run: every
@@ -89,35 +89,6 @@ pub fn engine_answer_correct(
     }
     let ended = capture.ended() || capture.output_ids.last() == Some(&eos);
     scenario.judge_generated(&capture.text, answer_values, ended)
-}
-
-/// One engine-only cell (engine_cells.csv) from its prompt, the engine's capture and its
-/// membership records.
-pub fn engine_cell(
-    cell_id: String,
-    target_tokens: usize,
-    prompt: &super::NeedlePrompt,
-    capture: &EngineCapture,
-    served: &[ServedLayerRecord],
-    answer_correct: Option<bool>,
-    wall_seconds: f64,
-) -> crate::record::served::EngineCellRecord {
-    let answer = prompt.tokens.len() - 1;
-    let (selected, nontrivial) = crate::record::served::engine_layers_selected(served, answer);
-    crate::record::served::EngineCellRecord {
-        cell_id,
-        target_tokens,
-        prompt_tokens: prompt.tokens.len(),
-        depth_pct: prompt.depth_pct,
-        needle_start: prompt.needle.0,
-        needle_end: prompt.needle.1,
-        engine_topk: capture.topk,
-        answer_text: capture.text.clone(),
-        answer_correct,
-        csa_layers_selected: selected,
-        csa_layers_nontrivial: nontrivial,
-        wall_seconds,
-    }
 }
 
 /// Engine-only records: at each of `positions` and every captured layer, whether the engine's

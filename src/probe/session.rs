@@ -18,7 +18,7 @@ use super::scenario::Scenario;
 use crate::backend::Backend;
 use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::record::{LayerRecord, ProbeRun};
+use crate::record::ProbeRun;
 use crate::tokenizer::V4Tokenizer;
 use std::time::Instant;
 
@@ -91,19 +91,53 @@ pub fn cell_id(prompt: &NeedlePrompt, index: IndexProfile, topk: usize) -> Strin
     crate::record::cell_id_base(prompt.tokens.len(), prompt.depth_pct, index, topk)
 }
 
-/// Runs every (index, top-k) combination of `opts` on `prompt`, on any backend; once `stop`
-/// says so (Ctrl-C: `run::interrupt::stop_requested`) only those finished so far.
-#[allow(clippy::too_many_arguments)]
+/// What [`run_probe`] runs: the prompt and its scenario (which judges the answer), the
+/// tokenizer (which decodes it), the runs' options, and the suffix of every cell id (a sweep's
+/// `-s{sample}`).
+pub struct ProbeInputs<'a> {
+    pub tok: &'a V4Tokenizer,
+    pub scenario: &'a Scenario,
+    pub prompt: &'a NeedlePrompt,
+    pub opts: &'a ProbeOptions,
+    pub cell_suffix: &'a str,
+}
+
+/// When Ctrl-C stops [`run_probe`]: `requested` says it was pressed
+/// (`run::interrupt::stop_requested`); it is checked after each run, and with `within_runs` also
+/// after each prefill chunk and generated token, dropping the run in flight (a probe, whose one
+/// run can take hours; a sweep finishes its cell in flight).
+#[derive(Clone, Copy)]
+pub struct StopCheck<'a> {
+    pub requested: &'a dyn Fn() -> bool,
+    pub within_runs: bool,
+}
+
+impl StopCheck<'_> {
+    /// Never stops (tests, library users without a Ctrl-C handler).
+    pub fn never() -> StopCheck<'static> {
+        StopCheck {
+            requested: &|| false,
+            within_runs: false,
+        }
+    }
+}
+
+/// Runs every (index, top-k) combination of `inputs.opts` on `inputs.prompt`, on any backend;
+/// once `stop` says so only those finished so far.
 pub fn run_probe<B: Backend>(
     engine: &mut Engine<B>,
-    tok: &V4Tokenizer,
-    scenario: &Scenario,
-    prompt: &NeedlePrompt,
-    opts: &ProbeOptions,
-    cell_suffix: &str,
+    inputs: &ProbeInputs,
     progress: &mut dyn ProbeProgress,
-    stop: &dyn Fn() -> bool,
+    stop: StopCheck,
 ) -> anyhow::Result<Vec<ProbeRun>> {
+    let ProbeInputs {
+        tok,
+        scenario,
+        prompt,
+        opts,
+        cell_suffix,
+    } = *inputs;
+    let abandon = || stop.within_runs && (stop.requested)();
     let eos = engine.config().eos_token_id;
     let last = prompt.tokens.len() - 1;
     let mut prompt_positions = vec![last];
@@ -160,6 +194,9 @@ pub fn run_probe<B: Backend>(
                 }
                 done += piece.len();
                 progress.prefill(done, total);
+                if abandon() {
+                    return Ok(runs);
+                }
             }
             let mut generated = Vec::new();
             // The serving engine's tokens, when it is held against this run.
@@ -182,6 +219,9 @@ pub fn run_probe<B: Backend>(
                 })?;
                 generated.push(next);
                 progress.generated(generated.len());
+                if abandon() {
+                    return Ok(runs);
+                }
                 if next == eos || generated.len() == limit {
                     break;
                 }
@@ -221,7 +261,7 @@ pub fn run_probe<B: Backend>(
             runs.push(run);
             // Ctrl-C: the finished runs are returned (fewer than planned), for the caller to
             // print and record.
-            if stop() {
+            if (stop.requested)() {
                 return Ok(runs);
             }
         }
@@ -242,241 +282,4 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
         }
     }
     Some(best as u32)
-}
-
-/// Driving-profile records of the answer position (the last prompt token) of one run.
-pub fn answer_position_records(run: &ProbeRun, last_prompt_pos: usize) -> Vec<&LayerRecord> {
-    run.layers
-        .iter()
-        .filter(|r| r.driving && r.query_pos == last_prompt_pos)
-        .collect()
-}
-
-/// CSA layers at the answer position under the driving profile: (non-trivial layers that lost
-/// a needle (any of them), non-trivial layers, all CSA layers).
-pub fn layers_lost(run: &ProbeRun, last_prompt_pos: usize) -> (usize, usize, usize) {
-    use std::collections::BTreeSet;
-    let recs = answer_position_records(run, last_prompt_pos);
-    let layers = |keep: &dyn Fn(&LayerRecord) -> bool| {
-        recs.iter()
-            .filter(|r| keep(r))
-            .map(|r| r.layer)
-            .collect::<BTreeSet<_>>()
-            .len()
-    };
-    (
-        layers(&|r| !r.trivial && !r.selected),
-        layers(&|r| !r.trivial),
-        layers(&|_| true),
-    )
-}
-
-/// With several needles: for each, the non-trivial CSA layers that lost it at the answer
-/// position under the driving profile, e.g. `needle 0 "cwd is /srv/a" lost on layers 3, 7;
-/// needle 1 "..." kept`; `None` with one needle.
-pub fn needles_lost(run: &ProbeRun, last_prompt_pos: usize, needles: &[String]) -> Option<String> {
-    if needles.len() < 2 {
-        return None;
-    }
-    let recs = answer_position_records(run, last_prompt_pos);
-    let parts: Vec<String> = needles
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            let lost: Vec<String> = recs
-                .iter()
-                .filter(|r| r.needle == i && !r.trivial && !r.selected)
-                .map(|r| r.layer.to_string())
-                .collect();
-            let shown: String = if text.chars().count() > 48 {
-                format!("{}...", text.chars().take(45).collect::<String>())
-            } else {
-                text.clone()
-            };
-            match lost.len() {
-                0 => format!("needle {i} {shown:?} kept"),
-                1 => format!("needle {i} {shown:?} lost on layer {}", lost[0]),
-                _ => format!("needle {i} {shown:?} lost on layers {}", lost.join(", ")),
-            }
-        })
-        .collect();
-    Some(parts.join(", "))
-}
-
-/// The one-sentence diagnosis a probe's text starts with: for each run, which layers its
-/// profile and top-k lose the needle on and why, told apart by the exact math scored on the
-/// same hidden states (kept by exact: the profile's rounding; lost by exact too: the top-k is
-/// too small there), or that it keeps the needle everywhere; e.g. `fp8 at top-64 loses the
-/// needle on layers 1, 3 (2 of 2 non-trivial CSA layers): the exact math keeps layer 3 (fp8
-/// rounding) and loses layer 1 too (top-64 is too small there); bf16 at top-64 keeps it on
-/// both non-trivial CSA layers`.
-pub fn diagnosis(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
-    use crate::record::why::{lost_layers, LossCause};
-    let layer_list = |layers: &[usize]| {
-        let mut layers = layers.to_vec();
-        layers.dedup();
-        let names: Vec<String> = layers.iter().map(|l| l.to_string()).collect();
-        match names.len() {
-            1 => format!("layer {}", names[0]),
-            _ => format!("layers {}", names.join(", ")),
-        }
-    };
-    let parts: Vec<String> = runs
-        .iter()
-        .map(|run| {
-            let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
-            let who = format!("{} at top-{}", run.index, run.topk);
-            if nontrivial == 0 {
-                return format!(
-                    "{who} cannot lose the needle: every CSA layer keeps every visible row \
-                     (n_t <= k on all {total})"
-                );
-            }
-            if lost == 0 {
-                let all = match nontrivial {
-                    1 => "the only non-trivial CSA layer".to_string(),
-                    2 => "both non-trivial CSA layers".to_string(),
-                    n => format!("all {n} non-trivial CSA layers"),
-                };
-                return format!("{who} keeps the needle on {all}");
-            }
-            let layers = lost_layers(run, last_prompt_pos);
-            let of = |cause: LossCause| -> Vec<usize> {
-                layers
-                    .iter()
-                    .filter(|l| l.cause == cause)
-                    .map(|l| l.layer)
-                    .collect()
-            };
-            let all: Vec<usize> = layers.iter().map(|l| l.layer).collect();
-            let mut causes = Vec::new();
-            let rounding = of(LossCause::Rounding);
-            if !rounding.is_empty() {
-                causes.push(format!(
-                    "the exact math keeps {} ({} rounding)",
-                    layer_list(&rounding),
-                    run.index
-                ));
-            }
-            let exact_loses = of(LossCause::ExactLoses);
-            if !exact_loses.is_empty() {
-                let too = if run.index == IndexProfile::Exact.name() {
-                    ""
-                } else {
-                    " too"
-                };
-                let verb = if rounding.is_empty() {
-                    "the exact math loses"
-                } else {
-                    "loses"
-                };
-                causes.push(format!(
-                    "{verb} {}{too} (top-{} is too small there)",
-                    layer_list(&exact_loses),
-                    run.topk
-                ));
-            }
-            let hidden = of(LossCause::NotVisible);
-            if !hidden.is_empty() {
-                causes.push(format!(
-                    "{} cannot see a needle row yet",
-                    layer_list(&hidden)
-                ));
-            }
-            let unexplained: Vec<usize> = layers
-                .iter()
-                .filter(|l| {
-                    matches!(
-                        l.cause,
-                        LossCause::KeptByOther | LossCause::NoProfileKeeps | LossCause::Unknown
-                    )
-                })
-                .map(|l| l.layer)
-                .collect();
-            if !unexplained.is_empty() {
-                causes.push(format!(
-                    "{} cannot be told apart without the exact profile",
-                    layer_list(&unexplained)
-                ));
-            }
-            format!(
-                "{who} loses the needle on {} ({lost} of {nontrivial} non-trivial CSA layers): {}",
-                layer_list(&all),
-                causes.join(" and ")
-            )
-        })
-        .collect();
-    parts.join("; ")
-}
-
-/// The one-line conclusion, e.g. "needle lost on 7/21 CSA layers under fp8 at top-512; all
-/// kept with bf16 at top-512".
-/// `judge_answers` is false for a model whose LM path is not built to answer (the planted demo
-/// model): then the verdict part is left out.
-///
-/// With several needles (`needles`, their texts), "the needle lost on n layers" counts the
-/// layers that lost any of them, and each needle's own layers follow in brackets.
-pub fn conclusion(
-    runs: &[ProbeRun],
-    last_prompt_pos: usize,
-    judge_answers: bool,
-    needles: &[String],
-) -> String {
-    let mut parts = Vec::new();
-    for run in runs {
-        let each = needles_lost(run, last_prompt_pos, needles)
-            .map_or(String::new(), |e| format!(" [{e}]"));
-        let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
-        let verdict = match run.answer_correct {
-            Some(true) => "answer correct",
-            Some(false) => "answer wrong",
-            None => "no verdict: the generation stopped before its answer ended",
-        };
-        let all = |n: usize, what: &str| match n {
-            1 => format!("the only {what}"),
-            n => format!("all {n} {what}s"),
-        };
-        let what = if nontrivial == 0 {
-            format!(
-                "needle trivially kept on {} (every visible row selected) under {} at top-{}",
-                all(total, "CSA layer"),
-                run.index,
-                run.topk
-            )
-        } else if lost == 0 {
-            format!(
-                "{} kept on {} under {} at top-{}",
-                if needles.len() > 1 {
-                    "every needle"
-                } else {
-                    "needle"
-                },
-                all(nontrivial, "non-trivial CSA layer"),
-                run.index,
-                run.topk
-            )
-        } else {
-            // With exact scored, how many of those the exact math keeps (lost to rounding);
-            // not said when exact is itself the driving profile.
-            let rounding = crate::record::why::rounding_losses(&run.layers, last_prompt_pos)
-                .filter(|_| run.index != "exact")
-                .map_or(String::new(), |n| format!(" (exact keeps {n})"));
-            let noun = if needles.len() > 1 {
-                "a needle"
-            } else {
-                "needle"
-            };
-            format!(
-                "{noun} lost on {lost}/{total} CSA layers under {} at top-{}{rounding}",
-                run.index, run.topk
-            )
-        };
-        let what = format!("{what}{each}");
-        if judge_answers {
-            parts.push(format!("{what} ({verdict})"));
-        } else {
-            parts.push(what);
-        }
-    }
-    parts.join("; ")
 }

@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use crate::numerics::modes::{IndexProfile, KvMode};
 
 pub mod served;
-pub mod why;
+pub mod verdict;
 
 /// One row of layers.csv (docs/outputs.md): exactly these fields, in this order.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -35,7 +35,7 @@ pub struct LayerRecord {
     pub rank_ties: usize,
     /// Of `rank_ties`, how many are needle rows themselves (they keep the needle whatever the
     /// tie order). Not a layers.csv column (docs/outputs.md fixes those): 0 in records read back
-    /// from a file or JSON, which makes [`why::tied_at_cutoff`] conservative.
+    /// from a file or JSON, which makes [`verdict::tied_at_cutoff`] conservative.
     #[serde(skip)]
     pub needle_ties: usize,
     pub needle_score: Option<f32>,
@@ -110,6 +110,16 @@ impl ProbeRun {
              rank at {} of {} (layer, position) checks outside exact ties",
             self.cell_id, self.selection_disagreements, self.selection_checks
         ))
+    }
+}
+
+/// The `phase` column of layers.csv, attention.csv and engine.csv: "prompt" for positions inside the prompt, else the decode step number (1 = the position of
+/// the first generated token).
+pub fn phase_label(pos: usize, prompt_len: usize) -> String {
+    if pos < prompt_len {
+        "prompt".into()
+    } else {
+        (pos + 1 - prompt_len).to_string()
     }
 }
 
@@ -229,12 +239,28 @@ pub struct CellRecord {
     pub recalled: Option<bool>,
     /// Of the CSA layers lost at the answer position, those the `exact` profile selects on the
     /// same hidden states (lost to the driving profile's rounding); empty when `exact` was not
-    /// scored in the cell ([`crate::record::why::rounding_losses`]).
+    /// scored in the cell ([`crate::record::verdict::exact_keeps`]).
     #[serde(default)]
     pub exact_keeps: Option<usize>,
     /// The sample of a sweep cell (its cell_id's `-s{sample}`); empty for a probe's cell.
     #[serde(default)]
     pub sample: Option<usize>,
+}
+
+/// Where a cell's prompt put its needle: what cells.csv and engine_cells.csv say of the prompt
+/// (the probe layer fills it from its prompt, so records need no prompt type).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PromptPlace {
+    /// The length asked for (a sweep's grid length, a probe's `--length`, or a conversation's
+    /// own length).
+    pub target_tokens: usize,
+    /// The prompt's real length; its last token is the answer position.
+    pub prompt_tokens: usize,
+    pub depth_pct: f64,
+    /// The first needle's token span `[a, b)`.
+    pub needle: (usize, usize),
+    /// The answer value's token span `[a, b)`.
+    pub answer: (usize, usize),
 }
 
 /// How a cell's success is judged.
@@ -252,6 +278,42 @@ impl CellRecord {
     /// position (vacuously true when every layer is trivial; see [`Self::all_trivial`]).
     pub fn indexer_recall(&self) -> bool {
         self.csa_layers_selected >= self.csa_layers_nontrivial
+    }
+
+    /// The cells.csv record of one probe run whose prompt is `place`; `judge_by_answer` false
+    /// leaves `answer_correct` empty (the indexer judges).
+    pub fn of_run(run: &ProbeRun, place: &PromptPlace, judge_by_answer: bool) -> CellRecord {
+        let answer_pos = place.prompt_tokens - 1;
+        let recs = verdict::answer_position_records(&run.layers, answer_pos);
+        let (selected, nontrivial) = layers_selected(recs.iter().copied());
+        let mut cell = CellRecord {
+            cell_id: run.cell_id.clone(),
+            target_tokens: place.target_tokens,
+            prompt_tokens: place.prompt_tokens,
+            depth_pct: place.depth_pct,
+            needle_start: place.needle.0,
+            needle_end: place.needle.1,
+            answer_start: place.answer.0,
+            answer_end: place.answer.1,
+            index: run.index.parse().expect("profile names round trip"),
+            kv: run.kv.parse().expect("kv names round trip"),
+            topk: run.topk,
+            answer_text: run.answer_text.clone(),
+            // No answer to judge (a thinking run that never reached </think>): the indexer's
+            // recall judges the cell, as for a model that does not answer.
+            answer_correct: judge_by_answer.then_some(run.answer_correct).flatten(),
+            // Over every needle: the worst rank of any, and a layer counts as selected only
+            // when it selects all of them (docs/outputs.md).
+            min_needle_rank: recs.iter().filter_map(|r| r.needle_rank).max(),
+            csa_layers_selected: selected,
+            csa_layers_nontrivial: nontrivial,
+            wall_seconds: run.wall_seconds,
+            recalled: None,
+            exact_keeps: None,
+            sample: None,
+        };
+        cell.derive_columns(&run.layers);
+        cell
     }
 
     /// The verdict: `answer_correct` when present, else indexer recall.
@@ -281,7 +343,7 @@ impl CellRecord {
         self.exact_keeps = self
             .prompt_tokens
             .checked_sub(1)
-            .and_then(|answer| why::rounding_losses(layers, answer));
+            .and_then(|answer| verdict::exact_keeps(layers, answer));
     }
 
     pub fn judge(&self) -> Judge {
@@ -404,9 +466,32 @@ pub struct RunInfo {
     /// resume, its device list need not.
     #[serde(default)]
     pub backend: BackendRecord,
+    /// Every invocation that wrote cells into the directory, in order (argv each; the first is
+    /// `command_line`): a grid grown by a second sweep, or a probe adding its cells, appends
+    /// its own. Empty in directories written before it was recorded ([`Self::invocations`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command_lines: Vec<Vec<String>>,
 }
 
 impl RunInfo {
+    /// [`Self::command_lines`], or `command_line` alone where none were recorded.
+    pub fn invocations(&self) -> Vec<Vec<String>> {
+        match self.command_lines.is_empty() {
+            true => vec![self.command_line.clone()],
+            false => self.command_lines.clone(),
+        }
+    }
+
+    /// The invocations with `line` appended, unless it is the last already (a resume by the
+    /// same command line adds nothing new to read).
+    pub fn with_invocation(&self, line: &[String]) -> Vec<Vec<String>> {
+        let mut lines = self.invocations();
+        if lines.last().map(Vec::as_slice) != Some(line) {
+            lines.push(line.to_vec());
+        }
+        lines
+    }
+
     /// A run starting now, with this crate's version and the process's command line.
     pub fn new(
         model_path: impl Into<String>,
@@ -429,6 +514,7 @@ impl RunInfo {
             model_fingerprint: String::new(),
             scenario_fingerprint: String::new(),
             backend: BackendRecord::cpu(),
+            command_lines: Vec::new(),
         }
     }
 

@@ -9,7 +9,7 @@
 //! rows, [`super::summary::table_rows`]), the heatmaps, the rank-vs-length plot, the serving
 //! engine beside the reference (engine.csv, when there is one), the cells table (one
 //! `<tr class="cell">` per finished cell, linking to its section) and one section per cell
-//! with its numbers, its `why:` line ([`crate::record::why::why_of`]) and its layer plot.
+//! with its numbers, its `why:` line ([`crate::record::verdict::why_of`]) and its layer plot.
 //!
 //! The script ([`SCRIPT`]) marks each image `data-decoded="yes"` once the browser has decoded it
 //! to more than one colour (`blank`, `no` otherwise) and sets `data-images-decoded` /
@@ -212,8 +212,21 @@ fn nav(records: &RunRecords, plots: &[PathBuf]) -> String {
 
 /// run.json as a two-column table, with the finished cells and the notes of reading them.
 fn settings(info: &RunInfo, finished: usize, notes: &[String]) -> String {
-    let mut rows: Vec<(&str, String)> = vec![
-        ("command", info.command_line.join(" ")),
+    // Every invocation that wrote cells: a grown grid's later lengths came from a later one.
+    let invocations = info.invocations();
+    let commands: Vec<(String, String)> = match invocations.len() {
+        1 => vec![("command".to_string(), invocations[0].join(" "))],
+        _ => invocations
+            .iter()
+            .enumerate()
+            .map(|(i, line)| (format!("command {}", i + 1), line.join(" ")))
+            .collect(),
+    };
+    let mut rows: Vec<(&str, String)> = commands
+        .iter()
+        .map(|(label, line)| (label.as_str(), line.clone()))
+        .collect();
+    rows.extend([
         ("model", info.model_path.clone()),
         ("config hash", info.model_config_hash.clone()),
         ("scenario", info.scenario.clone()),
@@ -233,7 +246,7 @@ fn settings(info: &RunInfo, finished: usize, notes: &[String]) -> String {
                 None => format!("{finished} finished"),
             },
         ),
-    ];
+    ]);
     if !info.backend.devices.is_empty() {
         rows.push(("devices", info.backend.devices.join(", ")));
     }
@@ -265,7 +278,7 @@ fn settings(info: &RunInfo, finished: usize, notes: &[String]) -> String {
 
 /// The summary table, as the terminal writes it, with its legend under it.
 fn summary_section(records: &RunRecords) -> String {
-    let rounding = summary::rounding_losses(&records.cells);
+    let rounding = crate::record::verdict::exact_keeps_by_cell(&records.cells);
     let groups = summary::summarize(&records.cells, &rounding);
     let mut out = String::from(
         "<section id=\"summary\">\n<h2>Summary</h2>\n<table class=\"summary\">\n<thead><tr>",
@@ -460,7 +473,8 @@ fn cell_section(records: &RunRecords, cell: &CellRecord, plots: &[PathBuf]) -> R
         text(&format!("{:?}", cell.answer_text)),
         cell.wall_seconds
     );
-    if let Some(why) = crate::record::why::why_of(&layers, cell.index.name(), cell.topk, answer) {
+    if let Some(why) = crate::record::verdict::why_of(&layers, cell.index.name(), cell.topk, answer)
+    {
         let _ = writeln!(out, "<p class=\"why\">why: {}</p>", text(&why));
     }
     let _ = write!(

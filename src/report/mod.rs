@@ -35,10 +35,7 @@ pub use error::{FieldDifference, ReportError, Result};
 pub use lock::DirLock;
 pub use plots::{render_all, render_records};
 pub use store::{RunDir, RunRecords};
-pub use summary::{
-    render_table, rounding_losses, stdout_wants_colour, summarize, GroupSummary, RoundingLosses,
-    SummaryJson,
-};
+pub use summary::{render_table, stdout_wants_colour, summarize, GroupSummary, SummaryJson};
 
 /// What `needlescope report DIR` does, without the model: takes the directory's lock (refused
 /// while a sweep writes there), reads the records, rewrites summary.json, renders every PNG,
@@ -95,7 +92,7 @@ pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
 }
 
 fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -> Rerendered {
-    let rounding = summary::rounding_losses(&records.cells);
+    let rounding = crate::record::verdict::exact_keeps_by_cell(&records.cells);
     let mut table = render_table(&summarize(&records.cells, &rounding), colour);
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);
@@ -182,7 +179,7 @@ pub fn engine_conclusions(records: &RunRecords) -> Vec<EngineConclusion> {
             .filter(|r| r.cell_id == cell.cell_id)
             .cloned()
             .collect();
-        let verdict = crate::record::served::ServedVerdict::of(
+        let verdict = crate::record::verdict::EngineVerdict::of(
             &served,
             &layers,
             cell.answer_position(),

@@ -14,38 +14,16 @@
 //!   the worst cell (and its non-trivial count) and the sum over cells;
 //! - a trivial cell has no non-trivial CSA layer: shown, never evidence;
 //! - layers lost to rounding: of those lost layers, the ones the `exact` profile selects on
-//!   the same hidden states ([`crate::record::why`]): each cell's `exact_keeps`, which the
-//!   store derives from its layers.csv rows ([`RoundingLosses`]); a group has the figure only
+//!   the same hidden states ([`crate::record::verdict`]): each cell's `exact_keeps`, which the
+//!   store derives from its layers.csv rows ([`ExactKeepsByCell`]); a group has the figure only
 //!   when `exact` was scored in every cell.
 
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
-use crate::record::LayerRecord;
+use crate::record::verdict::ExactKeepsByCell;
 use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
-
-/// Per cell id, the CSA layers lost to the driving profile's rounding at the answer position
-/// ([`crate::record::why::rounding_losses`]); cells where `exact` was not scored are absent.
-pub type RoundingLosses = HashMap<String, usize>;
-
-/// [`RoundingLosses`] of `cells`: their `exact_keeps` column (set by the store from the
-/// cell's layers.csv rows, and checked against them when a directory is read).
-pub fn rounding_losses(cells: &[CellRecord]) -> RoundingLosses {
-    cells
-        .iter()
-        .filter_map(|c| Some((c.cell_id.clone(), c.exact_keeps?)))
-        .collect()
-}
-
-/// The rounding losses of one cell from its records (`None`: `exact` not scored).
-pub fn cell_rounding_losses<'a>(
-    cell: &CellRecord,
-    records: impl IntoIterator<Item = &'a LayerRecord>,
-) -> Option<usize> {
-    let answer_pos = cell.prompt_tokens.checked_sub(1)?;
-    crate::record::why::rounding_losses(records, answer_pos)
-}
 
 /// One group of cells: a target length under one (index, kv, top-k).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -98,7 +76,7 @@ pub fn median(sorted: &[usize]) -> Option<f64> {
 
 /// Groups `cells` by (target_tokens, index, kv, topk), ordered by length, then profile in
 /// the order of docs/architecture.md section 5, then kv, then top-k; `rounding` gives the cells' rounding losses.
-pub fn summarize(cells: &[CellRecord], rounding: &RoundingLosses) -> Vec<GroupSummary> {
+pub fn summarize(cells: &[CellRecord], rounding: &ExactKeepsByCell) -> Vec<GroupSummary> {
     let mut groups: BTreeMap<(usize, usize, &str, usize), Vec<&CellRecord>> = BTreeMap::new();
     for c in cells {
         groups
@@ -163,7 +141,7 @@ pub struct SummaryJson {
 }
 
 impl SummaryJson {
-    pub fn new(info: &RunInfo, cells: &[CellRecord], rounding: &RoundingLosses) -> Self {
+    pub fn new(info: &RunInfo, cells: &[CellRecord], rounding: &ExactKeepsByCell) -> Self {
         SummaryJson {
             model: info.model_name().to_string(),
             scenario: info.scenario.clone(),
@@ -213,8 +191,9 @@ pub const SUMMARY_LEGEND: &str = "recall: answer correct; \"idx\": no answer ver
      lost/non-trivial in the worst cell and summed over cells;\n\
      exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
      hidden states: lost to the index profile's rounding (the exact math loses the rest \
-     too: the top-k is too small there); -: exact not scored in every cell (rerun with \
-     --compare exact into a new --out).\n\
+     too: the top-k is too small there); -: exact not scored in every cell of the group \
+     (probes and sweeps score it by themselves whenever a rounding profile drives; cells of \
+     directories written before sweeps did, or grids driven by exact alone, lack it).\n\
      trivial: n_t <= k on every CSA layer of every cell (no evidence).\n";
 
 /// How a group's recall reads at a glance: all, some or none of its evidence cells recalled,

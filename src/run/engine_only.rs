@@ -12,12 +12,79 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::probe::capture::CaptureExpect;
+use crate::probe::capture::EngineCapture;
+use crate::probe::NeedlePrompt;
 use crate::probe::Scenario;
-use crate::record::served::engine_cell_id;
+use crate::record::served::{engine_cell_id, EngineAnswer, EngineCellRecord, ServedLayerRecord};
+use crate::record::verdict::CellVerdict;
 use crate::record::{config_hash, RunInfo};
 use crate::report::store::EngineOnlyDir;
 
-use super::sweep::{check_plan, model_marks, SweepPlan};
+use super::sweep::{check_plan, SweepPlan};
+use super::target::{model_marks, ModelMarks};
+
+/// A prompt about to be held against the engine alone, with what judging its answer needs.
+pub struct HeldPrompt<'a> {
+    pub prompt: &'a NeedlePrompt,
+    pub scenario: &'a Scenario,
+    /// The model's end-of-sequence id (an answer ending in it has ended).
+    pub eos: u32,
+    pub marks: ModelMarks,
+}
+
+/// One engine-only cell: the needle's membership in the engine's selections (engine.csv rows)
+/// and its engine_cells.csv row.
+pub struct EngineOnlyCell {
+    pub served: Vec<ServedLayerRecord>,
+    pub cell: EngineCellRecord,
+}
+
+/// The one place an engine-only cell is assembled (`probe` and `sweep` without a local
+/// forward): membership at the answer position, at every decode position fed back (not the
+/// stop edge) and at any other probed position the capture holds (`--probe question`), and
+/// the engine's answer judged under the prompt's scenario.
+pub fn engine_only_cell(
+    held: &HeldPrompt,
+    capture: &EngineCapture,
+    cell_id: String,
+    target_tokens: usize,
+    started: Instant,
+) -> EngineOnlyCell {
+    let answer = held.prompt.tokens.len() - 1;
+    let last_fed = answer + capture.output_ids.len().saturating_sub(1);
+    let mut positions = vec![answer];
+    positions.extend(
+        capture
+            .selections
+            .keys()
+            .copied()
+            .filter(|&p| p <= last_fed),
+    );
+    positions.sort_unstable();
+    positions.dedup();
+    let spans: Vec<(usize, usize)> = held.prompt.needles.iter().map(|n| n.span).collect();
+    let served = crate::probe::served::membership_records(capture, &cell_id, &spans, &positions);
+    let correct = crate::probe::served::engine_answer_correct(
+        capture,
+        held.scenario,
+        &held.prompt.answer_values,
+        held.eos,
+        held.marks.judges_answers(capture.output_ids.len()),
+    );
+    let answer = EngineAnswer {
+        topk: capture.topk,
+        text: capture.text.clone(),
+        correct,
+    };
+    let cell = EngineCellRecord::of(
+        cell_id,
+        &held.prompt.place(target_tokens),
+        answer,
+        &served,
+        started.elapsed().as_secs_f64(),
+    );
+    EngineOnlyCell { served, cell }
+}
 
 /// What an engine-only sweep did: cells run, cells already finished.
 pub struct EngineOnlyOutcome {
@@ -145,45 +212,20 @@ pub fn run_engine_only_sweep(
                 for w in &capture.warnings {
                     bar.suspend(|| writeln!(out, "warning: {w}"))?;
                 }
-                let answer = prompt.tokens.len() - 1;
-                // The answer position and every decode position fed back (not the stop edge).
-                let last_fed = answer + capture.output_ids.len().saturating_sub(1);
-                let positions: Vec<usize> = capture
-                    .selections
-                    .keys()
-                    .copied()
-                    .filter(|&p| p >= answer && p <= last_fed)
-                    .collect();
-                let spans: Vec<(usize, usize)> = prompt.needles.iter().map(|n| n.span).collect();
-                let served =
-                    crate::probe::served::membership_records(&capture, &id, &spans, &positions);
-                let answer_correct = crate::probe::served::engine_answer_correct(
-                    &capture,
-                    &scenario,
-                    &prompt.answer_values,
-                    cfg.eos_token_id,
-                    marks.judges_answers(capture.output_ids.len()),
-                );
-                let cell = crate::probe::served::engine_cell(
-                    id,
-                    length,
-                    &prompt,
-                    &capture,
-                    &served,
-                    answer_correct,
-                    started.elapsed().as_secs_f64(),
-                );
+                let held = HeldPrompt {
+                    prompt: &prompt,
+                    scenario: &scenario,
+                    eos: cfg.eos_token_id,
+                    marks,
+                };
+                let EngineOnlyCell { served, cell } =
+                    engine_only_cell(&held, &capture, id, length, started);
                 let (selected, nontrivial) = (cell.csa_layers_selected, cell.csa_layers_nontrivial);
                 store.append(&cell, &served)?;
                 run += 1;
                 bar.inc(1);
-                let verdict = match cell.answer_correct {
-                    Some(true) => "correct",
-                    Some(false) => "WRONG",
-                    None if nontrivial == 0 => "trivial (n_t <= K)",
-                    None if selected == nontrivial => "recalled (engine)",
-                    None => "LOST (engine)",
-                };
+                let verdict =
+                    CellVerdict::of(cell.answer_correct, selected, nontrivial).line("engine", "K");
                 let line = format!(
                     "{:>7} tokens  depth {:>4}  engine K {:<5} {:<20} needle selected on {selected}/{nontrivial} layers  {:.1} s",
                     cell.prompt_tokens,
@@ -203,6 +245,7 @@ pub fn run_engine_only_sweep(
                             Ok(crate::report::html::write_engine_only_html(&r, out_dir)?)
                         });
                     return Err(super::interrupt::Interrupted {
+                        unit: "cells",
                         // An engine-only page has no plots.
                         next: format!(
                             "{}; {}",

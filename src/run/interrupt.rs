@@ -6,8 +6,9 @@
 //! one exits at once. Either way the process exits 130 and says where the finished cells are and
 //! how to go on: a sweep resumes when rerun with `--out` naming that directory (its default
 //! `--out` has a timestamp, so the hint names it), the demo starts afresh ([`restart_hint`]).
-//! A probe stops after the (index, top-k) run in flight, prints the finished runs and records
-//! them in its `--out` directory when it has one.
+//! A probe's unit is its (index, top-k) run, which can take hours: the first Ctrl-C stops it at
+//! the next prefill chunk or generated token, dropping the run in flight, and the finished runs
+//! are printed and recorded in its `--out` directory when it has one.
 //! A sweep (or demo) stopped this way renders the plots and report.html of its finished cells
 //! before it exits ([`after_stop`] says where they are, or, when that failed, that
 //! `needlescope report DIR` writes them). While a report is rendered (after the last cell,
@@ -36,6 +37,9 @@ struct Active {
     /// Where the run keeps its finished cells (None: a probe without `--out`, which only
     /// prints them).
     dir: Option<PathBuf>,
+    /// A probe (stops at the next chunk, in runs) rather than a sweep (after the cell in
+    /// flight).
+    probe: bool,
     /// All cells are finished and the report is being rendered.
     rendering: bool,
 }
@@ -44,10 +48,12 @@ struct Active {
 /// says how to go on ([`next_step`]).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "interrupted by Ctrl-C: {finished} of {total} cells are finished{}; {next}",
+    "interrupted by Ctrl-C: {finished} of {total} {unit} are finished{}; {next}",
     dir.as_ref().map_or(String::new(), |d| format!(" and kept in {}", d.display()))
 )]
 pub struct Interrupted {
+    /// What was counted: "cells" (a sweep), "runs" (a probe).
+    pub unit: &'static str,
     /// None: nothing was recorded (a probe without `--out`).
     pub dir: Option<PathBuf>,
     pub finished: usize,
@@ -119,8 +125,8 @@ fn on_ctrl_c() {
     let active = ACTIVE
         .lock()
         .ok()
-        .and_then(|a| a.as_ref().map(|a| (a.dir.clone(), a.rendering)));
-    let Some((dir, rendering)) = active else {
+        .and_then(|a| a.as_ref().map(|a| (a.dir.clone(), a.rendering, a.probe)));
+    let Some((dir, rendering, probe)) = active else {
         eprintln!("\nstopped by Ctrl-C");
         exit_interrupted();
     };
@@ -145,7 +151,18 @@ fn on_ctrl_c() {
         (None, true) => exit_interrupted(),
         _ => {}
     }
-    if PRESSES.fetch_add(1, Ordering::AcqRel) == 0 {
+    let first = PRESSES.fetch_add(1, Ordering::AcqRel) == 0;
+    if first && probe {
+        STOP.store(true, Ordering::Release);
+        eprintln!(
+            "\nCtrl-C: stopping the probe at the next chunk (the run in flight is dropped; the \
+             finished runs are printed{}); press Ctrl-C again to stop now",
+            match &dir {
+                Some(d) => format!(" and recorded in {}", d.display()),
+                None => String::new(),
+            }
+        );
+    } else if first {
         STOP.store(true, Ordering::Release);
         eprintln!(
             "\nCtrl-C: stopping once the cell in flight is finished; press Ctrl-C again to stop now ({})",
@@ -228,12 +245,22 @@ impl Resumable {
     }
 
     /// [`Resumable::new`], or with `None` a run that keeps its finished cells only by printing
-    /// them (a probe without `--out`).
+    /// them.
     pub fn recorded_in(dir: Option<&Path>) -> Self {
+        Self::activate(dir, false)
+    }
+
+    /// A probe (recorded in `dir` with `--out`): the first Ctrl-C stops it at the next chunk.
+    pub fn probe(dir: Option<&Path>) -> Self {
+        Self::activate(dir, true)
+    }
+
+    fn activate(dir: Option<&Path>, probe: bool) -> Self {
         if let Ok(mut active) = ACTIVE.lock() {
             *active = Some(Active {
                 dir: dir.map(Path::to_path_buf),
                 rendering: false,
+                probe,
             });
         }
         Resumable(())

@@ -1,8 +1,11 @@
 //! Orchestration: everything a command does between its parsed flags and its printed result.
 //! [`hub`] finds the model directory `--model` names (a path, or a repository of the Hugging Face
 //! cache); [`target`] decides the device and opens the model and tokenizer ([`device`] resolves
-//! the device spec); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
-//! scores and logits ([`trace_logits`]: which logits it keeps); [`parity`] holds two engines against each other; [`checks`] refuses
+//! the device spec); [`prompt`] turns prompt flags into a scenario and a prompt; [`probe`] runs
+//! one prompt's runs (or the serving engine alone, [`engine_only`] for a grid of them, through
+//! [`sglang`]); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
+//! scores and logits ([`trace_logits`]: which logits it keeps); [`bench`] times prefills;
+//! [`parity`] holds two backends against each other; [`checks`] refuses
 //! arguments no run can honour; [`interrupt`] turns Ctrl-C into "stop after the work in
 //! flight"; [`progress`] styles the bars. `cli` calls into here; nothing here parses a command
 //! line or imports `cli`.
@@ -13,7 +16,9 @@ pub mod engine_only;
 pub mod hub;
 pub mod interrupt;
 pub mod parity;
+pub mod probe;
 pub mod progress;
+pub mod prompt;
 pub mod sglang;
 pub mod sweep;
 pub mod target;

@@ -138,6 +138,101 @@ impl ProbeProgress for SweepBars {
     }
 }
 
+/// Prefill / generation progress of a probe on stderr. On a terminal the bar shows its ETA;
+/// otherwise (the bar is hidden) a run whose first prefill chunk projects a long prefill says
+/// so in one line ([`eta_line`]), so a long job is never silent.
+pub struct ProbeBar {
+    bar: Option<indicatif::ProgressBar>,
+    /// The run in flight: its label and when it started; `None` once its projection was
+    /// considered.
+    run: Option<(String, std::time::Instant)>,
+}
+
+impl ProbeBar {
+    pub fn new() -> Self {
+        ProbeBar {
+            bar: None,
+            run: None,
+        }
+    }
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// A projected prefill at least this long is announced on a non-terminal stderr.
+pub const ETA_LINE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The line that announces a long prefill once `done` of `total` prompt tokens took `elapsed`:
+/// `None` when the projection (linear in tokens) is shorter than [`ETA_LINE_AFTER`]. The
+/// projection is a lower bound: later chunks attend over a longer context.
+pub fn eta_line(
+    label: &str,
+    done: usize,
+    total: usize,
+    elapsed: std::time::Duration,
+) -> Option<String> {
+    if done == 0 || done >= total {
+        return None;
+    }
+    let projected = elapsed.mul_f64(total as f64 / done as f64);
+    (projected >= ETA_LINE_AFTER).then(|| {
+        format!(
+            "{label}: the first {} of {} prompt tokens took {}; the prefill will take at least \
+             {} (later chunks see a longer context); Ctrl-C stops at the next chunk",
+            crate::units::group_digits(done as u64),
+            crate::units::group_digits(total as u64),
+            indicatif::HumanDuration(elapsed),
+            indicatif::HumanDuration(projected)
+        )
+    })
+}
+
+impl crate::probe::session::ProbeProgress for ProbeBar {
+    fn run_started(
+        &mut self,
+        index: crate::numerics::profiles::IndexProfile,
+        topk: usize,
+        prompt_tokens: usize,
+    ) {
+        self.finish();
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(prompt_tokens as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(style(PROBE_PREFILL));
+        let label = format!("prefill {index} top-{topk}");
+        bar.set_message(label.clone());
+        self.bar = Some(bar);
+        self.run = Some((label, std::time::Instant::now()));
+    }
+    fn prefill(&mut self, done: usize, total: usize) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+        }
+        if let Some((label, started)) = self.run.take() {
+            let hidden = self.bar.as_ref().is_none_or(|b| b.is_hidden());
+            if let Some(line) = eta_line(&label, done, total, started.elapsed()).filter(|_| hidden)
+            {
+                eprintln!("{line}");
+            }
+        }
+    }
+    fn generated(&mut self, count: usize) {
+        if let Some(b) = &self.bar {
+            b.set_message(format!("generated {count} tokens"));
+        }
+    }
+}
+
+impl Default for ProbeBar {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +283,33 @@ mod tests {
         bars.cell_done(16 * 1024);
         assert_eq!(bars.cells.message(), "2/2");
         assert_eq!(bars.cells.position(), 17 * 1024);
+    }
+
+    #[test]
+    fn a_long_prefill_is_announced_after_its_first_chunk_and_a_short_one_is_not() {
+        use std::time::Duration;
+        let line = eta_line("prefill fp8 top-512", 2048, 1 << 20, Duration::from_secs(2))
+            .expect("512 chunks of 2 s: about 17 minutes");
+        assert!(
+            line.starts_with("prefill fp8 top-512: the first 2,048 of 1,048,576"),
+            "{line}"
+        );
+        assert!(line.contains("at least 17 minutes"), "{line}");
+        assert!(line.contains("Ctrl-C stops at the next chunk"), "{line}");
+        assert_eq!(
+            eta_line("p", 2048, 16384, Duration::from_secs(2)),
+            None,
+            "16 s"
+        );
+        assert!(
+            eta_line("p", 2048, 32768, Duration::from_secs(2)).is_some(),
+            "32 s"
+        );
+        assert_eq!(eta_line("p", 0, 16384, Duration::from_secs(9)), None);
+        assert_eq!(
+            eta_line("p", 16384, 16384, Duration::from_secs(90)),
+            None,
+            "one chunk"
+        );
     }
 }

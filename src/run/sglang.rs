@@ -154,3 +154,68 @@ fn looks_like_timeout(detail: &str) -> bool {
     let d = detail.to_ascii_lowercase();
     d.contains("timeout") || d.contains("timed out")
 }
+
+/// Where a probe's engine capture comes from: the user's server (`--engine URL`), or a body
+/// it returned earlier, saved to a file (`--engine-capture FILE`).
+#[derive(Clone, Debug)]
+pub enum EngineSource {
+    Server {
+        url: String,
+        /// `--engine-timeout`: the whole exchange.
+        timeout: Duration,
+    },
+    Saved(std::path::PathBuf),
+}
+
+impl EngineSource {
+    /// Where the capture comes from, as recorded (`source` of the JSON object).
+    pub fn name(&self) -> String {
+        match self {
+            EngineSource::Server { url, .. } => url.clone(),
+            EngineSource::Saved(file) => file.display().to_string(),
+        }
+    }
+
+    /// The capture of `tokens`: posted to the server, or read from the saved body; its
+    /// warnings go to stderr. A saved body generating more tokens than `generate` plans for is
+    /// refused (the memory plan and the context check counted `--generate`).
+    pub fn capture(
+        &self,
+        tokens: &[u32],
+        generate: usize,
+        expect: &CaptureExpect,
+    ) -> anyhow::Result<EngineCapture> {
+        let capture = match self {
+            EngineSource::Server { url, timeout } => {
+                capture_from_server(url, tokens, generate, *timeout, expect)?
+            }
+            EngineSource::Saved(file) => {
+                let f = std::fs::File::open(file)
+                    .map_err(|e| anyhow::anyhow!("--engine-capture {}: {e}", file.display()))?;
+                read_capture(std::io::BufReader::with_capacity(1 << 20, f), expect)?
+            }
+        };
+        if capture.output_ids.len() > generate.max(1) {
+            anyhow::bail!(
+                "{}: the engine generated {} tokens, more than --generate {generate} plans for; \
+                 pass --generate {}",
+                capture.source,
+                capture.output_ids.len(),
+                capture.output_ids.len()
+            );
+        }
+        for w in &capture.warnings {
+            eprintln!("warning: {w}");
+        }
+        Ok(capture)
+    }
+}
+
+/// A probe's serving engine: where its capture comes from, `--engine-topk`, and whether the
+/// run is the engine's alone (no local forward).
+#[derive(Clone, Debug)]
+pub struct EnginePlan {
+    pub source: EngineSource,
+    pub topk: Option<usize>,
+    pub no_local: bool,
+}

@@ -29,15 +29,16 @@
 //! Judging: a planted checkpoint whose `planted.json` says its LM path does not copy the needle,
 //! and any run with `--generate 0` (no answer to judge), is judged by indexer recall
 //! (`answer_correct` empty); everything else by the scenario's answer check
-//! ([`ModelMarks::judges_answers`]).
+//! ([`super::target::ModelMarks::judges_answers`]).
 
 use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::devices::placement::Workload;
 use crate::model::forward::{Engine, EngineOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::probe::session::{answer_position_records, run_probe, ProbeOptions};
+use crate::probe::session::{run_probe, ProbeInputs, ProbeOptions, StopCheck};
 use crate::probe::{NeedlePrompt, Scenario};
+use crate::record::verdict::CellVerdict;
 use crate::record::ProbeRun;
 use crate::record::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
@@ -99,52 +100,6 @@ fn engine_kind<S: serde::Serializer>(
     s.serialize_str("sglang")
 }
 
-/// What a model directory says about itself, beyond the architecture.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ModelMarks {
-    /// Written by `synth` (its `synth.json` or a planted model's `planted.json`): every report
-    /// says "synthetic model".
-    pub synthetic: bool,
-    /// False when the LM path is not built to answer (judge by indexer recall).
-    pub answers: bool,
-}
-
-impl ModelMarks {
-    /// Whether a run's verdict is its generated answer: the model is built to answer and the
-    /// run generates at least one token. With `--generate 0` there is no answer to judge, so
-    /// indexer recall decides (`answer_correct` empty), as for a model that cannot answer.
-    pub fn judges_answers(&self, generate: usize) -> bool {
-        self.answers && generate > 0
-    }
-}
-
-/// What a model directory says about itself beyond the architecture: a planted checkpoint's
-/// `planted.json` (see `checkpoint::planted`) marks it synthetic and says whether its LM path
-/// answers; any other checkpoint `synth` wrote has its `synth.json` (random weights: synthetic,
-/// and its answers mean nothing, so indexer recall judges).
-pub fn model_marks(model_dir: &Path) -> ModelMarks {
-    // Only the two fields needed, so a planted.json from another version still counts.
-    let path = model_dir.join(crate::synth::planted::INFO_FILE);
-    let Ok(text) = std::fs::read_to_string(path) else {
-        let synthetic = model_dir.join(crate::synth::SYNTH_MARK_FILE).is_file();
-        return ModelMarks {
-            synthetic,
-            answers: !synthetic,
-        };
-    };
-    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    ModelMarks {
-        synthetic: value
-            .get("synthetic")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(true),
-        answers: value
-            .get("lm_copies_needle")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false),
-    }
-}
-
 /// Runs `commit` (the cell's append to the run directory) only when the run passed its internal
 /// check ([`ProbeRun::check_selection`]): a cell whose ranks do not follow from the engine's
 /// selection is never recorded, so a resumed sweep computes it again instead of reporting it.
@@ -155,46 +110,6 @@ fn commit_checked(
     run.check_selection()
         .map_err(|why| anyhow::anyhow!("{why}; the cell was not recorded"))?;
     commit()
-}
-
-/// The cells.csv record of one probe run.
-pub fn cell_record(
-    prompt: &NeedlePrompt,
-    target_tokens: usize,
-    run: &ProbeRun,
-    judge_by_answer: bool,
-) -> CellRecord {
-    let last = prompt.tokens.len() - 1;
-    let recs = answer_position_records(run, last);
-    let (selected, nontrivial) = crate::record::layers_selected(recs.iter().copied());
-    let mut cell = CellRecord {
-        cell_id: run.cell_id.clone(),
-        target_tokens,
-        prompt_tokens: prompt.tokens.len(),
-        depth_pct: prompt.depth_pct,
-        needle_start: prompt.needle.0,
-        needle_end: prompt.needle.1,
-        answer_start: prompt.answer.0,
-        answer_end: prompt.answer.1,
-        index: run.index.parse().expect("profile names round trip"),
-        kv: run.kv.parse().expect("kv names round trip"),
-        topk: run.topk,
-        answer_text: run.answer_text.clone(),
-        // No answer to judge (a thinking run that never reached </think>): the indexer's
-        // recall judges the cell, as for a model that does not answer.
-        answer_correct: judge_by_answer.then_some(run.answer_correct).flatten(),
-        // Over every needle: the worst rank of any, and a layer counts as selected only when
-        // it selects all of them (docs/outputs.md).
-        min_needle_rank: recs.iter().filter_map(|r| r.needle_rank).max(),
-        csa_layers_selected: selected,
-        csa_layers_nontrivial: nontrivial,
-        wall_seconds: run.wall_seconds,
-        recalled: None,
-        exact_keeps: None,
-        sample: None,
-    };
-    cell.derive_columns(&run.layers);
-    cell
 }
 
 /// What a sweep did.
@@ -400,7 +315,7 @@ fn sweep_into(
     if let Some(note) = scenario.competing_answers_note() {
         writeln!(out, "note: {note}")?;
     }
-    let marks = model_marks(model_dir);
+    let marks = super::target::model_marks(model_dir);
     if let Some(note) = scenario
         .thinking_note(plan.generate)
         .filter(|_| marks.judges_answers(plan.generate))
@@ -589,6 +504,7 @@ impl SweepTask<'_> {
             }
         };
         Err(crate::run::interrupt::Interrupted {
+            unit: "cells",
             next: crate::run::interrupt::after_stop(&dir, rendered),
             dir: Some(dir),
             finished: self.finished_in_plan(),
@@ -665,7 +581,10 @@ impl SweepTask<'_> {
         let grid = &self.grid_indexes;
         let compare = match &served {
             Some(_) => crate::probe::served::scored_with_engine(grid, &plan.compare),
-            None => plan.compare.clone(),
+            // `exact` is scored whenever a rounding profile drives, as in a probe: it costs no
+            // forward and only it tells rounding from a too-small top-k. run.json keeps
+            // `--compare` as given, so directories written before still resume and grow.
+            None => super::probe::with_exact(grid, &plan.compare),
         };
         let opts = ProbeOptions {
             indexes: vec![index],
@@ -677,19 +596,22 @@ impl SweepTask<'_> {
             probe_question: false,
             served,
         };
-        let runs = run_probe(
-            engine,
-            self.tok,
-            self.scenario,
+        let inputs = ProbeInputs {
+            tok: self.tok,
+            scenario: self.scenario,
             prompt,
-            &opts,
-            suffix,
-            &mut self.bars,
-            &crate::run::interrupt::stop_requested,
-        )?;
+            opts: &opts,
+            cell_suffix: suffix,
+        };
+        // A sweep finishes the cell in flight (`within_runs: false`): the cell is its unit.
+        let stop = StopCheck {
+            requested: &crate::run::interrupt::stop_requested,
+            within_runs: false,
+        };
+        let runs = run_probe(engine, &inputs, &mut self.bars, stop)?;
         let mut written = 0;
         for run in runs {
-            let cell = cell_record(prompt, length, &run, self.judge_by_answer);
+            let cell = CellRecord::of_run(&run, &prompt.place(length), self.judge_by_answer);
             commit_checked(&run, || {
                 Ok(self.run_dir.append_cell_with_engine(
                     &cell,
@@ -700,14 +622,12 @@ impl SweepTask<'_> {
             })?;
             written += 1;
             self.bars.cell_done(length);
-            let verdict = match cell.answer_correct {
-                Some(true) => "correct".to_string(),
-                Some(false) => "WRONG".to_string(),
-                // No evidence either way: every CSA layer keeps all its rows (n_t <= k).
-                None if !cell.is_evidence() => "trivial (n_t <= k)".to_string(),
-                None if cell.indexer_recall() => "recalled (indexer)".to_string(),
-                None => "LOST (indexer)".to_string(),
-            };
+            let verdict = CellVerdict::of(
+                cell.answer_correct,
+                cell.csa_layers_selected,
+                cell.csa_layers_nontrivial,
+            )
+            .line("indexer", "k");
             // Coarse haystack units (tool definitions at short lengths) can leave the needle
             // a few points off the requested depth; the line ends saying where it is (at the
             // end, so the columns stay aligned).
@@ -732,7 +652,7 @@ impl SweepTask<'_> {
             let served = if run.served.is_empty() {
                 String::new()
             } else {
-                let v = crate::record::served::ServedVerdict::of(
+                let v = crate::record::verdict::EngineVerdict::of(
                     &run.served,
                     &run.layers,
                     cell.answer_position(),

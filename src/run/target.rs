@@ -482,3 +482,62 @@ mod tests {
         assert!(e.contains("does not fit on emu:0, emu:1"), "{e}");
     }
 }
+
+/// What a model directory says about itself, beyond the architecture.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModelMarks {
+    /// Written by `synth` (its `synth.json` or a planted model's `planted.json`): every report
+    /// says "synthetic model".
+    pub synthetic: bool,
+    /// False when the LM path is not built to answer (judge by indexer recall).
+    pub answers: bool,
+}
+
+impl ModelMarks {
+    /// Whether a run's verdict is its generated answer: the model is built to answer and the
+    /// run generates at least one token. With `--generate 0` there is no answer to judge, so
+    /// indexer recall decides (`answer_correct` empty), as for a model that cannot answer.
+    pub fn judges_answers(&self, generate: usize) -> bool {
+        self.answers && generate > 0
+    }
+}
+
+/// What a model directory says about itself beyond the architecture: a planted checkpoint's
+/// `planted.json` (see `checkpoint::planted`) marks it synthetic and says whether its LM path
+/// answers; any other checkpoint `synth` wrote has its `synth.json` (random weights: synthetic,
+/// and its answers mean nothing, so indexer recall judges).
+pub fn model_marks(model_dir: &Path) -> ModelMarks {
+    // Only the two fields needed, so a planted.json from another version still counts.
+    let path = model_dir.join(crate::synth::planted::INFO_FILE);
+    let Ok(text) = std::fs::read_to_string(path) else {
+        let synthetic = model_dir.join(crate::synth::SYNTH_MARK_FILE).is_file();
+        return ModelMarks {
+            synthetic,
+            answers: !synthetic,
+        };
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    ModelMarks {
+        synthetic: value
+            .get("synthetic")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true),
+        answers: value
+            .get("lm_copies_needle")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+    }
+}
+
+/// Whether a model directory holds weights (a safetensors file or a shard index): without
+/// them, `--engine` runs engine-only.
+pub fn has_weights(model: &Path) -> bool {
+    std::fs::read_dir(model)
+        .map(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
+            })
+        })
+        .unwrap_or(false)
+}

@@ -452,7 +452,7 @@ pub(crate) fn tiny_for_tests() -> (tempfile::TempDir, crate::checkpoint::Checkpo
 // did not write is refused untouched, so a wrong `--out` can never delete a user's weights.
 
 /// The file `synth` writes first into every directory it fills: it marks the checkpoint as
-/// synthetic (reports say so; see `sweep::model_marks`) and the directory as synth's own, so a
+/// synthetic (reports say so; see `run::target::model_marks`) and the directory as synth's own, so a
 /// later synth run may replace its files ([`claim_out_dir`]).
 pub const SYNTH_MARK_FILE: &str = "synth.json";
 

@@ -263,7 +263,7 @@ fn synth_refuses_a_checkpoint_it_did_not_write() {
         std::fs::read(user.join("config.json")).unwrap(),
         b"theirs".to_vec()
     );
-    assert!(!needlescope::run::sweep::model_marks(&user).synthetic);
+    assert!(!needlescope::run::target::model_marks(&user).synthetic);
 
     // Any other non-empty directory synth did not write (a report directory, as once the
     // committed reports/demo) is refused untouched too.
@@ -304,7 +304,7 @@ fn synth_refuses_a_checkpoint_it_did_not_write() {
     )
     .unwrap();
     assert!(!ours.join("model-00001-of-00002.safetensors").exists());
-    let marks = needlescope::run::sweep::model_marks(&ours);
+    let marks = needlescope::run::target::model_marks(&ours);
     assert!(marks.synthetic && !marks.answers);
     let mark: serde_json::Value =
         serde_json::from_slice(&std::fs::read(ours.join("synth.json")).unwrap()).unwrap();

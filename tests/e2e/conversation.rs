@@ -415,3 +415,31 @@ fn several_scenario_needles_are_each_ranked_and_recorded() {
     // `report` reads the directory back (its completeness check knows the needle column).
     ok(bin().arg("report").arg(&report).output().unwrap(), "report");
 }
+
+/// `--needle` and `--answer` belong to `--prompt`: without it they are a usage error (exit 2,
+/// naming both flags) in probe and prompt, never accepted and ignored while the scenario's own
+/// needle is ranked.
+#[test]
+fn needle_and_answer_without_prompt_are_refused_by_name() {
+    for (command, flags) in [
+        ("probe", vec!["--needle", "foo", "--answer", "bar"]),
+        ("probe", vec!["--answer", "bar"]),
+        ("prompt", vec!["--needle", "foo"]),
+        ("prompt", vec!["--answer", "bar"]),
+    ] {
+        let mut cmd = bin();
+        cmd.arg(command);
+        if command == "probe" {
+            cmd.arg("--model").arg(planted());
+            cmd.args(["--generate", "0"]);
+        }
+        let out = cmd.args(["--length", "2k"]).args(&flags).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command} {flags:?}: {stderr}");
+        assert!(
+            stderr.contains(flags[0]) && stderr.contains("--prompt"),
+            "{command} {flags:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{command} {flags:?}: nothing ran");
+    }
+}

@@ -5,10 +5,9 @@
 use needlescope::config::LayerKind;
 use needlescope::model::observer::{AttentionObservation, IndexerObservation, Observer};
 use needlescope::numerics::profiles::{prepare_keys, prepare_query, score_rows, IndexProfile};
-use needlescope::probe::observe::{
-    phase_label, rescore, CellTopk, NeedleObserver, NeedleObserverConfig,
-};
+use needlescope::probe::observe::{rescore, CellTopk, NeedleObserver, NeedleObserverConfig};
 use needlescope::probe::rank::{kth_scores, rank_needle};
+use needlescope::record::phase_label;
 
 const HEADS: usize = 2;
 const DIM: usize = 8;

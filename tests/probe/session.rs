@@ -9,7 +9,7 @@ use needlescope::model::NoObserver;
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::probe::prompt::build_prompt;
 use needlescope::probe::scenario::Scenario;
-use needlescope::probe::session::{argmax, run_probe, ProbeOptions, Quiet};
+use needlescope::probe::session::{argmax, run_probe, ProbeInputs, ProbeOptions, Quiet, StopCheck};
 use needlescope::synth::planted::synth_planted;
 use needlescope::synth::{Preset, SynthOptions};
 use needlescope::tokenizer::V4Tokenizer;
@@ -42,17 +42,15 @@ fn greedy_tokens_equal_prefill_argmax_and_stop_at_eos() {
         let mut engine = Engine::load(&ckpt, EngineOptions::default()).unwrap();
         let prompt =
             build_prompt(&tok, &scenario, 300, 50.0, 3, cfg.max_position_embeddings).unwrap();
-        let runs = run_probe(
-            &mut engine,
-            &tok,
-            &scenario,
-            &prompt,
-            &options(),
-            "",
-            &mut Quiet,
-            &|| false,
-        )
-        .unwrap();
+        let opts = options();
+        let inputs = ProbeInputs {
+            tok: &tok,
+            scenario: &scenario,
+            prompt: &prompt,
+            opts: &opts,
+            cell_suffix: "",
+        };
+        let runs = run_probe(&mut engine, &inputs, &mut Quiet, StopCheck::never()).unwrap();
         assert_eq!(runs.len(), 1);
         (engine, prompt, runs.into_iter().next().unwrap())
     };
@@ -100,4 +98,72 @@ fn greedy_tokens_equal_prefill_argmax_and_stop_at_eos() {
     assert_eq!(stopped.generated_ids, generated[..=stop]);
     let text_ids: Vec<u32> = generated[..stop].to_vec();
     assert_eq!(stopped.answer_text, tok.decode(&text_ids).unwrap());
+}
+
+/// Progress that asks Ctrl-C's stop when the run at `stop_at_topk` starts, and records the
+/// prefill it saw of that run.
+struct StopAtRun<'a> {
+    stop_at_topk: usize,
+    pressed: &'a std::cell::Cell<bool>,
+    prefilled_after_press: usize,
+}
+
+impl needlescope::probe::session::ProbeProgress for StopAtRun<'_> {
+    fn run_started(&mut self, _index: IndexProfile, topk: usize, _prompt_tokens: usize) {
+        if topk == self.stop_at_topk {
+            self.pressed.set(true);
+        }
+    }
+    fn prefill(&mut self, done: usize, _total: usize) {
+        if self.pressed.get() {
+            self.prefilled_after_press = done;
+        }
+    }
+}
+
+/// A probe's stop (`within_runs`) drops the run in flight after its next chunk and keeps the
+/// finished runs; a sweep's finishes the run in flight and starts no other.
+#[test]
+fn a_stop_within_runs_drops_the_run_in_flight_at_the_next_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, dir.path());
+    synth_planted(&opts, None).expect("synth planted");
+    let tok = V4Tokenizer::builtin().unwrap();
+    let scenario = Scenario::load("passkey").unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let cfg = ckpt.config().clone();
+    let mut engine = Engine::load(&ckpt, EngineOptions::default()).unwrap();
+    let prompt = build_prompt(&tok, &scenario, 300, 50.0, 3, cfg.max_position_embeddings).unwrap();
+    let opts = ProbeOptions {
+        topks: vec![16, 32, 48],
+        generate: 0,
+        ..options()
+    };
+    let inputs = ProbeInputs {
+        tok: &tok,
+        scenario: &scenario,
+        prompt: &prompt,
+        opts: &opts,
+        cell_suffix: "",
+    };
+    for (within_runs, kept, prefilled) in [(true, vec![16], 96), (false, vec![16, 32], 300)] {
+        let pressed = std::cell::Cell::new(false);
+        let mut progress = StopAtRun {
+            stop_at_topk: 32,
+            pressed: &pressed,
+            prefilled_after_press: 0,
+        };
+        let requested = || pressed.get();
+        let stop = StopCheck {
+            requested: &requested,
+            within_runs,
+        };
+        let runs = run_probe(&mut engine, &inputs, &mut progress, stop).unwrap();
+        let topks: Vec<usize> = runs.iter().map(|r| r.topk).collect();
+        assert_eq!(topks, kept, "within_runs {within_runs}");
+        assert_eq!(
+            progress.prefilled_after_press, prefilled,
+            "within_runs {within_runs}: the stopped run's prefill ends after one chunk of 96"
+        );
+    }
 }

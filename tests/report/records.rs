@@ -290,12 +290,12 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
         selection_checks: 3,
         wall_seconds: 1.0,
     };
-    let c = needlescope::run::sweep::cell_record(&prompt, 4096, &run, true);
+    let c = needlescope::record::CellRecord::of_run(&run, &prompt.place(4096), true);
     assert_eq!(c.min_needle_rank, Some(700));
     assert_eq!((c.csa_layers_selected, c.csa_layers_nontrivial), (1, 2));
     assert_eq!((c.needle_start, c.needle_end), (1000, 1012));
     assert_eq!(c.answer_correct, Some(true));
-    let unjudged = needlescope::run::sweep::cell_record(&prompt, 4096, &run, false);
+    let unjudged = needlescope::record::CellRecord::of_run(&run, &prompt.place(4096), false);
     assert_eq!(unjudged.answer_correct, None);
     // A run with no answer to judge (a thinking run that never reached </think>) is judged
     // by the indexer, like an unjudged one.
@@ -303,6 +303,6 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
         answer_correct: None,
         ..run
     };
-    let c = needlescope::run::sweep::cell_record(&prompt, 4096, &no_answer, true);
+    let c = needlescope::record::CellRecord::of_run(&no_answer, &prompt.place(4096), true);
     assert_eq!(c.answer_correct, None);
 }

@@ -5,8 +5,9 @@
 use needlescope_testkit::report as report_support;
 
 use needlescope::numerics::modes::IndexProfile;
+use needlescope::record::verdict::exact_keeps_by_cell;
 use needlescope::record::CellRecord;
-use needlescope::report::{render_table, rounding_losses, summarize};
+use needlescope::report::{render_table, summarize};
 use report_support::*;
 
 fn with(id: &str, target: usize, rank: Option<usize>, correct: Option<bool>) -> CellRecord {
@@ -200,7 +201,7 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
     a.derive_columns(&of("a", &layers));
     b.derive_columns(&of("b", &layers));
     let cells = [a.clone(), b.clone()];
-    let rounding = rounding_losses(&cells);
+    let rounding = exact_keeps_by_cell(&cells);
     assert_eq!((rounding["a"], rounding["b"]), (1, 1));
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.layers_lost_total, 3);
@@ -221,7 +222,7 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
         .collect();
     b.derive_columns(&of("b", &without_b));
     let cells = [a.clone(), b.clone()];
-    let rounding = rounding_losses(&cells);
+    let rounding = exact_keeps_by_cell(&cells);
     assert!(!rounding.contains_key("b"));
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.layers_lost_to_rounding, None);

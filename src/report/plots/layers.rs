@@ -2,9 +2,10 @@
 //! position (the last prompt token, phase "prompt"; if the cell has no row there, the last
 //! probed prompt position it has). One series per scored profile (the driving one first and
 //! drawn on top), rank 1 at the BOTTOM of a log axis; with several needles a point is the worst
-//! of their ranks (as `min_needle_rank`). Dashed horizontal lines: every top-k of the run (the
-//! cell's own k drawn darker); dotted: the number of visible rows n_t (no rank can exceed it; a
-//! top-k at or above it makes the layer trivial).
+//! of their ranks (as `min_needle_rank`). Dashed horizontal line: this cell's own top-k, its
+//! only cut-off (the run's other top-k values belong to other cells and are not drawn; the rank
+//! axis still spans them, so a run's layer plots share one scale); dotted: the number of
+//! visible rows n_t (no rank can exceed it; a top-k at or above it makes the layer trivial).
 //!
 //! Nothing hides: every profile has its colour of every plot ([`profile_colour`]) and a marker
 //! shape of its own, and sits in a lane of its own a few pixels beside the layer ([`lanes`]), so
@@ -272,7 +273,7 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
     {
         s.offset_px = offset;
     }
-    plot.rows = legend_rows(&plot, topks, cell);
+    plot.rows = legend_rows(&plot, cell);
     plot.legend_layout = legend_layout(plot.rows.len(), legend_height);
     Some(plot)
 }
@@ -340,22 +341,16 @@ fn layer_ticks(plot: &LayerPlot) -> Vec<LayerTick> {
         .collect()
 }
 
-/// Cut-off lines' colours: the cell's own top-k, the run's other top-k values, n_t.
+/// Cut-off lines' colours: the cell's top-k, n_t.
 const OWN_TOPK: RGBColor = RGBColor(40, 40, 40);
-const OTHER_TOPK: RGBColor = RGBColor(150, 150, 150);
 const VISIBLE: RGBColor = RGBColor(110, 110, 110);
 
 /// The legend column, top-down: the cut-off lines, the driving profile, the profiles scored
 /// alongside, then notes on what is drawn together, side by side, without a rank.
-fn legend_rows(plot: &LayerPlot, topks: &BTreeSet<usize>, cell: &CellRecord) -> Vec<Row> {
+fn legend_rows(plot: &LayerPlot, cell: &CellRecord) -> Vec<Row> {
     let key = Row::key;
-    let mut rows = Vec::new();
-    for &k in topks {
-        let own = k == cell.topk;
-        let colour = if own { OWN_TOPK } else { OTHER_TOPK };
-        let label = format!("top-k {k}{}", if own { " (this cell)" } else { "" });
-        rows.push(key(colour, 2, Stroke::Dashed, Mark::None, true, label));
-    }
+    let label = format!("top-k {} (this cell)", cell.topk);
+    let mut rows = vec![key(OWN_TOPK, 2, Stroke::Dashed, Mark::None, true, label)];
     if plot.visible > 0 {
         let label = format!("visible rows n_t = {}", plot.visible);
         rows.push(key(VISIBLE, 2, Stroke::Dotted, Mark::None, true, label));
@@ -476,10 +471,7 @@ pub(crate) fn render(
             .map_err(&err)?;
         Ok(())
     };
-    for &k in &index.topks {
-        let colour = if k == cell.topk { OWN_TOPK } else { OTHER_TOPK };
-        hline(k as f64, colour, Stroke::Dashed)?;
-    }
+    hline(cell.topk as f64, OWN_TOPK, Stroke::Dashed)?;
     if plot.visible > 0 {
         hline(plot.visible as f64, VISIBLE, Stroke::Dotted)?;
     }
@@ -676,6 +668,28 @@ mod tests {
         let index = LayerPlotIndex::new(&records);
         assert!(render(&records, &index, &c, &path).unwrap().is_some());
         assert!(path.is_file());
+    }
+
+    /// A top-128 cell's plot draws its own cut-off only: the run's top-64 line belongs to
+    /// other cells (before, it was drawn too and read as a second threshold of this cell).
+    #[test]
+    fn a_cell_draws_only_its_own_top_k() {
+        let (c64, c128) = (cell("a", 64), cell("b", 128));
+        let rows = vec![
+            ranked("a", 1, "prompt", "fp8", 0, Some(70)),
+            ranked("b", 1, "prompt", "fp8", 0, Some(70)),
+        ];
+        let records = records_of(vec![c64, c128.clone()], rows);
+        let plot = layer_plot(&records, &c128).unwrap();
+        let legend = legend_rows(&plot, &c128)
+            .iter()
+            .map(|r| row_text(r).to_string())
+            .collect::<Vec<_>>();
+        assert!(
+            legend.iter().any(|r| r == "top-k 128 (this cell)"),
+            "{legend:?}"
+        );
+        assert!(!legend.iter().any(|r| r.contains("top-k 64")), "{legend:?}");
     }
 
     /// The layer plots draw from one index of the rows built in one pass (before, every cell's

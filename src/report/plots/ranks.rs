@@ -3,7 +3,9 @@
 //! per (index profile, top-k) (and kv when a run mixes kv modes). Colour tells the profile
 //! ([`profile_colour`], as in every plot), the marker's shape the top-k (and kv); series of one
 //! profile with identical points are drawn once with the first top-k's marker, and a legend
-//! note names the top-k values they stand for. Both axes are log scale: x ticked at the
+//! note names the top-k values they stand for. Every other series sits in a lane of its own a
+//! few pixels beside and above its neighbour ([`lane_offsets`]), so series of one colour with
+//! nearly the same ranks stay visible as two lines. Both axes are log scale: x ticked at the
 //! measured lengths ("2k", "4k", ...; thinned so that no two labels touch, every tick
 //! labelled); rank 1 at the bottom. The run's top-k values are grey dotted horizontal lines.
 //! The legend sits in a column right of the plot: one key per profile, one per top-k marker,
@@ -202,32 +204,44 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     };
     let drawn = merge_identical(&order, points);
 
+    // Every drawn series sits in a lane of its own, a few pixels beside and above the next
+    // ([`lane_offsets`]): series of one profile (one colour) with nearly the same ranks stay two
+    // visible lines with their own markers instead of one covering the other.
+    let lanes = lane_offsets(drawn.len());
     let mut notes = Vec::new();
-    for (key, same_ks) in &drawn {
+    for ((key, same_ks), &(dx, dy)) in drawn.iter().zip(&lanes) {
         let gs = &series[key];
         let (colour, mark) = (profile_colour(gs[0].index.name()), mark_of(gs[0]));
-        let median: Vec<(f64, f64)> = gs
-            .iter()
-            .filter_map(|g| g.median_rank.map(|m| (x(g.target_tokens), m.max(1.0))))
-            .collect();
-        let worst: Vec<(f64, f64)> = gs
-            .iter()
-            .filter_map(|g| g.worst_rank.map(|w| (x(g.target_tokens), w.max(1) as f64)))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(median.clone(), colour.stroke_width(3)))
+        let pixels = |points: Vec<(f64, f64)>| -> Vec<(i32, i32)> {
+            points
+                .iter()
+                .map(|p| {
+                    let (px, py) = chart.backend_coord(p);
+                    (px + dx, py + dy)
+                })
+                .collect()
+        };
+        let median = pixels(
+            gs.iter()
+                .filter_map(|g| g.median_rank.map(|m| (x(g.target_tokens), m.max(1.0))))
+                .collect(),
+        );
+        let worst = pixels(
+            gs.iter()
+                .filter_map(|g| g.worst_rank.map(|w| (x(g.target_tokens), w.max(1) as f64)))
+                .collect(),
+        );
+        root.draw(&PathElement::new(median.clone(), colour.stroke_width(3)))
             .map_err(&err)?;
-        chart
-            .draw_series(DashedLineSeries::new(
-                worst.clone(),
-                9,
-                6,
-                colour.stroke_width(2),
-            ))
-            .map_err(&err)?;
+        root.draw(&DashedPathElement::new(
+            worst.clone(),
+            9,
+            6,
+            colour.stroke_width(2),
+        ))
+        .map_err(&err)?;
         for (points, filled) in [(&median, true), (&worst, false)] {
-            for p in points {
-                let c = chart.backend_coord(p);
+            for &c in points {
                 draw_mark(&root, c, mark, colour, filled, 5, path)?;
             }
         }
@@ -365,9 +379,52 @@ fn merge_identical<P: PartialEq>(
     drawn
 }
 
+/// Horizontal step between the lanes of neighbouring series, in pixels (a marker is 10 wide).
+const LANE_DX: i32 = 7;
+/// Vertical step between lanes, in pixels: lines at equal ranks (3 px wide) stay apart.
+const LANE_DY: i32 = 4;
+
+/// The pixel offset of each of `n` drawn series, centred on the true point: series `i` is
+/// `(i - (n-1)/2)` steps right and up. A few pixels on a log rank axis never move a point
+/// across a rank a reader could tell apart.
+fn lane_offsets(n: usize) -> Vec<(i32, i32)> {
+    (0..n)
+        .map(|i| {
+            let step = 2 * i as i32 - (n as i32 - 1);
+            (step * LANE_DX / 2, -step * LANE_DY / 2)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::merge_identical;
+    use super::{lane_offsets, merge_identical, LANE_DX};
+
+    /// Every drawn series has its own lane: no two share an x or a y offset, so two series of
+    /// one colour with the same ranks are two lines and two rows of markers (before, fp8 at
+    /// top-64 and top-128 drew one line over the other).
+    #[test]
+    fn every_series_has_a_lane_of_its_own() {
+        for n in 1..=8 {
+            let lanes = lane_offsets(n);
+            assert_eq!(lanes.len(), n);
+            let mut xs: Vec<i32> = lanes.iter().map(|l| l.0).collect();
+            let mut ys: Vec<i32> = lanes.iter().map(|l| l.1).collect();
+            xs.dedup();
+            ys.dedup();
+            assert_eq!((xs.len(), ys.len()), (n, n), "{lanes:?}");
+            // Centred: the lanes straddle the true point.
+            assert_eq!(lanes.iter().map(|l| l.0).sum::<i32>(), 0, "{lanes:?}");
+            let width = lanes.iter().map(|l| l.0).max().unwrap() - lanes[0].0;
+            assert!(width <= LANE_DX * 7, "{lanes:?}");
+        }
+        assert_eq!(lane_offsets(1), [(0, 0)]);
+        let two = lane_offsets(2);
+        assert!(
+            two[1].0 - two[0].0 >= 6 && two[0].1 - two[1].1 >= 3,
+            "{two:?}"
+        );
+    }
 
     #[test]
     fn series_of_one_profile_with_equal_points_are_drawn_once() {

@@ -99,7 +99,7 @@ pub fn first_disagreement(cells: &[CellRecord], layers: &[LayerRecord]) -> Optio
         // Per layer over the needles: selected only when every needle is.
         let (selected, nontrivial) = crate::record::layers_selected(rows.iter().copied());
         let show = |v: Option<usize>| v.map_or("(empty)".to_string(), |v| v.to_string());
-        let keeps = crate::record::why::rounding_losses(
+        let keeps = crate::record::verdict::exact_keeps(
             answer_rows
                 .get(cell.cell_id.as_str())
                 .into_iter()

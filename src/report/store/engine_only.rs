@@ -230,13 +230,12 @@ impl EngineOnlyRecords {
         self.cells
             .iter()
             .map(|c| {
-                let verdict = match c.answer_correct {
-                    Some(true) => "correct",
-                    Some(false) => "WRONG",
-                    None if c.csa_layers_nontrivial == 0 => "trivial",
-                    None if c.csa_layers_selected == c.csa_layers_nontrivial => "recalled",
-                    None => "LOST",
-                };
+                let verdict = crate::record::verdict::CellVerdict::of(
+                    c.answer_correct,
+                    c.csa_layers_selected,
+                    c.csa_layers_nontrivial,
+                )
+                .word();
                 (
                     [
                         c.prompt_tokens.to_string(),

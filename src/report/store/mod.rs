@@ -57,8 +57,9 @@ use serde::Serialize;
 
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
-use super::summary::{cell_rounding_losses, rounding_losses, SummaryJson};
+use super::summary::SummaryJson;
 use crate::record::served::{ServedLayerRecord, SERVED_COLUMNS};
+use crate::record::verdict::exact_keeps_by_cell;
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
@@ -102,6 +103,9 @@ pub struct RunDir {
     lock: DirLock,
     /// See [`RunDir::notes`].
     notes: Vec<String>,
+    /// This process's command line, added to run.json's `command_lines` with its first cell
+    /// (`None` once added).
+    invocation: Option<Vec<String>>,
 }
 
 impl RunDir {
@@ -126,6 +130,7 @@ impl RunDir {
         let dir = dir.as_path();
         let run_json = dir.join(RUN_JSON);
         let mut notes = Vec::new();
+        let invocation = info.command_line.clone();
         let info = if run_json.exists() {
             let on_disk: RunInfo = read_json(&run_json)?;
             // An engine-only directory has no reference records: never replaced by a run
@@ -153,7 +158,7 @@ impl RunDir {
                             grown.join("; ")
                         ));
                     }
-                    return RunDir::open_records(lock, *info, notes);
+                    return RunDir::open_records(lock, *info, notes, invocation);
                 }
                 Resume::Refused(differences) => differences,
             };
@@ -198,15 +203,17 @@ impl RunDir {
             write_json(&run_json, &info)?;
             info
         };
-        RunDir::open_records(lock, info, notes)
+        RunDir::open_records(lock, info, notes, invocation)
     }
 
     /// Reads, repairs and opens for appending the records of the directory of `lock`, whose
-    /// run.json records `info` (checked or written by the caller); `notes` so far.
+    /// run.json records `info` (checked or written by the caller); `notes` so far;
+    /// `invocation`, this process's command line (recorded with its first cell).
     fn open_records(
         lock: DirLock,
         info: RunInfo,
         mut notes: Vec<String>,
+        invocation: Vec<String>,
     ) -> Result<(RunDir, Vec<CellRecord>)> {
         let dir = lock.dir().to_path_buf();
         let dir = dir.as_path();
@@ -310,6 +317,7 @@ impl RunDir {
             next_line,
             lock,
             notes,
+            invocation: Some(invocation),
         };
         run.write_summary()?;
         Ok((run, cells))
@@ -336,6 +344,20 @@ impl RunDir {
         self.append_cell_with_engine(cell, layers, attention, &[])
     }
 
+    /// Adds this process's command line to run.json's `command_lines` before its first cell
+    /// is written, so the directory says every invocation that wrote cells.
+    fn record_invocation(&mut self) -> Result<()> {
+        let Some(line) = self.invocation.take() else {
+            return Ok(());
+        };
+        let lines = self.info.with_invocation(&line);
+        if lines != self.info.command_lines {
+            self.info.command_lines = lines;
+            write_json(&self.dir.join(RUN_JSON), &self.info)?;
+        }
+        Ok(())
+    }
+
     /// [`Self::append_cell`] with the serving engine's records of the cell, written to
     /// engine.csv (created with its header on first use) after attention.csv and before the
     /// cells.csv row that commits the cell.
@@ -359,6 +381,7 @@ impl RunDir {
                 found: "a cell already in cells.csv".into(),
             });
         }
+        self.record_invocation()?;
         let layers_path = self.dir.join(LAYERS_CSV);
         let att_path = self.dir.join(ATTENTION_CSV);
         same_cell(
@@ -431,7 +454,7 @@ impl RunDir {
     fn write_summary(&self) -> Result<()> {
         write_json(
             &self.dir.join(SUMMARY_JSON),
-            &SummaryJson::new(&self.info, &self.cells, &rounding_losses(&self.cells)),
+            &SummaryJson::new(&self.info, &self.cells, &exact_keeps_by_cell(&self.cells)),
         )
     }
 }
@@ -465,7 +488,7 @@ pub(crate) fn derive_exact_keeps(cells: &mut [CellRecord], layers: &[LayerRecord
             .get(cell.cell_id.as_str())
             .cloned()
             .unwrap_or_default();
-        cell.exact_keeps = cell_rounding_losses(cell, rows);
+        cell.exact_keeps = crate::record::verdict::exact_keeps(rows, cell.answer_position());
     }
 }
 

@@ -16,12 +16,13 @@ use super::validate::CellCheck;
 use super::{
     list_some, not_a_run_dir, ATTENTION_CSV, CELLS_CSV, LAYERS_CSV, RUN_JSON, SUMMARY_JSON,
 };
+use crate::record::verdict::exact_keeps_by_cell;
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
     LAYERS_COLUMNS,
 };
 use crate::report::error::{ReportError, Result};
-use crate::report::summary::{rounding_losses, SummaryJson};
+use crate::report::summary::SummaryJson;
 
 /// Everything a report directory holds, read without modifying it (for `needlescope report`).
 #[derive(Clone, Debug)]
@@ -144,7 +145,7 @@ impl RunRecords {
     /// Rewrites `<dir>/summary.json` from these records (atomically); returns its path.
     pub fn write_summary(&self) -> Result<PathBuf> {
         let path = self.dir.join(SUMMARY_JSON);
-        let rounding = rounding_losses(&self.cells);
+        let rounding = exact_keeps_by_cell(&self.cells);
         write_json(&path, &SummaryJson::new(&self.info, &self.cells, &rounding))?;
         Ok(path)
     }
