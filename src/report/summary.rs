@@ -23,7 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 
 use crate::record::LayerRecord;
-use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::record::{CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::units::format_tokens;
 
 /// Per cell id, the CSA layers lost to the driving profile's rounding at the answer position
 /// ([`crate::record::why::rounding_losses`]); cells where `exact` was not scored are absent.
