@@ -1,6 +1,9 @@
-//! Human-readable numbers shared by the library's messages and the CLI's tables: digit grouping
-//! (`1,234,567`) and byte sizes in binary units (`1.50 GiB`). Pure formatting, no I/O; the CLI
-//! re-exports both as `crate::cli::{group_digits, human_bytes}`.
+//! Numbers as text, shared by the library's messages, the reports and the CLI's tables: digit
+//! grouping (`1,234,567`), byte sizes in binary units (`1.50 GiB`), counts with their noun,
+//! token counts as users write them (`16k`), percentages that keep every decimal (`50.04%`),
+//! figures with at least three significant digits (`0.123`, `2.35e-4`), and f32 fields in JSON
+//! as the CSVs write them. Pure formatting, no I/O; the bottom layer: it imports nothing of the
+//! crate.
 
 /// `1234567` -> `1,234,567`.
 pub fn group_digits(n: u64) -> String {
@@ -51,9 +54,119 @@ pub fn count_of(n: usize, noun: &str) -> String {
     }
 }
 
+/// Token counts as users write them: `2048` -> `2k`, `1048576` -> `1m`, `3000` -> `3000`.
+pub fn format_tokens(n: usize) -> String {
+    const M: usize = 1 << 20;
+    if n >= M && n.is_multiple_of(M) {
+        format!("{}m", n / M)
+    } else if n >= 1024 && n.is_multiple_of(1024) {
+        format!("{}k", n / 1024)
+    } else {
+        n.to_string()
+    }
+}
+
+/// A percentage with every decimal it has: `50%`, `33.3%`, `50.04%` (probes sharing an
+/// `--out` at depths 50.04 and 50.000001 must not get two rows labelled alike).
+pub fn percent_label(pct: f64) -> String {
+    if pct.fract() == 0.0 {
+        format!("{pct:.0}%")
+    } else {
+        format!("{pct}%")
+    }
+}
+
+/// At least three significant digits whatever the scale: `512.3`, `0.123`, `2.35e-4` (a tiny
+/// model on the CPU or the emulator must not print a positive TFLOP/s as `0.000`).
+pub fn three_significant(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.1}")
+    } else if x >= 0.1 || x == 0.0 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// `value` (layers.csv or attention.csv records as JSON) with every non-integer number written
+/// as layers.csv writes its f32 fields: the shortest decimal that reads back to the same f32.
+/// serde_json widens an f32 to f64 and prints that, 0.4555131494998932 where the CSV says
+/// 0.45551315; a JSON record then would not equal its CSV row. The records' only non-integer
+/// numbers are f32 fields, so narrowing them back to f32 is exact.
+pub fn f32_as_in_csv(mut value: serde_json::Value) -> serde_json::Value {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => {
+                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
+                if let Some(m) = x
+                    .to_string()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                {
+                    *n = m;
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            serde_json::Value::Object(o) => o.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut value);
+    value
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_counts_print_as_users_write_them() {
+        assert_eq!(format_tokens(2048), "2k");
+        assert_eq!(format_tokens(16384), "16k");
+        assert_eq!(format_tokens(1 << 20), "1m");
+        assert_eq!(format_tokens(3000), "3000");
+        assert_eq!(format_tokens(1536), "1536");
+    }
+
+    #[test]
+    fn percent_labels_keep_every_decimal() {
+        assert_eq!(percent_label(50.0), "50%");
+        assert_eq!(percent_label(33.3), "33.3%");
+        assert_eq!(percent_label(12.5), "12.5%");
+        assert_ne!(percent_label(50.04), percent_label(50.000001));
+        assert_eq!(percent_label(50.04), "50.04%");
+    }
+
+    #[test]
+    fn figures_keep_at_least_three_significant_digits() {
+        assert_eq!(three_significant(512.34), "512.3");
+        assert_eq!(three_significant(12.3456), "12.346");
+        assert_eq!(three_significant(0.1234), "0.123");
+        assert_eq!(three_significant(0.0), "0.000");
+        let small = three_significant(0.000_234_5);
+        assert_eq!(small, "2.35e-4");
+        assert!(small.parse::<f64>().unwrap() > 0.0);
+    }
+
+    /// An f32 field serde_json widened to f64 prints as the CSV prints the f32; integers,
+    /// strings and nesting are left as they are.
+    #[test]
+    fn json_f32_fields_print_as_the_csv_does() {
+        let x = 0.455_513_15_f32;
+        let v = serde_json::json!({"margin": x, "rank": 3, "ok": "a", "rows": [[x], 1.5]});
+        assert_ne!(
+            v["margin"].to_string(),
+            x.to_string(),
+            "serde_json widens the f32"
+        );
+        let v = f32_as_in_csv(v);
+        assert_eq!(v["margin"].to_string(), x.to_string());
+        assert_eq!(v["rows"][0][0].to_string(), x.to_string());
+        assert_eq!(v["rows"][1].to_string(), "1.5");
+        assert_eq!(v["rank"].to_string(), "3");
+        assert_eq!(v["ok"], "a");
+    }
 
     #[test]
     fn counts_take_a_plural_unless_one() {

@@ -14,6 +14,7 @@ use crate::model::forward::Engine;
 use crate::model::EngineOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::run::target::{EngineTask, Target};
+use crate::units::three_significant;
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -94,7 +95,7 @@ impl EngineTask for BenchTask<'_> {
             writeln!(
                 self.out,
                 "reference: {what}: {} TFLOP/s (measured in this run)",
-                tflops_text(*t)
+                three_significant(*t)
             )?;
         }
         writeln!(
@@ -183,7 +184,7 @@ fn layer_breakdown(
             format!("{:?}", f.kind).to_uppercase(),
             f.layers,
             f.seconds_per_layer * 1e3,
-            tflops_text(f.tflops()),
+            three_significant(f.tflops()),
         )?;
     }
     if let Some((up, down)) = p
@@ -303,18 +304,6 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         "the model is loaded once (load s), then each length is one prefill of a fresh sequence in ascending order; peak RSS is the process high-water mark (VmHWM) after each length (streamed weights: it counts the mapped checkpoint pages, which the OS may drop)"
     )?;
     Ok(())
-}
-
-/// TFLOP/s with at least three significant digits whatever the scale: `512.3`, `0.123`, `2.35e-3` (a
-/// tiny model on the CPU or the emulator must not print a positive speed as `0.000`).
-fn tflops_text(t: f64) -> String {
-    if t >= 100.0 {
-        format!("{t:.1}")
-    } else if t >= 0.1 || t == 0.0 {
-        format!("{t:.3}")
-    } else {
-        format!("{t:.2e}")
-    }
 }
 
 /// The process's peak resident set size in MiB (Linux `VmHWM`), if readable.
@@ -503,21 +492,5 @@ mod bench_device_tests {
         assert!(lines[0].ends_with("is OVER THE PLAN"), "{}", lines[0]);
         let bare = memory_lines(&loaded, &over, &[]);
         assert!(!bare[0].contains("plan"), "{}", bare[0]);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tflops_keep_at_least_three_significant_digits() {
-        assert_eq!(tflops_text(512.34), "512.3");
-        assert_eq!(tflops_text(12.3456), "12.346");
-        assert_eq!(tflops_text(0.1234), "0.123");
-        assert_eq!(tflops_text(0.0), "0.000");
-        let small = tflops_text(0.000_234_5);
-        assert_eq!(small, "2.35e-4");
-        assert!(small.parse::<f64>().unwrap() > 0.0);
     }
 }

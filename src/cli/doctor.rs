@@ -7,9 +7,9 @@ use clap::Args;
 use std::io::Write;
 
 use super::flags::parse_arch;
-use super::human_bytes;
 use crate::backend::gpu::driver;
 use crate::backend::gpu::kernels::{self, CubinSource};
+use crate::units::human_bytes;
 
 #[derive(Args, Debug, Clone)]
 pub struct DoctorArgs {

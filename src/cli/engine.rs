@@ -171,7 +171,7 @@ pub fn engine_json(
             if let Some(o) = r.overlap {
                 overlap.insert(
                     r.profile.clone(),
-                    super::probe::f32_as_in_csv(serde_json::json!(o)),
+                    crate::units::f32_as_in_csv(serde_json::json!(o)),
                 );
             }
         }
@@ -192,7 +192,7 @@ pub fn engine_json(
     let agreement = |a: &Option<crate::record::verdict::ProfileAgreement>| match a {
         Some(a) => serde_json::json!({
             "profile": a.profile,
-            "mean_overlap": super::probe::f32_as_in_csv(serde_json::json!(a.mean_overlap)),
+            "mean_overlap": crate::units::f32_as_in_csv(serde_json::json!(a.mean_overlap)),
         }),
         None => serde_json::Value::Null,
     };

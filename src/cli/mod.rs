@@ -29,8 +29,6 @@ pub mod sweep;
 pub mod synth;
 pub mod trace;
 
-pub use crate::units::{group_digits, human_bytes};
-
 /// needlescope: explains why a DeepSeek-V4 model forgets a fact that sits in its own prompt.
 ///
 /// It runs the model over a needle-in-a-haystack prompt and shows, on every CSA layer, where the
@@ -80,7 +78,7 @@ where
     if let Err((sub, message)) = cli.unenforced_relations() {
         use clap::CommandFactory;
         let mut command = Cli::command();
-        let sub = command
+        let mut sub = command
             .find_subcommand_mut(sub)
             .expect("a subcommand of Cli")
             .clone();

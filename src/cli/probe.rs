@@ -12,6 +12,7 @@ use crate::record::verdict;
 use crate::record::{LayerRecord, ProbeRun};
 use crate::run::probe::{EngineOnlyProbe, LocalProbe, ProbeOutcome, ProbePlan};
 use crate::run::prompt::PromptSource;
+use crate::units::f32_as_in_csv;
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -307,34 +308,6 @@ fn prompt_source(args: &ProbeArgs) -> PromptSource<'_> {
             needles: args.needles.count(),
         },
     }
-}
-
-/// `value` (layers.csv or attention.csv records as JSON) with every non-integer number written
-/// as layers.csv writes its f32 fields: the shortest decimal that reads back to the same f32.
-/// serde_json widens an f32 to f64 and prints that, 0.4555131494998932 where the CSV says
-/// 0.45551315; a JSON record then would not equal its CSV row. The records' only non-integer
-/// numbers are f32 fields, so narrowing them back to f32 is exact.
-pub fn f32_as_in_csv(mut value: serde_json::Value) -> serde_json::Value {
-    fn walk(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Number(n) if n.is_f64() => {
-                let x = n.as_f64().unwrap_or(f64::NAN) as f32;
-                if let Some(m) = x
-                    .to_string()
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(serde_json::Number::from_f64)
-                {
-                    *n = m;
-                }
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
-            serde_json::Value::Object(o) => o.values_mut().for_each(walk),
-            _ => {}
-        }
-    }
-    walk(&mut value);
-    value
 }
 
 // ---------------------------------------------------------------------------------------------

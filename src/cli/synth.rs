@@ -6,9 +6,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::flags::parse_positive;
-use super::{group_digits, human_bytes};
 use crate::checkpoint::WeightFormat;
 use crate::synth::{synth_with_progress, Preset, SynthOptions};
+use crate::units::{group_digits, human_bytes};
 
 /// Which synthetic model (`--preset`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -95,13 +95,8 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 layers,
                 ..opts.clone()
             };
-            match preset {
-                Preset::Planted => {
-                    crate::synth::planted::planted_config(o.format, o.layers, o.experts)
-                }
-                _ => crate::synth::synth_config(&o),
-            }
-            .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))
+            crate::synth::synth_config(&o)
+                .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))
         };
         let cfg = config(opts.layers)?;
         let csa = |c: &crate::config::ModelConfig| c.layers_of_kind(crate::config::LayerKind::Csa);

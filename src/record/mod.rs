@@ -594,18 +594,6 @@ pub fn rfc3339_utc(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z")
 }
 
-/// Token counts as users write them: `2048` -> `2k`, `1048576` -> `1m`, `3000` -> `3000`.
-pub fn format_tokens(n: usize) -> String {
-    const M: usize = 1 << 20;
-    if n >= M && n.is_multiple_of(M) {
-        format!("{}m", n / M)
-    } else if n >= 1024 && n.is_multiple_of(1024) {
-        format!("{}k", n / 1024)
-    } else {
-        n.to_string()
-    }
-}
-
 /// A cell id made safe as part of a file name: characters outside `[A-Za-z0-9._-]` become `_`.
 pub fn file_stem(cell_id: &str) -> String {
     cell_id

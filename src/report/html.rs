@@ -29,7 +29,8 @@ use super::error::{ReportError, Result};
 use super::store::EngineOnlyRecords;
 use super::store::RunRecords;
 use super::summary::{self, RECALL_COLUMN, SUMMARY_HEAD, SUMMARY_LEGEND};
-use crate::record::{file_stem, format_tokens, CellRecord, LayerRecord, RunInfo};
+use crate::record::{file_stem, CellRecord, LayerRecord, RunInfo};
+use crate::units::{format_tokens, percent_label};
 
 /// The page's file name in a report directory.
 pub const REPORT_HTML: &str = "report.html";
@@ -409,7 +410,7 @@ fn cells_table(records: &RunRecords) -> String {
             text(&cell.cell_id),
             format_tokens(cell.target_tokens),
             cell.prompt_tokens,
-            text(&super::depth_label(cell.depth_pct)),
+            text(&percent_label(cell.depth_pct)),
             text(cell.index.name()),
             text(&cell.kv.to_string()),
             cell.topk,
@@ -466,7 +467,7 @@ fn cell_section(records: &RunRecords, cell: &CellRecord, plots: &[PathBuf]) -> R
         cell.prompt_tokens,
         cell.needle_start,
         cell.needle_end,
-        text(&super::depth_label(cell.depth_pct)),
+        text(&percent_label(cell.depth_pct)),
         text(cell.index.name()),
         text(&cell.kv.to_string()),
         cell.topk,

@@ -28,9 +28,6 @@ pub mod plots;
 pub mod store;
 pub mod summary;
 
-/// A depth as the report writes it everywhere (`50%`, `12.25%`: every decimal it has).
-pub(crate) use plots::heatmap::depth_label;
-
 pub use error::{FieldDifference, ReportError, Result};
 pub use lock::DirLock;
 pub use plots::{render_all, render_records};

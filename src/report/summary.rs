@@ -23,7 +23,8 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
 use crate::record::verdict::ExactKeepsByCell;
-use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::record::{CellRecord, IndexProfile, KvMode, RunInfo};
+use crate::units::format_tokens;
 
 /// One group of cells: a target length under one (index, kv, top-k).
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -229,7 +229,7 @@ pub fn run_engine_only_sweep(
                 let line = format!(
                     "{:>7} tokens  depth {:>4}  engine K {:<5} {:<20} needle selected on {selected}/{nontrivial} layers  {:.1} s",
                     cell.prompt_tokens,
-                    crate::report::depth_label(depth),
+                    crate::units::percent_label(depth),
                     cell.engine_topk,
                     verdict,
                     cell.wall_seconds

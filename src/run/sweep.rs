@@ -673,7 +673,7 @@ impl SweepTask<'_> {
             let line = format!(
                 "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{served}{landed}",
                 cell.prompt_tokens,
-                crate::report::depth_label(cell.depth_pct),
+                crate::units::percent_label(cell.depth_pct),
                 cell.index.name(),
                 cell.topk,
                 verdict,

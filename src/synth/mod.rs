@@ -5,7 +5,9 @@
 //! preset's schedule, MTP entries kept, `num_hash_layers` capped at N) and `--experts E`
 //! (`n_routed_experts = E`, `num_experts_per_tok = min(preset's k, E)`, i.e. min(6, E) on
 //! Flash). Official and NVFP4 outputs carry the official `quantization_config` and
-//! `expert_dtype: "fp4"`; bf16 outputs carry neither. `planted` is reserved (an error for now).
+//! `expert_dtype: "fp4"`; bf16 outputs carry neither. `planted` has its own config and
+//! constructed weights ([`planted`]): [`synth_config`] and [`synth`] hand it over to
+//! [`planted::planted_config`] and [`planted::synth_planted`] (at the default margin).
 //!
 //! Tensors: exactly `expected_inventory(cfg, format)` (with `fp8_compressors`, the compressor
 //! and indexer linears as FP8 blocks + E8M0 scales), values from `values.rs`, stored bytes
@@ -52,7 +54,7 @@ use tensors::{fill_f32, generate, Values};
 pub enum Preset {
     Tiny,
     Flash,
-    /// The demo model with a planted needle (reserved).
+    /// The demo model with a planted needle ([`planted`]).
     Planted,
 }
 
@@ -134,16 +136,13 @@ impl SynthSummary {
     }
 }
 
-/// The config `synth` writes for `opts` (validated).
+/// The config `synth` writes for `opts` (validated); for `planted`,
+/// [`planted::planted_config`].
 pub fn synth_config(opts: &SynthOptions) -> Result<ModelConfig, CheckpointError> {
     let mut cfg = match opts.preset {
         Preset::Tiny => ModelConfig::tiny(),
         Preset::Flash => ModelConfig::flash(),
-        Preset::Planted => {
-            return Err(CheckpointError::NotImplemented {
-                what: "synth --preset planted (the demo model with a planted needle)".into(),
-            })
-        }
+        Preset::Planted => return planted::planted_config(opts.format, opts.layers, opts.experts),
     };
     if let Some(n) = opts.layers {
         if n == 0 || n > cfg.num_hidden_layers {
@@ -285,6 +284,9 @@ fn write_streamed(
 }
 
 /// Writes the synthetic checkpoint described by `opts` (and `tokenizer.json` if given).
+/// `planted` is [`planted::synth_planted`] at its default margin: it always writes the
+/// built-in tokenizer, so it takes no `tokenizer_json`, and its compressors hold exact BF16
+/// values, so it takes no `fp8_compressors`.
 pub fn synth(
     opts: &SynthOptions,
     tokenizer_json: Option<&[u8]>,
@@ -294,12 +296,34 @@ pub fn synth(
 
 /// [`synth`], calling `written(bytes, total)` as the tensors' payload is written (after each
 /// tensor or window of small ones; `total` is the whole payload), for a progress bar: a full
-/// Flash checkpoint is 160 GB.
+/// Flash checkpoint is 160 GB. A `planted` model (a few MB) reports no progress.
 pub fn synth_with_progress(
     opts: &SynthOptions,
     tokenizer_json: Option<&[u8]>,
     written: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthSummary, CheckpointError> {
+    if opts.preset == Preset::Planted {
+        let refuse = |field, expected: &str, found: &str| CheckpointError::SynthOption {
+            field,
+            expected: expected.into(),
+            found: found.into(),
+        };
+        if tokenizer_json.is_some() {
+            return Err(refuse(
+                "tokenizer",
+                "none for planted (it writes the built-in tokenizer)",
+                "a tokenizer.json",
+            ));
+        }
+        if opts.fp8_compressors {
+            return Err(refuse(
+                "fp8_compressors",
+                "false for planted (its compressors hold exact BF16 values)",
+                "true",
+            ));
+        }
+        return planted::synth_planted(opts, None);
+    }
     let cfg = synth_config(opts)?;
     write_synth(cfg, opts, tokenizer_json, written)
 }
@@ -586,7 +610,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_layers_and_planted_are_clear_errors() {
+    fn zero_layers_is_a_clear_error() {
         let mut o = SynthOptions::new(Preset::Tiny, WeightFormat::Bf16, "x");
         o.layers = Some(0);
         let msg = synth_config(&o).unwrap_err().to_string();
@@ -594,12 +618,48 @@ mod tests {
             msg.contains("layers") && msg.contains("1..=4") && msg.contains("found 0"),
             "{msg}"
         );
-        o.layers = None;
-        o.preset = Preset::Planted;
+    }
+
+    /// `--preset planted` is the planted model's own config, `--layers` and `--experts`
+    /// shaping it as they shape tiny's and flash's, never tiny's or flash's config.
+    #[test]
+    fn planted_config_is_the_planted_models() {
+        let mut o = SynthOptions::new(Preset::Planted, WeightFormat::Official, "x");
+        let c = synth_config(&o).unwrap();
+        assert_eq!(
+            c,
+            planted::planted_config(WeightFormat::Official, None, None).unwrap()
+        );
+        assert_eq!(c.compress_ratios, vec![0, 4, 128, 4]);
+        assert_eq!(c.hidden_size, 64);
+        assert!(c.is_fp8() && c.experts_fp4());
+        o.layers = Some(6);
+        o.experts = Some(2);
+        let c = synth_config(&o).unwrap();
+        assert_eq!(c.compress_ratios, vec![0, 4, 128, 4, 128, 4]);
+        assert_eq!(c.n_routed_experts, 2);
+        o.layers = Some(0);
         let msg = synth_config(&o).unwrap_err().to_string();
+        assert!(msg.contains("layers") && msg.contains("found 0"), "{msg}");
+    }
+
+    /// The options the planted model cannot honour are refused before anything is written.
+    #[test]
+    fn planted_refuses_a_tokenizer_and_fp8_compressors() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m");
+        let mut o = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, &out);
+        let msg = synth(&o, Some(b"{}")).unwrap_err().to_string();
         assert!(
-            msg.contains("planted") && msg.contains("not implemented yet"),
+            msg.contains("tokenizer") && msg.contains("planted"),
             "{msg}"
         );
+        o.fp8_compressors = true;
+        let msg = synth(&o, None).unwrap_err().to_string();
+        assert!(
+            msg.contains("fp8_compressors") && msg.contains("planted"),
+            "{msg}"
+        );
+        assert!(!out.exists());
     }
 }

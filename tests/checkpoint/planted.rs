@@ -160,6 +160,31 @@ fn margin_outside_its_range_is_a_clear_error() {
     }
 }
 
+/// The generic entry point builds the planted model, not a random one in its shape: `synth`
+/// with `Preset::Planted` writes exactly what `synth_planted` writes at the default margin.
+#[test]
+fn synth_with_the_planted_preset_builds_the_planted_model() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let opts = SynthOptions::new(Preset::Planted, WeightFormat::Bf16, a.path());
+    let s = needlescope::synth::synth(&opts, None).unwrap();
+    assert_eq!(s.config.compress_ratios, vec![0, 4, 128, 4]);
+    let info = planted_info(a.path()).expect("planted.json");
+    assert_eq!((info.seed, info.margin), (0, DEFAULT_MARGIN));
+    synth(b.path(), WeightFormat::Bf16, 0, None);
+    let read = |d: &Path, f: &str| std::fs::read(d.join(f)).unwrap();
+    for f in [
+        "model.safetensors",
+        "config.json",
+        INFO_FILE,
+        "tokenizer.json",
+    ] {
+        assert!(
+            read(a.path(), f) == read(b.path(), f),
+            "{f}: synth and synth_planted differ"
+        );
+    }
+}
+
 /// Another synth into a planted model's directory leaves no `planted.json` (which would mark
 /// the new model as planted) and no copy of the built-in tokenizer; a user's own files stay.
 #[test]

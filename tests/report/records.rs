@@ -1,14 +1,14 @@
 //! The record formats of a report directory: CSV headers exactly as docs/outputs.md lists
 //! them (names and order), every field type surviving a write/read round trip (including
 //! empty optionals, commas, quotes and newlines in answer_text, infinities), and the small
-//! helpers (RFC 3339 time, config hash, token counts).
+//! helpers (RFC 3339 time, config hash; token counts are `units`' unit tests).
 
 use needlescope_testkit::report as report_support;
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use needlescope::record::{
-    config_hash, format_tokens, rfc3339_utc, ATTENTION_COLUMNS, CELLS_COLUMNS, LAYERS_COLUMNS,
+    config_hash, rfc3339_utc, ATTENTION_COLUMNS, CELLS_COLUMNS, LAYERS_COLUMNS,
 };
 use needlescope::report::{RunDir, RunRecords};
 use report_support::*;
@@ -217,15 +217,6 @@ fn config_hash_is_the_canonical_config_hash() {
     let mut other = cfg.clone();
     other.index_topk = 1024;
     assert_ne!(config_hash(&cfg), config_hash(&other));
-}
-
-#[test]
-fn token_counts_print_as_users_write_them() {
-    assert_eq!(format_tokens(2048), "2k");
-    assert_eq!(format_tokens(16384), "16k");
-    assert_eq!(format_tokens(1 << 20), "1m");
-    assert_eq!(format_tokens(3000), "3000");
-    assert_eq!(format_tokens(1536), "1536");
 }
 
 #[test]

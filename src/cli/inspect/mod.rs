@@ -19,9 +19,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::flags::parse_token_count;
-use super::{group_digits, human_bytes};
 use crate::checkpoint::WeightFormat;
 use crate::devices::plan::DeviceSet;
+use crate::units::{group_digits, human_bytes};
 
 mod build;
 mod plan_table;

@@ -4,8 +4,8 @@
 
 use std::io::Write;
 
-use super::{group_digits, human_bytes};
 use crate::devices::plan::MemoryPlan;
+use crate::units::{group_digits, human_bytes};
 
 pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(out)?;

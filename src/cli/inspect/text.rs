@@ -7,9 +7,9 @@ use std::io::Write;
 
 use super::plan_table::print_plan;
 use super::report::InspectReport;
-use super::{group_digits, human_bytes};
 use crate::config::LayerKind;
 use crate::devices::plan;
+use crate::units::{group_digits, human_bytes};
 
 /// Sorted indices -> `0-1, 2, 3-41/2` (runs of three or more with a common step are ranges,
 /// `/s` marks a step other than 1).

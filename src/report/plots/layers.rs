@@ -32,9 +32,10 @@ use super::{
     rank_label, spaced_ticks, subtitle, text_width, TickedAxis, AXIS_PX, FONT, LABEL_PX, LEGEND_W,
     SIZE, TICK_GAP,
 };
-use crate::record::{format_tokens, CellRecord, IndexProfile, LayerRecord};
+use crate::record::{CellRecord, IndexProfile, LayerRecord};
 use crate::report::error::Result;
 use crate::report::store::RunRecords;
+use crate::units::format_tokens;
 
 /// What every layer plot of a run draws from, indexed once: each cell's layers.csv rows of
 /// phase "prompt" (in file order) and the run's top-k values. Built in one pass over the rows,

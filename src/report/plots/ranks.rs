@@ -20,16 +20,16 @@ use std::path::Path;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::heatmap::depth_label;
 use super::legend::{draw_mark, draw_rows, note_rows, row_text, Key, Mark, Row, Stroke, MARKS};
 use super::{
     canvas, plot_err, profile_colour, rank_axis, rank_axis_top, rank_label, spaced_ticks, subtitle,
     text_width, TickedAxis, AXIS_PX, FONT, LABEL_PX, LEGEND_W, SIZE, TICK_GAP,
 };
-use crate::record::{format_tokens, IndexProfile};
+use crate::record::IndexProfile;
 use crate::report::error::Result;
 use crate::report::store::RunRecords;
 use crate::report::summary::{summarize, GroupSummary};
+use crate::units::{format_tokens, percent_label};
 
 /// Colour of the top-k lines and of the legend's style-only keys.
 const GREY: RGBColor = RGBColor(130, 130, 130);
@@ -233,7 +233,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         );
         root.draw(&PathElement::new(median.clone(), colour.stroke_width(3)))
             .map_err(&err)?;
-        root.draw(&DashedPathElement::new(
+        root.draw(&plotters::element::DashedPathElement::new(
             worst.clone(),
             9,
             6,
@@ -333,18 +333,18 @@ fn line_style_rows(depths: &[f64], samples: usize) -> Vec<Row> {
         [] => String::new(),
         [depth] if samples > 1 => format!(
             "median and worst over {samples} samples per length, all at depth {}",
-            depth_label(*depth)
+            percent_label(*depth)
         ),
         [depth] => format!(
             "one cell per length, at depth {} (median = worst)",
-            depth_label(*depth)
+            percent_label(*depth)
         ),
         [first, .., last] => format!(
             "median and worst over {} depths ({} to {}){samples_part} per length: a line does \
              not follow one needle position, its worst points may come from different depths",
             depths.len(),
-            depth_label(*first),
-            depth_label(*last)
+            percent_label(*first),
+            percent_label(*last)
         ),
     };
     rows.extend(note_rows(&note));

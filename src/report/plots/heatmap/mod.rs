@@ -32,9 +32,10 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use super::{
     canvas, flow, plot_err, subtitle, text_width, thin_ticks, wrap_words, AXIS_PX, FONT, LABEL_PX,
 };
-use crate::record::{format_tokens, CellRecord, IndexProfile, KvMode};
+use crate::record::{CellRecord, IndexProfile, KvMode};
 use crate::report::error::Result;
 use crate::report::store::RunRecords;
+use crate::units::{format_tokens, percent_label};
 
 mod tiles;
 
@@ -167,16 +168,6 @@ fn order(p: IndexProfile) -> usize {
     IndexProfile::ALL.iter().position(|q| *q == p).unwrap_or(0)
 }
 
-/// `50%`, `33.3%`, `50.04%`: every decimal the depth has (probes sharing an `--out` at
-/// depths 50.04 and 50.000001 must not get two rows labelled alike).
-pub(crate) fn depth_label(d: f64) -> String {
-    if d.fract() == 0.0 {
-        format!("{d:.0}%")
-    } else {
-        format!("{d}%")
-    }
-}
-
 /// A category axis: category i spans `[i, i+1]` of an f64 axis over `[0, n]`, and the tick
 /// labels sit at the centres of the categories in `ticks`. (plotters' segmented integer axes
 /// collapse when an axis has a single category: its one-value range maps every value to the
@@ -247,7 +238,7 @@ fn draw(
     let y_shown = axis_ticks(ny, plot_h, LABEL_PX + 3);
     let y_labels_w = y_shown
         .iter()
-        .map(|&j| text_width(&depth_label(depths[j]), LABEL_PX) + Y_LABELS_EXTRA)
+        .map(|&j| text_width(&percent_label(depths[j]), LABEL_PX) + Y_LABELS_EXTRA)
         .fold(Y_LABELS_W.0, u32::max)
         .min(Y_LABELS_W.1);
     let plot_w = pw.saturating_sub(MARGIN + MARGIN_RIGHT + y_labels_w);
@@ -283,7 +274,7 @@ fn draw(
     };
     let x_fmt = |v: &f64| category(*v, nx).map_or(String::new(), |i| format_tokens(lengths[i]));
     let y_fmt =
-        |v: &f64| category(*v, ny).map_or(String::new(), |r| depth_label(depths[ny - 1 - r]));
+        |v: &f64| category(*v, ny).map_or(String::new(), |r| percent_label(depths[ny - 1 - r]));
     chart
         .configure_mesh()
         .disable_mesh()
@@ -618,15 +609,6 @@ mod tests {
         for line in LegendBand::note_lines(&grid, true, 960) {
             assert!(text_width(&line, LEGEND_TEXT_PX) <= 960, "{line}");
         }
-    }
-
-    #[test]
-    fn depth_labels_keep_every_decimal_of_the_depth() {
-        assert_eq!(depth_label(50.0), "50%");
-        assert_eq!(depth_label(33.3), "33.3%");
-        assert_eq!(depth_label(12.5), "12.5%");
-        assert_ne!(depth_label(50.04), depth_label(50.000001));
-        assert_eq!(depth_label(50.04), "50.04%");
     }
 
     /// Every category keeps its label while it has room; a thinned axis keeps the first and
