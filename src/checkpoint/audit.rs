@@ -135,8 +135,8 @@ fn misfit_hint(cfg: &crate::config::ModelConfig, name: &str) -> String {
             cfg.num_hidden_layers.saturating_sub(1)
         );
     }
-    let ratio = cfg.compress_ratios[layer];
-    let kind = cfg.layer_kind(layer).name().to_uppercase();
+    let role = *cfg.layer_roles().get(layer);
+    let (ratio, kind) = (role.ratio, role.kind.name().to_uppercase());
     if name.contains(".attn.indexer.") || name.contains(".attn.compressor.") {
         return format!(
             "compress_ratios[{layer}] is {ratio} (a {kind} layer), whose attention has no such \

@@ -25,7 +25,7 @@
 //! (docs/spec/model.md section 9: trust the safetensors dtype; see `Checkpoint::inventory_options`).
 
 use super::dtype::{numel, Dtype, WeightFormat};
-use crate::config::{LayerKind, ModelConfig, RouterKind};
+use crate::config::{LayerRole, ModelConfig, RouterKind};
 
 pub use super::compressor_kinds::{CompressorKinds, CompressorLinear};
 
@@ -149,16 +149,9 @@ pub fn logical_inventory(cfg: &ModelConfig) -> Vec<LogicalTensor> {
         Role::Embed,
         vec![cfg.vocab_size, d],
     );
-    for l in 0..cfg.num_hidden_layers {
+    for (l, attn) in cfg.layer_roles().iter().enumerate() {
         let p = format!("layers.{l}.");
-        layer(
-            cfg,
-            &p,
-            cfg.layer_kind(l),
-            cfg.router_kind(l),
-            false,
-            &mut out,
-        );
+        layer(cfg, &p, attn, cfg.router_kind(l), false, &mut out);
     }
     push(
         &mut out,
@@ -173,7 +166,7 @@ pub fn logical_inventory(cfg: &ModelConfig) -> Vec<LogicalTensor> {
         layer(
             cfg,
             &p,
-            cfg.mtp_layer_kind(i),
+            &cfg.mtp_layer_role(i),
             RouterKind::Score,
             true,
             &mut out,
@@ -209,11 +202,12 @@ fn hc_head(out: &mut Vec<LogicalTensor>, p: &str, hc: usize, d: usize) {
     out.push(t("hc_head_scale", Role::HcScale, vec![1]));
 }
 
-/// One decoder layer (main or MTP) under prefix `p`.
+/// One decoder layer (main or MTP) under prefix `p`; `attn` says whether its attention has a
+/// compressor and an indexer.
 fn layer(
     cfg: &ModelConfig,
     p: &str,
-    kind: LayerKind,
+    attn: &LayerRole,
     router: RouterKind,
     mtp: bool,
     out: &mut Vec<LogicalTensor>,
@@ -287,11 +281,15 @@ fn layer(
         ),
         RouterKind::Score => t("ffn.gate.bias".into(), Role::GateBias, vec![e]),
     }
-    if kind == LayerKind::Swa {
+    if !attn.owns_kv() {
         return;
     }
-    let ratio = kind.ratio();
-    let c = if kind == LayerKind::Csa { 2 } else { 1 };
+    let rows = attn
+        .rows()
+        .expect("a layer with a compressor has compressed rows");
+    let ratio = rows.ratio;
+    // An overlapping compressor projects each token twice (its own window and the next).
+    let c = if rows.overlap { 2 } else { 1 };
     t("attn.compressor.ape".into(), Role::Ape, vec![ratio, c * hd]);
     t(
         "attn.compressor.wkv".into(),
@@ -304,7 +302,7 @@ fn layer(
         vec![c * hd, d],
     );
     t("attn.compressor.norm.weight".into(), Role::Norm, vec![hd]);
-    if kind == LayerKind::Csa {
+    if attn.has_indexer() {
         let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
         t(
             "attn.indexer.wq_b".into(),

@@ -99,7 +99,7 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("synth into {} failed: {e}", args.out.display()))
         };
         let cfg = config(opts.layers)?;
-        let csa = |c: &crate::config::ModelConfig| c.layers_of_kind(crate::config::LayerKind::Csa);
+        let csa = |c: &crate::config::ModelConfig| c.layer_roles().indexed_layers();
         if csa(&cfg).is_empty() {
             let first_csa = csa(&config(None)?).first().copied().unwrap_or(0);
             let kinds: Vec<&str> = (0..cfg.num_hidden_layers)

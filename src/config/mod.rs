@@ -14,11 +14,15 @@
 //! config itself and its derived facts, the nested `rope_scaling` and `quantization_config`
 //! sections, the structural checks ([`ModelConfig::validate`]) and the built-in Flash and tiny
 //! configs. Derived facts that the rest of the code needs (layer kinds, router kinds, RoPE dims) live here
-//! so there is one source of truth for the layer schedule.
+//! so there is one source of truth for the layer schedule; what each layer does with it (its
+//! compressed KV, its indexer, its row mapping) is the layer-role table of [`layers`]
+//! ([`ModelConfig::layer_roles`]).
 
 use crate::numerics::rope::{RopeTable, Yarn};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+pub use layers::{CandidateStage, LayerKind, LayerRole, LayerRoles, RowMapping};
 
 /// Errors from reading or validating `config.json`.
 #[derive(Debug, thiserror::Error)]
@@ -45,42 +49,6 @@ pub enum ConfigError {
         found: String,
         expected: String,
     },
-}
-
-/// The attention type of one layer, from its compress ratio.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum LayerKind {
-    /// ratio 0: sliding window only.
-    Swa,
-    /// ratio 4: overlapping compressor + lightning indexer.
-    Csa,
-    /// ratio 128: non-overlapping compressor, every row visible.
-    Hca,
-}
-
-impl LayerKind {
-    pub fn from_ratio(ratio: usize) -> Option<Self> {
-        match ratio {
-            0 => Some(LayerKind::Swa),
-            4 => Some(LayerKind::Csa),
-            128 => Some(LayerKind::Hca),
-            _ => None,
-        }
-    }
-    pub fn ratio(self) -> usize {
-        match self {
-            LayerKind::Swa => 0,
-            LayerKind::Csa => 4,
-            LayerKind::Hca => 128,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            LayerKind::Swa => "swa",
-            LayerKind::Csa => "csa",
-            LayerKind::Hca => "hca",
-        }
-    }
 }
 
 /// How the MoE of one layer picks its experts.
@@ -299,22 +267,34 @@ impl ModelConfig {
         serde_json::to_string_pretty(self).expect("config serialises")
     }
 
-    /// Attention type of main layer `layer` (0-based).
+    /// Attention type of main layer `layer` (0-based), from its ratio: the input of
+    /// [`Self::layer_roles`], which is what to ask about a layer's compressor, indexer and rows.
     pub fn layer_kind(&self, layer: usize) -> LayerKind {
         LayerKind::from_ratio(self.compress_ratios[layer]).expect("validated")
     }
 
-    /// The main layers whose attention is CSA (the ones with a lightning indexer).
+    /// The layer-role table of the main layers ([`layers`]): built from the validated ratios on
+    /// each call (one entry per layer), never stored, so the config's JSON stays what
+    /// config.json holds.
+    pub fn layer_roles(&self) -> LayerRoles {
+        LayerRoles::v4((0..self.num_hidden_layers).map(|l| self.layer_kind(l)))
+    }
+
+    /// The role of MTP layer `i` (its index counts on from the main layers, as its entry in
+    /// `compress_ratios` does).
+    pub fn mtp_layer_role(&self, i: usize) -> LayerRole {
+        LayerRole::v4(self.num_hidden_layers + i, self.mtp_layer_kind(i))
+    }
+
+    /// The main layers with a lightning indexer (the CSA layers on V4), ascending.
     pub fn csa_layers(&self) -> Vec<usize> {
-        (0..self.num_hidden_layers)
-            .filter(|&l| self.layer_kind(l) == LayerKind::Csa)
-            .collect()
+        self.layer_roles().indexed_layers()
     }
 
     /// Refuses a model without a CSA layer for the needle diagnostics (`probe`, `sweep`): there is
     /// no indexer whose selection could lose the needle, so every verdict would be vacuous.
     pub fn require_csa_layer(&self, path: &Path) -> Result<(), ConfigError> {
-        if self.csa_layers().is_empty() {
+        if self.layer_roles().indexed_layers().is_empty() {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
                 field: "compress_ratios".into(),
@@ -347,9 +327,7 @@ impl ModelConfig {
 
     /// Main layers of a given kind, ascending.
     pub fn layers_of_kind(&self, kind: LayerKind) -> Vec<usize> {
-        (0..self.num_hidden_layers)
-            .filter(|&l| self.layer_kind(l) == kind)
-            .collect()
+        self.layer_roles().layers_of_kind(kind)
     }
 
     /// Non-RoPE dims at the front of each main head (448 on Flash).
@@ -391,9 +369,10 @@ impl ModelConfig {
 
     /// A short human summary ("43 layers: 2 SWA, 21 CSA, 20 HCA; 3 hash + 40 score routers").
     pub fn schedule_summary(&self) -> String {
-        let swa = self.layers_of_kind(LayerKind::Swa).len();
-        let csa = self.layers_of_kind(LayerKind::Csa).len();
-        let hca = self.layers_of_kind(LayerKind::Hca).len();
+        let roles = self.layer_roles();
+        let swa = roles.layers_of_kind(LayerKind::Swa).len();
+        let csa = roles.layers_of_kind(LayerKind::Csa).len();
+        let hca = roles.layers_of_kind(LayerKind::Hca).len();
         format!(
             "{} layers: {} SWA, {} CSA, {} HCA; {} hash + {} score routers; {} MTP",
             self.num_hidden_layers,
@@ -444,6 +423,7 @@ impl ModelConfig {
     }
 }
 
+pub mod layers;
 pub mod limits;
 
 #[cfg(test)]

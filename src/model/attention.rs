@@ -17,14 +17,14 @@
 //! Within a chunk every query only sees window tokens `<= t` and rows visible at t, so a chunk
 //! computes exactly what token-by-token decode would.
 
-use super::compressor::{visible_rows, Compressor};
+use super::compressor::Compressor;
 use super::indexer::{Indexer, IndexerRun};
 use super::observer::{AttentionObservation, KvRows, Observer};
 use super::state::LayerState;
 use super::{load_matrix, EngineError};
 use crate::backend::{AttentionBatch, AttentionProbs, Backend};
 use crate::checkpoint::Checkpoint;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{LayerRole, ModelConfig};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::numerics::rope::RopeTable;
 use rayon::prelude::*;
@@ -40,7 +40,9 @@ pub struct AttentionRun<'a> {
 
 /// One layer's attention weights.
 pub struct Attention<M> {
-    kind: LayerKind,
+    /// The layer's row in the layer-role table: whether it has a compressor and an indexer, and
+    /// which compressed rows each query attends to.
+    role: LayerRole,
     wq_a: M,
     q_norm: Vec<f32>,
     wq_b: M,
@@ -68,7 +70,7 @@ impl<M> Attention<M> {
         cfg: &ModelConfig,
         layer: usize,
     ) -> Result<Self, EngineError> {
-        let kind = cfg.layer_kind(layer);
+        let role = *cfg.layer_roles().get(layer);
         let p = format!("layers.{layer}.attn");
         let (d, h, ql) = (cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank);
         let hd = cfg.head_dim;
@@ -76,23 +78,25 @@ impl<M> Attention<M> {
         let lin = |name: &str, out: usize, inp: usize| {
             load_matrix(backend, ckpt, &format!("{p}.{name}"), out, inp)
         };
-        let compressor = match kind {
-            LayerKind::Swa => None,
-            _ => Some(Compressor::load(
+        let compressor = if role.owns_kv() {
+            Some(Compressor::load(
                 backend,
                 ckpt,
                 cfg,
                 &format!("{p}.compressor"),
-                kind.ratio(),
+                role.ratio,
                 hd,
-            )?),
+            )?)
+        } else {
+            None
         };
-        let indexer = match kind {
-            LayerKind::Csa => Some(Indexer::load(backend, ckpt, cfg, layer)?),
-            _ => None,
+        let indexer = if role.has_indexer() {
+            Some(Indexer::load(backend, ckpt, cfg, layer)?)
+        } else {
+            None
         };
         Ok(Attention {
-            kind,
+            role,
             wq_a: lin("wq_a", ql, d)?,
             q_norm: ckpt.f32_tensor(&format!("{p}.q_norm.weight"), &[ql])?,
             wq_b: lin("wq_b", h * hd, ql)?,
@@ -103,7 +107,7 @@ impl<M> Attention<M> {
             sinks: ckpt.f32_tensor(&format!("{p}.attn_sink"), &[h])?,
             compressor,
             indexer,
-            rope: cfg.rope_table(kind),
+            rope: cfg.rope_table(role.kind),
             heads: h,
             head_dim: hd,
             rope_dim: cfg.qk_rope_head_dim,
@@ -228,7 +232,7 @@ impl<M> Attention<M> {
     ) -> B::Act {
         let hd = self.head_dim;
         let tokens = backend.act_len(q) / (self.heads * hd);
-        let ratio = self.kind.ratio();
+        let ratio = self.role.ratio;
         let k = run.topk;
         let window_rows = state.window.rows.rows() as u32;
         let window_first = state.window.first_pos;
@@ -239,20 +243,20 @@ impl<M> Attention<M> {
         );
         // Per query (in parallel: on a GPU the device may be waiting for these lists): its
         // window positions, its compressed rows and the entries indexing both caches.
-        let (kind, span) = (self.kind, self.window);
+        let (role, span) = (self.role, self.window);
         let per_query: Vec<(Vec<usize>, Vec<usize>, Vec<u32>)> = (0..tokens)
             .into_par_iter()
             .map(|i| {
                 let t = first_pos + i;
                 let window: Vec<usize> = ((t + 1).saturating_sub(span)..=t).collect();
-                let rows: Vec<usize> = match (kind, selected) {
-                    (LayerKind::Swa, _) => Vec::new(),
-                    (LayerKind::Csa, Some(sel)) => sel[i * k..(i + 1) * k]
+                let rows: Vec<usize> = match (role.rows(), selected) {
+                    (None, _) => Vec::new(),
+                    (Some(_), Some(sel)) if role.uses_selection() => sel[i * k..(i + 1) * k]
                         .iter()
                         .filter(|&&r| r >= 0)
                         .map(|&r| r as usize)
                         .collect(),
-                    _ => (0..visible_rows(t, ratio)).collect(),
+                    (Some(rows), _) => (0..rows.visible_rows(t)).collect(),
                 };
                 let mut entries = Vec::with_capacity(window.len() + rows.len());
                 entries.extend(window.iter().map(|&p| (p - window_first) as u32));
@@ -293,7 +297,7 @@ impl<M> Attention<M> {
             if let Some(p) = p {
                 run.observer.attention(&AttentionObservation {
                     layer: run.layer,
-                    kind: self.kind,
+                    kind: self.role.kind,
                     query_pos: first_pos + i,
                     heads: self.heads,
                     window_positions: &windows[i],

@@ -150,20 +150,23 @@ pub fn layer_flops(ckpt: &Checkpoint, layer: usize, tokens: usize, topk: usize) 
     let cfg = ckpt.config();
     let (dense, expert) = layer_linear_params(ckpt, layer);
     let linear = 2.0 * (dense + cfg.num_experts_per_tok as f64 * expert) * tokens as f64;
-    let kind = cfg.layer_kind(layer);
+    let role = *cfg.layer_roles().get(layer);
     let per_entry = 4.0 * (cfg.num_attention_heads * cfg.head_dim) as f64;
     let per_row = 2.0 * (cfg.index_n_heads * cfg.index_head_dim) as f64;
     let mut attention = 0f64;
     for p in 0..tokens {
         let mut entries = (p + 1).min(cfg.sliding_window) as f64;
-        match kind {
-            LayerKind::Swa => {}
-            LayerKind::Csa => {
-                let rows = (p + 1) / 4;
-                entries += rows.min(topk) as f64;
+        if let Some(mapping) = role.rows() {
+            let rows = mapping.visible_rows(p);
+            // A selection attends to its top-k of the visible rows, otherwise all of them.
+            entries += if role.uses_selection() {
+                rows.min(topk)
+            } else {
+                rows
+            } as f64;
+            if role.has_indexer() {
                 attention += per_row * rows as f64;
             }
-            LayerKind::Hca => entries += ((p + 1) / 128) as f64,
         }
         attention += per_entry * entries;
     }

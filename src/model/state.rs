@@ -23,7 +23,7 @@
 //! needs but never resets.
 
 use crate::backend::Backend;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{LayerRole, ModelConfig};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 
 /// Rows of `dim` values in one backend activation, grown at the end and dropped at the front.
@@ -106,8 +106,10 @@ impl<A> SequenceState<A> {
     pub fn new(cfg: &ModelConfig) -> Self {
         SequenceState {
             len: 0,
-            layers: (0..cfg.num_hidden_layers)
-                .map(|l| LayerState::new(cfg, cfg.layer_kind(l)))
+            layers: cfg
+                .layer_roles()
+                .iter()
+                .map(|role| LayerState::new(cfg, role))
                 .collect(),
             rounding: None,
         }
@@ -151,13 +153,16 @@ pub struct LayerState<A> {
 }
 
 impl<A> LayerState<A> {
-    fn new(cfg: &ModelConfig, kind: LayerKind) -> Self {
-        let ratio = kind.ratio();
+    fn new(cfg: &ModelConfig, role: &LayerRole) -> Self {
         LayerState {
             window: WindowCache::new(cfg.head_dim),
-            compressor: (ratio != 0).then(|| CompressorState::new(ratio, cfg.head_dim)),
+            compressor: role
+                .owns_kv()
+                .then(|| CompressorState::new(role.ratio, cfg.head_dim)),
             compressed: RowCache::new(cfg.head_dim),
-            indexer: (kind == LayerKind::Csa).then(|| IndexKeyStore::new(cfg.index_head_dim)),
+            indexer: role
+                .has_indexer()
+                .then(|| IndexKeyStore::new(cfg.index_head_dim)),
         }
     }
 

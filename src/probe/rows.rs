@@ -1,5 +1,8 @@
-//! Row mapping: which compressed rows hold which tokens and which rows a query can see.
-//! Exactly docs/architecture.md section 4 (normative) and docs/spec/attention.md 5.4 / 6.5 / 10:
+//! Row mapping: which compressed rows hold which tokens and which rows a query can see, named
+//! for the probe. The formulas are `config::layers::RowMapping` (a function of ratio and
+//! overlap, beside the layer-role table that says which mapping a layer has); this file names
+//! V4's two series ([`RowKind`]) and the CSA / HCA needle rows the probe asks for. Exactly
+//! docs/architecture.md section 4 (normative) and docs/spec/attention.md 5.4 / 6.5 / 10:
 //!
 //! - CSA row `w` (ratio 4, overlapping) pools tokens `[4w-4, 4w+3]` (clipped at 0); it exists
 //!   once token `4w+3` is processed and is visible to query `t` iff `w < n_t = floor((t+1)/4)`.
@@ -13,12 +16,15 @@
 
 use std::ops::Range;
 
-/// CSA compression ratio (overlapping windows of 8 tokens, stride 4).
-pub const CSA_RATIO: usize = 4;
-/// HCA compression ratio (non-overlapping windows of 128 tokens).
-pub const HCA_RATIO: usize = 128;
+use crate::config::{LayerKind, RowMapping};
 
-/// Which compressed series a row belongs to.
+/// CSA compression ratio (overlapping windows of 8 tokens, stride 4).
+pub const CSA_RATIO: usize = RowMapping::CSA.ratio;
+/// HCA compression ratio (non-overlapping windows of 128 tokens).
+pub const HCA_RATIO: usize = RowMapping::HCA.ratio;
+
+/// Which compressed series a row belongs to: a name for the two [`RowMapping`]s of V4, whose
+/// formulas live in `config::layers` (the table of layer roles supplies a layer's mapping).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowKind {
     /// Ratio 4, overlapping (`[4w-4, 4w+3]`).
@@ -28,63 +34,55 @@ pub enum RowKind {
 }
 
 impl RowKind {
-    pub fn ratio(self) -> usize {
+    /// The token-to-row mapping of this series.
+    pub fn mapping(self) -> RowMapping {
         match self {
-            RowKind::Csa => CSA_RATIO,
-            RowKind::Hca => HCA_RATIO,
+            RowKind::Csa => RowMapping::CSA,
+            RowKind::Hca => RowMapping::HCA,
         }
+    }
+
+    pub fn ratio(self) -> usize {
+        self.mapping().ratio
     }
 
     /// From a layer's compression ratio (4 or 128); `None` for 0 (SWA) or anything else.
     pub fn from_ratio(ratio: usize) -> Option<Self> {
-        match ratio {
-            CSA_RATIO => Some(RowKind::Csa),
-            HCA_RATIO => Some(RowKind::Hca),
-            _ => None,
+        match LayerKind::from_ratio(ratio)? {
+            LayerKind::Csa => Some(RowKind::Csa),
+            LayerKind::Hca => Some(RowKind::Hca),
+            LayerKind::Swa => None,
         }
     }
 
     /// Tokens pooled by row `w`, inclusive `(first, last)`.
     pub fn row_tokens(self, w: usize) -> (usize, usize) {
-        match self {
-            RowKind::Csa => ((4 * w).saturating_sub(4), 4 * w + 3),
-            RowKind::Hca => (128 * w, 128 * w + 127),
-        }
+        self.mapping().row_tokens(w)
     }
 
     /// Number of rows visible to query `t`: `floor((t+1)/ratio)` (rows `0..n_t`).
     pub fn visible_rows(self, t: usize) -> usize {
-        (t + 1) / self.ratio()
+        self.mapping().visible_rows(t)
     }
 
     /// The first query position that sees row `w` (the token that completes it).
     pub fn visible_from(self, w: usize) -> usize {
-        self.ratio() * w + self.ratio() - 1
+        self.mapping().first_visible(w)
     }
 
     /// Whether row `w` pools at least one token of `span`.
     pub fn row_touches(self, w: usize, span: (usize, usize)) -> bool {
-        let (first, last) = self.row_tokens(w);
-        span.0 < span.1 && first < span.1 && last >= span.0
+        self.mapping().row_touches(w, span)
     }
 
     /// All rows (visible or not) that pool a token of `span`.
     pub fn span_rows(self, span: (usize, usize)) -> Range<usize> {
-        let (a, b) = span;
-        if b <= a {
-            return 0..0;
-        }
-        match self {
-            RowKind::Csa => a / CSA_RATIO..(b - 1) / CSA_RATIO + 2,
-            RowKind::Hca => a / HCA_RATIO..(b - 1) / HCA_RATIO + 1,
-        }
+        self.mapping().span_rows(span)
     }
 
     /// Rows pooling a token of `span` that query `t` can see.
     pub fn visible_span_rows(self, span: (usize, usize), t: usize) -> Range<usize> {
-        let all = self.span_rows(span);
-        let n_t = self.visible_rows(t);
-        all.start.min(n_t)..all.end.min(n_t)
+        self.mapping().rows_covering(span, t)
     }
 }
 

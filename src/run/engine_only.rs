@@ -164,7 +164,7 @@ pub fn run_engine_only_sweep(
     );
     bar.set_style(super::progress::style(super::progress::SWEEP_CELLS));
     bar.set_position(already as u64);
-    let csa_layers = cfg.layers_of_kind(crate::config::LayerKind::Csa);
+    let csa_layers = cfg.layer_roles().indexed_layers();
     let (mut run, mut skipped) = (0, 0);
     for &length in &plan.lengths {
         for &depth in &plan.depths {

@@ -532,7 +532,7 @@ impl SweepTask<'_> {
         let expect = crate::probe::capture::CaptureExpect {
             source: e.url.clone(),
             prompt_tokens: prompt.tokens.len(),
-            csa_layers: self.cfg.layers_of_kind(crate::config::LayerKind::Csa),
+            csa_layers: self.cfg.layer_roles().indexed_layers(),
             config_topk: self.cfg.index_topk,
             engine_topk: e.topk,
             prompt_positions: Vec::new(),

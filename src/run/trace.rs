@@ -245,7 +245,7 @@ impl TraceLayout {
             tokens,
             positions,
             topk,
-            csa_layers: cfg.csa_layers(),
+            csa_layers: cfg.layer_roles().indexed_layers(),
             vocab: cfg.vocab_size,
             dump: dump.then_some((cfg.index_n_heads, cfg.index_head_dim)),
             logits: match logits {

@@ -171,6 +171,46 @@ fn inspect_json_is_one_object_with_everything() {
     assert_eq!(v["source"]["kind"], "checkpoint");
 }
 
+/// The layer-role table (`config::layers`) under `"layers"`: on Flash every CSA layer is its
+/// own KV and index source, every HCA layer its own KV source only, the SWA layers neither, and
+/// no layer is in a candidate stage; the text shows one line per distinct role.
+#[test]
+fn inspect_json_lists_the_layer_roles_of_flash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = flash_config(tmp.path());
+    let r = run(&["inspect", "--config", cfg.to_str().unwrap(), "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("valid JSON");
+    let layers = v["layers"].as_array().expect("a layers array");
+    assert_eq!(layers.len(), 43);
+    let ratios = needlescope::config::ModelConfig::flash().compress_ratios;
+    for (l, entry) in layers.iter().enumerate() {
+        let (kind, kv, index) = match ratios[l] {
+            0 => ("swa", serde_json::Value::Null, serde_json::Value::Null),
+            4 => ("csa", serde_json::json!(l), serde_json::json!(l)),
+            128 => ("hca", serde_json::json!(l), serde_json::Value::Null),
+            r => panic!("ratio {r}"),
+        };
+        let want = serde_json::json!({
+            "layer": l, "kind": kind, "ratio": ratios[l], "kv_source": kv,
+            "index_source": index, "candidate_stage": null,
+        });
+        assert_eq!(entry, &want, "layer {l}");
+    }
+    assert_eq!(layers[0]["kind"], "swa");
+    assert_eq!(layers[2]["index_source"], 2);
+    assert_eq!(layers[3]["kv_source"], 3);
+    assert!(layers[3]["index_source"].is_null());
+
+    run(&["inspect", "--config", cfg.to_str().unwrap()])
+        .ok()
+        .stdout_has(&[
+            "  roles     kind  ratio  kv    index stage  layers",
+            "            SWA       0  -     -     -      0-1\n",
+            "            CSA       4  own   own   -      2-42/2\n",
+            "            HCA     128  own   -     -      3-41/2\n",
+        ]);
+}
+
 #[test]
 fn nvfp4_config_weighs_more_than_official() {
     let tmp = tempfile::tempdir().unwrap();

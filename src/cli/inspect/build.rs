@@ -6,11 +6,13 @@
 use anyhow::{bail, Context};
 use std::path::Path;
 
-use super::report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
+use super::report::{
+    Dims, InspectReport, InventoryEntry, InventoryReport, LayerRoleRow, LayerRow, Source,
+};
 use super::InspectArgs;
 use crate::checkpoint::verify::VerifyReport;
 use crate::checkpoint::{audit, Checkpoint, Dtype, InventoryDiff, WeightFormat};
-use crate::config::{ModelConfig, RouterKind};
+use crate::config::{LayerRoles, ModelConfig, RouterKind};
 use crate::devices::plan::Footprint;
 
 /// Entries of each inventory category listed in full.
@@ -56,11 +58,27 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
                 router: router_name(cfg.router_kind(l)),
             })
             .collect(),
+        layers: role_rows(&cfg.layer_roles()),
         footprint,
         inventory,
         verify,
         plan,
     })
+}
+
+/// The layer-role table as `inspect` prints it.
+pub(super) fn role_rows(roles: &LayerRoles) -> Vec<LayerRoleRow> {
+    roles
+        .iter()
+        .map(|r| LayerRoleRow {
+            layer: r.layer,
+            kind: r.kind.name(),
+            ratio: r.ratio,
+            kv_source: r.kv_source,
+            index_source: r.index_source,
+            candidate_stage: r.candidate_stage.name(),
+        })
+        .collect()
 }
 
 type Loaded = (Source, ModelConfig, Footprint, Option<InventoryReport>);

@@ -1,5 +1,6 @@
 //! `needlescope inspect`: what a checkpoint holds (`--model DIR`) or what a config implies
-//! (`--config FILE`, no weights needed): model summary, layer schedule, parameters and bytes per
+//! (`--config FILE`, no weights needed): model summary, layer schedule and layer roles
+//! (`config::layers`), parameters and bytes per
 //! component and per number format, the inventory check against the config (with `--model`) and
 //! the memory plan over `--devices` at `--context` (see `crate::devices::plan`); with
 //! `--verify`, every stored value read (`crate::checkpoint::verify`): NaN, infinite and
@@ -31,7 +32,9 @@ mod tests;
 mod text;
 
 pub use build::build;
-pub use report::{Dims, InspectReport, InventoryEntry, InventoryReport, LayerRow, Source};
+pub use report::{
+    Dims, InspectReport, InventoryEntry, InventoryReport, LayerRoleRow, LayerRow, Source,
+};
 pub use text::compact_ranges;
 
 #[derive(Args, Debug, Clone)]

@@ -1,5 +1,5 @@
 //! The record `inspect` computes and `--json` prints: where the numbers come from, the model
-//! dimensions, the layer schedule, the footprint, the inventory check, the values read by
+//! dimensions, the layer schedule, the layer-role table, the footprint, the inventory check, the values read by
 //! `--verify` and the memory plan.
 //! Plain data; [`super::build()`] fills it and [`super::text`] renders it.
 
@@ -52,6 +52,20 @@ pub struct LayerRow {
     pub layer: usize,
     pub kind: &'static str,
     pub router: &'static str,
+}
+
+/// One entry of the layer-role table (`config::layers::LayerRole`): `kind` `swa` / `csa` /
+/// `hca`, the compress `ratio`, the layers whose compressed KV (`kv_source`) and indexer
+/// selection (`index_source`) it uses (`null`: none; its own index on V4), and its
+/// `candidate_stage` (`null` on every V4 layer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LayerRoleRow {
+    pub layer: usize,
+    pub kind: &'static str,
+    pub ratio: usize,
+    pub kv_source: Option<usize>,
+    pub index_source: Option<usize>,
+    pub candidate_stage: Option<&'static str>,
 }
 
 /// One tensor that differs from the expected inventory.
@@ -114,6 +128,8 @@ pub struct InspectReport {
     pub dims: Dims,
     pub schedule_summary: String,
     pub schedule: Vec<LayerRow>,
+    /// The layer-role table, one entry per main layer.
+    pub layers: Vec<LayerRoleRow>,
     pub footprint: Footprint,
     pub inventory: Option<InventoryReport>,
     /// With `--verify`: the tensors read and those holding NaN, infinite or only zero values.

@@ -1,12 +1,13 @@
 //! The text rendering of an [`InspectReport`]: source and dimensions, the layer schedule (a
-//! one-letter map and compact layer ranges per kind and router), the component and number
+//! one-letter map and compact layer ranges per kind and router), the layer-role table (one line
+//! per distinct role, with its layers as compact ranges), the component and number
 //! format tables, the inventory verdict and the `--verify` findings; the memory plan table is
 //! [`super::plan_table`].
 
 use std::io::Write;
 
 use super::plan_table::print_plan;
-use super::report::InspectReport;
+use super::report::{InspectReport, LayerRoleRow};
 use crate::config::LayerKind;
 use crate::devices::plan;
 use crate::units::{group_digits, human_bytes};
@@ -38,6 +39,33 @@ pub fn compact_ranges(v: &[usize]) -> String {
         i += 1;
     }
     parts.join(", ")
+}
+
+/// The layer-role table grouped by role: one `(kind, ratio, kv, index, stage)` description per
+/// distinct role, in order of first appearance, with its layers. A source is `own` when it is
+/// the layer itself, `-` when absent, else `L<n>`; so V4's alternating CSA / HCA layers make
+/// three lines, not one per layer.
+pub(super) fn role_groups(rows: &[LayerRoleRow]) -> Vec<([String; 5], Vec<usize>)> {
+    let source = |s: Option<usize>, layer: usize| match s {
+        None => "-".to_string(),
+        Some(l) if l == layer => "own".to_string(),
+        Some(l) => format!("L{l}"),
+    };
+    let mut groups: Vec<([String; 5], Vec<usize>)> = Vec::new();
+    for r in rows {
+        let key = [
+            r.kind.to_uppercase(),
+            r.ratio.to_string(),
+            source(r.kv_source, r.layer),
+            source(r.index_source, r.layer),
+            r.candidate_stage.unwrap_or("-").to_string(),
+        ];
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, layers)) => layers.push(r.layer),
+            None => groups.push((key, vec![r.layer])),
+        }
+    }
+    groups
 }
 
 pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -124,6 +152,18 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
                 compact_ranges(&layers)
             )?;
         }
+    }
+    writeln!(
+        out,
+        "  roles     {:<5} {:>5}  {:<5} {:<5} {:<6} layers   (kv / index: whose compressed KV / selection it uses: own, - none, L<n>)",
+        "kind", "ratio", "kv", "index", "stage"
+    )?;
+    for ([kind, ratio, kv, index, stage], layers) in role_groups(&r.layers) {
+        writeln!(
+            out,
+            "            {kind:<5} {ratio:>5}  {kv:<5} {index:<5} {stage:<6} {}",
+            compact_ranges(&layers)
+        )?;
     }
 
     // Components and formats.

@@ -4,7 +4,7 @@
 use super::*;
 use serde::Serialize;
 
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::ModelConfig;
 
 /// Per-layer state bytes on the device for a context (see the module docs for the layouts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -47,28 +47,36 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
     // f32 rows, allocations up to CACHE_GROWTH_SLACK x the rows held.
     let cache = |rows: u64, width: u64| sat_product([CACHE_GROWTH_SLACK, rows, width, 4]);
     let window = cache((cfg.sliding_window as u64).saturating_add(chunk), hd);
-    match cfg.layer_kind(layer) {
-        LayerKind::Swa => LayerState {
+    let role = *cfg.layer_roles().get(layer);
+    if !role.owns_kv() {
+        return LayerState {
             window,
             ..Default::default()
-        },
-        LayerKind::Csa => {
-            let rows = c / 4;
-            let ihd = cfg.index_head_dim as u64;
-            LayerState {
-                window,
-                compressed_kv: cache(rows, hd),
-                // Raw (what the observer reads) and prepared keys, one multiplier per row.
-                index_keys: sat_sum([cache(rows, ihd).saturating_mul(2), cache(rows, 1)]),
-                compressor_carry: sat_product([8 * 2 * 2 * 4, hd.saturating_add(ihd)]),
-            }
-        }
-        LayerKind::Hca => LayerState {
-            window,
-            compressed_kv: cache(c / 128, hd),
-            index_keys: 0,
-            compressor_carry: sat_product([128 * 2 * 4, hd]),
-        },
+        };
+    }
+    let mapping = role
+        .rows()
+        .expect("a layer with a compressor has compressed rows");
+    let (ratio, ihd) = (mapping.ratio as u64, cfg.index_head_dim as u64);
+    let rows = c / ratio;
+    // The compressor (and the indexer's, of the same ratio) carries its unfinished windows'
+    // kv and gate projections in f32: two windows of twice the width when overlapping (8 x 2c
+    // on CSA), one of the width otherwise (128 x c on HCA).
+    let carry = if mapping.overlap { 2 * 2 } else { 1 };
+    let (index_keys, carried_width) = if role.has_indexer() {
+        // Raw (what the observer reads) and prepared keys, one multiplier per row.
+        (
+            sat_sum([cache(rows, ihd).saturating_mul(2), cache(rows, 1)]),
+            hd.saturating_add(ihd),
+        )
+    } else {
+        (0, hd)
+    };
+    LayerState {
+        window,
+        compressed_kv: cache(rows, hd),
+        index_keys,
+        compressor_carry: sat_product([ratio * carry * 2 * 4, carried_width]),
     }
 }
 
@@ -190,22 +198,34 @@ pub fn activation_peak_bytes(cfg: &ModelConfig, context: usize, chunk: usize) ->
     let (ih, ihd) = (u(cfg.index_n_heads), u(cfg.index_head_dim));
     let (k, inter) = (u(cfg.num_experts_per_tok), u(cfg.moe_intermediate_size));
     let window = u(cfg.sliding_window);
-    let kinds: Vec<LayerKind> = (0..cfg.num_hidden_layers)
-        .map(|l| cfg.layer_kind(l))
-        .collect();
-    let csa = kinds.contains(&LayerKind::Csa);
-    let hca = kinds.contains(&LayerKind::Hca);
+    let roles = cfg.layer_roles();
+    let rows_of = |mapping: crate::config::RowMapping| c / mapping.ratio as u64;
+    // The rows an indexer scores (the most of any layer with one; none without: `csa` false).
+    let indexed_rows = roles
+        .iter()
+        .filter(|r| r.has_indexer())
+        .filter_map(|r| r.rows().map(rows_of))
+        .max();
+    let csa = indexed_rows.is_some();
     // A top-k past the rows the context can have selects them all: it costs no more.
-    let topk = u(cfg.index_topk).min(c / 4);
-    let compressed_entries = (if csa { topk } else { 0 }).max(if hca { c / 128 } else { 0 });
+    let topk = u(cfg.index_topk).min(indexed_rows.unwrap_or(0));
+    // Per layer, the compressed entries of a query (its selection's top-k, or every visible
+    // row) and its cached rows; the largest of each over the layers.
+    let compressed_entries = roles
+        .iter()
+        .filter_map(|r| {
+            let rows = rows_of(r.rows()?);
+            Some(if r.uses_selection() { topk } else { rows })
+        })
+        .max()
+        .unwrap_or(0);
     let emax = window.saturating_add(compressed_entries);
-    let cache_rows = if csa {
-        c / 4
-    } else if hca {
-        c / 128
-    } else {
-        0
-    };
+    let cache_rows = roles
+        .iter()
+        .filter_map(|r| r.rows().map(rows_of))
+        .max()
+        .unwrap_or(0);
+    let indexed_rows = indexed_rows.unwrap_or(0);
     let per_tokens = |values: u64| sat_product([4, t, values]);
 
     let base = sat_sum([sat_product([n, d]), d, n, sat_product([n, n])]);
@@ -230,8 +250,8 @@ pub fn activation_peak_bytes(cfg: &ModelConfig, context: usize, chunk: usize) ->
                 sat_product([2, ih, ihd]),
                 sat_product([2, ih]),
             ])),
-            sat_product([4, block, c / 4]),
-            sat_product([4, c / 4, ihd]),
+            sat_product([4, block, indexed_rows]),
+            sat_product([4, indexed_rows, ihd]),
             sat_product([4, block, ih, ihd]),
             sat_product([12, block, topk]),
             TOPK_FIXED_BYTES,
@@ -273,7 +293,7 @@ pub fn activation_peak_bytes(cfg: &ModelConfig, context: usize, chunk: usize) ->
         sat_product([
             4,
             SCORE_TILE_ROWS.min(sat_product([INDEX_SCORE_TOKENS, ih])),
-            c / 4,
+            indexed_rows,
         ])
         .min(SCORE_TILE_BYTES)
     } else {

@@ -18,7 +18,6 @@
 
 use super::recipe::{dims, needle_x, Recipe, OFFSET};
 use crate::checkpoint::CheckpointError;
-use crate::config::LayerKind;
 use crate::numerics::rng::Rng;
 use crate::probe::haystack::noise_sentence;
 use crate::tokenizer::V4Tokenizer;
@@ -103,7 +102,7 @@ pub fn calibrate(r: &mut Recipe, tokens: &[u32]) -> Vec<LayerCalibration> {
     let sum_w: f64 = r.head_weights.iter().sum();
     let c0 = r.needle_c0();
     let mut out = Vec::new();
-    for layer in r.cfg.layers_of_kind(LayerKind::Csa) {
+    for layer in r.cfg.layer_roles().indexed_layers() {
         let (mean, std, rows) = haystack_stats(r, layer, tokens);
         if rows < 16 || std.is_nan() || std <= 0.0 {
             continue;
