@@ -38,6 +38,19 @@ pub fn comparison_profiles(
     all
 }
 
+/// `--compare` with `exact` added when a rounding profile drives and it is not scored: it
+/// costs no forward, and only it tells a layer lost to rounding from one the top-k is too small
+/// for ([`crate::record::verdict`]).
+pub fn with_exact(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
+    let exact = IndexProfile::Exact;
+    let mut out = compare.to_vec();
+    if indexes.iter().any(|&p| p != exact) && !compare.contains(&exact) && !indexes.contains(&exact)
+    {
+        out.push(exact);
+    }
+    out
+}
+
 /// What one probe runs.
 #[derive(Clone, Debug)]
 pub struct ProbeOptions {

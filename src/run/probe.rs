@@ -47,7 +47,8 @@ pub struct ProbePlan<'a> {
     pub prompt: PromptSource<'a>,
     /// Driving profiles, one run each.
     pub indexes: Vec<IndexProfile>,
-    /// `--compare` as given (exact is added by [`with_exact`] where it tells causes apart).
+    /// `--compare` as given (exact is added by [`crate::probe::session::with_exact`] where it
+    /// tells causes apart).
     pub compare: Vec<IndexProfile>,
     /// Top-k values, one run each; empty: the config's `index_topk`.
     pub topks: Vec<usize>,
@@ -150,19 +151,6 @@ impl ProbeOutcome {
             ProbeOutcome::EngineOnly(p) => p.prompt.tokens.len() - 1,
         }
     }
-}
-
-/// `--compare` with `exact` added when a rounding profile drives and it is not scored: it
-/// costs no forward, and only it tells a layer lost to rounding from one the top-k is too small
-/// for ([`crate::record::verdict`]).
-pub fn with_exact(indexes: &[IndexProfile], compare: &[IndexProfile]) -> Vec<IndexProfile> {
-    let exact = IndexProfile::Exact;
-    let mut out = compare.to_vec();
-    if indexes.iter().any(|&p| p != exact) && !compare.contains(&exact) && !indexes.contains(&exact)
-    {
-        out.push(exact);
-    }
-    out
 }
 
 /// The probe's body on a loaded engine of any backend.
@@ -281,7 +269,7 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
     };
     let compare = match &capture {
         Some(_) => crate::probe::served::scored_with_engine(&plan.indexes, &plan.compare),
-        None => with_exact(&plan.indexes, &plan.compare),
+        None => crate::probe::session::with_exact(&plan.indexes, &plan.compare),
     };
     let opts = ProbeOptions {
         indexes: plan.indexes.clone(),

@@ -584,7 +584,7 @@ impl SweepTask<'_> {
             // `exact` is scored whenever a rounding profile drives, as in a probe: it costs no
             // forward and only it tells rounding from a too-small top-k. run.json keeps
             // `--compare` as given, so directories written before still resume and grow.
-            None => super::probe::with_exact(grid, &plan.compare),
+            None => crate::probe::session::with_exact(grid, &plan.compare),
         };
         let opts = ProbeOptions {
             indexes: vec![index],
