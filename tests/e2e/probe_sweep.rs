@@ -1089,13 +1089,91 @@ fn a_sweep_grid_grows_computing_only_the_new_cells() {
     );
     assert_eq!(records(&grown), records(&whole));
     assert!(grown.join("heatmap_fp8_128.png").exists());
-    // A grid inside the recorded one runs nothing and changes nothing.
+    // Both invocations that wrote cells are recorded, in order, and the page shows them.
+    let lines = run["command_lines"]
+        .as_array()
+        .expect("command_lines")
+        .clone();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let topk_of = |line: &Value| {
+        let args: Vec<&str> = line
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let i = args.iter().position(|a| *a == "--topk").unwrap();
+        args[i + 1].to_string()
+    };
+    assert_eq!(
+        (topk_of(&lines[0]), topk_of(&lines[1])),
+        ("64".into(), "128,64".into())
+    );
+    assert_eq!(run["command_line"], lines[0]);
+    let html = std::fs::read_to_string(grown.join("report.html")).unwrap();
+    assert!(
+        html.contains("command 1") && html.contains("command 2"),
+        "both commands shown"
+    );
+    assert!(html.contains("--topk 128,64"), "the second command line");
+    // A grid inside the recorded one runs nothing, changes nothing and is not recorded.
     let out = ok(sweep(&grown, "128").output().unwrap(), "a sub-grid");
     assert!(out.contains("0 cells run, 8 already finished"), "{out}");
     assert_eq!(
         std::fs::read_to_string(grown.join("cells.csv")).unwrap(),
         after
     );
+    let run: Value =
+        serde_json::from_str(&std::fs::read_to_string(grown.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["command_lines"].as_array().unwrap().len(), 2);
+}
+
+/// A sweep driven by rounding profiles scores `exact` by itself, as a probe does (no extra
+/// forward): without `--compare`, every cell's `exact_keeps` is filled and the summary's
+/// `exact keeps` column has figures, not `-`; run.json keeps `--compare` as given.
+#[test]
+fn a_sweep_scores_exact_without_being_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s");
+    let text = ok(
+        sweep(&out, "64").output().unwrap(),
+        "sweep without --compare",
+    );
+    let cells = std::fs::read_to_string(out.join("cells.csv")).unwrap();
+    let mut rows = cells.lines();
+    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
+    let keeps = header.iter().position(|h| *h == "exact_keeps").unwrap();
+    let mut n = 0;
+    for row in rows {
+        let fields: Vec<&str> = row.split(',').collect();
+        let last = fields.len() - (header.len() - keeps);
+        assert!(!fields[last].is_empty(), "exact_keeps empty in {row}");
+        n += 1;
+    }
+    assert_eq!(n, 8);
+    let layers = std::fs::read_to_string(out.join("layers.csv")).unwrap();
+    assert!(
+        layers.lines().any(|l| l.contains(",exact,")),
+        "exact rows scored"
+    );
+    let run: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    // `--compare` as given (none: absent), so directories written before still resume.
+    let compare = &run["sweep_args"]["compare"];
+    assert!(
+        compare.is_null() || compare == &serde_json::json!([]),
+        "{compare}"
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let groups = summary["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 4, "2 lengths x 2 profiles at top-64");
+    for g in groups {
+        assert!(
+            g["layers_lost_to_rounding"].is_u64(),
+            "every group has the exact keeps figure: {g}\n{text}"
+        );
+    }
 }
 
 /// Two demos started together on an empty model cache: one writes the planted model while

@@ -230,6 +230,7 @@ fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
     let want = records_without_times(&clean);
     let layers_text = std::fs::read_to_string(clean.join("layers.csv")).unwrap();
     let lines: Vec<&str> = layers_text.lines().collect();
+    // Each cell has 4 rows: 2 CSA layers, each under fp8 and under exact (scored by itself).
     let victim = lines[3];
     let victim_cell = victim.split(',').next().unwrap().to_string();
 
@@ -246,8 +247,8 @@ fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
                     .collect();
                 std::fs::write(run.join("layers.csv"), kept).unwrap();
             },
-            "layers.csv: finished cell VICTIM: 1 of its 2 rows; missing layer",
-            "cell VICTIM: layers.csv, 1 of its 2 rows; missing layer",
+            "layers.csv: finished cell VICTIM: 3 of its 4 rows; missing layer",
+            "cell VICTIM: layers.csv, 3 of its 4 rows; missing layer",
         ),
         (
             "the end of layers.csv cut off",
@@ -257,8 +258,8 @@ fn damaged_records_are_refused_by_report_and_computed_again_on_resume() {
                 let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
                 f.set_len(len - 30).unwrap();
             },
-            "layers.csv: finished cell LAST: 1 of its 2 rows; missing layer",
-            "cell LAST: layers.csv, 1 of its 2 rows; missing layer",
+            "layers.csv: finished cell LAST: 3 of its 4 rows; missing layer",
+            "cell LAST: layers.csv, 3 of its 4 rows; missing layer",
         ),
         (
             "layers.csv deleted",
