@@ -153,7 +153,7 @@ fn batched_query_preparation_records_a_bad_dim() {
     let gpu = gpu();
     let (mut v, mut w) = (vec![0.0; 2 * 4 * 48], vec![0.0; 2 * 4]);
     let q = vec![1.0; 2 * 4 * 48];
-    let wr = vec![1.0; 2 * 4];
+    let wr = [1.0; 2 * 4];
     let raw = RawIndexQueries {
         profile: IndexProfile::SglangFp8,
         queries: &q[..],
