@@ -7,7 +7,8 @@
 //! with `_host` and the op's argument list with host slices in place of activations.
 
 use super::{
-    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, PoolLayout, Routes,
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, IndexScoreBatch,
+    PoolLayout, RawIndexQueries, Routes,
 };
 use crate::numerics::profiles::IndexProfile;
 use crate::numerics::rope::RopeTable;
@@ -140,42 +141,24 @@ pub trait HostOps: Backend {
         self.act_to(&s, scales);
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn index_prepare_queries_host(
         &self,
-        profile: IndexProfile,
-        q_raw: &[f32],
-        weights_raw: &[f32],
-        heads: usize,
-        dim: usize,
+        raw: &RawIndexQueries<'_>,
         values: &mut [f32],
         weights: &mut [f32],
     ) {
         let (mut v, mut w) = (self.act_zeros(values.len()), self.act_zeros(weights.len()));
-        let (q, wr) = (self.act_of(q_raw), self.act_of(weights_raw));
-        self.index_prepare_queries(profile, &q, &wr, heads, dim, &mut v, &mut w);
+        let (q, wr) = (self.act_of(raw.queries), self.act_of(raw.weights));
+        self.index_prepare_queries(&raw.with_tensors(&q, &wr), &mut v, &mut w);
         self.act_to(&v, values);
         self.act_to(&w, weights);
     }
 
-    /// [`Backend::index_scores_batch`] with the block's queries starting at the slices' start.
-    #[allow(clippy::too_many_arguments)]
-    fn index_scores_batch_host(
-        &self,
-        profile: IndexProfile,
-        queries: &[f32],
-        weights: &[f32],
-        heads: usize,
-        dim: usize,
-        keys: &[f32],
-        key_scales: &[f32],
-        visible: &[usize],
-        out: &mut [f32],
-    ) {
+    fn index_scores_batch_host(&self, batch: &IndexScoreBatch<'_>, out: &mut [f32]) {
         let mut o = self.act_zeros(out.len());
-        let (q, w) = (self.act_of(queries), self.act_of(weights));
-        let (k, ks) = (self.act_of(keys), self.act_of(key_scales));
-        self.index_scores_batch(profile, &q, &w, 0, heads, dim, &k, &ks, visible, &mut o);
+        let (q, w) = (self.act_of(batch.queries), self.act_of(batch.weights));
+        let (k, ks) = (self.act_of(batch.keys), self.act_of(batch.key_scales));
+        self.index_scores_batch(&batch.with_tensors(&q, &w, &k, &ks), &mut o);
         self.act_to(&o, out);
     }
 

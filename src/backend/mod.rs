@@ -36,11 +36,12 @@ mod op_types;
 pub mod parity;
 
 pub use crate::numerics::mhc::HcParams;
+pub use crate::numerics::score_batch::IndexScoreBatch;
 pub use cpu::CpuBackend;
 pub use host_ops::HostOps;
 pub use op_types::{
     AttentionBatch, AttentionProbs, DeviceMemoryUse, FfnWeights, HcWeights, MemoryUse, OpTime,
-    PoolLayout, Routes, Site, WeightResidency,
+    PoolLayout, RawIndexQueries, Routes, Site, WeightResidency,
 };
 
 use crate::checkpoint::linear::SharedLinear;
@@ -277,17 +278,12 @@ pub trait Backend: Send + Sync {
         dim: usize,
     ) -> PreparedQuery;
 
-    /// Prepares the index queries of T tokens at once: `q_raw [T, heads, dim]`, `weights_raw
-    /// [T, heads]` into `values [T, heads, dim]` and `weights [T, heads]`, exactly what
-    /// [`Backend::index_prepare_query`] gives token by token.
-    #[allow(clippy::too_many_arguments)]
+    /// Prepares the index queries of T tokens at once: `raw` (queries `[T, heads, dim]`, head
+    /// weights `[T, heads]`) into `values [T, heads, dim]` and `weights [T, heads]`, exactly
+    /// what [`Backend::index_prepare_query`] gives token by token.
     fn index_prepare_queries(
         &self,
-        profile: IndexProfile,
-        q_raw: &Self::Act,
-        weights_raw: &Self::Act,
-        heads: usize,
-        dim: usize,
+        raw: &RawIndexQueries<'_, Self::Act>,
         values: &mut Self::Act,
         weights: &mut Self::Act,
     );
@@ -304,28 +300,12 @@ pub trait Backend: Send + Sync {
     );
 
     /// Index scores of a block of T = `visible.len()` prepared queries, each against the rows
-    /// it sees: queries `first..first + T` of `queries [>= first + T, heads, dim]` and `weights
-    /// [>= first + T, heads]` (the `values` / `weights` of [`PreparedQuery`]s one after the other),
-    /// `keys [>= rows, dim]` / `key_scales [>= rows]` the prepared key rows (only the leading
-    /// `max(visible)` are read), `visible[t]` how many leading rows query t sees. `out` is
-    /// `[T, stride]`:
-    /// `out[t·stride + r]` is the score of row r for `r < visible[t]`, `-inf` for the rest.
-    /// Per query the same values as [`Backend::index_scores`] up to the f32 summation order of
-    /// each dot product.
-    #[allow(clippy::too_many_arguments)]
-    fn index_scores_batch(
-        &self,
-        profile: IndexProfile,
-        queries: &Self::Act,
-        weights: &Self::Act,
-        first: usize,
-        heads: usize,
-        dim: usize,
-        keys: &Self::Act,
-        key_scales: &Self::Act,
-        visible: &[usize],
-        out: &mut Self::Act,
-    );
+    /// it sees (the shapes are [`IndexScoreBatch`]'s): queries `first..first + T` against the
+    /// leading `visible[t]` prepared key rows (only the leading `max(visible)` are read). `out`
+    /// is `[T, stride]`: `out[t·stride + r]` is the score of row r for `r < visible[t]`, `-inf`
+    /// for the rest. Per query the same values as [`Backend::index_scores`] up to the f32
+    /// summation order of each dot product.
+    fn index_scores_batch(&self, batch: &IndexScoreBatch<'_, Self::Act>, out: &mut Self::Act);
 
     /// Top-k of T score rows at once: row t is `scores[t·stride..t·stride + visible[t]]`, its
     /// `k = out.len() / T` results go to `out[t·k..(t+1)·k]` (host), exactly what

@@ -2,10 +2,13 @@
 //! ([`WeightResidency`]), where the engine is ([`Site`]), the mHC, FFN and routing inputs, a
 //! sparse-attention batch and its observed probabilities, a compressor's pooling layout
 //! ([`PoolLayout`]: which buffered token and channel feeds each slot of each compressed row),
-//! and a profile row ([`OpTime`]). Shapes are in each type's docs.
+//! a block of raw index queries ([`RawIndexQueries`]), and a profile row ([`OpTime`]). Shapes
+//! are in each type's docs. The index-score block ([`super::IndexScoreBatch`]) lives in
+//! `crate::numerics::score_batch`, whose host scorer takes it too.
 
 #[cfg(doc)]
 use super::Backend;
+use crate::numerics::profiles::IndexProfile;
 
 /// Where linear weights live between uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -131,6 +134,42 @@ impl<'a, Q: ?Sized> AttentionBatch<'a, Q> {
             kv,
             entries: self.entries,
             want_probs: self.want_probs,
+        }
+    }
+}
+
+/// The raw index queries of T tokens, as [`Backend::index_prepare_queries`] takes them (after
+/// RoPE, before the profile's rounding). `X` holds the tensors: the backend's [`Backend::Act`]
+/// for the op, `[f32]` on the host.
+pub struct RawIndexQueries<'a, X: ?Sized = [f32]> {
+    /// The index profile whose rounding prepares them.
+    pub profile: IndexProfile,
+    /// Queries `[T, heads, dim]`.
+    pub queries: &'a X,
+    /// Raw head weights `[T, heads]` (before the indexer scale, 2^-6.5 on Flash).
+    pub weights: &'a X,
+    /// Index heads per token.
+    pub heads: usize,
+    /// Index head dim.
+    pub dim: usize,
+}
+
+impl<'a, X: ?Sized> RawIndexQueries<'a, X> {
+    /// The same queries over other tensors of the same shapes (e.g. host slices of activations).
+    pub fn with_tensors<'b, Y: ?Sized>(
+        &self,
+        queries: &'b Y,
+        weights: &'b Y,
+    ) -> RawIndexQueries<'b, Y>
+    where
+        'a: 'b,
+    {
+        RawIndexQueries {
+            profile: self.profile,
+            queries,
+            weights,
+            heads: self.heads,
+            dim: self.dim,
         }
     }
 }

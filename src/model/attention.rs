@@ -18,7 +18,7 @@
 //! computes exactly what token-by-token decode would.
 
 use super::compressor::Compressor;
-use super::indexer::{Indexer, IndexerRun};
+use super::indexer::{Indexer, IndexerInput, IndexerRun};
 use super::observer::{AttentionObservation, KvRows, Observer};
 use super::state::LayerState;
 use super::{load_matrix, EngineError};
@@ -170,7 +170,12 @@ impl<M> Attention<M> {
                 topk: run.topk,
                 observer: &mut *run.observer,
             };
-            ix.select(backend, x, &qr, first_pos, store, &self.rope, &mut ir)
+            let input = IndexerInput {
+                x,
+                qr: &qr,
+                first_pos,
+            };
+            ix.select(backend, input, store, &self.rope, &mut ir)
         });
 
         let mut o = self.attend(backend, &q, first_pos, state, selected.as_deref(), run);

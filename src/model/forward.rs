@@ -42,7 +42,7 @@
 use super::embed::Embedding;
 use super::head::Head;
 use super::hyper::hc_params;
-use super::layer::{emit_act, Layer, LayerSwitches};
+use super::layer::{emit_act, Layer, LayerRun, LayerSwitches};
 use super::observer::Observer;
 use super::state::SequenceState;
 use super::EngineError;
@@ -351,16 +351,12 @@ impl<B: Backend> Engine<B> {
                 let t_site = std::time::Instant::now();
                 self.backend.enter_site(Site::Layer(l));
                 self.backend.act_to_site(&mut streams);
-                layer.forward(
-                    &self.backend,
-                    &mut streams,
-                    chunk,
-                    p0,
-                    ls,
-                    &self.hc,
+                let mut run = LayerRun {
+                    hc: &self.hc,
                     switches,
-                    observer,
-                );
+                    observer: &mut *observer,
+                };
+                layer.forward(&self.backend, &mut streams, chunk, p0, ls, &mut run);
                 backend_result(&self.backend)?;
                 self.add_site_seconds(l + 1, t_site);
             }

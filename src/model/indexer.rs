@@ -22,7 +22,7 @@ use super::compressor::{visible_rows, Compressor};
 use super::observer::{IndexerObservation, Observer};
 use super::state::IndexKeyStore;
 use super::{load_matrix, EngineError};
-use crate::backend::{Backend, INDEX_SCORE_TOKENS};
+use crate::backend::{Backend, IndexScoreBatch, RawIndexQueries, INDEX_SCORE_TOKENS};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::numerics::profiles::IndexProfile;
@@ -34,6 +34,30 @@ pub struct IndexerRun<'a> {
     pub profile: IndexProfile,
     pub topk: usize,
     pub observer: &'a mut dyn Observer,
+}
+
+/// The chunk the indexer reads (from the attention).
+pub struct IndexerInput<'a, A> {
+    /// `[T, D]`: the attention input.
+    pub x: &'a A,
+    /// `[T, q_lora]`: the attention's q_norm output.
+    pub qr: &'a A,
+    /// Position of the chunk's first token.
+    pub first_pos: usize,
+}
+
+/// What the selection of one chunk computed, for the observer.
+struct ChunkSelection<'a, A> {
+    /// `[T, heads, dim]`: the raw index queries (after RoPE, before the profile).
+    q: &'a A,
+    /// `[T, heads]`: the raw head weights.
+    w: &'a A,
+    /// Position of the chunk's first token.
+    first_pos: usize,
+    /// Per token: its scores `[visible rows]` wherever the observer wants them.
+    kept: &'a [Option<Vec<f32>>],
+    /// `[T, k]`: the selected rows.
+    selected: &'a [i32],
 }
 
 /// One CSA layer's indexer weights.
@@ -76,19 +100,17 @@ impl<M> Indexer<M> {
         })
     }
 
-    /// Runs the indexer for the chunk: `x [T, D]` (attention input), `qr [T, q_lora]` (q_norm
-    /// output) at positions `first_pos..`. Returns the selected rows `[T, k]`.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the indexer for the chunk `input` (attention input and q_norm output at positions
+    /// `first_pos..`). Returns the selected rows `[T, k]`.
     pub fn select<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        x: &B::Act,
-        qr: &B::Act,
-        first_pos: usize,
+        input: IndexerInput<'_, B::Act>,
         store: &mut IndexKeyStore<B::Act>,
         rope: &RopeTable,
         run: &mut IndexerRun<'_>,
     ) -> Vec<i32> {
+        let IndexerInput { x, qr, first_pos } = input;
         let (heads, dim, k) = (self.heads, self.dim, run.topk);
         let tokens = backend.act_len(qr) / backend.matrix_shape(&self.wq_b).1;
         self.emit_keys(backend, x, first_pos, store, rope, run.profile);
@@ -105,7 +127,14 @@ impl<M> Indexer<M> {
         // Prepared queries of the chunk, token after token ([T, heads, dim] and [T, heads]).
         let mut q_prep = backend.act_uninit(tokens * hd);
         let mut w_prep = backend.act_uninit(tokens * heads);
-        backend.index_prepare_queries(profile, &q, &w, heads, dim, &mut q_prep, &mut w_prep);
+        let raw = RawIndexQueries {
+            profile,
+            queries: &q,
+            weights: &w,
+            heads,
+            dim,
+        };
+        backend.index_prepare_queries(&raw, &mut q_prep, &mut w_prep);
 
         // Scores are kept only where the observer looks at them.
         let obs = &*run.observer;
@@ -124,18 +153,18 @@ impl<M> Indexer<M> {
             let stride = visible.iter().copied().max().unwrap_or(0);
             // [block tokens, stride]: every element is written by the scorer.
             let mut scores = backend.act_uninit((b1 - b0) * stride);
-            backend.index_scores_batch(
+            let batch = IndexScoreBatch {
                 profile,
-                &q_prep,
-                &w_prep,
-                b0,
+                queries: &q_prep,
+                weights: &w_prep,
+                first: b0,
                 heads,
                 dim,
                 keys,
                 key_scales,
-                &visible,
-                &mut scores,
-            );
+                visible: &visible,
+            };
+            backend.index_scores_batch(&batch, &mut scores);
             if k > 0 {
                 backend.topk_batch(&scores, stride, &visible, &mut selected[b0 * k..b1 * k]);
             }
@@ -148,7 +177,14 @@ impl<M> Indexer<M> {
             }
         }
 
-        self.observe(backend, &q, &w, first_pos, store, &kept, &selected, run);
+        let chunk = ChunkSelection {
+            q: &q,
+            w: &w,
+            first_pos,
+            kept: &kept,
+            selected: &selected,
+        };
+        self.observe(backend, &chunk, store, run);
         run.observer
             .replace_selection(run.layer, first_pos, k, &mut selected);
         selected
@@ -182,19 +218,21 @@ impl<M> Indexer<M> {
     }
 
     /// Observer calls: per probed position, and the chunk-wide intermediates when wanted.
-    /// `kept[i]` holds token i's scores wherever the observer wants them.
-    #[allow(clippy::too_many_arguments)]
+    /// `chunk.kept[i]` holds token i's scores wherever the observer wants them.
     fn observe<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        q: &B::Act,
-        w: &B::Act,
-        first_pos: usize,
+        chunk: &ChunkSelection<'_, B::Act>,
         store: &IndexKeyStore<B::Act>,
-        kept: &[Option<Vec<f32>>],
-        selected: &[i32],
         run: &mut IndexerRun<'_>,
     ) {
+        let ChunkSelection {
+            q,
+            w,
+            first_pos,
+            kept,
+            selected,
+        } = *chunk;
         let (heads, dim, layer, k) = (self.heads, self.dim, run.layer, run.topk);
         let obs = &mut *run.observer;
         // The raw key rows reach the host once per chunk, and only for a probed position.

@@ -26,6 +26,16 @@ pub struct LayerSwitches {
     pub topk: usize,
 }
 
+/// How one forward call runs every layer: the mHC parameters, the switches and who watches.
+pub struct LayerRun<'a> {
+    /// The model's mHC parameters (streams, Sinkhorn iterations, eps).
+    pub hc: &'a HcParams,
+    /// The run-time switches (index profile, KV mode, top-k).
+    pub switches: LayerSwitches,
+    /// Receives the named intermediates and the attention and indexer observations.
+    pub observer: &'a mut dyn Observer,
+}
+
 /// One decoder layer's weights.
 pub struct Layer<M> {
     index: usize,
@@ -64,7 +74,6 @@ impl<M> Layer<M> {
 
     /// Runs the layer on the chunk's streams `[T, n, D]` (positions `first_pos..`, input ids
     /// `tokens`), updating `state` and the streams in place.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
@@ -72,10 +81,10 @@ impl<M> Layer<M> {
         tokens: &[u32],
         first_pos: usize,
         state: &mut LayerState<B::Act>,
-        hc: &HcParams,
-        switches: LayerSwitches,
-        observer: &mut dyn Observer,
+        run: &mut LayerRun<'_>,
     ) {
+        let (hc, switches) = (run.hc, run.switches);
+        let observer = &mut *run.observer;
         let (l, d, n, t) = (self.index, self.dim, hc.streams, tokens.len());
         let mut h = backend.act_zeros(t * d);
         let mut post = backend.act_zeros(t * n);

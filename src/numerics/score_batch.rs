@@ -204,36 +204,106 @@ struct Tile<'a> {
     pieces: Vec<&'a mut [f32]>,
 }
 
+/// A block of T = `visible.len()` prepared index queries and the prepared key rows each one
+/// sees: the input of [`score_batch`] on the host and of
+/// [`Backend::index_scores_batch`](crate::backend::Backend::index_scores_batch) on a backend.
+/// `X` holds the tensors: `[f32]` on the host, the backend's activation type for the op.
+pub struct IndexScoreBatch<'a, X: ?Sized = [f32]> {
+    /// The index profile whose head combination turns dot products into scores.
+    pub profile: IndexProfile,
+    /// Prepared queries `[>= first + T, heads, dim]`: the `values` of
+    /// [`PreparedQuery`](super::profiles::PreparedQuery)s, token after token.
+    pub queries: &'a X,
+    /// Their head weights `[>= first + T, heads]` (the `weights` of the same queries).
+    pub weights: &'a X,
+    /// The block's first query: it scores queries `first..first + T`.
+    pub first: usize,
+    /// Index heads per query.
+    pub heads: usize,
+    /// Index head dim (of queries and keys).
+    pub dim: usize,
+    /// Prepared key rows `[>= rows, dim]`; only the leading `max(visible)` rows are read.
+    pub keys: &'a X,
+    /// The key rows' multipliers `[>= rows]`.
+    pub key_scales: &'a X,
+    /// `[T]`: how many leading key rows query t sees.
+    pub visible: &'a [usize],
+}
+
+// Manual impls: a batch only borrows its tensors, so it is Copy whatever the tensor type.
+impl<X: ?Sized> Clone for IndexScoreBatch<'_, X> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<X: ?Sized> Copy for IndexScoreBatch<'_, X> {}
+
+impl<'a, X: ?Sized> IndexScoreBatch<'a, X> {
+    /// The same batch over other tensors of the same shapes (e.g. activations of host slices).
+    pub fn with_tensors<'b, Y: ?Sized>(
+        &self,
+        queries: &'b Y,
+        weights: &'b Y,
+        keys: &'b Y,
+        key_scales: &'b Y,
+    ) -> IndexScoreBatch<'b, Y>
+    where
+        'a: 'b,
+    {
+        IndexScoreBatch {
+            profile: self.profile,
+            queries,
+            weights,
+            first: self.first,
+            heads: self.heads,
+            dim: self.dim,
+            keys,
+            key_scales,
+            visible: self.visible,
+        }
+    }
+}
+
+impl<'a, X: AsRef<[f32]> + ?Sized> IndexScoreBatch<'a, X> {
+    /// The block alone on host slices: its own queries `[T, heads, dim]` and weights `[T,
+    /// heads]` (so `first` is 0) and the leading `max(visible)` key rows and scales, what
+    /// [`score_batch`] takes.
+    ///
+    /// # Panics
+    /// If the tensors are shorter than the block reads.
+    pub fn block(&self) -> IndexScoreBatch<'a, [f32]> {
+        let (first, tokens, heads, dim) = (self.first, self.visible.len(), self.heads, self.dim);
+        let rows = self.visible.iter().copied().max().unwrap_or(0);
+        let (q, w) = (self.queries.as_ref(), self.weights.as_ref());
+        let (k, s) = (self.keys.as_ref(), self.key_scales.as_ref());
+        IndexScoreBatch {
+            first: 0,
+            ..self.with_tensors(
+                &q[first * heads * dim..(first + tokens) * heads * dim],
+                &w[first * heads..(first + tokens) * heads],
+                &k[..rows * dim],
+                &s[..rows],
+            )
+        }
+    }
+}
+
 /// Scores a block of prepared queries against the key rows each one sees.
 ///
-/// - `queries` `[T, heads, dim]` and `weights` `[T, heads]`: prepared queries (the `values` and
-///   `weights` of [`PreparedQuery`](super::profiles::PreparedQuery), token after token).
-/// - `keys` `[rows, dim]`, `key_scales` `[rows]`: prepared key rows with their multipliers.
-/// - `visible[t]`: how many leading rows token t sees (at most `rows` and `stride`).
+/// - `batch`: on the host the queries end at the block, `queries` `[first + T, heads, dim]`
+///   and `weights` `[first + T, heads]` (see [`IndexScoreBatch::block`]); `keys` `[rows, dim]`
+///   and `key_scales` `[rows]`, `visible[t]` at most `rows` and `stride`.
 /// - `out` `[T, stride]`: `out[t·stride + r]` is the score of row r for `r < visible[t]`, and
 ///   `-inf` for the rows that token t does not see.
 ///
 /// # Panics
 /// If the shapes disagree.
-#[allow(clippy::too_many_arguments)]
-pub fn score_batch(
-    profile: IndexProfile,
-    queries: &[f32],
-    weights: &[f32],
-    heads: usize,
-    dim: usize,
-    keys: &[f32],
-    key_scales: &[f32],
-    visible: &[usize],
-    out: &mut [f32],
-) {
+pub fn score_batch(batch: &IndexScoreBatch<'_>, out: &mut [f32]) {
     let tile = TileShape {
-        tokens: tokens_per_tile(heads),
+        tokens: tokens_per_tile(batch.heads),
         rows: ROWS_PER_TILE,
     };
-    score_batch_tiled(
-        profile, queries, weights, heads, dim, keys, key_scales, visible, out, tile,
-    )
+    score_batch_tiled(batch, out, tile)
 }
 
 /// Tile sizes of [`score_batch_tiled`].
@@ -247,30 +317,32 @@ pub struct TileShape {
 
 /// [`score_batch`] with explicit tile sizes (for tuning and tests; results do not depend on
 /// them beyond the dot products' f32 summation order inside `gemm`).
-#[allow(clippy::too_many_arguments)]
-pub fn score_batch_tiled(
-    profile: IndexProfile,
-    queries: &[f32],
-    weights: &[f32],
-    heads: usize,
-    dim: usize,
-    keys: &[f32],
-    key_scales: &[f32],
-    visible: &[usize],
-    out: &mut [f32],
-    tile: TileShape,
-) {
+pub fn score_batch_tiled(batch: &IndexScoreBatch<'_>, out: &mut [f32], tile: TileShape) {
+    let IndexScoreBatch {
+        profile,
+        queries,
+        weights,
+        first,
+        heads,
+        dim,
+        keys,
+        key_scales,
+        visible,
+    } = *batch;
     let tokens = visible.len();
+    let hd = heads * dim;
     assert_eq!(
         queries.len(),
-        tokens * heads * dim,
-        "score_batch: queries not [T, heads, dim]"
+        (first + tokens) * hd,
+        "score_batch: queries not [first + T, heads, dim]"
     );
     assert_eq!(
         weights.len(),
-        tokens * heads,
-        "score_batch: weights not [T, heads]"
+        (first + tokens) * heads,
+        "score_batch: weights not [first + T, heads]"
     );
+    // The block's own queries.
+    let (queries, weights) = (&queries[first * hd..], &weights[first * heads..]);
     assert_eq!(
         keys.len(),
         key_scales.len() * dim,
@@ -328,7 +400,6 @@ pub fn score_batch_tiled(
         }
     }
 
-    let hd = heads * dim;
     tiles.into_par_iter().for_each_init(Vec::new, |d, tile| {
         let n_tok = tile.pieces.len();
         let n = tile.pieces[0].len();
@@ -389,6 +460,23 @@ mod tests {
         visible: Vec<usize>,
     }
 
+    impl Case {
+        /// The whole case as one block from query 0.
+        fn batch(&self, profile: IndexProfile, heads: usize, dim: usize) -> IndexScoreBatch<'_> {
+            IndexScoreBatch {
+                profile,
+                queries: &self.flat_q,
+                weights: &self.flat_w,
+                first: 0,
+                heads,
+                dim,
+                keys: &self.keys,
+                key_scales: &self.scales,
+                visible: &self.visible,
+            }
+        }
+    }
+
     fn case(
         p: IndexProfile,
         heads: usize,
@@ -429,9 +517,7 @@ mod tests {
 
     fn batched(p: IndexProfile, c: &Case, heads: usize, dim: usize, stride: usize) -> Vec<f32> {
         let mut out = vec![0.0f32; c.visible.len() * stride];
-        score_batch(
-            p, &c.flat_q, &c.flat_w, heads, dim, &c.keys, &c.scales, &c.visible, &mut out,
-        );
+        score_batch(&c.batch(p, heads, dim), &mut out);
         out
     }
 
@@ -523,14 +609,23 @@ mod tests {
     fn empty_and_single_token_batches() {
         let p = IndexProfile::SglangFp8;
         let mut out: Vec<f32> = Vec::new();
-        score_batch(p, &[], &[], 4, 32, &[], &[], &[], &mut out);
+        let empty: IndexScoreBatch<'_> = IndexScoreBatch {
+            profile: p,
+            queries: &[],
+            weights: &[],
+            first: 0,
+            heads: 4,
+            dim: 32,
+            keys: &[],
+            key_scales: &[],
+            visible: &[],
+        };
+        score_batch(&empty, &mut out);
         // Tokens that see nothing.
         let c = case(p, 4, 32, 0, 3, 9);
         assert_eq!(c.visible, vec![0, 0, 0]);
         let mut out: Vec<f32> = Vec::new();
-        score_batch(
-            p, &c.flat_q, &c.flat_w, 4, 32, &c.keys, &c.scales, &c.visible, &mut out,
-        );
+        score_batch(&c.batch(p, 4, 32), &mut out);
         let got = batched(p, &c, 4, 32, 2);
         assert!(got.iter().all(|&v| v == f32::NEG_INFINITY));
         // One decode token over several row tiles.
@@ -543,6 +638,39 @@ mod tests {
     }
 
     #[test]
+    fn a_block_from_a_later_query_scores_like_those_queries_of_the_whole_batch() {
+        let (p, heads, dim) = (IndexProfile::SglangFp8, 4usize, 32usize);
+        let c = case(p, heads, dim, 100, 6, 12);
+        let stride = c.visible[5];
+        let whole = batched(p, &c, heads, dim, stride);
+        // Queries 2.. read from query 2 (on the host the queries end at the block).
+        let from_2 = IndexScoreBatch {
+            first: 2,
+            visible: &c.visible[2..],
+            ..c.batch(p, heads, dim)
+        };
+        let mut got = vec![0.0f32; 4 * stride];
+        score_batch(&from_2, &mut got);
+        for (i, (&a, &b)) in got.iter().zip(&whole[2 * stride..]).enumerate() {
+            assert!(
+                a == b || (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{i}: {a} vs {b}"
+            );
+        }
+        // `block` cuts the same block out: its own queries from 0 and only the rows it reads.
+        let block = from_2.block();
+        assert_eq!(block.first, 0);
+        assert_eq!(block.queries.len(), 4 * heads * dim);
+        assert_eq!(block.weights.len(), 4 * heads);
+        assert_eq!(block.keys.len(), stride * dim);
+        assert_eq!(block.key_scales.len(), stride);
+        let mut again = vec![0.0f32; 4 * stride];
+        score_batch(&block, &mut again);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&again), bits(&got));
+    }
+
+    #[test]
     fn tile_shapes_agree_within_summation_noise() {
         let (heads, dim) = (16usize, 32usize);
         for p in [IndexProfile::Exact, IndexProfile::OfficialFp4] {
@@ -551,14 +679,7 @@ mod tests {
             let run = |tokens: usize, rows: usize| {
                 let mut out = vec![0.0f32; 33 * stride];
                 score_batch_tiled(
-                    p,
-                    &c.flat_q,
-                    &c.flat_w,
-                    heads,
-                    dim,
-                    &c.keys,
-                    &c.scales,
-                    &c.visible,
+                    &c.batch(p, heads, dim),
                     &mut out,
                     TileShape { tokens, rows },
                 );
@@ -619,14 +740,7 @@ mod tests {
                 let reps = 5;
                 for _ in 0..reps {
                     score_batch_tiled(
-                        p,
-                        &c.flat_q,
-                        &c.flat_w,
-                        heads,
-                        dim,
-                        &c.keys,
-                        &c.scales,
-                        &c.visible,
+                        &c.batch(p, heads, dim),
                         &mut out,
                         TileShape {
                             tokens: tt,

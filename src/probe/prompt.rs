@@ -426,6 +426,10 @@ fn question_for(
 /// One placement: the first needle at the unit boundary nearest `aim_pct` of the haystack's
 /// summed unit counts, the others at theirs after it; `depth_pct` (the request) is what the
 /// prompt records.
+///
+/// Phases (each a helper below, in this order): check the request, draw the needles, build the
+/// chat frame, measure the empty prompt, collect the haystack units that fit, cut them at the
+/// needles' depths, size the far end to the exact length, check and span the final encoding.
 fn place_needle(
     tok: &V4Tokenizer,
     sc: &Scenario,
@@ -435,69 +439,420 @@ fn place_needle(
     max_positions: usize,
     plan: NeedleCount,
 ) -> Result<NeedlePrompt, PromptError> {
-    if !(0.0..=100.0).contains(&depth_pct) {
-        return Err(PromptError::Depth { found: depth_pct });
+    let p = Placement {
+        tok,
+        sc,
+        target_tokens,
+        depth_pct,
+        aim_pct,
+    };
+    p.check_request(max_positions)?;
+    let needles = p.draw_needles((seed, draw), plan)?;
+    let mut gen = HaystackGen::new(sc, seed, &needles.keys, &needles.values)?;
+    let frame = Frame::new(sc, &needles, gen.layout());
+    let minimum = p.minimum_tokens(&frame)?;
+    let budget = target_tokens - minimum;
+    let collected = p.collect_units(&mut gen, budget)?;
+    let room = (budget - collected.used) as i64;
+    let haystack = p.arrange(collected.units, collected.used, plan.count);
+    let (rendered, encoding) =
+        p.size_exactly(&frame, &mut gen, haystack, collected.pending, room, minimum)?;
+    p.finish(&needles, rendered, encoding)
+}
+
+/// The fixed inputs of one placement, shared by its phases.
+struct Placement<'a> {
+    tok: &'a V4Tokenizer,
+    sc: &'a Scenario,
+    target_tokens: usize,
+    /// The requested depth in percent (what the prompt records).
+    depth_pct: f64,
+    /// Where the first needle is aimed, in percent (the request, or past an earlier miss).
+    aim_pct: f64,
+}
+
+/// The needles of one placement, drawn from the seed, and the question that asks for them.
+struct DrawnNeedles {
+    /// Per needle: its sentence (value and key substituted).
+    texts: Vec<String>,
+    /// Per needle: its value.
+    values: Vec<String>,
+    /// Per needle: its key ("" when the scenario has none).
+    keys: Vec<String>,
+    /// Per needle: the byte offset of its value in its sentence.
+    value_offsets: Vec<usize>,
+    /// The needles the question asks for, in order (the answer holds their values).
+    asked: Vec<usize>,
+    /// The question as asked.
+    question: String,
+}
+
+/// The fixed parts of a rendered prompt: the chat frame around the body and the needle units.
+struct Frame<'a> {
+    needles: &'a DrawnNeedles,
+    /// Per needle: its sentence as a haystack unit (a prose needle after a space, a line needle
+    /// ending in `\n`).
+    units: Vec<Unit>,
+    layout: Layout,
+    /// BOS, the system prompt and the User marker.
+    prefix: String,
+    /// The question, the Assistant marker and the thinking token.
+    suffix: String,
+}
+
+/// Whole haystack units that fit a token budget, each with its token count alone.
+struct Collected {
+    units: Vec<(Unit, usize)>,
+    /// The units' summed token counts.
+    used: usize,
+    /// The last unit drawn that did not fit (placed first when units are added later).
+    pending: Option<(Unit, usize)>,
+}
+
+/// The haystack units of a placement around its needles: before the first needle, between
+/// needle i and i + 1 (`gaps[i]`), after the last. The far ends carry their token counts (the
+/// sizing moves whole units there).
+struct Arranged {
+    before: Vec<(Unit, usize)>,
+    gaps: Vec<Vec<Unit>>,
+    after: Vec<(Unit, usize)>,
+}
+
+/// The token ids of a prompt and the byte range of each.
+type Encoding = (Vec<u32>, Vec<(usize, usize)>);
+
+impl Placement<'_> {
+    /// Token count of `s` encoded alone.
+    fn count(&self, s: &str) -> Result<usize, TokenizerError> {
+        self.tok.encode(s).map(|v| v.len())
     }
-    if target_tokens > max_positions {
-        return Err(PromptError::TooLong {
-            target: target_tokens,
-            max_positions,
-        });
-    }
-    let n = plan.count;
-    let drawn: Vec<(String, String)> = (0..n)
-        .map(|i| sc.generate_value_draw(seed, draw * n + i))
-        .collect();
-    // Several needles need distinct values (and keys): redrawn like a value the haystack holds.
-    for (i, (value, key)) in drawn.iter().enumerate() {
-        if drawn[..i]
-            .iter()
-            .any(|(v, k)| v == value || (!key.is_empty() && k == key))
-        {
-            return Err(PromptError::ValueNotUnique {
-                scenario: sc.name.clone(),
-                value: value.clone(),
-                count: 2,
-                draws: 1,
+
+    /// Phase 1: refuses a depth outside 0..=100 and a length beyond the model's positions.
+    fn check_request(&self, max_positions: usize) -> Result<(), PromptError> {
+        if !(0.0..=100.0).contains(&self.depth_pct) {
+            return Err(PromptError::Depth {
+                found: self.depth_pct,
             });
         }
+        if self.target_tokens > max_positions {
+            return Err(PromptError::TooLong {
+                target: self.target_tokens,
+                max_positions,
+            });
+        }
+        Ok(())
     }
-    let values: Vec<String> = drawn.iter().map(|(v, _)| v.clone()).collect();
-    let keys: Vec<String> = drawn.iter().map(|(_, k)| k.clone()).collect();
-    let needle_texts: Vec<String> = drawn.iter().map(|(v, k)| fill(&sc.needle, k, v)).collect();
-    let value_offsets: Vec<usize> = keys
-        .iter()
-        .map(|k| fill(sc.needle.split("{value}").next().unwrap_or(""), k, "").len())
-        .collect();
-    let question = question_for(sc, &keys, plan)?;
-    let mut gen = HaystackGen::new(sc, seed, &keys, &values)?;
-    let layout = gen.layout();
-    let needle_units: Vec<Unit> = needle_texts
-        .iter()
-        .map(|text| Unit {
-            sep: if layout == Layout::Prose {
-                " ".into()
-            } else {
-                String::new()
-            },
-            text: if layout == Layout::Lines {
-                format!("{text}\n")
-            } else {
-                text.clone()
-            },
+
+    /// Phase 2: draws every needle's value and key (distinct), its sentence, and the question.
+    fn draw_needles(
+        &self,
+        (seed, draw): (u64, usize),
+        plan: NeedleCount,
+    ) -> Result<DrawnNeedles, PromptError> {
+        let sc = self.sc;
+        let n = plan.count;
+        let drawn: Vec<(String, String)> = (0..n)
+            .map(|i| sc.generate_value_draw(seed, draw * n + i))
+            .collect();
+        // Several needles need distinct values (and keys): redrawn like a value the haystack
+        // holds.
+        for (i, (value, key)) in drawn.iter().enumerate() {
+            if drawn[..i]
+                .iter()
+                .any(|(v, k)| v == value || (!key.is_empty() && k == key))
+            {
+                return Err(PromptError::ValueNotUnique {
+                    scenario: sc.name.clone(),
+                    value: value.clone(),
+                    count: 2,
+                    draws: 1,
+                });
+            }
+        }
+        let values: Vec<String> = drawn.iter().map(|(v, _)| v.clone()).collect();
+        let keys: Vec<String> = drawn.iter().map(|(_, k)| k.clone()).collect();
+        let texts: Vec<String> = drawn.iter().map(|(v, k)| fill(&sc.needle, k, v)).collect();
+        let value_offsets: Vec<usize> = keys
+            .iter()
+            .map(|k| fill(sc.needle.split("{value}").next().unwrap_or(""), k, "").len())
+            .collect();
+        let question = question_for(sc, &keys, plan)?;
+        let asked: Vec<usize> = match (n, plan.ask) {
+            (1, _) | (_, Ask::First) => vec![0],
+            (_, Ask::Last) => vec![n - 1],
+            (_, Ask::All) => (0..n).collect(),
+        };
+        Ok(DrawnNeedles {
+            texts,
+            values,
+            keys,
+            value_offsets,
+            asked,
+            question,
         })
-        .collect();
-    let prefix = format!("{BOS}{}{USER}", sc.system.as_deref().unwrap_or(""));
-    let suffix = format!(
-        "\n\n{question}{ASSISTANT}{}",
-        if sc.thinking { THINK_START } else { THINK_END }
-    );
-    // The body: [filler] before needle_0 gaps[0] needle_1 ... needle_{n-1} after [filler].
-    let render = |before: &[Unit],
-                  gaps: &[Vec<Unit>],
-                  after: &[Unit],
-                  filler: &Option<Unit>,
-                  far: FarEnd| {
+    }
+
+    /// Phase 4: the token count with an empty haystack, refused when above the target.
+    fn minimum_tokens(&self, frame: &Frame<'_>) -> Result<usize, PromptError> {
+        let n = frame.units.len();
+        let no_gaps: Vec<Vec<Unit>> = vec![Vec::new(); n.saturating_sub(1)];
+        let minimum = self.count(&frame.render(&[], &no_gaps, &[], &None, FarEnd::End).text)?;
+        if self.target_tokens < minimum {
+            return Err(PromptError::TooShort {
+                target: self.target_tokens,
+                scenario: self.sc.name.clone(),
+                minimum,
+            });
+        }
+        Ok(minimum)
+    }
+
+    /// Phase 5: whole haystack units while they fit `budget` tokens, counted one by one.
+    fn collect_units(
+        &self,
+        gen: &mut HaystackGen,
+        budget: usize,
+    ) -> Result<Collected, PromptError> {
+        let mut units: Vec<(Unit, usize)> = Vec::new();
+        let mut used = 0usize;
+        let mut misses = 0;
+        let mut pending: Option<(Unit, usize)> = None;
+        while misses < MAX_MISSES {
+            let u = gen.next_unit();
+            let c = self.count(&format!("{}{}", u.sep, u.text))?;
+            if used + c > budget {
+                // Long units (tool definitions): try a few more that may still fit, so the
+                // filler stays small.
+                misses += 1;
+                pending = Some((u, c));
+                continue;
+            }
+            used += c;
+            units.push((u, c));
+        }
+        // A user's text that does not fit at all would be silently replaced by generated filler.
+        if let (true, super::scenario::HaystackKind::File(path)) =
+            (units.is_empty() && budget > 0, &self.sc.haystack)
+        {
+            return Err(PromptError::FileDoesNotFit {
+                scenario: self.sc.name.clone(),
+                path: path.clone().unwrap_or_default(),
+                budget,
+                target: self.target_tokens,
+                tried: MAX_MISSES,
+            });
+        }
+        Ok(Collected {
+            units,
+            used,
+            pending,
+        })
+    }
+
+    /// Phase 6: cuts the units at the boundaries nearest the needles' depths.
+    ///
+    /// `units` hold `used` tokens in all; of the `n` needles the first goes at the aim, the
+    /// others evenly spaced after the requested depth, each at or after the one before.
+    fn arrange(&self, mut units: Vec<(Unit, usize)>, used: usize, n: usize) -> Arranged {
+        let depth_pct = self.depth_pct;
+        let mut splits = Vec::with_capacity(n);
+        let mut from = 0;
+        for i in 0..n {
+            let pct = if i == 0 {
+                self.aim_pct
+            } else {
+                depth_pct + i as f64 * (100.0 - depth_pct) / n as f64
+            };
+            let goal = pct / 100.0 * used as f64;
+            let mut acc: usize = units[..from].iter().map(|u| u.1).sum();
+            let (mut split, mut best) = (from, f64::INFINITY);
+            for j in from..=units.len() {
+                let d = (acc as f64 - goal).abs();
+                if d < best {
+                    (best, split) = (d, j);
+                }
+                if j < units.len() {
+                    acc += units[j].1;
+                }
+            }
+            splits.push(split);
+            from = split;
+        }
+        let after: Vec<(Unit, usize)> = units.split_off(splits[n - 1]);
+        let mut gaps: Vec<Vec<Unit>> = Vec::with_capacity(n - 1);
+        for i in (1..n).rev() {
+            gaps.push(
+                units
+                    .split_off(splits[i - 1])
+                    .into_iter()
+                    .map(|(u, _)| u)
+                    .collect(),
+            );
+        }
+        gaps.reverse();
+        Arranged {
+            before: units,
+            gaps,
+            after,
+        }
+    }
+
+    /// Phase 7: sizes the far end (whole units, then the filler) to exactly the target count.
+    ///
+    /// The filler takes the `room` tokens the units leave; far-end units move while it would be
+    /// negative or large. Returns the prompt with its encoding. `minimum` is the empty
+    /// haystack's count (the closest length so far, for the error).
+    fn size_exactly(
+        &self,
+        frame: &Frame<'_>,
+        gen: &mut HaystackGen,
+        haystack: Arranged,
+        mut pending: Option<(Unit, usize)>,
+        room: i64,
+        minimum: usize,
+    ) -> Result<(Rendered, Encoding), PromptError> {
+        let (tok, sc, target_tokens) = (self.tok, self.sc, self.target_tokens);
+        let layout = frame.layout;
+        let Arranged {
+            mut before,
+            gaps,
+            mut after,
+        } = haystack;
+        let mut far = if self.depth_pct <= 50.0 {
+            FarEnd::End
+        } else {
+            FarEnd::Start
+        };
+        let mut r = room;
+        let mut seen = std::collections::HashSet::new();
+        let mut closest = minimum;
+        // Once a unit had to be dropped to break a cycle, units are never added again, so the
+        // filler (which can take any size) absorbs the rest and the loop terminates.
+        let mut frozen = false;
+        for _ in 0..MAX_ROUNDS {
+            // Keep the filler's share small and non-negative by moving whole far-end units.
+            while r < 0 {
+                let Some((_, c)) = take_far(&mut before, &mut after, far) else {
+                    break;
+                };
+                r += c as i64;
+            }
+            while !frozen && r as usize > FILLER_MAX {
+                let (u, c) = match pending.take() {
+                    Some(p) => p,
+                    None => {
+                        let u = gen.next_unit();
+                        let c = self.count(&format!("{}{}", u.sep, u.text))?;
+                        (u, c)
+                    }
+                };
+                if c as i64 > r {
+                    pending = Some((u, c));
+                    break;
+                }
+                r -= c as i64;
+                match far {
+                    FarEnd::End => after.push((u, c)),
+                    FarEnd::Start => before.insert(0, (u, c)),
+                }
+            }
+            if r < 0 {
+                break;
+            }
+            let filler = if seen.insert((before.len(), after.len(), r, far)) {
+                make_filler(tok, gen, r as usize, far, layout)?
+            } else {
+                None
+            };
+            let Some(filler) = filler else {
+                // A cycle (e.g. `.` + `\n\n` merging only without a filler) or no exact filler:
+                // give the filler one more far-end unit's worth of room, or use the other end
+                // when this one has nothing left.
+                frozen = true;
+                match take_far(&mut before, &mut after, far) {
+                    Some((_, c)) => r += c as i64,
+                    None if far == FarEnd::Start => far = FarEnd::End,
+                    None => far = FarEnd::Start,
+                }
+                continue;
+            };
+            let b: Vec<Unit> = before.iter().map(|(u, _)| u.clone()).collect();
+            let a: Vec<Unit> = after.iter().map(|(u, _)| u.clone()).collect();
+            let rendered = frame.render(&b, &gaps, &a, &filler, far);
+            let (ids, offsets) = tok.encode_with_offsets(&rendered.text)?;
+            if ids.len().abs_diff(target_tokens) < closest.abs_diff(target_tokens) {
+                closest = ids.len();
+            }
+            if ids.len() == target_tokens {
+                if gen.exhausted() {
+                    return Err(PromptError::KeySpaceExhausted {
+                        scenario: sc.name.clone(),
+                        target: target_tokens,
+                        fields: if sc.key.is_some() {
+                            "key.n / key.words (and value)"
+                        } else {
+                            "value.n / value.words"
+                        },
+                    });
+                }
+                return Ok((rendered, (ids, offsets)));
+            }
+            r += target_tokens as i64 - ids.len() as i64;
+        }
+        Err(PromptError::LengthNotReached {
+            target: target_tokens,
+            scenario: sc.name.clone(),
+            closest,
+            draws: 1,
+        })
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// Phase 3: the chat frame around the body and the needle units in the haystack's `layout`.
+    fn new(sc: &Scenario, needles: &'a DrawnNeedles, layout: Layout) -> Self {
+        let units: Vec<Unit> = needles
+            .texts
+            .iter()
+            .map(|text| Unit {
+                sep: if layout == Layout::Prose {
+                    " ".into()
+                } else {
+                    String::new()
+                },
+                text: if layout == Layout::Lines {
+                    format!("{text}\n")
+                } else {
+                    text.clone()
+                },
+            })
+            .collect();
+        let prefix = format!("{BOS}{}{USER}", sc.system.as_deref().unwrap_or(""));
+        let suffix = format!(
+            "\n\n{}{ASSISTANT}{}",
+            needles.question,
+            if sc.thinking { THINK_START } else { THINK_END }
+        );
+        Frame {
+            needles,
+            units,
+            layout,
+            prefix,
+            suffix,
+        }
+    }
+
+    /// The prompt with the body `[filler] before needle_0 gaps[0] needle_1 ... needle_{n-1}
+    /// after [filler]` (the filler at the `far` end), and its byte ranges.
+    fn render(
+        &self,
+        before: &[Unit],
+        gaps: &[Vec<Unit>],
+        after: &[Unit],
+        filler: &Option<Unit>,
+        far: FarEnd,
+    ) -> Rendered {
+        let (n, layout, needles) = (self.units.len(), self.layout, self.needles);
         let mut body = String::new();
         let mut needle_at = vec![0; n];
         // (unit, Some(needle index)), the filler marked by `true`.
@@ -506,7 +861,7 @@ fn place_needle(
             items.push((f, None, true));
         }
         items.extend(before.iter().map(|u| (u, None, false)));
-        for (i, needle) in needle_units.iter().enumerate() {
+        for (i, needle) in self.units.iter().enumerate() {
             if i > 0 {
                 items.extend(gaps[i - 1].iter().map(|u| (u, None, false)));
             }
@@ -533,206 +888,23 @@ fn place_needle(
             body.push_str(&u.text);
         }
         let body = body.trim_end();
+        let (prefix, suffix) = (&self.prefix, &self.suffix);
         let text = format!("{prefix}{body}{suffix}");
         let at = |i: usize| prefix.len() + needle_at[i];
         Rendered {
             needle_bytes: (0..n)
-                .map(|i| (at(i), at(i) + needle_texts[i].len()))
+                .map(|i| (at(i), at(i) + needles.texts[i].len()))
                 .collect(),
             value_bytes: (0..n)
                 .map(|i| {
-                    let v = at(i) + value_offsets[i];
-                    (v, v + values[i].len())
+                    let v = at(i) + needles.value_offsets[i];
+                    (v, v + needles.values[i].len())
                 })
                 .collect(),
             body_bytes: (prefix.len(), prefix.len() + body.len()),
             text,
         }
-    };
-    let count = |s: &str| tok.encode(s).map(|v| v.len());
-    let no_gaps: Vec<Vec<Unit>> = vec![Vec::new(); n.saturating_sub(1)];
-
-    let minimum = count(&render(&[], &no_gaps, &[], &None, FarEnd::End).text)?;
-    if target_tokens < minimum {
-        return Err(PromptError::TooShort {
-            target: target_tokens,
-            scenario: sc.name.clone(),
-            minimum,
-        });
     }
-    // Whole units while they fit the budget, counted one by one.
-    let budget = target_tokens - minimum;
-    let mut units: Vec<(Unit, usize)> = Vec::new();
-    let mut used = 0usize;
-    let mut misses = 0;
-    let mut pending: Option<(Unit, usize)> = None;
-    while misses < MAX_MISSES {
-        let u = gen.next_unit();
-        let c = count(&format!("{}{}", u.sep, u.text))?;
-        if used + c > budget {
-            // Long units (tool definitions): try a few more that may still fit, so the filler
-            // stays small.
-            misses += 1;
-            pending = Some((u, c));
-            continue;
-        }
-        used += c;
-        units.push((u, c));
-    }
-    // A user's text that does not fit at all would be silently replaced by generated filler.
-    if let (true, super::scenario::HaystackKind::File(path)) =
-        (units.is_empty() && budget > 0, &sc.haystack)
-    {
-        return Err(PromptError::FileDoesNotFit {
-            scenario: sc.name.clone(),
-            path: path.clone().unwrap_or_default(),
-            budget,
-            target: target_tokens,
-            tried: MAX_MISSES,
-        });
-    }
-    // Needle boundaries nearest the requested depths: the first at the aim, the others evenly
-    // spaced after the requested depth, each at or after the one before.
-    let mut splits = Vec::with_capacity(n);
-    let mut from = 0;
-    for i in 0..n {
-        let pct = if i == 0 {
-            aim_pct
-        } else {
-            depth_pct + i as f64 * (100.0 - depth_pct) / n as f64
-        };
-        let goal = pct / 100.0 * used as f64;
-        let mut acc: usize = units[..from].iter().map(|u| u.1).sum();
-        let (mut split, mut best) = (from, f64::INFINITY);
-        for j in from..=units.len() {
-            let d = (acc as f64 - goal).abs();
-            if d < best {
-                (best, split) = (d, j);
-            }
-            if j < units.len() {
-                acc += units[j].1;
-            }
-        }
-        splits.push(split);
-        from = split;
-    }
-    let mut after: Vec<(Unit, usize)> = units.split_off(splits[n - 1]);
-    let mut gaps: Vec<Vec<Unit>> = Vec::with_capacity(n - 1);
-    for i in (1..n).rev() {
-        gaps.push(
-            units
-                .split_off(splits[i - 1])
-                .into_iter()
-                .map(|(u, _)| u)
-                .collect(),
-        );
-    }
-    gaps.reverse();
-    let mut before = units;
-    let mut far = if depth_pct <= 50.0 {
-        FarEnd::End
-    } else {
-        FarEnd::Start
-    };
-    let mut r = (budget - used) as i64;
-    let mut seen = std::collections::HashSet::new();
-    let mut closest = minimum;
-    // Once a unit had to be dropped to break a cycle, units are never added again, so the
-    // filler (which can take any size) absorbs the rest and the loop terminates.
-    let mut frozen = false;
-    for _ in 0..MAX_ROUNDS {
-        // Keep the filler's share small and non-negative by moving whole far-end units.
-        while r < 0 {
-            let Some((_, c)) = take_far(&mut before, &mut after, far) else {
-                break;
-            };
-            r += c as i64;
-        }
-        while !frozen && r as usize > FILLER_MAX {
-            let (u, c) = match pending.take() {
-                Some(p) => p,
-                None => {
-                    let u = gen.next_unit();
-                    let c = count(&format!("{}{}", u.sep, u.text))?;
-                    (u, c)
-                }
-            };
-            if c as i64 > r {
-                pending = Some((u, c));
-                break;
-            }
-            r -= c as i64;
-            match far {
-                FarEnd::End => after.push((u, c)),
-                FarEnd::Start => before.insert(0, (u, c)),
-            }
-        }
-        if r < 0 {
-            break;
-        }
-        let filler = if seen.insert((before.len(), after.len(), r, far)) {
-            make_filler(tok, &mut gen, r as usize, far, layout)?
-        } else {
-            None
-        };
-        let Some(filler) = filler else {
-            // A cycle (e.g. `.` + `\n\n` merging only without a filler) or no exact filler:
-            // give the filler one more far-end unit's worth of room, or use the other end
-            // when this one has nothing left.
-            frozen = true;
-            match take_far(&mut before, &mut after, far) {
-                Some((_, c)) => r += c as i64,
-                None if far == FarEnd::Start => far = FarEnd::End,
-                None => far = FarEnd::Start,
-            }
-            continue;
-        };
-        let b: Vec<Unit> = before.iter().map(|(u, _)| u.clone()).collect();
-        let a: Vec<Unit> = after.iter().map(|(u, _)| u.clone()).collect();
-        let rendered = render(&b, &gaps, &a, &filler, far);
-        let (ids, offsets) = tok.encode_with_offsets(&rendered.text)?;
-        if ids.len().abs_diff(target_tokens) < closest.abs_diff(target_tokens) {
-            closest = ids.len();
-        }
-        if ids.len() == target_tokens {
-            if gen.exhausted() {
-                return Err(PromptError::KeySpaceExhausted {
-                    scenario: sc.name.clone(),
-                    target: target_tokens,
-                    fields: if sc.key.is_some() {
-                        "key.n / key.words (and value)"
-                    } else {
-                        "value.n / value.words"
-                    },
-                });
-            }
-            let asked: Vec<usize> = match (n, plan.ask) {
-                (1, _) | (_, Ask::First) => vec![0],
-                (_, Ask::Last) => vec![n - 1],
-                (_, Ask::All) => (0..n).collect(),
-            };
-            let needles: Vec<(String, String, String)> = (0..n)
-                .map(|i| (needle_texts[i].clone(), values[i].clone(), keys[i].clone()))
-                .collect();
-            return finish(
-                tok,
-                sc,
-                rendered,
-                (ids, offsets),
-                &needles,
-                &asked,
-                question,
-                depth_pct,
-            );
-        }
-        r += target_tokens as i64 - ids.len() as i64;
-    }
-    Err(PromptError::LengthNotReached {
-        target: target_tokens,
-        scenario: sc.name.clone(),
-        closest,
-        draws: 1,
-    })
 }
 
 /// Removes the unit at the far end (the other end's outermost unit when that side is empty).
@@ -899,107 +1071,109 @@ fn span_of(
     glued_ok.then_some((a, b, covered))
 }
 
-/// Checks the final encoding (control tokens, unique values, exact spans) and assembles the
-/// [`NeedlePrompt`]: each needle's span, the answer span (of the first asked needle's value)
-/// and the achieved depth of the first needle. `needles` are (text, value, key).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn finish(
-    tok: &V4Tokenizer,
-    sc: &Scenario,
-    r: Rendered,
-    (ids, offsets): (Vec<u32>, Vec<(usize, usize)>),
-    needles: &[(String, String, String)],
-    asked: &[usize],
-    question: String,
-    depth_pct: f64,
-) -> Result<NeedlePrompt, PromptError> {
-    check_control_tokens(tok, sc, &r, &ids, &offsets)?;
-    for (_, value, _) in needles {
-        let count = r.text.matches(value.as_str()).count();
-        if count != 1 {
-            return Err(PromptError::ValueNotUnique {
-                scenario: sc.name.clone(),
-                value: value.clone(),
-                count,
-                draws: 1,
-            });
-        }
-    }
-    // (needle span, value span) of each needle, with their decoded text.
-    let mut spans = Vec::with_capacity(needles.len());
-    for (i, (text, value, _)) in needles.iter().enumerate() {
-        let mut pair = Vec::with_capacity(2);
-        for (what, bytes, expected) in [
-            ("needle", r.needle_bytes[i], text),
-            ("answer value", r.value_bytes[i], value),
-        ] {
-            let not_exact = |found: String| PromptError::SpanNotExact {
-                scenario: sc.name.clone(),
-                what,
-                expected: expected.clone(),
-                found,
-            };
-            let (a, b, covered) = span_of(&r.text, &offsets, bytes).ok_or_else(|| {
-                let lo = offsets.iter().position(|o| o.1 > bytes.0).unwrap_or(0);
-                let hi = offsets
-                    .iter()
-                    .rposition(|o| o.0 < bytes.1)
-                    .map_or(lo, |h| h + 1);
-                not_exact(tok.decode(&ids[lo..hi.max(lo)]).unwrap_or_default())
-            })?;
-            let decoded = tok.decode(&ids[a..b])?;
-            if decoded != covered || decoded.trim() != expected.as_str() {
-                return Err(not_exact(decoded));
+impl Placement<'_> {
+    /// Phase 8: checks the final encoding and assembles the [`NeedlePrompt`] with its spans.
+    ///
+    /// Checks: control tokens, unique values, exact spans. Assembles each needle's span, the
+    /// answer span (of the first asked needle's value) and the achieved depth of the first
+    /// needle.
+    fn finish(
+        &self,
+        needles: &DrawnNeedles,
+        r: Rendered,
+        (ids, offsets): Encoding,
+    ) -> Result<NeedlePrompt, PromptError> {
+        let (tok, sc, depth_pct) = (self.tok, self.sc, self.depth_pct);
+        let asked = &needles.asked;
+        check_control_tokens(tok, sc, &r, &ids, &offsets)?;
+        for value in &needles.values {
+            let count = r.text.matches(value.as_str()).count();
+            if count != 1 {
+                return Err(PromptError::ValueNotUnique {
+                    scenario: sc.name.clone(),
+                    value: value.clone(),
+                    count,
+                    draws: 1,
+                });
             }
-            pair.push((a, b, decoded));
         }
-        spans.push(pair);
-    }
-    let (na, nb, needle_span_text) = spans[0][0].clone();
-    let (aa, ab, answer_span_text) = spans[asked[0]][1].clone();
-    // Haystack token range: tokens whose bytes lie in the body.
-    let h0 = offsets
-        .iter()
-        .position(|o| o.0 >= r.body_bytes.0)
-        .unwrap_or(0);
-    let h1 = offsets
-        .iter()
-        .position(|o| o.0 >= r.body_bytes.1)
-        .unwrap_or(offsets.len());
-    let others = (h1 - h0).saturating_sub(nb - na);
-    let actual_depth_pct = if others == 0 {
-        depth_pct
-    } else {
-        100.0 * na.saturating_sub(h0) as f64 / others as f64
-    };
-    let needle_spans = needles
-        .iter()
-        .zip(&spans)
-        .map(|((text, _, _), pair)| {
-            let (a, b, decoded) = pair[0].clone();
-            NeedleSpan::new(text, (a, b), decoded, "haystack")
+        // (needle span, value span) of each needle, with their decoded text.
+        let mut spans = Vec::with_capacity(needles.texts.len());
+        for (i, (text, value)) in needles.texts.iter().zip(&needles.values).enumerate() {
+            let mut pair = Vec::with_capacity(2);
+            for (what, bytes, expected) in [
+                ("needle", r.needle_bytes[i], text),
+                ("answer value", r.value_bytes[i], value),
+            ] {
+                let not_exact = |found: String| PromptError::SpanNotExact {
+                    scenario: sc.name.clone(),
+                    what,
+                    expected: expected.clone(),
+                    found,
+                };
+                let (a, b, covered) = span_of(&r.text, &offsets, bytes).ok_or_else(|| {
+                    let lo = offsets.iter().position(|o| o.1 > bytes.0).unwrap_or(0);
+                    let hi = offsets
+                        .iter()
+                        .rposition(|o| o.0 < bytes.1)
+                        .map_or(lo, |h| h + 1);
+                    not_exact(tok.decode(&ids[lo..hi.max(lo)]).unwrap_or_default())
+                })?;
+                let decoded = tok.decode(&ids[a..b])?;
+                if decoded != covered || decoded.trim() != expected.as_str() {
+                    return Err(not_exact(decoded));
+                }
+                pair.push((a, b, decoded));
+            }
+            spans.push(pair);
+        }
+        let (na, nb, needle_span_text) = spans[0][0].clone();
+        let (aa, ab, answer_span_text) = spans[asked[0]][1].clone();
+        // Haystack token range: tokens whose bytes lie in the body.
+        let h0 = offsets
+            .iter()
+            .position(|o| o.0 >= r.body_bytes.0)
+            .unwrap_or(0);
+        let h1 = offsets
+            .iter()
+            .position(|o| o.0 >= r.body_bytes.1)
+            .unwrap_or(offsets.len());
+        let others = (h1 - h0).saturating_sub(nb - na);
+        let actual_depth_pct = if others == 0 {
+            depth_pct
+        } else {
+            100.0 * na.saturating_sub(h0) as f64 / others as f64
+        };
+        let needle_spans = needles
+            .texts
+            .iter()
+            .zip(&spans)
+            .map(|(text, pair)| {
+                let (a, b, decoded) = pair[0].clone();
+                NeedleSpan::new(text, (a, b), decoded, "haystack")
+            })
+            .collect();
+        let answer_values: Vec<String> = asked.iter().map(|&i| needles.values[i].clone()).collect();
+        let asked_keys: Vec<&str> = asked
+            .iter()
+            .map(|&i| needles.keys[i].as_str())
+            .filter(|k| !k.is_empty())
+            .collect();
+        Ok(NeedlePrompt {
+            tokens: ids,
+            needle: (na, nb),
+            needles: needle_spans,
+            answer: (aa, ab),
+            needle_text: needles.texts[0].clone(),
+            answer_value: answer_values.join(", "),
+            answer_values,
+            key: asked_keys.join(", "),
+            question: needles.question.clone(),
+            depth_pct,
+            actual_depth_pct,
+            needle_span_text,
+            answer_span_text,
+            prompt_text: r.text,
         })
-        .collect();
-    let answer_values: Vec<String> = asked.iter().map(|&i| needles[i].1.clone()).collect();
-    let asked_keys: Vec<&str> = asked
-        .iter()
-        .map(|&i| needles[i].2.as_str())
-        .filter(|k| !k.is_empty())
-        .collect();
-    Ok(NeedlePrompt {
-        tokens: ids,
-        needle: (na, nb),
-        needles: needle_spans,
-        answer: (aa, ab),
-        needle_text: needles[0].0.clone(),
-        answer_value: answer_values.join(", "),
-        answer_values,
-        key: asked_keys.join(", "),
-        question,
-        depth_pct,
-        actual_depth_pct,
-        needle_span_text,
-        answer_span_text,
-        prompt_text: r.text,
-    })
+    }
 }

@@ -7,7 +7,7 @@
 
 use needlescope::backend::gpu::indexer::index_scores_batch_tiled;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
-use needlescope::backend::{Backend, CpuBackend, HostOps};
+use needlescope::backend::{Backend, CpuBackend, HostOps, IndexScoreBatch};
 use needlescope::numerics::hadamard_inplace;
 use needlescope::numerics::score_batch::TileShape;
 use needlescope::numerics::{IndexProfile, PreparedQuery};
@@ -324,9 +324,19 @@ fn unprepared_inputs_are_scored_in_f32_not_rounded_to_bf16() {
     let visible = [n, 7, n - 1];
     for (what, qv, k) in [("raw keys", &flat_q, &keys), ("raw q", &raw_q, &c.keys)] {
         let (mut want, mut got) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
-        let s = &c.scales;
-        cpu.index_scores_batch_host(p, qv, &flat_w, heads, dim, k, s, &visible, &mut want);
-        gpu.index_scores_batch_host(p, qv, &flat_w, heads, dim, k, s, &visible, &mut got);
+        let batch = IndexScoreBatch {
+            profile: p,
+            queries: &qv[..],
+            weights: &flat_w[..],
+            first: 0,
+            heads,
+            dim,
+            keys: &k[..],
+            key_scales: &c.scales[..],
+            visible: &visible,
+        };
+        cpu.index_scores_batch_host(&batch, &mut want);
+        gpu.index_scores_batch_host(&batch, &mut got);
         assert!(gpu.take_error().is_none());
         let e = norm_err(&got, &want);
         assert!(e <= 2e-6, "{what}: normalised error {e:e}");
@@ -345,9 +355,18 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
         let flat_q: Vec<f32> = c.queries.iter().flat_map(|q| q.values.clone()).collect();
         let flat_w: Vec<f32> = c.queries.iter().flat_map(|q| q.weights.clone()).collect();
         let mut want = vec![0.0; tokens * stride];
-        cpu.index_scores_batch_host(
-            p, &flat_q, &flat_w, heads, dim, &c.keys, &c.scales, &visible, &mut want,
-        );
+        let batch = IndexScoreBatch {
+            profile: p,
+            queries: &flat_q[..],
+            weights: &flat_w[..],
+            first: 0,
+            heads,
+            dim,
+            keys: &c.keys[..],
+            key_scales: &c.scales[..],
+            visible: &visible,
+        };
+        cpu.index_scores_batch_host(&batch, &mut want);
         // The default tile, and tiles that split both tokens and rows unevenly.
         for tile in [
             None,
@@ -359,9 +378,7 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
         ] {
             let mut got = vec![f32::NAN; tokens * stride];
             match tile {
-                None => gpu.index_scores_batch_host(
-                    p, &flat_q, &flat_w, heads, dim, &c.keys, &c.scales, &visible, &mut got,
-                ),
+                None => gpu.index_scores_batch_host(&batch, &mut got),
                 Some(t) => {
                     // A key cache longer than any query sees (NaN rows past the visible ones
                     // must not be read).
@@ -370,30 +387,19 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
                     gpu.act_append(&mut k, &gpu.act_of(&vec![f32::NAN; 3 * dim]));
                     gpu.act_append(&mut s, &gpu.act_of(&[f32::NAN; 3]));
                     let mut out = gpu.act_zeros(got.len());
-                    index_scores_batch_tiled(
-                        &gpu, p, &q, &w, 0, heads, dim, &k, &s, &visible, &mut out, t,
-                    )
-                    .unwrap();
+                    let on_gpu = batch.with_tensors(&q, &w, &k, &s);
+                    index_scores_batch_tiled(&gpu, &on_gpu, &mut out, t).unwrap();
                     gpu.act_to(&out, &mut got);
                     // A block that starts at query 2 (the engine scores long chunks in blocks
                     // of queries): its rows equal those queries' rows of the whole batch, so
                     // its queries and head weights are read from query 2 on.
                     let mut part = gpu.act_zeros((tokens - 2) * stride);
-                    index_scores_batch_tiled(
-                        &gpu,
-                        p,
-                        &q,
-                        &w,
-                        2,
-                        heads,
-                        dim,
-                        &k,
-                        &s,
-                        &visible[2..],
-                        &mut part,
-                        t,
-                    )
-                    .unwrap();
+                    let from_query_2 = IndexScoreBatch {
+                        first: 2,
+                        visible: &visible[2..],
+                        ..on_gpu
+                    };
+                    index_scores_batch_tiled(&gpu, &from_query_2, &mut part, t).unwrap();
                     let mut from_2 = vec![f32::NAN; (tokens - 2) * stride];
                     gpu.act_to(&part, &mut from_2);
                     assert_bits_eq(

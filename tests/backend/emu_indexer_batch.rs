@@ -9,7 +9,7 @@
 use needlescope::backend::gpu::executor::{Arg, Executor, Gemm, GpuError};
 use needlescope::backend::gpu::topk::topk_batch_grouped;
 use needlescope::backend::gpu::{EmuExecutor, GemmType, GpuBackend};
-use needlescope::backend::{Backend, CpuBackend, HostOps};
+use needlescope::backend::{Backend, CpuBackend, HostOps, IndexScoreBatch, RawIndexQueries};
 use needlescope::numerics::rng::Rng;
 use needlescope::numerics::IndexProfile;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -119,7 +119,14 @@ fn batched_query_preparation_is_bit_identical_to_the_cpu_per_token() {
                 let mut values = vec![f32::NAN; tokens * hd];
                 let mut weights = vec![f32::NAN; tokens * heads];
                 counts(&gpu);
-                gpu.index_prepare_queries_host(p, &q, &w, heads, dim, &mut values, &mut weights);
+                let raw = RawIndexQueries {
+                    profile: p,
+                    queries: &q[..],
+                    weights: &w[..],
+                    heads,
+                    dim,
+                };
+                gpu.index_prepare_queries_host(&raw, &mut values, &mut weights);
                 assert!(gpu.take_error().is_none(), "{what}: device error");
                 let (launches, reads) = counts(&gpu);
                 assert_eq!(
@@ -146,8 +153,15 @@ fn batched_query_preparation_records_a_bad_dim() {
     let gpu = gpu();
     let (mut v, mut w) = (vec![0.0; 2 * 4 * 48], vec![0.0; 2 * 4]);
     let q = vec![1.0; 2 * 4 * 48];
-    let wr = vec![1.0; 2 * 4];
-    gpu.index_prepare_queries_host(IndexProfile::SglangFp8, &q, &wr, 4, 48, &mut v, &mut w);
+    let wr = [1.0; 2 * 4];
+    let raw = RawIndexQueries {
+        profile: IndexProfile::SglangFp8,
+        queries: &q[..],
+        weights: &wr[..],
+        heads: 4,
+        dim: 48,
+    };
+    gpu.index_prepare_queries_host(&raw, &mut v, &mut w);
     assert!(gpu.take_error().is_some());
     assert!(v.iter().chain(&w).all(|x| x.is_nan()));
 }
@@ -345,7 +359,14 @@ fn batched_scores_read_the_visible_rows_of_a_device_key_cache() {
     let q_raw = raw_queries(tokens * heads, dim, &mut rng);
     let w_raw: Vec<f32> = (0..tokens * heads).map(|_| rng.signed()).collect();
     let (mut q, mut w) = (vec![0.0; q_raw.len()], vec![0.0; w_raw.len()]);
-    cpu.index_prepare_queries_host(p, &q_raw, &w_raw, heads, dim, &mut q, &mut w);
+    let raw = RawIndexQueries {
+        profile: p,
+        queries: &q_raw[..],
+        weights: &w_raw[..],
+        heads,
+        dim,
+    };
+    cpu.index_prepare_queries_host(&raw, &mut q, &mut w);
     let (q_act, w_act) = (gpu.act_of(&q), gpu.act_of(&w));
     // The cache on the device: the prepared rows, then 5 rows that are not bf16 (and NaN).
     let mut tail = vec![0.3f32; 5 * dim];
@@ -362,9 +383,18 @@ fn batched_scores_read_the_visible_rows_of_a_device_key_cache() {
             .iter()
             .for_each(|g| _ = g.swap(0, Ordering::Relaxed));
         let mut out = gpu.act_zeros(tokens * stride);
-        gpu.index_scores_batch(
-            p, &q_act, &w_act, 0, heads, dim, &k_act, &s_act, &visible, &mut out,
-        );
+        let batch = IndexScoreBatch {
+            profile: p,
+            queries: &q_act,
+            weights: &w_act,
+            first: 0,
+            heads,
+            dim,
+            keys: &k_act,
+            key_scales: &s_act,
+            visible: &visible,
+        };
+        gpu.index_scores_batch(&batch, &mut out);
         assert!(gpu.take_error().is_none());
         assert_eq!(
             d.written.load(Ordering::Relaxed),
@@ -387,7 +417,8 @@ fn batched_scores_read_the_visible_rows_of_a_device_key_cache() {
         if bf16 {
             // Prepared inputs: the CPU's scores up to summation order.
             let mut want = vec![0.0; tokens * stride];
-            cpu.index_scores_batch_host(p, &q, &w, heads, dim, &keys, &scales, &visible, &mut want);
+            let host = batch.with_tensors(&q[..], &w[..], &keys[..], &scales[..]);
+            cpu.index_scores_batch_host(&host, &mut want);
             let got = gpu.act_into_host(out);
             for (i, (x, y)) in got.iter().zip(&want).enumerate() {
                 assert!(

@@ -133,19 +133,26 @@ fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
     }
 }
 
-/// `y[m, n] = x[m, k] · w[n, k]ᵀ` with explicit row strides for `x` (`x_rs`) and `y` (`y_rs`),
-/// so sub-blocks of wider buffers can be used without copying.
-#[allow(clippy::too_many_arguments)]
+/// Rows of a row-major matrix inside a wider buffer: row r starts at `data[r · row_stride]` (a
+/// block of columns, e.g. one group's slice of a grouped activation).
+pub struct Strided<T> {
+    /// The buffer, from the first row's first element.
+    pub data: T,
+    /// Elements from one row's start to the next's.
+    pub row_stride: usize,
+}
+
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ` with explicit row strides for `x` and `y`, so sub-blocks of
+/// wider buffers can be used without copying.
 pub fn matmul_strided(
-    x: &[f32],
-    x_rs: usize,
+    x: Strided<&[f32]>,
     w: &[f32],
     n: usize,
     k: usize,
-    y: &mut [f32],
-    y_rs: usize,
+    y: Strided<&mut [f32]>,
     m: usize,
 ) {
+    let ((x, x_rs), (y, y_rs)) = ((x.data, x.row_stride), (y.data, y.row_stride));
     if m == 0 || n == 0 {
         return;
     }
@@ -197,7 +204,15 @@ pub fn matmul(x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
     }
     for band in bands(0, n) {
         w.with_rows(band.clone(), |wb| {
-            matmul_strided(x, k, wb, band.len(), k, &mut y[band.start..], n, m)
+            let x = Strided {
+                data: x,
+                row_stride: k,
+            };
+            let y = Strided {
+                data: &mut y[band.start..],
+                row_stride: n,
+            };
+            matmul_strided(x, wb, band.len(), k, y, m)
         });
     }
 }
@@ -224,16 +239,15 @@ pub fn matmul_grouped(x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
     for g in 0..groups {
         for band in bands(g * out, out) {
             w.with_rows(band.clone(), |wb| {
-                matmul_strided(
-                    &x[g * k..],
-                    x_rs,
-                    wb,
-                    band.len(),
-                    k,
-                    &mut y[band.start..],
-                    groups * out,
-                    m,
-                )
+                let x = Strided {
+                    data: &x[g * k..],
+                    row_stride: x_rs,
+                };
+                let y = Strided {
+                    data: &mut y[band.start..],
+                    row_stride: groups * out,
+                };
+                matmul_strided(x, wb, band.len(), k, y, m)
             });
         }
     }

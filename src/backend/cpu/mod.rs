@@ -18,8 +18,8 @@ pub use linalg::CpuMatrix;
 pub use norm::{rms_norm, rms_scale, rope, RMS_LANES};
 
 use crate::backend::{
-    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, PoolLayout, Routes,
-    WeightResidency,
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, IndexScoreBatch,
+    PoolLayout, RawIndexQueries, Routes, WeightResidency,
 };
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
@@ -240,14 +240,17 @@ impl Backend for CpuBackend {
 
     fn index_prepare_queries(
         &self,
-        profile: IndexProfile,
-        q_raw: &Vec<f32>,
-        weights_raw: &Vec<f32>,
-        heads: usize,
-        dim: usize,
+        raw: &RawIndexQueries<'_, Vec<f32>>,
         values: &mut Vec<f32>,
         weights: &mut Vec<f32>,
     ) {
+        let RawIndexQueries {
+            profile,
+            heads,
+            dim,
+            ..
+        } = *raw;
+        let (q_raw, weights_raw) = (raw.queries, raw.weights);
         let hd = heads * dim;
         values
             .par_chunks_mut(hd.max(1))
@@ -278,32 +281,8 @@ impl Backend for CpuBackend {
         selection::index_scores(profile, query, keys, key_scales, dim, out)
     }
 
-    fn index_scores_batch(
-        &self,
-        profile: IndexProfile,
-        queries: &Vec<f32>,
-        weights: &Vec<f32>,
-        first: usize,
-        heads: usize,
-        dim: usize,
-        keys: &Vec<f32>,
-        key_scales: &Vec<f32>,
-        visible: &[usize],
-        out: &mut Vec<f32>,
-    ) {
-        let tokens = visible.len();
-        let rows = visible.iter().copied().max().unwrap_or(0);
-        selection::index_scores_batch(
-            profile,
-            &queries[first * heads * dim..(first + tokens) * heads * dim],
-            &weights[first * heads..(first + tokens) * heads],
-            heads,
-            dim,
-            &keys[..rows * dim],
-            &key_scales[..rows],
-            visible,
-            out,
-        )
+    fn index_scores_batch(&self, batch: &IndexScoreBatch<'_, Vec<f32>>, out: &mut Vec<f32>) {
+        selection::index_scores_batch(&batch.block(), out)
     }
 
     fn topk_batch(&self, scores: &Vec<f32>, stride: usize, visible: &[usize], out: &mut [i32]) {

@@ -12,7 +12,7 @@
 //! candidate buffer of at most `2k` entries (O(rows + k log k)), then a sort of the k winners.
 
 use crate::numerics::profiles::{self, IndexProfile, PreparedQuery};
-use crate::numerics::score_batch;
+use crate::numerics::score_batch::{self, IndexScoreBatch};
 use rayon::prelude::*;
 
 pub fn index_prepare_keys(
@@ -60,35 +60,24 @@ pub fn index_scores(
         "index scores: one scale per row"
     );
     assert_eq!(query.dim, dim, "index scores: query and key dims differ");
-    score_batch::score_batch(
+    let batch = IndexScoreBatch {
         profile,
-        &query.values,
-        &query.weights,
-        query.heads,
+        queries: &query.values[..],
+        weights: &query.weights[..],
+        first: 0,
+        heads: query.heads,
         dim,
         keys,
         key_scales,
-        &[out.len()],
-        out,
-    );
+        visible: &[out.len()],
+    };
+    score_batch::score_batch(&batch, out);
 }
 
-/// See [`crate::backend::Backend::index_scores_batch`].
-#[allow(clippy::too_many_arguments)]
-pub fn index_scores_batch(
-    profile: IndexProfile,
-    queries: &[f32],
-    weights: &[f32],
-    heads: usize,
-    dim: usize,
-    keys: &[f32],
-    key_scales: &[f32],
-    visible: &[usize],
-    out: &mut [f32],
-) {
-    score_batch::score_batch(
-        profile, queries, weights, heads, dim, keys, key_scales, visible, out,
-    );
+/// See [`crate::backend::Backend::index_scores_batch`]: `batch` on host slices that end at
+/// the block ([`IndexScoreBatch::block`]).
+pub fn index_scores_batch(batch: &IndexScoreBatch<'_>, out: &mut [f32]) {
+    score_batch::score_batch(batch, out);
 }
 
 /// A score as a totally ordered key: NaN lowest (0), then -inf .. +inf by value, with -0.0

@@ -11,34 +11,10 @@
 //! checked against the kernel's C signature before every launch (see [`super::executor::signature_of`]), so a
 //! marshalling mistake is an error, not undefined behaviour on the device.
 
+// The device layer's error lives in its own file: the kernel compiler reports it too.
+pub use super::error::GpuError;
 pub use crate::backend::{MemoryUse, OpTime};
 use std::sync::atomic::{AtomicU64, Ordering};
-use thiserror::Error;
-
-/// An error of the device layer.
-#[derive(Debug, Error)]
-pub enum GpuError {
-    #[error("CUDA driver: {0}")]
-    Driver(String),
-    #[error("cuBLAS: {0}")]
-    Cublas(String),
-    #[error("NVRTC: {0}")]
-    Nvrtc(String),
-    #[error("kernel {kernel}: {why}")]
-    Launch { kernel: String, why: String },
-    #[error(
-        "device {device}: out of memory allocating {bytes} bytes ({free} free of {total}); the \
-         placement plan should have refused this model: please report it"
-    )]
-    OutOfMemory {
-        device: usize,
-        bytes: usize,
-        free: usize,
-        total: usize,
-    },
-    #[error("{0}")]
-    Other(String),
-}
 
 /// One kernel argument: a device pointer (buffer plus byte offset) or a scalar.
 #[derive(Debug)]

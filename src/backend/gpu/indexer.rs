@@ -26,6 +26,7 @@
 use super::act::copy_values;
 use super::executor::{buf, grid_for, Arg, Executor, GpuError};
 use super::{Act, GpuBackend};
+use crate::backend::RawIndexQueries;
 use crate::numerics::hadamard::hadamard_scale;
 use crate::numerics::profiles::{weight_scale, IndexProfile, PreparedQuery, INDEX_FP4_BLOCK};
 
@@ -134,7 +135,6 @@ pub fn index_prepare_keys<E: Executor>(
 
 /// Launches `idx_prepare_query` over `n` query heads (`n / heads` tokens): `q_in [n, dim]` ->
 /// `q_out`, `w_in [n]` -> `w_out`.
-#[allow(clippy::too_many_arguments)]
 fn prepare_queries_on<E: Executor>(
     e: &E,
     profile: IndexProfile,
@@ -220,19 +220,22 @@ pub fn nan_query(heads: usize, dim: usize) -> PreparedQuery {
     }
 }
 
-/// The queries of T tokens: `q_raw [T, heads, dim]`, `weights_raw [T, heads]` into `values`
-/// and `weights` of the same shapes, bit for bit what [`index_prepare_query`] gives per token.
-#[allow(clippy::too_many_arguments)]
+/// The queries of T tokens: `raw` (queries `[T, heads, dim]`, head weights `[T, heads]`) into
+/// `values` and `weights` of the same shapes, bit for bit what [`index_prepare_query`] gives
+/// per token.
 pub fn index_prepare_queries<E: Executor>(
     g: &GpuBackend<E>,
-    profile: IndexProfile,
-    q_raw: &Act<E>,
-    weights_raw: &Act<E>,
-    heads: usize,
-    dim: usize,
+    raw: &RawIndexQueries<'_, Act<E>>,
     values: &mut Act<E>,
     weights: &mut Act<E>,
 ) -> Result<(), GpuError> {
+    let RawIndexQueries {
+        profile,
+        queries: q_raw,
+        weights: weights_raw,
+        heads,
+        dim,
+    } = *raw;
     assert_eq!(
         values.len(),
         q_raw.len(),

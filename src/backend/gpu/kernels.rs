@@ -13,7 +13,7 @@
 //! damaged file would otherwise load (and fail, or compute garbage) on every later run. A file
 //! that does not unseal ([`unseal_cache_entry`]) or cannot be read is ignored and rebuilt.
 
-use super::executor::GpuError;
+use super::error::GpuError;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;

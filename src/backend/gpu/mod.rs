@@ -35,6 +35,7 @@ pub mod attention;
 pub mod cuda;
 pub mod driver;
 pub mod emu;
+pub mod error;
 pub mod executor;
 pub mod experts;
 mod experts_layout;

@@ -7,8 +7,8 @@
 use super::executor::{upload, Executor, GemmType};
 use super::{attention, experts, hyper, indexer, matrix, norm, topk, Act, GpuBackend, GpuMatrix};
 use crate::backend::{
-    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, OpTime, PoolLayout,
-    Routes, Site,
+    AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, IndexScoreBatch,
+    OpTime, PoolLayout, RawIndexQueries, Routes, Site,
 };
 use crate::checkpoint::linear::SharedLinear;
 use crate::checkpoint::CheckpointError;
@@ -296,16 +296,11 @@ impl<E: Executor> Backend for GpuBackend<E> {
 
     fn index_prepare_queries(
         &self,
-        profile: IndexProfile,
-        q_raw: &Act<E>,
-        weights_raw: &Act<E>,
-        heads: usize,
-        dim: usize,
+        raw: &RawIndexQueries<'_, Act<E>>,
         values: &mut Act<E>,
         weights: &mut Act<E>,
     ) {
-        let (q, w) = (q_raw, weights_raw);
-        let r = indexer::index_prepare_queries(self, profile, q, w, heads, dim, values, weights);
+        let r = indexer::index_prepare_queries(self, raw, values, weights);
         self.settle_acts("index_prepare_queries", r, &mut [values, weights]);
     }
 
@@ -322,23 +317,8 @@ impl<E: Executor> Backend for GpuBackend<E> {
         self.settle("index_scores", r, &mut [out]);
     }
 
-    fn index_scores_batch(
-        &self,
-        profile: IndexProfile,
-        queries: &Act<E>,
-        weights: &Act<E>,
-        first: usize,
-        heads: usize,
-        dim: usize,
-        keys: &Act<E>,
-        key_scales: &Act<E>,
-        visible: &[usize],
-        out: &mut Act<E>,
-    ) {
-        let (q, w, s) = (queries, weights, key_scales);
-        let r = indexer::index_scores_batch(
-            self, profile, q, w, first, heads, dim, keys, s, visible, out,
-        );
+    fn index_scores_batch(&self, batch: &IndexScoreBatch<'_, Act<E>>, out: &mut Act<E>) {
+        let r = indexer::index_scores_batch(self, batch, out);
         self.settle_acts("index_scores_batch", r, &mut [out]);
     }
 

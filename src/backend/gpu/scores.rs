@@ -25,7 +25,7 @@ use super::executor::{buf, download, grid_for, upload, Arg, Executor, Gemm, Gemm
 use super::matrix::{to_gemm_type, to_gemm_type_at};
 use super::{Act, GpuBackend};
 use crate::numerics::profiles::{IndexProfile, PreparedQuery};
-use crate::numerics::score_batch::TileShape;
+use crate::numerics::score_batch::{IndexScoreBatch, TileShape};
 
 /// Most bytes of dot products (the GEMM output of one tile) that exist at once.
 pub const TILE_BYTES: usize = 64 << 20;
@@ -91,24 +91,15 @@ pub fn default_tile(heads: usize) -> TileShape {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The scores of a block of prepared queries on the device into `out [T, stride]` (see
+/// [`crate::backend::Backend::index_scores_batch`]), in [`default_tile`]s.
 pub fn index_scores_batch<E: Executor>(
     g: &GpuBackend<E>,
-    profile: IndexProfile,
-    queries: &Act<E>,
-    weights: &Act<E>,
-    first: usize,
-    heads: usize,
-    dim: usize,
-    keys: &Act<E>,
-    key_scales: &Act<E>,
-    visible: &[usize],
+    batch: &IndexScoreBatch<'_, Act<E>>,
     out: &mut Act<E>,
 ) -> Result<(), GpuError> {
-    let tile = default_tile(heads);
-    index_scores_batch_tiled(
-        g, profile, queries, weights, first, heads, dim, keys, key_scales, visible, out, tile,
-    )
+    let tile = default_tile(batch.heads);
+    index_scores_batch_tiled(g, batch, out, tile)
 }
 
 /// Reduces "some of the `n` values from byte `at` of `x` has a bit of 0xFFFF set" (not exactly
@@ -170,21 +161,23 @@ fn bf16_exact_on<E: Executor>(e: &E, parts: &[(&E::Buf, usize, usize)]) -> Resul
 
 /// [`index_scores_batch`] with an explicit tile (tests use small ones to cross tile edges;
 /// results do not depend on it beyond the GEMM's summation order).
-#[allow(clippy::too_many_arguments)]
 pub fn index_scores_batch_tiled<E: Executor>(
     g: &GpuBackend<E>,
-    profile: IndexProfile,
-    queries: &Act<E>,
-    weights: &Act<E>,
-    first: usize,
-    heads: usize,
-    dim: usize,
-    keys: &Act<E>,
-    key_scales: &Act<E>,
-    visible: &[usize],
+    batch: &IndexScoreBatch<'_, Act<E>>,
     out: &mut Act<E>,
     tile: TileShape,
 ) -> Result<(), GpuError> {
+    let IndexScoreBatch {
+        profile,
+        queries,
+        weights,
+        first,
+        heads,
+        dim,
+        keys,
+        key_scales,
+        visible,
+    } = *batch;
     let tokens = visible.len();
     assert!(
         queries.len() >= (first + tokens) * heads * dim,

@@ -68,16 +68,14 @@ pub fn topk<E: Executor>(
         return Ok(());
     }
     let s_b = g.up(scores)?;
-    select(
-        g,
-        g.current_index(),
-        &s_b,
-        n,
-        n,
-        &[n],
-        out,
-        TOPK_GROUP_SCORES,
-    )
+    let rows = ScoreRows {
+        dev: g.current_index(),
+        scores: &s_b,
+        len: n,
+        stride: n,
+        visible: &[n],
+    };
+    select(g, &rows, out, TOPK_GROUP_SCORES)
 }
 
 /// Top-k of T score rows (see the module docs); `k = out.len() / T`.
@@ -106,30 +104,45 @@ pub fn topk_batch_grouped<E: Executor>(
     }
     let dev = g.current_index();
     let s_b = g.on(scores, dev)?;
-    select(
-        g,
+    let rows = ScoreRows {
         dev,
-        &s_b,
-        scores.len(),
+        scores: &*s_b,
+        len: scores.len(),
         stride,
         visible,
-        out,
-        group_scores,
-    )
+    };
+    select(g, &rows, out, group_scores)
 }
 
-/// Top-k of the rows of `scores` (`len` f32 values on device `dev`) in groups.
-#[allow(clippy::too_many_arguments)]
+/// T score rows on one device, as [`select`] reads them: row t is `visible[t]` scores from
+/// `scores[t·stride]`.
+struct ScoreRows<'a, B> {
+    /// The device holding them.
+    dev: usize,
+    /// The scores, row t from value `t·stride` (the last row may be shorter than `stride`).
+    scores: &'a B,
+    /// Score values in `scores`.
+    len: usize,
+    /// Values from one row's start to the next's.
+    stride: usize,
+    /// `[T]`: visible scores per row.
+    visible: &'a [usize],
+}
+
+/// Top-k of the score rows in groups of at most `group_scores` scores; `out` is `[T, k]`.
 fn select<E: Executor>(
     g: &GpuBackend<E>,
-    dev: usize,
-    scores: &E::Buf,
-    len: usize,
-    stride: usize,
-    visible: &[usize],
+    rows: &ScoreRows<'_, E::Buf>,
     out: &mut [i32],
     group_scores: usize,
 ) -> Result<(), GpuError> {
+    let ScoreRows {
+        dev,
+        scores,
+        len,
+        stride,
+        visible,
+    } = *rows;
     let tokens = visible.len();
     if tokens == 0 {
         return Ok(());

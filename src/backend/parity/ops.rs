@@ -10,7 +10,7 @@
 use super::{normalised_error, Check};
 use crate::backend::{
     AttentionBatch, AttentionProbs, Backend, CpuBackend, FfnWeights, HcParams, HcWeights, HostOps,
-    PoolLayout, Routes,
+    IndexScoreBatch, PoolLayout, RawIndexQueries, Routes,
 };
 use crate::numerics::profiles::IndexProfile;
 use crate::numerics::rng::Rng;
@@ -341,12 +341,30 @@ fn index_checks<B: Backend>(b: &B, cpu: &CpuBackend, dims: &OpDims, r: &mut Rng)
         }
         let visible: Vec<usize> = (0..qn).map(|i| rows - i * rows / (2 * qn)).collect();
         let (mut gb, mut gc) = (vec![0f32; qn * rows], vec![0f32; qn * rows]);
-        b.index_scores_batch_host(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gb);
-        cpu.index_scores_batch_host(profile, &qv, &qw, h, dim, &kc, &sc, &visible, &mut gc);
+        let batch = IndexScoreBatch {
+            profile,
+            queries: &qv[..],
+            weights: &qw[..],
+            first: 0,
+            heads: h,
+            dim,
+            keys: &kc[..],
+            key_scales: &sc[..],
+            visible: &visible,
+        };
+        b.index_scores_batch_host(&batch, &mut gb);
+        cpu.index_scores_batch_host(&batch, &mut gc);
         out.push(check(format!("index scores batch {name}"), &gb, &gc, 1e-5));
         // All queries at once, as the model prepares them: exactly the one-by-one results.
         let (mut vb, mut wb) = (vec![0f32; qn * h * dim], vec![0f32; qn * h]);
-        b.index_prepare_queries_host(profile, &raw_q, &raw_w, h, dim, &mut vb, &mut wb);
+        let raw = RawIndexQueries {
+            profile,
+            queries: &raw_q[..],
+            weights: &raw_w[..],
+            heads: h,
+            dim,
+        };
+        b.index_prepare_queries_host(&raw, &mut vb, &mut wb);
         out.push(check(format!("index queries batch {name}"), &vb, &qv, 0.0));
         out.push(check(format!("index weights batch {name}"), &wb, &qw, 0.0));
         // The batch's top-k on the reference's scores (each query sees its own rows).
