@@ -3,7 +3,7 @@
 //!
 //! Two levels:
 //! - [`logical_inventory`]: what the model holds, format-free. Linears appear once, by module
-//!   name (`layers.3.attn.wq_a`), with their logical `[out, in]` shape and a [`Role`] that says
+//!   name (`layers.3.attn.wq_a`), with their logical `[out, in]` shape and a [`TensorRole`] that says
 //!   how each format stores them; every other tensor appears by its full name.
 //! - [`expected_inventory`]: the logical list expanded into stored tensors for one
 //!   [`WeightFormat`] (`.weight` plus `.scale` / `.weight_scale` / `.weight_scale_2` /
@@ -36,7 +36,7 @@ pub const NVFP4_GROUP: usize = 16;
 
 /// What a tensor is, which decides both its storage and its synthetic values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
+pub enum TensorRole {
     /// `embed.weight` `[vocab, hidden]`, BF16.
     Embed,
     /// A linear stored BF16 in every format (`head`, router `gate`).
@@ -67,14 +67,14 @@ pub enum Role {
     Tid2eid,
 }
 
-impl Role {
+impl TensorRole {
     pub fn is_linear(self) -> bool {
         matches!(
             self,
-            Role::PlainLinear
-                | Role::CompressorLinear(_)
-                | Role::QuantLinear
-                | Role::RoutedExpert { .. }
+            TensorRole::PlainLinear
+                | TensorRole::CompressorLinear(_)
+                | TensorRole::QuantLinear
+                | TensorRole::RoutedExpert { .. }
         )
     }
 }
@@ -83,7 +83,7 @@ impl Role {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogicalTensor {
     pub name: String,
-    pub role: Role,
+    pub role: TensorRole,
     /// Logical shape (`[out, in]` for linears, unpacked).
     pub shape: Vec<usize>,
 }
@@ -140,13 +140,13 @@ impl From<WeightFormat> for InventoryOptions {
 pub fn logical_inventory(cfg: &ModelConfig) -> Vec<LogicalTensor> {
     let mut out = Vec::new();
     let (d, hc) = (cfg.hidden_size, cfg.hc_mult);
-    let push = |out: &mut Vec<LogicalTensor>, name: String, role: Role, shape: Vec<usize>| {
+    let push = |out: &mut Vec<LogicalTensor>, name: String, role: TensorRole, shape: Vec<usize>| {
         out.push(LogicalTensor { name, role, shape })
     };
     push(
         &mut out,
         "embed.weight".into(),
-        Role::Embed,
+        TensorRole::Embed,
         vec![cfg.vocab_size, d],
     );
     for (l, attn) in cfg.layer_roles().iter().enumerate() {
@@ -156,10 +156,10 @@ pub fn logical_inventory(cfg: &ModelConfig) -> Vec<LogicalTensor> {
     push(
         &mut out,
         "head".into(),
-        Role::PlainLinear,
+        TensorRole::PlainLinear,
         vec![cfg.vocab_size, d],
     );
-    push(&mut out, "norm.weight".into(), Role::Norm, vec![d]);
+    push(&mut out, "norm.weight".into(), TensorRole::Norm, vec![d]);
     hc_head(&mut out, "", hc, d);
     for i in 0..cfg.num_nextn_predict_layers {
         let p = format!("mtp.{i}.");
@@ -174,17 +174,22 @@ pub fn logical_inventory(cfg: &ModelConfig) -> Vec<LogicalTensor> {
         push(
             &mut out,
             format!("{p}e_proj"),
-            Role::QuantLinear,
+            TensorRole::QuantLinear,
             vec![d, d],
         );
         push(
             &mut out,
             format!("{p}h_proj"),
-            Role::QuantLinear,
+            TensorRole::QuantLinear,
             vec![d, d],
         );
         for n in ["enorm", "hnorm", "norm"] {
-            push(&mut out, format!("{p}{n}.weight"), Role::Norm, vec![d]);
+            push(
+                &mut out,
+                format!("{p}{n}.weight"),
+                TensorRole::Norm,
+                vec![d],
+            );
         }
         hc_head(&mut out, &p, hc, d);
     }
@@ -197,9 +202,9 @@ fn hc_head(out: &mut Vec<LogicalTensor>, p: &str, hc: usize, d: usize) {
         role,
         shape,
     };
-    out.push(t("hc_head_fn", Role::HcFn, vec![hc, hc * d]));
-    out.push(t("hc_head_base", Role::HcBase, vec![hc]));
-    out.push(t("hc_head_scale", Role::HcScale, vec![1]));
+    out.push(t("hc_head_fn", TensorRole::HcFn, vec![hc, hc * d]));
+    out.push(t("hc_head_base", TensorRole::HcBase, vec![hc]));
+    out.push(t("hc_head_scale", TensorRole::HcScale, vec![1]));
 }
 
 /// One decoder layer (main or MTP) under prefix `p`; `attn` says whether its attention has a
@@ -220,7 +225,7 @@ fn layer(
     );
     let (ql, og, ol) = (cfg.q_lora_rank, cfg.o_groups, cfg.o_lora_rank);
     let (e, inter) = (cfg.n_routed_experts, cfg.moe_intermediate_size);
-    let mut t = |n: String, role: Role, shape: Vec<usize>| {
+    let mut t = |n: String, role: TensorRole, shape: Vec<usize>| {
         out.push(LogicalTensor {
             name: format!("{p}{n}"),
             role,
@@ -228,28 +233,36 @@ fn layer(
         })
     };
     let hc_rows = (2 + hc) * hc;
-    t("attn_norm.weight".into(), Role::Norm, vec![d]);
-    t("ffn_norm.weight".into(), Role::Norm, vec![d]);
-    t("hc_attn_fn".into(), Role::HcFn, vec![hc_rows, hc * d]);
-    t("hc_ffn_fn".into(), Role::HcFn, vec![hc_rows, hc * d]);
-    t("hc_attn_base".into(), Role::HcBase, vec![hc_rows]);
-    t("hc_ffn_base".into(), Role::HcBase, vec![hc_rows]);
-    t("hc_attn_scale".into(), Role::HcScale, vec![3]);
-    t("hc_ffn_scale".into(), Role::HcScale, vec![3]);
-    t("attn.attn_sink".into(), Role::AttnSink, vec![h]);
-    t("attn.wq_a".into(), Role::QuantLinear, vec![ql, d]);
-    t("attn.q_norm.weight".into(), Role::Norm, vec![ql]);
-    t("attn.wq_b".into(), Role::QuantLinear, vec![h * hd, ql]);
-    t("attn.wkv".into(), Role::QuantLinear, vec![hd, d]);
-    t("attn.kv_norm.weight".into(), Role::Norm, vec![hd]);
+    t("attn_norm.weight".into(), TensorRole::Norm, vec![d]);
+    t("ffn_norm.weight".into(), TensorRole::Norm, vec![d]);
+    t("hc_attn_fn".into(), TensorRole::HcFn, vec![hc_rows, hc * d]);
+    t("hc_ffn_fn".into(), TensorRole::HcFn, vec![hc_rows, hc * d]);
+    t("hc_attn_base".into(), TensorRole::HcBase, vec![hc_rows]);
+    t("hc_ffn_base".into(), TensorRole::HcBase, vec![hc_rows]);
+    t("hc_attn_scale".into(), TensorRole::HcScale, vec![3]);
+    t("hc_ffn_scale".into(), TensorRole::HcScale, vec![3]);
+    t("attn.attn_sink".into(), TensorRole::AttnSink, vec![h]);
+    t("attn.wq_a".into(), TensorRole::QuantLinear, vec![ql, d]);
+    t("attn.q_norm.weight".into(), TensorRole::Norm, vec![ql]);
+    t(
+        "attn.wq_b".into(),
+        TensorRole::QuantLinear,
+        vec![h * hd, ql],
+    );
+    t("attn.wkv".into(), TensorRole::QuantLinear, vec![hd, d]);
+    t("attn.kv_norm.weight".into(), TensorRole::Norm, vec![hd]);
     t(
         "attn.wo_a".into(),
-        Role::QuantLinear,
+        TensorRole::QuantLinear,
         vec![og * ol, h * hd / og],
     );
-    t("attn.wo_b".into(), Role::QuantLinear, vec![d, og * ol]);
-    t("ffn.gate".into(), Role::PlainLinear, vec![e, d]);
-    let expert = Role::RoutedExpert { mtp };
+    t(
+        "attn.wo_b".into(),
+        TensorRole::QuantLinear,
+        vec![d, og * ol],
+    );
+    t("ffn.gate".into(), TensorRole::PlainLinear, vec![e, d]);
+    let expert = TensorRole::RoutedExpert { mtp };
     for x in 0..e {
         t(format!("ffn.experts.{x}.w1"), expert, vec![inter, d]);
         t(format!("ffn.experts.{x}.w3"), expert, vec![inter, d]);
@@ -259,27 +272,27 @@ fn layer(
         let si = inter * cfg.n_shared_experts;
         t(
             "ffn.shared_experts.w1".into(),
-            Role::QuantLinear,
+            TensorRole::QuantLinear,
             vec![si, d],
         );
         t(
             "ffn.shared_experts.w3".into(),
-            Role::QuantLinear,
+            TensorRole::QuantLinear,
             vec![si, d],
         );
         t(
             "ffn.shared_experts.w2".into(),
-            Role::QuantLinear,
+            TensorRole::QuantLinear,
             vec![d, si],
         );
     }
     match router {
         RouterKind::Hash => t(
             "ffn.gate.tid2eid".into(),
-            Role::Tid2eid,
+            TensorRole::Tid2eid,
             vec![cfg.vocab_size, cfg.num_experts_per_tok],
         ),
-        RouterKind::Score => t("ffn.gate.bias".into(), Role::GateBias, vec![e]),
+        RouterKind::Score => t("ffn.gate.bias".into(), TensorRole::GateBias, vec![e]),
     }
     if !attn.owns_kv() {
         return;
@@ -290,48 +303,56 @@ fn layer(
     let ratio = rows.ratio;
     // An overlapping compressor projects each token twice (its own window and the next).
     let c = if rows.overlap { 2 } else { 1 };
-    t("attn.compressor.ape".into(), Role::Ape, vec![ratio, c * hd]);
+    t(
+        "attn.compressor.ape".into(),
+        TensorRole::Ape,
+        vec![ratio, c * hd],
+    );
     t(
         "attn.compressor.wkv".into(),
-        Role::CompressorLinear(CompressorLinear::Wkv),
+        TensorRole::CompressorLinear(CompressorLinear::Wkv),
         vec![c * hd, d],
     );
     t(
         "attn.compressor.wgate".into(),
-        Role::CompressorLinear(CompressorLinear::Wgate),
+        TensorRole::CompressorLinear(CompressorLinear::Wgate),
         vec![c * hd, d],
     );
-    t("attn.compressor.norm.weight".into(), Role::Norm, vec![hd]);
+    t(
+        "attn.compressor.norm.weight".into(),
+        TensorRole::Norm,
+        vec![hd],
+    );
     if attn.has_indexer() {
         let (ih, ihd) = (cfg.index_n_heads, cfg.index_head_dim);
         t(
             "attn.indexer.wq_b".into(),
-            Role::QuantLinear,
+            TensorRole::QuantLinear,
             vec![ih * ihd, ql],
         );
         t(
             "attn.indexer.weights_proj".into(),
-            Role::CompressorLinear(CompressorLinear::IndexerWeightsProj),
+            TensorRole::CompressorLinear(CompressorLinear::IndexerWeightsProj),
             vec![ih, d],
         );
         t(
             "attn.indexer.compressor.ape".into(),
-            Role::Ape,
+            TensorRole::Ape,
             vec![ratio, 2 * ihd],
         );
         t(
             "attn.indexer.compressor.wkv".into(),
-            Role::CompressorLinear(CompressorLinear::IndexerWkv),
+            TensorRole::CompressorLinear(CompressorLinear::IndexerWkv),
             vec![2 * ihd, d],
         );
         t(
             "attn.indexer.compressor.wgate".into(),
-            Role::CompressorLinear(CompressorLinear::IndexerWgate),
+            TensorRole::CompressorLinear(CompressorLinear::IndexerWgate),
             vec![2 * ihd, d],
         );
         t(
             "attn.indexer.compressor.norm.weight".into(),
-            Role::Norm,
+            TensorRole::Norm,
             vec![ihd],
         );
     }
@@ -341,7 +362,7 @@ fn layer(
 pub fn linear_storage(
     cfg: &ModelConfig,
     opts: InventoryOptions,
-    role: Role,
+    role: TensorRole,
 ) -> Option<LinearStorage> {
     let fp8 = LinearStorage::Fp8Block {
         block: cfg.weight_block(),
@@ -352,15 +373,19 @@ pub fn linear_storage(
         _ => fp8,
     };
     Some(match (role, opts.format) {
-        (Role::PlainLinear, _) => LinearStorage::Bf16,
-        (Role::CompressorLinear(kind), _) if opts.fp8_compressor_linears.contains(kind) => fp8,
-        (Role::CompressorLinear(_), _) => LinearStorage::Bf16,
+        (TensorRole::PlainLinear, _) => LinearStorage::Bf16,
+        (TensorRole::CompressorLinear(kind), _) if opts.fp8_compressor_linears.contains(kind) => {
+            fp8
+        }
+        (TensorRole::CompressorLinear(_), _) => LinearStorage::Bf16,
         (r, WeightFormat::Bf16) if r.is_linear() => LinearStorage::Bf16,
-        (Role::QuantLinear, _) => fp8,
-        (Role::RoutedExpert { mtp }, WeightFormat::Nvfp4) if !mtp || opts.mtp_experts_nvfp4 => {
+        (TensorRole::QuantLinear, _) => fp8,
+        (TensorRole::RoutedExpert { mtp }, WeightFormat::Nvfp4)
+            if !mtp || opts.mtp_experts_nvfp4 =>
+        {
             LinearStorage::Nvfp4
         }
-        (Role::RoutedExpert { .. }, _) => official_expert,
+        (TensorRole::RoutedExpert { .. }, _) => official_expert,
         _ => return None,
     })
 }
@@ -375,8 +400,8 @@ pub fn expand(
     let plain = |dtype| vec![ExpectedTensor::new(n.clone(), dtype, lt.shape.clone())];
     let Some(storage) = linear_storage(cfg, opts, lt.role) else {
         return match lt.role {
-            Role::Embed | Role::Norm => plain(Dtype::BF16),
-            Role::Tid2eid => plain(Dtype::I64),
+            TensorRole::Embed | TensorRole::Norm => plain(Dtype::BF16),
+            TensorRole::Tid2eid => plain(Dtype::I64),
             _ => plain(Dtype::F32),
         };
     };

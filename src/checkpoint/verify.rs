@@ -27,11 +27,11 @@
 //! tensor never written), except for the additive biases of the inventory, where zero is a
 //! valid value (the `planted` model's compressor `ape` is zero by construction): the
 //! compressor position bias `ape`, the attention sink `attn_sink` and the router's selection
-//! bias `ffn.gate.bias` ([`Role::Ape`], [`Role::AttnSink`], [`Role::GateBias`]). Those are
+//! bias `ffn.gate.bias` ([`TensorRole::Ape`], [`TensorRole::AttnSink`], [`TensorRole::GateBias`]). Those are
 //! listed apart ([`VerifyReport::zero_biases`]) and do not fail the check.
 
 use super::dtype::{numel, Dtype};
-use super::inventory::{logical_inventory, Role};
+use super::inventory::{logical_inventory, TensorRole};
 use super::reader::Checkpoint;
 use super::CheckpointError;
 use serde::Serialize;
@@ -218,7 +218,12 @@ pub fn verify_in_chunks(
     let total = ckpt.payload_bytes();
     let biases: std::collections::HashSet<String> = logical_inventory(ckpt.config())
         .into_iter()
-        .filter(|t| matches!(t.role, Role::Ape | Role::AttnSink | Role::GateBias))
+        .filter(|t| {
+            matches!(
+                t.role,
+                TensorRole::Ape | TensorRole::AttnSink | TensorRole::GateBias
+            )
+        })
         .map(|t| t.name)
         .collect();
     let mut report = VerifyReport::default();

@@ -10,10 +10,10 @@ use crate::config::ModelConfig;
 use crate::devices::placement::Workload;
 use crate::devices::plan::{DevicePlan, FIXED_WORKSPACE};
 use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, PrefillProfile};
-use crate::model::forward::Engine;
-use crate::model::EngineOptions;
+use crate::model::forward::Model;
+use crate::model::ModelOptions;
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::run::target::{EngineTask, Target};
+use crate::run::target::{ModelTask, Target};
 use crate::units::three_significant;
 use clap::Args;
 use std::io::Write;
@@ -77,9 +77,9 @@ struct BenchTask<'a> {
     out: &'a mut dyn Write,
 }
 
-impl EngineTask for BenchTask<'_> {
+impl ModelTask for BenchTask<'_> {
     type Output = ();
-    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<()> {
+    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<()> {
         let load = self.load_started.elapsed().as_secs_f64();
         let loaded = engine.backend().device_memory();
         if !self.warmup.is_empty() {
@@ -281,7 +281,7 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             .collect()
     };
     let prompts = lengths.iter().map(|&n| prompt(n)).collect();
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         index: args.index,
         kv: args.kv,
         topk: None,

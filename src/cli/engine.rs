@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::probe::capture::EngineCapture;
-use crate::record::served::ServedLayerRecord;
+use crate::record::engine::EngineLayerRecord;
 use crate::record::verdict::EngineVerdict;
 use crate::run::sglang::{EnginePlan, EngineSource};
 
@@ -139,7 +139,7 @@ impl EngineArgs {
 /// `probe --json`'s `engine` object (docs/outputs.md).
 pub fn engine_json(
     capture: &EngineCapture,
-    served: &[ServedLayerRecord],
+    engine_records: &[EngineLayerRecord],
     verdict: &EngineVerdict,
     answer_correct: Option<bool>,
     driving: Option<&str>,
@@ -147,12 +147,15 @@ pub fn engine_json(
 ) -> serde_json::Value {
     // One entry per (layer, position); overlaps per profile, needle membership per needle.
     let mut layers: Vec<serde_json::Value> = Vec::new();
-    let mut keys: Vec<(usize, usize)> = served.iter().map(|r| (r.query_pos, r.layer)).collect();
+    let mut keys: Vec<(usize, usize)> = engine_records
+        .iter()
+        .map(|r| (r.query_pos, r.layer))
+        .collect();
     keys.dedup();
     keys.sort_unstable();
     keys.dedup();
     for (pos, layer) in keys {
-        let here: Vec<&ServedLayerRecord> = served
+        let here: Vec<&EngineLayerRecord> = engine_records
             .iter()
             .filter(|r| r.query_pos == pos && r.layer == layer)
             .collect();
@@ -224,7 +227,7 @@ pub fn engine_json(
 pub fn print_engine(
     out: &mut dyn Write,
     capture: &EngineCapture,
-    served: &[ServedLayerRecord],
+    engine_records: &[EngineLayerRecord],
     reference: &[crate::record::LayerRecord],
     verdict: &EngineVerdict,
     answer_correct: Option<bool>,
@@ -246,9 +249,9 @@ pub fn print_engine(
             None => "no verdict",
         }
     )?;
-    let profiles: Vec<String> = crate::probe::served::profile_order()
+    let profiles: Vec<String> = crate::probe::engine::profile_order()
         .into_iter()
-        .filter(|p| served.iter().any(|r| r.profile == *p))
+        .filter(|p| engine_records.iter().any(|r| r.profile == *p))
         .map(str::to_string)
         .collect();
     write!(out, "{:>5} {:>8} {:>7}", "layer", "visible", "engine")?;
@@ -263,7 +266,7 @@ pub fn print_engine(
         write!(out, " {:>w$}", p, w = p.len().max(5))?;
     }
     writeln!(out)?;
-    let mut rows: Vec<&ServedLayerRecord> = served
+    let mut rows: Vec<&EngineLayerRecord> = engine_records
         .iter()
         .filter(|r| r.query_pos == answer_pos)
         .filter(|r| r.profile.is_empty() || profiles.first() == Some(&r.profile))
@@ -301,7 +304,7 @@ pub fn print_engine(
             write!(out, " {:>14}", rank.map_or("-".into(), |x| x.to_string()))?;
         }
         for p in &profiles {
-            let o = served
+            let o = engine_records
                 .iter()
                 .find(|s| {
                     s.query_pos == answer_pos
@@ -339,13 +342,13 @@ pub fn print_engine(
             means.join(", ")
         )?;
     }
-    let decode = served
+    let decode = engine_records
         .iter()
         .filter(|r| r.query_pos > answer_pos)
         .map(|r| r.query_pos)
         .collect::<std::collections::BTreeSet<_>>();
     if !decode.is_empty() {
-        let lost: usize = served
+        let lost: usize = engine_records
             .iter()
             .filter(|r| {
                 r.query_pos > answer_pos

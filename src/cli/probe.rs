@@ -217,7 +217,7 @@ fn print_json(out: &mut dyn Write, model: &Path, probe: &LocalProbe) -> anyhow::
     if let (Some(e), Some(run)) = (&probe.engine, probe.runs.first()) {
         obj["engine"] = super::engine::engine_json(
             &e.capture,
-            &run.served,
+            &run.engine_records,
             &e.verdict,
             e.answer_correct,
             Some(&run.index),
@@ -243,7 +243,7 @@ fn print_engine_only_json(
         "runs": [],
         "engine": super::engine::engine_json(
             &probe.capture,
-            probe.served(),
+            probe.engine_records(),
             &probe.verdict,
             probe.cell.cell.answer_correct,
             None,
@@ -267,7 +267,7 @@ fn print_engine_only(out: &mut dyn Write, probe: &EngineOnlyProbe) -> anyhow::Re
     super::engine::print_engine(
         out,
         &probe.capture,
-        probe.served(),
+        probe.engine_records(),
         &[],
         &probe.verdict,
         probe.cell.cell.answer_correct,
@@ -500,7 +500,7 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
         super::engine::print_engine(
             out,
             &e.capture,
-            &run.served,
+            &run.engine_records,
             &run.layers,
             &e.verdict,
             e.answer_correct,

@@ -13,9 +13,9 @@ use super::device::DeviceArgs;
 use super::flags::{parse_positive, Positions};
 use crate::backend::Backend;
 use crate::devices::placement::Workload;
-use crate::model::forward::{Engine, EngineOptions};
+use crate::model::forward::{Model, ModelOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::run::target::{EngineTask, Target};
+use crate::run::target::{ModelTask, Target};
 use crate::run::trace::{self, LogitsMode, TraceLayout};
 use std::collections::BTreeMap;
 
@@ -87,9 +87,9 @@ struct TraceTask<'a> {
     logits: LogitsMode,
 }
 
-impl EngineTask for TraceTask<'_> {
+impl ModelTask for TraceTask<'_> {
     type Output = trace::TraceResult;
-    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<trace::TraceResult> {
+    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<trace::TraceResult> {
         // On stderr, hidden when it is not a terminal (as probe's and sweep's bars).
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(self.tokens.len() as u64),
@@ -384,7 +384,7 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     };
     let target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
     let backend = target.record();
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         index: args.index,
         kv: args.kv,
         topk: args.topk,

@@ -21,7 +21,7 @@ use super::compressor::Compressor;
 use super::indexer::{Indexer, IndexerInput, IndexerRun};
 use super::observer::{AttentionObservation, KvRows, Observer};
 use super::state::LayerState;
-use super::{load_matrix, EngineError};
+use super::{load_matrix, ModelError};
 use crate::backend::{AttentionBatch, AttentionProbs, Backend};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerRole, ModelConfig};
@@ -69,7 +69,7 @@ impl<M> Attention<M> {
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
         layer: usize,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let role = *cfg.layer_roles().get(layer);
         let p = format!("layers.{layer}.attn");
         let (d, h, ql) = (cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank);

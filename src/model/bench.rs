@@ -9,9 +9,9 @@
 //! or `(p+1)/128` HCA rows; the CSA indexer `2·index_heads·index_head_dim` per visible row.
 //! Elementwise work (norms, mHC, pooling) is left out: it is small next to these.
 
-use super::forward::{Engine, EngineOptions, LogitsRequest};
+use super::forward::{LogitsRequest, Model, ModelOptions};
 use super::observer::NoObserver;
-use super::EngineError;
+use super::ModelError;
 use crate::backend::{Backend, WeightResidency};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
@@ -34,12 +34,12 @@ pub struct BenchFigures {
 /// the prefill of `tokens`.
 pub fn bench_prefill(
     ckpt: &Checkpoint,
-    opts: EngineOptions,
+    opts: ModelOptions,
     weights: WeightResidency,
     tokens: &[u32],
-) -> Result<BenchFigures, EngineError> {
+) -> Result<BenchFigures, ModelError> {
     let t_load = Instant::now();
-    let engine = Engine::load_weights(ckpt, opts, weights)?;
+    let engine = Model::load_weights(ckpt, opts, weights)?;
     let load_seconds = t_load.elapsed().as_secs_f64();
     let profile = time_prefill(&engine, tokens)?;
     Ok(BenchFigures {
@@ -86,9 +86,9 @@ impl PrefillProfile {
 
 /// Times one prefill of `tokens` on a loaded engine of any backend (a fresh sequence).
 pub fn time_prefill<B: Backend>(
-    engine: &Engine<B>,
+    engine: &Model<B>,
     tokens: &[u32],
-) -> Result<PrefillProfile, EngineError> {
+) -> Result<PrefillProfile, ModelError> {
     let mut state = engine.new_sequence();
     engine.take_site_seconds();
     let (up0, down0) = engine.backend().transfer_bytes();

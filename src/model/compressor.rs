@@ -20,7 +20,7 @@
 //! returns the rows it completed, `[rows, c]`, starting at row index `first_row`.
 
 use super::state::CompressorState;
-use super::{load_matrix, EngineError};
+use super::{load_matrix, ModelError};
 use crate::backend::{Backend, PoolLayout};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -77,7 +77,7 @@ impl<M> Compressor<M> {
         prefix: &str,
         ratio: usize,
         c: usize,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let width = if ratio == 4 { 2 * c } else { c };
         let d = cfg.hidden_size;
         Ok(Compressor {

@@ -5,7 +5,7 @@
 //! any state changes: an id `>= vocab_size` is an error, never a panic). Output: streams
 //! `[T, n, D]`.
 
-use super::{load_matrix, EngineError};
+use super::{load_matrix, ModelError};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -25,7 +25,7 @@ impl<M> Embedding<M> {
         backend: &B,
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
         Ok(Embedding {
             table: load_matrix(backend, ckpt, "embed", v, d)?,
@@ -36,10 +36,10 @@ impl<M> Embedding<M> {
     }
 
     /// Checks every id of `tokens` (at positions `first_pos..`) against the vocabulary.
-    pub fn validate(&self, tokens: &[u32], first_pos: usize) -> Result<(), EngineError> {
+    pub fn validate(&self, tokens: &[u32], first_pos: usize) -> Result<(), ModelError> {
         match tokens.iter().position(|&t| t as usize >= self.vocab) {
             None => Ok(()),
-            Some(i) => Err(EngineError::TokenOutOfRange {
+            Some(i) => Err(ModelError::TokenOutOfRange {
                 token: tokens[i],
                 position: first_pos + i,
                 vocab: self.vocab,

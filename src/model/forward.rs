@@ -34,7 +34,7 @@
 //! format, sharing the checkpoint's memory map, and decodes the band of rows each product needs
 //! right before it (routed experts only when a token of the chunk picks them), so resident
 //! memory is the stored bytes the OS keeps cached plus activations; `Auto` (the default of
-//! [`Engine::load`]) decodes when the decoded model takes at most a quarter of physical memory
+//! [`Model::load`]) decodes when the decoded model takes at most a quarter of physical memory
 //! ([`auto_residency`]). Both give bit-identical results (same decode, same banded products).
 //! The engine holds shares of the memory maps, so it outlives the `Checkpoint` it was loaded
 //! from.
@@ -45,7 +45,7 @@ use super::hyper::hc_params;
 use super::layer::{emit_act, Layer, LayerRun, LayerSwitches};
 use super::observer::Observer;
 use super::state::SequenceState;
-use super::EngineError;
+use super::ModelError;
 use crate::backend::{Backend, CpuBackend, HcParams, Site, WeightResidency};
 use crate::checkpoint::{Checkpoint, Dtype};
 use crate::config::ModelConfig;
@@ -53,7 +53,7 @@ use crate::numerics::profiles::{IndexProfile, KvMode};
 
 /// How the engine runs.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EngineOptions {
+pub struct ModelOptions {
     /// Driving index profile: decides the real CSA selection.
     pub index: IndexProfile,
     /// Main-KV rounding.
@@ -64,10 +64,10 @@ pub struct EngineOptions {
     pub chunk: usize,
 }
 
-impl Default for EngineOptions {
+impl Default for ModelOptions {
     /// The reference setting: `exact` index, `exact` KV, the config's top-k, chunks of 256.
     fn default() -> Self {
-        EngineOptions {
+        ModelOptions {
             index: IndexProfile::Exact,
             kv: KvMode::Exact,
             topk: None,
@@ -96,34 +96,34 @@ pub struct ForwardOutput {
 }
 
 /// A loaded model on a backend.
-pub struct Engine<B: Backend = CpuBackend> {
+pub struct Model<B: Backend = CpuBackend> {
     backend: B,
     cfg: ModelConfig,
-    opts: EngineOptions,
+    opts: ModelOptions,
     topk: usize,
     hc: HcParams,
     embed: Embedding<B::Matrix>,
     layers: Vec<Layer<B::Matrix>>,
     head: Head<B::Matrix>,
-    /// Wall seconds spent per site since load or the last [`Engine::take_site_seconds`]
+    /// Wall seconds spent per site since load or the last [`Model::take_site_seconds`]
     /// (benchmarks): index 0 the embedding, 1..=layers the decoder layers, last the head.
     site_seconds: std::sync::Mutex<Vec<f64>>,
 }
 
-impl Engine<CpuBackend> {
+impl Model<CpuBackend> {
     /// Loads every main layer (MTP is ignored) onto the CPU reference backend, linears
     /// resident per [`WeightResidency::Auto`].
-    pub fn load(ckpt: &Checkpoint, opts: EngineOptions) -> Result<Self, EngineError> {
+    pub fn load(ckpt: &Checkpoint, opts: ModelOptions) -> Result<Self, ModelError> {
         Self::load_weights(ckpt, opts, WeightResidency::Auto)
     }
 
-    /// [`Engine::load`] with the given weight residency (`Auto` resolved by
+    /// [`Model::load`] with the given weight residency (`Auto` resolved by
     /// [`auto_residency`]); `self.backend().weights()` tells which one is in force.
     pub fn load_weights(
         ckpt: &Checkpoint,
-        opts: EngineOptions,
+        opts: ModelOptions,
         weights: WeightResidency,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let weights = match weights {
             WeightResidency::Auto => auto_residency(ckpt),
             w => w,
@@ -162,26 +162,26 @@ pub fn decoded_weight_bytes(ckpt: &Checkpoint) -> u64 {
         .sum()
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend> Model<B> {
     /// Loads onto the given backend.
     pub fn load_with(
         backend: B,
         ckpt: &Checkpoint,
-        opts: EngineOptions,
-    ) -> Result<Self, EngineError> {
+        opts: ModelOptions,
+    ) -> Result<Self, ModelError> {
         Self::load_reporting(backend, ckpt, opts, &mut |_, _| {})
     }
 
-    /// [`Engine::load_with`], calling `loaded(done, total)` each time one of the model's
+    /// [`Model::load_with`], calling `loaded(done, total)` each time one of the model's
     /// `total` parts (the embedding, each decoder layer, the head: layers + 2) is on the
     /// backend, in that order: a CLI's load progress (on a GPU every stored weight is read
     /// from disk and uploaded here, minutes for Flash).
     pub fn load_reporting(
         backend: B,
         ckpt: &Checkpoint,
-        opts: EngineOptions,
+        opts: ModelOptions,
         loaded: &mut dyn FnMut(usize, usize),
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let cfg = ckpt.config().clone();
         let topk = Self::checked_topk(&cfg, &opts)?;
         let parts = cfg.num_hidden_layers + 2;
@@ -195,13 +195,13 @@ impl<B: Backend> Engine<B> {
                 loaded(l + 2, parts);
                 Ok(layer)
             })
-            .collect::<Result<Vec<_>, EngineError>>()?;
+            .collect::<Result<Vec<_>, ModelError>>()?;
         backend.enter_site(Site::Head);
         let head = Head::load(&backend, ckpt, &cfg)?;
         loaded(parts, parts);
         backend_result(&backend)?;
         let sites = layers.len() + 2;
-        Ok(Engine {
+        Ok(Model {
             site_seconds: std::sync::Mutex::new(vec![0.0; sites]),
             hc: hc_params(&cfg),
             backend,
@@ -215,9 +215,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Checks `opts` against `cfg`, returning the top-k in force.
-    fn checked_topk(cfg: &ModelConfig, opts: &EngineOptions) -> Result<usize, EngineError> {
+    fn checked_topk(cfg: &ModelConfig, opts: &ModelOptions) -> Result<usize, ModelError> {
         if opts.chunk == 0 {
-            return Err(EngineError::BadOption {
+            return Err(ModelError::BadOption {
                 option: "chunk",
                 found: "0".into(),
                 expected: "at least 1 token".into(),
@@ -225,7 +225,7 @@ impl<B: Backend> Engine<B> {
         }
         let topk = opts.topk.unwrap_or(cfg.index_topk);
         if topk == 0 {
-            return Err(EngineError::BadOption {
+            return Err(ModelError::BadOption {
                 option: "topk",
                 found: "0".into(),
                 expected: "at least 1 row".into(),
@@ -233,7 +233,7 @@ impl<B: Backend> Engine<B> {
         }
         let rows = super::max_compressed_rows(cfg);
         if topk > rows {
-            return Err(EngineError::BadOption {
+            return Err(ModelError::BadOption {
                 option: "topk",
                 found: topk.to_string(),
                 expected: format!(
@@ -243,7 +243,7 @@ impl<B: Backend> Engine<B> {
             });
         }
         if let Err(e) = opts.index.check_dim(cfg.index_head_dim) {
-            return Err(EngineError::BadOption {
+            return Err(ModelError::BadOption {
                 option: "index",
                 found: opts.index.name().into(),
                 expected: format!(
@@ -258,7 +258,7 @@ impl<B: Backend> Engine<B> {
     /// Switches profile / kv mode / top-k / chunk without reloading weights. Sequences started
     /// under other options must not be continued under the new ones (their cached rows were
     /// rounded the old way); start new sequences.
-    pub fn set_options(&mut self, opts: EngineOptions) -> Result<(), EngineError> {
+    pub fn set_options(&mut self, opts: ModelOptions) -> Result<(), ModelError> {
         self.topk = Self::checked_topk(&self.cfg, &opts)?;
         self.opts = opts;
         Ok(())
@@ -268,7 +268,7 @@ impl<B: Backend> Engine<B> {
         &self.cfg
     }
 
-    pub fn options(&self) -> &EngineOptions {
+    pub fn options(&self) -> &ModelOptions {
         &self.opts
     }
 
@@ -308,12 +308,12 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         observer: &mut dyn Observer,
         logits: LogitsRequest,
-    ) -> Result<ForwardOutput, EngineError> {
+    ) -> Result<ForwardOutput, ModelError> {
         let first = state.len();
         let end = first + tokens.len();
         self.embed.validate(tokens, first)?;
         if state.layers.len() != self.layers.len() {
-            return Err(EngineError::BadOption {
+            return Err(ModelError::BadOption {
                 option: "state",
                 found: format!("a sequence state for {} layers", state.layers.len()),
                 expected: format!("one from this engine ({} layers)", self.layers.len()),
@@ -321,7 +321,7 @@ impl<B: Backend> Engine<B> {
         }
         let rounding = (self.opts.index, self.opts.kv);
         if !state.is_empty() && state.rounding != Some(rounding) {
-            return Err(EngineError::BadOption {
+            return Err(ModelError::BadOption {
                 option: "index / kv",
                 found: format!("{} / {} for this engine", rounding.0, rounding.1),
                 expected: "the options the sequence was started with (start a new sequence)".into(),
@@ -417,9 +417,9 @@ impl<B: Backend> Engine<B> {
 
 /// A device failure the backend recorded (see [`Backend::take_error`]) as an engine error. After
 /// one, the sequence state is unusable; start a new sequence.
-fn backend_result<B: Backend>(backend: &B) -> Result<(), EngineError> {
+fn backend_result<B: Backend>(backend: &B) -> Result<(), ModelError> {
     match backend.take_error() {
-        Some(why) => Err(EngineError::Backend {
+        Some(why) => Err(ModelError::Backend {
             backend: backend.name().to_string(),
             why,
         }),
@@ -432,7 +432,7 @@ fn requested_positions(
     req: &LogitsRequest,
     first: usize,
     end: usize,
-) -> Result<Vec<usize>, EngineError> {
+) -> Result<Vec<usize>, ModelError> {
     let mut p = match req {
         LogitsRequest::None => Vec::new(),
         LogitsRequest::Last => (first < end).then(|| end - 1).into_iter().collect(),
@@ -440,7 +440,7 @@ fn requested_positions(
         LogitsRequest::Positions(v) => v.clone(),
     };
     if let Some(&bad) = p.iter().find(|&&x| x < first || x >= end) {
-        return Err(EngineError::LogitsPosition {
+        return Err(ModelError::LogitsPosition {
             position: bad,
             first,
             end,

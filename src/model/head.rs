@@ -6,7 +6,7 @@
 //! all f32 (REF computes the LM head in fp32 too).
 
 use super::hyper::HcSite;
-use super::{load_matrix, EngineError};
+use super::{load_matrix, ModelError};
 use crate::backend::{Backend, HcParams};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -27,7 +27,7 @@ impl<M> Head<M> {
         backend: &B,
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let (v, d) = (cfg.vocab_size, cfg.hidden_size);
         Ok(Head {
             hc: HcSite::load(backend, ckpt, cfg, "hc_head", true)?,

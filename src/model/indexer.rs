@@ -21,7 +21,7 @@
 use super::compressor::{visible_rows, Compressor};
 use super::observer::{IndexerObservation, Observer};
 use super::state::IndexKeyStore;
-use super::{load_matrix, EngineError};
+use super::{load_matrix, ModelError};
 use crate::backend::{Backend, IndexScoreBatch, RawIndexQueries, INDEX_SCORE_TOKENS};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -76,7 +76,7 @@ impl<M> Indexer<M> {
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
         layer: usize,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let p = format!("layers.{layer}.attn.indexer");
         let (heads, dim) = (cfg.index_n_heads, cfg.index_head_dim);
         Ok(Indexer {

@@ -12,7 +12,7 @@ use super::hyper::HcSite;
 use super::moe::Moe;
 use super::observer::Observer;
 use super::state::LayerState;
-use super::EngineError;
+use super::ModelError;
 use crate::backend::{Backend, HcParams};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -56,7 +56,7 @@ impl<M> Layer<M> {
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
         layer: usize,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let p = format!("layers.{layer}");
         let d = cfg.hidden_size;
         Ok(Layer {

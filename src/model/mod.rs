@@ -1,7 +1,7 @@
 //! The DeepSeek-V4 forward pass, one file per component in forward order:
 //! [`embed`] → per layer { [`hyper`] (mHC pre) → [`attention`] (with the RoPE tables of `numerics::rope`, [`compressor`],
 //! [`indexer`]) → mHC post → mHC pre → [`moe`] → mHC post } ([`layer`]) → [`head`].
-//! [`state`] holds the per-sequence caches, [`forward`] the [`Engine`] (loading, the chunk /
+//! [`state`] holds the per-sequence caches, [`forward`] the [`Model`] (loading, the chunk /
 //! layer loop, the observer calls), [`mod@bench`] the prefill benchmark, [`observer`] the fixed
 //! interface to the probe.
 //!
@@ -25,7 +25,7 @@ pub mod observer;
 pub mod state;
 
 pub use bench::{bench_prefill, BenchFigures};
-pub use forward::{Engine, EngineOptions, ForwardOutput, LogitsRequest};
+pub use forward::{ForwardOutput, LogitsRequest, Model, ModelOptions};
 pub use observer::{AttentionObservation, IndexerObservation, KvRows, NoObserver, Observer};
 pub use state::SequenceState;
 
@@ -34,7 +34,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 
 /// Errors of loading or running the engine.
 #[derive(Debug, thiserror::Error)]
-pub enum EngineError {
+pub enum ModelError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
 

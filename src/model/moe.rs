@@ -11,7 +11,7 @@
 //! - `out = Σ_i w_i · Expert_i(u) + Shared(u)`, SwiGLU clamped at `swiglu_limit` in both.
 
 use super::observer::Observer;
-use super::{load_matrix, EngineError};
+use super::{load_matrix, ModelError};
 use crate::backend::{Backend, FfnWeights, Routes};
 use crate::checkpoint::Checkpoint;
 use crate::config::{ModelConfig, RouterKind};
@@ -38,7 +38,7 @@ fn load_ffn<B: Backend>(
     prefix: &str,
     d: usize,
     inter: usize,
-) -> Result<FfnWeights<B::Matrix>, EngineError> {
+) -> Result<FfnWeights<B::Matrix>, ModelError> {
     Ok(FfnWeights {
         w1: load_matrix(backend, ckpt, &format!("{prefix}.w1"), inter, d)?,
         w2: load_matrix(backend, ckpt, &format!("{prefix}.w2"), d, inter)?,
@@ -53,7 +53,7 @@ impl<M> Moe<M> {
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
         layer: usize,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, ModelError> {
         let p = format!("layers.{layer}.ffn");
         let (d, inter, e, k) = (
             cfg.hidden_size,
@@ -73,7 +73,7 @@ impl<M> Moe<M> {
                     .iter()
                     .position(|&v| usize::try_from(v).map_or(true, |u| u >= e))
                 {
-                    return Err(EngineError::BadTensor {
+                    return Err(ModelError::BadTensor {
                         file: ckpt.info(&name).map(|t| t.file.clone()).unwrap_or_default(),
                         tensor: name.clone(),
                         problem: format!(

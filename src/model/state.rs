@@ -1,6 +1,6 @@
 //! Per-sequence state: everything a layer must remember between chunks / decode steps
 //! (docs/spec/attention.md section 8). One [`SequenceState`] per sequence, created by
-//! `Engine::new_sequence` and reset (or dropped) between sequences — never shared.
+//! `Model::new_sequence` and reset (or dropped) between sequences — never shared.
 //!
 //! The caches of rows ([`RowCache`]) hold backend activations (`A` = the backend's
 //! `Backend::Act`: host memory on the CPU, device memory on a GPU), so a GPU keeps them on the

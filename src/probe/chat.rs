@@ -319,7 +319,7 @@ pub fn python_float_repr(f: f64) -> String {
 
 /// A message's role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+pub enum ChatRole {
     System,
     Developer,
     User,
@@ -327,14 +327,14 @@ pub enum Role {
     Tool,
 }
 
-impl Role {
+impl ChatRole {
     pub fn name(self) -> &'static str {
         match self {
-            Role::System => "system",
-            Role::Developer => "developer",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
+            ChatRole::System => "system",
+            ChatRole::Developer => "developer",
+            ChatRole::User => "user",
+            ChatRole::Assistant => "assistant",
+            ChatRole::Tool => "tool",
         }
     }
 }
@@ -354,7 +354,7 @@ pub struct ToolCall {
 /// parts joined by a space as SGLang flattens them).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatMessage {
-    pub role: Role,
+    pub role: ChatRole,
     pub content: String,
     pub reasoning_content: Option<String>,
     pub tool_calls: Vec<ToolCall>,
@@ -420,7 +420,7 @@ impl ChatRequest {
         ChatRequest {
             path: path.to_path_buf(),
             messages: vec![ChatMessage {
-                role: Role::User,
+                role: ChatRole::User,
                 content: text.to_string(),
                 reasoning_content: None,
                 tool_calls: Vec::new(),
@@ -584,11 +584,11 @@ impl Reader<'_> {
         };
         let role = match item.get("role") {
             Some(Json::String(r)) => match r.as_str() {
-                "system" => Role::System,
-                "developer" => Role::Developer,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                "tool" => Role::Tool,
+                "system" => ChatRole::System,
+                "developer" => ChatRole::Developer,
+                "user" => ChatRole::User,
+                "assistant" => ChatRole::Assistant,
+                "tool" => ChatRole::Tool,
                 _ => {
                     return Err(ChatError::UnknownRole {
                         path: self.path.to_path_buf(),
@@ -704,7 +704,7 @@ impl Reader<'_> {
                 return Err(self.field(at("tool_calls"), "an array of tool calls", other))
             }
         }
-        if role == Role::Developer && content.is_empty() {
+        if role == ChatRole::Developer && content.is_empty() {
             return Err(ChatError::Field {
                 path: self.path.to_path_buf(),
                 field: at("content"),
@@ -730,24 +730,25 @@ impl ChatRequest {
         let Some(last) = self.messages.last() else {
             return Err(ChatError::Empty { path: path() });
         };
-        if last.role == Role::Assistant {
+        if last.role == ChatRole::Assistant {
             return Err(ChatError::EndsWithAssistant {
                 path: path(),
                 index: self.messages.len() - 1,
             });
         }
-        if !self
-            .messages
-            .iter()
-            .any(|m| matches!(m.role, Role::User | Role::Developer | Role::Tool))
-        {
+        if !self.messages.iter().any(|m| {
+            matches!(
+                m.role,
+                ChatRole::User | ChatRole::Developer | ChatRole::Tool
+            )
+        }) {
             return Err(ChatError::Empty { path: path() });
         }
         let mut calls: Option<&[ToolCall]> = None;
         for (index, m) in self.messages.iter().enumerate() {
             match m.role {
-                Role::Assistant => calls = Some(&m.tool_calls),
-                Role::Tool => {
+                ChatRole::Assistant => calls = Some(&m.tool_calls),
+                ChatRole::Tool => {
                     let id = m.tool_call_id.clone().unwrap_or_default();
                     let why = match calls {
                         None => Some("no assistant message comes before it".to_string()),
@@ -792,7 +793,7 @@ enum Block {
 /// A message as the encoder renders it (after tool results are merged into user turns).
 #[derive(Clone, Debug)]
 struct Turn {
-    role: Role,
+    role: ChatRole,
     content: String,
     /// User turns: their text and tool-result blocks.
     blocks: Vec<Block>,
@@ -840,7 +841,7 @@ impl ChatRequest {
         }
         let last_user = turns
             .iter()
-            .rposition(|t| matches!(t.role, Role::User | Role::Developer));
+            .rposition(|t| matches!(t.role, ChatRole::User | ChatRole::Developer));
         let mut text = String::from(BOS);
         let mut spans = Vec::with_capacity(turns.len());
         let mut question = None;
@@ -850,14 +851,14 @@ impl ChatRequest {
                 text.push_str(REASONING_EFFORT_MAX);
             }
             match turn.role {
-                Role::System => {
+                ChatRole::System => {
                     text.push_str(&turn.content);
                     if turn.tools {
                         text.push_str("\n\n");
                         text.push_str(&render_tools(&self.tools));
                     }
                 }
-                Role::Developer => {
+                ChatRole::Developer => {
                     text.push_str(USER);
                     if Some(i) == last_user {
                         question = Some(text.len()..text.len() + turn.content.len());
@@ -868,7 +869,7 @@ impl ChatRequest {
                         text.push_str(&render_tools(&self.tools));
                     }
                 }
-                Role::User => {
+                ChatRole::User => {
                     text.push_str(USER);
                     for (j, block) in turn.blocks.iter().enumerate() {
                         if j > 0 {
@@ -889,7 +890,7 @@ impl ChatRequest {
                         }
                     }
                 }
-                Role::Assistant => {
+                ChatRole::Assistant => {
                     let keep_reasoning = !drop_thinking || last_user.is_none_or(|u| i > u);
                     if self.thinking && keep_reasoning {
                         text.push_str(turn.reasoning_content.as_deref().unwrap_or(""));
@@ -902,11 +903,15 @@ impl ChatRequest {
                     }
                     text.push_str(EOS);
                 }
-                Role::Tool => unreachable!("tool messages are merged into user turns"),
+                ChatRole::Tool => unreachable!("tool messages are merged into user turns"),
             }
-            let next_is_assistant = turns.get(i + 1).is_some_and(|t| t.role == Role::Assistant);
+            let next_is_assistant = turns
+                .get(i + 1)
+                .is_some_and(|t| t.role == ChatRole::Assistant);
             let is_last = i + 1 == turns.len();
-            if (is_last || next_is_assistant) && matches!(turn.role, Role::User | Role::Developer) {
+            if (is_last || next_is_assistant)
+                && matches!(turn.role, ChatRole::User | ChatRole::Developer)
+            {
                 text.push_str(ASSISTANT);
                 let think = self.thinking && (!drop_thinking || last_user.is_some_and(|u| i >= u));
                 text.push_str(if think { THINK_START } else { THINK_END });
@@ -925,10 +930,10 @@ impl ChatRequest {
     /// merged into one user turn, results in the calls' order.
     fn merged_turns(&self) -> Vec<Turn> {
         let mut turns: Vec<Turn> = Vec::new();
-        let first_is_system = self.messages.first().map(|m| m.role) == Some(Role::System);
+        let first_is_system = self.messages.first().map(|m| m.role) == Some(ChatRole::System);
         if !first_is_system {
             turns.push(Turn {
-                role: Role::System,
+                role: ChatRole::System,
                 content: String::new(),
                 blocks: Vec::new(),
                 reasoning_content: None,
@@ -939,20 +944,20 @@ impl ChatRequest {
         }
         for (i, m) in self.messages.iter().enumerate() {
             let block = match m.role {
-                Role::User => Some(Block::Text(m.content.clone())),
-                Role::Tool => Some(Block::ToolResult {
+                ChatRole::User => Some(Block::Text(m.content.clone())),
+                ChatRole::Tool => Some(Block::ToolResult {
                     call_id: m.tool_call_id.clone().unwrap_or_default(),
                     content: m.content.clone(),
                 }),
                 _ => None,
             };
             match (block, turns.last_mut()) {
-                (Some(b), Some(t)) if t.role == Role::User => {
+                (Some(b), Some(t)) if t.role == ChatRole::User => {
                     t.blocks.push(b);
                     t.sources.push(i);
                 }
                 (Some(b), _) => turns.push(Turn {
-                    role: Role::User,
+                    role: ChatRole::User,
                     content: String::new(),
                     blocks: vec![b],
                     reasoning_content: None,
@@ -978,7 +983,7 @@ impl ChatRequest {
         // sort; an unknown id sorts as call 0, as the encoder does).
         let mut order: Vec<(String, usize)> = Vec::new();
         for t in &mut turns {
-            if t.role == Role::Assistant && !t.tool_calls.is_empty() {
+            if t.role == ChatRole::Assistant && !t.tool_calls.is_empty() {
                 order = t
                     .tool_calls
                     .iter()
@@ -986,7 +991,7 @@ impl ChatRequest {
                     .filter(|(_, c)| !c.id.is_empty())
                     .map(|(k, c)| (c.id.clone(), k))
                     .collect();
-            } else if t.role == Role::User {
+            } else if t.role == ChatRole::User {
                 let results: Vec<usize> = (0..t.blocks.len())
                     .filter(|&k| matches!(t.blocks[k], Block::ToolResult { .. }))
                     .collect();
@@ -1017,16 +1022,18 @@ impl ChatRequest {
 fn drop_earlier_thinking(turns: Vec<Turn>) -> Vec<Turn> {
     let last_user = turns
         .iter()
-        .rposition(|t| matches!(t.role, Role::User | Role::Developer));
+        .rposition(|t| matches!(t.role, ChatRole::User | ChatRole::Developer));
     turns
         .into_iter()
         .enumerate()
         .filter_map(|(i, mut t)| {
-            if last_user.is_none_or(|u| i >= u) || matches!(t.role, Role::User | Role::System) {
+            if last_user.is_none_or(|u| i >= u)
+                || matches!(t.role, ChatRole::User | ChatRole::System)
+            {
                 return Some(t);
             }
             match t.role {
-                Role::Assistant => {
+                ChatRole::Assistant => {
                     t.reasoning_content = None;
                     Some(t)
                 }

@@ -1,7 +1,7 @@
 //! Haystack generators: the text the needle hides in, as a seeded stream of *units*.
 //!
-//! A unit is one sentence (layout [`Layout::Prose`]: `noise`, `file`) or one line ending in
-//! `\n` (layout [`Layout::Lines`]: `kv`, `tools`), stored with the whitespace that precedes it
+//! A unit is one sentence (layout [`HaystackLayout::Prose`]: `noise`, `file`) or one line ending in
+//! `\n` (layout [`HaystackLayout::Lines`]: `kv`, `tools`), stored with the whitespace that precedes it
 //! (`sep`, dropped when the unit opens the haystack). The needle is inserted *between* units,
 //! so it always sits at a sentence or line boundary, and the boundaries are tokenisation-stable
 //! for the V4 pre-tokenizer: a sentence ends in punctuation and the next begins with a space and
@@ -29,7 +29,7 @@ use crate::tokenizer::CHAT_MARKERS;
 
 /// How units are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
+pub enum HaystackLayout {
     /// Sentences separated by whitespace (usually one space).
     Prose,
     /// Lines, each ending in `\n`, concatenated.
@@ -116,10 +116,10 @@ impl HaystackGen {
         self.exhausted
     }
 
-    pub fn layout(&self) -> Layout {
+    pub fn layout(&self) -> HaystackLayout {
         match self.kind {
-            GenKind::Noise | GenKind::File { .. } => Layout::Prose,
-            GenKind::Kv { .. } | GenKind::Tools => Layout::Lines,
+            GenKind::Noise | GenKind::File { .. } => HaystackLayout::Prose,
+            GenKind::Kv { .. } | GenKind::Tools => HaystackLayout::Lines,
         }
     }
 

@@ -24,13 +24,13 @@
 pub mod capture;
 pub mod chat;
 pub mod conversation;
+pub mod engine;
 pub mod haystack;
 pub mod observe;
 pub mod prompt;
 pub mod rank;
 pub mod rows;
 pub mod scenario;
-pub mod served;
 pub mod session;
 
 pub mod words;

@@ -36,7 +36,7 @@ use super::capture::EngineCapture;
 use super::rows::RowKind;
 use crate::model::observer::{AttentionObservation, IndexerObservation, Observer};
 use crate::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
-use crate::record::served::ServedLayerRecord;
+use crate::record::engine::EngineLayerRecord;
 use crate::record::{phase_label, LayerRecord};
 
 /// A cell scored by the observer: its id and top-k.
@@ -68,8 +68,8 @@ pub struct NeedleObserverConfig {
     pub cells: Vec<CellTopk>,
     /// A serving engine's captured selections (`--engine`): at every probed position and CSA
     /// layer the engine's set is held against each scored profile's top-K
-    /// ([`super::served`]), giving `served_records`.
-    pub served: Option<std::sync::Arc<EngineCapture>>,
+    /// ([`super::engine`]), giving `engine_records`.
+    pub engine: Option<std::sync::Arc<EngineCapture>>,
 }
 
 /// An observation the probe could not use; names layer, position and field.
@@ -101,7 +101,7 @@ pub struct NeedleObserver {
     pub layer_records: Vec<LayerRecord>,
     pub attention_records: Vec<AttentionRecord>,
     /// With a serving engine's capture: one record per (layer, position, needle, profile).
-    pub served_records: Vec<ServedLayerRecord>,
+    pub engine_records: Vec<EngineLayerRecord>,
     /// Number of (layer, position) selection checks made.
     pub selection_checks: usize,
     pub disagreements: Vec<SelectionDisagreement>,
@@ -116,7 +116,7 @@ impl NeedleObserver {
             prompt_positions,
             layer_records: Vec::new(),
             attention_records: Vec::new(),
-            served_records: Vec::new(),
+            engine_records: Vec::new(),
             selection_checks: 0,
             disagreements: Vec::new(),
             errors: Vec::new(),
@@ -180,9 +180,9 @@ impl NeedleObserver {
     /// The serving engine's set at this observation's (position, layer), padding dropped; an
     /// error when the capture has no row there.
     fn served_set(&mut self, obs: &IndexerObservation<'_>) -> Option<Vec<usize>> {
-        let capture = self.cfg.served.clone()?;
+        let capture = self.cfg.engine.clone()?;
         match capture.selection(obs.query_pos, obs.layer) {
-            Some(row) => Some(super::served::engine_set(row)),
+            Some(row) => Some(super::engine::engine_set(row)),
             None => {
                 self.error(
                     obs.layer,
@@ -200,7 +200,7 @@ impl NeedleObserver {
     }
 
     /// One engine record per needle: the engine's set against `profile`'s top-K.
-    fn push_served(
+    fn push_engine_record(
         &mut self,
         obs: &IndexerObservation<'_>,
         profile: IndexProfile,
@@ -208,16 +208,16 @@ impl NeedleObserver {
         needle_rows: &[std::ops::Range<usize>],
         engine_set: &[usize],
     ) {
-        let Some(capture) = &self.cfg.served else {
+        let Some(capture) = &self.cfg.engine else {
             return;
         };
         let k = capture.topk;
-        let overlap = super::served::overlap(engine_set, &super::served::top_rows(scores, k));
+        let overlap = super::engine::overlap(engine_set, &super::engine::top_rows(scores, k));
         let Some(cell) = self.cfg.cells.first() else {
             return;
         };
         for (needle, rows) in needle_rows.iter().enumerate() {
-            self.served_records.push(ServedLayerRecord {
+            self.engine_records.push(EngineLayerRecord {
                 cell_id: cell.cell_id.clone(),
                 layer: obs.layer,
                 query_pos: obs.query_pos,
@@ -356,7 +356,7 @@ impl Observer for NeedleObserver {
         self.push_records(obs, driving, &ranks, obs.scores);
         let engine_set = self.served_set(obs);
         if let Some(set) = &engine_set {
-            self.push_served(obs, driving, obs.scores, &rows, set);
+            self.push_engine_record(obs, driving, obs.scores, &rows, set);
         }
 
         // The engine's selection against the driving rank, needle by needle.
@@ -404,7 +404,7 @@ impl Observer for NeedleObserver {
                 .collect();
             self.push_records(obs, profile, &ranks, &scores);
             if let Some(set) = &engine_set {
-                self.push_served(obs, profile, &scores, &rows, set);
+                self.push_engine_record(obs, profile, &scores, &rows, set);
             }
         }
     }
@@ -514,7 +514,7 @@ mod tests {
                 cell_id: "c".into(),
                 topk: 4,
             }],
-            served: None,
+            engine: None,
         });
         for nan_head in [0, 1] {
             let mut probs = [0.3f32, 0.1, 0.3, 0.1];

@@ -141,7 +141,7 @@ mod error {
         },
     }
 }
-use super::haystack::{fill, HaystackGen, Layout, Unit};
+use super::haystack::{fill, HaystackGen, HaystackLayout, Unit};
 use super::scenario::{Ask, Scenario};
 use crate::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
 pub use error::PromptError;
@@ -493,7 +493,7 @@ struct Frame<'a> {
     /// Per needle: its sentence as a haystack unit (a prose needle after a space, a line needle
     /// ending in `\n`).
     units: Vec<Unit>,
-    layout: Layout,
+    layout: HaystackLayout,
     /// BOS, the system prompt and the User marker.
     prefix: String,
     /// The question, the Assistant marker and the thinking token.
@@ -810,17 +810,17 @@ impl Placement<'_> {
 
 impl<'a> Frame<'a> {
     /// Phase 3: the chat frame around the body and the needle units in the haystack's `layout`.
-    fn new(sc: &Scenario, needles: &'a DrawnNeedles, layout: Layout) -> Self {
+    fn new(sc: &Scenario, needles: &'a DrawnNeedles, layout: HaystackLayout) -> Self {
         let units: Vec<Unit> = needles
             .texts
             .iter()
             .map(|text| Unit {
-                sep: if layout == Layout::Prose {
+                sep: if layout == HaystackLayout::Prose {
                     " ".into()
                 } else {
                     String::new()
                 },
-                text: if layout == Layout::Lines {
+                text: if layout == HaystackLayout::Lines {
                     format!("{text}\n")
                 } else {
                     text.clone()
@@ -877,7 +877,7 @@ impl<'a> Frame<'a> {
         for (u, needle, is_filler) in items {
             if !body.is_empty() {
                 body.push_str(&u.sep);
-                if after_inserted && u.sep.is_empty() && layout == Layout::Prose {
+                if after_inserted && u.sep.is_empty() && layout == HaystackLayout::Prose {
                     body.push(' ');
                 }
             }
@@ -926,7 +926,7 @@ fn make_filler(
     gen: &mut HaystackGen,
     r: usize,
     far: FarEnd,
-    layout: Layout,
+    layout: HaystackLayout,
 ) -> Result<Option<Option<Unit>>, TokenizerError> {
     if r == 0 {
         return Ok(Some(None));
@@ -934,12 +934,12 @@ fn make_filler(
     // Rendered form: prose gets a leading space except at the very start; a line filler at
     // the start ends in `\n` (the next line must not glue to it); at the end the haystack's
     // trailing whitespace is trimmed anyway.
-    let lead = if far == FarEnd::End && layout == Layout::Prose {
+    let lead = if far == FarEnd::End && layout == HaystackLayout::Prose {
         " "
     } else {
         ""
     };
-    let tail = if far == FarEnd::Start && layout == Layout::Lines {
+    let tail = if far == FarEnd::Start && layout == HaystackLayout::Lines {
         "\n"
     } else {
         ""
@@ -974,7 +974,11 @@ fn make_filler(
         }
         let text = candidate(lo);
         if !text.is_empty() && count(&text)? == r {
-            let sep = if layout == Layout::Prose { " " } else { "" };
+            let sep = if layout == HaystackLayout::Prose {
+                " "
+            } else {
+                ""
+            };
             return Ok(Some(Some(Unit {
                 sep: sep.into(),
                 text: format!("{text}{tail}"),

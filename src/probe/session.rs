@@ -16,7 +16,7 @@ use super::observe::{CellTopk, NeedleObserver, NeedleObserverConfig};
 use super::prompt::NeedlePrompt;
 use super::scenario::Scenario;
 use crate::backend::Backend;
-use crate::model::forward::{Engine, EngineOptions, LogitsRequest};
+use crate::model::forward::{LogitsRequest, Model, ModelOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::record::ProbeRun;
 use crate::tokenizer::V4Tokenizer;
@@ -66,8 +66,8 @@ pub struct ProbeOptions {
     pub probe_question: bool,
     /// A serving engine's capture (`--engine`): its answer tokens are fed instead of greedy
     /// choices (so both sides see the same context at every decode position), and its
-    /// selections are held against every scored profile (`ProbeRun::served`).
-    pub served: Option<std::sync::Arc<super::capture::EngineCapture>>,
+    /// selections are held against every scored profile (`ProbeRun::engine_records`).
+    pub engine: Option<std::sync::Arc<super::capture::EngineCapture>>,
 }
 
 /// Progress callbacks: prefill tokens done of total, then each generated token.
@@ -138,7 +138,7 @@ impl StopCheck<'_> {
 /// Runs every (index, top-k) combination of `inputs.opts` on `inputs.prompt`, on any backend;
 /// once `stop` says so only those finished so far.
 pub fn run_probe<B: Backend>(
-    engine: &mut Engine<B>,
+    engine: &mut Model<B>,
     inputs: &ProbeInputs,
     progress: &mut dyn ProbeProgress,
     stop: StopCheck,
@@ -162,7 +162,7 @@ pub fn run_probe<B: Backend>(
     let mut runs = Vec::new();
     for &index in &opts.indexes {
         for &topk in &opts.topks {
-            engine.set_options(EngineOptions {
+            engine.set_options(ModelOptions {
                 index,
                 kv: opts.kv,
                 topk: Some(topk),
@@ -187,7 +187,7 @@ pub fn run_probe<B: Backend>(
                     cell_id: id.clone(),
                     topk,
                 }],
-                served: opts.served.clone(),
+                engine: opts.engine.clone(),
             });
             progress.run_started(index, topk, prompt.tokens.len());
             let started = Instant::now();
@@ -213,7 +213,7 @@ pub fn run_probe<B: Backend>(
             }
             let mut generated = Vec::new();
             // The serving engine's tokens, when it is held against this run.
-            let forced = opts.served.as_ref().map(|c| c.output_ids.clone());
+            let forced = opts.engine.as_ref().map(|c| c.output_ids.clone());
             let limit = forced.as_ref().map_or(opts.generate, |f| f.len());
             while generated.len() < limit && !logits.is_empty() {
                 let position = prompt.tokens.len() + generated.len() - 1;
@@ -265,7 +265,7 @@ pub fn run_probe<B: Backend>(
                 generated_ids: generated,
                 layers: std::mem::take(&mut observer.layer_records),
                 attention: std::mem::take(&mut observer.attention_records),
-                served: std::mem::take(&mut observer.served_records),
+                engine_records: std::mem::take(&mut observer.engine_records),
                 selection_disagreements: observer.disagreements.len(),
                 selection_checks: observer.selection_checks,
                 wall_seconds: started.elapsed().as_secs_f64(),

@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use crate::numerics::modes::{IndexProfile, KvMode};
 
-pub mod served;
+pub mod engine;
 pub mod verdict;
 
 /// One row of layers.csv (docs/outputs.md): exactly these fields, in this order.
@@ -90,7 +90,7 @@ pub struct ProbeRun {
     pub attention: Vec<AttentionRecord>,
     /// The serving engine's selections held against this run (`--engine`; engine.csv rows).
     #[serde(skip)]
-    pub served: Vec<served::ServedLayerRecord>,
+    pub engine_records: Vec<engine::EngineLayerRecord>,
     /// Positions where the engine's selection disagreed with the driving rank (ties aside).
     pub selection_disagreements: usize,
     pub selection_checks: usize,
@@ -534,7 +534,7 @@ impl RunInfo {
     /// The cells a sweep's grid holds (lengths x depths x index profiles x top-k x samples),
     /// or None for a directory that another command wrote (a probe's has no plan).
     pub fn cells_planned(&self) -> Option<usize> {
-        if served::is_engine_only(&self.sweep_args)
+        if engine::is_engine_only(&self.sweep_args)
             && self.sweep_args.get("command").and_then(|c| c.as_str()) == Some("sweep")
         {
             let count = |key: &str| self.sweep_args.get(key)?.as_array().map(Vec::len);

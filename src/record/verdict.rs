@@ -21,7 +21,7 @@
 //! all; the text then says to add `--compare exact`. Only the answer position counts: it
 //! produces the first answer token.
 
-use super::served::ServedLayerRecord;
+use super::engine::EngineLayerRecord;
 use super::{LayerRecord, ProbeRun};
 use serde::Serialize;
 
@@ -692,13 +692,13 @@ impl EngineVerdict {
     /// position `answer_pos`. `profile_order` orders profiles for ties (`IndexProfile::ALL`);
     /// `driving` is the reference's driving profile.
     pub fn of(
-        served: &[ServedLayerRecord],
+        engine_records: &[EngineLayerRecord],
         layers: &[LayerRecord],
         answer_pos: usize,
         profile_order: &[&str],
         driving: Option<&str>,
     ) -> EngineVerdict {
-        let here: Vec<&ServedLayerRecord> = served
+        let here: Vec<&EngineLayerRecord> = engine_records
             .iter()
             .filter(|r| r.query_pos == answer_pos && r.visible_rows > r.engine_topk)
             .collect();
@@ -918,7 +918,7 @@ mod tests {
             generated_ids: vec![],
             layers,
             attention: vec![],
-            served: vec![],
+            engine_records: vec![],
             selection_disagreements: 0,
             selection_checks: 0,
             wall_seconds: 0.0,
@@ -1182,8 +1182,8 @@ mod tests {
             .contains("2 of them other needle rows"));
     }
 
-    fn engine_rec(layer: usize, profile: &str, overlap: f32, selected: bool) -> ServedLayerRecord {
-        ServedLayerRecord {
+    fn engine_rec(layer: usize, profile: &str, overlap: f32, selected: bool) -> EngineLayerRecord {
+        EngineLayerRecord {
             cell_id: "c".into(),
             layer,
             query_pos: 99,

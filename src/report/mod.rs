@@ -120,7 +120,7 @@ fn engine_only_table(dir: &std::path::Path, write: bool) -> Result<Option<Rerend
     let Ok(info) = serde_json::from_str::<crate::record::RunInfo>(&text) else {
         return Ok(None);
     };
-    if !crate::record::served::is_engine_only(&info.sweep_args) {
+    if !crate::record::engine::is_engine_only(&info.sweep_args) {
         return Ok(None);
     }
     let records = store::EngineOnlyRecords::read(dir)?;
@@ -144,7 +144,7 @@ fn engine_only_table(dir: &std::path::Path, write: bool) -> Result<Option<Rerend
     }))
 }
 
-/// The serving engine's conclusion at one cell's answer position (`record::served`).
+/// The serving engine's conclusion at one cell's answer position (`record::engine`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConclusion {
     pub cell_id: String,
@@ -161,13 +161,13 @@ pub fn engine_conclusions(records: &RunRecords) -> Vec<EngineConclusion> {
         .collect();
     let mut out = Vec::new();
     for cell in &records.cells {
-        let served: Vec<crate::record::served::ServedLayerRecord> = records
+        let engine_records: Vec<crate::record::engine::EngineLayerRecord> = records
             .engine
             .iter()
             .filter(|r| r.cell_id == cell.cell_id)
             .cloned()
             .collect();
-        let Some(first) = served.first() else {
+        let Some(first) = engine_records.first() else {
             continue;
         };
         let layers: Vec<crate::record::LayerRecord> = records
@@ -177,7 +177,7 @@ pub fn engine_conclusions(records: &RunRecords) -> Vec<EngineConclusion> {
             .cloned()
             .collect();
         let verdict = crate::record::verdict::EngineVerdict::of(
-            &served,
+            &engine_records,
             &layers,
             cell.answer_position(),
             &order,
@@ -188,7 +188,7 @@ pub fn engine_conclusions(records: &RunRecords) -> Vec<EngineConclusion> {
             engine_topk: first.engine_topk,
             conclusion: verdict.conclusion(
                 Some(cell.index.name()),
-                1 + served.iter().map(|r| r.needle).max().unwrap_or(0),
+                1 + engine_records.iter().map(|r| r.needle).max().unwrap_or(0),
             ),
         });
     }

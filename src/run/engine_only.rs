@@ -2,7 +2,7 @@
 //! directory holding config.json and a tokenizer but no weights). Every prompt of the grid is
 //! built with the model's tokenizer and config, sent to the serving engine once, and its capture
 //! reduced to the needle's membership per CSA layer at the answer and decode positions
-//! (`probe::served::membership_records`) and the engine's answer: one engine_cells.csv row and
+//! (`probe::engine::membership_records`) and the engine's answer: one engine_cells.csv row and
 //! its engine.csv rows per prompt, in an engine-only report directory
 //! (`report::store::engine_only`), resumable like any sweep. It runs at the engine's speed and
 //! needs no local memory for weights: models that do not fit here (V4-Pro) are swept this way.
@@ -15,7 +15,7 @@ use crate::probe::capture::CaptureExpect;
 use crate::probe::capture::EngineCapture;
 use crate::probe::NeedlePrompt;
 use crate::probe::Scenario;
-use crate::record::served::{engine_cell_id, EngineAnswer, EngineCellRecord, ServedLayerRecord};
+use crate::record::engine::{engine_cell_id, EngineAnswer, EngineCellRecord, EngineLayerRecord};
 use crate::record::verdict::CellVerdict;
 use crate::record::{config_hash, RunInfo};
 use crate::report::store::EngineOnlyDir;
@@ -35,7 +35,7 @@ pub struct HeldPrompt<'a> {
 /// One engine-only cell: the needle's membership in the engine's selections (engine.csv rows)
 /// and its engine_cells.csv row.
 pub struct EngineOnlyCell {
-    pub served: Vec<ServedLayerRecord>,
+    pub engine_records: Vec<EngineLayerRecord>,
     pub cell: EngineCellRecord,
 }
 
@@ -63,8 +63,9 @@ pub fn engine_only_cell(
     positions.sort_unstable();
     positions.dedup();
     let spans: Vec<(usize, usize)> = held.prompt.needles.iter().map(|n| n.span).collect();
-    let served = crate::probe::served::membership_records(capture, &cell_id, &spans, &positions);
-    let correct = crate::probe::served::engine_answer_correct(
+    let engine_records =
+        crate::probe::engine::membership_records(capture, &cell_id, &spans, &positions);
+    let correct = crate::probe::engine::engine_answer_correct(
         capture,
         held.scenario,
         &held.prompt.answer_values,
@@ -80,10 +81,13 @@ pub fn engine_only_cell(
         cell_id,
         &held.prompt.place(target_tokens),
         answer,
-        &served,
+        &engine_records,
         started.elapsed().as_secs_f64(),
     );
-    EngineOnlyCell { served, cell }
+    EngineOnlyCell {
+        engine_records,
+        cell,
+    }
 }
 
 /// What an engine-only sweep did: cells run, cells already finished.
@@ -218,10 +222,12 @@ pub fn run_engine_only_sweep(
                     eos: cfg.eos_token_id,
                     marks,
                 };
-                let EngineOnlyCell { served, cell } =
-                    engine_only_cell(&held, &capture, id, length, started);
+                let EngineOnlyCell {
+                    engine_records,
+                    cell,
+                } = engine_only_cell(&held, &capture, id, length, started);
                 let (selected, nontrivial) = (cell.csa_layers_selected, cell.csa_layers_nontrivial);
-                store.append(&cell, &served)?;
+                store.append(&cell, &engine_records)?;
                 run += 1;
                 bar.inc(1);
                 let verdict =

@@ -22,7 +22,7 @@
 use crate::backend::parity::{normalised_error, Check};
 use crate::backend::{Backend, CpuBackend};
 use crate::model::{
-    Engine, EngineError, EngineOptions, IndexerObservation, KvRows, LogitsRequest, Observer,
+    IndexerObservation, KvRows, LogitsRequest, Model, ModelError, ModelOptions, Observer,
 };
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::observe::rescore;
@@ -226,14 +226,14 @@ impl Observer for IndexRecorder<'_> {
 type AllLogits = Vec<(usize, Vec<f32>)>;
 
 fn run<'r, B: Backend>(
-    engine: &mut Engine<B>,
+    engine: &mut Model<B>,
     case: &ForwardCase,
     tokens: &[u32],
     steps: usize,
     replay: Option<&'r Decisions>,
-) -> Result<(AllLogits, IndexRecorder<'r>), EngineError> {
+) -> Result<(AllLogits, IndexRecorder<'r>), ModelError> {
     let topk = engine.options().topk;
-    engine.set_options(EngineOptions {
+    engine.set_options(ModelOptions {
         index: case.profile,
         kv: case.kv,
         topk,
@@ -298,12 +298,12 @@ fn selection_mismatch(
 /// Runs every case on both engines and compares them. The engines must hold the same
 /// checkpoint; their options are changed (top-k kept).
 pub fn check_forward<B: Backend>(
-    engine: &mut Engine<B>,
-    reference: &mut Engine<CpuBackend>,
+    engine: &mut Model<B>,
+    reference: &mut Model<CpuBackend>,
     tokens: &[u32],
     cases: &[ForwardCase],
     tol: ForwardTolerance,
-) -> Result<Vec<Check>, EngineError> {
+) -> Result<Vec<Check>, ModelError> {
     check_forward_decode(engine, reference, tokens, 0, cases, tol)
 }
 
@@ -312,13 +312,13 @@ pub fn check_forward<B: Backend>(
 /// state from the prefill and grown a token at a time); every call's logits and every
 /// position's scores and selections are compared.
 pub fn check_forward_decode<B: Backend>(
-    engine: &mut Engine<B>,
-    reference: &mut Engine<CpuBackend>,
+    engine: &mut Model<B>,
+    reference: &mut Model<CpuBackend>,
     tokens: &[u32],
     steps: usize,
     cases: &[ForwardCase],
     tol: ForwardTolerance,
-) -> Result<Vec<Check>, EngineError> {
+) -> Result<Vec<Check>, ModelError> {
     let mut out = Vec::new();
     for case in cases {
         let label = format!(

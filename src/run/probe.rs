@@ -25,16 +25,16 @@ use super::engine_only::{engine_only_cell, EngineOnlyCell, HeldPrompt};
 use super::interrupt::Interrupted;
 use super::prompt::PromptSource;
 use super::sglang::EnginePlan;
-use super::target::{model_marks, EngineTask, ModelMarks, Target};
+use super::target::{model_marks, ModelMarks, ModelTask, Target};
 use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::devices::placement::Workload;
-use crate::model::forward::{Engine, EngineOptions};
+use crate::model::forward::{Model, ModelOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::capture::{CaptureExpect, EngineCapture};
 use crate::probe::session::{run_probe, ProbeInputs, ProbeOptions, ProbeProgress, StopCheck};
 use crate::probe::{NeedlePrompt, Scenario};
-use crate::record::served::ServedLayerRecord;
+use crate::record::engine::EngineLayerRecord;
 use crate::record::verdict::EngineVerdict;
 use crate::record::{config_hash, BackendRecord, CellRecord, ProbeRun, RunInfo};
 use crate::report::RunDir;
@@ -162,9 +162,9 @@ struct ProbeTask<'a> {
     progress: &'a mut dyn ProbeProgress,
 }
 
-impl EngineTask for ProbeTask<'_> {
+impl ModelTask for ProbeTask<'_> {
     type Output = Vec<ProbeRun>;
-    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<Vec<ProbeRun>> {
+    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<Vec<ProbeRun>> {
         let inputs = ProbeInputs {
             tok: self.tok,
             scenario: self.scenario,
@@ -268,7 +268,7 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
         None => plan.topks.clone(),
     };
     let compare = match &capture {
-        Some(_) => crate::probe::served::scored_with_engine(&plan.indexes, &plan.compare),
+        Some(_) => crate::probe::engine::scored_with_engine(&plan.indexes, &plan.compare),
         None => crate::probe::session::with_exact(&plan.indexes, &plan.compare),
     };
     let opts = ProbeOptions {
@@ -279,7 +279,7 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
         generate: plan.generate,
         chunk: target.chunk(),
         probe_question: plan.probe_question,
-        served: capture.clone(),
+        engine: capture.clone(),
     };
     // The records directory is checked before the model runs.
     let store = match plan.out {
@@ -297,7 +297,7 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
         opts: &opts,
         progress: &mut progress,
     };
-    let runs = target.run(&ckpt, EngineOptions::default(), task)?;
+    let runs = target.run(&ckpt, ModelOptions::default(), task)?;
     progress.finish();
     // Checked before anything is printed or recorded: ranks that do not follow from what the
     // engine selected must reach neither the terminal nor a report.
@@ -399,13 +399,13 @@ fn engine_held(
     cfg: &ModelConfig,
     marks: ModelMarks,
 ) -> EngineHeld {
-    let order = crate::probe::served::profile_order();
+    let order = crate::probe::engine::profile_order();
     let last = prompt.tokens.len() - 1;
     let driving = (!run.index.is_empty()).then_some(run.index.as_str());
     EngineHeld {
         capture: capture.clone(),
-        verdict: EngineVerdict::of(&run.served, &run.layers, last, &order, driving),
-        answer_correct: crate::probe::served::engine_answer_correct(
+        verdict: EngineVerdict::of(&run.engine_records, &run.layers, last, &order, driving),
+        answer_correct: crate::probe::engine::engine_answer_correct(
             capture,
             scenario,
             &prompt.answer_values,
@@ -456,7 +456,7 @@ fn run_engine_only(plan: &ProbePlan) -> anyhow::Result<EngineOnlyProbe> {
         None => None,
     };
     let last = prompt.tokens.len() - 1;
-    let cell_id = crate::record::served::engine_cell_id(
+    let cell_id = crate::record::engine::engine_cell_id(
         prompt.tokens.len(),
         prompt.depth_pct,
         capture.topk,
@@ -473,7 +473,7 @@ fn run_engine_only(plan: &ProbePlan) -> anyhow::Result<EngineOnlyProbe> {
         marks,
     };
     let cell = engine_only_cell(&held, &capture, cell_id, target_tokens, started);
-    let verdict = EngineVerdict::of(&cell.served, &[], last, &[], None);
+    let verdict = EngineVerdict::of(&cell.engine_records, &[], last, &[], None);
     Ok(EngineOnlyProbe {
         cfg,
         scenario,
@@ -488,8 +488,8 @@ fn run_engine_only(plan: &ProbePlan) -> anyhow::Result<EngineOnlyProbe> {
 
 impl EngineOnlyProbe {
     /// The membership records (engine.csv rows).
-    pub fn served(&self) -> &[ServedLayerRecord] {
-        &self.cell.served
+    pub fn engine_records(&self) -> &[EngineLayerRecord] {
+        &self.cell.engine_records
     }
 
     /// Records the cell into `--out` (an engine-only report directory) and writes its
@@ -507,7 +507,7 @@ impl EngineOnlyProbe {
                 cell.cell_id
             )?;
         } else {
-            store.append(cell, &self.cell.served)?;
+            store.append(cell, &self.cell.engine_records)?;
         }
         let records = crate::report::store::EngineOnlyRecords::read(store.path())?;
         crate::report::html::write_engine_only_html(&records, store.path())?;
@@ -567,7 +567,7 @@ fn record(
             continue;
         }
         let cell = CellRecord::of_run(run, &prompt.place(target_tokens), judge_answers);
-        store.append_cell_with_engine(&cell, &run.layers, &run.attention, &run.served)?;
+        store.append_cell_with_engine(&cell, &run.layers, &run.attention, &run.engine_records)?;
     }
     // The directory stays locked until the PNGs are rendered.
     let lock = store.lock().clone();

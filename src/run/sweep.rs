@@ -34,7 +34,7 @@
 use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::devices::placement::Workload;
-use crate::model::forward::{Engine, EngineOptions};
+use crate::model::forward::{Model, ModelOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::session::{run_probe, ProbeInputs, ProbeOptions, StopCheck};
 use crate::probe::{NeedlePrompt, Scenario};
@@ -44,7 +44,7 @@ use crate::record::{cell_id_base, config_hash, CellRecord, RunInfo};
 use crate::report::{DirLock, RunDir};
 use crate::run::device::DeviceChoice;
 use crate::run::progress::SweepBars;
-use crate::run::target::{EngineTask, Target};
+use crate::run::target::{ModelTask, Target};
 use crate::tokenizer::V4Tokenizer;
 use std::collections::HashSet;
 use std::io::Write;
@@ -391,7 +391,7 @@ fn sweep_into(
         total,
         out,
     };
-    let (cells_run, cells_skipped) = target.run(&ckpt, EngineOptions::default(), task)?;
+    let (cells_run, cells_skipped) = target.run(&ckpt, ModelOptions::default(), task)?;
     resumable.rendering();
     Ok(SweepOutcome {
         dir: out_dir.to_path_buf(),
@@ -418,10 +418,10 @@ struct SweepTask<'a> {
     out: &'a mut dyn Write,
 }
 
-impl EngineTask for SweepTask<'_> {
+impl ModelTask for SweepTask<'_> {
     type Output = (usize, usize);
 
-    fn run<B: Backend>(mut self, engine: &mut Engine<B>) -> anyhow::Result<(usize, usize)> {
+    fn run<B: Backend>(mut self, engine: &mut Model<B>) -> anyhow::Result<(usize, usize)> {
         // Drawn once the model is loaded (its own bar is gone then).
         self.bars.show();
         let plan = self.plan;
@@ -457,7 +457,7 @@ impl EngineTask for SweepTask<'_> {
                         seed,
                         self.cfg.max_position_embeddings,
                     )?;
-                    let served = self.engine_capture(&prompt)?;
+                    let capture = self.engine_capture(&prompt)?;
                     for (index, topk) in todo {
                         run_count += self.cell(
                             engine,
@@ -466,7 +466,7 @@ impl EngineTask for SweepTask<'_> {
                             index,
                             topk,
                             &suffix,
-                            served.clone(),
+                            capture.clone(),
                         )?;
                         self.stop_if_requested()?;
                     }
@@ -569,18 +569,18 @@ impl SweepTask<'_> {
     #[allow(clippy::too_many_arguments)]
     fn cell<B: Backend>(
         &mut self,
-        engine: &mut Engine<B>,
+        engine: &mut Model<B>,
         prompt: &NeedlePrompt,
         length: usize,
         index: IndexProfile,
         topk: usize,
         suffix: &str,
-        served: Option<std::sync::Arc<crate::probe::capture::EngineCapture>>,
+        capture: Option<std::sync::Arc<crate::probe::capture::EngineCapture>>,
     ) -> anyhow::Result<usize> {
         let plan = self.plan;
         let grid = &self.grid_indexes;
-        let compare = match &served {
-            Some(_) => crate::probe::served::scored_with_engine(grid, &plan.compare),
+        let compare = match &capture {
+            Some(_) => crate::probe::engine::scored_with_engine(grid, &plan.compare),
             // `exact` is scored whenever a rounding profile drives, as in a probe: it costs no
             // forward and only it tells rounding from a too-small top-k. run.json keeps
             // `--compare` as given, so directories written before still resume and grow.
@@ -594,7 +594,7 @@ impl SweepTask<'_> {
             generate: plan.generate,
             chunk: plan.chunk,
             probe_question: false,
-            served,
+            engine: capture,
         };
         let inputs = ProbeInputs {
             tok: self.tok,
@@ -617,7 +617,7 @@ impl SweepTask<'_> {
                     &cell,
                     &run.layers,
                     &run.attention,
-                    &run.served,
+                    &run.engine_records,
                 )?)
             })?;
             written += 1;
@@ -649,14 +649,14 @@ impl SweepTask<'_> {
                 _ => String::new(),
             };
             // With an engine: how many non-trivial layers its own selection lost.
-            let served = if run.served.is_empty() {
+            let engine_part = if run.engine_records.is_empty() {
                 String::new()
             } else {
                 let v = crate::record::verdict::EngineVerdict::of(
-                    &run.served,
+                    &run.engine_records,
                     &run.layers,
                     cell.answer_position(),
-                    &crate::probe::served::profile_order(),
+                    &crate::probe::engine::profile_order(),
                     Some(&run.index),
                 );
                 let lost: std::collections::BTreeSet<usize> =
@@ -671,7 +671,7 @@ impl SweepTask<'_> {
                 )
             };
             let line = format!(
-                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{served}{landed}",
+                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{engine_part}{landed}",
                 cell.prompt_tokens,
                 crate::units::percent_label(cell.depth_pct),
                 cell.index.name(),
@@ -706,7 +706,7 @@ mod tests {
             generated_ids: vec![],
             layers: vec![],
             attention: vec![],
-            served: vec![],
+            engine_records: vec![],
             selection_disagreements: disagreements,
             selection_checks: 21,
             wall_seconds: 0.0,

@@ -6,7 +6,7 @@
 //! ([`crate::devices::placement::place_auto`]), refusing when the model does not fit; `--chunk auto` is
 //! resolved there too ([`Target::chunk`]: the largest candidate chunk that fits on GPUs, 2,048
 //! on the CPU). [`Target::run`] then
-//! loads the engine on that backend and hands it to an [`EngineTask`], the generic body of a
+//! loads the engine on that backend and hands it to an [`ModelTask`], the generic body of a
 //! command (probe, sweep, trace, bench), monomorphised for each backend type. Rust closures
 //! cannot be generic, hence the small trait instead of a callback.
 //!
@@ -34,7 +34,7 @@ use crate::devices::placement::{
     place_auto, DeviceMemory, Placement, Workload, AUTO_CHUNK, CPU_AUTO_CHUNK,
 };
 use crate::devices::plan::Footprint;
-use crate::model::forward::{auto_residency, Engine, EngineOptions};
+use crate::model::forward::{auto_residency, Model, ModelOptions};
 use crate::record::BackendRecord;
 use std::path::Path;
 
@@ -91,9 +91,9 @@ pub fn load_tokenizer(
 }
 
 /// The body of a command, run on a loaded engine of whatever backend the run uses.
-pub trait EngineTask {
+pub trait ModelTask {
     type Output;
-    fn run<B: Backend>(self, engine: &mut Engine<B>) -> anyhow::Result<Self::Output>;
+    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<Self::Output>;
 }
 
 /// A decided and placed backend, not loaded yet.
@@ -253,10 +253,10 @@ impl Target {
     }
 
     /// Loads the engine on the target (with `opts`) and runs `task` on it.
-    pub fn run<T: EngineTask>(
+    pub fn run<T: ModelTask>(
         self,
         ckpt: &Checkpoint,
-        opts: EngineOptions,
+        opts: ModelOptions,
         task: T,
     ) -> anyhow::Result<T::Output> {
         match self {
@@ -316,10 +316,10 @@ impl<E: Executor> GpuTarget<E> {
         }
     }
 
-    fn run<T: EngineTask>(
+    fn run<T: ModelTask>(
         self,
         ckpt: &Checkpoint,
-        opts: EngineOptions,
+        opts: ModelOptions,
         task: T,
     ) -> anyhow::Result<T::Output> {
         let budgets = decode_budgets(&self.placement, self.devices.len())?;
@@ -335,12 +335,12 @@ impl<E: Executor> GpuTarget<E> {
 fn load_with_bar<B: Backend>(
     backend: B,
     ckpt: &Checkpoint,
-    opts: EngineOptions,
-) -> Result<Engine<B>, crate::model::EngineError> {
+    opts: ModelOptions,
+) -> Result<Model<B>, crate::model::ModelError> {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     bar.set_style(crate::run::progress::style(crate::run::progress::LOADING));
-    let engine = Engine::load_reporting(backend, ckpt, opts, &mut |done, total| {
+    let engine = Model::load_reporting(backend, ckpt, opts, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });

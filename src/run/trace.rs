@@ -33,7 +33,7 @@ use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::inventory::ExpectedTensor;
 use crate::checkpoint::writer::SafetensorsWriter;
 use crate::checkpoint::CheckpointError;
-use crate::model::forward::{Engine, LogitsRequest};
+use crate::model::forward::{LogitsRequest, Model};
 use crate::model::{IndexerObservation, Observer};
 pub use crate::run::trace_logits::{top_logits, LogitsMode, TopLogits};
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,7 +140,7 @@ pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
 /// `prefilled(done, total)` after each, for a progress bar. A chunk's whole rows of logits are
 /// reduced to their top N as soon as it is done, so memory holds no more than one chunk's rows.
 pub fn run_trace<B: Backend>(
-    engine: &Engine<B>,
+    engine: &Model<B>,
     tokens: &[u32],
     positions: &[usize],
     dump_indexer_inputs: bool,

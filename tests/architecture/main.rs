@@ -435,7 +435,7 @@ fn the_top_level_module_graph_has_no_cycle() {
 fn the_checker_finds_imports_and_ignores_tests_comments_and_strings() {
     let src = r##"
 //! Doc: [`crate::cli::x`] is a link, not an import.
-use crate::model::Engine;
+use crate::model::Model;
 use crate::{backend::Backend, numerics};
 fn f() -> &'static str { let _c = '"'; let _l: &'static str = "crate::cli"; r#"crate::run"# }
 fn g<'a>(x: &'a str) -> &'a str { crate::units::group_digits(1); x }

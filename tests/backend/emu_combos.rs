@@ -13,7 +13,7 @@ use engine_support::{synth_model, SynthModel};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward_decode, ForwardCase, ForwardTolerance};
 use needlescope::synth::Preset;
@@ -64,12 +64,12 @@ fn parity(
     cases: &[ForwardCase],
     tol: ForwardTolerance,
 ) -> Vec<Check> {
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(topk),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let mut gpu = Engine::load_with(backend, &m.ckpt, opts.clone()).expect("emulated engine");
-    let mut cpu = Engine::load(&m.ckpt, opts).expect("CPU engine");
+    let mut gpu = Model::load_with(backend, &m.ckpt, opts.clone()).expect("emulated engine");
+    let mut cpu = Model::load(&m.ckpt, opts).expect("CPU engine");
     let checks =
         check_forward_decode(&mut gpu, &mut cpu, toks, steps, cases, tol).expect("forwards run");
     let t = table(&checks);

@@ -13,7 +13,7 @@ use needlescope::backend::parity::{table, Check};
 use needlescope::backend::{Backend, HostOps};
 use needlescope::checkpoint::linear::{LinearForm, SharedLinear};
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::numerics::rng::Rng;
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
@@ -201,16 +201,16 @@ fn a_forward_with_batched_experts_matches_the_cpu() {
 
 fn forward_with_copies(moe_batched: bool) {
     let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), Some(8));
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(16),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let exec = EmuExecutor::default().with_profile(true);
     let b = EmuBackend::single(exec, GemmType::F32)
         .with_decode_budgets(&[1 << 32])
         .with_moe_batched(moe_batched);
-    let mut gpu = Engine::load_with(b, &m.ckpt, opts.clone()).unwrap();
-    let mut cpu = Engine::load(&m.ckpt, opts).unwrap();
+    let mut gpu = Model::load_with(b, &m.ckpt, opts.clone()).unwrap();
+    let mut cpu = Model::load(&m.ckpt, opts).unwrap();
     let toks = tokens(200, m.ckpt.config().vocab_size, 9);
     let cases: Vec<ForwardCase> = [
         (IndexProfile::Exact, KvMode::Exact, 64),

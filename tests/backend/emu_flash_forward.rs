@@ -14,7 +14,7 @@ use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::synth::Preset;
@@ -23,16 +23,16 @@ use needlescope::synth::Preset;
 #[ignore = "6.5 minutes and 16 GB: cargo test --release --test backend -- --ignored emu_flash_forward::"]
 fn forward_at_flash_dims_matches_the_cpu_on_the_emulator() {
     let m = synth_model(Preset::Flash, WeightFormat::Official, Some(4), Some(16));
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(64),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let mut cpu = Engine::load(&m.ckpt, opts.clone()).expect("CPU engine");
+    let mut cpu = Model::load(&m.ckpt, opts.clone()).expect("CPU engine");
     let toks = tokens(300, m.ckpt.config().vocab_size, 3);
     // As the CLI runs it: decoded weight copies kept.
     let emu =
         EmuBackend::single(EmuExecutor::default(), GemmType::F32).with_decode_budgets(&[8 << 30]);
-    let mut g = Engine::load_with(emu, &m.ckpt, opts).expect("emulated GPU engine");
+    let mut g = Model::load_with(emu, &m.ckpt, opts).expect("emulated GPU engine");
     let case = ForwardCase {
         profile: IndexProfile::SglangFp8,
         kv: KvMode::Fp8,

@@ -24,7 +24,7 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::config::ModelConfig;
 use needlescope::devices::plan::{plan, DeviceSet, Footprint, FIXED_WORKSPACE};
-use needlescope::model::{Engine, EngineOptions, LogitsRequest, NoObserver};
+use needlescope::model::{LogitsRequest, Model, ModelOptions, NoObserver};
 use needlescope::synth::{synth_with_config, SynthOptions};
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -53,17 +53,17 @@ fn flash_like() -> ModelConfig {
 }
 
 /// A synthetic checkpoint of `cfg` in `format`, kept alive with its directory.
-struct Model {
+struct Fixture {
     _dir: tempfile::TempDir,
     ckpt: Checkpoint,
 }
 
-fn model(cfg: ModelConfig, format: WeightFormat) -> Model {
+fn model(cfg: ModelConfig, format: WeightFormat) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let opts = SynthOptions::new(needlescope::synth::Preset::Tiny, format, dir.path());
     synth_with_config(cfg, &opts).expect("synth writes the checkpoint");
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    Model { _dir: dir, ckpt }
+    Fixture { _dir: dir, ckpt }
 }
 
 /// One measured run.
@@ -91,7 +91,7 @@ struct Outcome {
     workspace: u64,
 }
 
-fn run(m: &Model, case: Case) -> Outcome {
+fn run(m: &Fixture, case: Case) -> Outcome {
     let cfg = m.ckpt.config().clone();
     let mut exec = EmuExecutor::new(0, 1 << 40);
     if case.pooled {
@@ -101,11 +101,11 @@ fn run(m: &Model, case: Case) -> Outcome {
         .with_attention_gemm(case.attention_gemm)
         .with_moe_batched(case.moe_batched);
     // No decode budgets: decoded copies off (NEEDLESCOPE_DECODE_CACHE_MIB=0).
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         chunk: case.chunk,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let engine = Engine::load_with(backend, &m.ckpt, opts).unwrap();
+    let engine = Model::load_with(backend, &m.ckpt, opts).unwrap();
     let dev = &engine.backend().devices()[0];
     let loaded: MemoryStats = dev.memory_stats();
     dev.reset_peaks();
@@ -149,7 +149,7 @@ fn run(m: &Model, case: Case) -> Outcome {
     }
 }
 
-fn check(name: &str, m: &Model, cases: &[Case]) {
+fn check(name: &str, m: &Fixture, cases: &[Case]) {
     let mut failures = Vec::new();
     for &case in cases {
         let t0 = std::time::Instant::now();
@@ -308,11 +308,11 @@ fn each_timed_prefill_reports_its_own_memory_peak() {
     let m = model(ModelConfig::tiny(), WeightFormat::Official);
     let exec = EmuExecutor::new(0, 1 << 40).with_pool(DEFAULT_POOL_BYTES);
     let backend = EmuBackend::single(exec.with_memory_tracking(true), GemmType::F32);
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         chunk: 1024,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let engine = Engine::load_with(backend, &m.ckpt, opts).unwrap();
+    let engine = Model::load_with(backend, &m.ckpt, opts).unwrap();
     let weights = engine.backend().device_memory()[0].memory.in_use;
     let vocab = m.ckpt.config().vocab_size;
     let long = time_prefill(&engine, &tokens(1024, vocab, 1)).unwrap();
@@ -341,7 +341,7 @@ fn a_pooled_device_charges_each_decoded_copy_its_allocation_class() {
             exec = exec.with_pool(DEFAULT_POOL_BYTES);
         }
         let b = EmuBackend::single(exec, GemmType::F32).with_decode_budgets(&[1 << 30]);
-        let engine = Engine::load_with(b, &m.ckpt, EngineOptions::default()).unwrap();
+        let engine = Model::load_with(b, &m.ckpt, ModelOptions::default()).unwrap();
         let mut seq = engine.new_sequence();
         let toks = tokens(64, m.ckpt.config().vocab_size, 0);
         engine

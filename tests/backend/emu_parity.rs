@@ -11,7 +11,7 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::parity::ops::{check_ops, OpDims};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::synth::Preset;
@@ -62,13 +62,13 @@ fn forward_parity(format: WeightFormat, layers: usize, backend: EmuBackend, tol:
 }
 
 fn forward_parity_on(m: SynthModel, backend: EmuBackend, tol: ForwardTolerance) {
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(16),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let mut gpu =
-        Engine::load_with(backend, &m.ckpt, opts.clone()).expect("emulated GPU engine loads");
-    let mut cpu = Engine::load(&m.ckpt, opts).expect("CPU engine loads");
+        Model::load_with(backend, &m.ckpt, opts.clone()).expect("emulated GPU engine loads");
+    let mut cpu = Model::load(&m.ckpt, opts).expect("CPU engine loads");
     let toks = tokens(160, m.ckpt.config().vocab_size, 4);
     let checks = check_forward(&mut gpu, &mut cpu, &toks, &cases(), tol).expect("forwards run");
     // The tiny schedule has CSA layers: their scores and selections were compared.
@@ -159,13 +159,13 @@ fn forward_across_two_devices_matches_one() {
 #[test]
 fn forward_parity_survives_legitimate_rounding_flips() {
     let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), None);
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(64),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let b = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
-    let mut gpu = Engine::load_with(b, &m.ckpt, opts.clone()).unwrap();
-    let mut cpu = Engine::load(&m.ckpt, opts).unwrap();
+    let mut gpu = Model::load_with(b, &m.ckpt, opts.clone()).unwrap();
+    let mut cpu = Model::load(&m.ckpt, opts).unwrap();
     let toks = tokens(1500, m.ckpt.config().vocab_size, 4);
     let cases: Vec<ForwardCase> = [
         (IndexProfile::SglangFp8, KvMode::Fp8),
@@ -196,13 +196,13 @@ fn forward_parity_survives_legitimate_rounding_flips() {
 fn forward_comparison_catches_a_different_model() {
     let a = synth_model(Preset::Tiny, WeightFormat::Bf16, Some(4), Some(8));
     let b = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), Some(8));
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(16),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let backend = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
-    let mut gpu = Engine::load_with(backend, &b.ckpt, opts.clone()).unwrap();
-    let mut cpu = Engine::load(&a.ckpt, opts).unwrap();
+    let mut gpu = Model::load_with(backend, &b.ckpt, opts.clone()).unwrap();
+    let mut cpu = Model::load(&a.ckpt, opts).unwrap();
     let toks = tokens(160, a.ckpt.config().vocab_size, 5);
     let checks = check_forward(&mut gpu, &mut cpu, &toks, &cases(), F32_TOL).unwrap();
     let failed: Vec<&Check> = checks.iter().filter(|c| !c.passed()).collect();

@@ -11,7 +11,7 @@ use needlescope::backend::gpu::pool::BufferPool;
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, Executor, GemmType, GpuError};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::synth::Preset;
@@ -72,13 +72,13 @@ fn a_full_device_empties_the_pool_before_failing() {
 #[test]
 fn a_forward_on_a_pooled_executor_matches_the_cpu() {
     let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), Some(8));
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(16),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let b = EmuBackend::single(EmuExecutor::default().with_pool(1 << 30), GemmType::F32);
-    let mut gpu = Engine::load_with(b, &m.ckpt, opts.clone()).unwrap();
-    let mut cpu = Engine::load(&m.ckpt, opts).unwrap();
+    let mut gpu = Model::load_with(b, &m.ckpt, opts.clone()).unwrap();
+    let mut cpu = Model::load(&m.ckpt, opts).unwrap();
     let toks = tokens(300, m.ckpt.config().vocab_size, 5);
     let cases: Vec<ForwardCase> = [
         (IndexProfile::Exact, KvMode::Exact, 64),

@@ -10,7 +10,7 @@ use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType, GpuBackend};
 use needlescope::backend::Backend;
 use needlescope::checkpoint::WeightFormat;
 use needlescope::model::bench::time_prefill;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::synth::Preset;
 
 /// On `tiny` (D = 64, 4 streams: one hidden state is 1 KiB) the per-op design of bb340dd, which
@@ -31,12 +31,12 @@ fn a_prefill_moves_only_what_the_model_needs_on_the_host() {
         "tiny's hidden state"
     );
     for (n, chunk) in [(256, 256), (600, 128)] {
-        let opts = EngineOptions {
+        let opts = ModelOptions {
             chunk,
-            ..EngineOptions::default()
+            ..ModelOptions::default()
         };
         let backend = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
-        let engine = Engine::load_with(backend, &m.ckpt, opts).expect("emulated engine loads");
+        let engine = Model::load_with(backend, &m.ckpt, opts).expect("emulated engine loads");
         let p = time_prefill(&engine, &tokens(n, cfg.vocab_size, 9)).expect("prefill runs");
         let (up, down) = p.transfer_per_token_layer().expect("tokens and layers");
         eprintln!("{n} tokens, chunk {chunk}: {up:.0} B up, {down:.0} B down per token-layer");
@@ -51,7 +51,7 @@ fn a_prefill_moves_only_what_the_model_needs_on_the_host() {
 #[test]
 fn the_cpu_copies_nothing() {
     let m = synth_model(Preset::Tiny, WeightFormat::Bf16, Some(2), Some(8));
-    let engine = Engine::load(&m.ckpt, EngineOptions::default()).unwrap();
+    let engine = Model::load(&m.ckpt, ModelOptions::default()).unwrap();
     let p = time_prefill(&engine, &tokens(40, m.ckpt.config().vocab_size, 1)).unwrap();
     assert_eq!(p.transfer_bytes, (0, 0));
     assert_eq!(engine.backend().transfer_bytes(), (0, 0));
@@ -64,12 +64,12 @@ fn a_device_boundary_costs_one_move_of_the_streams() {
     let m = synth_model(Preset::Tiny, WeightFormat::Bf16, Some(4), Some(8));
     let cfg = m.ckpt.config().clone();
     let toks = tokens(300, cfg.vocab_size, 4);
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         chunk: 100,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let run = |backend: EmuBackend| {
-        let engine = Engine::load_with(backend, &m.ckpt, opts.clone()).unwrap();
+        let engine = Model::load_with(backend, &m.ckpt, opts.clone()).unwrap();
         time_prefill(&engine, &toks).unwrap().transfer_bytes
     };
     let one = run(EmuBackend::single(EmuExecutor::default(), GemmType::F32));
@@ -95,12 +95,12 @@ fn a_device_boundary_costs_one_move_of_the_streams() {
 fn the_traffic_per_token_does_not_grow_with_the_context() {
     let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), None);
     let cfg = m.ckpt.config().clone();
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         chunk: 128,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
     let backend = EmuBackend::single(EmuExecutor::default(), GemmType::F32);
-    let engine = Engine::load_with(backend, &m.ckpt, opts).unwrap();
+    let engine = Model::load_with(backend, &m.ckpt, opts).unwrap();
     let per_token = |n: usize| {
         let p = time_prefill(&engine, &tokens(n, cfg.vocab_size, 12)).unwrap();
         let (up, down) = p.transfer_per_token_layer().unwrap();

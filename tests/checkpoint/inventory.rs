@@ -1,7 +1,7 @@
 //! The expected inventory computed from a config alone reproduces the measured facts of the
 //! official DeepSeek-V4-Flash release (docs/spec/model.md sections 0 and 3) to the byte.
 
-use needlescope::checkpoint::inventory::{expected_inventory, logical_inventory, Role};
+use needlescope::checkpoint::inventory::{expected_inventory, logical_inventory, TensorRole};
 use needlescope::checkpoint::{Dtype, ExpectedTensor, WeightFormat};
 use needlescope::config::ModelConfig;
 use std::collections::BTreeMap;
@@ -162,7 +162,12 @@ fn bf16_format_has_no_scale_tensors_and_unpacked_experts() {
     let official = expected_inventory(&cfg, WeightFormat::Official).len();
     let quantised = logical_inventory(&cfg)
         .iter()
-        .filter(|t| matches!(t.role, Role::QuantLinear | Role::RoutedExpert { .. }))
+        .filter(|t| {
+            matches!(
+                t.role,
+                TensorRole::QuantLinear | TensorRole::RoutedExpert { .. }
+            )
+        })
         .count();
     assert_eq!(official, inv.len() + quantised, "{linears} linears");
 }

@@ -5,7 +5,7 @@
 
 use needlescope::checkpoint::{audit, Checkpoint, WeightFormat};
 use needlescope::config::LayerKind;
-use needlescope::model::{Engine, EngineOptions, LogitsRequest};
+use needlescope::model::{LogitsRequest, Model, ModelOptions};
 use needlescope::numerics::profiles::IndexProfile;
 use needlescope::probe::{build_prompt, CellTopk, NeedleObserver, NeedleObserverConfig, Scenario};
 use needlescope::synth::planted::recipe::{BIAS, NEEDLE};
@@ -93,12 +93,12 @@ fn official_format_keeps_the_needle_selected_on_every_csa_layer() {
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     assert_eq!(ckpt.format(), WeightFormat::Official);
     assert!(audit(&ckpt).is_clean());
-    let engine = Engine::load(
+    let engine = Model::load(
         &ckpt,
-        EngineOptions {
+        ModelOptions {
             index: IndexProfile::SglangBf16Keys,
             topk: Some(64),
-            ..EngineOptions::default()
+            ..ModelOptions::default()
         },
     )
     .unwrap();
@@ -117,7 +117,7 @@ fn official_format_keeps_the_needle_selected_on_every_csa_layer() {
             cell_id: "c".into(),
             topk: 64,
         }],
-        served: None,
+        engine: None,
     });
     let mut state = engine.new_sequence();
     let out = engine

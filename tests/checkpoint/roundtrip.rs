@@ -5,7 +5,7 @@
 
 use needlescope::checkpoint::inventory::{
     expected_inventory_with, linear_storage, logical_inventory, CompressorKinds, InventoryOptions,
-    LinearStorage, Role, FP4_GROUP,
+    LinearStorage, TensorRole, FP4_GROUP,
 };
 use needlescope::checkpoint::{audit, compare, Checkpoint, WeightFormat};
 use needlescope::numerics::codecs::bf16_round;
@@ -103,7 +103,7 @@ fn check_every_tensor_decodes_with(format: WeightFormat, fp8_compressors: bool) 
             }
             (Values::F32(x), None) => {
                 let got = ckpt.f32_tensor(&lt.name, &lt.shape).unwrap();
-                let bf16 = matches!(lt.role, Role::Embed | Role::Norm);
+                let bf16 = matches!(lt.role, TensorRole::Embed | TensorRole::Norm);
                 let want: Vec<f32> = if bf16 {
                     x.iter().map(|&v| bf16_round(v)).collect()
                 } else {

@@ -369,18 +369,18 @@ fn trace_refuses_outputs_over_its_inputs_and_ambiguous_inputs() {
 #[test]
 fn trace_size_is_known_before_the_run() {
     use needlescope::checkpoint::Checkpoint;
-    use needlescope::model::forward::{Engine, EngineOptions};
+    use needlescope::model::forward::{Model, ModelOptions};
     use needlescope::run::trace::{LogitsMode, TraceLayout};
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let ckpt = Checkpoint::open(&model).unwrap();
     let cfg = ckpt.config().clone();
     let tokens: Vec<u32> = (0..203u32).map(|i| (i * 37) % 4000 + 3).collect();
-    let engine = Engine::load(
+    let engine = Model::load(
         &ckpt,
-        EngineOptions {
+        ModelOptions {
             chunk: 64,
-            ..EngineOptions::default()
+            ..ModelOptions::default()
         },
     )
     .unwrap();
@@ -787,14 +787,14 @@ fn trace_refuses_bad_logits_values() {
 #[test]
 fn trace_layout_follows_the_logits_mode() {
     use needlescope::checkpoint::Checkpoint;
-    use needlescope::model::forward::{Engine, EngineOptions};
+    use needlescope::model::forward::{Model, ModelOptions};
     use needlescope::run::trace::{run_trace, write_trace, LogitsMode, TraceLayout};
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let ckpt = Checkpoint::open(&model).unwrap();
     let cfg = ckpt.config().clone();
     let tokens: Vec<u32> = (0..70u32).map(|i| (i * 37) % 4000 + 3).collect();
-    let engine = Engine::load(&ckpt, EngineOptions::default()).unwrap();
+    let engine = Model::load(&ckpt, ModelOptions::default()).unwrap();
     let positions: Vec<usize> = (0..tokens.len()).collect();
     for mode in [LogitsMode::None, LogitsMode::Top(5), LogitsMode::All] {
         let result = run_trace(&engine, &tokens, &positions, false, mode, &mut |_, _| {}).unwrap();

@@ -8,7 +8,7 @@ use engine_support::{synth_model, tokens};
 use needlescope::backend::gpu::{EmuBackend, EmuExecutor, GemmType};
 use needlescope::backend::Backend;
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::run::trace::{run_trace, LogitsMode, TraceLayout};
 use needlescope::synth::Preset;
 
@@ -19,11 +19,11 @@ fn a_trace_downloads_no_attention_probabilities() {
     let n = 2048;
     let toks = tokens(n, cfg.vocab_size, 3);
     let positions: Vec<usize> = (0..n).collect();
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         chunk: 512,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let engine = Engine::load_with(
+    let engine = Model::load_with(
         EmuBackend::single(EmuExecutor::default(), GemmType::F32),
         &m.ckpt,
         opts,

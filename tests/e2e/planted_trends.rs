@@ -14,7 +14,7 @@
 
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
 use needlescope::model::observer::{AttentionObservation, IndexerObservation, Observer};
-use needlescope::model::{Engine, EngineOptions, LogitsRequest};
+use needlescope::model::{LogitsRequest, Model, ModelOptions};
 use needlescope::numerics::profiles::IndexProfile;
 use needlescope::probe::observe::rescore;
 use needlescope::probe::rows::RowKind;
@@ -100,7 +100,7 @@ struct Cell {
 
 struct Setup {
     _dir: tempfile::TempDir,
-    engine: Engine,
+    engine: Model,
     tok: V4Tokenizer,
     scenario: Scenario,
 }
@@ -123,11 +123,11 @@ fn setup(margin: f64) -> Setup {
         "{info:?}"
     );
     let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(KS[0]),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let engine = Engine::load(&ckpt, opts).unwrap();
+    let engine = Model::load(&ckpt, opts).unwrap();
     let tok = V4Tokenizer::from_file(dir.path()).unwrap();
     Setup {
         _dir: dir,
@@ -154,7 +154,7 @@ fn run_cell(s: &Setup, length: usize, depth: f64) -> Cell {
                 topk: k,
             })
             .collect(),
-        served: None,
+        engine: None,
     };
     let mut probe = Probe {
         inner: NeedleObserver::new(cfg),

@@ -13,7 +13,7 @@ use needlescope::backend::gpu::{CudaBackend, CudaExecutor, GemmType};
 use needlescope::backend::parity::ops::{check_ops, OpDims};
 use needlescope::backend::parity::{table, Check};
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineOptions};
+use needlescope::model::{Model, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::run::parity::{check_forward, ForwardCase, ForwardTolerance};
 use needlescope::synth::Preset;
@@ -82,18 +82,18 @@ fn forward(
         (GemmType::Bf16, ForwardTolerance::BF16, bf16_layers),
     ] {
         let m = synth_model(preset, format, Some(layers), experts);
-        let opts = EngineOptions {
+        let opts = ModelOptions {
             topk: Some(64),
-            ..EngineOptions::default()
+            ..ModelOptions::default()
         };
-        let mut cpu = Engine::load(&m.ckpt, opts.clone()).expect("CPU engine");
+        let mut cpu = Model::load(&m.ckpt, opts.clone()).expect("CPU engine");
         let toks = tokens(n, m.ckpt.config().vocab_size, 3);
         // As the CLI runs it: decoded weight copies kept (the op checks above take the banded
         // path, which the copies must equal).
         let b = gpu(gemm)
             .with_decode_budgets(&[8 << 30])
             .with_moe_batched(moe_batched);
-        let mut g = Engine::load_with(b, &m.ckpt, opts.clone()).expect("GPU engine");
+        let mut g = Model::load_with(b, &m.ckpt, opts.clone()).expect("GPU engine");
         let checks = check_forward(&mut g, &mut cpu, &toks, cases, tol).expect("forwards");
         report(
             &format!(
@@ -181,13 +181,13 @@ fn cuda_attention_by_gemm_matches_the_cpu() {
         &check_ops(&g(), &OpDims::flash(), 13, 1e-5),
     );
     let m = synth_model(Preset::Tiny, WeightFormat::Official, Some(4), None);
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(64),
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let mut cpu = Engine::load(&m.ckpt, opts.clone()).expect("CPU engine");
+    let mut cpu = Model::load(&m.ckpt, opts.clone()).expect("CPU engine");
     let toks = tokens(1500, m.ckpt.config().vocab_size, 3);
-    let mut e = Engine::load_with(g(), &m.ckpt, opts).expect("GPU engine");
+    let mut e = Model::load_with(g(), &m.ckpt, opts).expect("GPU engine");
     let checks =
         check_forward(&mut e, &mut cpu, &toks, &cases(), ForwardTolerance::F32).expect("forwards");
     report("Tiny Official 4 layers, attention by GEMM", &checks);

@@ -6,7 +6,7 @@ use needlescope_testkit::engine as engine_support;
 
 use engine_support::*;
 use needlescope::backend::WeightResidency;
-use needlescope::model::{bench_prefill, EngineOptions};
+use needlescope::model::{bench_prefill, ModelOptions};
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 
 #[test]
@@ -19,7 +19,7 @@ fn tiny_prefill_2k_tokens() {
         (IndexProfile::SglangFp8, KvMode::Fp8),
     ] {
         for chunk in [256, 2048] {
-            let opts = EngineOptions {
+            let opts = ModelOptions {
                 index,
                 kv,
                 topk: None,

@@ -17,7 +17,7 @@
 //! On failure it names the first diverging layer and tensor and shows the first differing value.
 
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
-use needlescope::model::forward::{Engine, EngineOptions, LogitsRequest};
+use needlescope::model::forward::{LogitsRequest, Model, ModelOptions};
 use needlescope::model::Observer;
 use needlescope::synth::{synth, Preset, SynthOptions};
 use safetensors::SafeTensors;
@@ -175,11 +175,11 @@ fn engine_matches_transformers_float32_on_tiny() {
         ("irregular calls", 5, &irregular[..]),
     ] {
         eprintln!("-- {what}");
-        let engine = Engine::load(
+        let engine = Model::load(
             &ckpt,
-            EngineOptions {
+            ModelOptions {
                 chunk,
-                ..EngineOptions::default()
+                ..ModelOptions::default()
             },
         )
         .expect("engine loads");
@@ -199,7 +199,7 @@ fn engine_matches_transformers_float32_on_tiny() {
 fn compare(
     fixture: &Fixture,
     cfg: &needlescope::config::ModelConfig,
-    engine: &Engine,
+    engine: &Model,
     tokens: &[u32],
     logit_positions: &[usize],
     pieces: &[usize],

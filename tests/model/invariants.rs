@@ -5,20 +5,20 @@
 use needlescope_testkit::engine as engine_support;
 
 use engine_support::*;
-use needlescope::model::{Engine, EngineOptions, ForwardOutput, LogitsRequest, NoObserver};
+use needlescope::model::{ForwardOutput, LogitsRequest, Model, ModelOptions, NoObserver};
 
 const T: usize = 300;
 
-fn engine(model: &SynthModel, chunk: usize) -> Engine {
-    let opts = EngineOptions {
+fn engine(model: &SynthModel, chunk: usize) -> Model {
+    let opts = ModelOptions {
         chunk,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    Engine::load(&model.ckpt, opts).expect("tiny loads")
+    Model::load(&model.ckpt, opts).expect("tiny loads")
 }
 
 /// Runs `tokens` through a fresh sequence with chunk size `chunk`, recording everything.
-fn run(engine: &Engine, tokens: &[u32]) -> (ForwardOutput, Recorder) {
+fn run(engine: &Model, tokens: &[u32]) -> (ForwardOutput, Recorder) {
     let mut rec = Recorder::all(&["layers.", "logits"]);
     let mut state = engine.new_sequence();
     let out = engine
@@ -205,12 +205,12 @@ fn every_visible_row_is_selected_while_n_t_is_at_most_k() {
 #[test]
 fn topk_override_at_least_n_t_selects_every_row() {
     let model = tiny();
-    let opts = EngineOptions {
+    let opts = ModelOptions {
         topk: Some(100),
         chunk: 50,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     };
-    let e = Engine::load(&model.ckpt, opts).unwrap();
+    let e = Model::load(&model.ckpt, opts).unwrap();
     assert_eq!(e.topk(), 100);
     let (_, rec) = run(&e, &tokens(T, 4096, 5));
     for (&(_, pos), r) in &rec.indexer {
@@ -249,13 +249,13 @@ fn rounding_profiles_are_nearly_chunk_invariant() {
     let model = tiny();
     let toks = tokens(T, 4096, 7);
     let load = |chunk| {
-        let opts = EngineOptions {
+        let opts = ModelOptions {
             index: IndexProfile::OfficialFp4,
             kv: KvMode::Fp8,
             topk: None,
             chunk,
         };
-        Engine::load(&model.ckpt, opts).unwrap()
+        Model::load(&model.ckpt, opts).unwrap()
     };
     // Rounding (bf16 / fp4 / e4m3) turns f32 summation-order noise (~1e-7, from GEMM shapes
     // that depend on the chunk) into a whole quantisation step now and then, and bf16 index
@@ -307,7 +307,7 @@ fn a_reset_state_equals_a_fresh_one() {
     let fresh = run(&e, &second);
 
     let mut state = e.new_sequence();
-    e.set_options(EngineOptions {
+    e.set_options(ModelOptions {
         index: IndexProfile::OfficialFp4,
         kv: KvMode::Fp8,
         chunk: 64,
@@ -316,9 +316,9 @@ fn a_reset_state_equals_a_fresh_one() {
     .unwrap();
     e.forward(&mut state, &first, &mut NoObserver, LogitsRequest::None)
         .unwrap();
-    e.set_options(EngineOptions {
+    e.set_options(ModelOptions {
         chunk: 64,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     })
     .unwrap();
     state.reset();

@@ -4,13 +4,13 @@ use needlescope_testkit::engine as engine_support;
 
 use engine_support::*;
 use needlescope::checkpoint::WeightFormat;
-use needlescope::model::{Engine, EngineError, EngineOptions, LogitsRequest, NoObserver};
+use needlescope::model::{LogitsRequest, Model, ModelError, ModelOptions, NoObserver};
 use needlescope::numerics::hadamard_inplace;
 use needlescope::numerics::profiles::{self, IndexProfile, KvMode};
 use needlescope::synth::Preset;
 
-fn opts(index: IndexProfile, kv: KvMode, chunk: usize) -> EngineOptions {
-    EngineOptions {
+fn opts(index: IndexProfile, kv: KvMode, chunk: usize) -> ModelOptions {
+    ModelOptions {
         index,
         kv,
         topk: None,
@@ -32,7 +32,7 @@ fn every_profile_and_kv_mode_runs_end_to_end_on_tiny() {
     let model = tiny();
     let toks = tokens(120, 4096, 11);
     let mut engine =
-        Engine::load(&model.ckpt, opts(IndexProfile::Exact, KvMode::Exact, 32)).unwrap();
+        Model::load(&model.ckpt, opts(IndexProfile::Exact, KvMode::Exact, 32)).unwrap();
     let mut exact_logits = None;
     for kv in KvMode::ALL {
         for index in IndexProfile::ALL {
@@ -83,7 +83,7 @@ fn every_profile_and_kv_mode_runs_end_to_end_on_tiny() {
 #[test]
 fn exact_scores_are_unchanged_by_the_hadamard_rotation() {
     let model = tiny();
-    let engine = Engine::load(&model.ckpt, opts(IndexProfile::Exact, KvMode::Exact, 64)).unwrap();
+    let engine = Model::load(&model.ckpt, opts(IndexProfile::Exact, KvMode::Exact, 64)).unwrap();
     let mut rec = Recorder::at(&[63, 199], &[]);
     let mut state = engine.new_sequence();
     engine
@@ -114,7 +114,7 @@ fn exact_scores_are_unchanged_by_the_hadamard_rotation() {
 #[test]
 fn token_ids_outside_the_vocabulary_are_errors_and_leave_the_state_alone() {
     let model = tiny();
-    let engine = Engine::load(&model.ckpt, EngineOptions::default()).unwrap();
+    let engine = Model::load(&model.ckpt, ModelOptions::default()).unwrap();
     let mut state = engine.new_sequence();
     engine
         .forward(&mut state, &[1, 2, 3], &mut NoObserver, LogitsRequest::None)
@@ -125,7 +125,7 @@ fn token_ids_outside_the_vocabulary_are_errors_and_leave_the_state_alone() {
     assert!(
         matches!(
             err,
-            EngineError::TokenOutOfRange {
+            ModelError::TokenOutOfRange {
                 token: 4096,
                 position: 4,
                 vocab: 4096
@@ -143,7 +143,7 @@ fn token_ids_outside_the_vocabulary_are_errors_and_leave_the_state_alone() {
         )
         .unwrap_err();
     assert!(
-        matches!(err, EngineError::LogitsPosition { position: 2, .. }),
+        matches!(err, ModelError::LogitsPosition { position: 2, .. }),
         "{err}"
     );
     assert_eq!(state.len(), 3);
@@ -152,7 +152,7 @@ fn token_ids_outside_the_vocabulary_are_errors_and_leave_the_state_alone() {
 #[test]
 fn a_sequence_cannot_continue_under_other_rounding() {
     let model = tiny();
-    let mut engine = Engine::load(&model.ckpt, EngineOptions::default()).unwrap();
+    let mut engine = Model::load(&model.ckpt, ModelOptions::default()).unwrap();
     let mut state = engine.new_sequence();
     engine
         .forward(&mut state, &[1, 2], &mut NoObserver, LogitsRequest::None)
@@ -177,7 +177,7 @@ fn flash_runs(layers: usize, tokens_n: usize) -> Vec<Vec<f32>> {
     let model = synth_model(Preset::Flash, WeightFormat::Official, Some(layers), Some(8));
     let t_synth = t0.elapsed();
     let mut engine =
-        Engine::load(&model.ckpt, opts(IndexProfile::Exact, KvMode::Exact, 16)).unwrap();
+        Model::load(&model.ckpt, opts(IndexProfile::Exact, KvMode::Exact, 16)).unwrap();
     let t_load = t0.elapsed() - t_synth;
     let toks = tokens(tokens_n, 129280, 13);
     let mut last = Vec::new();

@@ -8,19 +8,19 @@ use needlescope_testkit::engine as engine_support;
 use engine_support::*;
 use needlescope::backend::WeightResidency;
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
-use needlescope::model::{Engine, EngineOptions, ForwardOutput, LogitsRequest};
+use needlescope::model::{ForwardOutput, LogitsRequest, Model, ModelOptions};
 use needlescope::synth::Preset;
 
 const T: usize = 160;
 
-fn opts() -> EngineOptions {
-    EngineOptions {
+fn opts() -> ModelOptions {
+    ModelOptions {
         chunk: 48,
-        ..EngineOptions::default()
+        ..ModelOptions::default()
     }
 }
 
-fn run(engine: &Engine, tokens: &[u32]) -> (ForwardOutput, Recorder) {
+fn run(engine: &Model, tokens: &[u32]) -> (ForwardOutput, Recorder) {
     let mut rec = Recorder::all(&["layers.", "logits", "embed"]);
     let mut state = engine.new_sequence();
     let out = engine
@@ -76,13 +76,13 @@ fn assert_identical(a: &(ForwardOutput, Recorder), b: &(ForwardOutput, Recorder)
 fn decoded_equals_streamed(format: WeightFormat) {
     let model = synth_model(Preset::Tiny, format, None, None);
     let toks = tokens(T, model.ckpt.config().vocab_size, 7);
-    let decoded = Engine::load_weights(&model.ckpt, opts(), WeightResidency::Decoded).unwrap();
+    let decoded = Model::load_weights(&model.ckpt, opts(), WeightResidency::Decoded).unwrap();
     assert_eq!(decoded.backend().weights(), WeightResidency::Decoded);
     let a = run(&decoded, &toks);
     drop(decoded);
     // A checkpoint opened just for the load: the engine keeps the memory maps alive itself.
     let ckpt = Checkpoint::open(model.dir.path()).unwrap();
-    let streamed = Engine::load_weights(&ckpt, opts(), WeightResidency::Streamed).unwrap();
+    let streamed = Model::load_weights(&ckpt, opts(), WeightResidency::Streamed).unwrap();
     drop(ckpt);
     assert_eq!(streamed.backend().weights(), WeightResidency::Streamed);
     let b = run(&streamed, &toks);
@@ -107,7 +107,7 @@ fn decoded_and_streamed_weights_agree_bitwise_nvfp4() {
 #[test]
 fn auto_decodes_a_model_that_fits() {
     let model = tiny();
-    let engine = Engine::load(&model.ckpt, opts()).unwrap();
+    let engine = Model::load(&model.ckpt, opts()).unwrap();
     assert_eq!(engine.backend().weights(), WeightResidency::Decoded);
     let bytes = needlescope::model::forward::decoded_weight_bytes(&model.ckpt);
     assert!(
@@ -123,7 +123,7 @@ fn loading_reports_each_part_once_in_order() {
     let m = synth_model(Preset::Tiny, WeightFormat::Official, None, None);
     let layers = m.ckpt.config().num_hidden_layers;
     let mut seen = Vec::new();
-    let reported = Engine::load_reporting(
+    let reported = Model::load_reporting(
         needlescope::backend::CpuBackend::new(),
         &m.ckpt,
         opts(),
@@ -133,7 +133,7 @@ fn loading_reports_each_part_once_in_order() {
     let want: Vec<(usize, usize)> = (1..=layers + 2).map(|d| (d, layers + 2)).collect();
     assert_eq!(seen, want);
     let plain =
-        Engine::load_with(needlescope::backend::CpuBackend::new(), &m.ckpt, opts()).expect("load");
+        Model::load_with(needlescope::backend::CpuBackend::new(), &m.ckpt, opts()).expect("load");
     let toks = tokens(T, m.ckpt.config().vocab_size, 5);
     assert_eq!(run(&reported, &toks).0.logits, run(&plain, &toks).0.logits);
 }

@@ -38,7 +38,7 @@ fn config(
                 topk: k,
             })
             .collect(),
-        served: None,
+        engine: None,
     }
 }
 
@@ -429,7 +429,7 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                         driving: IndexProfile::SglangFp8,
                         compare: vec![],
                         cells: cells.clone(),
-                        served: None,
+                        engine: None,
                     });
                     o.indexer(&IndexerObservation {
                         layer: 2,

@@ -4,7 +4,7 @@
 //! which is kept in the ids and left out of the answer text.
 
 use needlescope::checkpoint::{Checkpoint, WeightFormat};
-use needlescope::model::forward::{Engine, EngineOptions, LogitsRequest};
+use needlescope::model::forward::{LogitsRequest, Model, ModelOptions};
 use needlescope::model::NoObserver;
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::probe::prompt::build_prompt;
@@ -25,7 +25,7 @@ fn options() -> ProbeOptions {
         generate: GENERATE,
         chunk: 96,
         probe_question: false,
-        served: None,
+        engine: None,
     }
 }
 
@@ -39,7 +39,7 @@ fn greedy_tokens_equal_prefill_argmax_and_stop_at_eos() {
     let probe = |model: &std::path::Path| {
         let ckpt = Checkpoint::open(model).unwrap();
         let cfg = ckpt.config().clone();
-        let mut engine = Engine::load(&ckpt, EngineOptions::default()).unwrap();
+        let mut engine = Model::load(&ckpt, ModelOptions::default()).unwrap();
         let prompt =
             build_prompt(&tok, &scenario, 300, 50.0, 3, cfg.max_position_embeddings).unwrap();
         let opts = options();
@@ -63,7 +63,7 @@ fn greedy_tokens_equal_prefill_argmax_and_stop_at_eos() {
         "no EOS in this model's greedy output"
     );
     engine
-        .set_options(EngineOptions {
+        .set_options(ModelOptions {
             index: IndexProfile::SglangFp8,
             kv: KvMode::Fp8,
             topk: Some(16),
@@ -132,7 +132,7 @@ fn a_stop_within_runs_drops_the_run_in_flight_at_the_next_chunk() {
     let scenario = Scenario::load("passkey").unwrap();
     let ckpt = Checkpoint::open(dir.path()).unwrap();
     let cfg = ckpt.config().clone();
-    let mut engine = Engine::load(&ckpt, EngineOptions::default()).unwrap();
+    let mut engine = Model::load(&ckpt, ModelOptions::default()).unwrap();
     let prompt = build_prompt(&tok, &scenario, 300, 50.0, 3, cfg.max_position_embeddings).unwrap();
     let opts = ProbeOptions {
         topks: vec![16, 32, 48],

@@ -276,7 +276,7 @@ fn cell_record_takes_the_worst_driving_layer_at_the_last_prompt_token() {
             decode,
         ],
         attention: vec![],
-        served: vec![],
+        engine_records: vec![],
         selection_disagreements: 0,
         selection_checks: 3,
         wall_seconds: 1.0,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use needlescope::checkpoint::Checkpoint;
 use needlescope::config::LayerKind;
-use needlescope::model::forward::{Engine, EngineOptions, LogitsRequest};
+use needlescope::model::forward::{LogitsRequest, Model, ModelOptions};
 use needlescope::model::Observer;
 use needlescope::numerics::profiles::{IndexProfile, KvMode};
 use needlescope::numerics::rng::Rng;
@@ -75,7 +75,7 @@ impl Observer for AllSelections {
 /// The response body the stand-in sends for `input_ids` (also what a saved capture holds).
 #[allow(clippy::too_many_arguments)]
 pub fn generate_body(
-    engine: &mut Engine<needlescope::backend::CpuBackend>,
+    engine: &mut Model<needlescope::backend::CpuBackend>,
     tok: &V4Tokenizer,
     profile: IndexProfile,
     kv: KvMode,
@@ -87,7 +87,7 @@ pub fn generate_body(
     let cfg = engine.config().clone();
     let k = cfg.index_topk;
     engine
-        .set_options(EngineOptions {
+        .set_options(ModelOptions {
             index: profile,
             kv,
             topk: Some(k),
@@ -199,7 +199,7 @@ pub fn start(
     let model: PathBuf = model.to_path_buf();
     std::thread::spawn(move || {
         let ckpt = Checkpoint::open(&model).expect("stand-in model");
-        let mut engine = Engine::load(&ckpt, EngineOptions::default()).expect("stand-in engine");
+        let mut engine = Model::load(&ckpt, ModelOptions::default()).expect("stand-in engine");
         let tok = V4Tokenizer::builtin().unwrap();
         let deadline = Instant::now() + lifetime;
         while count.load(Ordering::SeqCst) < max_requests {

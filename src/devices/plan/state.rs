@@ -8,14 +8,14 @@ use crate::config::ModelConfig;
 
 /// Per-layer state bytes on the device for a context (see the module docs for the layouts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LayerState {
+pub struct LayerStateBytes {
     pub window: u64,
     pub compressed_kv: u64,
     pub index_keys: u64,
     pub compressor_carry: u64,
 }
 
-impl LayerState {
+impl LayerStateBytes {
     pub fn total(&self) -> u64 {
         sat_sum([
             self.window,
@@ -41,7 +41,12 @@ pub fn sat_sum(terms: impl IntoIterator<Item = u64>) -> u64 {
 pub const CACHE_GROWTH_SLACK: u64 = 2;
 
 /// State of main layer `layer` after `context` tokens run in prefill chunks of `chunk`.
-pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize) -> LayerState {
+pub fn layer_state(
+    cfg: &ModelConfig,
+    layer: usize,
+    context: usize,
+    chunk: usize,
+) -> LayerStateBytes {
     let (c, hd) = (context as u64, cfg.head_dim as u64);
     let chunk = chunk.min(context).max(1) as u64;
     // f32 rows, allocations up to CACHE_GROWTH_SLACK x the rows held.
@@ -49,7 +54,7 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
     let window = cache((cfg.sliding_window as u64).saturating_add(chunk), hd);
     let role = *cfg.layer_roles().get(layer);
     if !role.owns_kv() {
-        return LayerState {
+        return LayerStateBytes {
             window,
             ..Default::default()
         };
@@ -72,7 +77,7 @@ pub fn layer_state(cfg: &ModelConfig, layer: usize, context: usize, chunk: usize
     } else {
         (0, hd)
     };
-    LayerState {
+    LayerStateBytes {
         window,
         compressed_kv: cache(rows, hd),
         index_keys,

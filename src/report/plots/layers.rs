@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use super::legend::{
-    draw_mark, draw_rows, drawn_text, legend_layout, note_rows, row_text, LegendLayout, Mark, Row,
-    Stroke, MARKS,
+    draw_mark, draw_rows, drawn_text, legend_layout, note_rows, row_text, LegendLayout, LegendRow,
+    Mark, Stroke, MARKS,
 };
 use super::{
     canvas, header_height, header_lines, plot_err, profile_colour, rank_axis, rank_axis_top,
@@ -120,7 +120,7 @@ pub struct LayerPlot {
     /// The legend column's height, and where its rows go.
     pub legend_height: u32,
     pub legend_layout: LegendLayout,
-    rows: Vec<Row>,
+    rows: Vec<LegendRow>,
     top: f64,
     visible: usize,
 }
@@ -348,8 +348,8 @@ const VISIBLE: RGBColor = RGBColor(110, 110, 110);
 
 /// The legend column, top-down: the cut-off lines, the driving profile, the profiles scored
 /// alongside, then notes on what is drawn together, side by side, without a rank.
-fn legend_rows(plot: &LayerPlot, cell: &CellRecord) -> Vec<Row> {
-    let key = Row::key;
+fn legend_rows(plot: &LayerPlot, cell: &CellRecord) -> Vec<LegendRow> {
+    let key = LegendRow::key;
     let label = format!("top-k {} (this cell)", cell.topk);
     let mut rows = vec![key(OWN_TOPK, 2, Stroke::Dashed, Mark::None, true, label)];
     if plot.visible > 0 {
@@ -364,15 +364,15 @@ fn legend_rows(plot: &LayerPlot, cell: &CellRecord) -> Vec<Row> {
     let (driving, others): (Vec<&ProfileSeries>, Vec<&ProfileSeries>) =
         plot.series.iter().partition(|s| s.driving);
     if !driving.is_empty() {
-        rows.push(Row::Heading("driving profile".into()));
+        rows.push(LegendRow::Heading("driving profile".into()));
         rows.extend(driving.into_iter().map(profile_key));
     }
     if !others.is_empty() {
-        rows.push(Row::Heading("scored alongside".into()));
+        rows.push(LegendRow::Heading("scored alongside".into()));
         rows.extend(others.into_iter().map(profile_key));
     }
     if !plot.identical.is_empty() {
-        rows.push(Row::Note("identical on every layer (dashed):".into()));
+        rows.push(LegendRow::Note("identical on every layer (dashed):".into()));
         for group in &plot.identical {
             rows.extend(note_rows(&group.join(" = ")));
         }

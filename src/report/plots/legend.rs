@@ -80,7 +80,7 @@ pub(crate) struct Key {
 }
 
 /// One line of a legend column.
-pub(crate) enum Row {
+pub(crate) enum LegendRow {
     /// What a group of keys varies (black text).
     Heading(String),
     Key(Key),
@@ -88,8 +88,8 @@ pub(crate) enum Row {
     Note(String),
 }
 
-impl Row {
-    /// A [`Row::Key`].
+impl LegendRow {
+    /// A [`LegendRow::Key`].
     pub(crate) fn key(
         colour: RGBColor,
         width: u32,
@@ -97,8 +97,8 @@ impl Row {
         mark: Mark,
         filled: bool,
         label: String,
-    ) -> Row {
-        Row::Key(Key {
+    ) -> LegendRow {
+        LegendRow::Key(Key {
             colour,
             width,
             stroke,
@@ -241,33 +241,33 @@ const KEY_LABEL_W: u32 = LEGEND_W - (KEY_LINE.1 as u32 + 10) - 6;
 const KEY_LINE: (i32, i32) = (6, 44);
 
 /// The text of `row` in full (a key's label, a heading's or note's text).
-pub(crate) fn row_text(row: &Row) -> &str {
+pub(crate) fn row_text(row: &LegendRow) -> &str {
     match row {
-        Row::Heading(text) | Row::Note(text) => text,
-        Row::Key(k) => &k.label,
+        LegendRow::Heading(text) | LegendRow::Note(text) => text,
+        LegendRow::Key(k) => &k.label,
     }
 }
 
 /// The text `row` shows: [`row_text`], shortened in the middle when it is wider than its place.
-pub(crate) fn drawn_text(row: &Row) -> String {
+pub(crate) fn drawn_text(row: &LegendRow) -> String {
     let width = match row {
-        Row::Key(_) => KEY_LABEL_W,
+        LegendRow::Key(_) => KEY_LABEL_W,
         _ => TEXT_W,
     };
     ellipsize_middle(row_text(row), LEGEND_PX, width)
 }
 
 /// `text` as grey note rows, wrapped at spaces to the column's width.
-pub(crate) fn note_rows(text: &str) -> impl Iterator<Item = Row> {
+pub(crate) fn note_rows(text: &str) -> impl Iterator<Item = LegendRow> {
     wrap_words(text, LEGEND_PX, TEXT_W)
         .into_iter()
-        .map(Row::Note)
+        .map(LegendRow::Note)
 }
 
 /// Draws `rows` top-down into `area` (the legend column), placed by [`legend_layout`].
 pub(crate) fn draw_rows<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
-    rows: &[Row],
+    rows: &[LegendRow],
     path: &Path,
 ) -> Result<()> {
     let err = plot_err(path);
@@ -283,17 +283,17 @@ pub(crate) fn draw_rows<DB: DrawingBackend>(
     for (i, row) in rows.iter().take(layout.shown).enumerate() {
         let y = layout.top + layout.pitch * i as i32;
         let k = match row {
-            Row::Heading(_) => {
+            LegendRow::Heading(_) => {
                 area.draw(&Text::new(drawn_text(row), (x0, y), black.clone()))
                     .map_err(&err)?;
                 continue;
             }
-            Row::Note(_) => {
+            LegendRow::Note(_) => {
                 area.draw(&Text::new(drawn_text(row), (x0, y), grey.clone()))
                     .map_err(&err)?;
                 continue;
             }
-            Row::Key(k) => k,
+            LegendRow::Key(k) => k,
         };
         let line = k.colour.stroke_width(k.width);
         let dashes: Vec<(i32, i32)> = match k.stroke {

@@ -20,7 +20,9 @@ use std::path::Path;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::legend::{draw_mark, draw_rows, note_rows, row_text, Key, Mark, Row, Stroke, MARKS};
+use super::legend::{
+    draw_mark, draw_rows, note_rows, row_text, Key, LegendRow, Mark, Stroke, MARKS,
+};
 use super::{
     canvas, plot_err, profile_colour, rank_axis, rank_axis_top, rank_label, spaced_ticks, subtitle,
     text_width, TickedAxis, AXIS_PX, FONT, LABEL_PX, LEGEND_W, SIZE, TICK_GAP,
@@ -251,8 +253,8 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         }
     }
 
-    let key = Row::key;
-    let mut rows = vec![Row::Heading("colour: index profile".into())];
+    let key = LegendRow::key;
+    let mut rows = vec![LegendRow::Heading("colour: index profile".into())];
     for p in &profiles {
         rows.push(key(
             profile_colour(p.name()),
@@ -263,7 +265,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
             p.name().to_string(),
         ));
     }
-    rows.push(Row::Heading("marker: top-k".into()));
+    rows.push(LegendRow::Heading("marker: top-k".into()));
     for (i, (kv, k)) in marker_keys.iter().enumerate() {
         let mark = MARKS[i % MARKS.len()];
         rows.push(key(DARK, 2, Stroke::None, mark, true, format!("k={k}{kv}")));
@@ -288,8 +290,8 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     let samples = per_point.values().copied().max().unwrap_or(1);
     rows.extend(line_style_rows(&depths, samples));
     if !notes.is_empty() {
-        rows.push(Row::Note("drawn once (identical):".into()));
-        rows.extend(notes.into_iter().map(Row::Note));
+        rows.push(LegendRow::Note("drawn once (identical):".into()));
+        rows.extend(notes.into_iter().map(LegendRow::Note));
     }
     draw_rows(&legend_area, &rows, path)?;
     root.present().map_err(&err)?;
@@ -300,9 +302,9 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
 /// taken over. With several depths a point gathers them all (and the samples), so the note says
 /// that a line joins lengths, not one needle position, and that its worst points may come from
 /// different depths; with one depth it names it.
-fn line_style_rows(depths: &[f64], samples: usize) -> Vec<Row> {
+fn line_style_rows(depths: &[f64], samples: usize) -> Vec<LegendRow> {
     let key = |width, stroke, label: &str| {
-        Row::Key(Key {
+        LegendRow::Key(Key {
             colour: DARK,
             width,
             stroke,
@@ -312,10 +314,10 @@ fn line_style_rows(depths: &[f64], samples: usize) -> Vec<Row> {
         })
     };
     let mut rows = vec![
-        Row::Heading("line style".into()),
+        LegendRow::Heading("line style".into()),
         key(3, Stroke::Solid, "median (filled markers)"),
         key(2, Stroke::Dashed, "worst (hollow markers)"),
-        Row::Key(Key {
+        LegendRow::Key(Key {
             colour: GREY,
             width: 2,
             stroke: Stroke::Dotted,

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use super::csvio::{open_append, read_json, read_tolerant, write_json, ParsedCsv};
 use super::row_checks::RowCheck;
 use super::{append, repair, same_cell, Resume, ENGINE_CSV, RUN_JSON};
-use crate::record::served::{
-    is_engine_only, EngineCellRecord, ServedLayerRecord, ENGINE_CELLS_COLUMNS, SERVED_COLUMNS,
+use crate::record::engine::{
+    is_engine_only, EngineCellRecord, EngineLayerRecord, ENGINE_CELLS_COLUMNS, ENGINE_COLUMNS,
 };
 use crate::record::RunInfo;
 use crate::report::error::{ReportError, Result};
@@ -108,9 +108,9 @@ impl EngineOnlyDir {
             .iter()
             .map(|r| r.value.cell_id.clone())
             .collect();
-        let engine: ParsedCsv<ServedLayerRecord> = read_tolerant(&engine_path, &SERVED_COLUMNS)?;
+        let engine: ParsedCsv<EngineLayerRecord> = read_tolerant(&engine_path, &ENGINE_COLUMNS)?;
         repair(&cells_path, &cells_csv, &ENGINE_CELLS_COLUMNS, |_| true)?;
-        repair(&engine_path, &engine, &SERVED_COLUMNS, |r| {
+        repair(&engine_path, &engine, &ENGINE_COLUMNS, |r| {
             finished.contains(&r.cell_id)
         })?;
         let cells = cells_csv.records.into_iter().map(|r| r.value).collect();
@@ -146,7 +146,7 @@ impl EngineOnlyDir {
     }
 
     /// Records one finished cell: its engine.csv rows, then its engine_cells.csv row.
-    pub fn append(&mut self, cell: &EngineCellRecord, engine: &[ServedLayerRecord]) -> Result<()> {
+    pub fn append(&mut self, cell: &EngineCellRecord, engine: &[EngineLayerRecord]) -> Result<()> {
         let cells_path = self.dir.join(ENGINE_CELLS_CSV);
         let engine_path = self.dir.join(ENGINE_CSV);
         if self.finished.contains(&cell.cell_id) {
@@ -175,7 +175,7 @@ impl EngineOnlyDir {
 pub struct EngineOnlyRecords {
     pub info: RunInfo,
     pub cells: Vec<EngineCellRecord>,
-    pub engine: Vec<ServedLayerRecord>,
+    pub engine: Vec<EngineLayerRecord>,
     pub notes: Vec<String>,
 }
 
@@ -192,10 +192,10 @@ impl EngineOnlyRecords {
         super::read::note_torn(&mut notes, ENGINE_CELLS_CSV, &cells_csv);
         let cells: Vec<EngineCellRecord> = cells_csv.records.into_iter().map(|r| r.value).collect();
         let finished: HashSet<&str> = cells.iter().map(|c| c.cell_id.as_str()).collect();
-        let engine_csv: ParsedCsv<ServedLayerRecord> =
-            read_tolerant(&dir.join(ENGINE_CSV), &SERVED_COLUMNS)?;
+        let engine_csv: ParsedCsv<EngineLayerRecord> =
+            read_tolerant(&dir.join(ENGINE_CSV), &ENGINE_COLUMNS)?;
         super::read::note_torn(&mut notes, ENGINE_CSV, &engine_csv);
-        let engine: Vec<ServedLayerRecord> = engine_csv
+        let engine: Vec<EngineLayerRecord> = engine_csv
             .records
             .into_iter()
             .map(|r| r.value)

@@ -58,7 +58,7 @@ use serde::Serialize;
 use super::error::{ReportError, Result};
 use super::lock::DirLock;
 use super::summary::SummaryJson;
-use crate::record::served::{ServedLayerRecord, SERVED_COLUMNS};
+use crate::record::engine::{EngineLayerRecord, ENGINE_COLUMNS};
 use crate::record::verdict::exact_keeps_by_cell;
 use crate::record::{
     AttentionRecord, CellRecord, LayerRecord, RunInfo, ATTENTION_COLUMNS, CELLS_COLUMNS,
@@ -135,7 +135,7 @@ impl RunDir {
             let on_disk: RunInfo = read_json(&run_json)?;
             // An engine-only directory has no reference records: never replaced by a run
             // that would have them (its engine.csv would be emptied).
-            if crate::record::served::is_engine_only(&on_disk.sweep_args)
+            if crate::record::engine::is_engine_only(&on_disk.sweep_args)
                 || dir.join(ENGINE_CELLS_CSV).exists()
             {
                 return Err(ReportError::NotARunDir {
@@ -278,9 +278,9 @@ impl RunDir {
         })?;
         let engine_path = dir.join(ENGINE_CSV);
         let engine_w = if engine_path.exists() {
-            let engine: ParsedCsv<ServedLayerRecord> =
-                read_tolerant(&engine_path, &SERVED_COLUMNS)?;
-            repair(&engine_path, &engine, &SERVED_COLUMNS, |r| {
+            let engine: ParsedCsv<EngineLayerRecord> =
+                read_tolerant(&engine_path, &ENGINE_COLUMNS)?;
+            repair(&engine_path, &engine, &ENGINE_COLUMNS, |r| {
                 finished.contains(&r.cell_id)
             })?;
             Some(open_append(&engine_path)?)
@@ -366,7 +366,7 @@ impl RunDir {
         cell: &CellRecord,
         layers: &[LayerRecord],
         attention: &[AttentionRecord],
-        engine: &[ServedLayerRecord],
+        engine: &[EngineLayerRecord],
     ) -> Result<()> {
         // The derived columns follow from the cell and its rows: set here, whatever was given.
         let mut cell = cell.clone();
@@ -412,7 +412,7 @@ impl RunDir {
         append(&mut self.attention_w, &att_path, attention)?;
         if !engine.is_empty() {
             if self.engine_w.is_none() {
-                let mut header = SERVED_COLUMNS.join(",");
+                let mut header = ENGINE_COLUMNS.join(",");
                 header.push('\n');
                 atomic_write(&engine_path, header.as_bytes())?;
                 self.engine_w = Some(open_append(&engine_path)?);

@@ -36,7 +36,7 @@ pub struct RunRecords {
     /// attention.csv rows of finished cells.
     pub attention: Vec<AttentionRecord>,
     /// engine.csv rows of finished cells (empty without engine.csv).
-    pub engine: Vec<crate::record::served::ServedLayerRecord>,
+    pub engine: Vec<crate::record::engine::EngineLayerRecord>,
     /// What was read but left out, for the user: a torn last line per file (a run killed
     /// while writing it), e.g. `cells.csv, line 5: incomplete last line ...`.
     pub notes: Vec<String>,
@@ -94,12 +94,12 @@ impl RunRecords {
         }
         layers.retain(|r| finished.contains(&r.cell_id));
         attention.retain(|r| finished.contains(&r.cell_id));
-        let mut engine: Vec<crate::record::served::ServedLayerRecord> =
+        let mut engine: Vec<crate::record::engine::EngineLayerRecord> =
             if dir.join(super::ENGINE_CSV).exists() {
                 rows(
                     dir,
                     super::ENGINE_CSV,
-                    &crate::record::served::SERVED_COLUMNS,
+                    &crate::record::engine::ENGINE_COLUMNS,
                     &mut notes,
                 )?
             } else {

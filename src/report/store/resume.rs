@@ -56,7 +56,7 @@ impl RunInfo {
         }
         let keys: &[&str] = match writer(&self.sweep_args) {
             "sweep" => &SWEEP_GRID_KEYS,
-            _ if crate::record::served::is_engine_only(&self.sweep_args) => &ENGINE_ONLY_GRID_KEYS,
+            _ if crate::record::engine::is_engine_only(&self.sweep_args) => &ENGINE_ONLY_GRID_KEYS,
             _ => &[],
         };
         let grid_key = |field: &str| {

@@ -150,7 +150,7 @@ impl RowCheck for AttentionRecord {
     }
 }
 
-impl RowCheck for crate::record::served::ServedLayerRecord {
+impl RowCheck for crate::record::engine::EngineLayerRecord {
     fn inconsistency(&self) -> Option<Inconsistency> {
         let r = self;
         let visible = (r.query_pos + 1) / 4;
@@ -227,7 +227,7 @@ impl RowPlace for LayerRecord {
     }
 }
 
-impl RowPlace for crate::record::served::ServedLayerRecord {
+impl RowPlace for crate::record::engine::EngineLayerRecord {
     fn place(&self) -> String {
         let r = self;
         format!(

@@ -23,7 +23,7 @@
 //! of `values.rs`, with block outputs (`wo_b`, expert `w2`) scaled by `OUT_SCALE` and mHC mixes
 //! by `HC_SCALE`, so the residual stream stays close to the embedding.
 
-use crate::checkpoint::inventory::{LogicalTensor, Role};
+use crate::checkpoint::inventory::{LogicalTensor, TensorRole};
 use crate::config::{LayerKind, ModelConfig};
 use crate::numerics::rng::{tensor_seed, Xoshiro256ss};
 use crate::synth::tensors::{generate, Values};
@@ -302,7 +302,7 @@ impl Recipe {
     /// Standard random values, with block outputs and mHC mixes scaled down.
     fn standard(&self, lt: &LogicalTensor) -> Values {
         let v = generate(&self.cfg, self.seed, lt);
-        let scale = if lt.role == Role::HcFn {
+        let scale = if lt.role == TensorRole::HcFn {
             HC_SCALE
         } else if lt.name.ends_with(".wo_b") || lt.name.ends_with(".w2") {
             OUT_SCALE

@@ -1,4 +1,4 @@
-//! The serving engine held against the reference: [`ServedLayerRecord`] (one engine.csv row,
+//! The serving engine held against the reference: [`EngineLayerRecord`] (one engine.csv row,
 //! docs/outputs.md) and [`ServedVerdict`], what the records of one run say (which profile the
 //! engine's selections agree with best, where the engine lost a needle, the one-line
 //! conclusion).
@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 /// One row of engine.csv (docs/outputs.md): exactly these fields, in this order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ServedLayerRecord {
+pub struct EngineLayerRecord {
     pub cell_id: String,
     pub layer: usize,
     pub query_pos: usize,
@@ -40,7 +40,7 @@ pub struct ServedLayerRecord {
 }
 
 /// engine.csv columns, in order.
-pub const SERVED_COLUMNS: [&str; 11] = [
+pub const ENGINE_COLUMNS: [&str; 11] = [
     "cell_id",
     "layer",
     "query_pos",
@@ -89,15 +89,16 @@ pub struct EngineAnswer {
 
 impl EngineCellRecord {
     /// The engine_cells.csv record of one prompt (`place`) held against the engine alone, from
-    /// its answer and its membership records (`served`, counted at the answer position).
+    /// its answer and its membership records (`engine_records`, counted at the answer position).
     pub fn of(
         cell_id: String,
         place: &super::PromptPlace,
         answer: EngineAnswer,
-        served: &[ServedLayerRecord],
+        engine_records: &[EngineLayerRecord],
         wall_seconds: f64,
     ) -> EngineCellRecord {
-        let (selected, nontrivial) = engine_layers_selected(served, place.prompt_tokens - 1);
+        let (selected, nontrivial) =
+            engine_layers_selected(engine_records, place.prompt_tokens - 1);
         EngineCellRecord {
             cell_id,
             target_tokens: place.target_tokens,
@@ -150,9 +151,12 @@ pub fn is_engine_only(sweep_args: &serde_json::Value) -> bool {
 
 /// (non-trivial layers whose selection held every needle, non-trivial layers) at `answer_pos`,
 /// from engine records (each (layer, needle) counted once whatever the profile).
-pub fn engine_layers_selected(served: &[ServedLayerRecord], answer_pos: usize) -> (usize, usize) {
+pub fn engine_layers_selected(
+    engine_records: &[EngineLayerRecord],
+    answer_pos: usize,
+) -> (usize, usize) {
     let mut by_layer: std::collections::BTreeMap<usize, bool> = Default::default();
-    for r in served
+    for r in engine_records
         .iter()
         .filter(|r| r.query_pos == answer_pos && r.visible_rows > r.engine_topk)
     {

@@ -10,8 +10,8 @@
 use super::capture::EngineCapture;
 use super::rows::RowKind;
 use crate::numerics::profiles::IndexProfile;
+use crate::record::engine::EngineLayerRecord;
 use crate::record::phase_label;
-use crate::record::served::ServedLayerRecord;
 
 /// The profiles scored besides the driving ones when an engine is held against a run: every
 /// profile, so that the closest can be found (`compare` first, in its order, then the rest of
@@ -98,7 +98,7 @@ pub fn membership_records(
     cell_id: &str,
     needles: &[(usize, usize)],
     positions: &[usize],
-) -> Vec<ServedLayerRecord> {
+) -> Vec<EngineLayerRecord> {
     let mut out = Vec::new();
     for &pos in positions {
         for &layer in &capture.csa_layers {
@@ -109,7 +109,7 @@ pub fn membership_records(
             let visible = RowKind::Csa.visible_rows(pos);
             for (needle, &span) in needles.iter().enumerate() {
                 let rows = RowKind::Csa.span_rows(span);
-                out.push(ServedLayerRecord {
+                out.push(EngineLayerRecord {
                     cell_id: cell_id.to_string(),
                     layer,
                     query_pos: pos,
