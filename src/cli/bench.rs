@@ -61,7 +61,7 @@ pub struct BenchArgs {
     pub weights: WeightResidency,
 }
 
-/// Times one prefill per prompt on the loaded engine, printing a row each, then per length the
+/// Times one prefill per prompt on the loaded model, printing a row each, then per length the
 /// time and counted TFLOP/s per layer type and the projected full-Flash prefill speed.
 struct BenchTask<'a> {
     ckpt: &'a Checkpoint,
@@ -79,18 +79,18 @@ struct BenchTask<'a> {
 
 impl ModelTask for BenchTask<'_> {
     type Output = ();
-    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<()> {
+    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<()> {
         let load = self.load_started.elapsed().as_secs_f64();
-        let loaded = engine.backend().device_memory();
+        let loaded = model.backend().device_memory();
         if !self.warmup.is_empty() {
-            let w = time_prefill(engine, &self.warmup)?;
+            let w = time_prefill(model, &self.warmup)?;
             writeln!(
                 self.out,
                 "warm-up: {} tokens in {:.3} s (untimed below)",
                 w.tokens, w.seconds
             )?;
         }
-        let reference = engine.backend().reference_gemm_tflops();
+        let reference = model.backend().reference_gemm_tflops();
         if let Some((what, t)) = &reference {
             writeln!(
                 self.out,
@@ -103,9 +103,9 @@ impl ModelTask for BenchTask<'_> {
             "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
             "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
         )?;
-        let mut profiled = engine.backend().op_profile();
+        let mut profiled = model.backend().op_profile();
         for tokens in &self.prompts {
-            let f = time_prefill(engine, tokens)?;
+            let f = time_prefill(model, tokens)?;
             writeln!(
                 self.out,
                 "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
@@ -120,7 +120,7 @@ impl ModelTask for BenchTask<'_> {
             for line in memory_lines(&loaded, &f.device_memory, &self.plans) {
                 writeln!(self.out, "{:>14} {line}", "device memory:")?;
             }
-            let now = engine.backend().op_profile();
+            let now = model.backend().op_profile();
             if !now.is_empty() {
                 write_op_profile(&profile_since(&profiled, &now), f.seconds, self.out)?;
             }

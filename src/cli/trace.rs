@@ -79,7 +79,7 @@ pub struct TraceArgs {
     pub device: DeviceArgs,
 }
 
-/// The trace on a loaded engine of any backend.
+/// The trace on a loaded model of any backend.
 struct TraceTask<'a> {
     tokens: &'a [u32],
     positions: &'a [usize],
@@ -89,7 +89,7 @@ struct TraceTask<'a> {
 
 impl ModelTask for TraceTask<'_> {
     type Output = trace::TraceResult;
-    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<trace::TraceResult> {
+    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<trace::TraceResult> {
         // On stderr, hidden when it is not a terminal (as probe's and sweep's bars).
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(self.tokens.len() as u64),
@@ -100,7 +100,7 @@ impl ModelTask for TraceTask<'_> {
         ));
         bar.set_message("trace prefill");
         let result = trace::run_trace(
-            engine,
+            model,
             self.tokens,
             self.positions,
             self.dump,

@@ -39,15 +39,15 @@ pub fn bench_prefill(
     tokens: &[u32],
 ) -> Result<BenchFigures, ModelError> {
     let t_load = Instant::now();
-    let engine = Model::load_weights(ckpt, opts, weights)?;
+    let model = Model::load_weights(ckpt, opts, weights)?;
     let load_seconds = t_load.elapsed().as_secs_f64();
-    let profile = time_prefill(&engine, tokens)?;
+    let profile = time_prefill(&model, tokens)?;
     Ok(BenchFigures {
         tokens: tokens.len(),
         seconds: profile.seconds,
         tokens_per_s: tokens.len() as f64 / profile.seconds.max(1e-12),
         load_seconds,
-        weights: engine.backend().weights(),
+        weights: model.backend().weights(),
     })
 }
 
@@ -84,27 +84,27 @@ impl PrefillProfile {
     }
 }
 
-/// Times one prefill of `tokens` on a loaded engine of any backend (a fresh sequence).
+/// Times one prefill of `tokens` on a loaded model of any backend (a fresh sequence).
 pub fn time_prefill<B: Backend>(
-    engine: &Model<B>,
+    model: &Model<B>,
     tokens: &[u32],
 ) -> Result<PrefillProfile, ModelError> {
-    let mut state = engine.new_sequence();
-    engine.take_site_seconds();
-    let (up0, down0) = engine.backend().transfer_bytes();
+    let mut state = model.new_sequence();
+    model.take_site_seconds();
+    let (up0, down0) = model.backend().transfer_bytes();
     // The device memory peaks reported below are this prefill's own.
-    engine.backend().reset_memory_peaks();
+    model.backend().reset_memory_peaks();
     let t0 = Instant::now();
-    engine.forward(&mut state, tokens, &mut NoObserver, LogitsRequest::Last)?;
+    model.forward(&mut state, tokens, &mut NoObserver, LogitsRequest::Last)?;
     let seconds = t0.elapsed().as_secs_f64();
-    let (up1, down1) = engine.backend().transfer_bytes();
+    let (up1, down1) = model.backend().transfer_bytes();
     Ok(PrefillProfile {
         tokens: tokens.len(),
         seconds,
-        site_seconds: engine.take_site_seconds(),
+        site_seconds: model.take_site_seconds(),
         transfer_bytes: (up1 - up0, down1 - down0),
-        resident_notes: engine.backend().resident_notes(),
-        device_memory: engine.backend().device_memory(),
+        resident_notes: model.backend().resident_notes(),
+        device_memory: model.backend().device_memory(),
     })
 }
 

@@ -1,4 +1,4 @@
-//! The engine: loads a checkpoint, runs the forward pass over a sequence in chunks, and reports
+//! The model: loads a checkpoint, runs the forward pass over a sequence in chunks, and reports
 //! to the observer.
 //!
 //! One state machine serves every use (docs/spec/attention.md 8): `forward` appends `tokens` at positions
@@ -36,7 +36,7 @@
 //! memory is the stored bytes the OS keeps cached plus activations; `Auto` (the default of
 //! [`Model::load`]) decodes when the decoded model takes at most a quarter of physical memory
 //! ([`auto_residency`]). Both give bit-identical results (same decode, same banded products).
-//! The engine holds shares of the memory maps, so it outlives the `Checkpoint` it was loaded
+//! The model holds shares of the memory maps, so it outlives the `Checkpoint` it was loaded
 //! from.
 
 use super::embed::Embedding;
@@ -51,7 +51,7 @@ use crate::checkpoint::{Checkpoint, Dtype};
 use crate::config::ModelConfig;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 
-/// How the engine runs.
+/// How the model runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelOptions {
     /// Driving index profile: decides the real CSA selection.
@@ -316,14 +316,14 @@ impl<B: Backend> Model<B> {
             return Err(ModelError::BadOption {
                 option: "state",
                 found: format!("a sequence state for {} layers", state.layers.len()),
-                expected: format!("one from this engine ({} layers)", self.layers.len()),
+                expected: format!("one from this model ({} layers)", self.layers.len()),
             });
         }
         let rounding = (self.opts.index, self.opts.kv);
         if !state.is_empty() && state.rounding != Some(rounding) {
             return Err(ModelError::BadOption {
                 option: "index / kv",
-                found: format!("{} / {} for this engine", rounding.0, rounding.1),
+                found: format!("{} / {} for this model", rounding.0, rounding.1),
                 expected: "the options the sequence was started with (start a new sequence)".into(),
             });
         }
@@ -415,7 +415,7 @@ impl<B: Backend> Model<B> {
     }
 }
 
-/// A device failure the backend recorded (see [`Backend::take_error`]) as an engine error. After
+/// A device failure the backend recorded (see [`Backend::take_error`]) as an model error. After
 /// one, the sequence state is unusable; start a new sequence.
 fn backend_result<B: Backend>(backend: &B) -> Result<(), ModelError> {
     match backend.take_error() {

@@ -32,7 +32,7 @@ pub use state::SequenceState;
 use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 
-/// Errors of loading or running the engine.
+/// Errors of loading or running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
@@ -64,7 +64,7 @@ pub enum ModelError {
         end: usize,
     },
 
-    #[error("engine option {option} is {found}, expected {expected}")]
+    #[error("model option {option} is {found}, expected {expected}")]
     BadOption {
         option: &'static str,
         found: String,

@@ -148,7 +148,7 @@ impl<M> Moe<M> {
     }
 
     /// Chosen experts and weights `[T, k]` from the router scores `[T, E]` (what `forward`
-    /// does when the observer keeps the engine's routes).
+    /// does when the observer keeps the model's routes).
     #[cfg(test)]
     fn route(&self, scores: &[f32], tokens: &[u32]) -> (Vec<usize>, Vec<f32>) {
         let experts = self.choose(scores, tokens);

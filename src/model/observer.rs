@@ -1,6 +1,6 @@
-//! The engine's observation hook: what the forward pass hands to whoever wants to look inside.
+//! The model's observation hook: what the forward pass hands to whoever wants to look inside.
 //!
-//! The engine knows nothing about needles; the probe knows nothing about backends. This trait is
+//! The model knows nothing about needles; the probe knows nothing about backends. This trait is
 //! the only contact between them (docs/architecture.md section 3):
 //! - at every CSA layer and every probed query position, [`IndexerObservation`]: the raw index
 //!   query of that position (after RoPE, before any Hadamard or rounding), the raw head weights
@@ -13,7 +13,7 @@
 //!   and the sink's share of the denominator;
 //! - named intermediates (`layers.L.hidden`, `logits`, ...) for traces and golden tests.
 //!
-//! Observation costs nothing when off: the engine asks `wants_position` / `wants_intermediate`
+//! Observation costs nothing when off: the model asks `wants_position` / `wants_intermediate`
 //! before building anything.
 
 use crate::config::LayerKind;
@@ -36,7 +36,7 @@ pub struct IndexerObservation<'a> {
     pub visible_rows: usize,
     /// Scores of the visible rows under the driving profile, `[visible_rows]`.
     pub scores: &'a [f32],
-    /// Rows the engine selected, `[topk]`, descending score, ties to the lower row, -1 padding.
+    /// Rows the model selected, `[topk]`, descending score, ties to the lower row, -1 padding.
     pub selected: &'a [i32],
 }
 
@@ -88,9 +88,9 @@ pub trait Observer {
     fn indexer(&mut self, _obs: &IndexerObservation<'_>) {}
     /// Parity hook, called once per chunk at every CSA layer after the indexer observations:
     /// `selected` is `[tokens, k]` for positions `first_pos..` (as observed), and whatever this
-    /// leaves in it is what attention uses. A harness replays another engine's selections here so
+    /// leaves in it is what attention uses. A harness replays another model's selections here so
     /// that one legitimate rounding flip (a row crossing the cut-off) does not make two forwards
-    /// diverge from that position on (run::parity). The default keeps the engine's.
+    /// diverge from that position on (run::parity). The default keeps the model's.
     fn replace_selection(
         &mut self,
         _layer: usize,
@@ -102,8 +102,8 @@ pub trait Observer {
     /// Parity hook, called once per chunk at every MoE layer: `experts` is `[tokens, k]`, the
     /// routed experts of positions `first_pos..` (hash table or top-k of the router scores);
     /// whatever this leaves in it is what the layer runs, weighted by its own router scores. A
-    /// harness replays another engine's routes here, for the reason of `replace_selection`
-    /// (a near-tie between two experts' scores). The default keeps the engine's.
+    /// harness replays another model's routes here, for the reason of `replace_selection`
+    /// (a near-tie between two experts' scores). The default keeps the model's.
     fn replace_routes(
         &mut self,
         _layer: usize,
@@ -120,11 +120,11 @@ pub trait Observer {
     /// Parity hook under `--kv fp8`, called once per chunk at every layer for the window KV rows
     /// of positions `first_pos..`, and at compressed layers once more for the compressed rows
     /// the chunk completed, with the rows *before* their fp8 rounding: whatever this leaves in
-    /// `rows` is what gets rounded and cached. A harness replays another engine's unrounded
+    /// `rows` is what gets rounded and cached. A harness replays another model's unrounded
     /// rows here (after checking they are close), so that a one-ulp difference upstream cannot
     /// flip an e4m3 code, one step of up to 1/8 of an element, and make two forwards drift
     /// apart from there (run::parity). Only called when `wants_kv_inputs`.
-    /// Returns whether it changed `rows`: only then are they uploaded again, so an engine whose
+    /// Returns whether it changed `rows`: only then are they uploaded again, so an model whose
     /// rows are only recorded keeps its own buffer (its production path).
     fn replace_kv_input(
         &mut self,

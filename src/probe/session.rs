@@ -1,7 +1,7 @@
-//! One probe: a needle prompt of exactly the requested length run through the engine once per
+//! One probe: a needle prompt of exactly the requested length run through the model once per
 //! (driving index profile, top-k) combination, with greedy generation of the answer.
 //!
-//! For each combination the engine's options are switched (weights stay loaded), a fresh
+//! For each combination the model's options are switched (weights stay loaded), a fresh
 //! sequence is prefilled chunk by chunk (so progress can be shown), then up to `generate`
 //! tokens are decoded greedily, stopping at EOS. The `NeedleObserver` probes the last prompt
 //! token (it produces the first answer token), every generated token's position and, with
@@ -138,7 +138,7 @@ impl StopCheck<'_> {
 /// Runs every (index, top-k) combination of `inputs.opts` on `inputs.prompt`, on any backend;
 /// once `stop` says so only those finished so far.
 pub fn run_probe<B: Backend>(
-    engine: &mut Model<B>,
+    model: &mut Model<B>,
     inputs: &ProbeInputs,
     progress: &mut dyn ProbeProgress,
     stop: StopCheck,
@@ -151,7 +151,7 @@ pub fn run_probe<B: Backend>(
         cell_suffix,
     } = *inputs;
     let abandon = || stop.within_runs && (stop.requested)();
-    let eos = engine.config().eos_token_id;
+    let eos = model.config().eos_token_id;
     let last = prompt.tokens.len() - 1;
     let mut prompt_positions = vec![last];
     if opts.probe_question {
@@ -162,7 +162,7 @@ pub fn run_probe<B: Backend>(
     let mut runs = Vec::new();
     for &index in &opts.indexes {
         for &topk in &opts.topks {
-            engine.set_options(ModelOptions {
+            model.set_options(ModelOptions {
                 index,
                 kv: opts.kv,
                 topk: Some(topk),
@@ -191,7 +191,7 @@ pub fn run_probe<B: Backend>(
             });
             progress.run_started(index, topk, prompt.tokens.len());
             let started = Instant::now();
-            let mut state = engine.new_sequence();
+            let mut state = model.new_sequence();
             let total = prompt.tokens.len();
             let mut logits = Vec::new();
             let mut done = 0;
@@ -201,7 +201,7 @@ pub fn run_probe<B: Backend>(
                 } else {
                     LogitsRequest::None
                 };
-                let out = engine.forward(&mut state, piece, &mut observer, want)?;
+                let out = model.forward(&mut state, piece, &mut observer, want)?;
                 if let Some((_, l)) = out.logits.into_iter().last() {
                     logits = l;
                 }
@@ -238,8 +238,7 @@ pub fn run_probe<B: Backend>(
                 if next == eos || generated.len() == limit {
                     break;
                 }
-                let out =
-                    engine.forward(&mut state, &[next], &mut observer, LogitsRequest::Last)?;
+                let out = model.forward(&mut state, &[next], &mut observer, LogitsRequest::Last)?;
                 logits = out
                     .logits
                     .into_iter()

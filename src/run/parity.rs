@@ -1,20 +1,20 @@
-//! Whole-forward parity: the same prompt through an engine on the backend under test and an
-//! engine on the CPU reference, for several (index profile, KV mode, chunk) cases, comparing the
+//! Whole-forward parity: the same prompt through an model on the backend under test and an
+//! model on the CPU reference, for several (index profile, KV mode, chunk) cases, comparing the
 //! logits of every position, the indexer scores of every CSA layer at every position, and the
 //! selected row sets (near-ties aside: a row selected by one side only counts when its
 //! reference score is further than the score tolerance from the reference's k-th score).
 //!
-//! The reference replays the tested engine's discrete decisions (`Observer::replace_selection`,
+//! The reference replays the tested model's discrete decisions (`Observer::replace_selection`,
 //! `Observer::replace_routes`): it computes and reports its own scores, top-k and routes, but
-//! attends to the rows and runs the experts the tested engine picked. Under a rounding profile
+//! attends to the rows and runs the experts the tested model picked. Under a rounding profile
 //! a one-ulp difference in a GEMM's summation order can flip one key's rounding and move one
 //! row across the cut-off (or one expert across the router's); without the replay that single
 //! legitimate flip changes the output at that position, then every later layer and position
 //! (on `tiny`, 1,500 tokens: logits off by 0.16-0.31 on an H200, from one row of 88,000). With
 //! it, each layer is compared on the same inputs, and the selection checks still compare both
-//! engines' own top-k. The tested engine's scores are also recomputed on the host from its own
+//! models' own top-k. The tested model's scores are also recomputed on the host from its own
 //! raw query, weights and keys (`probe::observe::rescore`), which no upstream flip can move.
-//! Under `--kv fp8` the reference also replays the tested engine's main KV rows before their
+//! Under `--kv fp8` the reference also replays the tested model's main KV rows before their
 //! e4m3 rounding (`Observer::replace_kv_input`), checked first to agree within `kv_inputs`:
 //! both then round the same values to the same codes, and the logits are held to the same
 //! bound as with exact KV.
@@ -39,7 +39,7 @@ pub struct ForwardCase {
 /// Thresholds of the forward comparison (normalised errors; `selection` is the largest allowed
 /// fraction of selected rows that differ beyond near-ties).
 ///
-/// `scores` bounds the tested engine's index scores against the same scores recomputed on the
+/// `scores` bounds the tested model's index scores against the same scores recomputed on the
 /// host from its own raw query, weights and keys (every profile: given the same inputs the
 /// rounding is deterministic), and, under the `exact` profile, against the reference's scores.
 /// Under a rounding profile the reference's scores can legitimately differ by more: an f32
@@ -49,13 +49,13 @@ pub struct ForwardCase {
 ///
 /// With fp8 KV the main KV rows are rounded to e4m3 too, where a flipped element would move by
 /// one code step (up to 1/8 of its value) and every later layer and position with it. So the
-/// reference replays the tested engine's KV rows *before* rounding
+/// reference replays the tested model's KV rows *before* rounding
 /// (`Observer::replace_kv_input`) once they agree to `kv_inputs`, and the logits are then held
 /// to `logits` under both KV modes.
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardTolerance {
     pub logits: f64,
-    /// Largest difference between the two engines' main KV rows before the fp8 rounding (each
+    /// Largest difference between the two models' main KV rows before the fp8 rounding (each
     /// layer's window rows and compressed rows of each chunk), which the reference then replays.
     pub kv_inputs: f64,
     /// Largest fraction of (layer, position) MoE routes the reference had to replay.
@@ -104,7 +104,7 @@ type Routed = BTreeMap<(usize, usize), Vec<usize>>;
 type KvInputs = BTreeMap<(usize, usize, KvRows), Vec<f32>>;
 
 /// What one forward decided: index scores and selections of every CSA layer at every position,
-/// and the routed experts of every MoE layer, as the engine computed them.
+/// and the routed experts of every MoE layer, as the model computed them.
 #[derive(Default)]
 struct Decisions {
     seen: Seen,
@@ -112,26 +112,26 @@ struct Decisions {
     kv: KvInputs,
 }
 
-/// Records an engine's [`Decisions`]; with `replay`, attention and the MoE layers then use the
-/// replayed engine's selections and routes instead of their own (the recorded ones stay the
-/// engine's own).
+/// Records an model's [`Decisions`]; with `replay`, attention and the MoE layers then use the
+/// replayed model's selections and routes instead of their own (the recorded ones stay the
+/// model's own).
 #[derive(Default)]
 struct IndexRecorder<'r> {
     seen: Seen,
     routes: Routed,
     replay: Option<&'r Decisions>,
-    /// Positions (over all CSA layers) whose replayed selection differed from the engine's own.
+    /// Positions (over all CSA layers) whose replayed selection differed from the model's own.
     replaced: usize,
-    /// Positions (over all MoE layers) whose replayed experts differed from the engine's own.
+    /// Positions (over all MoE layers) whose replayed experts differed from the model's own.
     rerouted: usize,
     /// With a profile: every observed position's scores are recomputed on the host from the
-    /// engine's own raw query, head weights and keys (`probe::observe::rescore`), and
+    /// model's own raw query, head weights and keys (`probe::observe::rescore`), and
     /// `own[layer]` collects (largest |difference|, largest |score|).
     rescore: Option<IndexProfile>,
     own: BTreeMap<usize, (f64, f64)>,
-    /// The engine's own unrounded KV rows (recorded without `replay`).
+    /// The model's own unrounded KV rows (recorded without `replay`).
     kv: KvInputs,
-    /// With `replay`: KV row sets replaced by the replayed engine's, the largest normalised
+    /// With `replay`: KV row sets replaced by the replayed model's, the largest normalised
     /// difference between own and replayed rows, and sets the replay did not have.
     kv_replayed: usize,
     kv_error: f64,
@@ -226,14 +226,14 @@ impl Observer for IndexRecorder<'_> {
 type AllLogits = Vec<(usize, Vec<f32>)>;
 
 fn run<'r, B: Backend>(
-    engine: &mut Model<B>,
+    model: &mut Model<B>,
     case: &ForwardCase,
     tokens: &[u32],
     steps: usize,
     replay: Option<&'r Decisions>,
 ) -> Result<(AllLogits, IndexRecorder<'r>), ModelError> {
-    let topk = engine.options().topk;
-    engine.set_options(ModelOptions {
+    let topk = model.options().topk;
+    model.set_options(ModelOptions {
         index: case.profile,
         kv: case.kv,
         topk,
@@ -241,21 +241,21 @@ fn run<'r, B: Backend>(
     })?;
     let mut rec = IndexRecorder {
         replay,
-        // The tested engine's scores, recomputed from its own inputs.
+        // The tested model's scores, recomputed from its own inputs.
         rescore: replay.is_none().then_some(case.profile),
         ..IndexRecorder::default()
     };
-    let mut state = engine.new_sequence();
+    let mut state = model.new_sequence();
     // The prompt in one call, then the last `steps` tokens one call each (decode steps on the
     // sequence state the prefill left).
     let split = tokens.len() - steps.min(tokens.len());
     let mut logits = Vec::new();
     if split > 0 {
-        let out = engine.forward(&mut state, &tokens[..split], &mut rec, LogitsRequest::All)?;
+        let out = model.forward(&mut state, &tokens[..split], &mut rec, LogitsRequest::All)?;
         logits.extend(out.logits);
     }
     for t in &tokens[split..] {
-        let out = engine.forward(
+        let out = model.forward(
             &mut state,
             std::slice::from_ref(t),
             &mut rec,
@@ -295,16 +295,16 @@ fn selection_mismatch(
     (bad, a.len().max(1))
 }
 
-/// Runs every case on both engines and compares them. The engines must hold the same
+/// Runs every case on both models and compares them. The models must hold the same
 /// checkpoint; their options are changed (top-k kept).
 pub fn check_forward<B: Backend>(
-    engine: &mut Model<B>,
+    model: &mut Model<B>,
     reference: &mut Model<CpuBackend>,
     tokens: &[u32],
     cases: &[ForwardCase],
     tol: ForwardTolerance,
 ) -> Result<Vec<Check>, ModelError> {
-    check_forward_decode(engine, reference, tokens, 0, cases, tol)
+    check_forward_decode(model, reference, tokens, 0, cases, tol)
 }
 
 /// [`check_forward`] with the last `steps` tokens fed one `forward` call each after the rest
@@ -312,7 +312,7 @@ pub fn check_forward<B: Backend>(
 /// state from the prefill and grown a token at a time); every call's logits and every
 /// position's scores and selections are compared.
 pub fn check_forward_decode<B: Backend>(
-    engine: &mut Model<B>,
+    model: &mut Model<B>,
     reference: &mut Model<CpuBackend>,
     tokens: &[u32],
     steps: usize,
@@ -333,10 +333,10 @@ pub fn check_forward_decode<B: Backend>(
                 String::new()
             }
         );
-        let (lg, rg) = run(engine, case, tokens, steps, None)?;
+        let (lg, rg) = run(model, case, tokens, steps, None)?;
         for (layer, (diff, scale)) in &rg.own {
             out.push(Check {
-                what: format!("L{layer} index scores from the engine's own inputs, {label}"),
+                what: format!("L{layer} index scores from the model's own inputs, {label}"),
                 error: diff / scale.max(1e-30),
                 threshold: tol.scores,
             });
@@ -430,8 +430,8 @@ pub fn check_forward_decode<B: Backend>(
 mod tests {
     use super::*;
 
-    /// The tested engine's unrounded KV rows are recorded; the reference measures how far its
-    /// own are from them, then rounds the tested engine's; a set the replay lacks is counted.
+    /// The tested model's unrounded KV rows are recorded; the reference measures how far its
+    /// own are from them, then rounds the tested model's; a set the replay lacks is counted.
     #[test]
     fn kv_rows_are_recorded_then_replayed_with_their_difference_measured() {
         let mut tested = IndexRecorder::default();
@@ -449,11 +449,7 @@ mod tests {
         };
         let mut own = vec![1.0f32, -2.0, 4.004];
         assert!(reference.replace_kv_input(2, 8, KvRows::Window, &mut own));
-        assert_eq!(
-            own,
-            [1.0, -2.0, 4.0],
-            "the tested engine's rows are rounded"
-        );
+        assert_eq!(own, [1.0, -2.0, 4.0], "the tested model's rows are rounded");
         assert!(
             (reference.kv_error - 1e-3).abs() < 1e-6,
             "{}",

@@ -153,7 +153,7 @@ impl ProbeOutcome {
     }
 }
 
-/// The probe's body on a loaded engine of any backend.
+/// The probe's body on a loaded model of any backend.
 struct ProbeTask<'a> {
     tok: &'a V4Tokenizer,
     scenario: &'a Scenario,
@@ -164,7 +164,7 @@ struct ProbeTask<'a> {
 
 impl ModelTask for ProbeTask<'_> {
     type Output = Vec<ProbeRun>;
-    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<Vec<ProbeRun>> {
+    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<Vec<ProbeRun>> {
         let inputs = ProbeInputs {
             tok: self.tok,
             scenario: self.scenario,
@@ -178,7 +178,7 @@ impl ModelTask for ProbeTask<'_> {
             requested: &super::interrupt::stop_requested,
             within_runs: true,
         };
-        run_probe(engine, &inputs, self.progress, stop)
+        run_probe(model, &inputs, self.progress, stop)
     }
 }
 

@@ -402,7 +402,7 @@ fn sweep_into(
     })
 }
 
-/// The sweep's loop over prompts and cells on a loaded engine of any backend; returns (cells
+/// The sweep's loop over prompts and cells on a loaded model of any backend; returns (cells
 /// run, cells skipped).
 struct SweepTask<'a> {
     plan: &'a SweepPlan,

@@ -1,4 +1,4 @@
-//! The one place that decides the backend of a run and loads the engine on it.
+//! The one place that decides the backend of a run and loads the model on it.
 //!
 //! [`Target::prepare`] turns `--device` / `--gpu-gemm` ([`DeviceChoice`]) into a backend before any
 //! weight is read: it resolves the spec against the CUDA driver ([`super::device::resolve`]),
@@ -6,7 +6,7 @@
 //! ([`crate::devices::placement::place_auto`]), refusing when the model does not fit; `--chunk auto` is
 //! resolved there too ([`Target::chunk`]: the largest candidate chunk that fits on GPUs, 2,048
 //! on the CPU). [`Target::run`] then
-//! loads the engine on that backend and hands it to an [`ModelTask`], the generic body of a
+//! loads the model on that backend and hands it to an [`ModelTask`], the generic body of a
 //! command (probe, sweep, trace, bench), monomorphised for each backend type. Rust closures
 //! cannot be generic, hence the small trait instead of a callback.
 //!
@@ -90,10 +90,10 @@ pub fn load_tokenizer(
     Ok(tok)
 }
 
-/// The body of a command, run on a loaded engine of whatever backend the run uses.
+/// The body of a command, run on a loaded model of whatever backend the run uses.
 pub trait ModelTask {
     type Output;
-    fn run<B: Backend>(self, engine: &mut Model<B>) -> anyhow::Result<Self::Output>;
+    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<Self::Output>;
 }
 
 /// A decided and placed backend, not loaded yet.
@@ -252,7 +252,7 @@ impl Target {
         }
     }
 
-    /// Loads the engine on the target (with `opts`) and runs `task` on it.
+    /// Loads the model on the target (with `opts`) and runs `task` on it.
     pub fn run<T: ModelTask>(
         self,
         ckpt: &Checkpoint,
@@ -329,7 +329,7 @@ impl<E: Executor> GpuTarget<E> {
     }
 }
 
-/// Loads the engine with a bar over the model's parts on stderr (hidden when stderr is not a
+/// Loads the model with a bar over the model's parts on stderr (hidden when stderr is not a
 /// terminal, cleared when done): on a GPU every stored weight is read from disk and uploaded,
 /// minutes for Flash.
 fn load_with_bar<B: Backend>(
@@ -340,12 +340,12 @@ fn load_with_bar<B: Backend>(
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     bar.set_style(crate::run::progress::style(crate::run::progress::LOADING));
-    let engine = Model::load_reporting(backend, ckpt, opts, &mut |done, total| {
+    let model = Model::load_reporting(backend, ckpt, opts, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });
     bar.finish_and_clear();
-    engine
+    model
 }
 
 /// Per used device, the bytes decoded weight copies may take: what the placement's memory plan

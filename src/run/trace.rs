@@ -1,11 +1,11 @@
-//! `trace`: run token ids through the engine and record, for chosen query positions, what the
+//! `trace`: run token ids through the model and record, for chosen query positions, what the
 //! indexer did on every CSA layer, plus the logits (docs/outputs.md, "trace").
 //!
 //! Output tensors (one safetensors file):
 //! - `tokens` i64 `[T]`, `positions` i64 `[P]`;
 //! - per CSA layer L: `layers.L.indexer.scores` f32 `[P, floor(T/4)]` (driving-profile scores,
 //!   -inf where row w is not visible to the query, i.e. w >= floor((t+1)/4)) and
-//!   `layers.L.indexer.topk` i32 `[P, k]` (the engine's selection: descending score, ties to
+//!   `layers.L.indexer.topk` i32 `[P, k]` (the model's selection: descending score, ties to
 //!   the lower row, -1 padding);
 //! - the logits, as `--logits` chose ([`LogitsMode`], `run::trace_logits`): `all`: `logits` f32
 //!   `[P, vocab]`; `top:N`: `logits.top.values` f32 `[P, N]` (descending, ties toward the lower
@@ -133,14 +133,14 @@ pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the trace on a loaded engine of any backend. `positions` must be ascending, unique and
+/// Runs the trace on a loaded model of any backend. `positions` must be ascending, unique and
 /// inside the token list ([`check_inputs`]); `logits` says which logits to keep (a `top:N` past
-/// the vocabulary keeps them all, sorted). The forward goes one engine chunk at a time (the
-/// chunks the engine would cut anyway, so the results are the same), calling
+/// the vocabulary keeps them all, sorted). The forward goes one model chunk at a time (the
+/// chunks the model would cut anyway, so the results are the same), calling
 /// `prefilled(done, total)` after each, for a progress bar. A chunk's whole rows of logits are
 /// reduced to their top N as soon as it is done, so memory holds no more than one chunk's rows.
 pub fn run_trace<B: Backend>(
-    engine: &Model<B>,
+    model: &Model<B>,
     tokens: &[u32],
     positions: &[usize],
     dump_indexer_inputs: bool,
@@ -149,7 +149,7 @@ pub fn run_trace<B: Backend>(
 ) -> anyhow::Result<TraceResult> {
     check_inputs(tokens, positions)?;
     let recorded: BTreeSet<usize> = positions.iter().copied().collect();
-    let vocab = engine.config().vocab_size;
+    let vocab = model.config().vocab_size;
     let logits_mode = match logits_mode {
         LogitsMode::Top(n) => LogitsMode::Top(n.min(vocab)),
         mode => mode,
@@ -157,12 +157,12 @@ pub fn run_trace<B: Backend>(
     let mut result = TraceResult {
         tokens: tokens.to_vec(),
         positions: positions.to_vec(),
-        topk: engine.topk(),
+        topk: model.topk(),
         logits_mode,
         vocab,
         ..TraceResult::default()
     };
-    let mut state = engine.new_sequence();
+    let mut state = model.new_sequence();
     let mut logits = Vec::new();
     let mut top = Vec::new();
     {
@@ -173,7 +173,7 @@ pub fn run_trace<B: Backend>(
             result: &mut result,
         };
         let mut done = 0;
-        for piece in tokens.chunks(engine.options().chunk.max(1)) {
+        for piece in tokens.chunks(model.options().chunk.max(1)) {
             let end = done + piece.len();
             let here = positions
                 .iter()
@@ -184,7 +184,7 @@ pub fn run_trace<B: Backend>(
                 LogitsMode::None => LogitsRequest::None,
                 _ => LogitsRequest::Positions(here),
             };
-            let out = engine.forward(&mut state, piece, &mut observer, request)?;
+            let out = model.forward(&mut state, piece, &mut observer, request)?;
             match logits_mode {
                 LogitsMode::None => {}
                 LogitsMode::Top(n) => top.extend(out.logits.iter().map(|(_, l)| top_logits(l, n))),
