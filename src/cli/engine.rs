@@ -136,15 +136,31 @@ impl EngineArgs {
     }
 }
 
+/// What the engine section of a probe shows: the engine's capture and its records against the
+/// reference's (`reference`: the driving run's layer records, empty without a local model),
+/// the verdict, the engine's answer judged, the reference's driving profile and the needle
+/// count.
+pub struct EngineSection<'a> {
+    pub capture: &'a EngineCapture,
+    pub engine_records: &'a [EngineLayerRecord],
+    pub reference: &'a [crate::record::LayerRecord],
+    pub verdict: &'a EngineVerdict,
+    pub answer_correct: Option<bool>,
+    pub driving: Option<&'a str>,
+    pub needles: usize,
+}
+
 /// `probe --json`'s `engine` object (docs/outputs.md).
-pub fn engine_json(
-    capture: &EngineCapture,
-    engine_records: &[EngineLayerRecord],
-    verdict: &EngineVerdict,
-    answer_correct: Option<bool>,
-    driving: Option<&str>,
-    needles: usize,
-) -> serde_json::Value {
+pub fn engine_json(section: &EngineSection) -> serde_json::Value {
+    let EngineSection {
+        capture,
+        engine_records,
+        verdict,
+        answer_correct,
+        driving,
+        needles,
+        ..
+    } = *section;
     // One entry per (layer, position); overlaps per profile, needle membership per needle.
     let mut layers: Vec<serde_json::Value> = Vec::new();
     let mut keys: Vec<(usize, usize)> = engine_records
@@ -223,17 +239,16 @@ pub fn engine_json(
 
 /// The engine section of the text output: at the answer position, per CSA layer, the engine's
 /// selection against the reference, then the agreement and the conclusion.
-#[allow(clippy::too_many_arguments)]
-pub fn print_engine(
-    out: &mut dyn Write,
-    capture: &EngineCapture,
-    engine_records: &[EngineLayerRecord],
-    reference: &[crate::record::LayerRecord],
-    verdict: &EngineVerdict,
-    answer_correct: Option<bool>,
-    driving: Option<&str>,
-    needles: usize,
-) -> anyhow::Result<()> {
+pub fn print_engine(out: &mut dyn Write, section: &EngineSection) -> anyhow::Result<()> {
+    let EngineSection {
+        capture,
+        engine_records,
+        reference,
+        verdict,
+        answer_correct,
+        driving,
+        needles,
+    } = *section;
     let answer_pos = capture.prompt_tokens - 1;
     writeln!(out)?;
     writeln!(

@@ -5,6 +5,7 @@
 //! ([`crate::record::verdict`]), the attention table, and `--json` (docs/outputs.md).
 
 use super::device::DeviceArgs;
+use super::engine::EngineSection;
 use super::flags::{parse_depth, parse_positive, parse_token_count};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::NeedlePrompt;
@@ -215,14 +216,15 @@ fn print_json(out: &mut dyn Write, model: &Path, probe: &LocalProbe) -> anyhow::
         "conclusion": verdict::conclusion(&probe.runs, last, judge_answers, &needle_texts),
     });
     if let (Some(e), Some(run)) = (&probe.engine, probe.runs.first()) {
-        obj["engine"] = super::engine::engine_json(
-            &e.capture,
-            &run.engine_records,
-            &e.verdict,
-            e.answer_correct,
-            Some(&run.index),
-            probe.prompt.needles.len(),
-        );
+        obj["engine"] = super::engine::engine_json(&EngineSection {
+            capture: &e.capture,
+            engine_records: &run.engine_records,
+            reference: &run.layers,
+            verdict: &e.verdict,
+            answer_correct: e.answer_correct,
+            driving: Some(&run.index),
+            needles: probe.prompt.needles.len(),
+        });
     }
     writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     Ok(())
@@ -241,14 +243,7 @@ fn print_engine_only_json(
         "local": false,
         "prompt": prompt_json(&probe.prompt),
         "runs": [],
-        "engine": super::engine::engine_json(
-            &probe.capture,
-            probe.engine_records(),
-            &probe.verdict,
-            probe.cell.cell.answer_correct,
-            None,
-            probe.prompt.needles.len(),
-        ),
+        "engine": super::engine::engine_json(&engine_only_section(probe)),
     });
     writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     Ok(())
@@ -264,16 +259,20 @@ fn print_engine_only(out: &mut dyn Write, probe: &EngineOnlyProbe) -> anyhow::Re
         crate::units::count_of(probe.prompt.needles.len(), "needle"),
         probe.prompt.answer_value
     )?;
-    super::engine::print_engine(
-        out,
-        &probe.capture,
-        probe.engine_records(),
-        &[],
-        &probe.verdict,
-        probe.cell.cell.answer_correct,
-        None,
-        probe.prompt.needles.len(),
-    )
+    super::engine::print_engine(out, &engine_only_section(probe))
+}
+
+/// The engine section of a probe of the engine alone (no reference records).
+fn engine_only_section(probe: &EngineOnlyProbe) -> EngineSection<'_> {
+    EngineSection {
+        capture: &probe.capture,
+        engine_records: probe.engine_records(),
+        reference: &[],
+        verdict: &probe.verdict,
+        answer_correct: probe.cell.cell.answer_correct,
+        driving: None,
+        needles: probe.prompt.needles.len(),
+    }
 }
 
 /// `probe --json`'s `prompt` object.
@@ -499,13 +498,15 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
     if let (Some(e), Some(run)) = (&probe.engine, runs.first()) {
         super::engine::print_engine(
             out,
-            &e.capture,
-            &run.engine_records,
-            &run.layers,
-            &e.verdict,
-            e.answer_correct,
-            Some(&run.index),
-            prompt.needles.len(),
+            &EngineSection {
+                capture: &e.capture,
+                engine_records: &run.engine_records,
+                reference: &run.layers,
+                verdict: &e.verdict,
+                answer_correct: e.answer_correct,
+                driving: Some(&run.index),
+                needles: prompt.needles.len(),
+            },
         )?;
     }
     Ok(())

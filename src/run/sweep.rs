@@ -402,6 +402,15 @@ fn sweep_into(
     })
 }
 
+/// One prompt of the grid, shared by its (index, top-k) cells: the prompt, its grid length,
+/// the cell id suffix (`-s{sample}`) and the serving engine's capture of it (`--engine`).
+struct GridPrompt<'a> {
+    prompt: &'a NeedlePrompt,
+    length: usize,
+    suffix: &'a str,
+    capture: Option<std::sync::Arc<crate::probe::capture::EngineCapture>>,
+}
+
 /// The sweep's loop over prompts and cells on a loaded model of any backend; returns (cells
 /// run, cells skipped).
 struct SweepTask<'a> {
@@ -421,7 +430,7 @@ struct SweepTask<'a> {
 impl ModelTask for SweepTask<'_> {
     type Output = (usize, usize);
 
-    fn run<B: Backend>(mut self, engine: &mut Model<B>) -> anyhow::Result<(usize, usize)> {
+    fn run<B: Backend>(mut self, model: &mut Model<B>) -> anyhow::Result<(usize, usize)> {
         // Drawn once the model is loaded (its own bar is gone then).
         self.bars.show();
         let plan = self.plan;
@@ -457,17 +466,14 @@ impl ModelTask for SweepTask<'_> {
                         seed,
                         self.cfg.max_position_embeddings,
                     )?;
-                    let capture = self.engine_capture(&prompt)?;
+                    let grid_prompt = GridPrompt {
+                        capture: self.engine_capture(&prompt)?,
+                        prompt: &prompt,
+                        length,
+                        suffix: &suffix,
+                    };
                     for (index, topk) in todo {
-                        run_count += self.cell(
-                            engine,
-                            &prompt,
-                            length,
-                            index,
-                            topk,
-                            &suffix,
-                            capture.clone(),
-                        )?;
+                        run_count += self.cell(model, &grid_prompt, index, topk)?;
                         self.stop_if_requested()?;
                     }
                 }
@@ -566,17 +572,20 @@ impl SweepTask<'_> {
 
     /// Runs one (index, top-k) combination of a prompt and commits its cell; returns the
     /// number of cells written.
-    #[allow(clippy::too_many_arguments)]
     fn cell<B: Backend>(
         &mut self,
-        engine: &mut Model<B>,
-        prompt: &NeedlePrompt,
-        length: usize,
+        model: &mut Model<B>,
+        grid_prompt: &GridPrompt,
         index: IndexProfile,
         topk: usize,
-        suffix: &str,
-        capture: Option<std::sync::Arc<crate::probe::capture::EngineCapture>>,
     ) -> anyhow::Result<usize> {
+        let GridPrompt {
+            prompt,
+            length,
+            suffix,
+            ref capture,
+        } = *grid_prompt;
+        let capture = capture.clone();
         let plan = self.plan;
         let grid = &self.grid_indexes;
         let compare = match &capture {
@@ -608,7 +617,7 @@ impl SweepTask<'_> {
             requested: &crate::run::interrupt::stop_requested,
             within_runs: false,
         };
-        let runs = run_probe(engine, &inputs, &mut self.bars, stop)?;
+        let runs = run_probe(model, &inputs, &mut self.bars, stop)?;
         let mut written = 0;
         for run in runs {
             let cell = CellRecord::of_run(&run, &prompt.place(length), self.judge_by_answer);
