@@ -492,7 +492,7 @@ fn read_meta<R: Read>(
     json.end_object().map_err(e)
 }
 
-/// Decodes standard base64 from `reader` in blocks of [`BLOCK_CHARS`] into `sink`.
+/// Decodes standard base64 from `reader` in blocks of `BLOCK_CHARS` into `sink`.
 ///
 /// Two threads in a pipeline: this one reads the characters (the JSON string reader walks them
 /// one by one, the slower half), a scoped second one decodes each block and feeds the sink, so

@@ -1,7 +1,8 @@
-//! The serving engine held against the reference: [`EngineLayerRecord`] (one engine.csv row,
-//! docs/outputs.md) and [`ServedVerdict`], what the records of one run say (which profile the
-//! engine's selections agree with best, where the engine lost a needle, the one-line
-//! conclusion).
+//! The serving engine's records: [`EngineLayerRecord`] (one engine.csv row, docs/outputs.md),
+//! [`EngineCellRecord`] (one engine_cells.csv row of an engine-only run), their cell ids, and
+//! how many non-trivial layers the engine's selection kept. What the records say (the closest
+//! profile, where the engine lost a needle, the conclusion) is
+//! [`crate::record::verdict::EngineVerdict`].
 //!
 //! A record is one (cell, CSA layer, probed position, needle, scored profile): whether the
 //! engine's own selection E at that position held a row of the needle, |E| (its rows other than
@@ -9,11 +10,6 @@
 //! needlescope's hidden states (K = the engine's, ties to the lower row as the reference
 //! engine breaks them). With no local model (engine-only mode) the profile is empty and the
 //! overlap absent: one record per (layer, position, needle).
-//!
-//! The closest profile is the one with the highest mean overlap over the answer position's
-//! non-trivial CSA layers (on a trivial layer, n_t <= K, every profile selects every row);
-//! ties go to the earlier profile of `IndexProfile::ALL`. It is called inconclusive when the
-//! runner-up's mean is within [`INCONCLUSIVE_GAP`] of it.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,8 @@
 //! The record schema (docs/outputs.md, normative): [`CellRecord`] (one cells.csv row),
 //! [`LayerRecord`] (layers.csv), [`AttentionRecord`] (attention.csv), [`ProbeRun`] (one
 //! (index, top-k) run of a probe, as `probe --json` prints it), [`RunInfo`] (run.json), the cell
-//! ids, and the "why" analysis of lost layers ([`why`]). The probe fills these records, the
+//! ids, the records built from a run ([`CellRecord::of_run`]), and the verdict of lost layers
+//! ([`verdict`]). The probe fills these records, the
 //! report stores and renders them; neither the model nor a backend is visible from here. The `*_COLUMNS` constants are the CSV headers in the order of docs/architecture.md section 5; the serde field
 //! order of each record must equal them (a test checks it).
 //!

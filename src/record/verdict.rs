@@ -648,6 +648,10 @@ impl CellVerdict {
     }
 }
 
+/// The closest profile of an engine is the one with the highest mean overlap over the answer
+/// position's non-trivial CSA layers (on a trivial layer, n_t <= K, every profile selects every
+/// row); ties go to the earlier profile of `IndexProfile::ALL`. It is called inconclusive when
+/// the runner-up's mean is within [`INCONCLUSIVE_GAP`] of it.
 /// Two profiles whose mean overlaps differ by less than this are not told apart (a
 /// difference of one row in a hundred: rounding profiles that move only rows near the
 /// cut-off).

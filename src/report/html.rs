@@ -11,7 +11,7 @@
 //! `<tr class="cell">` per finished cell, linking to its section) and one section per cell
 //! with its numbers, its `why:` line ([`crate::record::verdict::why_of`]) and its layer plot.
 //!
-//! The script ([`SCRIPT`]) marks each image `data-decoded="yes"` once the browser has decoded it
+//! The script (`SCRIPT`) marks each image `data-decoded="yes"` once the browser has decoded it
 //! to more than one colour (`blank`, `no` otherwise) and sets `data-images-decoded` /
 //! `data-images-broken` on `<body>`: a headless browser's DOM dump says whether every picture
 //! on the page renders (tests/report/html.rs).

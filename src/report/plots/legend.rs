@@ -4,8 +4,8 @@
 //! (`draw_rows`): headings, keys (a line sample with a marker, and a label) and grey notes,
 //! top-down. [`legend_layout`] spaces the rows so that they always fit the column: the pitch
 //! shrinks from 28 to 20 px, and rows that still do not fit are replaced by one "… and N more"
-//! line. Labels are shortened in the middle to the column's width ([`drawn_text`] says what a
-//! row shows); a note too long for one row is wrapped onto several ([`note_rows`]). The
+//! line. Labels are shortened in the middle to the column's width (`drawn_text` says what a
+//! row shows); a note too long for one row is wrapped onto several (`note_rows`). The
 //! heatmap's legend is a band under the grid whose swatches flow onto as many lines as they
 //! need ([`flow`]).
 

@@ -301,7 +301,7 @@ pub(crate) fn rank_axis_top(max: f64) -> f64 {
 /// Lower end of every log rank axis (rank 1 sits a little above the bottom).
 const RANK_AXIS_BOTTOM: f64 = 0.7;
 
-/// The ticks of a log rank axis from [`RANK_AXIS_BOTTOM`] to `top`: (labelled, mesh only). The
+/// The ticks of a log rank axis from `RANK_AXIS_BOTTOM` to `top`: (labelled, mesh only). The
 /// labelled ones are the powers of ten up to `top`, with 2 and 5 times each when the axis spans
 /// fewer than two decades (1, 2, 5, 10, 20); every one is an integer, so [`rank_label`] labels
 /// it. The mesh lines (no tick, no label) are the integers 1-9 times each power of ten.
@@ -328,7 +328,7 @@ pub fn rank_ticks(top: f64) -> (Vec<f64>, Vec<f64>) {
     (labelled, mesh)
 }
 
-/// A log rank axis from [`RANK_AXIS_BOTTOM`] to `top`, rank 1 at the bottom, ticked and
+/// A log rank axis from `RANK_AXIS_BOTTOM` to `top`, rank 1 at the bottom, ticked and
 /// meshed by [`rank_ticks`] (plotters' own key points would put unlabelled ticks between).
 pub(crate) fn rank_axis(top: f64) -> WithKeyPoints<LogCoord<f64>> {
     let (labelled, mesh) = rank_ticks(top);
