@@ -84,7 +84,7 @@ impl<M> Attention<M> {
                 ckpt,
                 cfg,
                 &format!("{p}.compressor"),
-                role.ratio,
+                role.rows().expect("a layer that owns its KV has rows"),
                 hd,
             )?)
         } else {

@@ -23,28 +23,8 @@ use super::state::CompressorState;
 use super::{load_matrix, ModelError};
 use crate::backend::{Backend, PoolLayout};
 use crate::checkpoint::Checkpoint;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RowMapping};
 use crate::numerics::rope::RopeTable;
-
-/// Number of compressed rows of ratio `ratio` that query position `t` may see.
-pub fn visible_rows(t: usize, ratio: usize) -> usize {
-    (t + 1) / ratio
-}
-
-/// Tokens `[first, last]` (inclusive) pooled into row `w` of a ratio-`ratio` compressor.
-pub fn row_token_span(w: usize, ratio: usize) -> (usize, usize) {
-    let first = if ratio == 4 {
-        (4 * w).saturating_sub(4)
-    } else {
-        ratio * w
-    };
-    (first, ratio * w + ratio - 1)
-}
-
-/// The position whose arrival emits row `w`.
-pub fn emission_position(w: usize, ratio: usize) -> usize {
-    ratio * w + ratio - 1
-}
 
 /// Rows completed by one `feed`.
 pub struct EmittedRows<A> {
@@ -63,36 +43,44 @@ pub struct Compressor<M> {
     ape: Vec<f32>,
     /// `[c]`.
     norm: Vec<f32>,
-    ratio: usize,
+    /// Ratio and overlap (κ = 2 when overlapping), from the layer-role table.
+    rows: RowMapping,
     c: usize,
     norm_eps: f32,
 }
 
 impl<M> Compressor<M> {
-    /// Loads `{prefix}.{wkv,wgate,ape,norm}` for ratio `ratio` and output width `c`.
+    /// Loads `{prefix}.{wkv,wgate,ape,norm}` for the row mapping `rows` (the layer role's) and
+    /// output width `c`.
     pub fn load<B: Backend<Matrix = M>>(
         backend: &B,
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
         prefix: &str,
-        ratio: usize,
+        rows: RowMapping,
         c: usize,
     ) -> Result<Self, ModelError> {
-        let width = if ratio == 4 { 2 * c } else { c };
+        let ratio = rows.ratio;
+        let width = if rows.overlap { 2 * c } else { c };
         let d = cfg.hidden_size;
         Ok(Compressor {
             wkv: load_matrix(backend, ckpt, &format!("{prefix}.wkv"), width, d)?,
             wgate: load_matrix(backend, ckpt, &format!("{prefix}.wgate"), width, d)?,
             ape: ckpt.f32_tensor(&format!("{prefix}.ape"), &[ratio, width])?,
             norm: ckpt.f32_tensor(&format!("{prefix}.norm.weight"), &[c])?,
-            ratio,
+            rows,
             c,
             norm_eps: cfg.rms_norm_eps as f32,
         })
     }
 
     pub fn ratio(&self) -> usize {
-        self.ratio
+        self.rows.ratio
+    }
+
+    /// Which tokens each row pools and when a query sees it.
+    pub fn rows(&self) -> RowMapping {
+        self.rows
     }
 
     /// Output width c.
@@ -101,7 +89,7 @@ impl<M> Compressor<M> {
     }
 
     fn overlap(&self) -> bool {
-        self.ratio == 4
+        self.rows.overlap
     }
 
     /// Feeds the chunk `x [T, D]` at positions `first_pos..`, updating `state`, and returns the
@@ -120,7 +108,7 @@ impl<M> Compressor<M> {
         rope: &RopeTable,
         finish: impl FnOnce(&mut B::Act),
     ) -> EmittedRows<B::Act> {
-        let (m, c) = (self.ratio, self.c);
+        let (m, c) = (self.rows.ratio, self.c);
         let width = state.width;
         let tokens = backend.act_len(x) / backend.matrix_shape(&self.wkv).1;
         debug_assert_eq!(state.ratio, m, "compressor state of another ratio");
@@ -186,13 +174,18 @@ mod tests {
     }
 
     fn compressor(ratio: usize) -> Compressor<CpuMatrix> {
-        let width = if ratio == 4 { 2 * C } else { C };
+        let rows = if ratio == 4 {
+            RowMapping::CSA
+        } else {
+            RowMapping::HCA
+        };
+        let width = if rows.overlap { 2 * C } else { C };
         Compressor {
             wkv: CpuMatrix::new(values(width * D, 1), width, D),
             wgate: CpuMatrix::new(values(width * D, 2), width, D),
             ape: values(ratio * width, 3),
             norm: values(C, 4).iter().map(|v| 1.0 + 0.1 * v).collect(),
-            ratio,
+            rows,
             c: C,
             norm_eps: 1e-6,
         }
@@ -205,7 +198,7 @@ mod tests {
         w: usize,
         rope: &RopeTable,
     ) -> Vec<f32> {
-        let (m, width) = (comp.ratio, comp.wkv.rows());
+        let (m, width) = (comp.rows.ratio, comp.wkv.rows());
         let proj = |mat: &CpuMatrix, j: usize, ch: usize| -> f32 {
             (0..D)
                 .map(|i| mat.to_f32()[ch * D + i] * x[j * D + i])
@@ -246,7 +239,7 @@ mod tests {
         chunks: &[usize],
         rope: &RopeTable,
     ) -> (Vec<f32>, CompressorState<Vec<f32>>) {
-        let mut state = CompressorState::new(comp.ratio, C);
+        let mut state = CompressorState::new(comp.ratio(), C);
         let (mut pos, mut rows) = (0, Vec::new());
         for &n in chunks {
             let out = comp.feed(
@@ -303,26 +296,30 @@ mod tests {
         }
     }
 
+    /// The compressor pools the tokens the layer-role table's row mapping says (its CSA and
+    /// HCA forms; the mapping itself is tested in `config::layers`).
     #[test]
     fn csa_row_w_pools_tokens_4w_minus_4_to_4w_plus_3() {
-        assert_eq!(row_token_span(0, 4), (0, 3));
-        assert_eq!(row_token_span(1, 4), (0, 7));
-        assert_eq!(row_token_span(250, 4), (996, 1003));
-        assert_eq!(row_token_span(253, 4), (1008, 1015));
-        assert_eq!(row_token_span(7, 128), (896, 1023));
+        let (csa, hca) = (compressor(4).rows, compressor(128).rows);
+        assert_eq!(csa.row_tokens(0), (0, 3));
+        assert_eq!(csa.row_tokens(1), (0, 7));
+        assert_eq!(csa.row_tokens(250), (996, 1003));
+        assert_eq!(csa.row_tokens(253), (1008, 1015));
+        assert_eq!(hca.row_tokens(7), (896, 1023));
     }
 
     #[test]
     fn rows_are_emitted_by_their_last_token_and_visible_from_it() {
-        assert_eq!(emission_position(250, 4), 1003);
-        assert_eq!(emission_position(7, 128), 1023);
+        let (csa, hca) = (compressor(4).rows, compressor(128).rows);
+        assert_eq!(csa.first_visible(250), 1003);
+        assert_eq!(hca.first_visible(7), 1023);
         for w in [0usize, 1, 250, 253] {
-            let t = emission_position(w, 4);
-            assert!(visible_rows(t, 4) > w, "row {w} visible at its emission");
-            assert!(visible_rows(t - 1, 4) <= w, "row {w} invisible before");
+            let t = csa.first_visible(w);
+            assert!(csa.visible_rows(t) > w, "row {w} visible at its emission");
+            assert!(csa.visible_rows(t - 1) <= w, "row {w} invisible before");
         }
-        assert_eq!(visible_rows(1022, 128), 7);
-        assert_eq!(visible_rows(1023, 128), 8);
-        assert_eq!(visible_rows(2, 4), 0);
+        assert_eq!(hca.visible_rows(1022), 7);
+        assert_eq!(hca.visible_rows(1023), 8);
+        assert_eq!(csa.visible_rows(2), 0);
     }
 }

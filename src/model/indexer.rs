@@ -18,13 +18,14 @@
 //!
 //! Output: `[T, k]` selected rows per query, in descending score order.
 
-use super::compressor::{visible_rows, Compressor};
+use super::compressor::Compressor;
 use super::observer::{IndexerObservation, Observer};
 use super::state::IndexKeyStore;
 use super::{load_matrix, ModelError};
 use crate::backend::{Backend, IndexScoreBatch, RawIndexQueries, INDEX_SCORE_TOKENS};
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::config::RowMapping;
 use crate::numerics::profiles::IndexProfile;
 use crate::numerics::rope::RopeTable;
 
@@ -94,7 +95,14 @@ impl<M> Indexer<M> {
                 heads,
                 cfg.hidden_size,
             )?,
-            compressor: Compressor::load(backend, ckpt, cfg, &format!("{p}.compressor"), 4, dim)?,
+            compressor: Compressor::load(
+                backend,
+                ckpt,
+                cfg,
+                &format!("{p}.compressor"),
+                RowMapping::CSA,
+                dim,
+            )?,
             heads,
             dim,
         })
@@ -149,7 +157,9 @@ impl<M> Indexer<M> {
         let key_scales = store.scales.data().unwrap_or(&empty);
         for b0 in (0..tokens).step_by(INDEX_SCORE_TOKENS) {
             let b1 = (b0 + INDEX_SCORE_TOKENS).min(tokens);
-            let visible: Vec<usize> = (b0..b1).map(|i| visible_rows(first_pos + i, 4)).collect();
+            let visible: Vec<usize> = (b0..b1)
+                .map(|i| self.compressor.rows().visible_rows(first_pos + i))
+                .collect();
             let stride = visible.iter().copied().max().unwrap_or(0);
             // [block tokens, stride]: every element is written by the scorer.
             let mut scores = backend.act_uninit((b1 - b0) * stride);

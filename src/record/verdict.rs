@@ -235,15 +235,15 @@ pub fn why_of(
     };
     let them = |ls: &[&LostLayer]| if ls.len() == 1 { "it" } else { "them" };
     let mut parts = Vec::new();
-    let rounding = of(LossCause::ExactKeeps);
-    if !rounding.is_empty() {
+    let kept_by_exact = of(LossCause::ExactKeeps);
+    if !kept_by_exact.is_empty() {
         parts.push(format!(
             "{} rounding lost {} (exact keeps {}: rank {} vs {})",
             index,
-            layers(&rounding),
-            them(&rounding),
-            ranks(&rounding, &|l| l.exact_rank),
-            ranks(&rounding, &|l| l.rank)
+            layers(&kept_by_exact),
+            them(&kept_by_exact),
+            ranks(&kept_by_exact, &|l| l.exact_rank),
+            ranks(&kept_by_exact, &|l| l.rank)
         ));
     }
     let exact_loses = of(LossCause::ExactLoses);
@@ -468,11 +468,11 @@ pub fn diagnosis(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
             };
             let all: Vec<usize> = layers.iter().map(|l| l.layer).collect();
             let mut causes = Vec::new();
-            let rounding = of(LossCause::ExactKeeps);
-            if !rounding.is_empty() {
+            let kept_by_exact = of(LossCause::ExactKeeps);
+            if !kept_by_exact.is_empty() {
                 causes.push(format!(
                     "the exact math keeps {} ({} rounding)",
-                    layer_list(&rounding),
+                    layer_list(&kept_by_exact),
                     run.index
                 ));
             }
@@ -483,7 +483,7 @@ pub fn diagnosis(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
                 } else {
                     " too"
                 };
-                let verb = if rounding.is_empty() {
+                let verb = if kept_by_exact.is_empty() {
                     "the exact math loses"
                 } else {
                     "loses"
@@ -576,7 +576,7 @@ pub fn conclusion(
         } else {
             // With exact scored, how many of those the exact math keeps (lost to rounding);
             // not said when exact is itself the driving profile.
-            let rounding = exact_keeps(&run.layers, last_prompt_pos)
+            let kept = exact_keeps(&run.layers, last_prompt_pos)
                 .filter(|_| run.index != "exact")
                 .map_or(String::new(), |n| format!(" (exact keeps {n})"));
             let noun = if needles.len() > 1 {
@@ -585,7 +585,7 @@ pub fn conclusion(
                 "needle"
             };
             format!(
-                "{noun} lost on {lost}/{total} CSA layers under {} at top-{}{rounding}",
+                "{noun} lost on {lost}/{total} CSA layers under {} at top-{}{kept}",
                 run.index, run.topk
             )
         };

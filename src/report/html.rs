@@ -279,8 +279,8 @@ fn settings(info: &RunInfo, finished: usize, notes: &[String]) -> String {
 
 /// The summary table, as the terminal writes it, with its legend under it.
 fn summary_section(records: &RunRecords) -> String {
-    let rounding = crate::record::verdict::exact_keeps_by_cell(&records.cells);
-    let groups = summary::summarize(&records.cells, &rounding);
+    let exact_keeps_by = crate::record::verdict::exact_keeps_by_cell(&records.cells);
+    let groups = summary::summarize(&records.cells, &exact_keeps_by);
     let mut out = String::from(
         "<section id=\"summary\">\n<h2>Summary</h2>\n<table class=\"summary\">\n<thead><tr>",
     );

@@ -89,8 +89,8 @@ pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
 }
 
 fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -> Rerendered {
-    let rounding = crate::record::verdict::exact_keeps_by_cell(&records.cells);
-    let mut table = render_table(&summarize(&records.cells, &rounding), colour);
+    let exact_keeps_by = crate::record::verdict::exact_keeps_by_cell(&records.cells);
+    let mut table = render_table(&summarize(&records.cells, &exact_keeps_by), colour);
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);
     }

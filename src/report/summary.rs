@@ -54,8 +54,10 @@ pub struct GroupSummary {
     pub layers_lost_total: usize,
     /// Of those, the layers `exact` selects on the same hidden states (lost to the profile's
     /// rounding; the rest are lost by the exact math too); None unless `exact` was scored in
-    /// every cell of the group.
-    pub layers_lost_to_rounding: Option<usize>,
+    /// every cell of the group. The cells' `exact_keeps` summed; summary.json keeps its
+    /// published key `layers_lost_to_rounding`.
+    #[serde(rename = "layers_lost_to_rounding")]
+    pub exact_keeps: Option<usize>,
 }
 
 fn profile_order(p: IndexProfile) -> usize {
@@ -77,7 +79,7 @@ pub fn median(sorted: &[usize]) -> Option<f64> {
 
 /// Groups `cells` by (target_tokens, index, kv, topk), ordered by length, then profile in
 /// the order of docs/architecture.md section 5, then kv, then top-k; `rounding` gives the cells' rounding losses.
-pub fn summarize(cells: &[CellRecord], rounding: &ExactKeepsByCell) -> Vec<GroupSummary> {
+pub fn summarize(cells: &[CellRecord], exact_keeps_by: &ExactKeepsByCell) -> Vec<GroupSummary> {
     let mut groups: BTreeMap<(usize, usize, &str, usize), Vec<&CellRecord>> = BTreeMap::new();
     for c in cells {
         groups
@@ -119,9 +121,9 @@ pub fn summarize(cells: &[CellRecord], rounding: &ExactKeepsByCell) -> Vec<Group
                 layers_lost_worst: worst_cell.layers_lost(),
                 layers_nontrivial_of_worst: worst_cell.csa_layers_nontrivial,
                 layers_lost_total: cs.iter().map(|c| c.layers_lost()).sum(),
-                layers_lost_to_rounding: cs
+                exact_keeps: cs
                     .iter()
-                    .map(|c| rounding.get(&c.cell_id))
+                    .map(|c| exact_keeps_by.get(&c.cell_id))
                     .sum::<Option<usize>>(),
             }
         })
@@ -142,14 +144,14 @@ pub struct SummaryJson {
 }
 
 impl SummaryJson {
-    pub fn new(info: &RunInfo, cells: &[CellRecord], rounding: &ExactKeepsByCell) -> Self {
+    pub fn new(info: &RunInfo, cells: &[CellRecord], exact_keeps_by: &ExactKeepsByCell) -> Self {
         SummaryJson {
             model: info.model_name().to_string(),
             scenario: info.scenario.clone(),
             synthetic: info.synthetic,
             cells_finished: cells.len(),
             cells_planned: info.cells_planned(),
-            groups: summarize(cells, rounding),
+            groups: summarize(cells, exact_keeps_by),
         }
     }
 }
@@ -279,7 +281,7 @@ pub fn table_rows(groups: &[GroupSummary]) -> Vec<(Vec<String>, RecallTone)> {
                 opt(g.worst_rank.map(|w| w.to_string())),
                 lost,
                 g.layers_lost_total.to_string(),
-                opt(g.layers_lost_to_rounding.map(|n| n.to_string())),
+                opt(g.exact_keeps.map(|n| n.to_string())),
             ],
             tone,
         ));

@@ -205,7 +205,7 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
     assert_eq!((rounding["a"], rounding["b"]), (1, 1));
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.layers_lost_total, 3);
-    assert_eq!(g.layers_lost_to_rounding, Some(2));
+    assert_eq!(g.exact_keeps, Some(2));
     let table = render_table(std::slice::from_ref(g), false);
     let head = table.lines().next().unwrap();
     assert!(head.ends_with("exact keeps"), "{table}");
@@ -225,7 +225,7 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
     let rounding = exact_keeps_by_cell(&cells);
     assert!(!rounding.contains_key("b"));
     let g = &summarize(&cells, &rounding)[0];
-    assert_eq!(g.layers_lost_to_rounding, None);
+    assert_eq!(g.exact_keeps, None);
     let table = render_table(std::slice::from_ref(g), false);
     assert!(
         table.lines().nth(2).unwrap().ends_with("  3            -"),

@@ -145,8 +145,11 @@ impl RunRecords {
     /// Rewrites `<dir>/summary.json` from these records (atomically); returns its path.
     pub fn write_summary(&self) -> Result<PathBuf> {
         let path = self.dir.join(SUMMARY_JSON);
-        let rounding = exact_keeps_by_cell(&self.cells);
-        write_json(&path, &SummaryJson::new(&self.info, &self.cells, &rounding))?;
+        let exact_keeps_by = exact_keeps_by_cell(&self.cells);
+        write_json(
+            &path,
+            &SummaryJson::new(&self.info, &self.cells, &exact_keeps_by),
+        )?;
         Ok(path)
     }
 }
