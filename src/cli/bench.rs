@@ -1,24 +1,22 @@
-//! `needlescope bench`: loads a model once on the backend `--device` picks, times the prefill
-//! at several prompt lengths and prints tokens/s and the peak resident set size
-//! (`scripts/bench-cpu.sh` adds the transformers comparison on the CPU).
+//! `needlescope bench`: its flags and its output. The model is loaded once on the backend
+//! `--device` picks and the prefill timed at several prompt lengths ([`crate::run::bench`]);
+//! this file turns the flags into a [`BenchPlan`] and prints each figure as it is measured:
+//! the tokens/s table with the peak resident set size, per length the time and counted TFLOP/s
+//! per layer type, the projected Flash prefill, the devices' memory against their plan and the
+//! operation profile (`NEEDLESCOPE_PROFILE=1`) (`scripts/bench-cpu.sh` adds the transformers
+//! comparison on the CPU).
 
 use super::device::DeviceArgs;
 use super::flags::parse_token_count;
-use crate::backend::{Backend, DeviceMemoryUse, OpTime, WeightResidency};
-use crate::checkpoint::Checkpoint;
-use crate::config::ModelConfig;
-use crate::devices::placement::Workload;
+use crate::backend::{DeviceMemoryUse, OpTime, WeightResidency};
 use crate::devices::plan::{DevicePlan, FIXED_WORKSPACE};
-use crate::model::bench::{by_layer_type, projected_tokens_per_s, time_prefill, PrefillProfile};
-use crate::model::forward::Model;
-use crate::model::ModelOptions;
+use crate::model::bench::PrefillProfile;
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::run::target::{ModelTask, Target};
+use crate::run::bench::{BenchPlan, BenchProgress, BenchRow, BenchSetup, BenchStart, Projection};
 use crate::units::three_significant;
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -61,37 +59,46 @@ pub struct BenchArgs {
     pub weights: WeightResidency,
 }
 
-/// Times one prefill per prompt on the loaded model, printing a row each, then per length the
-/// time and counted TFLOP/s per layer type and the projected full-Flash prefill speed.
-struct BenchTask<'a> {
-    ckpt: &'a Checkpoint,
-    topk: usize,
-    /// Untimed prompt run first (empty: none).
-    warmup: Vec<u32>,
-    prompts: Vec<Vec<u32>>,
-    /// When loading began (the task starts right after it).
-    load_started: Instant,
-    weights: &'a str,
-    /// The memory plan of each used device, in the backend's device order (empty on the CPU).
-    plans: Vec<DevicePlan>,
+/// Prints the figures of [`crate::run::bench::run`] as they come.
+struct Printer<'a> {
+    args: &'a BenchArgs,
     out: &'a mut dyn Write,
 }
 
-impl ModelTask for BenchTask<'_> {
-    type Output = ();
-    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<()> {
-        let load = self.load_started.elapsed().as_secs_f64();
-        let loaded = model.backend().device_memory();
-        if !self.warmup.is_empty() {
-            let w = time_prefill(model, &self.warmup)?;
+impl BenchProgress for Printer<'_> {
+    fn setup(&mut self, setup: &BenchSetup) -> anyhow::Result<()> {
+        if setup.profile_on_cpu {
             writeln!(
                 self.out,
-                "warm-up: {} tokens in {:.3} s (untimed below)",
-                w.tokens, w.seconds
+                "note: NEEDLESCOPE_PROFILE times the operations of a GPU backend; this run is on the \
+                 CPU, so no op profile follows"
             )?;
         }
-        let reference = model.backend().reference_gemm_tflops();
-        if let Some((what, t)) = &reference {
+        writeln!(
+            self.out,
+            "model {} ({}), index {}, kv {}, chunk {}, {} rayon threads, backend {}",
+            self.args.model.display(),
+            setup.cfg.schedule_summary(),
+            self.args.index,
+            self.args.kv,
+            setup.chunk,
+            setup.threads,
+            setup.backend
+        )?;
+        Ok(())
+    }
+
+    fn warmed_up(&mut self, w: &PrefillProfile) -> anyhow::Result<()> {
+        writeln!(
+            self.out,
+            "warm-up: {} tokens in {:.3} s (untimed below)",
+            w.tokens, w.seconds
+        )?;
+        Ok(())
+    }
+
+    fn started(&mut self, start: &BenchStart) -> anyhow::Result<()> {
+        if let Some((what, t)) = &start.reference {
             writeln!(
                 self.out,
                 "reference: {what}: {} TFLOP/s (measured in this run)",
@@ -103,34 +110,29 @@ impl ModelTask for BenchTask<'_> {
             "{:>8} {:>10} {:>12} {:>10} {:>14} {:>9}",
             "tokens", "prefill s", "tokens/s", "load s", "peak RSS MiB", "weights"
         )?;
-        let mut profiled = model.backend().op_profile();
-        for tokens in &self.prompts {
-            let f = time_prefill(model, tokens)?;
-            writeln!(
-                self.out,
-                "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
-                f.tokens,
-                f.seconds,
-                f.tokens as f64 / f.seconds.max(1e-12),
-                load,
-                peak_rss_mib().map_or("-".into(), |m| format!("{m:.0}")),
-                self.weights
-            )?;
-            layer_breakdown(self.ckpt, self.topk, &f, reference.as_ref(), self.out)?;
-            for line in memory_lines(&loaded, &f.device_memory, &self.plans) {
-                writeln!(self.out, "{:>14} {line}", "device memory:")?;
-            }
-            let now = model.backend().op_profile();
-            if !now.is_empty() {
-                write_op_profile(&profile_since(&profiled, &now), f.seconds, self.out)?;
-            }
-            profiled = now;
-            self.out.flush()?;
-        }
+        Ok(())
+    }
+
+    fn measured(&mut self, start: &BenchStart, row: &BenchRow) -> anyhow::Result<()> {
+        let f = &row.prefill;
         writeln!(
             self.out,
-            "per type: mean wall ms per layer and counted TFLOP/s (linear, attention and indexer arithmetic, model::bench); projected = tokens / (embed + head + the 43 Flash layers at the measured per-type times), for models with Flash's dimensions (all 256 experts) where every layer type was measured"
+            "{:>8} {:>10.3} {:>12.1} {:>10.3} {:>14} {:>9}",
+            f.tokens,
+            f.seconds,
+            f.tokens as f64 / f.seconds.max(1e-12),
+            start.load_seconds,
+            row.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}")),
+            start.weights
         )?;
+        layer_breakdown(row, start.reference.as_ref(), self.out)?;
+        for line in memory_lines(&start.loaded, &f.device_memory, &start.plans) {
+            writeln!(self.out, "{:>14} {line}", "device memory:")?;
+        }
+        if let Some(ops) = &row.ops {
+            write_op_profile(ops, f.seconds, self.out)?;
+        }
+        self.out.flush()?;
         Ok(())
     }
 }
@@ -138,43 +140,12 @@ impl ModelTask for BenchTask<'_> {
 /// One length's time and counted TFLOP/s per layer type (model::bench's FLOP model), against the
 /// backend's reference GEMM, and the prefill speed projected to the 43-layer Flash schedule.
 fn layer_breakdown(
-    ckpt: &Checkpoint,
-    topk: usize,
-    p: &PrefillProfile,
+    row: &BenchRow,
     reference: Option<&(String, f64)>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let flash = ModelConfig::flash();
-    let cfg = ckpt.config();
-    // Projecting only makes sense from layers of Flash's own size: the first dimension that
-    // differs, if any, is what the projection line says instead.
-    let differs = [
-        ("hidden_size", cfg.hidden_size, flash.hidden_size),
-        (
-            "n_routed_experts",
-            cfg.n_routed_experts,
-            flash.n_routed_experts,
-        ),
-        (
-            "num_attention_heads",
-            cfg.num_attention_heads,
-            flash.num_attention_heads,
-        ),
-        ("head_dim", cfg.head_dim, flash.head_dim),
-        (
-            "moe_intermediate_size",
-            cfg.moe_intermediate_size,
-            flash.moe_intermediate_size,
-        ),
-        ("index_n_heads", cfg.index_n_heads, flash.index_n_heads),
-        ("index_head_dim", cfg.index_head_dim, flash.index_head_dim),
-        ("sliding_window", cfg.sliding_window, flash.sliding_window),
-        ("vocab_size", cfg.vocab_size, flash.vocab_size),
-    ]
-    .into_iter()
-    .find(|(_, a, b)| a != b);
-    let types = by_layer_type(ckpt, p, topk);
-    for f in &types {
+    let p = &row.prefill;
+    for f in &row.types {
         let pct = reference.map_or(String::new(), |(_, r)| {
             format!(" ({:.1}% of the reference)", 100.0 * f.tflops() / r)
         });
@@ -204,18 +175,22 @@ fn layer_breakdown(
     for note in &p.resident_notes {
         writeln!(out, "{:>14} {note}", "kept decoded:")?;
     }
-    match (differs, projected_tokens_per_s(&flash, &types, p)) {
-        (None, Some(t)) => writeln!(
+    match row.projection {
+        Projection::TokensPerS(t) => writeln!(
             out,
             "{:>14} {t:.0} tok/s for the 43-layer Flash prefill at {} tokens",
             "projected:", p.tokens
         )?,
-        (Some((field, found, want)), _) => writeln!(
+        Projection::NotFlashSized {
+            field,
+            found,
+            flash: want,
+        } => writeln!(
             out,
             "{:>14} none: not Flash-sized ({field} {found}, Flash has {want})",
             "projected:"
         )?,
-        (None, None) => writeln!(
+        Projection::NotEveryType => writeln!(
             out,
             "{:>14} none: not every layer type (SWA, CSA, HCA) was measured",
             "projected:"
@@ -224,81 +199,30 @@ fn layer_breakdown(
     Ok(())
 }
 
+/// Turns the flags into a [`BenchPlan`], runs it ([`crate::run::bench::run`]), printing each
+/// figure as it comes, then the notes on how to read them.
 pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let ckpt = crate::run::target::open_model(&args.model)?;
-    let cfg = ckpt.config().clone();
-    crate::run::checks::refuse_duplicates("--lengths", &args.lengths, |&l| l)?;
-    let mut lengths = args.lengths.clone();
-    lengths.sort_unstable();
-    let longest = [("--lengths", lengths.last().copied())]
-        .into_iter()
-        .chain([("--warmup", args.warmup)]);
-    for (flag, tokens) in longest {
-        if let Some(n) = tokens.filter(|&n| n > cfg.max_position_embeddings) {
-            anyhow::bail!(
-                "{flag} {n}: expected at most the model's max_position_embeddings ({})",
-                cfg.max_position_embeddings
-            );
-        }
-    }
-    let work = Workload {
-        context: lengths
-            .last()
-            .copied()
-            .unwrap_or(1)
-            .max(args.warmup.unwrap_or(0)),
-        chunk: args.chunk,
-        topk: cfg.index_topk,
-    };
-    let mut target = Target::prepare(&args.device.choice(), &ckpt, &work)?;
-    target.set_cpu_weights(&ckpt, args.weights);
-    let profiling = crate::backend::gpu::GpuSwitches::from_env()
-        .map_err(anyhow::Error::msg)?
-        .profile;
-    if profiling && matches!(target, Target::Cpu { .. }) {
-        writeln!(
-            out,
-            "note: NEEDLESCOPE_PROFILE times the operations of a GPU backend; this run is on the \
-             CPU, so no op profile follows"
-        )?;
-    }
-    writeln!(
-        out,
-        "model {} ({}), index {}, kv {}, chunk {}, {} rayon threads, backend {}",
-        args.model.display(),
-        cfg.schedule_summary(),
-        args.index,
-        args.kv,
-        target.chunk(),
-        rayon::current_num_threads(),
-        target.record()
-    )?;
-    // Deterministic ids in [3, vocab): the same prompts on every run.
-    let prompt = |n: usize| -> Vec<u32> {
-        let mut rng = crate::numerics::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
-        (0..n)
-            .map(|_| 3 + rng.below(cfg.vocab_size - 3) as u32)
-            .collect()
-    };
-    let prompts = lengths.iter().map(|&n| prompt(n)).collect();
-    let opts = ModelOptions {
+    let plan = BenchPlan {
+        model: &args.model,
+        lengths: args.lengths.clone(),
+        warmup: args.warmup,
+        device: args.device.choice(),
         index: args.index,
         kv: args.kv,
-        topk: None,
-        chunk: target.chunk(),
+        chunk: args.chunk,
+        weights: args.weights,
     };
-    let weights = target.weights_label();
-    let task = BenchTask {
-        ckpt: &ckpt,
-        topk: cfg.index_topk,
-        warmup: args.warmup.map_or_else(Vec::new, prompt),
-        prompts,
-        load_started: Instant::now(),
-        weights,
-        plans: target.device_plans(),
-        out: &mut *out,
-    };
-    target.run(&ckpt, opts, task)?;
+    crate::run::bench::run(
+        &plan,
+        &mut Printer {
+            args,
+            out: &mut *out,
+        },
+    )?;
+    writeln!(
+        out,
+        "per type: mean wall ms per layer and counted TFLOP/s (linear, attention and indexer arithmetic, model::bench); projected = tokens / (embed + head + the 43 Flash layers at the measured per-type times), for models with Flash's dimensions (all 256 experts) where every layer type was measured"
+    )?;
     writeln!(
         out,
         "the model is loaded once (load s), then each length is one prefill of a fresh sequence in ascending order; peak RSS is the process high-water mark (VmHWM) after each length (streamed weights: it counts the mapped checkpoint pages, which the OS may drop)"
@@ -306,39 +230,10 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The process's peak resident set size in MiB (Linux `VmHWM`), if readable.
-pub fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The device-side figures of `needlescope bench` (GPU backends): the operation profile of one
 // length (`NEEDLESCOPE_PROFILE=1`: calls and wall time per kernel, GEMM shape, allocation and
 // copy) and each device's peak memory against its memory plan.
-
-/// The operations' calls and seconds since `before` (a profile is cumulative), largest first.
-pub(super) fn profile_since(before: &[OpTime], now: &[OpTime]) -> Vec<OpTime> {
-    let mut rows: Vec<OpTime> = now
-        .iter()
-        .map(|r| {
-            let (calls, seconds) = before
-                .iter()
-                .find(|b| b.op == r.op)
-                .map_or((0, 0.0), |b| (b.calls, b.seconds));
-            OpTime {
-                op: r.op.clone(),
-                calls: r.calls - calls,
-                seconds: r.seconds - seconds,
-            }
-        })
-        .filter(|r| r.calls > 0)
-        .collect();
-    rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    rows
-}
 
 /// Kernel and GEMM rows shown of an operation profile; the rest are summed in one line.
 const PROFILE_ROWS: usize = 24;
@@ -346,11 +241,7 @@ const PROFILE_ROWS: usize = 24;
 /// One length's operation profile (`NEEDLESCOPE_PROFILE=1`): the largest kernels and GEMMs by
 /// wall time, every allocation and copy row, the rest summed, then what the timed operations
 /// leave of the prefill (host work, frees, launch gaps).
-pub(super) fn write_op_profile(
-    rows: &[OpTime],
-    prefill_s: f64,
-    out: &mut dyn Write,
-) -> anyhow::Result<()> {
+fn write_op_profile(rows: &[OpTime], prefill_s: f64, out: &mut dyn Write) -> anyhow::Result<()> {
     let timed: f64 = rows.iter().map(|r| r.seconds).sum();
     writeln!(
         out,
@@ -407,7 +298,7 @@ pub(super) fn write_op_profile(
 /// context and cuBLAS's own memory, which the executors do not count). The plan is the run's,
 /// made for its longest length. Decoded copies made after the peak make the comparison
 /// lenient; `NEEDLESCOPE_DECODE_CACHE_MIB=0` makes it exact.
-pub(super) fn memory_lines(
+fn memory_lines(
     loaded: &[DeviceMemoryUse],
     now: &[DeviceMemoryUse],
     plans: &[DevicePlan],

@@ -143,17 +143,9 @@ impl std::str::FromStr for DepthList {
     }
 }
 
-/// `--positions` of `trace`: which query positions to record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Positions {
-    /// Every token of the input.
-    All,
-    /// The last input token only.
-    Last,
-    /// Explicit 0-based positions, ascending (a position given twice is kept twice here and
-    /// refused by `trace::check_inputs`, exit 1 as for the other list flags).
-    List(Vec<usize>),
-}
+/// `--positions` of `trace`: which query positions to record (the type is the trace plan's,
+/// [`crate::run::trace::Positions`]; its syntax is parsed here).
+pub use crate::run::trace::Positions;
 
 impl std::str::FromStr for Positions {
     type Err = String;

@@ -1,8 +1,9 @@
 //! Room on the host: memory (`/proc/meminfo`) and free space on a path's filesystem
-//! (`statvfs`), and the check that refuses a run whose output cannot fit before it starts.
+//! (`statvfs`), and the check that refuses a run whose output cannot fit before it starts; and
+//! the process's own peak resident set size (`/proc/self/status`), which `bench` reports.
 //!
-//! Both readings are `None` where the platform does not tell (no /proc, a failed `statvfs`):
-//! the check then passes, since refusing on a guess would block runs that fit.
+//! The readings are `None` where the platform does not tell (no /proc, a failed `statvfs`):
+//! the room check then passes, since refusing on a guess would block runs that fit.
 
 use crate::units::human_bytes;
 use std::path::Path;
@@ -13,6 +14,14 @@ pub fn meminfo_bytes(field: &str) -> Option<u64> {
     let line = info.lines().find(|l| l.split(':').next() == Some(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// The process's peak resident set size in MiB (Linux `VmHWM`), if readable.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }
 
 /// Bytes an unprivileged process may still write on the filesystem holding `dir`.

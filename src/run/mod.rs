@@ -10,6 +10,7 @@
 //! flight"; [`progress`] styles the bars. `cli` calls into here; nothing here parses a command
 //! line or imports `cli`.
 
+pub mod bench;
 pub mod checks;
 pub mod device;
 pub mod engine_only;

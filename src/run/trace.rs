@@ -27,17 +27,29 @@
 //! the model runs, and [`TraceLayout::sizes`] splits the file's bytes into logits, indexer and
 //! the rest for the line `trace` prints first; [`write_trace`] writes from that same layout,
 //! one position's row at a time.
+//!
+//! The command's plan and task live here too: the CLI fills a [`TracePlan`] from its flags;
+//! [`prepare`] checks `--out` (no directory, no input, nothing inside the model directory, a
+//! folder that exists and takes writes), reads the tokens and lays the file out
+//! ([`PreparedTrace`], whose size the CLI announces); [`PreparedTrace::run`] checks the room
+//! (disk and memory), runs the trace on the chosen backend and writes the file, returning the
+//! [`TraceOutcome`] the CLI prints.
 
+use super::device::DeviceChoice;
+use super::target::{ModelTask, Target};
 use crate::backend::Backend;
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::inventory::ExpectedTensor;
 use crate::checkpoint::writer::SafetensorsWriter;
-use crate::checkpoint::CheckpointError;
-use crate::model::forward::{LogitsRequest, Model};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::devices::placement::Workload;
+use crate::model::forward::{LogitsRequest, Model, ModelOptions};
 use crate::model::{IndexerObservation, Observer};
+use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::record::BackendRecord;
 pub use crate::run::trace_logits::{top_logits, LogitsMode, TopLogits};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Per CSA layer, per recorded position: a pair of vectors.
 pub type PerLayer<A, B> = BTreeMap<usize, Vec<(Vec<A>, Vec<B>)>>;
@@ -513,4 +525,437 @@ pub fn parse_token_file(path: &Path, vocab: usize) -> anyhow::Result<Vec<u32>> {
         path.display()
     );
     Ok(ids)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command: its plan, the checks before the model runs, the task on the loaded model, and
+// the outcome the CLI prints.
+
+/// Where a trace's token ids come from.
+#[derive(Clone, Copy, Debug)]
+pub enum TraceInput<'a> {
+    /// `--tokens FILE`: token ids ([`parse_token_file`]).
+    Tokens(&'a Path),
+    /// `--prompt FILE`: a conversation, rendered as DeepSeek-V4's encoder renders it and
+    /// tokenised.
+    Prompt(&'a Path),
+}
+
+impl<'a> TraceInput<'a> {
+    fn path(self) -> &'a Path {
+        match self {
+            TraceInput::Tokens(p) | TraceInput::Prompt(p) => p,
+        }
+    }
+}
+
+/// Which positions a trace records (`--positions`; parsed by the CLI).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Positions {
+    /// Every token of the input.
+    All,
+    /// The last input token only.
+    Last,
+    /// Explicit 0-based positions, ascending (a position given twice is kept twice here and
+    /// refused by [`check_inputs`], exit 1 as for the other list flags).
+    List(Vec<usize>),
+}
+
+impl Positions {
+    /// The recorded positions over an input of `tokens` tokens (at least one).
+    pub fn resolve(&self, tokens: usize) -> Vec<usize> {
+        match self {
+            Positions::All => (0..tokens).collect(),
+            Positions::Last => vec![tokens - 1],
+            Positions::List(v) => v.clone(),
+        }
+    }
+}
+
+/// Everything a trace needs, checked flags only: what [`prepare`] and [`PreparedTrace::run`]
+/// execute.
+pub struct TracePlan<'a> {
+    /// The model directory (`--model`, resolved).
+    pub model: &'a Path,
+    pub input: TraceInput<'a>,
+    pub positions: Positions,
+    /// The driving index profile.
+    pub index: IndexProfile,
+    pub kv: KvMode,
+    /// `--topk`; `None`: the config's `index_topk`.
+    pub topk: Option<usize>,
+    /// Prefill chunk (0: auto).
+    pub chunk: usize,
+    /// The safetensors file to write.
+    pub out: &'a Path,
+    pub dump_indexer_inputs: bool,
+    /// `--logits`; `None`: [`LogitsMode::default_for`] the recorded positions.
+    pub logits: Option<LogitsMode>,
+    pub device: DeviceChoice,
+}
+
+/// A trace with its inputs read and checked and its file laid out, before the room check and
+/// the model run ([`PreparedTrace::run`]), so the CLI can say what the file will hold first.
+pub struct PreparedTrace<'a> {
+    plan: &'a TracePlan<'a>,
+    ckpt: Checkpoint,
+    pub tokens: Vec<u32>,
+    /// The recorded positions, checked ([`check_inputs`]).
+    pub positions: Vec<usize>,
+    /// The top-k asked for (`--topk`, else the config's).
+    pub topk: usize,
+    /// The logits kept (the default resolved, checked against the vocabulary).
+    pub logits: LogitsMode,
+    pub layout: TraceLayout,
+    /// The header metadata known before the model runs (the backend and the model's top-k are
+    /// added after it).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// What a trace did: the line the CLI prints.
+#[derive(Clone, Debug)]
+pub struct TraceOutcome {
+    pub tokens: usize,
+    pub positions: usize,
+    /// CSA layers recorded.
+    pub csa_layers: usize,
+    /// The model's top-k.
+    pub topk: usize,
+    pub logits: LogitsMode,
+    pub backend: BackendRecord,
+    /// Wall seconds of loading and the forward.
+    pub seconds: f64,
+    /// The written file's size (`None`: not readable).
+    pub file_bytes: Option<u64>,
+}
+
+/// Checks `--out`, opens the model, reads the input's tokens, resolves and checks the positions,
+/// the top-k and the logits, and lays the file out; nothing runs yet.
+pub fn prepare<'a>(plan: &'a TracePlan<'a>) -> anyhow::Result<PreparedTrace<'a>> {
+    check_out_path(plan)?;
+    let ckpt = super::target::open_model(plan.model)?;
+    let cfg = ckpt.config().clone();
+    let tokens = match plan.input {
+        TraceInput::Tokens(file) => parse_token_file(file, cfg.vocab_size)?,
+        TraceInput::Prompt(path) => {
+            let request = crate::probe::chat::ChatRequest::from_file(path)?;
+            for note in &request.notes {
+                eprintln!("note: --prompt {}: {note}", path.display());
+            }
+            let tok = super::target::load_tokenizer(plan.model, &cfg)?;
+            let ids = tok.encode(&request.render().text)?;
+            if ids.len() > cfg.max_position_embeddings {
+                return Err(crate::probe::PromptError::PromptTooLong {
+                    source_name: path.display().to_string(),
+                    tokens: ids.len(),
+                    plus: String::new(),
+                    max_positions: cfg.max_position_embeddings,
+                }
+                .into());
+            }
+            ids
+        }
+    };
+    let positions = plan.positions.resolve(tokens.len());
+    check_inputs(&tokens, &positions)?;
+    if let Some(k) = plan.topk {
+        super::checks::refuse_topk_past_rows("--topk", &[k], &cfg)?;
+    }
+    let topk = plan.topk.unwrap_or(cfg.index_topk);
+    let logits = plan
+        .logits
+        .unwrap_or_else(|| LogitsMode::default_for(positions.len(), cfg.vocab_size))
+        .check_vocab(cfg.vocab_size)?;
+    let layout = TraceLayout::for_config(
+        &cfg,
+        tokens.len(),
+        positions.len(),
+        topk,
+        plan.dump_indexer_inputs,
+        logits,
+    );
+    let mut metadata = BTreeMap::new();
+    metadata.insert("profile".to_string(), plan.index.name().to_string());
+    metadata.insert("kv".to_string(), plan.kv.name().to_string());
+    metadata.insert("topk".to_string(), topk.to_string());
+    metadata.insert("logits".to_string(), logits.name());
+    metadata.insert("model".to_string(), plan.model.display().to_string());
+    metadata.insert("model_config_sha256".to_string(), cfg.hash_hex());
+    // What the dumped head weights are multiplied by in every score: dim^-0.5 · heads^-0.5.
+    metadata.insert(
+        "index_weight_scale".to_string(),
+        crate::numerics::profiles::weight_scale(cfg.index_n_heads, cfg.index_head_dim).to_string(),
+    );
+    metadata.insert(
+        "needlescope_version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    Ok(PreparedTrace {
+        plan,
+        ckpt,
+        tokens,
+        positions,
+        topk,
+        logits,
+        layout,
+        metadata,
+    })
+}
+
+impl PreparedTrace<'_> {
+    /// The header's bytes, estimated from the metadata known now (the backend's name, added
+    /// later, is a few dozen bytes), with its 8-byte length.
+    pub fn header_bytes(&self) -> u64 {
+        8 + crate::checkpoint::writer::header_bytes(&self.layout.tensors(), &self.metadata).len()
+            as u64
+    }
+
+    /// Checks the room for the file and the records, loads the model on the chosen backend,
+    /// runs the trace and writes the file.
+    pub fn run(self) -> anyhow::Result<TraceOutcome> {
+        let plan = self.plan;
+        check_room(plan, &self.layout, &self.positions)?;
+        let work = Workload {
+            context: self.tokens.len(),
+            chunk: plan.chunk,
+            topk: self.topk,
+        };
+        let target = Target::prepare(&plan.device, &self.ckpt, &work)?;
+        let backend = target.record();
+        let opts = ModelOptions {
+            index: plan.index,
+            kv: plan.kv,
+            topk: plan.topk,
+            chunk: target.chunk(),
+        };
+        let started = std::time::Instant::now();
+        let task = TraceTask {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            dump: plan.dump_indexer_inputs,
+            logits: self.logits,
+        };
+        let result = target.run(&self.ckpt, opts, task)?;
+        let mut metadata = self.metadata;
+        metadata.insert("topk".to_string(), result.topk.to_string());
+        metadata.insert("backend".to_string(), backend.to_string());
+        write_trace(plan.out, &result, metadata)?;
+        let seconds = started.elapsed().as_secs_f64();
+        Ok(TraceOutcome {
+            tokens: self.tokens.len(),
+            positions: self.positions.len(),
+            csa_layers: result.indexer.len(),
+            topk: result.topk,
+            logits: self.logits,
+            backend,
+            seconds,
+            file_bytes: std::fs::metadata(plan.out).ok().map(|m| m.len()),
+        })
+    }
+}
+
+/// The trace on a loaded model of any backend.
+struct TraceTask<'a> {
+    tokens: &'a [u32],
+    positions: &'a [usize],
+    dump: bool,
+    logits: LogitsMode,
+}
+
+impl ModelTask for TraceTask<'_> {
+    type Output = TraceResult;
+    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<TraceResult> {
+        // On stderr, hidden when it is not a terminal (as probe's and sweep's bars).
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(self.tokens.len() as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(super::progress::style(super::progress::PROBE_PREFILL));
+        bar.set_message("trace prefill");
+        let result = run_trace(
+            model,
+            self.tokens,
+            self.positions,
+            self.dump,
+            self.logits,
+            &mut |done, _| bar.set_position(done as u64),
+        );
+        bar.finish_and_clear();
+        result
+    }
+}
+
+/// Refuses an `--out` that would overwrite or shadow an input, before anything runs: an
+/// existing directory, the token file itself, or a path inside the model directory (a
+/// safetensors file there would be read as model weights, or replace them), also through
+/// folders that do not exist yet (which `run` makes just before the forward, once every check
+/// has passed, so a forward never ends on a missing folder).
+fn check_out_path(plan: &TracePlan) -> anyhow::Result<()> {
+    let out = plan.out;
+    if out.is_dir() {
+        anyhow::bail!(
+            "--out {}: is a directory, expected the path of the safetensors file to write",
+            out.display()
+        );
+    }
+    // The folders still to be made must lie below the existing ones: a `..` among them would
+    // step out of what the checks below looked at (`new/../../model/model.safetensors`).
+    let existing = existing_ancestor(out);
+    if !existing.is_dir() {
+        anyhow::bail!(
+            "--out {}: {} is a file, expected a folder to write the trace in",
+            out.display(),
+            existing.display()
+        );
+    }
+    let to_make = out.strip_prefix(&existing).unwrap_or(out);
+    if to_make
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        anyhow::bail!(
+            "--out {}: `..` or `.` among the folders still to be made ({}); expected a path \
+             without them past the existing folder {}",
+            out.display(),
+            to_make.display(),
+            existing.display()
+        );
+    }
+    // The path with its longest existing ancestor made canonical (folders still to be made
+    // kept as given), so the checks below hold for an --out whose folders do not exist yet.
+    let canonical_parent = |p: &Path| {
+        let a = existing_ancestor(p);
+        let real = std::fs::canonicalize(&a).ok()?;
+        Some(real.join(p.strip_prefix(&a).unwrap_or(p)))
+    };
+    let out_full = canonical_parent(out);
+    if out_full.is_some() && out_full == canonical_parent(plan.input.path()) {
+        let (what, flag) = match plan.input {
+            TraceInput::Tokens(_) => ("token file", "--tokens"),
+            TraceInput::Prompt(_) => ("conversation", "--prompt"),
+        };
+        anyhow::bail!(
+            "--out {}: is the {what} given to {flag}; expected another path",
+            out.display(),
+        );
+    }
+    if let (Some(full), Ok(model)) = (&out_full, std::fs::canonicalize(plan.model)) {
+        if full.starts_with(&model) {
+            anyhow::bail!(
+                "--out {}: is inside the model directory {}, where a safetensors file would be read as (or replace) model weights; expected a path outside it",
+                out.display(),
+                plan.model.display()
+            );
+        }
+    }
+    // Last (after the checks that refuse a path inside the model directory, so no probe file
+    // is made there): a folder nothing can be written in (read-only, `/proc`) would otherwise
+    // show up as a disk with no room, or fail after the whole model run.
+    if let Err(e) = check_writable(&existing) {
+        anyhow::bail!(
+            "--out {}: cannot write in the folder {}: {e}",
+            out.display(),
+            existing.display()
+        );
+    }
+    // Only into an existing folder: a typo in a path must not leave a tree of new folders.
+    if let Some(parent) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !parent.exists() {
+            anyhow::bail!(
+                "--out {}: the folder {} does not exist; expected an existing folder (trace \
+                 makes none: create it first)",
+                out.display(),
+                parent.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether a file can be created in the folder `dir`: creates a probe file of a fresh name and
+/// removes it. A name already there (a probe a killed run left, its process id since reused) is
+/// skipped, not taken for a folder that refuses writes.
+fn check_writable(dir: &Path) -> std::io::Result<()> {
+    let pid = std::process::id();
+    let mut last = None;
+    for n in 0..16 {
+        let probe = dir.join(format!(".needlescope-write-check-{pid}-{n}"));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+        {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free probe file name")))
+}
+
+/// The longest ancestor of `path` (strictly above it) that exists, `.` for a relative path
+/// none of whose folders exists.
+fn existing_ancestor(path: &Path) -> PathBuf {
+    path.ancestors()
+        .skip(1)
+        .find(|a| !a.as_os_str().is_empty() && a.exists())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Refuses a trace whose file would not fit on the filesystem of `--out`, or whose records
+/// would not fit in the memory available, before the model runs (`--positions all` over a long
+/// input on a full-size model is tens of GiB: the logits alone are 0.5 MiB per position with
+/// `--logits all`).
+fn check_room(plan: &TracePlan, layout: &TraceLayout, positions: &[usize]) -> anyhow::Result<()> {
+    // The filesystem the file will be on: its nearest folder that exists now.
+    let dir = existing_ancestor(plan.out);
+    let room = crate::devices::host::Room {
+        memory_needed: layout.memory_bytes(positions),
+        memory_available: crate::devices::host::meminfo_bytes("MemAvailable"),
+        // The header is a few KiB per tensor name at most.
+        disk_needed: layout.file_bytes() + 64 * 1024,
+        disk_free: crate::devices::host::free_disk_bytes(&dir),
+    };
+    room.check().map_err(|short| {
+        anyhow::anyhow!(
+            "--out {}: a trace of {} positions over {} tokens does not fit: {short}; record fewer positions (--positions last, or a list){}{}",
+            plan.out.display(),
+            crate::units::group_digits(positions.len() as u64),
+            crate::units::group_digits(layout.tokens as u64),
+            match layout.logits {
+                LogitsMode::None => String::new(),
+                mode => format!(", or fewer logits (--logits {mode} now: top:N with a smaller N, or none)"),
+            },
+            if plan.dump_indexer_inputs {
+                ", or leave out --dump-indexer-inputs"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_writable;
+
+    /// A probe file left by a killed run (whose process id this one now has) does not make a
+    /// writable folder look unwritable, and the check leaves no file of its own behind.
+    #[test]
+    fn a_leftover_probe_file_is_not_an_unwritable_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        for stale in [
+            format!(".needlescope-write-check-{pid}"),
+            format!(".needlescope-write-check-{pid}-0"),
+        ] {
+            std::fs::write(dir.path().join(stale), b"").unwrap();
+        }
+        check_writable(dir.path()).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+        assert!(check_writable(&dir.path().join("missing")).is_err());
+    }
 }
