@@ -3,8 +3,9 @@
 //!
 //! Exit codes: 0 success (also when stdout is a closed pipe, e.g. `| head`), 1 any error (the
 //! whole error chain is printed to stderr, each cause once), 2 a usage error (clap's default: unknown flag, bad
-//! flag value, missing argument), 130 stopped by Ctrl-C (a sweep, demo or probe first finishes the cell
-//! in flight and says how to resume; see `needlescope::run::interrupt`).
+//! flag value, missing argument), 130 stopped by Ctrl-C (a sweep or demo first finishes the cell in
+//! flight, a probe stops at the next chunk, and each says how to go on; see
+//! `needlescope::run::interrupt`).
 
 use std::process::ExitCode;
 
