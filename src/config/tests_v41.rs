@@ -43,30 +43,58 @@ fn composite_and_reference_dialects_give_the_same_description() {
     );
     // Every field of the chapter, read.
     let t = &c.text;
-    assert_eq!((t.vocab_size, t.hidden_size, t.num_hidden_layers), (129280, 5120, 40));
-    assert_eq!((t.num_attention_heads, t.head_dim, t.qk_rope_head_dim), (64, 512, 64));
+    assert_eq!(
+        (t.vocab_size, t.hidden_size, t.num_hidden_layers),
+        (129280, 5120, 40)
+    );
+    assert_eq!(
+        (t.num_attention_heads, t.head_dim, t.qk_rope_head_dim),
+        (64, 512, 64)
+    );
     assert_eq!((t.q_lora_rank, t.o_lora_rank, t.o_groups), (1280, 1024, 8));
     assert_eq!(t.moe_intermediate_size, 2304);
-    assert_eq!((t.n_routed_experts, t.n_shared_experts, t.num_experts_per_tok), (384, 1, 6));
+    assert_eq!(
+        (
+            t.n_routed_experts,
+            t.n_shared_experts,
+            t.num_experts_per_tok
+        ),
+        (384, 1, 6)
+    );
     assert_eq!(t.rms_norm_eps, 1e-20);
     assert_eq!((t.rope_theta, t.compress_rope_theta), (10000.0, 160000.0));
     let rs = t.rope_scaling.as_ref().unwrap();
-    assert_eq!((rs.factor, rs.original_max_position_embeddings), (16.0, 65536));
+    assert_eq!(
+        (rs.factor, rs.original_max_position_embeddings),
+        (16.0, 65536)
+    );
     assert_eq!(t.compress_ratios.len(), 43);
     assert_eq!(t.kv_source_layer_ids, vec![2, 8, 14, 20]);
     assert_eq!(t.index_source_layer_ids, vec![2, 8, 14, 20, 24, 28, 32, 36]);
-    assert_eq!((t.index_n_heads, t.index_head_dim, t.index_topk), (32, 128, 512));
+    assert_eq!(
+        (t.index_n_heads, t.index_head_dim, t.index_topk),
+        (32, 128, 512)
+    );
     assert_eq!(c.candidate_source(), Some(20));
     assert_eq!((t.candidate_topk_blocks, t.candidate_block_size), (2048, 8));
     assert_eq!(t.engram_layer_ids, vec![1, 14]);
     assert_eq!(t.engram_num_embeddings, vec![384006168, 384016682]);
-    assert_eq!((t.engram_max_ngram_size, t.engram_vocab_size), (4, 16000000));
+    assert_eq!(
+        (t.engram_max_ngram_size, t.engram_vocab_size),
+        (4, 16000000)
+    );
     assert_eq!((t.engram_n_heads, t.engram_head_dim), (8, 256));
-    assert_eq!((t.engram_pad_token_id, t.engram_compressed_vocab_size), (2, 99092));
+    assert_eq!(
+        (t.engram_pad_token_id, t.engram_compressed_vocab_size),
+        (2, 99092)
+    );
     assert_eq!((t.num_nextn_predict_layers, t.dspark_block_size), (3, 5));
     assert_eq!(t.dspark_noise_token_id, Some(128799));
     assert_eq!(t.dspark_target_layer_ids, vec![37, 38, 39]);
-    assert_eq!((t.dspark_markov_rank, t.dspark_n_routed_experts), (256, 128));
+    assert_eq!(
+        (t.dspark_markov_rank, t.dspark_n_routed_experts),
+        (256, 128)
+    );
     assert_eq!(t.dspark_num_experts_per_tok, 3);
     assert_eq!(c.draft_blocks(), 3);
     assert_eq!(c.image_token_id, Some(129264));
@@ -74,9 +102,18 @@ fn composite_and_reference_dialects_give_the_same_description() {
     assert_eq!(c.weights.block, Some((32, 32)));
     assert_eq!(c.weights.expert_dtype.as_deref(), Some("fp4"));
     let v = c.vision.as_ref().unwrap();
-    assert_eq!((v.num_hidden_layers, v.hidden_size, v.num_attention_heads), (32, 1024, 16));
-    assert_eq!((v.intermediate_size, v.patch_size, v.downsample_ratio), (2816, 14, 3));
-    assert_eq!((v.max_image_tokens, v.min_pixels, v.max_wh_ratio), (1024, 295936, None));
+    assert_eq!(
+        (v.num_hidden_layers, v.hidden_size, v.num_attention_heads),
+        (32, 1024, 16)
+    );
+    assert_eq!(
+        (v.intermediate_size, v.patch_size, v.downsample_ratio),
+        (2816, 14, 3)
+    );
+    assert_eq!(
+        (v.max_image_tokens, v.min_pixels, v.max_wh_ratio),
+        (1024, 295936, None)
+    );
 }
 
 #[test]
@@ -123,11 +160,17 @@ fn load_any_dispatches_and_model_config_load_refuses_v41_by_name() {
         msg.contains("DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command"),
         "{msg}"
     );
-    assert!(msg.contains(&v41.join("config.json").display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&v41.join("config.json").display().to_string()),
+        "{msg}"
+    );
     // The reference dialect too.
     let flat = tmp.path().join("inference.json");
     std::fs::write(&flat, REFERENCE).unwrap();
-    assert!(ModelConfig::load(&flat).unwrap_err().to_string().contains("DeepSeek-V4.1"));
+    assert!(ModelConfig::load(&flat)
+        .unwrap_err()
+        .to_string()
+        .contains("DeepSeek-V4.1"));
     assert_eq!(load_any(&flat).unwrap().family(), Family::V41);
     // V4 through load_any: the same ModelConfig as ModelConfig::load.
     let v4 = tmp.path().join("v4.json");
@@ -153,7 +196,9 @@ fn v4_flash_loads_to_the_same_config_and_hash() {
         .keys()
         .cloned()
         .collect();
-    assert!(!keys.iter().any(|k| k.contains("source") || k.contains("family")));
+    assert!(!keys
+        .iter()
+        .any(|k| k.contains("source") || k.contains("family")));
 }
 
 /// `ModelConfig::flash().hash_hex()` as computed before this family was added.
@@ -215,8 +260,14 @@ fn the_40_layer_roles_are_the_chapters_table() {
          20, 24, 28, 32, 36, candidate source 20; Engram on 1, 14; 3 draft blocks"
     );
     assert_eq!(CandidateStage::Source.name(), Some("source"));
-    assert_eq!(CandidateStage::Consumer { source: 20 }.name(), Some("consumer"));
-    assert_eq!((LayerKind::Csa2.name(), LayerKind::Csa1.name()), ("csa2", "csa1"));
+    assert_eq!(
+        CandidateStage::Consumer { source: 20 }.name(),
+        Some("consumer")
+    );
+    assert_eq!(
+        (LayerKind::Csa2.name(), LayerKind::Csa1.name()),
+        ("csa2", "csa1")
+    );
     // No V4 ratio reads as a V4.1 kind, and no V4.1 ratio as a V4 kind.
     assert_eq!(LayerKind::from_ratio(2), None);
     assert_eq!(LayerKind::from_ratio(1), None);
@@ -249,7 +300,11 @@ fn edit(dialect: Dialect, field: &str, value: Value) -> Value {
 
 #[test]
 fn sources_not_ascending_or_out_of_range_are_refused_naming_the_field() {
-    let msg = refusal(&edit(Dialect::Composite, "kv_source_layer_ids", json!([2, 14, 8, 20])));
+    let msg = refusal(&edit(
+        Dialect::Composite,
+        "kv_source_layer_ids",
+        json!([2, 14, 8, 20]),
+    ));
     assert!(msg.contains("`text_config.kv_source_layer_ids`"), "{msg}");
     assert!(msg.contains("strictly ascending"), "{msg}");
     let msg = refusal(&edit(
@@ -257,16 +312,37 @@ fn sources_not_ascending_or_out_of_range_are_refused_naming_the_field() {
         "index_source_layer_ids",
         json!([2, 8, 14, 20, 24, 28, 32, 36, 40]),
     ));
-    assert!(msg.contains("`text_config.index_source_layer_ids`"), "{msg}");
+    assert!(
+        msg.contains("`text_config.index_source_layer_ids`"),
+        "{msg}"
+    );
     assert!(msg.contains("below num_hidden_layers = 40"), "{msg}");
     // The reference dialect names its own spelling.
-    let msg = refusal(&edit(Dialect::Reference, "kv_source_layers", json!([2, 8, 8, 20])));
+    let msg = refusal(&edit(
+        Dialect::Reference,
+        "kv_source_layers",
+        json!([2, 8, 8, 20]),
+    ));
     assert!(msg.contains("`kv_source_layers`"), "{msg}");
-    let msg = refusal(&edit(Dialect::Reference, "index_source_layers", json!([2, 8, 14, 20, 24, 99])));
-    assert!(msg.contains("`index_source_layers`") && msg.contains("99"), "{msg}");
+    let msg = refusal(&edit(
+        Dialect::Reference,
+        "index_source_layers",
+        json!([2, 8, 14, 20, 24, 99]),
+    ));
+    assert!(
+        msg.contains("`index_source_layers`") && msg.contains("99"),
+        "{msg}"
+    );
     // A source on a window-only layer.
-    let msg = refusal(&edit(Dialect::Composite, "kv_source_layer_ids", json!([1, 2, 8, 14, 20])));
-    assert!(msg.contains("`text_config.kv_source_layer_ids`") && msg.contains("ratio 0"), "{msg}");
+    let msg = refusal(&edit(
+        Dialect::Composite,
+        "kv_source_layer_ids",
+        json!([1, 2, 8, 14, 20]),
+    ));
+    assert!(
+        msg.contains("`text_config.kv_source_layer_ids`") && msg.contains("ratio 0"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -274,32 +350,64 @@ fn an_index_source_without_a_kv_source_at_or_below_it_is_refused() {
     let mut v = composite();
     v["text_config"]["kv_source_layer_ids"] = json!([8, 14, 20]);
     let msg = refusal(&v);
-    assert!(msg.contains("`text_config.index_source_layer_ids`"), "{msg}");
-    assert!(msg.contains("layer 2 has no KV source at or below it"), "{msg}");
+    assert!(
+        msg.contains("`text_config.index_source_layer_ids`"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("layer 2 has no KV source at or below it"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn a_candidate_source_that_is_not_an_index_source_is_refused() {
     for (dialect, field, spelled) in [
-        (Dialect::Composite, "candidate_source_layer_id", "`text_config.candidate_source_layer_id`"),
-        (Dialect::Reference, "candidate_source_layer", "`candidate_source_layer`"),
+        (
+            Dialect::Composite,
+            "candidate_source_layer_id",
+            "`text_config.candidate_source_layer_id`",
+        ),
+        (
+            Dialect::Reference,
+            "candidate_source_layer",
+            "`candidate_source_layer`",
+        ),
     ] {
         let msg = refusal(&edit(dialect, field, json!(21)));
         assert!(msg.contains(spelled), "{msg}");
-        assert!(msg.contains("21") && msg.contains("one of the index sources"), "{msg}");
+        assert!(
+            msg.contains("21") && msg.contains("one of the index sources"),
+            "{msg}"
+        );
     }
 }
 
 #[test]
 fn candidate_blocks_too_small_for_index_topk_are_refused() {
-    let msg = refusal(&edit(Dialect::Composite, "candidate_topk_blocks", json!(63)));
+    let msg = refusal(&edit(
+        Dialect::Composite,
+        "candidate_topk_blocks",
+        json!(63),
+    ));
     assert!(msg.contains("`text_config.candidate_topk_blocks`"), "{msg}");
     assert!(msg.contains("63 blocks x 8 rows"), "{msg}");
-    assert!(msg.contains("= 504") && msg.contains("index_topk = 512"), "{msg}");
+    assert!(
+        msg.contains("= 504") && msg.contains("index_topk = 512"),
+        "{msg}"
+    );
     // 64 x 8 = 512 is enough.
-    load(&edit(Dialect::Composite, "candidate_topk_blocks", json!(64))).unwrap();
+    load(&edit(
+        Dialect::Composite,
+        "candidate_topk_blocks",
+        json!(64),
+    ))
+    .unwrap();
     let msg = refusal(&edit(Dialect::Composite, "candidate_block_size", json!(0)));
-    assert!(msg.contains("candidate_topk_blocks") && msg.contains("candidate_block_size"), "{msg}");
+    assert!(
+        msg.contains("candidate_topk_blocks") && msg.contains("candidate_block_size"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -311,7 +419,10 @@ fn per_layer_lists_of_the_wrong_length_are_refused() {
         .pop();
     let msg = refusal(&v);
     assert!(msg.contains("`text_config.compress_ratios`"), "{msg}");
-    assert!(msg.contains("42 entries") && msg.contains("40") && msg.contains("43"), "{msg}");
+    assert!(
+        msg.contains("42 entries") && msg.contains("40") && msg.contains("43"),
+        "{msg}"
+    );
     // 40 (no draft entries) is accepted.
     let mut v = composite();
     v["text_config"]["compress_ratios"]
@@ -320,10 +431,21 @@ fn per_layer_lists_of_the_wrong_length_are_refused() {
         .truncate(40);
     assert_eq!(load(&v).unwrap().draft_blocks(), 0);
     // Engram tables against their layers.
-    let msg = refusal(&edit(Dialect::Composite, "engram_num_embeddings", json!([384006168])));
+    let msg = refusal(&edit(
+        Dialect::Composite,
+        "engram_num_embeddings",
+        json!([384006168]),
+    ));
     assert!(msg.contains("`text_config.engram_num_embeddings`"), "{msg}");
-    assert!(msg.contains("1 entries") && msg.contains("2 entries"), "{msg}");
-    let msg = refusal(&edit(Dialect::Reference, "engram_layer_ids", json!([1, 14, 20])));
+    assert!(
+        msg.contains("1 entries") && msg.contains("2 entries"),
+        "{msg}"
+    );
+    let msg = refusal(&edit(
+        Dialect::Reference,
+        "engram_layer_ids",
+        json!([1, 14, 20]),
+    ));
     assert!(msg.contains("`engram_num_embeddings`"), "{msg}");
 }
 
@@ -332,7 +454,10 @@ fn a_compress_ratio_other_than_0_1_2_is_refused() {
     let mut v = composite();
     v["text_config"]["compress_ratios"][5] = json!(4);
     let msg = refusal(&v);
-    assert!(msg.contains("`text_config.compress_ratios[5]` is 4"), "{msg}");
+    assert!(
+        msg.contains("`text_config.compress_ratios[5]` is 4"),
+        "{msg}"
+    );
     assert!(msg.contains("0, 1, 2"), "{msg}");
     let mut v = reference();
     v["compress_ratios"][30] = json!(128);
@@ -346,7 +471,10 @@ fn a_compress_ratio_other_than_0_1_2_is_refused() {
     let mut v = composite();
     v["text_config"]["compress_ratios"][19] = json!(1);
     let msg = refusal(&v);
-    assert!(msg.contains("`text_config.compress_ratios[19]`") && msg.contains("layer 14"), "{msg}");
+    assert!(
+        msg.contains("`text_config.compress_ratios[19]`") && msg.contains("layer 14"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -243,7 +243,11 @@ pub fn is_v41(json: &Value) -> bool {
     let Value::Object(map) = json else {
         return false;
     };
-    let type_of = |m: &Map<String, Value>| m.get("model_type").and_then(Value::as_str).map(String::from);
+    let type_of = |m: &Map<String, Value>| {
+        m.get("model_type")
+            .and_then(Value::as_str)
+            .map(String::from)
+    };
     let text_type = map
         .get("text_config")
         .and_then(Value::as_object)
@@ -271,7 +275,12 @@ impl V41Config {
     /// Reads and validates a parsed V4.1 config (module doc).
     pub fn from_value(json: Value, path: &Path) -> Result<Self, ConfigError> {
         let Value::Object(top) = json else {
-            return Err(invalid(path, "", "not a JSON object".into(), "a JSON object"));
+            return Err(invalid(
+                path,
+                "",
+                "not a JSON object".into(),
+                "a JSON object",
+            ));
         };
         let flat = !top.contains_key("text_config")
             && ["dim", "n_layers"].iter().any(|k| top.contains_key(*k));
@@ -408,7 +417,9 @@ fn typed<T: serde::de::DeserializeOwned>(
 
 /// The reference dialect rewritten into composite names: the text fields, `vision_config` (when
 /// any `vision_*` key is present) and no `quantization_config` (read from `dtype`).
-fn from_flat(top: &Map<String, Value>) -> (Dialect, Map<String, Value>, Option<Value>, Option<Value>) {
+fn from_flat(
+    top: &Map<String, Value>,
+) -> (Dialect, Map<String, Value>, Option<Value>, Option<Value>) {
     let mut text = Map::new();
     let mut rope = Map::new();
     let mut vision = Map::new();
@@ -452,7 +463,14 @@ fn weights(
         let block = match dtype.as_str() {
             "fp8" => Some(WEIGHT_BLOCK),
             "bf16" => None,
-            other => return Err(invalid(path, "dtype", format!("{other:?}"), "\"fp8\" or \"bf16\"")),
+            other => {
+                return Err(invalid(
+                    path,
+                    "dtype",
+                    format!("{other:?}"),
+                    "\"fp8\" or \"bf16\"",
+                ))
+            }
         };
         let expert_dtype = str_at(top.get("expert_dtype"), "expert_dtype")?;
         check_expert_dtype(expert_dtype.as_deref(), "expert_dtype", path)?;
@@ -472,7 +490,12 @@ fn weights(
         });
     };
     let Value::Object(q) = q else {
-        return Err(invalid(path, "quantization_config", q.to_string(), "an object"));
+        return Err(invalid(
+            path,
+            "quantization_config",
+            q.to_string(),
+            "an object",
+        ));
     };
     let method = str_at(q.get("quant_method"), "quantization_config.quant_method")?;
     if method.as_deref() != Some("fp8") {
@@ -509,7 +532,11 @@ fn weights(
         }
         (a, b) => a.or(b),
     };
-    check_expert_dtype(expert_dtype.as_deref(), "quantization_config.expert_dtype", path)?;
+    check_expert_dtype(
+        expert_dtype.as_deref(),
+        "quantization_config.expert_dtype",
+        path,
+    )?;
     Ok(V41Weights {
         dtype: "fp8".into(),
         block: Some(block),
@@ -622,7 +649,10 @@ impl V41Config {
             ("engram_max_ngram_size", t.engram_max_ngram_size),
             ("engram_n_heads", t.engram_n_heads),
             ("engram_head_dim", t.engram_head_dim),
-            ("engram_compressed_vocab_size", t.engram_compressed_vocab_size),
+            (
+                "engram_compressed_vocab_size",
+                t.engram_compressed_vocab_size,
+            ),
         ] {
             if v == 0 {
                 return Err(bad(field, "0".into(), "a positive integer"));
@@ -649,7 +679,10 @@ impl V41Config {
             return Err(bad(
                 "o_groups",
                 t.o_groups.to_string(),
-                &format!("a divisor of num_attention_heads = {}", t.num_attention_heads),
+                &format!(
+                    "a divisor of num_attention_heads = {}",
+                    t.num_attention_heads
+                ),
             ));
         }
         if t.num_experts_per_tok > t.n_routed_experts {
@@ -671,7 +704,10 @@ impl V41Config {
                 ));
             }
         }
-        if let Some(id) = self.image_token_id.filter(|&id| id as usize >= t.vocab_size) {
+        if let Some(id) = self
+            .image_token_id
+            .filter(|&id| id as usize >= t.vocab_size)
+        {
             return Err(invalid(
                 path,
                 "image_token_id",
@@ -770,17 +806,21 @@ impl V41Config {
         // Every compressed layer reads a KV source's cache of its own ratio.
         for (l, &r) in ratios.iter().enumerate().filter(|(_, &r)| r > 0) {
             match kv.iter().rev().find(|&&s| s <= l) {
-                None => {
-                    return Err(bad(
-                        &format!("compress_ratios[{l}]"),
-                        format!("{r} with no KV source at or below layer {l} ({} {kv:?})", self.field("kv_source_layer_ids")),
-                        "0 before the first KV source (a compressed layer reads a KV source's cache)",
-                    ))
-                }
+                None => return Err(bad(
+                    &format!("compress_ratios[{l}]"),
+                    format!(
+                        "{r} with no KV source at or below layer {l} ({} {kv:?})",
+                        self.field("kv_source_layer_ids")
+                    ),
+                    "0 before the first KV source (a compressed layer reads a KV source's cache)",
+                )),
                 Some(&s) if ratios[s] != r => {
                     return Err(bad(
                         &format!("compress_ratios[{l}]"),
-                        format!("{r} while its KV source, layer {s}, has ratio {}", ratios[s]),
+                        format!(
+                            "{r} while its KV source, layer {s}, has ratio {}",
+                            ratios[s]
+                        ),
                         "the ratio of the KV source whose cache the layer reads",
                     ))
                 }
@@ -821,7 +861,12 @@ impl V41Config {
     fn validate_engram_and_drafts(&self, path: &Path) -> Result<(), ConfigError> {
         let t = &self.text;
         let n = t.num_hidden_layers;
-        check_layer_list(&t.engram_layer_ids, n, &self.field("engram_layer_ids"), path)?;
+        check_layer_list(
+            &t.engram_layer_ids,
+            n,
+            &self.field("engram_layer_ids"),
+            path,
+        )?;
         if t.engram_num_embeddings.len() != t.engram_layer_ids.len() {
             return Err(invalid(
                 path,
