@@ -32,7 +32,10 @@
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
-/// The attention type of one layer, from its compress ratio.
+/// The attention type of one layer, from its compress ratio. `Swa`, `Csa` and `Hca` are
+/// DeepSeek-V4's ([`LayerKind::from_ratio`]); `Csa2` and `Csa1` are DeepSeek-V4.1's shared
+/// compressed attention ([`LayerKind::from_v41_ratio`], docs/spec/v41.md 3), whose layers read
+/// the compressed cache of their KV source rather than owning one each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LayerKind {
     /// ratio 0: sliding window only.
@@ -41,6 +44,12 @@ pub enum LayerKind {
     Csa,
     /// ratio 128: non-overlapping compressor, every row visible.
     Hca,
+    /// DeepSeek-V4.1, ratio 2: reads a non-overlapping ratio-2 compressed cache (rows of 2
+    /// tokens, gated pooling) owned by its KV source, rows picked by its index source's top-k.
+    Csa2,
+    /// DeepSeek-V4.1, ratio 1: reads a per-token compressed cache (one row per token, an
+    /// ungated projection) owned by its KV source, rows picked by its index source's top-k.
+    Csa1,
 }
 
 impl LayerKind {
@@ -52,11 +61,23 @@ impl LayerKind {
             _ => None,
         }
     }
+    /// A DeepSeek-V4.1 layer's kind from its ratio: 0 SWA, 2 `Csa2`, 1 `Csa1`; `None` for
+    /// anything else.
+    pub fn from_v41_ratio(ratio: usize) -> Option<Self> {
+        match ratio {
+            0 => Some(LayerKind::Swa),
+            2 => Some(LayerKind::Csa2),
+            1 => Some(LayerKind::Csa1),
+            _ => None,
+        }
+    }
     pub fn ratio(self) -> usize {
         match self {
             LayerKind::Swa => 0,
             LayerKind::Csa => 4,
             LayerKind::Hca => 128,
+            LayerKind::Csa2 => 2,
+            LayerKind::Csa1 => 1,
         }
     }
     pub fn name(self) -> &'static str {
@@ -64,15 +85,20 @@ impl LayerKind {
             LayerKind::Swa => "swa",
             LayerKind::Csa => "csa",
             LayerKind::Hca => "hca",
+            LayerKind::Csa2 => "csa2",
+            LayerKind::Csa1 => "csa1",
         }
     }
-    /// The row mapping of this kind's compressor: CSA overlapping at ratio 4, HCA
-    /// non-overlapping at ratio 128; `None` for SWA (no compressed rows).
+    /// The row mapping of this kind's compressed KV: CSA overlapping at ratio 4, HCA
+    /// non-overlapping at ratio 128, V4.1's `Csa2` / `Csa1` non-overlapping at ratio 2 / 1;
+    /// `None` for SWA (no compressed rows).
     pub fn rows(self) -> Option<RowMapping> {
         match self {
             LayerKind::Swa => None,
             LayerKind::Csa => Some(RowMapping::CSA),
             LayerKind::Hca => Some(RowMapping::HCA),
+            LayerKind::Csa2 => Some(RowMapping::CSA2),
+            LayerKind::Csa1 => Some(RowMapping::CSA1),
         }
     }
 }
@@ -99,6 +125,16 @@ impl RowMapping {
     /// HCA: ratio 128, non-overlapping (`[128w, 128w+127]`).
     pub const HCA: RowMapping = RowMapping {
         ratio: 128,
+        overlap: false,
+    };
+    /// DeepSeek-V4.1 ratio 2, non-overlapping (`[2w, 2w+1]`).
+    pub const CSA2: RowMapping = RowMapping {
+        ratio: 2,
+        overlap: false,
+    };
+    /// DeepSeek-V4.1 ratio 1, non-overlapping (row w is token w).
+    pub const CSA1: RowMapping = RowMapping {
+        ratio: 1,
         overlap: false,
     };
 
@@ -150,14 +186,19 @@ impl RowMapping {
 // ---------------------------------------------------------------------------------------------
 // The table.
 
-/// A layer's part in a candidate stage. Every DeepSeek-V4 layer has none; DeepSeek-V4.1 will
-/// add the layers that produce candidates (`Source`) and those that consume another layer's
-/// (`Consumer { source }`).
+/// A layer's part in a candidate stage (DeepSeek-V4.1's two-level selection,
+/// docs/spec/v41.md 3). Every DeepSeek-V4 layer has none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum CandidateStage {
     /// Takes no part in a candidate stage.
     #[default]
     None,
+    /// The candidate source (`candidate_source_layer_id`): its own top-k is unrestricted and
+    /// it keeps the top `candidate_topk_blocks` blocks of `candidate_block_size` rows per query.
+    Source,
+    /// An index source after the candidate source: it picks its top-k only inside the blocks
+    /// layer `source` kept.
+    Consumer { source: usize },
 }
 
 impl CandidateStage {
@@ -165,6 +206,8 @@ impl CandidateStage {
     pub fn name(self) -> Option<&'static str> {
         match self {
             CandidateStage::None => Option::None,
+            CandidateStage::Source => Some("source"),
+            CandidateStage::Consumer { .. } => Some("consumer"),
         }
     }
 }
@@ -237,6 +280,45 @@ impl LayerRoles {
                 .map(|(l, kind)| LayerRole::v4(l, kind))
                 .collect(),
         }
+    }
+
+    /// The DeepSeek-V4.1 table (docs/spec/v41.md 2.5 and 3) of validated `ratios` (one per main
+    /// layer: 0, 2 or 1), KV sources, index sources (both ascending) and candidate source: a
+    /// layer with ratio > 0 reads the compressed KV of the latest KV source at or below it and
+    /// the selection of the latest index source at or below it (`None` before the first); a
+    /// ratio-0 layer neither. The candidate source is `Source`; every index source after it is
+    /// `Consumer { source }` (the release's 24, 28, 32, 36 behind 20).
+    pub fn v41(
+        ratios: &[usize],
+        kv_sources: &[usize],
+        index_sources: &[usize],
+        candidate_source: Option<usize>,
+    ) -> Self {
+        let latest = |sources: &[usize], l: usize| sources.iter().rev().find(|&&s| s <= l).copied();
+        let roles = ratios
+            .iter()
+            .enumerate()
+            .map(|(l, &ratio)| {
+                let kind = LayerKind::from_v41_ratio(ratio).expect("validated V4.1 ratio");
+                let compressed = ratio > 0;
+                let candidate_stage = match candidate_source {
+                    Some(c) if c == l => CandidateStage::Source,
+                    Some(c) if l > c && index_sources.contains(&l) => {
+                        CandidateStage::Consumer { source: c }
+                    }
+                    _ => CandidateStage::None,
+                };
+                LayerRole {
+                    layer: l,
+                    kind,
+                    ratio,
+                    kv_source: compressed.then(|| latest(kv_sources, l)).flatten(),
+                    index_source: compressed.then(|| latest(index_sources, l)).flatten(),
+                    candidate_stage,
+                }
+            })
+            .collect();
+        LayerRoles { roles }
     }
 
     /// Number of main layers.
@@ -423,6 +505,7 @@ mod tests {
                 LayerKind::Csa => (Some(l), Some(l)),
                 LayerKind::Hca => (Some(l), None),
                 LayerKind::Swa => (None, None),
+                LayerKind::Csa2 | LayerKind::Csa1 => unreachable!("a V4 config"),
             };
             assert_eq!(
                 (role.kv_source, role.index_source),

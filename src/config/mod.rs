@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 pub use layers::{CandidateStage, LayerKind, LayerRole, LayerRoles, RowMapping};
+pub use v41::V41Config;
 
 /// Errors from reading or validating `config.json`.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +35,7 @@ pub enum ConfigError {
     },
     #[error("config {path} is a directory, expected a file (the model's config.json)")]
     NotAFile { path: PathBuf },
-    #[error("config {path} is not valid JSON for a DeepSeek-V4 config: {}{source}", field_of(.field))]
+    #[error("config {path} is not valid JSON for a DeepSeek config: {}{source}", field_of(.field))]
     Parse {
         path: PathBuf,
         /// The field being read (`index_topk`, `quantization_config.fmt`), empty at the top
@@ -49,6 +50,117 @@ pub enum ConfigError {
         found: String,
         expected: String,
     },
+    /// A config of a family the caller does not run: [`load_any`] reads a DeepSeek-V4.1
+    /// config, [`ModelConfig::load`] (every command's loader) refuses it by name.
+    #[error(
+        "config {path}: {} (model_type {}) is not supported by this command yet: needlescope's \
+         commands read and run DeepSeek-V4 (model_type deepseek_v4) only",
+        .family.name(), .family.model_type()
+    )]
+    Unsupported { path: PathBuf, family: Family },
+}
+
+/// A model family needlescope reads: the family of a config comes from its `model_type` (or,
+/// without one, from the key set only V4.1 has), never from a layer count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// DeepSeek-V4 (Flash, Pro, Flash-0731): [`ModelConfig`].
+    V4,
+    /// DeepSeek-V4.1-Flash: [`V41Config`].
+    V41,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "DeepSeek-V4",
+            Family::V41 => "DeepSeek-V4.1",
+        }
+    }
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::V4 => limits::MODEL_TYPE,
+            Family::V41 => v41::MODEL_TYPE,
+        }
+    }
+    /// The family of config text: V4.1 when [`v41::is_v41`] says so, else V4 (whose loader
+    /// then names what is wrong, malformed JSON included).
+    pub fn of_json_str(text: &str) -> Family {
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(json) if v41::is_v41(&json) => Family::V41,
+            _ => Family::V4,
+        }
+    }
+}
+
+/// One validated model description per family ([`load_any`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelDescription {
+    V4(ModelConfig),
+    V41(V41Config),
+}
+
+impl ModelDescription {
+    pub fn family(&self) -> Family {
+        match self {
+            ModelDescription::V4(_) => Family::V4,
+            ModelDescription::V41(_) => Family::V41,
+        }
+    }
+    /// The layer-role table of the main layers, whichever the family.
+    pub fn layer_roles(&self) -> LayerRoles {
+        match self {
+            ModelDescription::V4(c) => c.layer_roles(),
+            ModelDescription::V41(c) => c.layer_roles(),
+        }
+    }
+    /// Parses and validates config text of any family; `path` is only used in messages.
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        match Family::of_json_str(text) {
+            Family::V41 => V41Config::from_json_str(text, path).map(ModelDescription::V41),
+            Family::V4 => ModelConfig::from_json_str(text, path).map(ModelDescription::V4),
+        }
+    }
+}
+
+/// Reads `config.json` of any family (a file or a model directory, as [`ModelConfig::load`])
+/// and validates it as its family's description.
+pub fn load_any(path: &Path) -> Result<ModelDescription, ConfigError> {
+    let (text, path) = read_config(path)?;
+    ModelDescription::from_json_str(&text, &path)
+}
+
+/// The config file a path names (the file itself, or a model directory's `config.json`) and its
+/// text.
+fn read_config(path: &Path) -> Result<(String, PathBuf), ConfigError> {
+    // A model directory (or a missing path that is not a .json file: its error then names
+    // the config.json the user's directory lacks). A directory that is itself named
+    // config.json is the file the user meant, not a model directory: it is reported as a
+    // directory, not as a missing `config.json/config.json`.
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    let named_config = path.file_name().is_some_and(|n| n == "config.json");
+    let path = if path.is_dir() {
+        let inner = path.join("config.json");
+        if named_config && !inner.exists() {
+            path.to_path_buf()
+        } else {
+            inner
+        }
+    } else if !path.exists() && !is_json {
+        // Missing: name the config.json it lacks. Something that exists but is not a
+        // directory (a file, `/dev/null`, a FIFO) is read as the config itself.
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    if path.is_dir() {
+        return Err(ConfigError::NotAFile { path });
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((text, path))
 }
 
 /// How the MoE of one layer picks its experts.
@@ -182,40 +294,23 @@ fn field_of(field: &str) -> String {
 }
 
 impl ModelConfig {
-    /// Reads `config.json` from a file or from a model directory, then validates it.
+    /// Reads `config.json` from a file or from a model directory, then validates it. A
+    /// DeepSeek-V4.1 config is refused by name ([`ConfigError::Unsupported`]): this is the
+    /// loader of every command that runs V4 only ([`load_any`] reads both).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        // A model directory (or a missing path that is not a .json file: its error then names
-        // the config.json the user's directory lacks). A directory that is itself named
-        // config.json is the file the user meant, not a model directory: it is reported as a
-        // directory, not as a missing `config.json/config.json`.
-        let is_json = path.extension().is_some_and(|e| e == "json");
-        let named_config = path.file_name().is_some_and(|n| n == "config.json");
-        let path = if path.is_dir() {
-            let inner = path.join("config.json");
-            if named_config && !inner.exists() {
-                path.to_path_buf()
-            } else {
-                inner
-            }
-        } else if !path.exists() && !is_json {
-            // Missing: name the config.json it lacks. Something that exists but is not a
-            // directory (a file, `/dev/null`, a FIFO) is read as the config itself.
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        if path.is_dir() {
-            return Err(ConfigError::NotAFile { path });
-        }
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let (text, path) = read_config(path)?;
         Self::from_json_str(&text, &path)
     }
 
-    /// Parses and validates config text; `path` is only used in error messages.
+    /// Parses and validates config text; `path` is only used in error messages. Refuses a
+    /// DeepSeek-V4.1 config by name.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        if Family::of_json_str(text) == Family::V41 {
+            return Err(ConfigError::Unsupported {
+                path: path.to_path_buf(),
+                family: Family::V41,
+            });
+        }
         refuse_resaved_by_transformers(text, path)?;
         let mut json = serde_json::Deserializer::from_str(text);
         let mut cfg: ModelConfig = serde_path_to_error::deserialize(&mut json).map_err(|e| {
@@ -425,6 +520,7 @@ impl ModelConfig {
 
 pub mod layers;
 pub mod limits;
+pub mod v41;
 
 #[cfg(test)]
 mod tests;
@@ -880,3 +976,6 @@ impl ModelConfig {
         c
     }
 }
+
+#[cfg(test)]
+mod tests_v41;

@@ -253,6 +253,7 @@ mod tests {
                 LayerKind::Swa => 1.0,
                 LayerKind::Csa => 2.0,
                 LayerKind::Hca => 3.0,
+                LayerKind::Csa2 | LayerKind::Csa1 => unreachable!("a V4 schedule"),
             },
             flops_per_layer: 1e12,
         });

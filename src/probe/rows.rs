@@ -51,7 +51,8 @@ impl RowKind {
         match LayerKind::from_ratio(ratio)? {
             LayerKind::Csa => Some(RowKind::Csa),
             LayerKind::Hca => Some(RowKind::Hca),
-            LayerKind::Swa => None,
+            // `from_ratio` reads V4 ratios only: never a V4.1 kind.
+            LayerKind::Swa | LayerKind::Csa2 | LayerKind::Csa1 => None,
         }
     }
 

@@ -454,3 +454,22 @@ fn draft_stages_of_a_dspark_config_are_noted_not_mismatched() {
         "so 2 difference(s) there are not counted",
     ]);
 }
+
+/// A DeepSeek-V4.1 config (both dialects) is refused by name, with its path, not misread as
+/// a V4 config: `inspect` (like every command) runs DeepSeek-V4 only.
+#[test]
+fn a_deepseek_v41_config_is_refused_by_name() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for name in [
+        "deepseek_v41_flash_config.json",
+        "deepseek_v41_flash_inference_config.json",
+    ] {
+        let path = fixtures.join(name);
+        run(&["inspect", "--config", path.to_str().unwrap()])
+            .fails()
+            .stderr_has(&[
+                &path.display().to_string(),
+                "DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command yet",
+            ]);
+    }
+}
