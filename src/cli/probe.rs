@@ -215,16 +215,8 @@ fn print_json(out: &mut dyn Write, model: &Path, probe: &LocalProbe) -> anyhow::
         "diagnosis": verdict::diagnosis(&probe.runs, last),
         "conclusion": verdict::conclusion(&probe.runs, last, judge_answers, &needle_texts),
     });
-    if let (Some(e), Some(run)) = (&probe.engine, probe.runs.first()) {
-        obj["engine"] = super::engine::engine_json(&EngineSection {
-            capture: &e.capture,
-            engine_records: &run.engine_records,
-            reference: &run.layers,
-            verdict: &e.verdict,
-            answer_correct: e.answer_correct,
-            driving: Some(&run.index),
-            needles: probe.prompt.needles.len(),
-        });
+    if let Some(section) = local_engine_section(probe) {
+        obj["engine"] = super::engine::engine_json(&section);
     }
     writeln!(out, "{}", serde_json::to_string_pretty(&obj)?)?;
     Ok(())
@@ -260,6 +252,20 @@ fn print_engine_only(out: &mut dyn Write, probe: &EngineOnlyProbe) -> anyhow::Re
         probe.prompt.answer_value
     )?;
     super::engine::print_engine(out, &engine_only_section(probe))
+}
+
+/// The engine section of a local probe with `--engine`: the engine against the first run.
+fn local_engine_section(probe: &LocalProbe) -> Option<EngineSection<'_>> {
+    let (e, run) = (probe.engine.as_ref()?, probe.runs.first()?);
+    Some(EngineSection {
+        capture: &e.capture,
+        engine_records: &run.engine_records,
+        reference: &run.layers,
+        verdict: &e.verdict,
+        answer_correct: e.answer_correct,
+        driving: Some(&run.index),
+        needles: probe.prompt.needles.len(),
+    })
 }
 
 /// The engine section of a probe of the engine alone (no reference records).
@@ -495,19 +501,8 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
         "conclusion: {}",
         verdict::conclusion(runs, last, judge_answers, &needle_texts)
     )?;
-    if let (Some(e), Some(run)) = (&probe.engine, runs.first()) {
-        super::engine::print_engine(
-            out,
-            &EngineSection {
-                capture: &e.capture,
-                engine_records: &run.engine_records,
-                reference: &run.layers,
-                verdict: &e.verdict,
-                answer_correct: e.answer_correct,
-                driving: Some(&run.index),
-                needles: prompt.needles.len(),
-            },
-        )?;
+    if let Some(section) = local_engine_section(probe) {
+        super::engine::print_engine(out, &section)?;
     }
     Ok(())
 }
