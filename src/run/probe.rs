@@ -353,11 +353,14 @@ impl LocalProbe {
         if self.runs.len() < planned {
             return Err(Interrupted {
                 unit: "runs",
-                next: match &self.out_dir {
-                    Some(_) => "rerunning the same command runs every cell again and records \
-                                the ones missing there"
+                next: match (&self.out_dir, self.runs.is_empty()) {
+                    (Some(_), _) => "rerunning the same command runs every cell again and \
+                                     records the ones missing there"
                         .into(),
-                    None => "their tables are above (probe --out DIR would keep them)".into(),
+                    (None, false) => {
+                        "their tables are above (probe --out DIR would keep them)".into()
+                    }
+                    (None, true) => "nothing to print; rerun the command to probe again".into(),
                 },
                 dir: self.out_dir,
                 finished: self.runs.len(),
