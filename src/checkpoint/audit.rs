@@ -7,7 +7,7 @@
 
 use super::dtype::{numel, Dtype};
 use super::inventory::{expected_inventory_with, ExpectedTensor};
-use super::reader::Checkpoint;
+use super::reader::{Checkpoint, CheckpointConfig};
 
 /// A stored tensor whose dtype or shape differs from the expected one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,7 +66,10 @@ fn same_shape(a: &[usize], b: &[usize]) -> bool {
 
 /// Compares what `ckpt` holds with `expected` (use `expected_inventory_with(cfg,
 /// ckpt.inventory_options())`, or [`audit`], to compare against the checkpoint's own format).
-pub fn compare(ckpt: &Checkpoint, expected: &[ExpectedTensor]) -> InventoryDiff {
+pub fn compare<C: CheckpointConfig>(
+    ckpt: &Checkpoint<C>,
+    expected: &[ExpectedTensor],
+) -> InventoryDiff {
     let mut diff = InventoryDiff::default();
     let mut seen = std::collections::HashSet::with_capacity(expected.len());
     for e in expected {
@@ -95,10 +98,10 @@ pub fn compare(ckpt: &Checkpoint, expected: &[ExpectedTensor]) -> InventoryDiff 
 }
 
 /// Compares `ckpt` with the inventory its own config and format imply.
-pub fn audit(ckpt: &Checkpoint) -> InventoryDiff {
+pub fn audit<C: CheckpointConfig>(ckpt: &Checkpoint<C>) -> InventoryDiff {
     compare(
         ckpt,
-        &expected_inventory_with(ckpt.config(), ckpt.inventory_options()),
+        &ckpt.config().expected_inventory(ckpt.inventory_options()),
     )
 }
 

@@ -435,7 +435,7 @@ mod lookup {
         cols: usize,
     }
 
-    impl Checkpoint {
+    impl<C: crate::checkpoint::CheckpointConfig> Checkpoint<C> {
         /// The weight of linear `module` (e.g. `layers.3.attn.wq_a`) with logical shape
         /// `[out_dim, in_dim]`, in whatever format it is stored (see the module doc).
         pub fn linear(

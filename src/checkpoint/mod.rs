@@ -33,7 +33,7 @@ pub use audit::{audit, compare, InventoryDiff, Mismatch};
 pub use dtype::{Dtype, WeightFormat};
 pub use inventory::{expected_inventory, ExpectedTensor};
 pub use linear::QuantWeight;
-pub use reader::{Checkpoint, TensorInfo};
+pub use reader::{Checkpoint, CheckpointConfig, TensorInfo};
 
 use crate::config::ConfigError;
 use crate::numerics::FormatError;

@@ -4,7 +4,10 @@
 //! Which files: `model.safetensors.index.json` if present (its `weight_map` names the shard of
 //! every tensor; each named shard must exist and contain the tensors mapped to it), else
 //! `model.safetensors`, else every `*.safetensors` in the directory (sorted). A tensor found in
-//! two shards is an error. `config.json` is read and validated through [`ModelConfig::load`].
+//! two shards is an error. `config.json` is read and validated by the family's loader
+//! ([`CheckpointConfig::load`]): [`Checkpoint::open`] reads a DeepSeek-V4 checkpoint (and
+//! refuses a V4.1 one by name), [`Checkpoint::open_v41`] a DeepSeek-V4.1 one; everything else
+//! here is the same for both families.
 //!
 //! The [`WeightFormat`] is detected from the tensors: any `*.weight_scale_2` means NVFP4; else
 //! any F8_E4M3 or I8 tensor means the official FP8/FP4 format; else bf16.
@@ -18,9 +21,11 @@ use super::dtype::{Dtype, WeightFormat};
 use super::header::parse_header;
 use super::inventory::{
     expected_inventory_with, CompressorKinds, CompressorLinear, ExpectedTensor, InventoryOptions,
+    LogicalTensor,
 };
 use super::CheckpointError;
-use crate::config::ModelConfig;
+use crate::checkpoint::inventory_v41::{expected_inventory_v41, logical_inventory_v41};
+use crate::config::{ConfigError, ModelConfig, V41Config};
 use crate::numerics::formats::{
     bf16_bytes_to_f32, f32_bytes_to_f32, i32_bytes_to_i32, i64_bytes_to_i64,
 };
@@ -50,10 +55,62 @@ struct Shard {
     mmap: Arc<Mmap>,
 }
 
-/// An opened checkpoint directory.
-pub struct Checkpoint {
+/// What a checkpoint needs from its family's model description: how to load it, the inventory
+/// it implies and the block of its FP8 linears.
+pub trait CheckpointConfig: Sized {
+    /// Reads and validates `config.json`.
+    fn load(path: &Path) -> Result<Self, ConfigError>;
+    /// The format-free tensor list the config implies.
+    fn logical_inventory(&self) -> Vec<LogicalTensor>;
+    /// Every stored tensor the config implies under `opts`.
+    fn expected_inventory(&self, opts: InventoryOptions) -> Vec<ExpectedTensor>;
+    /// `quantization_config.weight_block_size`.
+    fn weight_block(&self) -> (usize, usize);
+    /// Main (backbone) layers.
+    fn main_layers(&self) -> usize;
+}
+
+impl CheckpointConfig for ModelConfig {
+    fn load(path: &Path) -> Result<Self, ConfigError> {
+        ModelConfig::load(path)
+    }
+    fn logical_inventory(&self) -> Vec<LogicalTensor> {
+        super::inventory::logical_inventory(self)
+    }
+    fn expected_inventory(&self, opts: InventoryOptions) -> Vec<ExpectedTensor> {
+        expected_inventory_with(self, opts)
+    }
+    fn weight_block(&self) -> (usize, usize) {
+        ModelConfig::weight_block(self)
+    }
+    fn main_layers(&self) -> usize {
+        self.num_hidden_layers
+    }
+}
+
+impl CheckpointConfig for V41Config {
+    fn load(path: &Path) -> Result<Self, ConfigError> {
+        V41Config::load(path)
+    }
+    fn logical_inventory(&self) -> Vec<LogicalTensor> {
+        logical_inventory_v41(self)
+    }
+    fn expected_inventory(&self, opts: InventoryOptions) -> Vec<ExpectedTensor> {
+        expected_inventory_v41(self, opts.format)
+    }
+    fn weight_block(&self) -> (usize, usize) {
+        crate::checkpoint::inventory::StorageRules::from(self).block
+    }
+    fn main_layers(&self) -> usize {
+        self.text.num_hidden_layers
+    }
+}
+
+/// An opened checkpoint directory of a DeepSeek-V4 model (`C` = [`ModelConfig`]) or a
+/// DeepSeek-V4.1 one (`C` = [`V41Config`]).
+pub struct Checkpoint<C = ModelConfig> {
     dir: PathBuf,
-    config: ModelConfig,
+    config: C,
     shard_paths: Vec<PathBuf>,
     shards: Vec<Shard>,
     tensors: BTreeMap<String, TensorInfo>,
@@ -71,6 +128,21 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 
 impl Checkpoint {
+    /// Opens a DeepSeek-V4 checkpoint `dir`: config, shard list, mmaps and headers (see the
+    /// module doc). A DeepSeek-V4.1 config is refused by name ([`Checkpoint::open_v41`]).
+    pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+        Checkpoint::open_as(dir)
+    }
+}
+
+impl Checkpoint<V41Config> {
+    /// Opens a DeepSeek-V4.1 checkpoint `dir` (a DeepSeek-V4 config is refused by name).
+    pub fn open_v41(dir: &Path) -> Result<Checkpoint<V41Config>, CheckpointError> {
+        Checkpoint::open_as(dir)
+    }
+}
+
+impl<C: CheckpointConfig> Checkpoint<C> {
     /// The inventory options that match what this checkpoint holds: its format, for NVFP4 whether the MTP
     /// experts were re-quantised too, and which compressor / indexer linear kinds are stored as
     /// FP8 (a kind counts as FP8 when any of its weights is F8_E4M3; every layer is then expected
@@ -96,12 +168,12 @@ impl Checkpoint {
         }
     }
 
-    /// Opens `dir`: config, shard list, mmaps and headers (see the module doc).
-    pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+    /// Opens `dir` with `C`'s config loader.
+    fn open_as(dir: &Path) -> Result<Checkpoint<C>, CheckpointError> {
         if dir.is_file() {
             return Err(CheckpointError::NotADirectory(dir.to_path_buf()));
         }
-        let config = ModelConfig::load(&dir.join("config.json"))?;
+        let config = C::load(&dir.join("config.json"))?;
         let index_path = dir.join(INDEX_FILE);
         let (files, weight_map) = if index_path.is_file() {
             let wm = read_index(&index_path)?;
@@ -214,7 +286,7 @@ impl Checkpoint {
         Ok(())
     }
 
-    pub fn config(&self) -> &ModelConfig {
+    pub fn config(&self) -> &C {
         &self.config
     }
 
@@ -319,7 +391,8 @@ impl Checkpoint {
     pub(crate) fn expected(&self, name: &str) -> Option<&ExpectedTensor> {
         self.expected
             .get_or_init(|| {
-                expected_inventory_with(&self.config, self.inventory_options())
+                self.config
+                    .expected_inventory(self.inventory_options())
                     .into_iter()
                     .map(|t| (t.name.clone(), t))
                     .collect()

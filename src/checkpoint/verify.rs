@@ -31,8 +31,8 @@
 //! listed apart ([`VerifyReport::zero_biases`]) and do not fail the check.
 
 use super::dtype::{numel, Dtype};
-use super::inventory::{logical_inventory, TensorRole};
-use super::reader::Checkpoint;
+use super::inventory::TensorRole;
+use super::reader::{Checkpoint, CheckpointConfig};
 use super::CheckpointError;
 use serde::Serialize;
 use std::io::{Read, Seek, SeekFrom};
@@ -200,8 +200,8 @@ impl VerifyReport {
 
 /// Reads every tensor of `ckpt` in pieces of [`CHUNK_BYTES`] and reports NaN, infinite and
 /// all-zero tensors (module docs); `progress(done, total)` after each piece, in payload bytes.
-pub fn verify(
-    ckpt: &Checkpoint,
+pub fn verify<C: CheckpointConfig>(
+    ckpt: &Checkpoint<C>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, CheckpointError> {
     verify_in_chunks(ckpt, CHUNK_BYTES, progress)
@@ -209,14 +209,16 @@ pub fn verify(
 
 /// [`verify`] reading pieces of at most `chunk` bytes (rounded down to a multiple of 8, at
 /// least 8): memory holds one such piece.
-pub fn verify_in_chunks(
-    ckpt: &Checkpoint,
+pub fn verify_in_chunks<C: CheckpointConfig>(
+    ckpt: &Checkpoint<C>,
     chunk: usize,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport, CheckpointError> {
     let chunk = (chunk / 8).max(1) * 8;
     let total = ckpt.payload_bytes();
-    let biases: std::collections::HashSet<String> = logical_inventory(ckpt.config())
+    let biases: std::collections::HashSet<String> = ckpt
+        .config()
+        .logical_inventory()
         .into_iter()
         .filter(|t| {
             matches!(

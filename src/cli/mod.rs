@@ -135,7 +135,8 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
         *model = crate::run::hub::locate_model(model, revision.as_deref())?;
         Ok(())
     };
-    match cli.command {
+    let name = cli.command.name();
+    let result = match cli.command {
         Command::Demo(a) => demo::run(&a, out),
         Command::Inspect(mut a) => {
             if let Some(model) = a.model.as_mut() {
@@ -170,6 +171,53 @@ pub fn run_to(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             locate(&mut a.model, &a.revision)?;
             bench::run(&a, out)
         }
+    };
+    result.map_err(|e| name_refused_family(e, name))
+}
+
+impl Command {
+    /// The subcommand as typed (`probe`, `inspect`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Demo(_) => "demo",
+            Command::Inspect(_) => "inspect",
+            Command::Probe(_) => "probe",
+            Command::Prompt(_) => "prompt",
+            Command::Sweep(_) => "sweep",
+            Command::Report(_) => "report",
+            Command::Trace(_) => "trace",
+            Command::Synth(_) => "synth",
+            Command::Doctor(_) => "doctor",
+            Command::Bench(_) => "bench",
+        }
+    }
+}
+
+/// A DeepSeek-V4.1 checkpoint given to a command that runs DeepSeek-V4 only: the error says
+/// which command refused it (the config loader that refuses it does not know).
+fn name_refused_family(err: anyhow::Error, command: &str) -> anyhow::Error {
+    use crate::checkpoint::CheckpointError;
+    use crate::config::{ConfigError, Family};
+    let v41 = |c: &ConfigError| {
+        matches!(
+            c,
+            ConfigError::Unsupported {
+                family: Family::V41,
+                ..
+            }
+        )
+    };
+    // A transparent `CheckpointError::Config` hides its config error from the chain.
+    let refused = err.chain().any(|e| {
+        e.downcast_ref::<ConfigError>().is_some_and(v41)
+            || matches!(e.downcast_ref::<CheckpointError>(), Some(CheckpointError::Config(c)) if v41(c))
+    });
+    if refused {
+        err.context(format!(
+            "needlescope {command} does not run DeepSeek-V4.1 checkpoints yet"
+        ))
+    } else {
+        err
     }
 }
 

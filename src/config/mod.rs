@@ -50,13 +50,10 @@ pub enum ConfigError {
         found: String,
         expected: String,
     },
-    /// A config of a family the caller does not run: [`load_any`] reads a DeepSeek-V4.1
-    /// config, [`ModelConfig::load`] (every command's loader) refuses it by name.
-    #[error(
-        "config {path}: {} (model_type {}) is not supported by this command yet: needlescope's \
-         commands read and run DeepSeek-V4 (model_type deepseek_v4) only",
-        .family.name(), .family.model_type()
-    )]
+    /// A config of a family the caller does not take: [`ModelConfig::load`] (the loader of
+    /// every command that runs a model) refuses a DeepSeek-V4.1 config by name, the V4.1
+    /// checkpoint reader a DeepSeek-V4 one; [`load_any`] reads both.
+    #[error("config {path}: {}", .family.refusal())]
     Unsupported { path: PathBuf, family: Family },
 }
 
@@ -71,6 +68,27 @@ pub enum Family {
 }
 
 impl Family {
+    /// Why a loader that does not take this family refuses it.
+    fn refusal(self) -> String {
+        match self {
+            Family::V41 => format!(
+                "{} (model_type {}) is not supported by this command yet: it runs DeepSeek-V4 \
+                 (model_type {}) only; `needlescope inspect` reads DeepSeek-V4.1 configs and \
+                 checkpoints",
+                self.name(),
+                self.model_type(),
+                Family::V4.model_type()
+            ),
+            Family::V4 => format!(
+                "{} (model_type {}) found where a DeepSeek-V4.1 config (model_type {}) was \
+                 expected",
+                self.name(),
+                self.model_type(),
+                Family::V41.model_type()
+            ),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Family::V4 => "DeepSeek-V4",

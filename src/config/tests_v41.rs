@@ -179,6 +179,19 @@ fn load_any_dispatches_and_model_config_load_refuses_v41_by_name() {
         load_any(&v4).unwrap(),
         ModelDescription::V4(ModelConfig::load(&v4).unwrap())
     );
+    // The V4.1 loader reads both dialects into one description (one hash) and names a V4
+    // config the other way round.
+    let a = V41Config::load(&v41).unwrap();
+    let b = V41Config::load(&flat).unwrap();
+    assert_eq!(a.hash_hex(), b.hash_hex());
+    let mut c = a.clone();
+    c.text.index_topk = 1024;
+    assert_ne!(c.hash_hex(), a.hash_hex());
+    let msg = V41Config::load(&v4).unwrap_err().to_string();
+    assert!(
+        msg.contains("DeepSeek-V4 (model_type deepseek_v4) found where a DeepSeek-V4.1 config"),
+        "{msg}"
+    );
 }
 
 /// The serialised V4 config and its hash (what synth writes and what report directories

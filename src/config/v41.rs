@@ -19,7 +19,7 @@
 use super::layers::{LayerKind, LayerRoles};
 use super::limits::SIZE_LIMITS;
 use super::{ConfigError, RopeScaling};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -121,7 +121,7 @@ pub struct V41Config {
 }
 
 /// The text model (`text_config`), composite names.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct V41Text {
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -196,7 +196,7 @@ pub struct V41Text {
 }
 
 /// The vision tower (`vision_config`), composite names.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct V41Vision {
     pub num_hidden_layers: usize,
     pub hidden_size: usize,
@@ -214,7 +214,7 @@ pub struct V41Vision {
 
 /// How the weights are stored: `quantization_config` (composite) or `dtype` / `expert_dtype`
 /// (reference).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct V41Weights {
     /// `"fp8"` (block-FP8 linears) or `"bf16"` (no `quantization_config`, or `dtype "bf16"`).
     pub dtype: String,
@@ -315,6 +315,28 @@ impl V41Config {
         };
         cfg.validate(path)?;
         Ok(cfg)
+    }
+
+    /// Reads `config.json` (of either dialect) from a file or from a model directory, then
+    /// validates it; a DeepSeek-V4 config is refused by name.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let (text, path) = super::read_config(path)?;
+        if super::Family::of_json_str(&text) != super::Family::V41 {
+            return Err(ConfigError::Unsupported {
+                path,
+                family: super::Family::V4,
+            });
+        }
+        Self::from_json_str(&text, &path)
+    }
+
+    /// SHA-256 (hex) of the description, the same for both dialects of one config (the
+    /// dialect is not hashed).
+    pub fn hash_hex(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let described = (&self.text, &self.vision, &self.weights, self.image_token_id);
+        let digest = Sha256::digest(serde_json::to_vec(&described).expect("config serialises"));
+        digest.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The field as this config's file spells it (`text_config.index_topk`, `index_topk`,

@@ -455,21 +455,104 @@ fn draft_stages_of_a_dspark_config_are_noted_not_mismatched() {
     ]);
 }
 
-/// A DeepSeek-V4.1 config (both dialects) is refused by name, with its path, not misread as
-/// a V4 config: `inspect` (like every command) runs DeepSeek-V4 only.
+/// A DeepSeek-V4.1 config (both dialects) is read as V4.1, never misread as a V4 config:
+/// the official index's totals, the V4.1 facts, the role table and the component split.
 #[test]
-fn a_deepseek_v41_config_is_refused_by_name() {
+fn a_deepseek_v41_config_is_read_as_v41() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     for name in [
         "deepseek_v41_flash_config.json",
         "deepseek_v41_flash_inference_config.json",
     ] {
         let path = fixtures.join(name);
-        run(&["inspect", "--config", path.to_str().unwrap()])
+        let path = path.to_str().unwrap();
+        run(&["inspect", "--config", path]).ok().stdout_has(&[
+            "fp8 e4m3 32x32-block linears",
+            "sources     KV + index keys on 2-20/6; indexers on 2-20/6, 24-36/4",
+            "candidates  layer 20 keeps its top 2,048 blocks of 8 rows (16,384 rows)",
+            "engram      layer 1 384,006,168 rows, layer 14 384,016,682 rows x 256 wide",
+            "map       SS22222222222222222211111111111111111111",
+            "CSA1      1  L20   own   consumer 24-36/4",
+            "Engram (tables, projections)        12",
+            "203,073,076,240",
+            "total                           96,085",
+            "510,286,023,000",
+        ]);
+        let json = run(&["inspect", "--config", path, "--json"]).ok().stdout;
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["family"], "DeepSeek-V4.1");
+        assert_eq!(v["v41"]["candidate_source"], 20);
+        assert_eq!(v["v41"]["kv_sources"], serde_json::json!([2, 8, 14, 20]));
+        assert_eq!(v["footprint"]["total"]["bytes"], 510_286_023_000u64);
+        assert_eq!(v["layers"][24]["candidate_stage"], "consumer");
+        // bf16: the same tensors less their scales.
+        run(&["inspect", "--config", path, "--format", "bf16"])
+            .ok()
+            .stdout_has(&["format      bf16"]);
+        run(&["inspect", "--config", path, "--format", "nvfp4"])
             .fails()
             .stderr_has(&[
-                &path.display().to_string(),
-                "DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command yet",
+                "--format nvfp4: no NVFP4 layout of DeepSeek-V4.1 is public",
+                path,
             ]);
     }
+    // Both dialects describe one model: one config hash.
+    let hash = |name: &str| {
+        let p = fixtures.join(name);
+        let json = run(&["inspect", "--config", p.to_str().unwrap(), "--json"])
+            .ok()
+            .stdout;
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["config_hash"].clone()
+    };
+    assert_eq!(
+        hash("deepseek_v41_flash_config.json"),
+        hash("deepseek_v41_flash_inference_config.json")
+    );
+}
+
+/// A command that runs the model refuses a DeepSeek-V4.1 checkpoint by name, naming itself
+/// and the config file; a V4 config given where V4.1 is expected is named the other way.
+#[test]
+fn commands_that_run_refuse_a_v41_checkpoint_naming_themselves() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("v41");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(
+        fixtures.join("deepseek_v41_flash_config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    let d = dir.to_str().unwrap();
+    let config = dir.join("config.json").display().to_string();
+    let tokens = tmp.path().join("tokens.json");
+    std::fs::write(&tokens, "[1, 2, 3]").unwrap();
+    let trace_out = tmp.path().join("t.safetensors");
+    let sweep_out = tmp.path().join("sweep");
+    let (tokens, trace_out) = (tokens.to_str().unwrap(), trace_out.to_str().unwrap());
+    for (command, args) in [
+        ("probe", vec!["probe", "--model", d, "--length", "512"]),
+        (
+            "trace",
+            vec![
+                "trace", "--model", d, "--tokens", tokens, "--out", trace_out,
+            ],
+        ),
+        ("bench", vec!["bench", "--model", d, "--lengths", "256"]),
+        (
+            "sweep",
+            vec!["sweep", "--model", d, "--out", sweep_out.to_str().unwrap()],
+        ),
+    ] {
+        let r = run(&args).fails();
+        r.stderr_has(&[
+            &format!("needlescope {command} does not run DeepSeek-V4.1 checkpoints yet"),
+            &config,
+            "DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command yet",
+        ]);
+    }
+    assert!(
+        !std::path::Path::new(trace_out).exists(),
+        "trace wrote nothing"
+    );
 }

@@ -12,7 +12,7 @@ use super::report::{
 use super::InspectArgs;
 use crate::checkpoint::verify::VerifyReport;
 use crate::checkpoint::{audit, Checkpoint, Dtype, InventoryDiff, WeightFormat};
-use crate::config::{LayerRoles, ModelConfig, RouterKind};
+use crate::config::{Family, LayerRoles, ModelConfig, RouterKind};
 use crate::devices::plan::Footprint;
 
 /// Entries of each inventory category listed in full.
@@ -25,6 +25,9 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             "--format {format}: applies to --config only; with --model the format is read from \
              the checkpoint's tensors"
         );
+    }
+    if family_of(args) == Family::V41 {
+        return super::build_v41::build_v41(args);
     }
     let (source, cfg, footprint, inventory, verify) = if let Some(dir) = &args.model {
         from_checkpoint(dir, args.verify)?
@@ -48,6 +51,8 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
     });
     Ok(InspectReport {
         source,
+        family: Family::V4.name(),
+        v41: None,
         config_hash: cfg.hash_hex(),
         dims: dims(&cfg),
         schedule_summary: cfg.schedule_summary(),
@@ -64,6 +69,21 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
         verify,
         plan,
     })
+}
+
+/// The family of the config `inspect` reads: from `model_type` (or the key set), never from a
+/// layer count. A file that cannot be read or parsed counts as V4, whose loader names the
+/// problem.
+fn family_of(args: &InspectArgs) -> Family {
+    let path = match (&args.model, &args.config) {
+        (Some(dir), _) => dir.join("config.json"),
+        (None, Some(file)) if file.is_dir() => file.join("config.json"),
+        (None, Some(file)) => file.clone(),
+        (None, None) => return Family::V4,
+    };
+    std::fs::read_to_string(path)
+        .map(|text| Family::of_json_str(&text))
+        .unwrap_or(Family::V4)
 }
 
 /// The layer-role table as `inspect` prints it.
@@ -137,7 +157,9 @@ fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Checked> {
 
 /// `--verify`: every stored value read, with a bar over the bytes on stderr (hidden when it is
 /// not a terminal).
-fn verify_values(ckpt: &Checkpoint) -> anyhow::Result<VerifyReport> {
+pub(super) fn verify_values<C: crate::checkpoint::CheckpointConfig>(
+    ckpt: &Checkpoint<C>,
+) -> anyhow::Result<VerifyReport> {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
     bar.set_style(crate::run::progress::style(
@@ -211,8 +233,8 @@ fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Load
     Ok((source, cfg, footprint, None))
 }
 
-fn inventory_report(
-    ckpt: &Checkpoint,
+pub(super) fn inventory_report<C: crate::checkpoint::CheckpointConfig>(
+    ckpt: &Checkpoint<C>,
     diff: &InventoryDiff,
     format: WeightFormat,
 ) -> InventoryReport {
@@ -271,7 +293,7 @@ fn inventory_report(
     }
 }
 
-fn format_note(f: WeightFormat) -> &'static str {
+pub(super) fn format_note(f: WeightFormat) -> &'static str {
     match f {
         WeightFormat::Bf16 => "every linear bf16, no scale tensors",
         WeightFormat::Official => {
@@ -283,7 +305,7 @@ fn format_note(f: WeightFormat) -> &'static str {
     }
 }
 
-fn router_name(r: RouterKind) -> &'static str {
+pub(super) fn router_name(r: RouterKind) -> &'static str {
     match r {
         RouterKind::Hash => "hash",
         RouterKind::Score => "score",

@@ -1,5 +1,6 @@
 //! `needlescope inspect`: what a checkpoint holds (`--model DIR`) or what a config implies
-//! (`--config FILE`, no weights needed): model summary, layer schedule and layer roles
+//! (`--config FILE`, no weights needed), for DeepSeek-V4 and DeepSeek-V4.1 (the family comes
+//! from `model_type`): model summary, layer schedule and layer roles
 //! (`config::layers`), parameters and bytes per
 //! component and per number format, the inventory check against the config (with `--model`) and
 //! the memory plan over `--devices` at `--context` (see `crate::devices::plan`); with
@@ -12,7 +13,7 @@
 //!
 //! Layout: this file holds the arguments and the entry point (print, then decide the exit
 //! status); `report` the `--json` record types; `build` turns a checkpoint or a config into that
-//! record; `text` renders it as text, with the memory plan table in `plan_table`.
+//! record (`build_v41` for DeepSeek-V4.1); `text` renders it as text, with the memory plan table in `plan_table`.
 
 use anyhow::bail;
 use clap::Args;
@@ -25,6 +26,7 @@ use crate::devices::plan::DeviceSet;
 use crate::units::{group_digits, human_bytes};
 
 mod build;
+mod build_v41;
 mod plan_table;
 mod report;
 #[cfg(test)]
@@ -33,7 +35,7 @@ mod text;
 
 pub use build::build;
 pub use report::{
-    Dims, InspectReport, InventoryEntry, InventoryReport, LayerRoleRow, LayerRow, Source,
+    Dims, InspectReport, InventoryEntry, InventoryReport, LayerRoleRow, LayerRow, Source, V41Facts,
 };
 pub use text::compact_ranges;
 

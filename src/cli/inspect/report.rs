@@ -120,10 +120,40 @@ pub struct InventoryReport {
     pub draft_differences: usize,
 }
 
+/// What only a DeepSeek-V4.1 description has (docs/spec/v41.md 2-3).
+#[derive(Clone, Debug, Serialize)]
+pub struct V41Facts {
+    /// Layers owning a compressor, a compressed cache and index keys.
+    pub kv_sources: Vec<usize>,
+    /// Layers running an indexer.
+    pub index_sources: Vec<usize>,
+    /// The layer whose top blocks bound the later index layers' selection (`null`: none).
+    pub candidate_source: Option<usize>,
+    pub candidate_topk_blocks: usize,
+    pub candidate_block_size: usize,
+    pub engram_layers: Vec<usize>,
+    /// Rows of each Engram layer's table.
+    pub engram_rows: Vec<u64>,
+    /// Columns of a table row.
+    pub engram_width: usize,
+    pub engram_heads: usize,
+    pub engram_max_ngram: usize,
+    pub draft_blocks: usize,
+    /// Routed experts of a draft block's MoE.
+    pub draft_experts: usize,
+    /// Vision tower blocks (`null`: no `vision_config`).
+    pub vision_blocks: Option<usize>,
+}
+
 /// Everything `inspect` reports (the `--json` object).
 #[derive(Clone, Debug, Serialize)]
 pub struct InspectReport {
     pub source: Source,
+    /// `DeepSeek-V4` or `DeepSeek-V4.1` (from `model_type`).
+    pub family: &'static str,
+    /// DeepSeek-V4.1 only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v41: Option<V41Facts>,
     pub config_hash: String,
     pub dims: Dims,
     pub schedule_summary: String,

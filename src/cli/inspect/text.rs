@@ -7,7 +7,7 @@
 use std::io::Write;
 
 use super::plan_table::print_plan;
-use super::report::{InspectReport, LayerRoleRow};
+use super::report::{Dims, InspectReport, LayerRoleRow, V41Facts};
 use crate::config::LayerKind;
 use crate::devices::plan;
 use crate::units::{group_digits, human_bytes};
@@ -97,11 +97,14 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
         "            indexer {} heads x {}, top-k {}; experts {} routed ({} active, {} wide) + {} shared",
         d.index_heads, d.index_head_dim, d.index_topk, d.routed_experts, d.experts_per_token, d.moe_intermediate, d.shared_experts
     )?;
-    writeln!(
-        out,
-        "            window {}, mHC {} streams, {} MTP layer(s) (never run)",
-        d.sliding_window, d.hc_mult, d.mtp_layers
-    )?;
+    match &r.v41 {
+        None => writeln!(
+            out,
+            "            window {}, mHC {} streams, {} MTP layer(s) (never run)",
+            d.sliding_window, d.hc_mult, d.mtp_layers
+        )?,
+        Some(v) => print_v41_facts(v, d, out)?,
+    }
 
     // Schedule.
     writeln!(out)?;
@@ -112,14 +115,24 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
         .map(|l| match l.kind {
             "swa" => 'S',
             "csa" => 'C',
+            "csa2" => '2',
+            "csa1" => '1',
             _ => 'H',
         })
         .collect();
-    writeln!(
-        out,
-        "  map       {map}   (S = SWA, C = CSA, H = HCA, layer 0 first)"
-    )?;
-    for kind in [LayerKind::Swa, LayerKind::Csa, LayerKind::Hca] {
+    let legend = if r.v41.is_some() {
+        "S = SWA, 2 = ratio-2 CSA, 1 = ratio-1 CSA"
+    } else {
+        "S = SWA, C = CSA, H = HCA"
+    };
+    writeln!(out, "  map       {map}   ({legend}, layer 0 first)")?;
+    for kind in [
+        LayerKind::Swa,
+        LayerKind::Csa,
+        LayerKind::Hca,
+        LayerKind::Csa2,
+        LayerKind::Csa1,
+    ] {
         let layers: Vec<usize> = r
             .schedule
             .iter()
@@ -287,6 +300,54 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
         print_plan(p, out)?;
     }
     Ok(())
+}
+
+/// The DeepSeek-V4.1 lines under the dimensions: sources, candidate stage, Engram, draft
+/// blocks, vision.
+fn print_v41_facts(v: &V41Facts, d: &Dims, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "            window {}, mHC {} streams (no hc_head), {} draft block(s) of {} experts (never run)",
+        d.sliding_window, d.hc_mult, v.draft_blocks, v.draft_experts
+    )?;
+    writeln!(
+        out,
+        "sources     KV + index keys on {}; indexers on {}",
+        compact_ranges(&v.kv_sources),
+        compact_ranges(&v.index_sources)
+    )?;
+    match v.candidate_source {
+        Some(c) => writeln!(
+            out,
+            "candidates  layer {c} keeps its top {} blocks of {} rows ({} rows); later indexers pick their top-{} inside them",
+            group_digits(v.candidate_topk_blocks as u64),
+            v.candidate_block_size,
+            group_digits((v.candidate_topk_blocks * v.candidate_block_size) as u64),
+            d.index_topk
+        )?,
+        None => writeln!(out, "candidates  none (candidate_source_layer_id < 0)")?,
+    }
+    let tables: Vec<String> = v
+        .engram_layers
+        .iter()
+        .zip(&v.engram_rows)
+        .map(|(l, rows)| format!("layer {l} {} rows", group_digits(*rows)))
+        .collect();
+    writeln!(
+        out,
+        "engram      {} x {} wide, {} heads, n-grams 2-{}",
+        tables.join(", "),
+        v.engram_width,
+        v.engram_heads,
+        v.engram_max_ngram
+    )?;
+    match v.vision_blocks {
+        Some(b) => writeln!(
+            out,
+            "vision      {b} blocks + aligner (text needles never use them)"
+        ),
+        None => writeln!(out, "vision      none (no vision_config)"),
+    }
 }
 
 fn write_tally(

@@ -299,13 +299,13 @@ impl Footprint {
 
     /// Tallies the tensors `cfg` implies in `format` (its expected inventory), as `inspect
     /// --config` sizes a model without its weights.
-    pub fn of_inventory(
-        cfg: &crate::config::ModelConfig,
+    pub fn of_inventory<C: crate::checkpoint::reader::CheckpointConfig>(
+        cfg: &C,
         format: crate::checkpoint::WeightFormat,
     ) -> Self {
-        let expected = crate::checkpoint::expected_inventory(cfg, format);
+        let expected = cfg.expected_inventory(format.into());
         Footprint::from_tensors(
-            cfg.num_hidden_layers,
+            cfg.main_layers(),
             expected.iter().map(|t| TensorSpec {
                 name: &t.name,
                 dtype: t.dtype.as_str(),
@@ -317,10 +317,12 @@ impl Footprint {
 
     /// Tallies the tensors of an opened checkpoint as stored (a packed FP4 byte is one
     /// element; bytes are element count x dtype size, saturating at `u64::MAX`).
-    pub fn of_checkpoint(ckpt: &crate::checkpoint::Checkpoint) -> Self {
+    pub fn of_checkpoint<C: crate::checkpoint::reader::CheckpointConfig>(
+        ckpt: &crate::checkpoint::Checkpoint<C>,
+    ) -> Self {
         let infos: Vec<_> = ckpt.names().filter_map(|n| ckpt.info(n)).collect();
         Footprint::from_tensors(
-            ckpt.config().num_hidden_layers,
+            ckpt.config().main_layers(),
             infos.iter().map(|t| {
                 let numel = t
                     .shape
