@@ -11,4 +11,5 @@ mod planted;
 mod reference_bytes;
 mod roundtrip;
 mod synth_speed;
+mod v41_formats;
 mod verify;
