@@ -12,6 +12,10 @@
 //! | I8 (official FP4) | `[out, in/2]`, low nibble = even element | `.scale` F8_E8M0 `[out, ceil(in/32)]` |
 //! | U8 (NVFP4) | `[out, in/2]` | `.weight_scale` F8_E4M3 `[out, ceil(in/16)]`, `.weight_scale_2` F32 `[]` |
 //!
+//! The FP8 block `(bo, bi)` is never assumed: it is the config's
+//! `quantization_config.weight_block_size` (128x128 in V4, 32x32 in V4.1; square or not), carried
+//! in [`QuantWeight::Fp8Block`] and used by the decode, the row bands and the GPU kernels alike.
+//!
 //! NVFP4's `.input_scale` (a static activation scale for W4A4 kernels) is ignored. When the
 //! module belongs to the release's expected inventory (spec section 3), its stored dtype must
 //! also be the one the config and detected format imply, so a checkpoint that stores `wq_a` as
@@ -28,7 +32,7 @@ use super::inventory::{FP4_GROUP, NVFP4_GROUP};
 use super::reader::{wrong_dtype, Checkpoint, TensorInfo};
 use super::CheckpointError;
 use crate::numerics::formats::{
-    bf16_bytes_to_f32, dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, f32_bytes_to_f32,
+    bf16_bytes_to_f32, dequant_fp4_group, dequant_fp8_block_rect, dequant_nvfp4, f32_bytes_to_f32,
 };
 use crate::numerics::FormatError;
 use memmap2::Mmap;
@@ -297,15 +301,8 @@ impl QuantWeight<'_> {
                 scale,
                 rows,
                 cols,
-                block: (bo, bi),
-            } => {
-                if bo != bi {
-                    return Err(CheckpointError::NotImplemented {
-                        what: format!("{what}: non-square FP8 blocks {bo}x{bi}"),
-                    });
-                }
-                dequant_fp8_block(weight, scale, rows, cols, bo)
-            }
+                block,
+            } => dequant_fp8_block_rect(weight, scale, rows, cols, block),
             QuantWeight::Fp4Group {
                 packed,
                 scale,

@@ -21,6 +21,7 @@
 pub mod audit;
 mod compressor_kinds;
 pub mod dtype;
+pub mod engram;
 pub mod header;
 pub mod inventory;
 pub mod inventory_v41;
@@ -255,6 +256,17 @@ pub enum CheckpointError {
         dtype: Dtype,
         at: Vec<usize>,
         code: String,
+    },
+
+    #[error(
+        "{file}: tensor {tensor}: row {row} requested, expected a row id below {rows} (the \
+         table has {rows} rows)"
+    )]
+    RowOutOfRange {
+        file: PathBuf,
+        tensor: String,
+        row: usize,
+        rows: usize,
     },
 
     #[error("tensor {tensor}: cannot decode: {source}")]

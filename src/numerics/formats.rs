@@ -3,12 +3,15 @@
 //!
 //! | format | weight bytes | scale | value |
 //! |---|---|---|---|
-//! | FP8 block | e4m3 `[rows, cols]` | e8m0 `[ceil(rows/B), ceil(cols/B)]`, B = 128 | `e4m3(w) · 2^(S[r/B, c/B] - 127)` |
+//! | FP8 block | e4m3 `[rows, cols]` | e8m0 `[ceil(rows/Bo), ceil(cols/Bi)]` | `e4m3(w) · 2^(S[r/Bo, c/Bi] - 127)` |
 //! | FP4 group | packed `[rows, cols/2]` | e8m0 `[rows, ceil(cols/G)]`, G = 32 | `e2m1(nib) · 2^(S[r, c/G] - 127)` |
 //! | NVFP4 | packed `[rows, cols/2]` | e4m3 `[rows, ceil(cols/16)]` + f32 `scale_2` | `e2m1(nib) · e4m3(S[r, c/16]) · scale_2` |
 //!
-//! Packing: byte `j` of a row holds element `2j` in the low nibble and `2j + 1` in the high one.
-//! Partial blocks and groups (shapes that are not multiples of B or G) are allowed everywhere.
+//! The FP8 block `Bo x Bi` always comes from the caller (the config's
+//! `quantization_config.weight_block_size`: 128x128 in DeepSeek-V4, 32x32 in V4.1); nothing here
+//! assumes a size. Packing: byte `j` of a row holds element `2j` in the low nibble and `2j + 1`
+//! in the high one. Partial blocks and groups (shapes that are not multiples of the block or G)
+//! are allowed everywhere.
 //!
 //! Encoder choices (only the synthetic writer uses them, so they need to be sensible and
 //! deterministic, not bit-compatible with any particular tool):
@@ -102,7 +105,8 @@ fn amax(xs: impl Iterator<Item = f32>) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // FP8 block (e4m3 weights, e8m0 block scales)
 
-/// Dequantises an FP8 block-scaled weight: `W[r,c] = e4m3(w[r,c]) · 2^(S[r/block, c/block] - 127)`.
+/// Dequantises an FP8 block-scaled weight with square `block x block` tiles:
+/// `W[r,c] = e4m3(w[r,c]) · 2^(S[r/block, c/block] - 127)` ([`dequant_fp8_block_rect`]).
 pub fn dequant_fp8_block(
     w: &[u8],
     scale: &[u8],
@@ -110,16 +114,29 @@ pub fn dequant_fp8_block(
     cols: usize,
     block: usize,
 ) -> Result<Vec<f32>, FormatError> {
-    check_block("fp8 block", block)?;
+    dequant_fp8_block_rect(w, scale, rows, cols, (block, block))
+}
+
+/// Dequantises an FP8 block-scaled weight with `(bo, bi)` tiles (`bo` rows by `bi` columns):
+/// `W[r,c] = e4m3(w[r,c]) · 2^(S[r/bo, c/bi] - 127)`, scales `[ceil(rows/bo), ceil(cols/bi)]`.
+pub fn dequant_fp8_block_rect(
+    w: &[u8],
+    scale: &[u8],
+    rows: usize,
+    cols: usize,
+    (bo, bi): (usize, usize),
+) -> Result<Vec<f32>, FormatError> {
+    check_block("fp8 block rows", bo)?;
+    check_block("fp8 block columns", bi)?;
     check_len("fp8 block weight", rows * cols, w.len())?;
-    let sc = cols.div_ceil(block);
-    check_len("fp8 block scale", rows.div_ceil(block) * sc, scale.len())?;
+    let sc = cols.div_ceil(bi);
+    check_len("fp8 block scale", rows.div_ceil(bo) * sc, scale.len())?;
     let mut out = vec![0.0f32; rows * cols];
     fill_rows(&mut out, cols, |r, row| {
-        let srow = &scale[(r / block) * sc..(r / block + 1) * sc];
+        let srow = &scale[(r / bo) * sc..(r / bo + 1) * sc];
         let wrow = &w[r * cols..(r + 1) * cols];
         for (c, (o, &b)) in row.iter_mut().zip(wrow).enumerate() {
-            *o = e4m3_to_f32(b) * e8m0_to_f32(srow[c / block]);
+            *o = e4m3_to_f32(b) * e8m0_to_f32(srow[c / bi]);
         }
     });
     Ok(out)
@@ -504,6 +521,29 @@ mod tests {
             Err(FormatError::ZeroBlock { .. })
         ));
         assert!(quant_fp8_block(&[0.0; 3], 2, 2, 128).is_err());
+        assert!(matches!(
+            dequant_fp8_block_rect(&[0; 15], &[127], 3, 5, (4, 0)),
+            Err(FormatError::ZeroBlock { .. })
+        ));
+    }
+
+    #[test]
+    fn fp8_rect_blocks_index_rows_and_columns_by_their_own_edge() {
+        // [5, 7] in 2x3 tiles: a [3, 3] grid, last tile row and column partial. Every code is
+        // 0x38 (1.0), so each element is its tile's scale: 2^(tile index).
+        let (rows, cols) = (5usize, 7usize);
+        let scale: Vec<u8> = (0..9).map(|t| 127 + t as u8).collect();
+        let got = dequant_fp8_block_rect(&[0x38; 35], &scale, rows, cols, (2, 3)).unwrap();
+        for r in 0..rows {
+            for c in 0..cols {
+                let tile = (r / 2) * 3 + c / 3;
+                assert_eq!(got[r * cols + c], 2f32.powi(tile as i32), "({r}, {c})");
+            }
+        }
+        // The square entry point is the rectangular one with equal edges.
+        let sq = dequant_fp8_block(&[0x38; 35], &scale[..4], rows, cols, 4).unwrap();
+        let rect = dequant_fp8_block_rect(&[0x38; 35], &scale[..4], rows, cols, (4, 4)).unwrap();
+        assert_eq!(sq, rect);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! One test binary per area (docs/architecture.md section 8); each module is one family of
 //! tests, shared helpers come from `needlescope-testkit` (tests/support).
 
+mod engram;
 mod errors;
 mod fp8_compressors;
 mod hand_written;
@@ -12,4 +13,5 @@ mod planted;
 mod reference_bytes;
 mod roundtrip;
 mod synth_speed;
+mod v41_formats;
 mod verify;
