@@ -31,8 +31,8 @@ use super::reader::{wrong_dtype, Checkpoint, TensorInfo};
 use super::CheckpointError;
 use crate::numerics::codecs::{bf16_round, e4m3_to_f32, e8m0_to_f32};
 
-/// Columns that share one E8M0 scale in an Engram row.
-pub const ENGRAM_SCALE_GROUP: usize = 32;
+/// Columns that share one E8M0 scale in an Engram row (the inventory's rule).
+pub use super::inventory::ENGRAM_GROUP;
 
 /// The weight and scale tensor names of layer `layer`'s Engram table.
 pub fn engram_table_names(layer: usize) -> (String, String) {
@@ -101,7 +101,7 @@ impl<'a> EngramTable<'a> {
                 ),
             });
         };
-        let groups = width.div_ceil(ENGRAM_SCALE_GROUP);
+        let groups = width.div_ceil(ENGRAM_GROUP);
         if scale_info.shape != [rows, groups] {
             return Err(CheckpointError::WrongShape {
                 file: scale_info.file.clone(),
@@ -109,7 +109,7 @@ impl<'a> EngramTable<'a> {
                 expected: vec![rows, groups],
                 found: scale_info.shape.clone(),
                 why: format!(
-                    " (one E8M0 scale per {ENGRAM_SCALE_GROUP} columns of {} [{rows}, {width}])",
+                    " (one E8M0 scale per {ENGRAM_GROUP} columns of {} [{rows}, {width}])",
                     weight_info.name
                 ),
             });
@@ -216,8 +216,8 @@ impl<'a> EngramTable<'a> {
             });
         }
         for ((o, c), s) in out
-            .chunks_mut(ENGRAM_SCALE_GROUP)
-            .zip(codes.chunks(ENGRAM_SCALE_GROUP))
+            .chunks_mut(ENGRAM_GROUP)
+            .zip(codes.chunks(ENGRAM_GROUP))
             .zip(scales)
         {
             let s = e8m0_to_f32(*s);
@@ -264,7 +264,7 @@ impl<'a> EngramTable<'a> {
     }
 }
 
-impl Checkpoint {
+impl<C: super::CheckpointConfig> Checkpoint<C> {
     /// The Engram table of layer `layer` (`layers.{layer}.engram.embed.{weight,scale}`), checked
     /// as [`EngramTable::new`] does; check it against the config with
     /// [`EngramTable::expect_shape`].
@@ -272,7 +272,7 @@ impl Checkpoint {
         let (wname, sname) = engram_table_names(layer);
         let w = self.require(&wname)?;
         let Some(s) = self.info(&sname) else {
-            let groups = w.shape.get(1).map(|c| c.div_ceil(ENGRAM_SCALE_GROUP));
+            let groups = w.shape.get(1).map(|c| c.div_ceil(ENGRAM_GROUP));
             let rows = w.shape.first();
             return Err(CheckpointError::MissingScale {
                 file: w.file.clone(),
@@ -280,7 +280,7 @@ impl Checkpoint {
                 dtype: w.dtype,
                 scale: sname,
                 expected: format!(
-                    "F8_E8M0 [{}, {}]: one power-of-two scale per {ENGRAM_SCALE_GROUP} columns",
+                    "F8_E8M0 [{}, {}]: one power-of-two scale per {ENGRAM_GROUP} columns",
                     rows.map_or("rows".into(), |r| r.to_string()),
                     groups.map_or("ceil(width/32)".into(), |g| g.to_string())
                 ),

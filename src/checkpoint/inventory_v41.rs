@@ -129,10 +129,11 @@ pub fn logical_inventory_v41(cfg: &V41Config) -> Vec<LogicalTensor> {
     out
 }
 
-/// Every stored tensor of a release described by `cfg` in `format`, in the order above.
-/// `format` is `bf16` (every linear and table BF16, no scales) or `official` (the release);
-/// NVIDIA's NVFP4 layout for V4.1 is not public (docs/spec/v41.md 4.3), so `Nvfp4` expands as
-/// `official` does and callers refuse it first ([`V41Config`] has no NVFP4 marker to read).
+/// Every stored tensor of a release described by `cfg` in `format`, in the order above:
+/// `bf16` (every linear and table BF16, no scales), `official` (the release) or `nvfp4`
+/// (NVIDIA's re-quantisation, docs/spec/v41.md 4.3: the backbone's routed experts NVFP4, U8 +
+/// F8_E4M3 `weight_scale` per 16 + F32 `weight_scale_2` and `input_scale`, as V4's; draft-block
+/// experts stay MXFP4; everything else as `official`).
 pub fn expected_inventory_v41(cfg: &V41Config, format: WeightFormat) -> Vec<ExpectedTensor> {
     let rules = StorageRules::from(cfg);
     let opts = InventoryOptions::from(format);

@@ -508,4 +508,16 @@ fn a_missing_or_mistyped_field_is_named_as_the_dialect_spells_it() {
     let mut v = composite();
     v["quantization_config"]["quant_method"] = json!("gptq");
     assert!(refusal(&v).contains("`quantization_config.quant_method`"));
+    let mut v = composite();
+    v["quantization_config"]["moe_quant_algo"] = json!("AWQ");
+    assert!(refusal(&v).contains("`quantization_config.moe_quant_algo`"));
+    v["quantization_config"]["moe_quant_algo"] = json!("NVFP4");
+    let cfg = V41Config::from_value(v, Path::new("config.json")).unwrap();
+    assert!(cfg.weights.experts_nvfp4);
+    assert!(
+        !V41Config::from_json_str(COMPOSITE, Path::new("c"))
+            .unwrap()
+            .weights
+            .experts_nvfp4
+    );
 }

@@ -222,6 +222,9 @@ pub struct V41Weights {
     pub block: Option<(usize, usize)>,
     /// `"fp4"` released.
     pub expert_dtype: Option<String>,
+    /// `quantization_config.moe_quant_algo` is `"NVFP4"`: NVIDIA's re-quantisation, whose
+    /// backbone routed experts are NVFP4 (docs/spec/v41.md 4.3).
+    pub experts_nvfp4: bool,
 }
 
 fn one() -> usize {
@@ -500,6 +503,7 @@ fn weights(
             dtype,
             block,
             expert_dtype,
+            experts_nvfp4: false,
         });
     }
     let top_expert = str_at(top.get("expert_dtype"), "expert_dtype")?;
@@ -509,6 +513,7 @@ fn weights(
             dtype: "bf16".into(),
             block: None,
             expert_dtype: top_expert,
+            experts_nvfp4: false,
         });
     };
     let Value::Object(q) = q else {
@@ -559,10 +564,27 @@ fn weights(
         "quantization_config.expert_dtype",
         path,
     )?;
+    let moe_algo = str_at(
+        q.get("moe_quant_algo"),
+        "quantization_config.moe_quant_algo",
+    )?;
+    let experts_nvfp4 = match moe_algo.as_deref() {
+        None => false,
+        Some(a) if a.eq_ignore_ascii_case("nvfp4") => true,
+        Some(other) => {
+            return Err(invalid(
+                path,
+                "quantization_config.moe_quant_algo",
+                format!("{other:?}"),
+                "\"NVFP4\" (NVIDIA's re-quantisation) or no such key",
+            ))
+        }
+    };
     Ok(V41Weights {
         dtype: "fp8".into(),
         block: Some(block),
         expert_dtype,
+        experts_nvfp4,
     })
 }
 

@@ -3,7 +3,7 @@
 //! `[rows, 8]`, decoded one row (or a list of rows) at a time, and every malformed table refused
 //! with the file, the tensor, what was expected and what was found.
 
-use needlescope::checkpoint::engram::{engram_table_names, EngramPrecision, ENGRAM_SCALE_GROUP};
+use needlescope::checkpoint::engram::{engram_table_names, EngramPrecision, ENGRAM_GROUP};
 use needlescope::checkpoint::writer::write_safetensors;
 use needlescope::checkpoint::{Checkpoint, CheckpointError, Dtype};
 use needlescope::config::ModelConfig;
@@ -11,7 +11,7 @@ use needlescope::numerics::codecs::{bf16_round, e8m0_to_f32, E4M3_TO_F32};
 use std::path::Path;
 
 const WIDTH: usize = 256;
-const GROUPS: usize = WIDTH / ENGRAM_SCALE_GROUP;
+const GROUPS: usize = WIDTH / ENGRAM_GROUP;
 
 fn with_config(dir: &Path) {
     std::fs::write(
@@ -38,7 +38,7 @@ fn scale_code(r: usize, g: usize) -> u8 {
 
 /// Writes layer `layer`'s table of `rows` x `width` and returns (codes, scales).
 fn write_table(dir: &Path, layer: usize, rows: usize, width: usize) -> (Vec<u8>, Vec<u8>) {
-    let groups = width.div_ceil(ENGRAM_SCALE_GROUP);
+    let groups = width.div_ceil(ENGRAM_GROUP);
     let w: Vec<u8> = (0..rows * width)
         .map(|i| code(i / width, i % width))
         .collect();
@@ -58,8 +58,8 @@ fn write_table(dir: &Path, layer: usize, rows: usize, width: usize) -> (Vec<u8>,
 }
 
 fn want(w: &[u8], s: &[u8], width: usize, r: usize, c: usize) -> f32 {
-    let groups = width.div_ceil(ENGRAM_SCALE_GROUP);
-    E4M3_TO_F32[w[r * width + c] as usize] * e8m0_to_f32(s[r * groups + c / ENGRAM_SCALE_GROUP])
+    let groups = width.div_ceil(ENGRAM_GROUP);
+    E4M3_TO_F32[w[r * width + c] as usize] * e8m0_to_f32(s[r * groups + c / ENGRAM_GROUP])
 }
 
 #[test]

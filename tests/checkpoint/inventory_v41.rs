@@ -348,3 +348,62 @@ fn a_text_only_config_has_no_vision_tensors() {
     assert_eq!(inv.len(), with.len() - 263 - 3 - 43);
     assert!(inv.iter().all(|t| !t.name.ends_with("bias_vl")));
 }
+
+/// NVIDIA's NVFP4 re-quantisation (docs/spec/v41.md 4.3): the 46,080 backbone expert
+/// projections gain a second scale and two scalars, the draft blocks' experts stay MXFP4; the
+/// payload its 48 shard headers sum to (527,273,322,840 bytes; its index still says the
+/// official 510,286,023,000).
+#[test]
+fn nvfp4_requantisation_of_the_backbone_experts() {
+    let inv = expected_inventory_v41(&composite(), WeightFormat::Nvfp4);
+    assert_eq!(tally(&inv), (188_245, 527_273_322_840));
+    has(
+        &inv,
+        "layers.3.ffn.experts.7.w1.weight",
+        Dtype::U8,
+        &[2304, 2560],
+    );
+    has(
+        &inv,
+        "layers.3.ffn.experts.7.w1.weight_scale",
+        Dtype::F8E4M3,
+        &[2304, 320],
+    );
+    has(
+        &inv,
+        "layers.3.ffn.experts.7.w2.weight_scale",
+        Dtype::F8E4M3,
+        &[5120, 144],
+    );
+    has(
+        &inv,
+        "layers.3.ffn.experts.7.w3.weight_scale_2",
+        Dtype::F32,
+        &[],
+    );
+    has(
+        &inv,
+        "layers.3.ffn.experts.7.w3.input_scale",
+        Dtype::F32,
+        &[],
+    );
+    has(
+        &inv,
+        "mtp.1.ffn.experts.7.w1.weight",
+        Dtype::I8,
+        &[2304, 2560],
+    );
+    has(
+        &inv,
+        "mtp.1.ffn.experts.7.w1.scale",
+        Dtype::F8E8M0,
+        &[2304, 80],
+    );
+    has(
+        &inv,
+        "layers.1.engram.embed.scale",
+        Dtype::F8E8M0,
+        &[384_006_168, 8],
+    );
+    has(&inv, "layers.3.attn.wq_a.scale", Dtype::F8E8M0, &[40, 160]);
+}

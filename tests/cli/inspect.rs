@@ -490,12 +490,21 @@ fn a_deepseek_v41_config_is_read_as_v41() {
             .ok()
             .stdout_has(&["format      bf16"]);
         run(&["inspect", "--config", path, "--format", "nvfp4"])
-            .fails()
-            .stderr_has(&[
-                "--format nvfp4: no NVFP4 layout of DeepSeek-V4.1 is public",
-                path,
-            ]);
+            .ok()
+            .stdout_has(&["format      nvfp4", "188,245", "527,273,322,840"]);
     }
+    // NVIDIA's config names its re-quantisation: nvfp4 is implied.
+    let mut nv: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("deepseek_v41_flash_config.json")).unwrap(),
+    )
+    .unwrap();
+    nv["quantization_config"]["moe_quant_algo"] = "NVFP4".into();
+    let tmp = tempfile::tempdir().unwrap();
+    let nv_path = tmp.path().join("config.json");
+    std::fs::write(&nv_path, nv.to_string()).unwrap();
+    run(&["inspect", "--config", nv_path.to_str().unwrap()])
+        .ok()
+        .stdout_has(&["format      nvfp4: NVIDIA NVFP4 re-quantisation", "188,245"]);
     // Both dialects describe one model: one config hash.
     let hash = |name: &str| {
         let p = fixtures.join(name);

@@ -3,10 +3,10 @@
 //! (`checkpoint::inventory_v41`), plus the V4.1 facts ([`V41Facts`]: KV, index and candidate
 //! sources, Engram tables, draft blocks, vision tower).
 //!
-//! Weight formats: `official` (the release: FP8 e4m3 32x32 blocks, FP4 experts, FP8 Engram rows)
-//! and `bf16`. NVIDIA's NVFP4 layout for V4.1 is not public (docs/spec/v41.md 4.3): `--format
-//! nvfp4` on a V4.1 config is refused, and a checkpoint holding NVFP4 tensors shows as
-//! mismatched against the official inventory.
+//! Weight formats: `official` (the release: FP8 e4m3 32x32 blocks, FP4 experts, FP8 Engram
+//! rows), `bf16`, and `nvfp4` (NVIDIA's re-quantisation, docs/spec/v41.md 4.3; implied by
+//! `quantization_config.moe_quant_algo` `NVFP4`, detected on a checkpoint by its
+//! `weight_scale_2` tensors).
 
 use anyhow::{bail, Context};
 use std::path::Path;
@@ -105,19 +105,12 @@ fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Built> {
 
 fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Built> {
     let cfg = crate::config::V41Config::load(path)?;
-    let implied = if cfg.weights.block.is_some() {
-        WeightFormat::Official
-    } else {
-        WeightFormat::Bf16
+    let implied = match &cfg.weights {
+        w if w.experts_nvfp4 => WeightFormat::Nvfp4,
+        w if w.block.is_some() => WeightFormat::Official,
+        _ => WeightFormat::Bf16,
     };
     let format = format.unwrap_or(implied);
-    if format == WeightFormat::Nvfp4 {
-        bail!(
-            "--format nvfp4: no NVFP4 layout of DeepSeek-V4.1 is public (docs/spec/v41.md 4.3); \
-             expected bf16 or official for {}",
-            path.display()
-        );
-    }
     let footprint = Footprint::of_inventory(&cfg, format);
     let source = Source {
         kind: "config",
@@ -134,6 +127,9 @@ fn format_note_v41(f: WeightFormat) -> &'static str {
     match f {
         WeightFormat::Official => {
             "official release: fp8 e4m3 32x32-block linears with e8m0 scales, routed experts fp4 e2m1 (I8, two per byte) with e8m0 1x32 scales, Engram tables fp8 e4m3 rows with e8m0 1x32 scales"
+        }
+        WeightFormat::Nvfp4 => {
+            "NVIDIA NVFP4 re-quantisation: backbone routed experts fp4 e2m1 (U8) with e4m3 1x16 weight_scale and f32 weight_scale_2; draft-block experts MXFP4 and the rest as official (32x32 fp8 blocks)"
         }
         other => format_note(other),
     }
