@@ -397,7 +397,7 @@ fn nvfp4_requantisation_of_the_backbone_experts() {
         &inv,
         "mtp.1.ffn.experts.7.w1.scale",
         Dtype::F8E8M0,
-        &[2304, 80],
+        &[2304, 160],
     );
     has(
         &inv,
