@@ -7,8 +7,8 @@
 //!
 //! [`WeightFormat`] is how the linears of a whole checkpoint are stored (docs/spec/model.md 2.4-2.5):
 //! `Bf16` (a bf16 synthetic or converted checkpoint: no scale tensors at all), `Official`
-//! (FP8 e4m3 128x128 blocks with E8M0 `.scale`, routed experts packed FP4 with E8M0 1x32
-//! `.scale`) and `Nvfp4` (NVIDIA's re-quantisation: main-layer routed experts packed FP4 with
+//! (FP8 e4m3 blocks of `weight_block_size`, 128x128 on V4 and 32x32 on V4.1, with E8M0
+//! `.scale`; routed experts packed FP4 with E8M0 1x32 `.scale`) and `Nvfp4` (NVIDIA's re-quantisation: main-layer routed experts packed FP4 with
 //! e4m3 1x16 `weight_scale` and an f32 `weight_scale_2`; everything else as `Official`).
 
 use std::fmt;

@@ -3,8 +3,9 @@
 //!
 //! - [`codecs`]: scalar decode tables and encoders (e4m3fn, e8m0, e2m1, bf16), shared by the CPU
 //!   reference and the GPU kernels (the tables are plain statics that can be uploaded as is).
-//! - [`formats`]: whole-tensor weight formats over raw little-endian bytes (FP8 block 128x128,
-//!   FP4 group 32 with e8m0 scales, NVFP4 with e4m3 group-16 scales) in both directions.
+//! - [`formats`]: whole-tensor weight formats over raw little-endian bytes (FP8 blocks of the
+//!   config's `weight_block_size`, 128x128 on V4 and 32x32 on V4.1; FP4 group 32 with e8m0
+//!   scales; NVFP4 with e4m3 group-16 scales) in both directions.
 //! - [`quant`]: activation "simulations" (quantise then dequantise in place) as REF, SGLang and
 //!   vLLM do them, including their exact scale arithmetic.
 //! - [`hadamard`]: the orthonormal Walsh-Hadamard rotation of the indexer.
