@@ -1,6 +1,7 @@
 //! The memory plan as a table: one row per device (layer range, what else it holds, weights,
-//! state, workspace, total, capacity, free), a total row, then the shortfalls when it does not
-//! fit, what is left out and the plan's assumptions.
+//! state, workspace, total, capacity, free), a total row, then what stays on the host (V4.1's
+//! Engram tables), the shortfalls when it does not fit, what is left out, what is where (V4.1's
+//! placement notes) and the plan's assumptions.
 
 use std::io::Write;
 
@@ -70,6 +71,15 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
         human_bytes(p.total),
         human_bytes(p.capacity)
     )?;
+    if p.host_bytes > 0 {
+        writeln!(
+            out,
+            "  host (mapped): Engram tables {} ({} bytes), read by row ({} B a token), on no device",
+            human_bytes(p.host_bytes),
+            group_digits(p.host_bytes),
+            group_digits(p.host_read_bytes_per_token)
+        )?;
+    }
     if !p.fits {
         for d in p.devices.iter().filter(|d| d.shortfall > 0) {
             writeln!(
@@ -108,11 +118,23 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
             idle.join(", ")
         )?;
     }
-    writeln!(
-        out,
-        "  not placed: MTP ({}, never run)",
-        human_bytes(p.excluded_mtp_bytes)
-    )?;
+    if p.excluded_vision_bytes > 0 {
+        writeln!(
+            out,
+            "  not placed: MTP draft blocks ({}), vision tower + aligner + image delimiters ({}): never run for a text needle",
+            human_bytes(p.excluded_mtp_bytes),
+            human_bytes(p.excluded_vision_bytes)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  not placed: MTP ({}, never run)",
+            human_bytes(p.excluded_mtp_bytes)
+        )?;
+    }
+    for n in &p.placement_notes {
+        writeln!(out, "  where: {n}")?;
+    }
     for a in &p.assumptions {
         writeln!(out, "  assumes: {a}")?;
     }
