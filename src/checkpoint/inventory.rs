@@ -25,7 +25,7 @@
 //! (docs/spec/model.md section 9: trust the safetensors dtype; see `Checkpoint::inventory_options`).
 
 use super::dtype::{numel, Dtype, WeightFormat};
-use crate::config::{LayerRole, ModelConfig, RouterKind};
+use crate::config::{LayerRole, ModelConfig, RouterKind, V41Config};
 
 pub use super::compressor_kinds::{CompressorKinds, CompressorLinear};
 
@@ -65,6 +65,15 @@ pub enum TensorRole {
     GateBias,
     /// Hash router table `ffn.gate.tid2eid` `[vocab, experts_per_tok]`, I64.
     Tid2eid,
+    /// V4.1 Engram table `engram.embed` `[rows, width]`: FP8 rows with one E8M0 scale per 32
+    /// columns in the official format (the FP8 block rule with a `1 x 32` block), BF16 in `bf16`.
+    EngramTable,
+    /// V4.1 Engram gate weights `engram.q_weight` / `engram.k_weight` `[hc, hidden]`, BF16.
+    EngramGate,
+    /// V4.1 learned image delimiter (`image_start`, `image_end`, `image_newline`) `[hidden]`, BF16.
+    ImageDelimiter,
+    /// The bias of a BF16 linear (V4.1 vision tower and aligner), BF16.
+    Bias,
 }
 
 impl TensorRole {
@@ -75,6 +84,48 @@ impl TensorRole {
                 | TensorRole::CompressorLinear(_)
                 | TensorRole::QuantLinear
                 | TensorRole::RoutedExpert { .. }
+                | TensorRole::EngramTable
+        )
+    }
+}
+
+/// What a family's config says about storage: the FP8 block of its quantised linears and how
+/// the official format stores routed experts (`expert_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StorageRules {
+    /// `quantization_config.weight_block_size` (V4 `[128, 128]`, V4.1 `[32, 32]`).
+    pub block: (usize, usize),
+    /// Routed experts in the official format.
+    pub official_expert: LinearStorage,
+}
+
+impl StorageRules {
+    fn new(block: (usize, usize), expert_dtype: Option<&str>) -> Self {
+        let official_expert = match expert_dtype {
+            Some("fp4") => LinearStorage::Fp4Group,
+            Some("bf16") => LinearStorage::Bf16,
+            _ => LinearStorage::Fp8Block { block },
+        };
+        StorageRules {
+            block,
+            official_expert,
+        }
+    }
+}
+
+impl From<&ModelConfig> for StorageRules {
+    fn from(cfg: &ModelConfig) -> Self {
+        StorageRules::new(cfg.weight_block(), cfg.expert_dtype.as_deref())
+    }
+}
+
+impl From<&V41Config> for StorageRules {
+    /// A bf16 V4.1 config names no block: its linears are BF16 whatever the block says.
+    fn from(cfg: &V41Config) -> Self {
+        let w = &cfg.weights;
+        StorageRules::new(
+            w.block.unwrap_or(crate::config::v41::WEIGHT_BLOCK),
+            w.expert_dtype.as_deref(),
         )
     }
 }
@@ -358,20 +409,16 @@ fn layer(
     }
 }
 
+/// Scale group of a V4.1 Engram table row (one E8M0 scale per 32 columns).
+pub const ENGRAM_GROUP: usize = 32;
+
 /// How a linear of `role` is stored under `opts` (non-linear roles: `None`).
 pub fn linear_storage(
-    cfg: &ModelConfig,
+    rules: StorageRules,
     opts: InventoryOptions,
     role: TensorRole,
 ) -> Option<LinearStorage> {
-    let fp8 = LinearStorage::Fp8Block {
-        block: cfg.weight_block(),
-    };
-    let official_expert = match cfg.expert_dtype.as_deref() {
-        Some("fp4") => LinearStorage::Fp4Group,
-        Some("bf16") => LinearStorage::Bf16,
-        _ => fp8,
-    };
+    let fp8 = LinearStorage::Fp8Block { block: rules.block };
     Some(match (role, opts.format) {
         (TensorRole::PlainLinear, _) => LinearStorage::Bf16,
         (TensorRole::CompressorLinear(kind), _) if opts.fp8_compressor_linears.contains(kind) => {
@@ -380,27 +427,34 @@ pub fn linear_storage(
         (TensorRole::CompressorLinear(_), _) => LinearStorage::Bf16,
         (r, WeightFormat::Bf16) if r.is_linear() => LinearStorage::Bf16,
         (TensorRole::QuantLinear, _) => fp8,
+        (TensorRole::EngramTable, _) => LinearStorage::Fp8Block {
+            block: (1, ENGRAM_GROUP),
+        },
         (TensorRole::RoutedExpert { mtp }, WeightFormat::Nvfp4)
             if !mtp || opts.mtp_experts_nvfp4 =>
         {
             LinearStorage::Nvfp4
         }
-        (TensorRole::RoutedExpert { .. }, _) => official_expert,
+        (TensorRole::RoutedExpert { .. }, _) => rules.official_expert,
         _ => return None,
     })
 }
 
 /// The stored tensors of one logical tensor under `opts`.
 pub fn expand(
-    cfg: &ModelConfig,
+    rules: StorageRules,
     opts: InventoryOptions,
     lt: &LogicalTensor,
 ) -> Vec<ExpectedTensor> {
     let n = &lt.name;
     let plain = |dtype| vec![ExpectedTensor::new(n.clone(), dtype, lt.shape.clone())];
-    let Some(storage) = linear_storage(cfg, opts, lt.role) else {
+    let Some(storage) = linear_storage(rules, opts, lt.role) else {
         return match lt.role {
-            TensorRole::Embed | TensorRole::Norm => plain(Dtype::BF16),
+            TensorRole::Embed
+            | TensorRole::Norm
+            | TensorRole::EngramGate
+            | TensorRole::ImageDelimiter
+            | TensorRole::Bias => plain(Dtype::BF16),
             TensorRole::Tid2eid => plain(Dtype::I64),
             _ => plain(Dtype::F32),
         };
@@ -438,8 +492,9 @@ pub fn expected_inventory(cfg: &ModelConfig, format: WeightFormat) -> Vec<Expect
 
 /// [`expected_inventory`] with the options only a checkpoint can settle.
 pub fn expected_inventory_with(cfg: &ModelConfig, opts: InventoryOptions) -> Vec<ExpectedTensor> {
+    let rules = StorageRules::from(cfg);
     logical_inventory(cfg)
         .iter()
-        .flat_map(|lt| expand(cfg, opts, lt))
+        .flat_map(|lt| expand(rules, opts, lt))
         .collect()
 }

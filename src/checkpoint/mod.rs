@@ -8,7 +8,8 @@
 //! - [`linear`]: [`QuantWeight`], a borrowed view of one linear in whatever format it is stored,
 //!   checked against the config-implied shapes, and its decode to f32.
 //! - [`inventory`]: the exact tensor list of a release computed from the config alone
-//!   (docs/spec/model.md section 3); [`audit`](mod@audit): the diff of a checkpoint against it.
+//!   (docs/spec/model.md section 3), and [`inventory_v41`] the DeepSeek-V4.1 one
+//!   (docs/spec/v41.md section 4); [`audit`](mod@audit): the diff of a checkpoint against it.
 //!   `compressor_kinds`: the compressor / indexer linears whose storage a checkpoint chooses.
 //! - [`writer`]: safetensors files written tensor by tensor, shard assignment and names.
 //! - [`verify`](mod@verify): every stored value read once, in bounded pieces: NaN, infinite
@@ -22,6 +23,7 @@ mod compressor_kinds;
 pub mod dtype;
 pub mod header;
 pub mod inventory;
+pub mod inventory_v41;
 pub mod linear;
 pub mod reader;
 pub mod verify;

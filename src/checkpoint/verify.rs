@@ -221,7 +221,7 @@ pub fn verify_in_chunks(
         .filter(|t| {
             matches!(
                 t.role,
-                TensorRole::Ape | TensorRole::AttnSink | TensorRole::GateBias
+                TensorRole::Ape | TensorRole::AttnSink | TensorRole::GateBias | TensorRole::Bias
             )
         })
         .map(|t| t.name)

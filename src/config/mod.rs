@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 pub use layers::{CandidateStage, LayerKind, LayerRole, LayerRoles, RowMapping};
-pub use v41::V41Config;
+pub use v41::{V41Config, V41Vision};
 
 /// Errors from reading or validating `config.json`.
 #[derive(Debug, thiserror::Error)]

@@ -30,7 +30,7 @@ pub mod tensors;
 use crate::checkpoint::dtype::{Dtype, WeightFormat};
 use crate::checkpoint::inventory::{
     expand, linear_storage, logical_inventory, CompressorKinds, ExpectedTensor, InventoryOptions,
-    LinearStorage, LogicalTensor, FP4_GROUP,
+    LinearStorage, LogicalTensor, StorageRules, FP4_GROUP,
 };
 use crate::checkpoint::reader::{INDEX_FILE, SINGLE_FILE};
 use crate::checkpoint::writer::{assign_shards, shard_file_name, SafetensorsWriter};
@@ -360,8 +360,8 @@ fn write_synth(
     let groups: Vec<Group> = logical_inventory(&cfg)
         .into_iter()
         .map(|lt| Group {
-            storage: linear_storage(&cfg, inv_opts, lt.role),
-            stored: expand(&cfg, inv_opts, &lt),
+            storage: linear_storage(StorageRules::from(&cfg), inv_opts, lt.role),
+            stored: expand(StorageRules::from(&cfg), inv_opts, &lt),
             lt,
         })
         .collect();

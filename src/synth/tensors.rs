@@ -61,13 +61,23 @@ fn dist(cfg: &ModelConfig, lt: &LogicalTensor) -> Dist {
         TensorRole::PlainLinear
         | TensorRole::CompressorLinear(_)
         | TensorRole::QuantLinear
-        | TensorRole::RoutedExpert { .. } => Dist::Normal {
+        | TensorRole::RoutedExpert { .. }
+        | TensorRole::EngramTable => Dist::Normal {
             mean: 0.0,
             std: 1.0 / fan_in.sqrt(),
         },
-        TensorRole::Embed => Dist::Normal {
+        TensorRole::Embed | TensorRole::ImageDelimiter => Dist::Normal {
             mean: 0.0,
             std: 1.0,
+        },
+        // Multiplied together into one per-dimension gate weight.
+        TensorRole::EngramGate => Dist::Normal {
+            mean: 1.0,
+            std: 0.1,
+        },
+        TensorRole::Bias => Dist::Normal {
+            mean: 0.0,
+            std: 0.02,
         },
         TensorRole::Norm => Dist::Normal {
             mean: 1.0,

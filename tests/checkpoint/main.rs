@@ -7,6 +7,7 @@ mod errors;
 mod fp8_compressors;
 mod hand_written;
 mod inventory;
+mod inventory_v41;
 mod planted;
 mod reference_bytes;
 mod roundtrip;

@@ -5,7 +5,7 @@
 
 use needlescope::checkpoint::inventory::{
     expected_inventory_with, linear_storage, logical_inventory, CompressorKinds, InventoryOptions,
-    LinearStorage, TensorRole, FP4_GROUP,
+    LinearStorage, StorageRules, TensorRole, FP4_GROUP,
 };
 use needlescope::checkpoint::{audit, compare, Checkpoint, WeightFormat};
 use needlescope::numerics::codecs::bf16_round;
@@ -92,7 +92,10 @@ fn check_every_tensor_decodes_with(format: WeightFormat, fp8_compressors: bool) 
     let mut kinds = std::collections::BTreeSet::new();
     for lt in logical_inventory(&cfg) {
         let values = generate(&cfg, 42, &lt);
-        match (values, linear_storage(&cfg, opts, lt.role)) {
+        match (
+            values,
+            linear_storage(StorageRules::from(&cfg), opts, lt.role),
+        ) {
             (Values::I64(want), _) => {
                 assert_eq!(
                     ckpt.i64_tensor(&lt.name, &lt.shape).unwrap(),

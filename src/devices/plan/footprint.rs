@@ -37,6 +37,12 @@ pub enum Component {
     HcHead,
     RouterBiases,
     Mtp,
+    /// DeepSeek-V4.1 Engram: tables, their scales, projections and gate weights.
+    Engram,
+    /// DeepSeek-V4.1 vision tower (`vision.*`) and aligner (`aligner.*`).
+    Vision,
+    /// DeepSeek-V4.1 learned image delimiters (`image_start`, `image_end`, `image_newline`).
+    ImageDelimiters,
     Other,
 }
 
@@ -57,7 +63,10 @@ impl Component {
             Component::Norms => "norms (attn, ffn, final)",
             Component::HcHead => "hc_head",
             Component::RouterBiases => "routers: biases",
-            Component::Mtp => "MTP (not run)",
+            Component::Mtp => "MTP / draft blocks (not run)",
+            Component::Engram => "Engram (tables, projections)",
+            Component::Vision => "vision tower + aligner",
+            Component::ImageDelimiters => "image delimiters",
             Component::Other => "other (unrecognised names)",
         }
     }
@@ -72,7 +81,11 @@ pub fn classify(name: &str) -> Component {
         "embed.weight" => return Component::Embed,
         "head.weight" => return Component::Head,
         "norm.weight" => return Component::Norms,
+        "image_start" | "image_end" | "image_newline" => return Component::ImageDelimiters,
         _ => {}
+    }
+    if name.starts_with("vision.") || name.starts_with("aligner.") {
+        return Component::Vision;
     }
     if name.starts_with("hc_head_") {
         return Component::HcHead;
@@ -84,7 +97,8 @@ pub fn classify(name: &str) -> Component {
         "attn_norm.weight" | "ffn_norm.weight" => Component::Norms,
         "ffn.gate.weight" => Component::RouterGates,
         "ffn.gate.tid2eid" => Component::RouterHashTables,
-        "ffn.gate.bias" => Component::RouterBiases,
+        "ffn.gate.bias" | "ffn.gate.bias_vl" => Component::RouterBiases,
+        r if r.starts_with("engram.") => Component::Engram,
         r if r.starts_with("hc_attn_") || r.starts_with("hc_ffn_") => Component::Mhc,
         r if r.starts_with("attn.indexer.") => Component::Indexers,
         r if r.starts_with("attn.compressor.") => Component::Compressors,
@@ -150,7 +164,11 @@ pub fn logical_params(name: &str, dtype: &str, numel: u64) -> u64 {
     let is_scale = [".scale", ".weight_scale", ".weight_scale_2", ".input_scale"]
         .iter()
         .any(|s| name.ends_with(s));
-    if is_scale || name.ends_with("ffn.gate.tid2eid") || name.ends_with("ffn.gate.bias") {
+    if is_scale
+        || name.ends_with("ffn.gate.tid2eid")
+        || name.ends_with("ffn.gate.bias")
+        || name.ends_with("ffn.gate.bias_vl")
+    {
         return 0;
     }
     match dtype {

@@ -33,7 +33,7 @@ use super::tensors::Values;
 use super::{set_weight_format, SynthOptions, SynthSummary};
 use crate::checkpoint::dtype::{Dtype, WeightFormat};
 use crate::checkpoint::inventory::{
-    expand, linear_storage, logical_inventory, LinearStorage, FP4_GROUP,
+    expand, linear_storage, logical_inventory, LinearStorage, StorageRules, FP4_GROUP,
 };
 use crate::checkpoint::reader::INDEX_FILE;
 use crate::checkpoint::writer::{assign_shards, shard_file_name, SafetensorsWriter};
@@ -304,7 +304,13 @@ fn write_checkpoint(
     let inv = opts.format.into();
     let groups: Vec<_> = logical_inventory(cfg)
         .into_iter()
-        .map(|lt| (linear_storage(cfg, inv, lt.role), expand(cfg, inv, &lt), lt))
+        .map(|lt| {
+            (
+                linear_storage(StorageRules::from(cfg), inv, lt.role),
+                expand(StorageRules::from(cfg), inv, &lt),
+                lt,
+            )
+        })
         .collect();
     let n = opts.shards;
     if n == 0 || n > groups.len() {
