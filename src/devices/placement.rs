@@ -19,6 +19,10 @@
 //! The sequence state (window and compressed KV rows, prepared index keys) lives on the device in
 //! caches that double when full; the plan counts them as the GPU backend allocates them (f32,
 //! twice the rows held), so a run that was placed cannot run out of memory for its caches.
+//!
+//! Either family: the model is anything [`AsPlanModel`] (a DeepSeek-V4 `ModelConfig`, a
+//! `V41Config`); [`plan_over_v41`] is the DeepSeek-V4.1 plan `inspect` shows, with its
+//! host-resident Engram tables and placement notes.
 
 use crate::config::V41Config;
 use crate::devices::plan::{self, AsPlanModel, DeviceSet, Footprint, MemoryPlan};

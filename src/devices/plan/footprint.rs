@@ -145,7 +145,9 @@ pub fn slot(name: &str, layers: usize) -> Slot {
         return Slot::Excluded;
     }
     let root = name.split('.').next().unwrap_or(name);
-    if name.starts_with("vision.") || name.starts_with("aligner.") || IMAGE_DELIMITERS.contains(&root)
+    if name.starts_with("vision.")
+        || name.starts_with("aligner.")
+        || IMAGE_DELIMITERS.contains(&root)
     {
         return Slot::Vision;
     }
@@ -345,6 +347,25 @@ impl Footprint {
         let expected = crate::checkpoint::expected_inventory(cfg, format);
         Footprint::from_tensors(
             cfg.num_hidden_layers,
+            expected.iter().map(|t| TensorSpec {
+                name: &t.name,
+                dtype: t.dtype.as_str(),
+                numel: t.shape.iter().product::<usize>() as u64,
+                bytes: t.bytes(),
+            }),
+        )
+    }
+
+    /// Tallies the tensors a DeepSeek-V4.1 `cfg` implies in `format` (its expected inventory,
+    /// [`crate::checkpoint::inventory_v41::expected_inventory_v41`]): the footprint
+    /// [`crate::devices::placement::plan_over_v41`] plans for `inspect --config`.
+    pub fn of_inventory_v41(
+        cfg: &crate::config::V41Config,
+        format: crate::checkpoint::WeightFormat,
+    ) -> Self {
+        let expected = crate::checkpoint::inventory_v41::expected_inventory_v41(cfg, format);
+        Footprint::from_tensors(
+            cfg.text.num_hidden_layers,
             expected.iter().map(|t| TensorSpec {
                 name: &t.name,
                 dtype: t.dtype.as_str(),

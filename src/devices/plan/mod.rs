@@ -59,6 +59,43 @@
 //! split) and the overall shortfall. These two splits use every device given; [`search`]
 //! (`search.rs`) is exact: it finds a layout over an order-preserving subset of the devices
 //! whenever one fits, and [`crate::devices::placement`] falls back on it ([`plan_assigned`] is its plan).
+//!
+//! Either family: every function takes its model through [`AsPlanModel`] (a V4 `ModelConfig`, a
+//! `V41Config`, a `ModelDescription`), which gives the [`PlanModel`] the rules read: the
+//! layer-role table, the dimensions, and what only V4.1 has. The V4 figures are the ones above,
+//! unchanged; the V4.1 fields of [`MemoryPlan`] and [`Footprint`] are left out of their JSON.
+//!
+//! DeepSeek-V4.1 (docs/spec/v41.md sections 3, 5 and 7; entry point
+//! [`crate::devices::placement::plan_over_v41`]):
+//! - **where the weights go**: the backbone as above (embed first, head and final norm last;
+//!   no `hc_head`); each Engram layer's projections (`engram.wkv`, `q_weight`, `k_weight`)
+//!   with the layer; the Engram tables (`layers.{L}.engram.embed.weight` and `.scale`,
+//!   [`Slot::Host`]) on no device: they stay on the host, memory-mapped and read by row (a
+//!   token reads `(engram_max_ngram_size - 1) x engram_n_heads` = 24 rows of `head_dim` e4m3
+//!   values + `head_dim / 32` e8m0 scales = 264 B from each table), counted in
+//!   [`MemoryPlan::host_bytes`] and [`MemoryPlan::host_read_bytes_per_token`]; the DSpark draft
+//!   blocks (`mtp.*`) and the vision tower, aligner and image delimiters ([`Slot::Vision`]) are
+//!   not placed (a text needle never runs them), their bytes in
+//!   [`MemoryPlan::excluded_mtp_bytes`] and [`MemoryPlan::excluded_vision_bytes`];
+//! - **state**, same conventions (f32 rows, [`CACHE_GROWTH_SLACK`]): the window on every layer;
+//!   compressed KV `floor(C / ratio) x head_dim` and index keys
+//!   `floor(C / ratio) x (2 * index_head_dim + 1)` on the KV sources only (the release's 2, 8,
+//!   14 at ratio 2 and 20 at ratio 1; the index keys are the source's, derived from its
+//!   compressed latent); the carry of a ratio-2 source's unfinished pair (kv and gate
+//!   projections, `2 x 2 x head_dim` f32), nothing at ratio 1 (no pooling) and nothing for the
+//!   index keys (no compressor of their own); reuse and reindex layers hold their window only
+//!   (they read their source's rows and keys);
+//! - **workspace**, V4's phases with V4.1's dimensions, plus: the Engram injection as a phase
+//!   of its own (before the attention of an Engram layer: the gathered rows dequantised and as
+//!   the projection's input, `2 x 24 x 256`, `wkv`'s output `(hc_mult + 1) x D`, the gates, the
+//!   raw rows staged from the host `24 x 264` B and their ids); in the indexer phase of the
+//!   candidate source, the block scores of the whole chunk, `T x ceil(rows / block_size)` f32
+//!   (the bound on the transient per-token block scores), and its top-block candidates; in
+//!   every phase, the kept-block table (`min(candidate_topk_blocks, blocks)` ids a token),
+//!   which goes with the chunk from the candidate source to its consumers;
+//! - [`MemoryPlan::placement_notes`] says what is where in words (the host tables and the
+//!   device each Engram layer reads them to, the KV sources and their devices, the candidate
+//!   stage).
 
 use serde::Serialize;
 
@@ -224,7 +261,15 @@ pub fn plan_assigned(
     assign: &[usize],
 ) -> MemoryPlan {
     let m = cfg.plan_model();
-    rows(m.as_ref(), footprint, devices, context, chunk, assign, "searched")
+    rows(
+        m.as_ref(),
+        footprint,
+        devices,
+        context,
+        chunk,
+        assign,
+        "searched",
+    )
 }
 
 /// Each layer's load on its device: weights as stored plus its state for the run.

@@ -190,9 +190,11 @@ impl PlanModel {
         ]
         .into_iter()
         // V4.1's Engram projection `wkv`: the gathered rows to (hc_mult + 1) x hidden.
-        .chain(self.engram.iter().map(|e| {
-            sat_product([u(e.out_width), u(e.rows_per_token), u(e.head_dim)])
-        }))
+        .chain(
+            self.engram
+                .iter()
+                .map(|e| sat_product([u(e.out_width), u(e.rows_per_token), u(e.head_dim)])),
+        )
         .max()
         .unwrap_or(0);
         sat_product([4, largest]).min(BAND_BYTES)

@@ -48,7 +48,11 @@ fn released_tensors() -> Vec<(String, &'static str, u64)> {
         ("aligner.w1.weight".into(), "BF16", ALIGNER_BYTES),
     ];
     for l in 0..40 {
-        t.push((format!("layers.{l}.ffn.experts.0.w1.weight"), "I8", LAYER_BYTES));
+        t.push((
+            format!("layers.{l}.ffn.experts.0.w1.weight"),
+            "I8",
+            LAYER_BYTES,
+        ));
     }
     // Compressors: wkv [512, 5120] bf16 and norm [512] on every KV source, wgate on ratio 2.
     for l in [2, 8, 14, 20] {
@@ -135,10 +139,7 @@ fn the_hand_made_release_reproduces_the_census() {
     assert_eq!(placed, GPU_WEIGHTS);
     // main = everything planned: on the GPUs or on the host.
     assert_eq!(f.main.bytes, GPU_WEIGHTS + HOST_BYTES);
-    assert_eq!(
-        f.main.bytes + f.mtp.bytes + f.vision.bytes,
-        f.total.bytes
-    );
+    assert_eq!(f.main.bytes + f.mtp.bytes + f.vision.bytes, f.total.bytes);
     // Layer 1 carries its Engram projections (not its table): 7,389,500,888 + 157,286,400 +
     // 153,600 + 81,920; layer 14 also its compressor (10,486,784) and indexer (5,575,680 +
     // 131,328 = 5,707,008).
@@ -148,6 +149,32 @@ fn the_hand_made_release_reproduces_the_census() {
         LAYER_BYTES + 157_521_920 + 10_486_784 + 5_707_008
     );
     assert_eq!(f.layer_bytes[0], LAYER_BYTES);
+}
+
+/// The expected inventory of the released config (`checkpoint::inventory_v41`) slots into
+/// the same figures as the hand-made list: the plan of `inspect --config` is the one tested
+/// here.
+#[test]
+fn the_released_inventory_has_the_hand_made_figures() {
+    let f = Footprint::of_inventory_v41(&released(), crate::checkpoint::WeightFormat::Official);
+    let hand = released_footprint();
+    assert_eq!(f.total.bytes, CENSUS_TOTAL);
+    assert_eq!(f.host_bytes, HOST_BYTES);
+    assert_eq!(f.mtp.bytes, MTP_BYTES);
+    assert_eq!(f.vision.bytes, EXCLUDED_VISION);
+    assert_eq!(f.layer_bytes, hand.layer_bytes);
+    assert_eq!(
+        (f.first_bytes, f.last_bytes),
+        (hand.first_bytes, hand.last_bytes)
+    );
+    let p = crate::devices::placement::plan_over_v41(
+        &released(),
+        &f,
+        &"8x80G".parse().unwrap(),
+        K128,
+        2048,
+    );
+    assert!(p.fits && p.weights == GPU_WEIGHTS && p.host_bytes == HOST_BYTES);
 }
 
 #[test]
@@ -165,7 +192,10 @@ fn v41_names_map_to_slots() {
         assert_eq!(slot(d, 40), Slot::Vision, "{d}");
     }
     assert_eq!(slot("norm.weight", 40), Slot::Last);
-    assert_eq!(slot("layers.20.attn.compressor.wkv.weight", 40), Slot::Layer(20));
+    assert_eq!(
+        slot("layers.20.attn.compressor.wkv.weight", 40),
+        Slot::Layer(20)
+    );
 }
 
 /// Every layer holds its window; only the KV sources 2, 8, 14 (ratio 2) and 20 (ratio 1) hold
@@ -336,10 +366,11 @@ fn v41_release_fits_8x80g_with_the_engram_tables_on_the_host() {
         assert_eq!(json["excluded_vision_bytes"], EXCLUDED_VISION);
         assert!(json["placement_notes"].as_array().unwrap().len() >= 3);
     }
-    // 128k, 8 x 80 GiB: the layers' devices at 128k, per device (weights ~35 GiB each).
-    let p = crate::devices::placement::plan_over_v41(&cfg, &f, &devices, K128, 2048);
     if std::env::var("NEEDLESCOPE_PRINT_PLAN").is_ok() {
-        println!("{}", serde_json::to_string_pretty(&p).unwrap());
+        for c in [K128, M1] {
+            let p = crate::devices::placement::plan_over_v41(&cfg, &f, &devices, c, 2048);
+            println!("{}", serde_json::to_string_pretty(&p).unwrap());
+        }
     }
 }
 
@@ -358,7 +389,10 @@ fn v41_release_is_refused_on_3x80g() {
         p.shortfall,
         p.devices.iter().map(|d| d.shortfall).sum::<u64>()
     );
-    assert_eq!(p.host_bytes, HOST_BYTES, "the host tables are reported either way");
+    assert_eq!(
+        p.host_bytes, HOST_BYTES,
+        "the host tables are reported either way"
+    );
     // The Engram tables alone would not fit there either: they are not charged to a GPU.
     assert!(p.total < GPU_WEIGHTS + 3 * 8 * GIB);
 }
