@@ -19,9 +19,13 @@
 //! The sequence state (window and compressed KV rows, prepared index keys) lives on the device in
 //! caches that double when full; the plan counts them as the GPU backend allocates them (f32,
 //! twice the rows held), so a run that was placed cannot run out of memory for its caches.
+//!
+//! Either family: the model is anything [`AsPlanModel`] (a DeepSeek-V4 `ModelConfig`, a
+//! `V41Config`); [`plan_over_v41`] is the DeepSeek-V4.1 plan `inspect` shows, with its
+//! host-resident Engram tables and placement notes.
 
-use crate::config::ModelConfig;
-use crate::devices::plan::{self, DeviceSet, Footprint, MemoryPlan};
+use crate::config::V41Config;
+use crate::devices::plan::{self, AsPlanModel, DeviceSet, Footprint, MemoryPlan};
 use crate::units::{bytes_and_count, group_digits, human_bytes};
 
 /// `--chunk auto` ([`Workload::chunk`]): the prefill chunk is chosen with the backend.
@@ -36,7 +40,7 @@ pub const CPU_AUTO_CHUNK: usize = 2048;
 /// [`place`], with `work.chunk` == [`AUTO_CHUNK`] resolved to the largest of
 /// [`GPU_AUTO_CHUNKS`] that fits (the refusal, when none does, is the smallest one's).
 pub fn place_auto(
-    cfg: &ModelConfig,
+    cfg: &(impl AsPlanModel + ?Sized),
     footprint: &Footprint,
     devices: &[DeviceMemory],
     work: &Workload,
@@ -197,7 +201,7 @@ fn refusal(names: &[String], p: &MemoryPlan, work: &Workload, idle: &[String]) -
 /// for each device it leaves idle (charged nothing) and capacities over every offered device.
 /// Refused plans are returned too (`fits` false), over the devices that would have been used.
 pub fn plan_over(
-    cfg: &ModelConfig,
+    cfg: &(impl AsPlanModel + ?Sized),
     footprint: &Footprint,
     devices: &DeviceSet,
     context: usize,
@@ -225,19 +229,21 @@ pub fn plan_over(
             free,
         })
         .collect();
+    let model = cfg.plan_model();
+    let model = model.as_ref();
     let work = Workload {
         context,
         chunk,
-        topk: cfg.index_topk,
+        topk: model.index_topk,
     };
-    let (used, mut p) = match place(cfg, footprint, &offered, &work) {
+    let (used, mut p) = match place(model, footprint, &offered, &work) {
         Ok(placed) => (placed.used, placed.plan),
         Err(PlacementError::DoesNotFit { names, plan, .. }) => {
             (names.iter().filter_map(|n| n.parse().ok()).collect(), *plan)
         }
         // No device offered: the plan over none (the DeviceSet parser refuses this anyway).
         Err(PlacementError::NoDevices) => {
-            return plan::plan(cfg, footprint, devices, context, chunk)
+            return plan::plan(model, footprint, devices, context, chunk)
         }
     };
     let mut rows: Vec<plan::DevicePlan> = (0..offered.len())
@@ -249,13 +255,32 @@ pub fn plan_over(
     p.devices = rows;
     p.devices_spec = devices.spec.clone();
     p.capacity = crate::devices::plan::sat_sum(devices.capacities.iter().copied());
+    // The notes name devices: name the offered ones.
+    p.placement_notes = plan::placement_notes(model, &p);
     p
+}
+
+/// The memory plan of a DeepSeek-V4.1 run over `devices` (what `inspect --devices` shows for a
+/// V4.1 config or checkpoint; `chunk` may be [`AUTO_CHUNK`]): [`plan_over`] with V4.1's rules
+/// (module doc of [`crate::devices::plan`]). `footprint` holds the V4.1 tensors (e.g.
+/// [`Footprint::from_tensors`] over the expected inventory): the backbone and the Engram
+/// projections on the GPUs, the Engram tables on the host ([`MemoryPlan::host_bytes`]), the
+/// draft blocks and the vision tower left out ([`MemoryPlan::excluded_mtp_bytes`],
+/// [`MemoryPlan::excluded_vision_bytes`]); [`MemoryPlan::placement_notes`] says what is where.
+pub fn plan_over_v41(
+    cfg: &V41Config,
+    footprint: &Footprint,
+    devices: &DeviceSet,
+    context: usize,
+    chunk: usize,
+) -> MemoryPlan {
+    plan_over(cfg, footprint, devices, context, chunk)
 }
 
 /// Lays the model out over `devices` for `work` (see the module docs). `footprint` gives the
 /// weight bytes per layer (e.g. [`Footprint::of_checkpoint`]).
 pub fn place(
-    cfg: &ModelConfig,
+    cfg: &(impl AsPlanModel + ?Sized),
     footprint: &Footprint,
     devices: &[DeviceMemory],
     work: &Workload,
@@ -263,7 +288,7 @@ pub fn place(
     if devices.is_empty() {
         return Err(PlacementError::NoDevices);
     }
-    let mut cfg = cfg.clone();
+    let mut cfg = cfg.plan_model().into_owned();
     cfg.index_topk = work.topk.max(1);
     let layers = footprint.layer_bytes.len();
     // Without layers the embedding and the head share the first device.
@@ -337,7 +362,7 @@ pub fn place(
 /// The layout of the exact search over every offered device ([`plan::search`]), if one fits.
 /// `cfg` carries the run's top-k.
 fn searched(
-    cfg: &ModelConfig,
+    cfg: &plan::PlanModel,
     footprint: &Footprint,
     devices: &[DeviceMemory],
     work: &Workload,
@@ -385,6 +410,7 @@ mod tests {
     //! Tests of `placement.rs`.
 
     use super::*;
+    use crate::config::ModelConfig;
 
     const GIB: u64 = 1 << 30;
 

@@ -1,6 +1,7 @@
 //! The memory plan as a table: one row per device (layer range, what else it holds, weights,
-//! state, workspace, total, capacity, free), a total row, then the shortfalls when it does not
-//! fit, what is left out and the plan's assumptions.
+//! state, workspace, total, capacity, free), a total row, then what stays on the host (V4.1's
+//! Engram tables), the shortfalls when it does not fit, what is left out, what is where (V4.1's
+//! placement notes) and the plan's assumptions.
 
 use std::io::Write;
 
@@ -70,6 +71,15 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
         human_bytes(p.total),
         human_bytes(p.capacity)
     )?;
+    if p.host_bytes > 0 {
+        writeln!(
+            out,
+            "  host (mapped): Engram tables {} ({} bytes), read by row ({} B a token), on no device",
+            human_bytes(p.host_bytes),
+            group_digits(p.host_bytes),
+            group_digits(p.host_read_bytes_per_token)
+        )?;
+    }
     if !p.fits {
         for d in p.devices.iter().filter(|d| d.shortfall > 0) {
             writeln!(
@@ -108,13 +118,69 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
             idle.join(", ")
         )?;
     }
-    writeln!(
-        out,
-        "  not placed: MTP ({}, never run)",
-        human_bytes(p.excluded_mtp_bytes)
-    )?;
+    if p.excluded_vision_bytes > 0 {
+        writeln!(
+            out,
+            "  not placed: MTP draft blocks ({}), vision tower + aligner + image delimiters ({}): never run for a text needle",
+            human_bytes(p.excluded_mtp_bytes),
+            human_bytes(p.excluded_vision_bytes)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  not placed: MTP ({}, never run)",
+            human_bytes(p.excluded_mtp_bytes)
+        )?;
+    }
+    for n in &p.placement_notes {
+        writeln!(out, "  where: {n}")?;
+    }
     for a in &p.assumptions {
         writeln!(out, "  assumes: {a}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The V4.1 lines of the plan table: the host row, what is left out, what is where.
+
+    use super::*;
+    use crate::config::V41Config;
+    use crate::devices::plan::Footprint;
+
+    #[test]
+    fn a_v41_plan_says_what_stays_on_the_host() {
+        let cfg = V41Config::from_json_str(
+            include_str!("../../../tests/fixtures/deepseek_v41_flash_config.json"),
+            std::path::Path::new("config.json"),
+        )
+        .unwrap();
+        let f = Footprint::of_inventory_v41(&cfg, crate::checkpoint::WeightFormat::Official);
+        let p = crate::devices::placement::plan_over_v41(
+            &cfg,
+            &f,
+            &"8x80G".parse().unwrap(),
+            131_072,
+            2048,
+        );
+        let mut out = Vec::new();
+        print_plan(&p, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        if std::env::var("NEEDLESCOPE_PRINT_PLAN").is_ok() {
+            println!("{text}");
+        }
+        // 768,022,850 rows x 264 B = 202,758,032,400 B = 188.83 GiB; 2 x 24 x 264 B a token.
+        for said in [
+            "memory plan 8x80G at context 131,072 tokens (prefill chunk 2048): fits",
+            "host (mapped): Engram tables 188.83 GiB (202,758,032,400 bytes), read by row (12,672 B a token), on no device",
+            "not placed: MTP draft blocks (7.39 GiB), vision tower + aligner + image delimiters (925.58 MiB): never run for a text needle",
+            "where: Engram: the tables stay on the host",
+            "where: compressed KV and index keys on the KV sources only",
+            "where: candidate stage: layer 20",
+            "assumes: window on every layer",
+        ] {
+            assert!(text.contains(said), "{said}:\n{text}");
+        }
+    }
 }

@@ -125,19 +125,37 @@ pub enum Slot {
     Layer(usize),
     /// With the last device: head, final norm, hc_head.
     Last,
-    /// Not placed (MTP is never run).
+    /// Not placed (MTP is never run; DeepSeek-V4.1's DSpark draft blocks are `mtp.*` too).
     Excluded,
+    /// Not placed: DeepSeek-V4.1's vision tower (`vision.*`), aligner (`aligner.*`) and image
+    /// delimiters (`image_start`, `image_end`, `image_newline`), never run for a text needle.
+    Vision,
+    /// On the host, memory-mapped and read by row, on no device: DeepSeek-V4.1's Engram tables
+    /// (`layers.{L}.engram.embed.weight` and `.scale`; the layer's Engram projections go with
+    /// the layer).
+    Host,
 }
+
+/// Names of DeepSeek-V4.1's learned image delimiters (docs/spec/v41.md 4.1).
+const IMAGE_DELIMITERS: [&str; 3] = ["image_start", "image_end", "image_newline"];
 
 /// The plan slot of a tensor of a model with `layers` main layers.
 pub fn slot(name: &str, layers: usize) -> Slot {
     if name.starts_with("mtp.") {
         return Slot::Excluded;
     }
+    let root = name.split('.').next().unwrap_or(name);
+    if name.starts_with("vision.")
+        || name.starts_with("aligner.")
+        || IMAGE_DELIMITERS.contains(&root)
+    {
+        return Slot::Vision;
+    }
     if name == "head.weight" || name == "norm.weight" || name.starts_with("hc_head_") {
         return Slot::Last;
     }
     match split_layer(name) {
+        Some((_, "engram.embed.weight" | "engram.embed.scale")) => Slot::Host,
         Some((l, _)) if l < layers => Slot::Layer(l),
         _ => Slot::First,
     }
@@ -186,6 +204,11 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// Whether it counts nothing.
+    pub fn is_zero(&self) -> bool {
+        *self == Tally::default()
+    }
+
     /// Saturating: a tally never wraps to a small, plausible figure.
     fn add(&mut self, params: u64, bytes: u64) {
         self.tensors = self.tensors.saturating_add(1);
@@ -217,9 +240,14 @@ pub struct FormatRow {
 pub struct Footprint {
     pub components: Vec<ComponentRow>,
     pub formats: Vec<FormatRow>,
-    /// Main model (everything except MTP).
+    /// Main model: everything that is not left out of the plan (not MTP, not V4.1's vision
+    /// tower), the host-resident tables included.
     pub main: Tally,
     pub mtp: Tally,
+    /// DeepSeek-V4.1's vision tower, aligner and image delimiters ([`Slot::Vision`]); absent
+    /// from the JSON when empty (V4).
+    #[serde(skip_serializing_if = "Tally::is_zero")]
+    pub vision: Tally,
     pub total: Tally,
     /// Weight bytes per main layer.
     pub layer_bytes: Vec<u64>,
@@ -227,6 +255,14 @@ pub struct Footprint {
     pub first_bytes: u64,
     /// Weight bytes that go with the last device (head, final norm, hc_head).
     pub last_bytes: u64,
+    /// Weight bytes that stay on the host, memory-mapped ([`Slot::Host`]: V4.1's Engram tables
+    /// and their scales); part of `main`, on no device. Absent from the JSON when 0 (V4).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl Footprint {
@@ -238,8 +274,9 @@ impl Footprint {
         let mut comps: BTreeMap<Component, Tally> = BTreeMap::new();
         let mut formats: BTreeMap<String, Tally> = BTreeMap::new();
         let (mut main, mut mtp, mut total) = (Tally::default(), Tally::default(), Tally::default());
+        let mut vision = Tally::default();
         let mut layer_bytes = vec![0u64; layers];
-        let (mut first_bytes, mut last_bytes) = (0u64, 0u64);
+        let (mut first_bytes, mut last_bytes, mut host_bytes) = (0u64, 0u64, 0u64);
         for t in tensors {
             let params = logical_params(t.name, t.dtype, t.numel);
             comps
@@ -253,13 +290,15 @@ impl Footprint {
             total.add(params, t.bytes);
             match slot(t.name, layers) {
                 Slot::Excluded => mtp.add(params, t.bytes),
+                Slot::Vision => vision.add(params, t.bytes),
                 s => {
                     main.add(params, t.bytes);
                     match s {
                         Slot::First => first_bytes = first_bytes.saturating_add(t.bytes),
                         Slot::Layer(l) => layer_bytes[l] = layer_bytes[l].saturating_add(t.bytes),
                         Slot::Last => last_bytes = last_bytes.saturating_add(t.bytes),
-                        Slot::Excluded => unreachable!(),
+                        Slot::Host => host_bytes = host_bytes.saturating_add(t.bytes),
+                        Slot::Excluded | Slot::Vision => unreachable!(),
                     }
                 }
             }
@@ -290,10 +329,12 @@ impl Footprint {
             formats,
             main,
             mtp,
+            vision,
             total,
             layer_bytes,
             first_bytes,
             last_bytes,
+            host_bytes,
         }
     }
 
@@ -306,6 +347,25 @@ impl Footprint {
         let expected = cfg.expected_inventory(format.into());
         Footprint::from_tensors(
             cfg.main_layers(),
+            expected.iter().map(|t| TensorSpec {
+                name: &t.name,
+                dtype: t.dtype.as_str(),
+                numel: t.shape.iter().product::<usize>() as u64,
+                bytes: t.bytes(),
+            }),
+        )
+    }
+
+    /// Tallies the tensors a DeepSeek-V4.1 `cfg` implies in `format` (its expected inventory,
+    /// [`crate::checkpoint::inventory_v41::expected_inventory_v41`]): the footprint
+    /// [`crate::devices::placement::plan_over_v41`] plans for `inspect --config`.
+    pub fn of_inventory_v41(
+        cfg: &crate::config::V41Config,
+        format: crate::checkpoint::WeightFormat,
+    ) -> Self {
+        let expected = crate::checkpoint::inventory_v41::expected_inventory_v41(cfg, format);
+        Footprint::from_tensors(
+            cfg.text.num_hidden_layers,
             expected.iter().map(|t| TensorSpec {
                 name: &t.name,
                 dtype: t.dtype.as_str(),

@@ -16,8 +16,7 @@
 
 use std::cmp::Ordering;
 
-use super::{fixed_bytes, layer_loads};
-use crate::config::ModelConfig;
+use super::{fixed_bytes, layer_loads, AsPlanModel};
 use crate::devices::plan::Footprint;
 
 /// A layout found by [`search`].
@@ -32,14 +31,16 @@ pub struct Layout {
 /// The layout of `footprint` over devices with free memory `caps` for `context` tokens in
 /// prefill chunks of `chunk` (see the module docs); `None` when none fits or there is no layer.
 pub fn search(
-    cfg: &ModelConfig,
+    cfg: &(impl AsPlanModel + ?Sized),
     footprint: &Footprint,
     caps: &[u64],
     context: usize,
     chunk: usize,
 ) -> Option<Layout> {
-    let items = layer_loads(cfg, footprint, context, chunk);
-    let fixed = |first, last| fixed_bytes(cfg, footprint, context, chunk, first, last);
+    let m = cfg.plan_model();
+    let m = m.as_ref();
+    let items = layer_loads(m, footprint, context, chunk);
+    let fixed = |first, last| fixed_bytes(m, footprint, context, chunk, first, last);
     let fixed = [
         [fixed(false, false), fixed(false, true)],
         [fixed(true, false), fixed(true, true)],
