@@ -505,6 +505,39 @@ fn a_deepseek_v41_config_is_read_as_v41() {
     run(&["inspect", "--config", nv_path.to_str().unwrap()])
         .ok()
         .stdout_has(&["format      nvfp4: NVIDIA NVFP4 re-quantisation", "188,245"]);
+    // The memory plan: backbone on the GPUs, the Engram tables on the host, state only where
+    // the roles put it; refused with a shortfall on too few devices.
+    let released = fixtures.join("deepseek_v41_flash_config.json");
+    let released = released.to_str().unwrap();
+    let plan = ["--devices", "8x80G", "--context", "128k", "--chunk", "2048"];
+    let args: Vec<&str> = ["inspect", "--config", released]
+        .into_iter()
+        .chain(plan)
+        .collect();
+    run(&args).ok().stdout_has(&[
+        "memory plan 8x80G at context 131,072 tokens (prefill chunk 2048): fits",
+        "host (mapped): Engram tables 188.83 GiB (202,758,032,400 bytes), read by row",
+        "layer 20 (device 4): 131,072 rows (ratio 1)",
+    ]);
+    let json: serde_json::Value =
+        serde_json::from_str(&run(&[args.as_slice(), &["--json"]].concat()).ok().stdout).unwrap();
+    assert_eq!(json["plan"]["host_bytes"], 202_758_032_400u64);
+    assert_eq!(
+        json["plan"]["devices"][4]["layers"],
+        serde_json::json!([20, 24])
+    );
+    run(&[
+        "inspect",
+        "--config",
+        released,
+        "--devices",
+        "3x80G",
+        "--context",
+        "128k",
+    ])
+    .fails()
+    .stdout_has(&["REFUSED, does not fit"])
+    .stderr_has(&["memory plan refused: 3x80G cannot hold the model at context 131072"]);
     // Both dialects describe one model: one config hash.
     let hash = |name: &str| {
         let p = fixtures.join(name);

@@ -38,10 +38,9 @@ pub fn build_v41(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             t.max_position_embeddings
         );
     }
-    let plan = match &args.devices {
-        Some(_) => bail!("--devices: PLAN_V41_PENDING"),
-        None => None,
-    };
+    let plan = args.devices.as_ref().map(|d| {
+        crate::devices::placement::plan_over_v41(&cfg, &footprint, d, args.context, args.chunk)
+    });
     let roles = cfg.layer_roles();
     Ok(InspectReport {
         source,

@@ -156,7 +156,7 @@ mod tests {
             std::path::Path::new("config.json"),
         )
         .unwrap();
-        let f = Footprint::of_inventory_v41(&cfg, crate::checkpoint::WeightFormat::Official);
+        let f = Footprint::of_inventory(&cfg, crate::checkpoint::WeightFormat::Official);
         let p = crate::devices::placement::plan_over_v41(
             &cfg,
             &f,

@@ -190,7 +190,12 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
     for row in &f.components {
         write_tally(out, row.label, &row.tally, "")?;
     }
-    write_tally(out, "main model (without MTP)", &f.main, "")?;
+    let main = if r.v41.is_some() {
+        "main model (no drafts, vision)"
+    } else {
+        "main model (without MTP)"
+    };
+    write_tally(out, main, &f.main, "")?;
     write_tally(out, "total", &f.total, "")?;
     writeln!(
         out,

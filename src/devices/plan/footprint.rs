@@ -338,8 +338,8 @@ impl Footprint {
         }
     }
 
-    /// Tallies the tensors `cfg` implies in `format` (its expected inventory), as `inspect
-    /// --config` sizes a model without its weights.
+    /// Tallies the tensors `cfg` (of either family) implies in `format` (its expected
+    /// inventory), as `inspect --config` sizes a model without its weights.
     pub fn of_inventory<C: crate::checkpoint::reader::CheckpointConfig>(
         cfg: &C,
         format: crate::checkpoint::WeightFormat,
@@ -347,25 +347,6 @@ impl Footprint {
         let expected = cfg.expected_inventory(format.into());
         Footprint::from_tensors(
             cfg.main_layers(),
-            expected.iter().map(|t| TensorSpec {
-                name: &t.name,
-                dtype: t.dtype.as_str(),
-                numel: t.shape.iter().product::<usize>() as u64,
-                bytes: t.bytes(),
-            }),
-        )
-    }
-
-    /// Tallies the tensors a DeepSeek-V4.1 `cfg` implies in `format` (its expected inventory,
-    /// [`crate::checkpoint::inventory_v41::expected_inventory_v41`]): the footprint
-    /// [`crate::devices::placement::plan_over_v41`] plans for `inspect --config`.
-    pub fn of_inventory_v41(
-        cfg: &crate::config::V41Config,
-        format: crate::checkpoint::WeightFormat,
-    ) -> Self {
-        let expected = crate::checkpoint::inventory_v41::expected_inventory_v41(cfg, format);
-        Footprint::from_tensors(
-            cfg.text.num_hidden_layers,
             expected.iter().map(|t| TensorSpec {
                 name: &t.name,
                 dtype: t.dtype.as_str(),

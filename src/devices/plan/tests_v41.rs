@@ -156,7 +156,7 @@ fn the_hand_made_release_reproduces_the_census() {
 /// here.
 #[test]
 fn the_released_inventory_has_the_hand_made_figures() {
-    let f = Footprint::of_inventory_v41(&released(), crate::checkpoint::WeightFormat::Official);
+    let f = Footprint::of_inventory(&released(), crate::checkpoint::WeightFormat::Official);
     let hand = released_footprint();
     assert_eq!(f.total.bytes, CENSUS_TOTAL);
     assert_eq!(f.host_bytes, HOST_BYTES);
