@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::flags::parse_positive;
 use crate::checkpoint::WeightFormat;
-use crate::synth::{synth_with_progress, Preset, SynthOptions};
+use crate::synth::{synth_with_progress, Preset, SynthOptions, SynthSummary};
 use crate::units::{group_digits, human_bytes};
 
 /// Which synthetic model (`--preset`).
@@ -19,15 +19,20 @@ pub enum PresetArg {
     Planted,
     /// Real DeepSeek-V4-Flash dimensions and formats (use --layers/--experts to shrink)
     Flash,
+    /// DeepSeek-V4.1 at toy size with every layer role, Engram and a draft block; real
+    /// vocabulary (bf16 or official)
+    #[value(name = "v41-tiny")]
+    V41Tiny,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Which synthetic model
+    /// Which synthetic model (v41-tiny: DeepSeek-V4.1)
     #[arg(long, value_enum, default_value_t = PresetArg::Tiny)]
     pub preset: PresetArg,
 
-    /// Weight format: bf16 (no scales), official (fp8 blocks + fp4 experts), nvfp4
+    /// Weight format: bf16 (no scales), official (fp8 blocks + fp4 experts), nvfp4 (not for
+    /// v41-tiny)
     #[arg(long, value_name = "bf16|official|nvfp4", default_value = "official")]
     pub format: WeightFormat,
 
@@ -68,6 +73,7 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         PresetArg::Tiny => Preset::Tiny,
         PresetArg::Flash => Preset::Flash,
         PresetArg::Planted => Preset::Planted,
+        PresetArg::V41Tiny => Preset::V41Tiny,
     };
     if args.margin.is_some() && preset != Preset::Planted {
         anyhow::bail!("--margin applies to --preset planted only");
@@ -88,6 +94,9 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         fp8_compressors: args.fp8_compressors,
         out: args.out.clone(),
     };
+    if preset == Preset::V41Tiny {
+        return run_v41(args, &opts, out);
+    }
     {
         // A model without a CSA layer has no indexer: say so before writing gigabytes.
         let config = |layers| {
@@ -134,6 +143,56 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let s = written
         .map_err(anyhow::Error::from)
         .map_err(|e| e.context(format!("synth into {} failed", args.out.display())))?;
+    let schedule = s.config.schedule_summary();
+    print_summary(args, &s, &schedule, out)
+}
+
+/// `--preset v41-tiny`: the flags it does not take are refused by name before anything is
+/// written, then [`crate::synth::v41::synth_v41`].
+fn run_v41(args: &SynthArgs, opts: &SynthOptions, out: &mut dyn Write) -> anyhow::Result<()> {
+    if args.format == WeightFormat::Nvfp4 {
+        anyhow::bail!(
+            "--format nvfp4 is not available with --preset v41-tiny: NVIDIA's NVFP4 layout of \
+             DeepSeek-V4.1 is not public (docs/spec/v41.md section 7); use --format bf16 or \
+             official"
+        );
+    }
+    for (flag, given) in [
+        ("--layers", args.layers.is_some()),
+        ("--experts", args.experts.is_some()),
+        ("--fp8-compressors", args.fp8_compressors),
+    ] {
+        if given {
+            anyhow::bail!(
+                "{flag} applies to --preset tiny and flash only (v41-tiny keeps every \
+                 DeepSeek-V4.1 layer role and the release's storage as they are)"
+            );
+        }
+    }
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(crate::run::progress::style(
+        crate::run::progress::SYNTH_BYTES,
+    ));
+    let written = crate::synth::v41::synth_v41(opts, None, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    let s = written
+        .map_err(anyhow::Error::from)
+        .map_err(|e| e.context(format!("synth into {} failed", args.out.display())))?;
+    let schedule = s.config.schedule_summary();
+    print_summary(args, &s, &schedule, out)
+}
+
+/// What synth wrote, one line each.
+fn print_summary<C>(
+    args: &SynthArgs,
+    s: &SynthSummary<C>,
+    schedule: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "wrote {}: {} preset, {} format{}, seed {}",
@@ -190,7 +249,7 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         s.seconds,
         s.mb_per_s()
     )?;
-    writeln!(out, "  schedule  {}", s.config.schedule_summary())?;
+    writeln!(out, "  schedule  {schedule}")?;
     writeln!(out, "next: needlescope inspect --model {}", s.dir.display())?;
     Ok(())
 }
@@ -200,5 +259,6 @@ fn preset_name(p: PresetArg) -> &'static str {
         PresetArg::Tiny => "tiny",
         PresetArg::Planted => "planted",
         PresetArg::Flash => "flash",
+        PresetArg::V41Tiny => "v41-tiny",
     }
 }

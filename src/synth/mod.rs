@@ -8,6 +8,8 @@
 //! `expert_dtype: "fp4"`; bf16 outputs carry neither. `planted` has its own config and
 //! constructed weights ([`planted`]): [`synth_config`] and [`synth`] hand it over to
 //! [`planted::planted_config`] and [`planted::synth_planted`] (at the default margin).
+//! `v41-tiny` is DeepSeek-V4.1 ([`v41`]): [`v41::synth_v41`] writes it through the same tensor
+//! generator and shard writer (`write_groups`); the DeepSeek-V4 entry points refuse it.
 //!
 //! Tensors: exactly `expected_inventory(cfg, format)` (with `fp8_compressors`, the compressor
 //! and indexer linears as FP8 blocks + E8M0 scales), values from `values.rs`, stored bytes
@@ -26,6 +28,7 @@
 
 pub mod planted;
 pub mod tensors;
+pub mod v41;
 
 use crate::checkpoint::dtype::{Dtype, WeightFormat};
 use crate::checkpoint::inventory::{
@@ -47,7 +50,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Instant;
-use tensors::{fill_f32, generate, Values};
+use tensors::{fill_f32, generate, GenParams, Values};
 
 /// Which synthetic model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +59,9 @@ pub enum Preset {
     Flash,
     /// The demo model with a planted needle ([`planted`]).
     Planted,
+    /// DeepSeek-V4.1 at toy size, every layer role of the release ([`v41`]); written by
+    /// [`v41::synth_v41`], not [`synth`].
+    V41Tiny,
 }
 
 impl Preset {
@@ -65,6 +71,7 @@ impl Preset {
             Preset::Tiny => "tiny",
             Preset::Flash => "flash",
             Preset::Planted => "planted",
+            Preset::V41Tiny => "v41-tiny",
         }
     }
 }
@@ -76,9 +83,10 @@ impl FromStr for Preset {
             "tiny" => Ok(Preset::Tiny),
             "flash" => Ok(Preset::Flash),
             "planted" => Ok(Preset::Planted),
+            "v41-tiny" => Ok(Preset::V41Tiny),
             _ => Err(CheckpointError::SynthOption {
                 field: "preset",
-                expected: "one of tiny, planted, flash".into(),
+                expected: "one of tiny, planted, flash, v41-tiny".into(),
                 found: format!("{s:?}"),
             }),
         }
@@ -116,11 +124,12 @@ impl SynthOptions {
     }
 }
 
-/// What `synth` wrote.
+/// What `synth` wrote; `C` is the config of the family ([`ModelConfig`] for DeepSeek-V4,
+/// [`crate::config::V41Config`] for [`v41::synth_v41`]).
 #[derive(Clone, Debug)]
-pub struct SynthSummary {
+pub struct SynthSummary<C = ModelConfig> {
     pub dir: PathBuf,
-    pub config: ModelConfig,
+    pub config: C,
     pub format: WeightFormat,
     pub tensors: usize,
     pub payload_bytes: u64,
@@ -129,7 +138,7 @@ pub struct SynthSummary {
     pub seconds: f64,
 }
 
-impl SynthSummary {
+impl<C> SynthSummary<C> {
     /// Payload throughput in MB/s (10^6 bytes).
     pub fn mb_per_s(&self) -> f64 {
         self.payload_bytes as f64 / 1e6 / self.seconds.max(1e-9)
@@ -143,6 +152,7 @@ pub fn synth_config(opts: &SynthOptions) -> Result<ModelConfig, CheckpointError>
         Preset::Tiny => ModelConfig::tiny(),
         Preset::Flash => ModelConfig::flash(),
         Preset::Planted => return planted::planted_config(opts.format, opts.layers, opts.experts),
+        Preset::V41Tiny => return Err(v41::not_a_v4_preset()),
     };
     if let Some(n) = opts.layers {
         if n == 0 || n > cfg.num_hidden_layers {
@@ -214,8 +224,8 @@ const STREAM_PIECE: usize = 256 * CHUNK;
 const WINDOW_ELEMS: usize = 1 << 25;
 
 /// The stored bytes of one group, in `stored` order.
-fn encode(cfg: &ModelConfig, seed: u64, g: &Group) -> Result<Vec<Vec<u8>>, CheckpointError> {
-    let values = generate(cfg, seed, &g.lt);
+fn encode(p: GenParams, seed: u64, g: &Group) -> Result<Vec<Vec<u8>>, CheckpointError> {
+    let values = generate(p, seed, &g.lt);
     let x = match values {
         Values::I64(v) => return Ok(vec![i64_to_bytes(&v)]),
         Values::F32(x) => x,
@@ -233,6 +243,17 @@ fn encode(cfg: &ModelConfig, seed: u64, g: &Group) -> Result<Vec<Vec<u8>>, Check
             vec![f32_to_f32_bytes(&x)]
         }
         None | Some(LinearStorage::Bf16) => vec![f32_to_bf16_bytes(&x)],
+        // One scale per `bi` columns of each row (DeepSeek-V4.1's Engram table): the square
+        // encoder on one row at a time, whose block then covers that row only.
+        Some(LinearStorage::Fp8Block { block: (1, bi) }) if bi > 1 => {
+            let (mut w, mut s) = (Vec::with_capacity(o * i), Vec::new());
+            for row in x.chunks(i.max(1)) {
+                let (rw, rs) = quant_fp8_block(row, 1, i, bi).map_err(err)?;
+                w.extend(rw);
+                s.extend(rs);
+            }
+            vec![w, s]
+        }
         Some(LinearStorage::Fp8Block { block: (bo, bi) }) => {
             if bo != bi {
                 return Err(CheckpointError::NotImplemented {
@@ -260,7 +281,7 @@ fn encode(cfg: &ModelConfig, seed: u64, g: &Group) -> Result<Vec<Vec<u8>>, Check
 
 /// Writes a big plain tensor in pieces.
 fn write_streamed(
-    cfg: &ModelConfig,
+    p: GenParams,
     seed: u64,
     g: &Group,
     w: &mut SafetensorsWriter,
@@ -271,7 +292,7 @@ fn write_streamed(
     let mut start = 0;
     while start < n {
         let len = STREAM_PIECE.min(n - start);
-        fill_f32(cfg, seed, &g.lt, start, &mut buf[..len]);
+        fill_f32(p, seed, &g.lt, start, &mut buf[..len]);
         let bytes = if t.dtype == Dtype::F32 {
             f32_to_f32_bytes(&buf[..len])
         } else {
@@ -302,6 +323,9 @@ pub fn synth_with_progress(
     tokenizer_json: Option<&[u8]>,
     written: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthSummary, CheckpointError> {
+    if opts.preset == Preset::V41Tiny {
+        return Err(v41::not_a_v4_preset());
+    }
     if opts.preset == Preset::Planted {
         let refuse = |field, expected: &str, found: &str| CheckpointError::SynthOption {
             field,
@@ -357,14 +381,56 @@ fn write_synth(
         },
         ..opts.format.into()
     };
-    let groups: Vec<Group> = logical_inventory(&cfg)
+    let groups = groups(logical_inventory(&cfg), StorageRules::from(&cfg), inv_opts);
+    let w = write_groups(
+        &groups,
+        GenParams::from(&cfg),
+        opts,
+        tokenizer_json,
+        &cfg.to_json_string(),
+        written,
+    )?;
+    Ok(SynthSummary {
+        dir: opts.out.clone(),
+        format: opts.format,
+        tensors: w.tensors,
+        payload_bytes: w.payload_bytes,
+        files: w.files,
+        seconds: t0.elapsed().as_secs_f64(),
+        config: cfg,
+    })
+}
+
+/// The logical tensors of a family's inventory with their storage under `rules` and `opts`.
+fn groups(logical: Vec<LogicalTensor>, rules: StorageRules, opts: InventoryOptions) -> Vec<Group> {
+    logical
         .into_iter()
         .map(|lt| Group {
-            storage: linear_storage(StorageRules::from(&cfg), inv_opts, lt.role),
-            stored: expand(StorageRules::from(&cfg), inv_opts, &lt),
+            storage: linear_storage(rules, opts, lt.role),
+            stored: expand(rules, opts, &lt),
             lt,
         })
-        .collect();
+        .collect()
+}
+
+/// What [`write_groups`] wrote.
+struct Written {
+    tensors: usize,
+    payload_bytes: u64,
+    files: Vec<PathBuf>,
+}
+
+/// Writes `groups` (values from `params` and `opts.seed`) into `opts.out` in `opts.shards`
+/// files, then the shard index, `tokenizer_json` if given and `config_text` as `config.json`,
+/// last (module doc). Shared by every family.
+fn write_groups(
+    groups: &[Group],
+    params: GenParams,
+    opts: &SynthOptions,
+    tokenizer_json: Option<&[u8]>,
+    config_text: &str,
+    written: &mut dyn FnMut(u64, u64),
+) -> Result<Written, CheckpointError> {
     if opts.shards == 0 || opts.shards > groups.len() {
         return Err(CheckpointError::SynthOption {
             field: "shards",
@@ -395,7 +461,7 @@ fn write_synth(
         let mut k = 0;
         while k < members.len() {
             if members[k].streamed() {
-                write_streamed(&cfg, opts.seed, &members[k], &mut w)?;
+                write_streamed(params, opts.seed, &members[k], &mut w)?;
                 done += members[k].bytes();
                 written(done, total);
                 k += 1;
@@ -409,7 +475,7 @@ fn write_synth(
             }
             let encoded: Vec<_> = members[k..j]
                 .par_iter()
-                .map(|g| encode(&cfg, opts.seed, g))
+                .map(|g| encode(params, opts.seed, g))
                 .collect();
             for (g, bytes) in members[k..j].iter().zip(encoded) {
                 for (t, b) in g.stored.iter().zip(bytes?) {
@@ -440,15 +506,11 @@ fn write_synth(
         write_file(&dir.join("tokenizer.json"), tok)?;
     }
     // Last: a directory without config.json is visibly unfinished (a failed or stopped run).
-    write_file(&dir.join("config.json"), cfg.to_json_string().as_bytes())?;
-    Ok(SynthSummary {
-        dir: dir.clone(),
-        format: opts.format,
+    write_file(&dir.join("config.json"), config_text.as_bytes())?;
+    Ok(Written {
         tensors: groups.iter().map(|g| g.stored.len()).sum(),
         payload_bytes,
         files,
-        seconds: t0.elapsed().as_secs_f64(),
-        config: cfg,
     })
 }
 

@@ -13,12 +13,20 @@
 //! | `hc_*_scale` | `0.1 + 0.9 u` |
 //! | `ffn.gate.bias` | `0.05 z` |
 //! | `ffn.gate.tid2eid` | per token, `experts_per_tok` distinct ids in `[0, experts)` |
+//! | V4.1 Engram table `engram.embed` | `z`, like `embed.weight`: rows are looked up, not multiplied, and the projection after them (`engram.wkv`, `z / sqrt(in)`) keeps the output O(1) |
+//! | V4.1 Engram `q_weight` / `k_weight` | `1 + 0.1 z` (their product is one gate weight per dimension) |
+//! | V4.1 image delimiters | `z` |
+//! | V4.1 vision and aligner biases | `0.02 z` |
+//!
+//! The config enters only through [`GenParams`] (the mHC stream count and the routed-expert
+//! count), so one generator serves DeepSeek-V4 ([`ModelConfig`]) and DeepSeek-V4.1
+//! ([`V41Config`]).
 //!
 //! The seed of a linear is that of its `<module>.weight` name, so one seed gives the same
 //! logical weights in every format; formats differ only in how they round them.
 
 use crate::checkpoint::inventory::{LogicalTensor, TensorRole};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, V41Config};
 use crate::numerics::rng::{irwin_hall4, tensor_seed, unit_f64, Xoshiro256ss, CHUNK};
 use rayon::prelude::*;
 
@@ -27,6 +35,33 @@ use rayon::prelude::*;
 pub enum Values {
     F32(Vec<f32>),
     I64(Vec<i64>),
+}
+
+/// What the generator needs of a model's config: the mHC stream count (`hc_*_base` layout)
+/// and the routed experts a hash router (`tid2eid`) draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenParams {
+    pub hc_mult: usize,
+    pub n_routed_experts: usize,
+}
+
+impl From<&ModelConfig> for GenParams {
+    fn from(cfg: &ModelConfig) -> Self {
+        GenParams {
+            hc_mult: cfg.hc_mult,
+            n_routed_experts: cfg.n_routed_experts,
+        }
+    }
+}
+
+impl From<&V41Config> for GenParams {
+    /// DeepSeek-V4.1 has no hash router; the backbone's expert count is given all the same.
+    fn from(cfg: &V41Config) -> Self {
+        GenParams {
+            hc_mult: cfg.text.hc_mult,
+            n_routed_experts: cfg.text.n_routed_experts,
+        }
+    }
 }
 
 /// The name whose seed drives `lt` (`<module>.weight` for linears).
@@ -55,18 +90,20 @@ enum Dist {
     },
 }
 
-fn dist(cfg: &ModelConfig, lt: &LogicalTensor) -> Dist {
+fn dist(p: GenParams, lt: &LogicalTensor) -> Dist {
     let fan_in = lt.shape.get(1).copied().unwrap_or(1).max(1) as f64;
     match lt.role {
         TensorRole::PlainLinear
         | TensorRole::CompressorLinear(_)
         | TensorRole::QuantLinear
-        | TensorRole::RoutedExpert { .. }
-        | TensorRole::EngramTable => Dist::Normal {
+        | TensorRole::RoutedExpert { .. } => Dist::Normal {
             mean: 0.0,
             std: 1.0 / fan_in.sqrt(),
         },
-        TensorRole::Embed | TensorRole::ImageDelimiter => Dist::Normal {
+        // The Engram table is an embedding (rows looked up, then projected by `engram.wkv`):
+        // unit scale, which FP8 e4m3 with one power-of-two scale per 32 columns represents to
+        // e4m3's relative step.
+        TensorRole::Embed | TensorRole::ImageDelimiter | TensorRole::EngramTable => Dist::Normal {
             mean: 0.0,
             std: 1.0,
         },
@@ -91,7 +128,7 @@ fn dist(cfg: &ModelConfig, lt: &LogicalTensor) -> Dist {
             mean: 0.0,
             std: 0.25 / fan_in.sqrt(),
         },
-        TensorRole::HcBase => Dist::HcBase { hc: cfg.hc_mult },
+        TensorRole::HcBase => Dist::HcBase { hc: p.hc_mult },
         TensorRole::HcScale => Dist::Uniform { lo: 0.1, hi: 1.0 },
         TensorRole::GateBias => Dist::Normal {
             mean: 0.0,
@@ -129,9 +166,15 @@ fn sample(d: Dist, i: usize, u: u64) -> f32 {
 
 /// Fills `out` with elements `[start, start + out.len())` of the f32 tensor `lt` (any
 /// `start`; chunk-aligned starts avoid skipping draws).
-pub fn fill_f32(cfg: &ModelConfig, seed: u64, lt: &LogicalTensor, start: usize, out: &mut [f32]) {
+pub fn fill_f32(
+    cfg: impl Into<GenParams>,
+    seed: u64,
+    lt: &LogicalTensor,
+    start: usize,
+    out: &mut [f32],
+) {
     let ts = tensor_seed(seed, &seed_name(lt));
-    let d = dist(cfg, lt);
+    let d = dist(cfg.into(), lt);
     // A leading partial chunk: its generator, advanced past the elements before `start`.
     let skip = start % CHUNK;
     let head = if skip == 0 {
@@ -184,13 +227,15 @@ pub fn tid2eid(seed: u64, lt: &LogicalTensor, experts: usize) -> Vec<i64> {
     out
 }
 
-/// The whole generated tensor.
-pub fn generate(cfg: &ModelConfig, seed: u64, lt: &LogicalTensor) -> Values {
+/// The whole generated tensor (`cfg`: a [`ModelConfig`], a [`V41Config`] or their
+/// [`GenParams`]).
+pub fn generate(cfg: impl Into<GenParams>, seed: u64, lt: &LogicalTensor) -> Values {
+    let p = cfg.into();
     if lt.role == TensorRole::Tid2eid {
-        return Values::I64(tid2eid(seed, lt, cfg.n_routed_experts));
+        return Values::I64(tid2eid(seed, lt, p.n_routed_experts));
     }
     let mut v = vec![0.0f32; lt.shape.iter().product()];
-    fill_f32(cfg, seed, lt, 0, &mut v);
+    fill_f32(p, seed, lt, 0, &mut v);
     Values::F32(v)
 }
 

@@ -12,5 +12,6 @@ mod help;
 mod hub;
 mod inspect;
 mod inspect_verify;
+mod synth_v41;
 mod trace;
 mod trace_transfer;

@@ -1,0 +1,116 @@
+//! `synth --preset v41-tiny` through the binary: it writes the tiny DeepSeek-V4.1 in both
+//! formats and says what it wrote; what it cannot honour (`--format nvfp4`, `--layers`,
+//! `--experts`, `--fp8-compressors`, `--margin`) and what synth refuses for every preset (an
+//! `--out` it did not write, a file as `--out`) are refused by name before anything is written.
+
+use cli_support::run;
+use needlescope_testkit::cli as cli_support;
+use std::path::Path;
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn synth_v41(out: &Path, extra: &[&str]) -> cli_support::Run {
+    let mut args = vec![
+        "synth".to_string(),
+        "--preset".into(),
+        "v41-tiny".into(),
+        "--out".into(),
+        s(out),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    run(&args)
+}
+
+#[test]
+fn synth_v41_tiny_writes_both_formats_and_rewrites_its_own_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("v41");
+    synth_v41(&dir, &[]).ok().stdout_has(&[
+        "v41-tiny preset, official format, seed 0",
+        "tensors",
+        "1 safetensors (model.safetensors) + config.json",
+        "schedule  12 layers: 2 SWA, 4 CSA2, 6 CSA1; KV sources 2, 5, 6, index sources 2, 5, 6, \
+         8, 10, candidate source 6; Engram on 1, 5; 1 draft blocks",
+    ]);
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    assert!(config.contains("\"quantization_config\""), "{config}");
+    // Its own output is replaced, here by the bf16 format in two shards.
+    synth_v41(&dir, &["--format", "bf16", "--shards", "2", "--seed", "3"])
+        .ok()
+        .stdout_has(&["bf16 format, seed 3", "2 safetensors", "index.json"]);
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    assert!(!config.contains("quantization_config"), "{config}");
+    assert!(
+        !dir.join("model.safetensors").exists(),
+        "the old single file stays"
+    );
+}
+
+#[test]
+fn synth_v41_tiny_refuses_nvfp4_and_the_v4_only_flags_before_writing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    synth_v41(&out, &["--format", "nvfp4"])
+        .fails()
+        .stderr_has(&[
+            "--format nvfp4",
+            "--preset v41-tiny",
+            "not public",
+            "bf16 or",
+        ]);
+    for (flags, needle) in [
+        (
+            &["--layers", "4"][..],
+            "--layers applies to --preset tiny and flash",
+        ),
+        (
+            &["--experts", "2"][..],
+            "--experts applies to --preset tiny and flash",
+        ),
+        (&["--fp8-compressors"][..], "--fp8-compressors applies"),
+        (
+            &["--margin", "2"][..],
+            "--margin applies to --preset planted only",
+        ),
+        (&["--shards", "0"][..], "--shards"),
+    ] {
+        synth_v41(&out, flags).fails().stderr_has(&[needle]);
+    }
+    assert!(!out.exists(), "a refused synth created {}", out.display());
+    run(&["synth", "--preset", "v41", "--out", &s(&out)])
+        .fails()
+        .stderr_has(&["v41-tiny"]);
+}
+
+#[test]
+fn synth_v41_tiny_refuses_an_out_it_did_not_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A downloaded checkpoint: refused untouched.
+    let theirs = tmp.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("config.json"), "{}").unwrap();
+    synth_v41(&theirs, &[])
+        .fails()
+        .stderr_has(&["holds a checkpoint that synth did not write", "config.json"]);
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("config.json")).unwrap(),
+        "{}"
+    );
+    assert!(!theirs.join("synth.json").exists());
+    // A report directory: not empty, not synth's.
+    let report = tmp.path().join("report");
+    std::fs::create_dir(&report).unwrap();
+    std::fs::write(report.join("index.html"), "<p>").unwrap();
+    synth_v41(&report, &["--format", "bf16"])
+        .fails()
+        .stderr_has(&["not empty and not synth's output", "index.html"]);
+    assert_eq!(std::fs::read_dir(&report).unwrap().count(), 1);
+    // A file.
+    let file = tmp.path().join("ids.txt");
+    std::fs::write(&file, "1 2 3").unwrap();
+    synth_v41(&file, &[])
+        .fails()
+        .stderr_has(&["ids.txt", "expected a directory", "is a file"]);
+}
