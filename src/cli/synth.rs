@@ -150,13 +150,6 @@ pub fn run(args: &SynthArgs, out: &mut dyn Write) -> anyhow::Result<()> {
 /// `--preset v41-tiny`: the flags it does not take are refused by name before anything is
 /// written, then [`crate::synth::v41::synth_v41`].
 fn run_v41(args: &SynthArgs, opts: &SynthOptions, out: &mut dyn Write) -> anyhow::Result<()> {
-    if args.format == WeightFormat::Nvfp4 {
-        anyhow::bail!(
-            "--format nvfp4 is not available with --preset v41-tiny: NVIDIA's NVFP4 layout of \
-             DeepSeek-V4.1 is not public (docs/spec/v41.md section 7); use --format bf16 or \
-             official"
-        );
-    }
     for (flag, given) in [
         ("--layers", args.layers.is_some()),
         ("--experts", args.experts.is_some()),

@@ -387,7 +387,7 @@ impl V41Config {
         };
         format!(
             "{} layers: {} SWA, {} CSA2, {} CSA1; KV sources {}, index sources {}, candidate \
-             source {}; Engram on {}; {} draft blocks",
+             source {}; Engram on {}; {} draft block{}",
             self.text.num_hidden_layers,
             n(LayerKind::Swa),
             n(LayerKind::Csa2),
@@ -397,7 +397,8 @@ impl V41Config {
             self.candidate_source()
                 .map_or("none".to_string(), |c| c.to_string()),
             list(&self.text.engram_layer_ids),
-            self.draft_blocks()
+            self.draft_blocks(),
+            if self.draft_blocks() == 1 { "" } else { "s" }
         )
     }
 }

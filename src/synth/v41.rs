@@ -33,11 +33,13 @@
 //! `engram_vocab_size` 1,000. A two-block vision tower of width 32 keeps the image tensors
 //! (`image_start`/`end`/`newline`, `ffn.gate.bias_vl`, `vision.*`, `aligner.*`).
 //!
-//! Formats: `bf16` (no `quantization_config`: every linear and the Engram tables BF16) and
+//! Formats: `bf16` (no `quantization_config`: every linear and the Engram tables BF16),
 //! `official` (the release's `quantization_config`: FP8 e4m3 `[32, 32]` blocks with E8M0 scales,
 //! FP4 routed experts as I8 + E8M0 per 32, Engram tables F8_E4M3 rows with one E8M0 scale per 32
-//! columns). `nvfp4` is refused: NVIDIA's NVFP4 layout of V4.1 is not public
-//! (docs/spec/v41.md 7, question 9). The tensors are exactly
+//! columns) and `nvfp4` (NVIDIA's re-quantisation, docs/spec/v41.md 4.3: `moe_quant_algo`
+//! `NVFP4`, the backbone's routed experts U8 + F8_E4M3 `weight_scale` per 16 + F32
+//! `weight_scale_2` / `input_scale`, the draft block's experts as `official`, the rest as
+//! `official`). The tensors are exactly
 //! [`expected_inventory_v41`](crate::checkpoint::inventory_v41::expected_inventory_v41) of the
 //! config, values and files as for DeepSeek-V4 (`super` module doc).
 
@@ -137,24 +139,10 @@ fn obj(entries: Vec<(&'static str, Value)>) -> Ordered {
     )
 }
 
-/// Refuses the formats the tiny V4.1 has no layout for (`nvfp4`).
-fn check_format(format: WeightFormat) -> Result<(), CheckpointError> {
-    if format == WeightFormat::Nvfp4 {
-        return Err(CheckpointError::SynthOption {
-            field: "format",
-            expected: "bf16 or official with --preset v41-tiny (NVIDIA's NVFP4 layout of \
-                       DeepSeek-V4.1 is not public, docs/spec/v41.md section 7)"
-                .into(),
-            found: "nvfp4".into(),
-        });
-    }
-    Ok(())
-}
-
 /// The tiny V4.1's `config.json` text in `format` (module doc): the release's composite layout
-/// and key order, `quantization_config` only for `official`. `nvfp4` is refused.
+/// and key order, `quantization_config` for `official` and `nvfp4` (which adds NVIDIA's
+/// `moe_quant_algo`).
 pub fn tiny_config_json(format: WeightFormat) -> Result<String, CheckpointError> {
-    check_format(format)?;
     let engram_rows = engram_table_rows(
         TINY_ENGRAM_LAYERS.len(),
         ENGRAM_MAX_NGRAM,
@@ -267,17 +255,18 @@ pub fn tiny_config_json(format: WeightFormat) -> Result<String, CheckpointError>
         ("pad_token_id", Ordered::Value(json!(2))),
         ("image_token_id", Ordered::Value(json!(129264))),
     ];
-    if format == WeightFormat::Official {
-        top.push((
-            "quantization_config",
-            obj(vec![
-                ("quant_method", json!("fp8")),
-                ("activation_scheme", json!("dynamic")),
-                ("weight_block_size", json!([32, 32])),
-                ("scale_fmt", json!("ue8m0")),
-                ("expert_dtype", json!("fp4")),
-            ]),
-        ));
+    if format != WeightFormat::Bf16 {
+        let mut quant = vec![
+            ("quant_method", json!("fp8")),
+            ("activation_scheme", json!("dynamic")),
+            ("weight_block_size", json!([32, 32])),
+            ("scale_fmt", json!("ue8m0")),
+            ("expert_dtype", json!("fp4")),
+        ];
+        if format == WeightFormat::Nvfp4 {
+            quant.push(("moe_quant_algo", json!("NVFP4")));
+        }
+        top.push(("quantization_config", obj(quant)));
     }
     top.push(("text_config", text));
     top.push(("vision_config", vision));
@@ -298,7 +287,7 @@ pub fn tiny_config(format: WeightFormat) -> Result<V41Config, CheckpointError> {
 /// Writes the tiny DeepSeek-V4.1 checkpoint `opts` describes (`opts.preset` must be
 /// [`Preset::V41Tiny`]; `tokenizer_json`, if given, is copied beside it), calling
 /// `written(bytes, total)` as the payload is written. Refused before anything is written:
-/// `--format nvfp4`, `--layers`, `--experts` and `--fp8-compressors` (the preset exists to keep
+/// `--layers`, `--experts` and `--fp8-compressors` (the preset exists to keep
 /// every layer role and the release's storage), and whatever synth refuses for DeepSeek-V4
 /// (`--shards` out of range, an `--out` synth did not write).
 pub fn synth_v41(
@@ -372,7 +361,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tiny_config_reads_back_in_both_formats() {
+    fn the_tiny_config_reads_back_in_every_format() {
         let bf16 = tiny_config(WeightFormat::Bf16).unwrap();
         assert_eq!(bf16.weights.dtype, "bf16");
         assert_eq!(bf16.weights.block, None);
@@ -383,8 +372,10 @@ mod tests {
         assert_eq!(bf16.text, official.text);
         assert_eq!(bf16.vision, official.vision);
         assert_eq!(bf16.draft_blocks(), 1);
-        let msg = tiny_config(WeightFormat::Nvfp4).unwrap_err().to_string();
-        assert!(msg.contains("nvfp4") && msg.contains("v41-tiny"), "{msg}");
+        let nvfp4 = tiny_config(WeightFormat::Nvfp4).unwrap();
+        assert!(nvfp4.weights.experts_nvfp4 && !official.weights.experts_nvfp4);
+        assert_eq!(nvfp4.weights.block, Some((32, 32)));
+        assert_eq!(nvfp4.text, official.text);
     }
 
     #[test]

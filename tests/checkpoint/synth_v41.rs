@@ -14,8 +14,8 @@ use needlescope::checkpoint::{Dtype, ExpectedTensor, WeightFormat};
 use needlescope::config::{CandidateStage, LayerKind, V41Config};
 use needlescope::numerics::codecs::{bf16_round, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3};
 use needlescope::numerics::formats::{
-    bf16_bytes_to_f32, dequant_fp4_group, dequant_fp8_block, f32_bytes_to_f32, quant_fp4_group,
-    quant_fp8_block,
+    bf16_bytes_to_f32, dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, f32_bytes_to_f32,
+    quant_fp4_group, quant_fp8_block, quant_nvfp4,
 };
 use needlescope::synth::tensors::{generate, Values};
 use needlescope::synth::v41::{synth_v41, tiny_config};
@@ -85,8 +85,12 @@ fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
 }
 
 #[test]
-fn v41_tiny_holds_exactly_its_inventory_in_both_formats() {
-    for (format, shards) in [(WeightFormat::Bf16, 1), (WeightFormat::Official, 3)] {
+fn v41_tiny_holds_exactly_its_inventory_in_every_format() {
+    for (format, shards) in [
+        (WeightFormat::Bf16, 1),
+        (WeightFormat::Official, 3),
+        (WeightFormat::Nvfp4, 2),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let s = write(dir.path(), format, shards, 0);
         let cfg = read_config(dir.path());
@@ -125,17 +129,18 @@ fn v41_tiny_holds_exactly_its_inventory_in_both_formats() {
                 assert_eq!(engram.dtype, Dtype::BF16);
             }
             _ => {
-                assert_eq!(
-                    dtypes,
-                    [
-                        Dtype::BF16,
-                        Dtype::F32,
-                        Dtype::F8E4M3,
-                        Dtype::F8E8M0,
-                        Dtype::I8
-                    ]
-                    .into()
-                );
+                let mut want = std::collections::BTreeSet::from([
+                    Dtype::BF16,
+                    Dtype::F32,
+                    Dtype::F8E4M3,
+                    Dtype::F8E8M0,
+                    // MXFP4 experts (the draft block's, in NVIDIA's re-quantisation too).
+                    Dtype::I8,
+                ]);
+                if format == WeightFormat::Nvfp4 {
+                    want.insert(Dtype::U8);
+                }
+                assert_eq!(dtypes, want);
                 assert_eq!(
                     (engram.dtype, engram.shape.as_slice()),
                     (Dtype::F8E4M3, &[4062, 64][..])
@@ -162,10 +167,16 @@ fn v41_tiny_holds_exactly_its_inventory_in_both_formats() {
         let quant = &json["quantization_config"];
         match format {
             WeightFormat::Bf16 => assert!(quant.is_null(), "{quant}"),
-            _ => assert_eq!(
+            WeightFormat::Official => assert_eq!(
                 *quant,
                 serde_json::json!({"quant_method": "fp8", "activation_scheme": "dynamic",
                     "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": "fp4"})
+            ),
+            WeightFormat::Nvfp4 => assert_eq!(
+                *quant,
+                serde_json::json!({"quant_method": "fp8", "activation_scheme": "dynamic",
+                    "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": "fp4",
+                    "moe_quant_algo": "NVFP4"})
             ),
         }
         // Every key of the released text_config is there.
@@ -259,7 +270,7 @@ fn v41_tiny_keeps_every_layer_role_of_the_release() {
     assert_eq!(
         cfg.schedule_summary(),
         "12 layers: 2 SWA, 4 CSA2, 6 CSA1; KV sources 2, 5, 6, index sources 2, 5, 6, 8, 10, \
-         candidate source 6; Engram on 1, 5; 1 draft blocks"
+         candidate source 6; Engram on 1, 5; 1 draft block"
     );
     // The tensors each role owns, as written.
     let stored = Stored::read(&s.files);
@@ -359,13 +370,20 @@ fn rounded(storage: LinearStorage, x: &[f32], o: usize, i: usize) -> Vec<f32> {
             let (w, s) = quant_fp4_group(x, o, i, FP4_GROUP).unwrap();
             dequant_fp4_group(&w, &s, o, i, FP4_GROUP).unwrap()
         }
-        LinearStorage::Nvfp4 => panic!("no NVFP4 in a V4.1 checkpoint"),
+        LinearStorage::Nvfp4 => {
+            let (w, s, s2) = quant_nvfp4(x, o, i).unwrap();
+            dequant_nvfp4(&w, &s, s2, o, i).unwrap()
+        }
     }
 }
 
 #[test]
 fn v41_tiny_every_tensor_decodes_to_the_generator() {
-    for format in [WeightFormat::Bf16, WeightFormat::Official] {
+    for format in [
+        WeightFormat::Bf16,
+        WeightFormat::Official,
+        WeightFormat::Nvfp4,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let s = write(dir.path(), format, 1, 42);
         let cfg = s.config;
@@ -423,7 +441,12 @@ fn v41_tiny_every_tensor_decodes_to_the_generator() {
                             dequant_fp4_group(stored.get(&w), stored.get(&sc), o, i, FP4_GROUP)
                                 .unwrap()
                         }
-                        LinearStorage::Nvfp4 => unreachable!(),
+                        LinearStorage::Nvfp4 => {
+                            let s2 = format!("{}.weight_scale_2", lt.name);
+                            let s2 = f32_bytes_to_f32(stored.get(&s2)).unwrap()[0];
+                            let sc = format!("{}.weight_scale", lt.name);
+                            dequant_nvfp4(stored.get(&w), stored.get(&sc), s2, o, i).unwrap()
+                        }
                     };
                     kinds.insert(format!("{storage:?}"));
                     assert_same_bits(&decoded, &rounded(storage, &x, o, i), &lt.name);
@@ -432,6 +455,13 @@ fn v41_tiny_every_tensor_decodes_to_the_generator() {
         }
         let want: &[&str] = match format {
             WeightFormat::Bf16 => &["Bf16"],
+            WeightFormat::Nvfp4 => &[
+                "Bf16",
+                "Fp4Group",
+                "Fp8Block { block: (1, 32) }",
+                "Fp8Block { block: (32, 32) }",
+                "Nvfp4",
+            ],
             _ => &[
                 "Bf16",
                 "Fp4Group",

@@ -1,6 +1,6 @@
 //! `synth --preset v41-tiny` through the binary: it writes the tiny DeepSeek-V4.1 in both
-//! formats and says what it wrote; what it cannot honour (`--format nvfp4`, `--layers`,
-//! `--experts`, `--fp8-compressors`, `--margin`) and what synth refuses for every preset (an
+//! formats and says what it wrote, and `inspect` finds every tensor where its config puts it;
+//! what it cannot honour (`--layers`, `--experts`, `--fp8-compressors`, `--margin`) and what synth refuses for every preset (an
 //! `--out` it did not write, a file as `--out`) are refused by name before anything is written.
 
 use cli_support::run;
@@ -32,7 +32,7 @@ fn synth_v41_tiny_writes_both_formats_and_rewrites_its_own_output() {
         "tensors",
         "1 safetensors (model.safetensors) + config.json",
         "schedule  12 layers: 2 SWA, 4 CSA2, 6 CSA1; KV sources 2, 5, 6, index sources 2, 5, 6, \
-         8, 10, candidate source 6; Engram on 1, 5; 1 draft blocks",
+         8, 10, candidate source 6; Engram on 1, 5; 1 draft block",
     ]);
     let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
     assert!(config.contains("\"quantization_config\""), "{config}");
@@ -49,17 +49,9 @@ fn synth_v41_tiny_writes_both_formats_and_rewrites_its_own_output() {
 }
 
 #[test]
-fn synth_v41_tiny_refuses_nvfp4_and_the_v4_only_flags_before_writing() {
+fn synth_v41_tiny_refuses_the_v4_only_flags_before_writing() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("never");
-    synth_v41(&out, &["--format", "nvfp4"])
-        .fails()
-        .stderr_has(&[
-            "--format nvfp4",
-            "--preset v41-tiny",
-            "not public",
-            "bf16 or",
-        ]);
     for (flags, needle) in [
         (
             &["--layers", "4"][..],
@@ -113,4 +105,52 @@ fn synth_v41_tiny_refuses_an_out_it_did_not_write() {
     synth_v41(&file, &[])
         .fails()
         .stderr_has(&["ids.txt", "expected a directory", "is a file"]);
+}
+
+/// `inspect --model` on the tiny V4.1 in every format: the inventory its config implies, clean
+/// (also with `--verify`), the V4.1 facts, and a memory plan with the Engram tables on the host.
+#[test]
+fn inspect_on_v41_tiny_is_clean_in_every_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    for format in ["bf16", "official", "nvfp4"] {
+        let dir = tmp.path().join(format);
+        synth_v41(&dir, &["--format", format]).ok();
+        let d = s(&dir);
+        run(&["inspect", "--model", &d, "--verify"])
+            .ok()
+            .stdout_has(&[
+                &format!("format      {format}"),
+                "inventory   OK",
+                "verify      OK",
+                "schedule    12 layers: 2 SWA, 4 CSA2, 6 CSA1",
+                "candidates  layer 6 keeps its top 128 blocks of 8 rows (1,024 rows)",
+                "engram      layer 1 4,062 rows, layer 5 4,152 rows x 64 wide",
+                "CSA1      1  L6    own   consumer 8, 10",
+            ]);
+        run(&[
+            "inspect",
+            "--model",
+            &d,
+            "--devices",
+            "1x2G",
+            "--context",
+            "16k",
+        ])
+        .ok()
+        .stdout_has(&["fits", "host (mapped): Engram tables"]);
+    }
+    // A tensor of the wrong shape is named, with the shard, expected and found.
+    let dir = tmp.path().join("official");
+    let shard = dir.join("model.safetensors");
+    cli_support::rebuild(&shard, |entries| {
+        let e = entries
+            .iter_mut()
+            .find(|e| e.name == "layers.6.attn.indexer.wk.weight")
+            .unwrap();
+        e.shape = vec![e.shape[1], e.shape[0]];
+    });
+    run(&["inspect", "--model", &s(&dir)])
+        .fails()
+        .stdout_has(&["inventory   MISMATCH", "layers.6.attn.indexer.wk.weight"])
+        .stderr_has(&["expected BF16 [32, 64], found BF16 [64, 32]"]);
 }
