@@ -18,17 +18,8 @@ use crate::devices::plan::Footprint;
 /// Entries of each inventory category listed in full.
 const LIST_LIMIT: usize = 20;
 
-/// Opens the checkpoint or config and computes the report.
-pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
-    if let (Some(_), Some(format)) = (&args.model, args.format) {
-        bail!(
-            "--format {format}: applies to --config only; with --model the format is read from \
-             the checkpoint's tensors"
-        );
-    }
-    if family_of(args) == Family::V41 {
-        return super::build_v41::build_v41(args);
-    }
+/// Opens a DeepSeek-V4 checkpoint or config and computes the report.
+pub fn build_v4(args: &InspectArgs) -> anyhow::Result<InspectReport> {
     let (source, cfg, footprint, inventory, verify) = if let Some(dir) = &args.model {
         from_checkpoint(dir, args.verify)?
     } else {
@@ -69,21 +60,6 @@ pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
         verify,
         plan,
     })
-}
-
-/// The family of the config `inspect` reads: from `model_type` (or the key set), never from a
-/// layer count. A file that cannot be read or parsed counts as V4, whose loader names the
-/// problem.
-fn family_of(args: &InspectArgs) -> Family {
-    let path = match (&args.model, &args.config) {
-        (Some(dir), _) => dir.join("config.json"),
-        (None, Some(file)) if file.is_dir() => file.join("config.json"),
-        (None, Some(file)) => file.clone(),
-        (None, None) => return Family::V4,
-    };
-    std::fs::read_to_string(path)
-        .map(|text| Family::of_json_str(&text))
-        .unwrap_or(Family::V4)
 }
 
 /// The layer-role table as `inspect` prints it.

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 
 use super::flags::parse_token_count;
 use crate::checkpoint::WeightFormat;
+use crate::config::Family;
 use crate::devices::plan::DeviceSet;
 use crate::units::{group_digits, human_bytes};
 
@@ -33,7 +34,6 @@ mod report;
 mod tests;
 mod text;
 
-pub use build::build;
 pub use report::{
     Dims, InspectReport, InventoryEntry, InventoryReport, LayerRoleRow, LayerRow, Source, V41Facts,
 };
@@ -78,6 +78,36 @@ pub struct InspectArgs {
     /// Print everything as one JSON object
     #[arg(long)]
     pub json: bool,
+}
+
+/// Opens the checkpoint or config and computes the report, by the family its `model_type`
+/// names.
+pub fn build(args: &InspectArgs) -> anyhow::Result<InspectReport> {
+    if let (Some(_), Some(format)) = (&args.model, args.format) {
+        bail!(
+            "--format {format}: applies to --config only; with --model the format is read from \
+             the checkpoint's tensors"
+        );
+    }
+    match family_of(args) {
+        Family::V41 => build_v41::build_v41(args),
+        Family::V4 => build::build_v4(args),
+    }
+}
+
+/// The family of the config `inspect` reads: from `model_type` (or the key set), never from a
+/// layer count. A file that cannot be read or parsed counts as V4, whose loader names the
+/// problem.
+fn family_of(args: &InspectArgs) -> Family {
+    let path = match (&args.model, &args.config) {
+        (Some(dir), _) => dir.join("config.json"),
+        (None, Some(file)) if file.is_dir() => file.join("config.json"),
+        (None, Some(file)) => file.clone(),
+        (None, None) => return Family::V4,
+    };
+    std::fs::read_to_string(path)
+        .map(|text| Family::of_json_str(&text))
+        .unwrap_or(Family::V4)
 }
 
 pub fn run(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<()> {
