@@ -51,7 +51,7 @@ pub const V41_KEYS: [&str; 7] = [
 
 /// Reference (flat) name -> composite name of the text fields whose names differ
 /// (docs/spec/v41.md 2.1 and 2.2). The rope fields and `dtype` / `expert_dtype` / `vision_*`
-/// are mapped separately ([`from_flat`]).
+/// are mapped separately (`from_flat`).
 pub const FLAT_NAMES: [(&str, &str); 16] = [
     ("dim", "hidden_size"),
     ("n_layers", "num_hidden_layers"),

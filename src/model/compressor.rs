@@ -14,7 +14,7 @@
 //!   main-KV fp8 simulation or the index-key preparation afterwards.
 //!
 //! Row w is emitted when token `m·w + m - 1` arrives, with the same value whatever the chunking;
-//! query t sees it iff `w < floor((t+1)/m)` ([`visible_rows`]).
+//! query t sees it iff `w < floor((t+1)/m)` ([`crate::config::RowMapping::visible_rows`]).
 //!
 //! Shapes: `feed` takes the chunk's attention input `x [T, D]` at positions `first_pos..` and
 //! returns the rows it completed, `[rows, c]`, starting at row index `first_row`.

@@ -4,7 +4,7 @@
 //! the device spec); [`prompt`] turns prompt flags into a scenario and a prompt; [`probe`] runs
 //! one prompt's runs (or the serving engine alone, [`engine_only`] for a grid of them, through
 //! [`sglang`]); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
-//! scores and logits ([`trace_logits`]: which logits it keeps); [`bench`] times prefills;
+//! scores and logits ([`trace_logits`]: which logits it keeps); [`bench`](mod@bench) times prefills;
 //! [`parity`] holds two backends against each other; [`checks`] refuses
 //! arguments no run can honour; [`interrupt`] turns Ctrl-C into "stop after the work in
 //! flight"; [`progress`] styles the bars. `cli` calls into here; nothing here parses a command
