@@ -89,6 +89,29 @@ type Checked = (
 );
 
 fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Checked> {
+    check_model_dir(dir)?;
+    let ckpt = Checkpoint::open(dir)
+        .with_context(|| format!("cannot open checkpoint {}", dir.display()))?;
+    let cfg = ckpt.config().clone();
+    let mut read = read_checkpoint(&ckpt, verify, format_note)?;
+    let draft_unchecked = leave_out_draft_stages(&cfg, &mut read.diff);
+    let stages = draft_stages(&cfg);
+    let inventory = InventoryReport {
+        draft_stages: stages,
+        draft_differences: draft_unchecked,
+        ..inventory_report(&ckpt, &read.diff, ckpt.format())
+    };
+    Ok((
+        read.source,
+        cfg,
+        read.footprint,
+        Some(inventory),
+        read.verify,
+    ))
+}
+
+/// Refuses a `--model` that is missing or not a directory.
+pub(super) fn check_model_dir(dir: &Path) -> anyhow::Result<()> {
     if !dir.exists() {
         bail!("model directory {} does not exist", dir.display());
     }
@@ -98,42 +121,49 @@ fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Checked> {
             dir.display()
         );
     }
-    let ckpt = Checkpoint::open(dir)
-        .with_context(|| format!("cannot open checkpoint {}", dir.display()))?;
-    let cfg = ckpt.config().clone();
+    Ok(())
+}
+
+/// What `inspect --model` reads off an opened checkpoint of either family.
+pub(super) struct ReadCheckpoint {
+    pub source: Source,
+    pub footprint: Footprint,
+    /// Against the inventory its config implies in its own format.
+    pub diff: InventoryDiff,
+    pub verify: Option<VerifyReport>,
+}
+
+/// The source, footprint, inventory diff and (with `verify`) the values of `ckpt`; `note`
+/// describes its format.
+pub(super) fn read_checkpoint<C: crate::checkpoint::CheckpointConfig>(
+    ckpt: &Checkpoint<C>,
+    verify: bool,
+    note: fn(WeightFormat) -> &'static str,
+) -> anyhow::Result<ReadCheckpoint> {
     let format = ckpt.format();
-    let footprint = Footprint::of_checkpoint(&ckpt);
-    let mut diff = audit(&ckpt);
-    let draft_unchecked = leave_out_draft_stages(&cfg, &mut diff);
-    let stages = draft_stages(&cfg);
     let source = Source {
         kind: "checkpoint",
-        path: dir.to_path_buf(),
+        path: ckpt.dir().to_path_buf(),
         format: format.name().to_string(),
-        format_note: format_note(format),
+        format_note: note(format),
         shards: Some(ckpt.shard_paths().len()),
     };
-    let verified = if verify {
-        Some(verify_values(&ckpt)?)
+    let verify = if verify {
+        Some(verify_values(ckpt)?)
     } else {
         None
     };
-    Ok((
+    Ok(ReadCheckpoint {
         source,
-        cfg,
-        footprint,
-        Some(InventoryReport {
-            draft_stages: stages,
-            draft_differences: draft_unchecked,
-            ..inventory_report(&ckpt, &diff, format)
-        }),
-        verified,
-    ))
+        footprint: Footprint::of_checkpoint(ckpt),
+        diff: audit(ckpt),
+        verify,
+    })
 }
 
 /// `--verify`: every stored value read, with a bar over the bytes on stderr (hidden when it is
 /// not a terminal).
-pub(super) fn verify_values<C: crate::checkpoint::CheckpointConfig>(
+fn verify_values<C: crate::checkpoint::CheckpointConfig>(
     ckpt: &Checkpoint<C>,
 ) -> anyhow::Result<VerifyReport> {
     let bar =

@@ -11,11 +11,11 @@
 use anyhow::{bail, Context};
 use std::path::Path;
 
-use super::build::{format_note, inventory_report, role_rows, verify_values};
+use super::build::{check_model_dir, format_note, inventory_report, read_checkpoint, role_rows};
 use super::report::{Dims, InspectReport, LayerRow, Source, V41Facts};
 use super::InspectArgs;
 use crate::checkpoint::verify::VerifyReport;
-use crate::checkpoint::{audit, Checkpoint, WeightFormat};
+use crate::checkpoint::{Checkpoint, WeightFormat};
 use crate::config::{Family, V41Config};
 use crate::devices::plan::Footprint;
 
@@ -74,32 +74,19 @@ type Built = (
 );
 
 fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Built> {
-    if !dir.is_dir() {
-        bail!(
-            "--model expects a directory (config.json + safetensors), {} is a file",
-            dir.display()
-        );
-    }
+    check_model_dir(dir)?;
     let ckpt = Checkpoint::open_v41(dir)
         .with_context(|| format!("cannot open checkpoint {}", dir.display()))?;
+    let read = read_checkpoint(&ckpt, verify, format_note_v41)?;
+    let inventory = inventory_report(&ckpt, &read.diff, ckpt.format());
     let cfg = ckpt.config().clone();
-    let format = ckpt.format();
-    let footprint = Footprint::of_checkpoint(&ckpt);
-    let diff = audit(&ckpt);
-    let source = Source {
-        kind: "checkpoint",
-        path: dir.to_path_buf(),
-        format: format.name().to_string(),
-        format_note: format_note_v41(format),
-        shards: Some(ckpt.shard_paths().len()),
-    };
-    let verified = if verify {
-        Some(verify_values(&ckpt)?)
-    } else {
-        None
-    };
-    let inventory = inventory_report(&ckpt, &diff, format);
-    Ok((source, cfg, footprint, Some(inventory), verified))
+    Ok((
+        read.source,
+        cfg,
+        read.footprint,
+        Some(inventory),
+        read.verify,
+    ))
 }
 
 fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Built> {
