@@ -11,6 +11,7 @@ mod inventory;
 mod inventory_v41;
 mod planted;
 mod reference_bytes;
+mod rounding;
 mod roundtrip;
 mod synth_speed;
 mod synth_v41;

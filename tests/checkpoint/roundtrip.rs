@@ -3,16 +3,13 @@
 //! after the format's own rounding (recomputed here with the numerics encoders, not with synth's
 //! code path). Also: sharding changes nothing, the same seed gives the same bytes.
 
+use crate::rounding::rounded;
 use needlescope::checkpoint::inventory::{
     expected_inventory_with, linear_storage, logical_inventory, CompressorKinds, InventoryOptions,
-    LinearStorage, StorageRules, TensorRole, FP4_GROUP,
+    StorageRules, TensorRole,
 };
 use needlescope::checkpoint::{audit, compare, Checkpoint, WeightFormat};
 use needlescope::numerics::codecs::bf16_round;
-use needlescope::numerics::formats::{
-    dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, quant_fp4_group, quant_fp8_block,
-    quant_nvfp4,
-};
 use needlescope::synth::tensors::{generate, Values};
 use needlescope::synth::{synth, Preset, SynthOptions, SynthSummary};
 use std::path::Path;
@@ -42,25 +39,6 @@ fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
             "{what}: first difference at {i}: read {} expected {}",
             got[i], want[i]
         );
-    }
-}
-
-/// What the reader must return for `x` stored as `storage` ([out, in] = `o`, `i`).
-fn rounded(storage: LinearStorage, x: &[f32], o: usize, i: usize) -> Vec<f32> {
-    match storage {
-        LinearStorage::Bf16 => x.iter().map(|&v| bf16_round(v)).collect(),
-        LinearStorage::Fp8Block { block: (b, _) } => {
-            let (w, s) = quant_fp8_block(x, o, i, b).unwrap();
-            dequant_fp8_block(&w, &s, o, i, b).unwrap()
-        }
-        LinearStorage::Fp4Group => {
-            let (w, s) = quant_fp4_group(x, o, i, FP4_GROUP).unwrap();
-            dequant_fp4_group(&w, &s, o, i, FP4_GROUP).unwrap()
-        }
-        LinearStorage::Nvfp4 => {
-            let (w, s, s2) = quant_nvfp4(x, o, i).unwrap();
-            dequant_nvfp4(&w, &s, s2, o, i).unwrap()
-        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! after the format's rounding, the same seed gives the same bytes, and its candidate stage
 //! drops blocks on prompts of a few thousand tokens.
 
+use crate::rounding::rounded;
 use needlescope::checkpoint::header::parse_header;
 use needlescope::checkpoint::inventory::{
     linear_storage, InventoryOptions, LinearStorage, StorageRules, FP4_GROUP,
@@ -15,7 +16,6 @@ use needlescope::config::{CandidateStage, LayerKind, V41Config};
 use needlescope::numerics::codecs::{bf16_round, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3};
 use needlescope::numerics::formats::{
     bf16_bytes_to_f32, dequant_fp4_group, dequant_fp8_block, dequant_nvfp4, f32_bytes_to_f32,
-    quant_fp4_group, quant_fp8_block, quant_nvfp4,
 };
 use needlescope::synth::tensors::{generate, Values};
 use needlescope::synth::v41::{synth_v41, tiny_config};
@@ -347,34 +347,6 @@ fn v41_tiny_candidate_stage_drops_blocks_beyond_a_thousand_tokens() {
     assert_eq!(blocks_seen(4096) - t.candidate_topk_blocks, 384);
     // Positions the model takes reach well past that.
     assert!(t.max_position_embeddings >= 16384);
-}
-
-/// What a reader must return for `x` stored as `storage` ([out, in] = `o`, `i`), by the
-/// numerics encoders (the square FP8 block and the FP4 group; the Engram table's 1 x 32 rows
-/// are decoded by hand in [`v41_tiny_engram_tables_decode_by_hand`]).
-fn rounded(storage: LinearStorage, x: &[f32], o: usize, i: usize) -> Vec<f32> {
-    match storage {
-        LinearStorage::Bf16 => x.iter().map(|&v| bf16_round(v)).collect(),
-        LinearStorage::Fp8Block { block: (1, g) } => x
-            .chunks(i)
-            .flat_map(|row| {
-                let (w, s) = quant_fp8_block(row, 1, i, g).unwrap();
-                dequant_fp8_block(&w, &s, 1, i, g).unwrap()
-            })
-            .collect(),
-        LinearStorage::Fp8Block { block: (b, _) } => {
-            let (w, s) = quant_fp8_block(x, o, i, b).unwrap();
-            dequant_fp8_block(&w, &s, o, i, b).unwrap()
-        }
-        LinearStorage::Fp4Group => {
-            let (w, s) = quant_fp4_group(x, o, i, FP4_GROUP).unwrap();
-            dequant_fp4_group(&w, &s, o, i, FP4_GROUP).unwrap()
-        }
-        LinearStorage::Nvfp4 => {
-            let (w, s, s2) = quant_nvfp4(x, o, i).unwrap();
-            dequant_nvfp4(&w, &s, s2, o, i).unwrap()
-        }
-    }
 }
 
 #[test]
