@@ -6,12 +6,13 @@
 //! drops blocks on prompts of a few thousand tokens.
 
 use crate::rounding::rounded;
+use needlescope::checkpoint::engram::EngramPrecision;
 use needlescope::checkpoint::header::parse_header;
 use needlescope::checkpoint::inventory::{
     linear_storage, InventoryOptions, LinearStorage, StorageRules, FP4_GROUP,
 };
 use needlescope::checkpoint::inventory_v41::{expected_inventory_v41, logical_inventory_v41};
-use needlescope::checkpoint::{Dtype, ExpectedTensor, WeightFormat};
+use needlescope::checkpoint::{Checkpoint, Dtype, ExpectedTensor, WeightFormat};
 use needlescope::config::{CandidateStage, LayerKind, V41Config};
 use needlescope::numerics::codecs::{bf16_round, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3};
 use needlescope::numerics::formats::{
@@ -503,6 +504,23 @@ fn v41_tiny_engram_tables_decode_by_hand() {
         let std = (sq / (rows * 64) as f64).sqrt();
         assert!((0.9..1.1).contains(&std), "{name}: std {std}");
         assert!(worst < 0.25, "{name}: worst error {worst}");
+        // The checkpoint's Engram view reads the same rows, one at a time, from the opened
+        // V4.1 checkpoint (rounded to bf16 on request, as the reference does).
+        let ckpt = Checkpoint::open_v41(dir.path()).unwrap();
+        let table = ckpt.engram_table(layer).unwrap();
+        table.expect_shape(rows, 64).unwrap();
+        for r in [0, 1, rows / 2, rows - 1] {
+            let want: Vec<f32> = (0..64)
+                .map(|c| e4m3_to_f32(codes[r * 64 + c]) * e8m0_to_f32(scales[r * 2 + c / 32]))
+                .collect();
+            let got = table.decode_row(r, EngramPrecision::F32).unwrap();
+            assert_same_bits(&got, &want, &format!("{name} row {r}"));
+            let got = table.decode_row(r, EngramPrecision::Bf16).unwrap();
+            let want: Vec<f32> = want.iter().map(|&v| bf16_round(v)).collect();
+            assert_same_bits(&got, &want, &format!("{name} row {r}, bf16"));
+        }
+        let err = table.decode_row(rows, EngramPrecision::F32).unwrap_err();
+        assert!(err.to_string().contains(&format!("{name}.weight")), "{err}");
     }
 }
 
