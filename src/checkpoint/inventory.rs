@@ -24,7 +24,7 @@
 //! except that a kind a checkpoint stores as F8_E4M3 is expected as the FP8 set in every layer
 //! (docs/spec/model.md section 9: trust the safetensors dtype; see `Checkpoint::inventory_options`).
 
-use super::dtype::{numel, Dtype, WeightFormat};
+use super::dtype::{Dtype, WeightFormat};
 use crate::config::{LayerRole, ModelConfig, RouterKind, V41Config};
 
 pub use super::compressor_kinds::{CompressorKinds, CompressorLinear};
@@ -120,7 +120,9 @@ impl From<&ModelConfig> for StorageRules {
 }
 
 impl From<&V41Config> for StorageRules {
-    /// A bf16 V4.1 config names no block: its linears are BF16 whatever the block says.
+    /// A bf16 V4.1 config names no block (the release's is used, for the `official` format
+    /// only) and no `expert_dtype` (experts are then expected as FP8 blocks in `official`,
+    /// as for V4).
     fn from(cfg: &V41Config) -> Self {
         let w = &cfg.weights;
         StorageRules::new(
@@ -160,9 +162,11 @@ impl ExpectedTensor {
     pub(crate) fn new(name: String, dtype: Dtype, shape: Vec<usize>) -> Self {
         ExpectedTensor { name, dtype, shape }
     }
-    /// Payload bytes.
+    /// Payload bytes, saturating at `u64::MAX` (never a wrapped, plausible figure).
     pub fn bytes(&self) -> u64 {
-        (numel(&self.shape) * self.dtype.size()) as u64
+        self.shape
+            .iter()
+            .fold(self.dtype.size() as u64, |b, &d| b.saturating_mul(d as u64))
     }
 }
 

@@ -29,7 +29,6 @@
 //! official index at revision dba1be0a: 96,085 tensors, 510,286,023,000 bytes (checked in
 //! `tests/checkpoint/inventory_v41.rs`).
 
-use super::dtype::WeightFormat;
 use super::inventory::{
     expand, CompressorLinear, ExpectedTensor, InventoryOptions, LogicalTensor, StorageRules,
     TensorRole,
@@ -129,14 +128,20 @@ pub fn logical_inventory_v41(cfg: &V41Config) -> Vec<LogicalTensor> {
     out
 }
 
-/// Every stored tensor of a release described by `cfg` in `format`, in the order above:
+/// Every stored tensor of a release described by `cfg` in the format of `opts`, in the order
+/// above:
 /// `bf16` (every linear and table BF16, no scales), `official` (the release) or `nvfp4`
 /// (NVIDIA's re-quantisation, docs/spec/v41.md 4.3: the backbone's routed experts NVFP4, U8 +
 /// F8_E4M3 `weight_scale` per 16 + F32 `weight_scale_2` and `input_scale`, as V4's; draft-block
 /// experts stay MXFP4; everything else as `official`).
-pub fn expected_inventory_v41(cfg: &V41Config, format: WeightFormat) -> Vec<ExpectedTensor> {
+/// `opts` may also carry what only a checkpoint settles, as for V4 (compressor / indexer
+/// linears stored as FP8 blocks, NVFP4 draft-block experts).
+pub fn expected_inventory_v41(
+    cfg: &V41Config,
+    opts: impl Into<InventoryOptions>,
+) -> Vec<ExpectedTensor> {
     let rules = StorageRules::from(cfg);
-    let opts = InventoryOptions::from(format);
+    let opts = opts.into();
     logical_inventory_v41(cfg)
         .iter()
         .flat_map(|lt| expand(rules, opts, lt))
@@ -235,7 +240,7 @@ fn engram(cfg: &V41Config, p: &str, rows: u64, out: &mut Vec<LogicalTensor>) {
             shape,
         })
     };
-    // `rows` fits usize: validation bounds it (SIZE_LIMITS) on every supported target.
+    // `rows` fits usize: validation bounds it (`V41_SIZE_LIMITS`: 2^33) on 64-bit targets.
     add("embed", TensorRole::EngramTable, vec![rows as usize, width]);
     // hc keys (one per residual copy) and one value.
     add("wkv", TensorRole::QuantLinear, vec![(hc + 1) * d, gathered]);

@@ -96,7 +96,7 @@ impl CheckpointConfig for V41Config {
         logical_inventory_v41(self)
     }
     fn expected_inventory(&self, opts: InventoryOptions) -> Vec<ExpectedTensor> {
-        expected_inventory_v41(self, opts.format)
+        expected_inventory_v41(self, opts)
     }
     fn weight_block(&self) -> (usize, usize) {
         crate::checkpoint::inventory::StorageRules::from(self).block

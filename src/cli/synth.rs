@@ -20,7 +20,7 @@ pub enum PresetArg {
     /// Real DeepSeek-V4-Flash dimensions and formats (use --layers/--experts to shrink)
     Flash,
     /// DeepSeek-V4.1 at toy size with every layer role, Engram and a draft block; real
-    /// vocabulary (bf16 or official)
+    /// vocabulary
     #[value(name = "v41-tiny")]
     V41Tiny,
 }
@@ -31,8 +31,8 @@ pub struct SynthArgs {
     #[arg(long, value_enum, default_value_t = PresetArg::Tiny)]
     pub preset: PresetArg,
 
-    /// Weight format: bf16 (no scales), official (fp8 blocks + fp4 experts), nvfp4 (not for
-    /// v41-tiny)
+    /// Weight format: bf16 (no scales), official (fp8 blocks + fp4 experts), nvfp4 (NVIDIA's
+    /// re-quantisation: nvfp4 routed experts)
     #[arg(long, value_name = "bf16|official|nvfp4", default_value = "official")]
     pub format: WeightFormat,
 

@@ -521,3 +521,64 @@ fn a_missing_or_mistyped_field_is_named_as_the_dialect_spells_it() {
             .experts_nvfp4
     );
 }
+
+/// The sizes only V4.1 has are bounded like V4's, so no figure built from them wraps; each
+/// refusal names the field as the file spells it.
+#[test]
+fn v41_only_sizes_are_bounded_by_name() {
+    let mut v = composite();
+    v["text_config"]["engram_num_embeddings"] = json!([1u64 << 62, 384016682]);
+    let msg = refusal(&v);
+    assert!(
+        msg.contains("`text_config.engram_num_embeddings[0]`") && msg.contains("at most"),
+        "{msg}"
+    );
+    let mut v = composite();
+    v["vision_config"]["hidden_size"] = json!(1u64 << 40);
+    assert!(refusal(&v).contains("`vision_config.hidden_size`"));
+    let mut v = composite();
+    v["text_config"]["dspark_n_routed_experts"] = json!(1_000_000_000u64);
+    assert!(refusal(&v).contains("`text_config.dspark_n_routed_experts`"));
+    let mut v = reference();
+    v["vision_dim"] = json!(1u64 << 40);
+    assert!(refusal(&v).contains("`vision_dim`"));
+    let mut v = reference();
+    v["engram_head_dim"] = json!(1 << 20);
+    assert!(refusal(&v).contains("`engram_head_dim`"));
+    // The released values pass with room: each bound is at least 16x.
+    let c = load(&composite()).unwrap();
+    for (name, max) in super::v41::V41_SIZE_LIMITS {
+        let released = match name {
+            "engram_num_embeddings" => 384_016_682,
+            "engram_vocab_size" => c.text.engram_vocab_size,
+            other => serde_json::to_value(&c.text).unwrap()[other]
+                .as_u64()
+                .unwrap(),
+        };
+        assert!(max >= 16 * released, "{name}: {max} < 16 x {released}");
+    }
+}
+
+/// `V41Config::load` names what it found: a parse error as such, another model by its
+/// `model_type`, a V4 config as V4.
+#[test]
+fn the_v41_loader_names_what_it_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("config.json");
+    std::fs::write(&path, "{ not json").unwrap();
+    let msg = V41Config::load(&path).unwrap_err().to_string();
+    assert!(!msg.contains("DeepSeek-V4 (model_type"), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    std::fs::write(&path, r#"{"model_type": "llama"}"#).unwrap();
+    let msg = V41Config::load(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("`model_type`") && msg.contains("\"llama\""),
+        "{msg}"
+    );
+    std::fs::write(&path, ModelConfig::flash().to_json_string()).unwrap();
+    let msg = V41Config::load(&path).unwrap_err().to_string();
+    assert!(
+        msg.contains("DeepSeek-V4 (model_type deepseek_v4) found"),
+        "{msg}"
+    );
+}

@@ -97,6 +97,39 @@ const FLAT_VISION: [(&str, &str); 10] = [
 /// reference dialect's `dtype "fp8"` means (it names no block; docs/spec/v41.md headline 6).
 pub const WEIGHT_BLOCK: (usize, usize) = (32, 32);
 
+/// Upper bounds of the sizes only DeepSeek-V4.1 has (each at least 16x the released value;
+/// the shared names are bounded by `SIZE_LIMITS`). Released values: hc_mult 4, Engram head
+/// 256 wide, 8 heads, n-grams up to 4, engram_vocab_size 16,000,000, 99,092 token classes,
+/// tables of 384,016,682 rows, 2,048 candidate blocks of 8, DSpark blocks of 5, Markov rank
+/// 256, 128 draft experts (top-3).
+pub const V41_SIZE_LIMITS: [(&str, u64); 13] = [
+    ("hc_mult", 64),
+    ("engram_head_dim", 1 << 13),
+    ("engram_n_heads", 1024),
+    ("engram_max_ngram_size", 64),
+    ("engram_vocab_size", 1 << 34),
+    ("engram_compressed_vocab_size", 1 << 21),
+    ("engram_num_embeddings", 1 << 33),
+    ("candidate_topk_blocks", 1 << 20),
+    ("candidate_block_size", 1 << 12),
+    ("dspark_block_size", 1024),
+    ("dspark_markov_rank", 1 << 13),
+    ("dspark_n_routed_experts", 8192),
+    ("dspark_num_experts_per_tok", 8192),
+];
+
+/// Upper bounds of `vision_config` (released: 32 blocks of width 1,024, 16 heads, MLP 2,816,
+/// patches of 14, 3x3 unshuffle, 1,024 image tokens).
+pub const V41_VISION_LIMITS: [(&str, u64); 7] = [
+    ("num_hidden_layers", 1024),
+    ("hidden_size", 1 << 17),
+    ("num_attention_heads", 2048),
+    ("intermediate_size", 1 << 17),
+    ("patch_size", 1024),
+    ("downsample_ratio", 64),
+    ("max_image_tokens", 1 << 20),
+];
+
 /// Which file a description was read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dialect {
@@ -324,11 +357,22 @@ impl V41Config {
     /// validates it; a DeepSeek-V4 config is refused by name.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let (text, path) = super::read_config(path)?;
-        if super::Family::of_json_str(&text) != super::Family::V41 {
-            return Err(ConfigError::Unsupported {
-                path,
-                family: super::Family::V4,
-            });
+        // Unparsable text: the parse error, by `from_json_str`.
+        if let Ok(json) = serde_json::from_str::<Value>(&text) {
+            if !is_v41(&json) {
+                return Err(match json.get("model_type").and_then(Value::as_str) {
+                    None | Some(super::limits::MODEL_TYPE) => ConfigError::Unsupported {
+                        path,
+                        family: super::Family::V4,
+                    },
+                    Some(other) => invalid(
+                        &path,
+                        "model_type",
+                        format!("{other:?}"),
+                        &format!("{MODEL_TYPE:?} (DeepSeek-V4.1)"),
+                    ),
+                });
+            }
         }
         Self::from_json_str(&text, &path)
     }
@@ -673,6 +717,7 @@ impl V41Config {
                 ));
             }
         }
+        self.validate_v41_bounds(path)?;
         for (field, v) in [
             ("vocab_size", t.vocab_size),
             ("hidden_size", t.hidden_size),
@@ -903,6 +948,76 @@ impl V41Config {
     }
 
     /// Engram tables against their layers, draft-block fields.
+    /// The sanity bounds of the sizes only V4.1 has ([`V41_SIZE_LIMITS`], as V4's
+    /// `SIZE_LIMITS`): figures built from them (inventory bytes, the memory plan) stay far below
+    /// 2^64 instead of wrapping to plausible wrong values.
+    fn validate_v41_bounds(&self, path: &Path) -> Result<(), ConfigError> {
+        let t = &self.text;
+        let u = |v: usize| v as u64;
+        // (composite name, the field as this file spells it, value)
+        let text = |name: &'static str, v: u64| (name, self.field(name), v);
+        let mut sizes = vec![
+            text("hc_mult", u(t.hc_mult)),
+            text("engram_head_dim", u(t.engram_head_dim)),
+            text("engram_n_heads", u(t.engram_n_heads)),
+            text("engram_max_ngram_size", u(t.engram_max_ngram_size)),
+            text("engram_vocab_size", t.engram_vocab_size),
+            text(
+                "engram_compressed_vocab_size",
+                u(t.engram_compressed_vocab_size),
+            ),
+            text("candidate_topk_blocks", u(t.candidate_topk_blocks)),
+            text("candidate_block_size", u(t.candidate_block_size)),
+            text("dspark_block_size", u(t.dspark_block_size)),
+            text("dspark_markov_rank", u(t.dspark_markov_rank)),
+            text("dspark_n_routed_experts", u(t.dspark_n_routed_experts)),
+            text(
+                "dspark_num_experts_per_tok",
+                u(t.dspark_num_experts_per_tok),
+            ),
+        ];
+        for (i, &rows) in t.engram_num_embeddings.iter().enumerate() {
+            let field = format!("{}[{i}]", self.field("engram_num_embeddings"));
+            sizes.push(("engram_num_embeddings", field, rows));
+        }
+        let mut vision = Vec::new();
+        if let Some(v) = &self.vision {
+            let field = |name: &'static str, value: usize| {
+                (name, Names(self.dialect).vision(name), u(value))
+            };
+            vision.extend([
+                field("num_hidden_layers", v.num_hidden_layers),
+                field("hidden_size", v.hidden_size),
+                field("num_attention_heads", v.num_attention_heads),
+                field("intermediate_size", v.intermediate_size),
+                field("patch_size", v.patch_size),
+                field("downsample_ratio", v.downsample_ratio),
+                field("max_image_tokens", v.max_image_tokens),
+            ]);
+        }
+        for (table, list) in [
+            (&V41_SIZE_LIMITS[..], sizes),
+            (&V41_VISION_LIMITS[..], vision),
+        ] {
+            for (name, field, v) in list {
+                let max = table
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, m)| *m)
+                    .expect("every bounded field has a limit");
+                if v > max {
+                    return Err(invalid(
+                        path,
+                        &field,
+                        v.to_string(),
+                        &format!("at most {max} (a sanity bound)"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn validate_engram_and_drafts(&self, path: &Path) -> Result<(), ConfigError> {
         let t = &self.text;
         let n = t.num_hidden_layers;

@@ -21,10 +21,11 @@
 //! twice the rows held), so a run that was placed cannot run out of memory for its caches.
 //!
 //! Either family: the model is anything [`AsPlanModel`] (a DeepSeek-V4 `ModelConfig`, a
-//! `V41Config`); [`plan_over_v41`] is the DeepSeek-V4.1 plan `inspect` shows, with its
-//! host-resident Engram tables and placement notes.
+//! `V41Config`, a `PlanModel`). For DeepSeek-V4.1, [`plan_over`] keeps the Engram tables on the
+//! host ([`MemoryPlan::host_bytes`]), leaves the draft blocks and the vision tower out
+//! ([`MemoryPlan::excluded_mtp_bytes`], [`MemoryPlan::excluded_vision_bytes`]) and says what
+//! is where ([`MemoryPlan::placement_notes`]).
 
-use crate::config::V41Config;
 use crate::devices::plan::{self, AsPlanModel, DeviceSet, Footprint, MemoryPlan};
 use crate::units::{bytes_and_count, group_digits, human_bytes};
 
@@ -258,23 +259,6 @@ pub fn plan_over(
     // The notes name devices: name the offered ones.
     p.placement_notes = plan::placement_notes(model, &p);
     p
-}
-
-/// The memory plan of a DeepSeek-V4.1 run over `devices` (what `inspect --devices` shows for a
-/// V4.1 config or checkpoint; `chunk` may be [`AUTO_CHUNK`]): [`plan_over`] with V4.1's rules
-/// (module doc of [`crate::devices::plan`]). `footprint` holds the V4.1 tensors (e.g.
-/// [`Footprint::from_tensors`] over the expected inventory): the backbone and the Engram
-/// projections on the GPUs, the Engram tables on the host ([`MemoryPlan::host_bytes`]), the
-/// draft blocks and the vision tower left out ([`MemoryPlan::excluded_mtp_bytes`],
-/// [`MemoryPlan::excluded_vision_bytes`]); [`MemoryPlan::placement_notes`] says what is where.
-pub fn plan_over_v41(
-    cfg: &V41Config,
-    footprint: &Footprint,
-    devices: &DeviceSet,
-    context: usize,
-    chunk: usize,
-) -> MemoryPlan {
-    plan_over(cfg, footprint, devices, context, chunk)
 }
 
 /// Lays the model out over `devices` for `work` (see the module docs). `footprint` gives the

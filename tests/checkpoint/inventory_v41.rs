@@ -407,3 +407,40 @@ fn nvfp4_requantisation_of_the_backbone_experts() {
     );
     has(&inv, "layers.3.attn.wq_a.scale", Dtype::F8E8M0, &[40, 160]);
 }
+
+/// What only a checkpoint settles is honoured as for V4: a compressor or indexer linear kind
+/// stored as FP8 blocks is expected so on every layer that has it.
+#[test]
+fn fp8_compressor_linears_are_expected_where_a_checkpoint_stores_them() {
+    use needlescope::checkpoint::inventory::{CompressorKinds, CompressorLinear, InventoryOptions};
+    let mut kinds = CompressorKinds::NONE;
+    kinds.insert(CompressorLinear::Wkv);
+    let opts = InventoryOptions {
+        fp8_compressor_linears: kinds,
+        ..InventoryOptions::from(WeightFormat::Official)
+    };
+    let inv = expected_inventory_v41(&composite(), opts);
+    let official = expected_inventory_v41(&composite(), WeightFormat::Official);
+    // One more tensor (the scale) on each of the 4 KV sources.
+    assert_eq!(inv.len(), official.len() + 4);
+    for l in [2, 8, 14, 20] {
+        has(
+            &inv,
+            &format!("layers.{l}.attn.compressor.wkv.weight"),
+            Dtype::F8E4M3,
+            &[512, 5120],
+        );
+        has(
+            &inv,
+            &format!("layers.{l}.attn.compressor.wkv.scale"),
+            Dtype::F8E8M0,
+            &[16, 160],
+        );
+    }
+    has(
+        &inv,
+        "layers.2.attn.compressor.wgate.weight",
+        Dtype::BF16,
+        &[512, 5120],
+    );
+}

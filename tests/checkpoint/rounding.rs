@@ -1,5 +1,7 @@
 //! What a reader must return for values stored in each linear storage, by the numerics
-//! encoders (not synth's code path): shared by the round trips of every synthetic preset.
+//! encoders (the ones synth uses too, so a round trip checks names, offsets, shapes and
+//! storage choices; the formats themselves are checked against hand-computed values in
+//! `hand_written`, `v41_formats` and `engram`): shared by the round trips of every preset.
 
 use needlescope::checkpoint::inventory::{LinearStorage, FP4_GROUP};
 use needlescope::numerics::codecs::bf16_round;

@@ -127,7 +127,9 @@ fn inspect_on_v41_tiny_is_clean_in_every_format() {
                 "engram      layer 1 4,062 rows, layer 5 4,152 rows x 64 wide",
                 "CSA1      1  L6    own   consumer 8, 10",
             ]);
-        run(&[
+        // A token reads 2 tables x 4 rows of 64 values: bf16 128 B a row, e4m3 + 2 scales 66 B.
+        let per_token = if format == "bf16" { "1,024" } else { "528" };
+        let plan = [
             "inspect",
             "--model",
             &d,
@@ -135,9 +137,12 @@ fn inspect_on_v41_tiny_is_clean_in_every_format() {
             "1x2G",
             "--context",
             "16k",
-        ])
-        .ok()
-        .stdout_has(&["fits", "host (mapped): Engram tables"]);
+        ];
+        run(&plan).ok().stdout_has(&[
+            "fits",
+            "host (mapped): Engram tables",
+            &format!("read by row ({per_token} B a token)"),
+        ]);
     }
     // A tensor of the wrong shape is named, with the shard, expected and found.
     let dir = tmp.path().join("official");

@@ -17,11 +17,11 @@ use super::InspectArgs;
 use crate::checkpoint::verify::VerifyReport;
 use crate::checkpoint::{Checkpoint, WeightFormat};
 use crate::config::{Family, V41Config};
-use crate::devices::plan::Footprint;
+use crate::devices::plan::{Footprint, PlanModel};
 
 /// The V4.1 report of `--model` or `--config`.
 pub fn build_v41(args: &InspectArgs) -> anyhow::Result<InspectReport> {
-    let (source, cfg, footprint, inventory, verify) = if let Some(dir) = &args.model {
+    let (source, format, cfg, footprint, inventory, verify) = if let Some(dir) = &args.model {
         from_checkpoint(dir, args.verify)?
     } else {
         let path = args
@@ -38,8 +38,10 @@ pub fn build_v41(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             t.max_position_embeddings
         );
     }
+    // The Engram rows the host reads are as wide as the format stores them.
+    let model = PlanModel::v41_stored(&cfg, format);
     let plan = args.devices.as_ref().map(|d| {
-        crate::devices::placement::plan_over_v41(&cfg, &footprint, d, args.context, args.chunk)
+        crate::devices::placement::plan_over(&model, &footprint, d, args.context, args.chunk)
     });
     let roles = cfg.layer_roles();
     Ok(InspectReport {
@@ -67,6 +69,7 @@ pub fn build_v41(args: &InspectArgs) -> anyhow::Result<InspectReport> {
 
 type Built = (
     Source,
+    WeightFormat,
     V41Config,
     Footprint,
     Option<super::report::InventoryReport>,
@@ -82,6 +85,7 @@ fn from_checkpoint(dir: &Path, verify: bool) -> anyhow::Result<Built> {
     let cfg = ckpt.config().clone();
     Ok((
         read.source,
+        ckpt.format(),
         cfg,
         read.footprint,
         Some(inventory),
@@ -105,7 +109,7 @@ fn from_config(path: &Path, format: Option<WeightFormat>) -> anyhow::Result<Buil
         format_note: format_note_v41(format),
         shards: None,
     };
-    Ok((source, cfg, footprint, None, None))
+    Ok((source, format, cfg, footprint, None, None))
 }
 
 /// The format note, with V4.1's block and its Engram rows.

@@ -55,7 +55,7 @@ pub struct InspectArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// With --config: the weight format to assume [default: nvfp4 if the config says moe_quant_algo NVFP4 (NVIDIA's export) or quant_method modelopt, official if it says fp8, else bf16]
+    /// With --config: the weight format to assume [default: nvfp4 if the config says moe_quant_algo NVFP4 (NVIDIA's export) or quant_method modelopt, official if it says fp8, else bf16; the same for a DeepSeek-V4.1 config, whose quant_method is fp8 only]
     #[arg(long, value_name = "bf16|official|nvfp4", requires = "config")]
     pub format: Option<WeightFormat>,
 

@@ -157,7 +157,7 @@ mod tests {
         )
         .unwrap();
         let f = Footprint::of_inventory(&cfg, crate::checkpoint::WeightFormat::Official);
-        let p = crate::devices::placement::plan_over_v41(
+        let p = crate::devices::placement::plan_over(
             &cfg,
             &f,
             &"8x80G".parse().unwrap(),

@@ -191,7 +191,7 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
         write_tally(out, row.label, &row.tally, "")?;
     }
     let main = if r.v41.is_some() {
-        "main model (no drafts, vision)"
+        "main model (without MTP, vision)"
     } else {
         "main model (without MTP)"
     };
@@ -338,14 +338,18 @@ fn print_v41_facts(v: &V41Facts, d: &Dims, out: &mut dyn Write) -> std::io::Resu
         .zip(&v.engram_rows)
         .map(|(l, rows)| format!("layer {l} {} rows", group_digits(*rows)))
         .collect();
-    writeln!(
-        out,
-        "engram      {} x {} wide, {} heads, n-grams 2-{}",
-        tables.join(", "),
-        v.engram_width,
-        v.engram_heads,
-        v.engram_max_ngram
-    )?;
+    if tables.is_empty() {
+        writeln!(out, "engram      none (engram_layer_ids is empty)")?;
+    } else {
+        writeln!(
+            out,
+            "engram      {} x {} wide, {} heads, n-grams 2-{}",
+            tables.join(", "),
+            v.engram_width,
+            v.engram_heads,
+            v.engram_max_ngram
+        )?;
+    }
     match v.vision_blocks {
         Some(b) => writeln!(
             out,

@@ -63,7 +63,7 @@ impl Component {
             Component::Norms => "norms (attn, ffn, final)",
             Component::HcHead => "hc_head",
             Component::RouterBiases => "routers: biases",
-            Component::Mtp => "MTP / draft blocks (not run)",
+            Component::Mtp => "MTP (not run)",
             Component::Engram => "Engram (tables, projections)",
             Component::Vision => "vision tower + aligner",
             Component::ImageDelimiters => "image delimiters",
@@ -261,7 +261,8 @@ pub struct Footprint {
     pub host_bytes: u64,
 }
 
-fn is_zero(v: &u64) -> bool {
+/// Serde's test for the figures a V4 plan or footprint leaves out of its JSON.
+pub(super) fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 

@@ -66,7 +66,7 @@
 //! unchanged; the V4.1 fields of [`MemoryPlan`] and [`Footprint`] are left out of their JSON.
 //!
 //! DeepSeek-V4.1 (docs/spec/v41.md sections 3, 5 and 7; entry point
-//! [`crate::devices::placement::plan_over_v41`]):
+//! [`crate::devices::placement::plan_over`]):
 //! - **where the weights go**: the backbone as above (embed first, head and final norm last;
 //!   no `hc_head`); each Engram layer's projections (`engram.wkv`, `q_weight`, `k_weight`)
 //!   with the layer; the Engram tables (`layers.{L}.engram.embed.weight` and `.scale`,
@@ -191,15 +191,15 @@ pub struct MemoryPlan {
     pub excluded_mtp_bytes: u64,
     /// V4.1: bytes of the vision tower, aligner and image delimiters, left out of the plan (a
     /// text needle never runs them). Absent from the JSON when 0 (V4).
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "footprint::is_zero")]
     pub excluded_vision_bytes: u64,
     /// V4.1: weight bytes that stay on the host, memory-mapped and read by row (the Engram
     /// tables and their scales), on no device. Absent from the JSON when 0 (V4).
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "footprint::is_zero")]
     pub host_bytes: u64,
     /// V4.1: bytes each token reads from the host-resident tables (every Engram layer's rows).
     /// Absent from the JSON when 0 (V4).
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "footprint::is_zero")]
     pub host_read_bytes_per_token: u64,
     /// V4.1: what is where, in words (host tables, which layers hold compressed state and on
     /// which device, the candidate stage, what is not placed). Absent from the JSON when empty
@@ -207,10 +207,6 @@ pub struct MemoryPlan {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub placement_notes: Vec<String>,
     pub assumptions: Vec<String>,
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
 }
 
 /// Lays `footprint` out over `devices` for `context` tokens, prefilling in chunks of `chunk`;
@@ -582,11 +578,18 @@ pub fn placement_notes(cfg: &(impl AsPlanModel + ?Sized), p: &MemoryPlan) -> Vec
             .collect::<Vec<_>>()
             .join(", ");
         notes.push(format!(
-            "Engram: the tables stay on the host, memory-mapped and read by row, on no device ({tables}; {} B a row: {} e4m3 values + {} e8m0 scales; {} in all); a token reads {} rows of each ({} B), {} B in all, copied with its chunk to its layer's device ({to}), where the Engram projections (wkv, q_weight, k_weight) sit with the layer",
-            e0.row_bytes(),
+            "Engram: the tables stay on the host, memory-mapped and read by row, on no device ({tables}; {} B a row of {} values{}; {} in all); a token reads {} rows of each ({} B), {} B in all, copied with its chunk to its layer's device ({to}), where the Engram projections (wkv, q_weight, k_weight) sit with the layer",
+            e0.row_bytes,
             e0.head_dim,
-            e0.head_dim.div_ceil(ENGRAM_SCALE_BLOCK),
-            human_bytes(sat_sum(m.engram.iter().map(EngramTable::bytes))),
+            if e0.row_bytes == 2 * e0.head_dim as u64 {
+                " in bf16".to_string()
+            } else {
+                format!(
+                    " in e4m3 + {} e8m0 scales",
+                    e0.head_dim.div_ceil(crate::checkpoint::inventory::ENGRAM_GROUP)
+                )
+            },
+            human_bytes(p.host_bytes),
             e0.rows_per_token,
             g(e0.read_bytes_per_token()),
             g(m.engram_read_bytes_per_token()),

@@ -9,9 +9,8 @@ use std::borrow::Cow;
 
 use crate::config::{CandidateStage, Family, LayerRoles, ModelConfig, ModelDescription, V41Config};
 
-/// Columns sharing one E8M0 scale in an Engram table row (docs/spec/v41.md 4.1: `embed.scale`
-/// is `[rows, head_dim / 32]`).
-pub const ENGRAM_SCALE_BLOCK: usize = 32;
+use crate::checkpoint::inventory::ENGRAM_GROUP;
+use crate::checkpoint::WeightFormat;
 
 /// The plan's description of a model (module doc).
 #[derive(Clone, Debug, PartialEq)]
@@ -41,7 +40,7 @@ pub struct PlanModel {
     /// DeepSeek-V4.1's two-level selection, when the config has a candidate source.
     pub candidate: Option<CandidateBlocks>,
     /// DeepSeek-V4.1's Engram tables, one per Engram layer (none on V4).
-    pub engram: Vec<EngramTable>,
+    pub engram: Vec<EngramHostTable>,
 }
 
 /// The candidate stage (docs/spec/v41.md 5.6): the source keeps `topk_blocks` blocks of
@@ -54,33 +53,41 @@ pub struct CandidateBlocks {
     pub block_size: usize,
 }
 
-/// One Engram table (docs/spec/v41.md 5.2): `rows` rows of `head_dim` e4m3 values and one
-/// e8m0 scale per [`ENGRAM_SCALE_BLOCK`] columns, of which each token reads `rows_per_token`
+/// One Engram table (docs/spec/v41.md 5.2): `rows` rows of `head_dim` values, stored in
+/// `row_bytes` each (e4m3 values and one e8m0 scale per [`ENGRAM_GROUP`] columns in the
+/// official and NVFP4 formats, bf16 values in the bf16 one), of which each token reads `rows_per_token`
 /// (one per n-gram size and head) and projects their concatenation to `out_width` values
 /// (`(hc_mult + 1) x hidden`: a key per residual copy and the value).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EngramTable {
+pub struct EngramHostTable {
     pub layer: usize,
     pub rows: u64,
     pub head_dim: usize,
+    /// Stored bytes of one row (values and, if any, their scales).
+    pub row_bytes: u64,
     pub rows_per_token: usize,
     pub out_width: usize,
 }
 
-impl EngramTable {
-    /// Stored bytes of one row: the e4m3 values and their e8m0 scales.
-    pub fn row_bytes(&self) -> u64 {
-        (self.head_dim + self.head_dim.div_ceil(ENGRAM_SCALE_BLOCK)) as u64
+impl EngramHostTable {
+    /// Stored bytes of one row of `head_dim` values in `format`.
+    pub fn row_bytes_in(head_dim: usize, format: WeightFormat) -> u64 {
+        match format {
+            WeightFormat::Bf16 => 2 * head_dim as u64,
+            WeightFormat::Official | WeightFormat::Nvfp4 => {
+                (head_dim + head_dim.div_ceil(ENGRAM_GROUP)) as u64
+            }
+        }
     }
 
-    /// Stored bytes of the table (values and scales), saturating.
+    /// Stored bytes of the table, saturating.
     pub fn bytes(&self) -> u64 {
-        self.rows.saturating_mul(self.row_bytes())
+        self.rows.saturating_mul(self.row_bytes)
     }
 
     /// Bytes one token reads from the table.
     pub fn read_bytes_per_token(&self) -> u64 {
-        (self.rows_per_token as u64).saturating_mul(self.row_bytes())
+        (self.rows_per_token as u64).saturating_mul(self.row_bytes)
     }
 }
 
@@ -110,8 +117,20 @@ impl PlanModel {
         }
     }
 
-    /// A DeepSeek-V4.1 model (its main layers; the draft blocks are never planned).
+    /// A DeepSeek-V4.1 model (its main layers; the draft blocks are never planned) in the
+    /// weight format its config implies.
     pub fn v41(cfg: &V41Config) -> Self {
+        let format = match &cfg.weights {
+            w if w.experts_nvfp4 => WeightFormat::Nvfp4,
+            w if w.block.is_some() => WeightFormat::Official,
+            _ => WeightFormat::Bf16,
+        };
+        PlanModel::v41_stored(cfg, format)
+    }
+
+    /// A DeepSeek-V4.1 model whose tables are stored in `format` (`inspect --config
+    /// --format`, or a checkpoint's own).
+    pub fn v41_stored(cfg: &V41Config, format: WeightFormat) -> Self {
         let t = &cfg.text;
         let roles = cfg.layer_roles();
         let candidate = cfg.candidate_source().map(|source| CandidateBlocks {
@@ -128,10 +147,11 @@ impl PlanModel {
             .engram_layer_ids
             .iter()
             .zip(&t.engram_num_embeddings)
-            .map(|(&layer, &rows)| EngramTable {
+            .map(|(&layer, &rows)| EngramHostTable {
                 layer,
                 rows,
                 head_dim: t.engram_head_dim,
+                row_bytes: EngramHostTable::row_bytes_in(t.engram_head_dim, format),
                 // n-grams of 2 ..= max_ngram_size, one row per head each.
                 rows_per_token: t.engram_max_ngram_size.saturating_sub(1) * t.engram_n_heads,
                 out_width: (t.hc_mult + 1) * t.hidden_size,
@@ -167,7 +187,11 @@ impl PlanModel {
 
     /// Bytes every token reads from the host-resident Engram tables (all Engram layers).
     pub fn engram_read_bytes_per_token(&self) -> u64 {
-        super::sat_sum(self.engram.iter().map(EngramTable::read_bytes_per_token))
+        super::sat_sum(
+            self.engram
+                .iter()
+                .map(EngramHostTable::read_bytes_per_token),
+        )
     }
 }
 

@@ -340,7 +340,7 @@ impl PlanModel {
                         u(e.out_width),
                         n,
                     ])),
-                    sat_product([t, rows, e.row_bytes().saturating_add(8)]),
+                    sat_product([t, rows, e.row_bytes.saturating_add(8)]),
                 ])
             })
             .max()

@@ -167,7 +167,7 @@ fn the_released_inventory_has_the_hand_made_figures() {
         (f.first_bytes, f.last_bytes),
         (hand.first_bytes, hand.last_bytes)
     );
-    let p = crate::devices::placement::plan_over_v41(
+    let p = crate::devices::placement::plan_over(
         &released(),
         &f,
         &"8x80G".parse().unwrap(),
@@ -316,7 +316,7 @@ fn v41_release_fits_8x80g_with_the_engram_tables_on_the_host() {
         // 2,155,872,256.
         (M1, 16_483_639_296),
     ] {
-        let p = crate::devices::placement::plan_over_v41(&cfg, &f, &devices, c, 2048);
+        let p = crate::devices::placement::plan_over(&cfg, &f, &devices, c, 2048);
         assert!(p.fits, "{c}: {p:#?}");
         assert_eq!(p.devices.len(), 8);
         assert_eq!(p.weights, GPU_WEIGHTS, "no Engram table on a GPU");
@@ -368,7 +368,7 @@ fn v41_release_fits_8x80g_with_the_engram_tables_on_the_host() {
     }
     if std::env::var("NEEDLESCOPE_PRINT_PLAN").is_ok() {
         for c in [K128, M1] {
-            let p = crate::devices::placement::plan_over_v41(&cfg, &f, &devices, c, 2048);
+            let p = crate::devices::placement::plan_over(&cfg, &f, &devices, c, 2048);
             println!("{}", serde_json::to_string_pretty(&p).unwrap());
         }
     }
@@ -381,7 +381,7 @@ fn v41_release_is_refused_on_3x80g() {
     let cfg = released();
     let f = released_footprint();
     let devices: DeviceSet = "3x80G".parse().unwrap();
-    let p = crate::devices::placement::plan_over_v41(&cfg, &f, &devices, K128, 2048);
+    let p = crate::devices::placement::plan_over(&cfg, &f, &devices, K128, 2048);
     assert!(!p.fits);
     assert_eq!(p.strategy, "refused");
     assert!(p.shortfall >= GPU_WEIGHTS - 240 * GIB, "{}", p.shortfall);
@@ -393,7 +393,8 @@ fn v41_release_is_refused_on_3x80g() {
         p.host_bytes, HOST_BYTES,
         "the host tables are reported either way"
     );
-    // The Engram tables alone would not fit there either: they are not charged to a GPU.
+    // The Engram tables are not charged to a GPU: the devices' weights are the GPU weights.
+    assert_eq!(p.weights, GPU_WEIGHTS);
     assert!(p.total < GPU_WEIGHTS + 3 * 8 * GIB);
 }
 
