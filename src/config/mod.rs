@@ -536,6 +536,7 @@ impl ModelConfig {
     }
 }
 
+pub mod engram;
 pub mod layers;
 pub mod limits;
 pub mod v41;

@@ -12,6 +12,8 @@
 //! - [`modes`]: the names of the switches, [`IndexProfile`] (`--index`) and [`KvMode`] (`--kv`).
 //! - [`profiles`]: how index queries and keys are prepared and scored under each profile.
 //! - [`score_batch`]: the same scores for blocks of queries × key rows, dot products as GEMMs.
+//! - [`numpy_rng`]: NumPy's `default_rng` stream, to re-derive constants a release drew with it
+//!   (DeepSeek-V4.1's Engram multipliers); needlescope's own draws use [`rng`].
 //!
 //! Errors: functions that read tensors whose sizes come from a file return
 //! `Result<_, FormatError>`; they never panic on a size mismatch.
@@ -21,6 +23,7 @@ pub mod formats;
 pub mod hadamard;
 pub mod mhc;
 pub mod modes;
+pub mod numpy_rng;
 pub mod profiles;
 pub mod quant;
 pub mod rng;

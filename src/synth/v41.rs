@@ -74,38 +74,12 @@ pub(crate) fn not_a_v4_preset() -> CheckpointError {
     }
 }
 
-/// Rows of each Engram table: the release's prime walk (docs/spec/v41.md 5.2). For each Engram
-/// layer in order and each n-gram size `2..=max_ngram`, the search restarts at
-/// `engram_vocab - 1` and takes the next `heads` primes not taken yet (by any layer or size); a
-/// layer's table holds the sum of its primes. The released values (2 layers, n-grams up to 4,
-/// 8 heads, 16,000,000) give 384,006,168 and 384,016,682, `engram_num_embeddings` verbatim.
+/// Rows of each Engram table: the sum of each layer's primes of the release's walk
+/// ([`crate::config::engram::engram_primes`]).
 pub fn engram_table_rows(layers: usize, max_ngram: usize, heads: usize, vocab: u64) -> Vec<u64> {
-    let is_prime = |n: u64| {
-        n >= 2
-            && (n < 4
-                || (!n.is_multiple_of(2)
-                    && (3..)
-                        .step_by(2)
-                        .take_while(|d| d * d <= n)
-                        .all(|d| !n.is_multiple_of(d))))
-    };
-    let mut used = std::collections::BTreeSet::new();
-    (0..layers)
-        .map(|_| {
-            let mut rows = 0;
-            for _size in 2..=max_ngram {
-                let mut p = vocab.saturating_sub(1);
-                for _ in 0..heads {
-                    p += 1;
-                    while !is_prime(p) || used.contains(&p) {
-                        p += 1;
-                    }
-                    used.insert(p);
-                    rows += p;
-                }
-            }
-            rows
-        })
+    crate::config::engram::engram_primes(layers, max_ngram, heads, vocab)
+        .iter()
+        .map(|layer| layer.iter().flatten().sum())
         .collect()
 }
 
