@@ -384,6 +384,58 @@ impl V4Tokenizer {
             })
     }
 
+    /// DeepSeek-V4.1's Engram token classes (docs/spec/v41.md 5.2): `classes[id]` for every id
+    /// `0..vocab_size`, and the number of classes. Each id is decoded alone (special tokens
+    /// kept) and normalised as the release does (NFKC, NFD, strip accents, lowercase, runs of
+    /// space / tab / CR / LF to one space, strip; a lone space stays a space); a decode holding
+    /// U+FFFD (a partial UTF-8 byte token) is keyed by its raw token string instead, an empty
+    /// normalisation by the decode itself. Distinct keys get class ids in first-seen order.
+    /// About a second for the full vocabulary.
+    pub fn engram_classes(&self) -> Result<(Vec<u32>, usize), TokenizerError> {
+        use tokenizers::normalizers::{
+            replace::ReplacePattern, Lowercase, Replace, Sequence, Strip, StripAccents, NFD, NFKC,
+        };
+        use tokenizers::{NormalizedString, Normalizer};
+        // A private-use sentinel keeps a lone space from stripping to nothing.
+        const SENTINEL: &str = "\u{e000}";
+        let parse_err = |e: tokenizers::Error| TokenizerError::Parse {
+            source_name: self.source_name.clone(),
+            message: format!("Engram normaliser: {e}"),
+        };
+        let regex = |p: &str, with: &str| {
+            Replace::new(ReplacePattern::Regex(p.into()), with).map_err(parse_err)
+        };
+        let normaliser = Sequence::new(vec![
+            NFKC.into(),
+            NFD.into(),
+            StripAccents.into(),
+            Lowercase.into(),
+            regex("[ \\t\\r\\n]+", " ")?.into(),
+            regex("^ $", SENTINEL)?.into(),
+            Strip::new(true, true).into(),
+            Replace::new(SENTINEL, " ").map_err(parse_err)?.into(),
+        ]);
+        let mut keys: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+        let mut classes = Vec::with_capacity(self.vocab_size);
+        for id in 0..self.vocab_size as u32 {
+            let text = self.decode(&[id])?;
+            let key = if text.contains('\u{fffd}') {
+                self.inner.id_to_token(id).unwrap_or_default()
+            } else {
+                let mut n = NormalizedString::from(text.as_str());
+                normaliser.normalize(&mut n).map_err(parse_err)?;
+                if n.get().is_empty() {
+                    text
+                } else {
+                    n.get().to_string()
+                }
+            };
+            let next = keys.len() as u32;
+            classes.push(*keys.entry(key).or_insert(next));
+        }
+        Ok((classes, keys.len()))
+    }
+
     /// Id of a token given by its text, e.g. `<｜User｜>` or [`BOS`].
     pub fn token_id(&self, name: &str) -> Result<u32, TokenizerError> {
         self.inner

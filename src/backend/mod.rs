@@ -237,6 +237,101 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Act,
     );
 
+    /// DeepSeek-V4.1's lagged mHC (docs/spec/v41.md 5.1): the coefficients of one layer site
+    /// alone, `pre [T, n]`, `post [T, n]` and `comb [T, n, n]` from `streams [T, n, D]`, by the
+    /// math of [`Backend::hc_pre`] (V4.1 collapses the streams with the *previous* site's
+    /// `pre`, [`Backend::hc_collapse`]). The default forms the mixes with
+    /// [`Backend::matmul`] and evaluates the per-token math of `numerics::mhc` on the host
+    /// (the RMS scale accumulated in f64, as the CPU backend's `hc_pre`).
+    fn hc_coefficients(
+        &self,
+        streams: &Self::Act,
+        site: &HcWeights<'_, Self::Matrix>,
+        params: &HcParams,
+        pre: &mut Self::Act,
+        post: &mut Self::Act,
+        comb: &mut Self::Act,
+    ) {
+        let n = params.streams;
+        let (rows, width) = self.matrix_shape(site.mix);
+        let tokens = self.act_len(streams) / width;
+        let mut mixes = self.act_uninit(tokens * rows);
+        self.matmul(streams, site.mix, &mut mixes);
+        let mut mixes = self.act_into_host(mixes);
+        let x = self.act_host(streams);
+        let (mut p, mut q, mut c) = (
+            vec![0.0f32; tokens * n],
+            vec![0.0f32; tokens * n],
+            vec![0.0f32; tokens * n * n],
+        );
+        for t in 0..tokens {
+            let m = &mut mixes[t * rows..(t + 1) * rows];
+            let r = cpu::rms_scale(&x[t * width..(t + 1) * width], params.norm_eps);
+            m.iter_mut().for_each(|v| *v *= r);
+            crate::numerics::mhc::site_coefficients(
+                m,
+                site.base,
+                site.scale,
+                params,
+                &mut p[t * n..(t + 1) * n],
+                &mut q[t * n..(t + 1) * n],
+                &mut c[t * n * n..(t + 1) * n * n],
+            );
+        }
+        *pre = self.act_from(p);
+        *post = self.act_from(q);
+        *comb = self.act_from(c);
+    }
+
+    /// `out [T, D]` = Σ_j weights_j · X_j for `streams [T, n, D]` and `weights [T, n]` (the
+    /// collapse of DeepSeek-V4.1's lagged mHC). The default sums on the host, streams in order.
+    fn hc_collapse(&self, streams: &Self::Act, weights: &Self::Act, n: usize, out: &mut Self::Act) {
+        let x = self.act_host(streams);
+        let w = self.act_host(weights);
+        let tokens = w.len() / n;
+        let d = x.len() / (tokens * n).max(1);
+        let mut o = vec![0.0f32; tokens * d];
+        for t in 0..tokens {
+            let dst = &mut o[t * d..(t + 1) * d];
+            for j in 0..n {
+                let wj = w[t * n + j];
+                let src = &x[(t * n + j) * d..(t * n + j + 1) * d];
+                dst.iter_mut().zip(src).for_each(|(a, &b)| *a += wj * b);
+            }
+        }
+        *out = self.act_from(o);
+    }
+
+    /// DeepSeek-V4.1's Engram injection (docs/spec/v41.md 5.2, `numerics::engram`): for every
+    /// token of `streams [T, n, D]`, its projected lookup `kv [T, (n + 1)·D]` and the product
+    /// weight `qk [n, D]`, `X_c ← X_c + g_c · value`. Returns the gates `[T, n]` on the host.
+    /// The default runs `numerics::engram::inject_token` on the host.
+    fn engram_inject(
+        &self,
+        streams: &mut Self::Act,
+        kv: &Self::Act,
+        qk: &[f32],
+        n: usize,
+        eps: f32,
+    ) -> Vec<f32> {
+        let mut x = self.act_host(streams).into_owned();
+        let kv = self.act_host(kv);
+        let tokens = kv.len() / (qk.len() + qk.len() / n).max(1);
+        let (row, kv_row) = (qk.len(), qk.len() + qk.len() / n);
+        let mut gates = Vec::with_capacity(tokens * n);
+        for t in 0..tokens {
+            gates.extend(crate::numerics::engram::inject_token(
+                &mut x[t * row..(t + 1) * row],
+                &kv[t * kv_row..(t + 1) * kv_row],
+                qk,
+                n,
+                eps,
+            ));
+        }
+        *streams = self.act_from(x);
+        gates
+    }
+
     /// Compressor pooling (docs/spec/attention.md 5.1-5.2): `values` and raw gate `logits` are the
     /// projections `[n, κ·c]` of n consecutive tokens, `ape` `[ratio, κ·c]` the position
     /// biases; `out [rows, c]` gets rows of `layout` (see [`PoolLayout`] for which tokens and

@@ -622,6 +622,53 @@ mod lookup {
             }
         }
 
+        /// Layer `layer`'s Engram table (`layers.{layer}.engram.embed.weight`, `[rows, width]`)
+        /// as a linear weight, so that a backend gathers its rows as it gathers embedding rows:
+        /// F8_E4M3 with one E8M0 `.scale` per 32 columns of a row is FP8 in blocks of
+        /// `(1, 32)`; BF16 and F32 tables are plain. Scale codes are checked as at any load.
+        pub fn engram_table_linear(
+            &self,
+            layer: usize,
+            rows: usize,
+            width: usize,
+        ) -> Result<SharedLinear, CheckpointError> {
+            let module = format!("layers.{layer}.engram.embed");
+            let w = self.require(&format!("{module}.weight"))?;
+            self.check_shape(w, &[rows, width], " (an Engram table)")?;
+            let located = |scale, form| Located {
+                weight: w,
+                scale,
+                form,
+                rows,
+                cols: width,
+            };
+            let l = match w.dtype {
+                Dtype::BF16 => located(None, LinearForm::Bf16),
+                Dtype::F32 => located(None, LinearForm::F32),
+                Dtype::F8E4M3 => {
+                    let group = crate::checkpoint::inventory::ENGRAM_GROUP;
+                    let scale = self.sibling(
+                        w,
+                        &module,
+                        "scale",
+                        Dtype::F8E8M0,
+                        &[rows, width.div_ceil(group)],
+                        "one E8M0 scale per 32 columns of an Engram row",
+                    )?;
+                    self.check_scale_codes(scale)?;
+                    located(Some(scale), LinearForm::Fp8Block { block: (1, group) })
+                }
+                found => {
+                    return Err(wrong_dtype(
+                        w,
+                        "F8_E4M3 (+ .scale), BF16 or F32 (an Engram table)",
+                        found,
+                    ))
+                }
+            };
+            Ok(self.share(&module, l))
+        }
+
         /// [`Checkpoint::linear`] decoded to f32 `[out_dim, in_dim]`.
         pub fn linear_f32(
             &self,

@@ -428,7 +428,7 @@ fn backend_result<B: Backend>(backend: &B) -> Result<(), ModelError> {
 }
 
 /// Sorted, deduplicated absolute positions of a request for a call covering `first..end`.
-fn requested_positions(
+pub(crate) fn requested_positions(
     req: &LogitsRequest,
     first: usize,
     end: usize,

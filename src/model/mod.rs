@@ -21,6 +21,7 @@ pub mod indexer;
 pub mod layer;
 pub mod moe;
 pub mod observer;
+pub mod v41;
 
 pub mod state;
 
@@ -77,9 +78,9 @@ pub enum ModelError {
 
 /// Loads the linear `module` (`module.weight` plus its scales, any stored format) `[out, in]`
 /// onto the backend, which decodes it now or on use (its `WeightResidency`).
-pub(crate) fn load_matrix<B: Backend>(
+pub(crate) fn load_matrix<B: Backend, C: crate::checkpoint::CheckpointConfig>(
     backend: &B,
-    ckpt: &Checkpoint,
+    ckpt: &Checkpoint<C>,
     module: &str,
     out: usize,
     input: usize,

@@ -13,7 +13,7 @@
 use super::observer::Observer;
 use super::{load_matrix, ModelError};
 use crate::backend::{Backend, FfnWeights, Routes};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CheckpointConfig};
 use crate::config::{ModelConfig, RouterKind};
 use rayon::prelude::*;
 
@@ -32,9 +32,9 @@ pub struct Moe<M> {
     limit: f32,
 }
 
-fn load_ffn<B: Backend>(
+fn load_ffn<B: Backend, C: CheckpointConfig>(
     backend: &B,
-    ckpt: &Checkpoint,
+    ckpt: &Checkpoint<C>,
     prefix: &str,
     d: usize,
     inter: usize,
@@ -46,29 +46,67 @@ fn load_ffn<B: Backend>(
     })
 }
 
+/// The sizes and rules of one layer's MoE, from either family's config.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeSpec {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub shared_experts: usize,
+    pub scaling: f32,
+    pub swiglu_limit: f32,
+    pub router: RouterKind,
+    /// Token ids a hash router's `tid2eid` covers.
+    pub vocab: usize,
+}
+
+impl MoeSpec {
+    /// Layer `layer` of a DeepSeek-V4 config.
+    pub fn v4(cfg: &ModelConfig, layer: usize) -> Self {
+        MoeSpec {
+            hidden: cfg.hidden_size,
+            intermediate: cfg.moe_intermediate_size,
+            experts: cfg.n_routed_experts,
+            top_k: cfg.num_experts_per_tok,
+            shared_experts: cfg.n_shared_experts,
+            scaling: cfg.routed_scaling_factor as f32,
+            swiglu_limit: cfg.swiglu_limit as f32,
+            router: cfg.router_kind(layer),
+            vocab: cfg.vocab_size,
+        }
+    }
+}
+
 impl<M> Moe<M> {
-    /// Loads `layers.{layer}.ffn.*`; checks every `tid2eid` entry names an expert.
+    /// Loads `layers.{layer}.ffn.*` of a DeepSeek-V4 checkpoint; checks every `tid2eid` entry
+    /// names an expert.
     pub fn load<B: Backend<Matrix = M>>(
         backend: &B,
         ckpt: &Checkpoint,
         cfg: &ModelConfig,
         layer: usize,
     ) -> Result<Self, ModelError> {
+        Self::load_spec(backend, ckpt, &MoeSpec::v4(cfg, layer), layer)
+    }
+
+    /// Loads `layers.{layer}.ffn.*` of any checkpoint under `spec`.
+    pub fn load_spec<B: Backend<Matrix = M>, C: CheckpointConfig>(
+        backend: &B,
+        ckpt: &Checkpoint<C>,
+        spec: &MoeSpec,
+        layer: usize,
+    ) -> Result<Self, ModelError> {
         let p = format!("layers.{layer}.ffn");
-        let (d, inter, e, k) = (
-            cfg.hidden_size,
-            cfg.moe_intermediate_size,
-            cfg.n_routed_experts,
-            cfg.num_experts_per_tok,
-        );
-        let (bias, tid2eid) = match cfg.router_kind(layer) {
+        let (d, inter, e, k) = (spec.hidden, spec.intermediate, spec.experts, spec.top_k);
+        let (bias, tid2eid) = match spec.router {
             RouterKind::Score => (
                 Some(ckpt.f32_tensor(&format!("{p}.gate.bias"), &[e])?),
                 None,
             ),
             RouterKind::Hash => {
                 let name = format!("{p}.gate.tid2eid");
-                let raw = ckpt.i64_tensor(&name, &[cfg.vocab_size, k])?;
+                let raw = ckpt.i64_tensor(&name, &[spec.vocab, k])?;
                 if let Some(at) = raw
                     .iter()
                     .position(|&v| usize::try_from(v).map_or(true, |u| u >= e))
@@ -91,7 +129,7 @@ impl<M> Moe<M> {
         let experts = (0..e)
             .map(|i| load_ffn(backend, ckpt, &format!("{p}.experts.{i}"), d, inter))
             .collect::<Result<Vec<_>, _>>()?;
-        let shared = if cfg.n_shared_experts > 0 {
+        let shared = if spec.shared_experts > 0 {
             Some(load_ffn(
                 backend,
                 ckpt,
@@ -110,8 +148,8 @@ impl<M> Moe<M> {
             shared,
             top_k: k,
             n_experts: e,
-            scaling: cfg.routed_scaling_factor as f32,
-            limit: cfg.swiglu_limit as f32,
+            scaling: spec.scaling,
+            limit: spec.swiglu_limit,
         })
     }
 

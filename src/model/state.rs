@@ -194,7 +194,7 @@ pub struct WindowCache<A> {
 }
 
 impl<A> WindowCache<A> {
-    fn new(dim: usize) -> Self {
+    pub(crate) fn new(dim: usize) -> Self {
         WindowCache {
             first_pos: 0,
             rows: RowCache::new(dim),

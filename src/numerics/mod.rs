@@ -12,6 +12,7 @@
 //! - [`modes`]: the names of the switches, [`IndexProfile`] (`--index`) and [`KvMode`] (`--kv`).
 //! - [`profiles`]: how index queries and keys are prepared and scored under each profile.
 //! - [`score_batch`]: the same scores for blocks of queries × key rows, dot products as GEMMs.
+//! - [`engram`]: DeepSeek-V4.1's Engram gate, per token.
 //! - [`numpy_rng`]: NumPy's `default_rng` stream, to re-derive constants a release drew with it
 //!   (DeepSeek-V4.1's Engram multipliers); needlescope's own draws use [`rng`].
 //!
@@ -19,6 +20,7 @@
 //! `Result<_, FormatError>`; they never panic on a size mismatch.
 
 pub mod codecs;
+pub mod engram;
 pub mod formats;
 pub mod hadamard;
 pub mod mhc;

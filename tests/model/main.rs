@@ -5,6 +5,7 @@
 
 mod bench;
 mod golden_transformers;
+mod golden_v41;
 mod invariants;
 mod profiles;
 mod weights;
