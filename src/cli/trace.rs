@@ -15,6 +15,7 @@ use super::device::DeviceArgs;
 use super::flags::{parse_positive, Positions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::run::trace::{self, LogitsMode, PreparedTrace, TraceInput, TracePlan};
+use crate::run::trace_v41;
 
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
@@ -55,6 +56,10 @@ pub struct TraceArgs {
     /// Top-k of the indexer [default: the config's index_topk]
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = parse_positive)]
     pub topk: Option<usize>,
+
+    /// DeepSeek-V4.1 only: blocks the candidate stage keeps per query [default: the config's candidate_topk_blocks]
+    #[arg(long, allow_negative_numbers = true, value_name = "BLOCKS", value_parser = parse_positive)]
+    pub candidate_blocks: Option<usize>,
 
     /// Prefill chunk in tokens, or auto: 2048 on the CPU, on GPUs the largest of 8192, 4096 and 2048 that fits (results equal up to f32 rounding: a chunk changes GEMM shapes and so summation order)
     #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto")]
@@ -135,15 +140,49 @@ pub fn run(args: &TraceArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         logits: args.logits,
         device: args.device.choice(),
     };
+    let v41 = matches!(
+        crate::config::load_any(&args.model),
+        Ok(crate::config::ModelDescription::V41(_))
+    );
+    if v41 {
+        let opts = trace_v41::V41TraceOptions {
+            candidate_blocks: args.candidate_blocks,
+        };
+        let done = trace_v41::run_v41(&plan, opts, &mut |bytes| {
+            eprintln!(
+                "trace: {} of tensors to write to {}",
+                crate::units::human_bytes(bytes),
+                args.out.display()
+            )
+        })?;
+        return print_outcome(args, &done, "index source", out);
+    }
+    if args.candidate_blocks.is_some() {
+        anyhow::bail!(
+            "--candidate-blocks is a DeepSeek-V4.1 what-if (its candidate stage); {} is not a \
+             DeepSeek-V4.1 model",
+            args.model.display()
+        );
+    }
     let prepared = trace::prepare(&plan)?;
     announce_size(args, &prepared);
     let done = prepared.run()?;
+    print_outcome(args, &done, "CSA layer", out)
+}
+
+/// The line of the outcome.
+fn print_outcome(
+    args: &TraceArgs,
+    done: &trace::TraceOutcome,
+    layers: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "traced {}, {}, {} (index {}, kv {}, top-k {}, logits {}) on {} in {:.2} s -> {} ({})",
         crate::units::count_of(done.tokens, "token"),
         crate::units::count_of(done.positions, "position"),
-        crate::units::count_of(done.csa_layers, "CSA layer"),
+        crate::units::count_of(done.csa_layers, layers),
         args.index,
         args.kv,
         done.topk,

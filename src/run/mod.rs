@@ -25,3 +25,4 @@ pub mod sweep;
 pub mod target;
 pub mod trace;
 pub mod trace_logits;
+pub mod trace_v41;

@@ -449,15 +449,25 @@ pub fn write_trace(
         Ok(())
     };
 
-    // Written beside `path` and renamed when complete: a failed write leaves no file that
-    // looks like a trace.
+    write_atomically(path, layout.tensors(), &metadata, write_all)
+}
+
+/// Writes the safetensors file `path` of `tensors` through `write_all` beside it (`.partial`)
+/// and renames it when complete: a failed or interrupted write leaves no file that looks like
+/// a trace.
+pub(crate) fn write_atomically(
+    path: &Path,
+    tensors: Vec<ExpectedTensor>,
+    metadata: &BTreeMap<String, String>,
+    write_all: impl FnOnce(&mut SafetensorsWriter) -> Result<(), CheckpointError>,
+) -> anyhow::Result<()> {
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
     // Ctrl-C while writing removes it too (the process exits at once; a trace is not resumable).
     let _partial_guard = crate::run::interrupt::RemoveOnInterrupt::new(&partial);
     let written = (|| {
-        let mut writer = SafetensorsWriter::create(&partial, layout.tensors(), &metadata)?;
+        let mut writer = SafetensorsWriter::create(&partial, tensors, metadata)?;
         write_all(&mut writer)?;
         writer.finish()
     })();
@@ -476,7 +486,7 @@ pub fn write_trace(
     Ok(())
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
+pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
@@ -790,7 +800,7 @@ impl ModelTask for TraceTask<'_> {
 /// safetensors file there would be read as model weights, or replace them), also through
 /// folders that do not exist yet (which `run` makes just before the forward, once every check
 /// has passed, so a forward never ends on a missing folder).
-fn check_out_path(plan: &TracePlan) -> anyhow::Result<()> {
+pub(crate) fn check_out_path(plan: &TracePlan) -> anyhow::Result<()> {
     let out = plan.out;
     if out.is_dir() {
         anyhow::bail!(
@@ -910,22 +920,43 @@ fn existing_ancestor(path: &Path) -> PathBuf {
 /// input on a full-size model is tens of GiB: the logits alone are 0.5 MiB per position with
 /// `--logits all`).
 fn check_room(plan: &TracePlan, layout: &TraceLayout, positions: &[usize]) -> anyhow::Result<()> {
+    let need = RoomNeeded {
+        memory: layout.memory_bytes(positions),
+        file: layout.file_bytes(),
+        tokens: layout.tokens,
+        positions: positions.len(),
+        logits: layout.logits,
+    };
+    check_room_for(plan, &need)
+}
+
+/// What a trace needs before it runs: memory for the records, disk for the file.
+pub(crate) struct RoomNeeded {
+    pub memory: u64,
+    pub file: u64,
+    pub tokens: usize,
+    pub positions: usize,
+    pub logits: LogitsMode,
+}
+
+/// Refuses a trace whose records or file do not fit, saying what to record less of.
+pub(crate) fn check_room_for(plan: &TracePlan, need: &RoomNeeded) -> anyhow::Result<()> {
     // The filesystem the file will be on: its nearest folder that exists now.
     let dir = existing_ancestor(plan.out);
     let room = crate::devices::host::Room {
-        memory_needed: layout.memory_bytes(positions),
+        memory_needed: need.memory,
         memory_available: crate::devices::host::meminfo_bytes("MemAvailable"),
         // The header is a few KiB per tensor name at most.
-        disk_needed: layout.file_bytes() + 64 * 1024,
+        disk_needed: need.file + 64 * 1024,
         disk_free: crate::devices::host::free_disk_bytes(&dir),
     };
     room.check().map_err(|short| {
         anyhow::anyhow!(
             "--out {}: a trace of {} positions over {} tokens does not fit: {short}; record fewer positions (--positions last, or a list){}{}",
             plan.out.display(),
-            crate::units::group_digits(positions.len() as u64),
-            crate::units::group_digits(layout.tokens as u64),
-            match layout.logits {
+            crate::units::group_digits(need.positions as u64),
+            crate::units::group_digits(need.tokens as u64),
+            match need.logits {
                 LogitsMode::None => String::new(),
                 mode => format!(", or fewer logits (--logits {mode} now: top:N with a smaller N, or none)"),
             },

@@ -574,12 +574,6 @@ fn commands_that_run_refuse_a_v41_checkpoint_naming_themselves() {
     let (tokens, trace_out) = (tokens.to_str().unwrap(), trace_out.to_str().unwrap());
     for (command, args) in [
         ("probe", vec!["probe", "--model", d, "--length", "512"]),
-        (
-            "trace",
-            vec![
-                "trace", "--model", d, "--tokens", tokens, "--out", trace_out,
-            ],
-        ),
         ("bench", vec!["bench", "--model", d, "--lengths", "256"]),
         (
             "sweep",
@@ -593,6 +587,12 @@ fn commands_that_run_refuse_a_v41_checkpoint_naming_themselves() {
             "DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command yet",
         ]);
     }
+    // trace runs DeepSeek-V4.1 (tests/cli/trace_v41.rs); a directory without weights is named.
+    run(&[
+        "trace", "--model", d, "--tokens", tokens, "--out", trace_out,
+    ])
+    .fails()
+    .stderr_has(&[d]);
     assert!(
         !std::path::Path::new(trace_out).exists(),
         "trace wrote nothing"

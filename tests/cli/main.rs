@@ -15,3 +15,4 @@ mod inspect_verify;
 mod synth_v41;
 mod trace;
 mod trace_transfer;
+mod trace_v41;

@@ -19,7 +19,7 @@ use super::state::SourceState;
 use crate::backend::{Backend, IndexScoreBatch, RawIndexQueries, INDEX_SCORE_TOKENS};
 use crate::checkpoint::Checkpoint;
 use crate::config::{CandidateStage, LayerRole, V41Config};
-use crate::model::layer::emit;
+use crate::model::layer::{emit, emit_act};
 use crate::model::observer::Observer;
 use crate::model::{load_matrix, ModelError};
 use crate::numerics::profiles::IndexProfile;
@@ -144,6 +144,22 @@ impl<M> Indexer<M> {
         backend.rope(rope, &mut q, dim, &positions, false);
         let mut w = backend.act_uninit(tokens * heads);
         backend.matmul(x, &self.weights_proj, &mut w);
+        emit_act(
+            backend,
+            run.observer,
+            &format!("layers.{l}.indexer.q"),
+            first_pos,
+            &[tokens, heads, dim],
+            &q,
+        );
+        emit_act(
+            backend,
+            run.observer,
+            &format!("layers.{l}.indexer.weights"),
+            first_pos,
+            &[tokens, heads],
+            &w,
+        );
         let mut q_prep = backend.act_uninit(tokens * heads * dim);
         let mut w_prep = backend.act_uninit(tokens * heads);
         let raw = RawIndexQueries {

@@ -17,7 +17,8 @@
 //! `layers.L.attn.input` / `layers.L.ffn.input` `[T, D]`; `layers.L.hidden` `[T, n, D]`;
 //! on index sources `layers.N.indexer.scores` `[T, rows]` (-inf where not visible and, on
 //! candidate consumers, outside the kept blocks) and `layers.N.indexer.topk` `[T, k]` (f32,
-//! -1 padding); on consumers also `layers.N.indexer.scores_unconstrained` /
+//! -1 padding), `layers.N.indexer.q` `[T, H_i, d_i]` (after RoPE, before any rounding) and
+//! `layers.N.indexer.weights` `[T, H_i]` (before the scale); on consumers also `layers.N.indexer.scores_unconstrained` /
 //! `topk_unconstrained`; on the candidate source `layers.N.candidates.block_scores`
 //! `[T, blocks]` (block max, -inf where nothing is visible) and
 //! `layers.N.candidates.kept_blocks` `[T, blocks]` (1 = kept); `logits` `[1, V]`.

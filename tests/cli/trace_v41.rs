@@ -1,0 +1,227 @@
+//! `trace` on a DeepSeek-V4.1 checkpoint through the binary (run::trace_v41): the file holds
+//! every index source's scores and picks, the consumers' unconstrained ones, the candidate
+//! stage's blocks and the dumped inputs, and they agree with each other; what V4.1 cannot do
+//! yet (`--device cuda`, `--kv fp8`, `--prompt`, rotating profiles) and a budget too small for
+//! the top-k are refused by name before anything is written.
+
+use cli_support::run;
+use needlescope_testkit::cli as cli_support;
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A bf16 v41-tiny and a token file of `n` ids in `tmp`.
+fn setup(tmp: &Path, n: usize) -> (PathBuf, PathBuf) {
+    let model = tmp.join("v41");
+    run(&[
+        "synth",
+        "--preset",
+        "v41-tiny",
+        "--format",
+        "bf16",
+        "--out",
+        &s(&model),
+    ])
+    .ok();
+    let ids: Vec<String> = (0..n)
+        .map(|i| (3 + (i * 7919 + 17) % 129_000).to_string())
+        .collect();
+    let tokens = tmp.join("tokens.txt");
+    std::fs::write(&tokens, ids.join(" ")).unwrap();
+    (model, tokens)
+}
+
+fn tensor(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let v = st
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("trace lacks {name}"));
+    let d = v.data();
+    let vals = match v.dtype() {
+        safetensors::Dtype::F32 => d
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        safetensors::Dtype::I32 => d
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        safetensors::Dtype::U8 => d.iter().map(|&b| b as f32).collect(),
+        other => panic!("{name}: dtype {other:?}"),
+    };
+    (v.shape().to_vec(), vals)
+}
+
+#[test]
+fn trace_v41_records_both_stages_and_the_dump_recomputes_the_scores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, tokens) = setup(tmp.path(), 200);
+    let out = tmp.path().join("t.safetensors");
+    run(&[
+        "trace",
+        "--model",
+        &s(&model),
+        "--tokens",
+        &s(&tokens),
+        "--positions",
+        "all",
+        "--candidate-blocks",
+        "12",
+        "--dump-indexer-inputs",
+        "--logits",
+        "top:3",
+        "--out",
+        &s(&out),
+    ])
+    .ok()
+    .stdout_has(&["traced 200 tokens, 200 positions, 5 index sources"]);
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().clone().unwrap();
+    assert_eq!(meta["family"], "deepseek_v41");
+    assert_eq!(meta["candidate_blocks"], "12");
+    let (k, block, t) = (64usize, 8usize, 200usize);
+    // Layer 6 (the candidate source, ratio 1): 200 rows, 25 blocks.
+    let (shape, kept) = tensor(&st, "layers.6.candidates.kept_blocks");
+    assert_eq!(shape, vec![t, 25]);
+    for q in 0..t {
+        let row = &kept[q * 25..(q + 1) * 25];
+        let visible_blocks = (q + 1).div_ceil(block);
+        let n: usize = row.iter().filter(|&&v| v == 1.0).count();
+        assert_eq!(n, visible_blocks.min(12), "query {q}: kept blocks");
+        assert_eq!(row[q / block], 1.0, "query {q}: the newest block is pinned");
+    }
+    // Layer 8 (a consumer): scores are -inf outside the kept blocks, its picks inside them,
+    // and the unconstrained picks are the top-k of the unconstrained scores.
+    let (_, scores) = tensor(&st, "layers.8.indexer.scores");
+    let (_, free) = tensor(&st, "layers.8.indexer.scores_unconstrained");
+    let (_, topk) = tensor(&st, "layers.8.indexer.topk");
+    let (_, topk_free) = tensor(&st, "layers.8.indexer.topk_unconstrained");
+    let mut differs = 0;
+    for q in 0..t {
+        for r in 0..t {
+            let in_kept = kept[q * 25 + r / block] == 1.0 && r <= q;
+            let sc = scores[q * t + r];
+            if in_kept {
+                assert_eq!(sc, free[q * t + r], "query {q} row {r}");
+            } else {
+                assert_eq!(sc, f32::NEG_INFINITY, "query {q} row {r}");
+            }
+        }
+        let picks = &topk[q * k..(q + 1) * k];
+        for &p in picks.iter().filter(|&&p| p >= 0.0) {
+            assert!(
+                scores[q * t + p as usize].is_finite(),
+                "query {q} picked {p}"
+            );
+        }
+        let best = free[q * t + topk_free[q * k] as usize];
+        let max = free[q * t..q * t + q + 1]
+            .iter()
+            .copied()
+            .fold(f32::MIN, f32::max);
+        assert_eq!(
+            best, max,
+            "query {q}: the first unconstrained pick is the best row"
+        );
+        differs += usize::from(picks != &topk_free[q * k..(q + 1) * k]);
+    }
+    assert!(
+        differs > 50,
+        "the candidate mask changed {differs} selections"
+    );
+    // The dump recomputes layer 2's exact scores: Σ_h w_h · S · ReLU(q_h · k_j).
+    let (_, q) = tensor(&st, "layers.2.indexer.q");
+    let (_, w) = tensor(&st, "layers.2.indexer.weights");
+    let (kshape, keys) = tensor(&st, "layers.2.indexer.keys");
+    let (_, sc2) = tensor(&st, "layers.2.indexer.scores");
+    let (heads, dim, rows) = (4usize, 32usize, kshape[0]);
+    assert_eq!(kshape, vec![100, dim]);
+    let scale: f32 = meta["index_weight_scale"].parse().unwrap();
+    for pos in [1usize, 99, 199] {
+        for r in 0..(pos + 1) / 2 {
+            let want: f32 = (0..heads)
+                .map(|h| {
+                    let qh = &q[(pos * heads + h) * dim..(pos * heads + h + 1) * dim];
+                    let kr = &keys[r * dim..(r + 1) * dim];
+                    let dot: f32 = qh.iter().zip(kr).map(|(a, b)| a * b).sum();
+                    w[pos * heads + h] * scale * dot.max(0.0)
+                })
+                .sum();
+            let got = sc2[pos * rows + r];
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs().max(1e-3),
+                "pos {pos} row {r}: {got} vs {want}"
+            );
+        }
+        if (pos + 1) / 2 < rows {
+            assert_eq!(
+                sc2[pos * rows + (pos + 1) / 2],
+                f32::NEG_INFINITY,
+                "pos {pos}: next row hidden"
+            );
+        }
+    }
+}
+
+#[test]
+fn trace_v41_refuses_what_it_cannot_do_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, tokens) = setup(tmp.path(), 40);
+    let out = tmp.path().join("t.safetensors");
+    let base = |extra: &[&str]| {
+        let mut a = vec![
+            "trace".to_string(),
+            "--model".into(),
+            s(&model),
+            "--tokens".into(),
+            s(&tokens),
+            "--out".into(),
+            s(&out),
+        ];
+        a.extend(extra.iter().map(|x| x.to_string()));
+        run(&a).fails()
+    };
+    base(&["--device", "cuda"]).stderr_has(&["--device cuda", "DeepSeek-V4.1 runs on the CPU"]);
+    base(&["--kv", "fp8"]).stderr_has(&["--kv fp8", "DeepSeek-V4.1 takes --kv exact"]);
+    base(&["--index", "official-fp4"]).stderr_has(&["official-fp4", "without a Hadamard rotation"]);
+    base(&["--candidate-blocks", "4"]).stderr_has(&[
+        "candidate-blocks",
+        "candidate-blocks is 4",
+        "at least 8 blocks of 8 rows",
+    ]);
+    let prompt = tmp.path().join("p.txt");
+    std::fs::write(&prompt, "hello").unwrap();
+    run(&[
+        "trace",
+        "--model",
+        &s(&model),
+        "--prompt",
+        &s(&prompt),
+        "--out",
+        &s(&out),
+    ])
+    .fails()
+    .stderr_has(&["--prompt", "chat encoder is not implemented yet"]);
+    assert!(!out.exists(), "nothing written");
+    // --candidate-blocks on a DeepSeek-V4 model is refused by name.
+    let v4 = tmp.path().join("tiny");
+    cli_support::synth_tiny(&v4, &[]).ok();
+    run(&[
+        "trace",
+        "--model",
+        &s(&v4),
+        "--tokens",
+        &s(&tokens),
+        "--candidate-blocks",
+        "16",
+        "--out",
+        &s(&out),
+    ])
+    .fails()
+    .stderr_has(&["--candidate-blocks is a DeepSeek-V4.1 what-if"]);
+    assert!(!out.exists(), "nothing written");
+}
