@@ -142,7 +142,9 @@ fn trace_v41_records_both_stages_and_the_dump_recomputes_the_scores() {
     assert_eq!(kshape, vec![100, dim]);
     let scale: f32 = meta["index_weight_scale"].parse().unwrap();
     for pos in [1usize, 99, 199] {
-        for r in 0..(pos + 1) / 2 {
+        // Rows visible at ratio 2: floor((pos + 1) / 2).
+        let visible = pos.div_ceil(2);
+        for r in 0..visible {
             let want: f32 = (0..heads)
                 .map(|h| {
                     let qh = &q[(pos * heads + h) * dim..(pos * heads + h + 1) * dim];
@@ -157,9 +159,9 @@ fn trace_v41_records_both_stages_and_the_dump_recomputes_the_scores() {
                 "pos {pos} row {r}: {got} vs {want}"
             );
         }
-        if (pos + 1) / 2 < rows {
+        if visible < rows {
             assert_eq!(
-                sc2[pos * rows + (pos + 1) / 2],
+                sc2[pos * rows + visible],
                 f32::NEG_INFINITY,
                 "pos {pos}: next row hidden"
             );
