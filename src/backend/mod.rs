@@ -351,6 +351,21 @@ pub trait Backend: Send + Sync {
     /// dims of every row of length `row_len`, in place.
     fn kv_fp8_sim(&self, rows: &mut Self::Act, row_len: usize, nope_dims: usize);
 
+    /// DeepSeek-V4.1's `--kv release` on rows of length `row_len`, in place: window rows
+    /// (`compressed` false) by `numerics::quant::kv_v41_window`, compressed rows by
+    /// `kv_v41_compressed`. The default rounds on the host.
+    fn kv_release_sim(&self, rows: &mut Self::Act, row_len: usize, compressed: bool) {
+        let mut host = self.act_host(rows).into_owned();
+        for row in host.chunks_mut(row_len.max(1)) {
+            if compressed {
+                crate::numerics::quant::kv_v41_compressed(row);
+            } else {
+                crate::numerics::quant::kv_v41_window(row);
+            }
+        }
+        *rows = self.act_from(host);
+    }
+
     /// Prepares raw index key rows `[rows, dim]` for scoring under `profile`, writing the
     /// prepared rows `[rows, dim]` and one scale per row `[rows]`.
     fn index_prepare_keys(

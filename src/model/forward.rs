@@ -242,6 +242,20 @@ impl<B: Backend> Model<B> {
                 ),
             });
         }
+        if opts.index.v41_only() {
+            return Err(ModelError::BadOption {
+                option: "index",
+                found: opts.index.name().into(),
+                expected: "a DeepSeek-V4 profile (this one models DeepSeek-V4.1's indexer)".into(),
+            });
+        }
+        if opts.kv == KvMode::Release {
+            return Err(ModelError::BadOption {
+                option: "kv",
+                found: opts.kv.name().into(),
+                expected: "exact or fp8 (release is DeepSeek-V4.1's KV rounding)".into(),
+            });
+        }
         if let Err(e) = opts.index.check_dim(cfg.index_head_dim) {
             return Err(ModelError::BadOption {
                 option: "index",

@@ -25,6 +25,8 @@ pub enum IndexProfile {
     VllmFp8,
     #[serde(rename = "fp8-no-hadamard-k")]
     Fp8NoHadamardK,
+    #[serde(rename = "v41-fp4")]
+    V41Fp4,
 }
 
 impl IndexProfile {
@@ -40,6 +42,26 @@ impl IndexProfile {
         IndexProfile::Fp8NoHadamardK,
     ];
 
+    /// The profiles of DeepSeek-V4.1, which rotates nothing: the un-rotated ones of [`Self::ALL`]
+    /// and its release's own ([`IndexProfile::V41Fp4`]).
+    pub const V41: [IndexProfile; 4] = [
+        IndexProfile::Exact,
+        IndexProfile::Bf16Qk,
+        IndexProfile::V41Fp4,
+        IndexProfile::VllmFp8,
+    ];
+
+    /// Whether scores follow REF's bf16 arithmetic (`numerics::profiles`): the official
+    /// reference's of either family.
+    pub fn bf16_scores(&self) -> bool {
+        matches!(self, IndexProfile::OfficialFp4 | IndexProfile::V41Fp4)
+    }
+
+    /// Whether the profile models DeepSeek-V4.1's indexer only (a V4 model refuses it).
+    pub fn v41_only(&self) -> bool {
+        *self == IndexProfile::V41Fp4
+    }
+
     /// Canonical name (CLI, CSV, JSON).
     pub fn name(&self) -> &'static str {
         match self {
@@ -51,6 +73,7 @@ impl IndexProfile {
             IndexProfile::OfficialFp4 => "official-fp4",
             IndexProfile::VllmFp8 => "vllm-fp8",
             IndexProfile::Fp8NoHadamardK => "fp8-no-hadamard-k",
+            IndexProfile::V41Fp4 => "v41-fp4",
         }
     }
 
@@ -67,6 +90,10 @@ impl IndexProfile {
             IndexProfile::OfficialFp4 => "official reference: Hadamard, e2m1 per 32, bf16 scores",
             IndexProfile::VllmFp8 => "vLLM: no Hadamard, e4m3 with power-of-two scales",
             IndexProfile::Fp8NoHadamardK => "fp8 with the key not rotated (serving bug)",
+            IndexProfile::V41Fp4 => {
+                "DeepSeek-V4.1 release: no Hadamard, e2m1 per 32 with power-of-two scales, bf16 \
+                 scores"
+            }
         }
     }
 
@@ -74,7 +101,10 @@ impl IndexProfile {
     pub fn rotates_query(&self) -> bool {
         !matches!(
             self,
-            IndexProfile::Exact | IndexProfile::Bf16Qk | IndexProfile::VllmFp8
+            IndexProfile::Exact
+                | IndexProfile::Bf16Qk
+                | IndexProfile::VllmFp8
+                | IndexProfile::V41Fp4
         )
     }
 
@@ -117,12 +147,17 @@ impl FromStr for IndexProfile {
             _ => None,
         };
         alias
-            .or_else(|| IndexProfile::ALL.into_iter().find(|p| p.name() == t))
+            .or_else(|| {
+                IndexProfile::ALL
+                    .into_iter()
+                    .chain([IndexProfile::V41Fp4])
+                    .find(|p| p.name() == t)
+            })
             .ok_or_else(|| ParseNameError {
                 kind: "index profile",
                 given: s.to_string(),
                 valid: "exact, fp8 (sglang-fp8), bf16 (sglang-bf16-keys), bf16-qk, sglang-fp4, \
-                        official-fp4, vllm-fp8, fp8-no-hadamard-k",
+                        official-fp4, vllm-fp8, fp8-no-hadamard-k; DeepSeek-V4.1: v41-fp4",
             })
     }
 }
@@ -135,16 +170,21 @@ pub enum KvMode {
     Exact,
     #[serde(rename = "fp8")]
     Fp8,
+    /// DeepSeek-V4.1's release rounding: window KV e4m3 per 32 over all dims (power-of-two
+    /// scales), compressed KV e2m1 per 16 with E4M3 scales (docs/spec/v41.md 5.8).
+    #[serde(rename = "release")]
+    Release,
 }
 
 impl KvMode {
-    pub const ALL: [KvMode; 2] = [KvMode::Exact, KvMode::Fp8];
+    pub const ALL: [KvMode; 3] = [KvMode::Exact, KvMode::Fp8, KvMode::Release];
 
     /// Canonical name.
     pub fn name(&self) -> &'static str {
         match self {
             KvMode::Exact => "exact",
             KvMode::Fp8 => "fp8",
+            KvMode::Release => "release",
         }
     }
 }
@@ -165,7 +205,7 @@ impl FromStr for KvMode {
             .ok_or_else(|| ParseNameError {
                 kind: "kv mode",
                 given: s.to_string(),
-                valid: "exact, fp8",
+                valid: "exact, fp8 (DeepSeek-V4), release (DeepSeek-V4.1)",
             })
     }
 }

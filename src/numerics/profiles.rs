@@ -28,11 +28,14 @@
 //! | `official-fp4` | `fp4r(bf(H bf(q)))` | `bf(bf(w) · S)` | `fp4r(bf(H bf(k)))`, 1 | REF bf16, below |
 //! | `vllm-fp8` | `fp8p(bf(q))` with scale `s_q` | `fp32(fp32(bf(w) · S) · s_q)` | `fp8p(bf(k))`, its scale | f32 |
 //! | `fp8-no-hadamard-k` | as `fp8` | as `fp8` | `fp8q(k)` (not rotated), its scale | f32 |
+//! | `v41-fp4` (DeepSeek-V4.1) | `fp4r(bf(q))` | `bf(bf(w) · S)` | `fp4r(bf(k))`, 1 | REF bf16, below |
 //!
 //! f32 scores: `s_k · Σ_h w'_h · ReLU(dot_h)`, each dot in f32 with 8 interleaved partial sums
 //! combined in a fixed order (deterministic, vectorisable), heads summed in order. REF bf16
 //! scores (`official-fp4`): `dot_h = bf(f32 dot)`, `p_h = bf(ReLU(dot_h) · w'_h)`, summed over
-//! heads in f32, result `bf(sum)`. ReLU passes NaN through so broken inputs stay visible.
+//! heads in f32, result `bf(sum)` (also `v41-fp4`: DeepSeek-V4.1's reference computes its index
+//! scores in bf16 the same way, docs/spec/v41.md 5.8). ReLU passes NaN through so broken inputs
+//! stay visible.
 //! Rotating both sides leaves `exact` scores unchanged up to rounding (H/sqrt(n) is orthonormal);
 //! `fp8-no-hadamard-k` is a different bilinear form, not just noise.
 
@@ -120,6 +123,11 @@ fn prepare_query_head(profile: IndexProfile, v: &mut [f32]) -> f32 {
             bf16_round_slice(v);
             fp8_row_scale_pow2_inplace(v)
         }
+        V41Fp4 => {
+            bf16_round_slice(v);
+            fp4_sim_pow2_rne(v, INDEX_FP4_BLOCK);
+            1.0
+        }
     }
 }
 
@@ -129,7 +137,7 @@ fn head_weight(profile: IndexProfile, w_raw: f32, s: f32, s_q: f32) -> f32 {
     match profile {
         Exact => w_raw * s,
         Bf16Qk | SglangFp4 => bf16_round(w_raw) * s,
-        OfficialFp4 => bf16_round(bf16_round(w_raw) * s),
+        OfficialFp4 | V41Fp4 => bf16_round(bf16_round(w_raw) * s),
         SglangFp8 | SglangBf16Keys | Fp8NoHadamardK | VllmFp8 => (bf16_round(w_raw) * s) * s_q,
     }
 }
@@ -216,6 +224,11 @@ pub fn prepare_key_row(profile: IndexProfile, row: &[f32], out: &mut [f32]) -> f
             fp8_row_scale_pow2_inplace(out)
         }
         Fp8NoHadamardK => fp8_row_scale_fp32_inplace(out),
+        V41Fp4 => {
+            bf16_round_slice(out);
+            fp4_sim_pow2_rne(out, INDEX_FP4_BLOCK);
+            1.0
+        }
     }
 }
 
@@ -280,7 +293,7 @@ pub fn score(profile: IndexProfile, q: &PreparedQuery, key: &[f32], key_scale: f
         "score: key row length differs from the query dim"
     );
     let heads = q.values.chunks(q.dim.max(1)).zip(&q.weights);
-    if profile == IndexProfile::OfficialFp4 {
+    if profile.bf16_scores() {
         let sum: f32 = heads
             .map(|(qh, &w)| bf16_round(relu(bf16_round(dot(qh, key))) * w))
             .sum();
@@ -463,6 +476,52 @@ mod tests {
     }
 
     /// REF's head weight is `bf(bf(w) · S)`: with `w = 1` it is bf16(S), not S.
+    #[test]
+    fn v41_fp4_is_the_official_recipe_without_the_rotation() {
+        // DeepSeek-V4.1 rotates nothing: q' = fp4r(bf(q)), k' = fp4r(bf(k)), w' = bf(bf(w) S),
+        // scores with REF's bf16 arithmetic.
+        let q: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.173)
+            .collect();
+        let k: Vec<f32> = (0..32)
+            .map(|i| ((i * 11 % 17) as f32 - 8.0) * 0.291)
+            .collect();
+        let w = [0.7f32, -1.3];
+        let pq = prepare_query(IndexProfile::V41Fp4, &q, &w, 2, 32);
+        let mut want_q = q.clone();
+        for head in want_q.chunks_mut(32) {
+            bf16_round_slice(head);
+            fp4_sim_pow2_rne(head, 32);
+        }
+        assert_eq!(pq.values, want_q);
+        let s = weight_scale(2, 32);
+        assert_eq!(
+            pq.weights,
+            vec![
+                bf16_round(bf16_round(0.7) * s),
+                bf16_round(bf16_round(-1.3) * s)
+            ]
+        );
+        let mut pk = vec![0.0; 32];
+        assert_eq!(prepare_key_row(IndexProfile::V41Fp4, &k, &mut pk), 1.0);
+        let mut want_k = k.clone();
+        bf16_round_slice(&mut want_k);
+        fp4_sim_pow2_rne(&mut want_k, 32);
+        assert_eq!(pk, want_k);
+        let by_hand: f32 = pq
+            .values
+            .chunks(32)
+            .zip(&pq.weights)
+            .map(|(qh, &wh)| {
+                let d: f32 = qh.iter().zip(&pk).map(|(a, b)| a * b).sum();
+                bf16_round(relu(bf16_round(d)) * wh)
+            })
+            .sum();
+        let got = score(IndexProfile::V41Fp4, &pq, &pk, 1.0);
+        assert_eq!(got, bf16_round(by_hand));
+        assert!(!IndexProfile::V41Fp4.rotates_query() && !IndexProfile::V41Fp4.rotates_key());
+    }
+
     #[test]
     fn official_fp4_head_weight_is_rounded_to_bf16_after_the_scale() {
         let w = [1.0f32, 1.01];

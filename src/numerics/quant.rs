@@ -5,6 +5,7 @@
 //! |---|---|---|---|---|---|
 //! | [`fp8_sim_pow2`] (REF `act_quant`, §3.5) | given (64 for KV) | 1e-4 | `pow2ceil(amax · fp32(1/448))` | e4m3 RNE of `clamp(x/s, ±448)` | `bf16(q · s)` |
 //! | [`fp4_sim_pow2_rne`] (REF `fp4_act_quant`, §3.6) | given (32) | 6·2^-126 | `pow2ceil(amax · fp32(1/6))` | e2m1 RNE of `clamp(x/s, ±6)` | `bf16(q · s)` |
+//! | [`fp4_sim_e4m3_scale`] (V4.1 compressed KV) | given (16) | 6·2^-9 | `e4m3(amax / 6)` | e2m1 RNE of `clamp(x/s, ±6)` | `q · s` |
 //! | [`fp4_sim_sglang`] (SGLang fp4 indexer) | given (32) | 1e-4 | `pow2ceil(fp32(amax / 6))` | e2m1, ties to smaller | `q · s` |
 //! | [`fp8_row_scale_fp32`] (SGLang index q/k) | whole slice | 1e-4 | `fp32(amax / 448)` | e4m3 RNE of `clamp(x · fp32(1/s), ±448)` | `(q, s)` |
 //! | [`fp8_row_scale_pow2`] (vLLM index q/k) | whole slice | 1e-4 | `pow2ceil(fp32(amax / 448))` | e4m3 RNE of `clamp(x/s, ±448)` | `(q, s)` |
@@ -77,6 +78,43 @@ pub fn fp4_sim_pow2_rne(x: &mut [f32], block: usize) {
             *v = bf16_round(q * s);
         }
     }
+}
+
+/// amax floor of DeepSeek-V4.1's compressed-KV fp4 quantiser: 6 · 2^-9 (its E4M3 scale's floor
+/// is 2^-9).
+pub const FP4_E4M3_AMAX_FLOOR: f32 = 6.0 / 512.0;
+/// DeepSeek-V4.1's compressed-KV block (elements per E4M3 scale).
+pub const V41_COMPRESSED_BLOCK: usize = 16;
+/// DeepSeek-V4.1's window-KV block (elements per power-of-two scale, over all dims).
+pub const V41_WINDOW_BLOCK: usize = 32;
+
+/// DeepSeek-V4.1's compressed-KV quantiser (the reference's `fp4_act_quant(latent, 16,
+/// scale_dtype=e4m3)`, docs/spec/v41.md 5.8), in place, per block of `block`: the scale is
+/// `e4m3(max(amax, 6·2^-9) / 6)` (not a power of two, so `x / s` is a true division), codes
+/// e2m1 with ties to even.
+pub fn fp4_sim_e4m3_scale(x: &mut [f32], block: usize) {
+    for chunk in x.chunks_mut(block.max(1)) {
+        let t = (amax(chunk).max(FP4_E4M3_AMAX_FLOOR) / E2M1_MAX).min(E4M3_MAX);
+        let s = e4m3_to_f32(f32_to_e4m3(t));
+        for v in chunk.iter_mut() {
+            *v = e2m1_to_f32(f32_to_e2m1_rne((*v / s).clamp(-E2M1_MAX, E2M1_MAX))) * s;
+        }
+    }
+}
+
+/// DeepSeek-V4.1's `--kv release` on one window KV row (after RoPE): the row rounded to bf16
+/// (the reference's activations are bf16), then [`fp8_sim_pow2`] in blocks of 32 over all its
+/// dims (V4 rounded only the 448 nope dims, in blocks of 64).
+pub fn kv_v41_window(row: &mut [f32]) {
+    bf16_round_slice(row);
+    fp8_sim_pow2(row, V41_WINDOW_BLOCK);
+}
+
+/// DeepSeek-V4.1's `--kv release` on one compressed KV row (after RoPE): bf16, then
+/// [`fp4_sim_e4m3_scale`] in blocks of 16.
+pub fn kv_v41_compressed(row: &mut [f32]) {
+    bf16_round_slice(row);
+    fp4_sim_e4m3_scale(row, V41_COMPRESSED_BLOCK);
 }
 
 /// SGLang's fp4 indexer quantiser (query and key kernels), in place, per block of `block`:

@@ -134,7 +134,7 @@ fn combine_heads_body(
     scales: &[f32],
     out: &mut [f32],
 ) {
-    if profile == IndexProfile::OfficialFp4 {
+    if profile.bf16_scores() {
         combine_rows(
             d,
             d_rs,

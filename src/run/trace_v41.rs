@@ -21,8 +21,9 @@
 //!
 //! Header metadata as V4's (`profile`, `kv`, `topk`, `logits`, `model`, `model_config_sha256`,
 //! `backend`, `index_weight_scale`, `needlescope_version`) plus `family` (`deepseek_v41`) and
-//! `candidate_blocks`. V4.1 runs on the CPU reference only, takes `--tokens` (its chat encoder
-//! comes later) and `--kv exact`.
+//! `candidate_blocks`. V4.1 runs on the CPU reference only and takes `--tokens` (its chat
+//! encoder comes later); `--index` takes the profiles without a Hadamard rotation (exact,
+//! bf16-qk, v41-fp4, vllm-fp8), `--kv` exact or release.
 
 use super::device::DeviceSpec;
 use super::trace::{
@@ -39,7 +40,6 @@ use crate::config::{CandidateStage, LayerRole, V41Config};
 use crate::model::forward::LogitsRequest;
 use crate::model::v41::{ModelV41, V41Options};
 use crate::model::Observer;
-use crate::numerics::profiles::KvMode;
 use crate::record::BackendRecord;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -196,13 +196,6 @@ pub fn run_v41(
             plan.device.device
         );
     }
-    if plan.kv != KvMode::Exact {
-        anyhow::bail!(
-            "--kv {}: DeepSeek-V4.1 takes --kv exact for now (V4's fp8 rounds 448 nope dims in \
-             blocks of 64; V4.1's own KV rounding comes with its numerics)",
-            plan.kv
-        );
-    }
     let ckpt = Checkpoint::open_v41(plan.model)?;
     let cfg = ckpt.config().clone();
     let t = &cfg.text;
@@ -219,6 +212,7 @@ pub fn run_v41(
     let tokenizer = load_tokenizer_v41(plan.model, &cfg)?;
     let opts = V41Options {
         index: plan.index,
+        kv: plan.kv,
         topk: plan.topk,
         candidate_blocks: v41.candidate_blocks,
         chunk: if plan.chunk == 0 { 256 } else { plan.chunk },

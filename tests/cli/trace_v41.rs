@@ -1,7 +1,7 @@
 //! `trace` on a DeepSeek-V4.1 checkpoint through the binary (run::trace_v41): the file holds
 //! every index source's scores and picks, the consumers' unconstrained ones, the candidate
 //! stage's blocks and the dumped inputs, and they agree with each other; what V4.1 cannot do
-//! yet (`--device cuda`, `--kv fp8`, `--prompt`, rotating profiles) and a budget too small for
+//! yet (`--device cuda`, `--prompt`) or ever (V4's `--kv fp8`, rotating profiles) and a budget too small for
 //! the top-k are refused by name before anything is written.
 
 use cli_support::run;
@@ -188,7 +188,7 @@ fn trace_v41_refuses_what_it_cannot_do_by_name() {
         run(&a).fails()
     };
     base(&["--device", "cuda"]).stderr_has(&["--device cuda", "DeepSeek-V4.1 runs on the CPU"]);
-    base(&["--kv", "fp8"]).stderr_has(&["--kv fp8", "DeepSeek-V4.1 takes --kv exact"]);
+    base(&["--kv", "fp8"]).stderr_has(&["kv is fp8", "exact or release"]);
     base(&["--index", "official-fp4"]).stderr_has(&["official-fp4", "without a Hadamard rotation"]);
     base(&["--candidate-blocks", "4"]).stderr_has(&[
         "candidate-blocks",
@@ -225,5 +225,26 @@ fn trace_v41_refuses_what_it_cannot_do_by_name() {
     ])
     .fails()
     .stderr_has(&["--candidate-blocks is a DeepSeek-V4.1 what-if"]);
+    // V4.1's numerics on a DeepSeek-V4 model are refused by name too.
+    let small = tmp.path().join("small.txt");
+    std::fs::write(&small, "0 5 9 11 400 3000").unwrap();
+    for (flag, value, needle) in [
+        ("--index", "v41-fp4", "index is v41-fp4"),
+        ("--kv", "release", "kv is release"),
+    ] {
+        run(&[
+            "trace",
+            "--model",
+            &s(&v4),
+            "--tokens",
+            &s(&small),
+            flag,
+            value,
+            "--out",
+            &s(&out),
+        ])
+        .fails()
+        .stderr_has(&[needle]);
+    }
     assert!(!out.exists(), "nothing written");
 }

@@ -312,3 +312,45 @@ fn engram_token_classes_of_the_bundled_tokenizer_match_the_reference_map() {
         "c60a86322ec17b4142bfef3c57a8d81fb428550cdf487f88a4320cb59fe46481"
     );
 }
+
+#[test]
+fn v41_quantisers_match_the_reference_on_their_own_inputs() {
+    // tests/fixtures/v41_quant_golden.safetensors: SGLang's torch_quant (the quantisers of its
+    // V4.1 reference modules) on inputs spanning every binade, zeros, ties and overflow
+    // (tests/reference/make_quant_golden_v41.py). Equal bit for bit.
+    use needlescope::numerics::quant::{fp4_sim_e4m3_scale, fp4_sim_pow2_rne, fp8_sim_pow2};
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/v41_quant_golden.safetensors"
+    ))
+    .unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let get = |n: &str| -> Vec<f32> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let x = get("x");
+    let cases: [(&str, &dyn Fn(&mut [f32])); 3] = [
+        ("window_fp8", &|r| fp8_sim_pow2(r, 32)),
+        ("index_fp4", &|r| fp4_sim_pow2_rne(r, 32)),
+        ("compressed_fp4", &|r| fp4_sim_e4m3_scale(r, 16)),
+    ];
+    for (name, f) in cases {
+        let want = get(name);
+        let mut got = x.clone();
+        for row in got.chunks_mut(512) {
+            f(row);
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits() || (*g == 0.0 && *w == 0.0),
+                "{name}: element {i} (x = {}): got {g}, want {w}",
+                x[i]
+            );
+        }
+    }
+}

@@ -58,6 +58,7 @@ pub fn key_recipe(profile: IndexProfile) -> i32 {
         OfficialFp4 => BF_PRE | ROTATE | BF_POST | Q_FP4_RNE,
         VllmFp8 => BF_PRE | Q_FP8_POW2,
         Fp8NoHadamardK => Q_FP8_FP32,
+        V41Fp4 => BF_PRE | Q_FP4_RNE,
     }
 }
 
@@ -72,6 +73,7 @@ pub fn query_recipe(profile: IndexProfile) -> (i32, i32) {
         SglangFp4 => (BF_PRE | ROTATE | BF_POST | Q_FP4_SGLANG, 1),
         OfficialFp4 => (BF_PRE | ROTATE | BF_POST | Q_FP4_RNE, 2),
         VllmFp8 => (BF_PRE | Q_FP8_POW2, 3),
+        V41Fp4 => (BF_PRE | Q_FP4_RNE, 2),
     }
 }
 

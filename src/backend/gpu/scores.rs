@@ -281,7 +281,7 @@ fn scores_on<E: Executor>(
     let tile_rows = tile.rows.clamp(1, max_visible);
     let mut d = e.alloc((tile_tokens * heads * tile_rows * 4).max(1))?;
     let es = ty.bytes();
-    let official = (profile == IndexProfile::OfficialFp4) as i32;
+    let official = profile.bf16_scores() as i32;
     for t0 in (0..tokens).step_by(tile_tokens) {
         let ntok = tile_tokens.min(tokens - t0);
         // Rows no token of the group sees stay as masked.

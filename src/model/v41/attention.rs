@@ -3,9 +3,11 @@
 //!
 //! For the chunk's attention input `x [T, D]` at positions `p0..p0+T`:
 //! 1. query: `qr = q_norm(wq_a · x)`; `q = wq_b · qr` `[T, H, d]` (no per-head norm); RoPE at t;
-//! 2. window KV: `kv = kv_norm(wkv · x)`, RoPE at t; key = value;
+//! 2. window KV: `kv = kv_norm(wkv · x)`, RoPE at t (`--kv release`: e4m3 per 32 of all dims);
+//!    key = value;
 //! 3. a KV source feeds its compressor; the new latents give index keys (un-roped, through the
-//!    indexer) and compressed rows (RoPE at the group's first position);
+//!    indexer) and compressed rows (RoPE at the group's first position; `--kv release`: e2m1
+//!    per 16 with E4M3 scales);
 //! 4. an index source selects (`super::indexer`); any other layer with compressed KV reuses
 //!    the selection of its index source, the latest one before it;
 //! 5. one softmax per head over the window tokens `[max(0, t-W+1), t]` then the selected
@@ -22,6 +24,7 @@ use crate::backend::{AttentionBatch, AttentionProbs, Backend};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerRole, V41Config};
 use crate::model::{load_matrix, ModelError};
+use crate::numerics::profiles::KvMode;
 use crate::numerics::rope::RopeTable;
 
 /// The selection the latest index source made for the chunk's queries: `(layer, [T, k])`.
@@ -130,6 +133,9 @@ impl<M> Attention<M> {
         backend.matmul(x, &self.wkv, &mut kv);
         backend.rms_norm(&mut kv, hd, Some(&self.kv_norm), self.eps);
         backend.rope(&self.rope, &mut kv, hd, &positions, false);
+        if run.kv == KvMode::Release {
+            backend.kv_release_sim(&mut kv, hd, false);
+        }
         debug_assert_eq!(
             state.windows[l].end(),
             first_pos,
@@ -159,6 +165,9 @@ impl<M> Attention<M> {
                     .map(|j| j * comp.ratio())
                     .collect();
                 backend.rope(&self.rope, &mut rows, hd, &group_pos, false);
+                if run.kv == KvMode::Release {
+                    backend.kv_release_sim(&mut rows, hd, true);
+                }
                 source.compressed.append(backend, &rows);
             }
         }

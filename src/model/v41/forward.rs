@@ -21,7 +21,7 @@ use crate::model::forward::{ForwardOutput, LogitsRequest};
 use crate::model::layer::emit_act;
 use crate::model::observer::Observer;
 use crate::model::{load_matrix, ModelError};
-use crate::numerics::profiles::IndexProfile;
+use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::tokenizer::V4Tokenizer;
 
 /// How the V4.1 model runs.
@@ -30,6 +30,8 @@ pub struct V41Options {
     /// Index profile of every index source: `exact`, or one of the profiles without a
     /// Hadamard rotation (`bf16-qk`, `vllm-fp8`); V4.1 rotates nothing.
     pub index: IndexProfile,
+    /// KV rounding: `exact` (none) or `release` (the release's window FP8 and compressed FP4).
+    pub kv: KvMode,
     /// Top-k what-if (`index_topk` when `None`).
     pub topk: Option<usize>,
     /// Candidate-stage budget what-if (`candidate_topk_blocks` when `None`).
@@ -42,6 +44,7 @@ impl Default for V41Options {
     fn default() -> Self {
         V41Options {
             index: IndexProfile::Exact,
+            kv: KvMode::Exact,
             topk: None,
             candidate_blocks: None,
             chunk: 256,
@@ -186,15 +189,16 @@ impl<B: Backend> ModelV41<B> {
                 expected: format!("one from this model ({} layers)", self.layers.len()),
             });
         }
-        if !state.is_empty() && state.profile != Some(self.opts.index) {
+        let rounding = (self.opts.index, self.opts.kv);
+        if !state.is_empty() && state.rounding != Some(rounding) {
             return Err(ModelError::BadOption {
-                option: "index",
-                found: format!("{} for this model", self.opts.index),
-                expected: "the profile the sequence was started with (start a new sequence)".into(),
+                option: "index / kv",
+                found: format!("{} / {} for this model", rounding.0, rounding.1),
+                expected: "the options the sequence was started with (start a new sequence)".into(),
             });
         }
         let requested = crate::model::forward::requested_positions(&logits, first, end)?;
-        state.profile = Some(self.opts.index);
+        state.rounding = Some(rounding);
         let (d, n) = (t.hidden_size, self.hc.streams);
         let back = t.engram_max_ngram_size.saturating_sub(1);
         let hashes: Vec<_> = self
@@ -232,6 +236,7 @@ impl<B: Backend> ModelV41<B> {
                 };
                 let mut run = SelectRun {
                     profile: self.opts.index,
+                    kv: self.opts.kv,
                     topk: self.topk,
                     candidate_blocks: self.candidate_blocks,
                     block_rows: t.candidate_block_size,
@@ -336,19 +341,20 @@ fn checked_options(cfg: &V41Config, opts: &V41Options) -> Result<(usize, usize),
     if opts.chunk == 0 {
         return bad("chunk", "0".into(), "at least 1 token".into());
     }
-    if matches!(
-        opts.index,
-        IndexProfile::SglangFp8
-            | IndexProfile::SglangBf16Keys
-            | IndexProfile::SglangFp4
-            | IndexProfile::OfficialFp4
-            | IndexProfile::Fp8NoHadamardK
-    ) {
+    if !IndexProfile::V41.contains(&opts.index) {
         return bad(
             "index",
             opts.index.name().into(),
-            "a profile without a Hadamard rotation (exact, bf16-qk, vllm-fp8): DeepSeek-V4.1 \
-             rotates neither index queries nor keys"
+            "a profile without a Hadamard rotation (exact, bf16-qk, v41-fp4, vllm-fp8): \
+             DeepSeek-V4.1 rotates neither index queries nor keys"
+                .into(),
+        );
+    }
+    if opts.kv == KvMode::Fp8 {
+        return bad(
+            "kv",
+            opts.kv.name().into(),
+            "exact or release (fp8 is DeepSeek-V4's rounding of 448 nope dims in blocks of 64)"
                 .into(),
         );
     }
@@ -389,4 +395,77 @@ fn checked_options(cfg: &V41Config, opts: &V41Options) -> Result<(usize, usize),
         );
     }
     Ok((topk, blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NoObserver;
+    use crate::numerics::quant::{kv_v41_compressed, kv_v41_window};
+    use crate::synth::{Preset, SynthOptions};
+
+    /// `--kv release` leaves every cached row on its format's grid (re-rounding changes
+    /// nothing) and off the exact run's values; `--kv exact` rounds nothing.
+    #[test]
+    fn release_kv_rounds_window_and_compressed_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = SynthOptions::new(
+            Preset::V41Tiny,
+            crate::checkpoint::WeightFormat::Bf16,
+            dir.path(),
+        );
+        crate::synth::v41::synth_v41(&opts, None, &mut |_, _| {}).unwrap();
+        let ckpt = Checkpoint::open_v41(dir.path()).unwrap();
+        let tok = V4Tokenizer::builtin().unwrap();
+        let tokens: Vec<u32> = (0..150u32).map(|i| 3 + i * 7919 % 129_000).collect();
+        let run = |kv| {
+            let o = V41Options {
+                kv,
+                index: IndexProfile::V41Fp4,
+                ..V41Options::default()
+            };
+            let model = ModelV41::load(&ckpt, &tok, o).unwrap();
+            let mut state = model.new_sequence();
+            model
+                .forward(&mut state, &tokens, &mut NoObserver, LogitsRequest::None)
+                .unwrap();
+            state
+        };
+        let (rounded, exact) = (run(KvMode::Release), run(KvMode::Exact));
+        let hd = ckpt.config().text.head_dim;
+        let rows = |s: &V41State, l: usize, compressed: bool| -> Vec<f32> {
+            let cache = if compressed {
+                &s.sources[&l].compressed
+            } else {
+                &s.windows[l].rows
+            };
+            cache.data().cloned().unwrap_or_default()
+        };
+        for (l, compressed) in [(0, false), (6, false), (2, true), (6, true)] {
+            let r = rows(&rounded, l, compressed);
+            let mut again = r.clone();
+            for row in again.chunks_mut(hd) {
+                if compressed {
+                    kv_v41_compressed(row);
+                } else {
+                    kv_v41_window(row);
+                }
+            }
+            assert_eq!(
+                r, again,
+                "layer {l} compressed {compressed}: rows on the grid"
+            );
+            assert_ne!(
+                r,
+                rows(&exact, l, compressed),
+                "layer {l}: exact rows differ"
+            );
+            let e = rows(&exact, l, compressed);
+            let mut e2 = e.clone();
+            for row in e2.chunks_mut(hd) {
+                kv_v41_window(row);
+            }
+            assert_ne!(e, e2, "layer {l}: the exact run rounds nothing");
+        }
+    }
 }

@@ -22,7 +22,7 @@ use crate::config::{CandidateStage, LayerRole, V41Config};
 use crate::model::layer::{emit, emit_act};
 use crate::model::observer::Observer;
 use crate::model::{load_matrix, ModelError};
-use crate::numerics::profiles::IndexProfile;
+use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::numerics::rope::RopeTable;
 
 /// The key weights of an index source that is also a KV source.
@@ -45,6 +45,8 @@ pub struct Indexer<M> {
 /// What one chunk's selection needs besides the indexer's own weights.
 pub struct SelectRun<'a> {
     pub profile: IndexProfile,
+    /// KV rounding of the window and compressed rows.
+    pub kv: KvMode,
     /// Rows selected per query.
     pub topk: usize,
     /// Blocks the candidate source keeps per query.

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::backend::Backend;
 use crate::config::V41Config;
 use crate::model::state::{RowCache, WindowCache};
-use crate::numerics::profiles::IndexProfile;
+use crate::numerics::profiles::{IndexProfile, KvMode};
 
 /// What a KV source layer carries between chunks.
 pub struct SourceState<A> {
@@ -54,8 +54,8 @@ pub struct V41State<A = Vec<f32>> {
     pub(crate) sources: BTreeMap<usize, SourceState<A>>,
     /// Engram classes of the latest tokens, oldest first (at most `max_ngram - 1`).
     pub(crate) history: Vec<u32>,
-    /// The index profile the sequence was started with.
-    pub(crate) profile: Option<IndexProfile>,
+    /// The index profile and KV rounding the sequence was started with.
+    pub(crate) rounding: Option<(IndexProfile, KvMode)>,
 }
 
 impl<A> V41State<A> {
@@ -74,7 +74,7 @@ impl<A> V41State<A> {
                 .map(|r| (r.layer, SourceState::new(t.head_dim, t.index_head_dim)))
                 .collect(),
             history: Vec::new(),
-            profile: None,
+            rounding: None,
         }
     }
 
