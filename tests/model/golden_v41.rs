@@ -334,7 +334,8 @@ fn v41_quantisers_match_the_reference_on_their_own_inputs() {
             .collect()
     };
     let x = get("x");
-    let cases: [(&str, &dyn Fn(&mut [f32])); 3] = [
+    type Quantiser<'a> = &'a dyn Fn(&mut [f32]);
+    let cases: [(&str, Quantiser); 3] = [
         ("window_fp8", &|r| fp8_sim_pow2(r, 32)),
         ("index_fp4", &|r| fp4_sim_pow2_rne(r, 32)),
         ("compressed_fp4", &|r| fp4_sim_e4m3_scale(r, 16)),
