@@ -37,6 +37,10 @@ static BUILTIN_GZ: &[u8] = include_bytes!(concat!(
 ));
 
 /// sha256 of the uncompressed built-in `tokenizer.json`.
+/// DeepSeek-V4.1's system marker and its id (docs/spec/v41.md 6).
+pub const SYSTEM_V41: &str = "<｜System｜>";
+pub const SYSTEM_V41_ID: u32 = 128799;
+
 pub const BUILTIN_SHA256: &str = "8f9f37ca37fdc4f5fd36d5cf4d3b0e8392edb4e894fd10cc0d70b4957c8633cf";
 
 /// Beginning of sentence (id 0); written by the prompt renderer as text.
@@ -198,6 +202,45 @@ impl V4Tokenizer {
             source_name: "builtin".into(),
             message,
         })
+    }
+
+    /// DeepSeek-V4.1's tokenizer as far as public sources settle it (docs/spec/v41.md 6): the
+    /// built-in V4 one with its added token 128799 (`<｜place▁holder▁no▁799｜>`) renamed
+    /// [`SYSTEM_V41`], the id third-party tables give `<｜System｜>`. Every other id, and the
+    /// Engram classes, are V4's. A V4.1 checkpoint's own tokenizer.json always wins over this.
+    pub fn builtin_v41() -> Result<Self, TokenizerError> {
+        static PARSED: OnceLock<Result<V4Tokenizer, String>> = OnceLock::new();
+        const NAME: &str = "builtin (V4 with <｜System｜> at 128799)";
+        let parsed = PARSED.get_or_init(|| {
+            let bytes = builtin_json().map_err(|e| e.to_string())?;
+            let mut json: serde_json::Value =
+                serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+            let renamed = json["added_tokens"]
+                .as_array_mut()
+                .and_then(|tokens| {
+                    tokens
+                        .iter_mut()
+                        .find(|t| t["id"].as_u64() == Some(SYSTEM_V41_ID as u64))
+                })
+                .map(|t| t["content"] = serde_json::Value::from(SYSTEM_V41));
+            if renamed.is_none() {
+                return Err(format!(
+                    "the built-in tokenizer has no added token {SYSTEM_V41_ID}"
+                ));
+            }
+            let bytes = serde_json::to_vec(&json).map_err(|e| e.to_string())?;
+            Self::from_json_bytes(&bytes, NAME).map_err(|e| e.to_string())
+        });
+        parsed.clone().map_err(|message| TokenizerError::Parse {
+            source_name: NAME.into(),
+            message,
+        })
+    }
+
+    /// Whether `<｜System｜>` (DeepSeek-V4.1's system marker) encodes as its one id 128799.
+    pub fn has_v41_system_token(&self) -> bool {
+        self.encode(SYSTEM_V41)
+            .is_ok_and(|ids| ids == [SYSTEM_V41_ID])
     }
 
     /// A tokenizer.json file, or a model directory holding one. A directory that is itself

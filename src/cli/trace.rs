@@ -37,7 +37,7 @@ pub struct TraceArgs {
     )]
     pub tokens: Option<PathBuf>,
 
-    /// A conversation instead of --tokens: an OpenAI-style chat request (*.json) or a messages array, or a UTF-8 text file (one user message), rendered as DeepSeek-V4's encoder renders it
+    /// A conversation instead of --tokens: an OpenAI-style chat request (*.json) or a messages array, or a UTF-8 text file (one user message), rendered as the model's release (DeepSeek-V4 or V4.1) renders it
     #[arg(long, value_name = "FILE")]
     pub prompt: Option<PathBuf>,
 
@@ -49,7 +49,7 @@ pub struct TraceArgs {
     #[arg(long, value_name = "PROFILE", default_value = "exact")]
     pub index: IndexProfile,
 
-    /// Main KV rounding: exact or fp8
+    /// Main KV rounding: exact or fp8 (DeepSeek-V4); exact or release (DeepSeek-V4.1)
     #[arg(long, value_name = "MODE", default_value = "exact")]
     pub kv: KvMode,
 

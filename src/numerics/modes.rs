@@ -42,6 +42,20 @@ impl IndexProfile {
         IndexProfile::Fp8NoHadamardK,
     ];
 
+    /// Every profile of either family: [`Self::ALL`] (DeepSeek-V4's, the order of reports) then
+    /// the DeepSeek-V4.1-only ones.
+    pub const EVERY: [IndexProfile; 9] = [
+        IndexProfile::Exact,
+        IndexProfile::SglangFp8,
+        IndexProfile::SglangBf16Keys,
+        IndexProfile::Bf16Qk,
+        IndexProfile::SglangFp4,
+        IndexProfile::OfficialFp4,
+        IndexProfile::VllmFp8,
+        IndexProfile::Fp8NoHadamardK,
+        IndexProfile::V41Fp4,
+    ];
+
     /// The profiles of DeepSeek-V4.1, which rotates nothing: the un-rotated ones of [`Self::ALL`]
     /// and its release's own ([`IndexProfile::V41Fp4`]).
     pub const V41: [IndexProfile; 4] = [
@@ -147,12 +161,7 @@ impl FromStr for IndexProfile {
             _ => None,
         };
         alias
-            .or_else(|| {
-                IndexProfile::ALL
-                    .into_iter()
-                    .chain([IndexProfile::V41Fp4])
-                    .find(|p| p.name() == t)
-            })
+            .or_else(|| IndexProfile::EVERY.into_iter().find(|p| p.name() == t))
             .ok_or_else(|| ParseNameError {
                 kind: "index profile",
                 given: s.to_string(),
@@ -178,6 +187,10 @@ pub enum KvMode {
 
 impl KvMode {
     pub const ALL: [KvMode; 3] = [KvMode::Exact, KvMode::Fp8, KvMode::Release];
+    /// The modes of a DeepSeek-V4 model.
+    pub const V4: [KvMode; 2] = [KvMode::Exact, KvMode::Fp8];
+    /// The modes of a DeepSeek-V4.1 model.
+    pub const V41: [KvMode; 2] = [KvMode::Exact, KvMode::Release];
 
     /// Canonical name.
     pub fn name(&self) -> &'static str {
@@ -216,7 +229,7 @@ mod tests {
 
     #[test]
     fn names_parse_back_including_aliases_and_case() {
-        for p in IndexProfile::ALL {
+        for p in IndexProfile::EVERY {
             assert_eq!(p.name().parse::<IndexProfile>().unwrap(), p);
             assert_eq!(p.to_string(), p.name());
         }
@@ -244,7 +257,7 @@ mod tests {
     fn bad_profile_name_lists_the_valid_ones() {
         let msg = "fp16".parse::<IndexProfile>().unwrap_err().to_string();
         assert!(msg.contains("'fp16'"), "{msg}");
-        for p in IndexProfile::ALL {
+        for p in IndexProfile::EVERY {
             assert!(msg.contains(p.name()), "{msg} lacks {}", p.name());
         }
         assert!(msg.contains("sglang-bf16-keys"), "{msg}");
@@ -254,6 +267,7 @@ mod tests {
     fn kv_mode_names_parse() {
         assert_eq!("exact".parse::<KvMode>().unwrap(), KvMode::Exact);
         assert_eq!("fp8".parse::<KvMode>().unwrap(), KvMode::Fp8);
+        assert_eq!("release".parse::<KvMode>().unwrap(), KvMode::Release);
         assert_eq!(KvMode::Fp8.to_string(), "fp8");
         let msg = "bf16".parse::<KvMode>().unwrap_err().to_string();
         assert!(msg.contains("exact, fp8"), "{msg}");

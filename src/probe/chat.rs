@@ -44,6 +44,34 @@ pub const REASONING_EFFORT_MAX: &str = "Reasoning Effort: Absolute maximum with 
 You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n\
 Explicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
 
+/// DeepSeek-V4.1's system marker (id 128799 in V4.1's tokenizer, docs/spec/v41.md 6): it opens a
+/// system message, and index 0 whenever an effort line is written.
+pub use crate::tokenizer::SYSTEM_V41 as SYSTEM;
+
+/// DeepSeek-V4.1's image placeholder: refused inside text (images come as parts).
+pub const IMAGE_PLACEHOLDER: &str = "<｜deepseek_image｜>";
+
+/// DeepSeek-V4.1's reasoning-effort line for a budget of 1..=100 (thinking mode, index 0).
+pub fn effort_line_v41(budget: u32) -> String {
+    format!(
+        "Reasoning Effort: {budget} (range 1-100, the higher the value, the more thorough the \
+         reasoning)\n\n"
+    )
+}
+
+/// DeepSeek-V4.1's named effort tiers and their budgets.
+pub const EFFORT_TIERS_V41: [(&str, u32); 4] =
+    [("low", 25), ("high", 50), ("xhigh", 75), ("max", 100)];
+
+/// Which release's encoder renders a conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatFormat {
+    /// DeepSeek-V4's (`encoding_dsv4.py`).
+    V4,
+    /// DeepSeek-V4.1's (`encoding_dsv41.py`, docs/spec/v41.md 6).
+    V41,
+}
+
 /// Why a conversation could not be read or rendered; every error names the file and the JSON
 /// path (`messages[3].role`) or position concerned.
 #[derive(Debug, thiserror::Error)]
@@ -356,6 +384,9 @@ pub struct ToolCall {
 pub struct ChatMessage {
     pub role: ChatRole,
     pub content: String,
+    /// DeepSeek-V4.1, a user message given as content parts: one rendered block per part
+    /// (text as it is, another part type as `[Unsupported TYPE]`), joined by `\n\n`.
+    pub parts: Option<Vec<String>>,
     pub reasoning_content: Option<String>,
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,
@@ -374,6 +405,11 @@ pub struct ChatRequest {
     /// `reasoning_effort` "max" (the only value that changes the prompt, and only in thinking
     /// mode); "high" and null render alike, other values read as null, as SGLang does.
     pub effort_max: bool,
+    /// DeepSeek-V4.1's effort budget (1..=100; 50 = `high`, the default), rendered in thinking
+    /// mode only.
+    pub effort_budget: u32,
+    /// Which release's encoder renders it.
+    pub format: ChatFormat,
     /// Things read but not rendered (image parts, ...), for the user to see.
     pub notes: Vec<String>,
 }
@@ -382,6 +418,11 @@ impl ChatRequest {
     /// Reads `--prompt FILE`: a `.json` file is a chat request body or a bare messages array;
     /// any other file is UTF-8 text, one user message in chat mode.
     pub fn from_file(path: &Path) -> Result<Self, ChatError> {
+        Self::from_file_as(path, ChatFormat::V4)
+    }
+
+    /// [`ChatRequest::from_file`] for the encoder of `format`.
+    pub fn from_file_as(path: &Path, format: ChatFormat) -> Result<Self, ChatError> {
         let bytes = std::fs::read(path).map_err(|source| ChatError::Read {
             path: path.to_path_buf(),
             source,
@@ -399,9 +440,10 @@ impl ChatRequest {
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"));
         if is_json {
-            Self::from_json_str(text, path)
+            Self::from_json_str_as(text, path, format)
         } else {
             let mut request = Self::from_text(text, path);
+            request.format = format;
             let t = text.trim();
             if (t.starts_with('{') && t.ends_with('}')) || (t.starts_with('[') && t.ends_with(']'))
             {
@@ -422,6 +464,7 @@ impl ChatRequest {
             messages: vec![ChatMessage {
                 role: ChatRole::User,
                 content: text.to_string(),
+                parts: None,
                 reasoning_content: None,
                 tool_calls: Vec::new(),
                 tool_call_id: None,
@@ -429,12 +472,23 @@ impl ChatRequest {
             tools: Vec::new(),
             thinking: false,
             effort_max: false,
+            effort_budget: 50,
+            format: ChatFormat::V4,
             notes: Vec::new(),
         }
     }
 
     /// A chat request body (`{"messages": [...], "tools": [...], ...}`) or a messages array.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ChatError> {
+        Self::from_json_str_as(text, path, ChatFormat::V4)
+    }
+
+    /// [`ChatRequest::from_json_str`] for the encoder of `format`.
+    pub fn from_json_str_as(
+        text: &str,
+        path: &Path,
+        format: ChatFormat,
+    ) -> Result<Self, ChatError> {
         let value: Json = serde_json::from_str(text).map_err(|e| ChatError::Json {
             path: path.to_path_buf(),
             line: e.line(),
@@ -443,6 +497,7 @@ impl ChatRequest {
         })?;
         Reader {
             path,
+            format,
             notes: Vec::new(),
         }
         .request(&value)
@@ -452,6 +507,7 @@ impl ChatRequest {
 /// Walks the parsed JSON, naming the JSON path of anything it refuses.
 struct Reader<'a> {
     path: &'a Path,
+    format: ChatFormat,
     notes: Vec<String>,
 }
 
@@ -491,6 +547,7 @@ impl Reader<'_> {
         let mut tools = Vec::new();
         let mut thinking = false;
         let mut effort: Option<&Json> = None;
+        let (mut kw_effort, mut top_effort): (Option<&Json>, Option<&Json>) = (None, None);
         if let Some(body) = body {
             match body.get("tools") {
                 None | Some(Json::Null) => {}
@@ -500,6 +557,9 @@ impl Reader<'_> {
                             return Err(self.field(format!("tools[{i}]"), "a tool object", tool));
                         };
                         match tool.get("function") {
+                            Some(f @ Json::Object(_)) if self.format == ChatFormat::V41 => {
+                                tools.push(v41_function(f))
+                            }
                             Some(f @ Json::Object(_)) => tools.push(f.clone()),
                             Some(other) => {
                                 return Err(self.field(
@@ -529,6 +589,7 @@ impl Reader<'_> {
                 Some(kwargs @ Json::Object(_)) => {
                     thinking = kwargs.get("thinking").is_some_and(Json::truthy);
                     effort = kwargs.get("reasoning_effort");
+                    kw_effort = effort;
                 }
                 Some(other) => {
                     return Err(self.field("chat_template_kwargs", "an object", other));
@@ -536,7 +597,15 @@ impl Reader<'_> {
             }
             if let Some(e) = body.get("reasoning_effort") {
                 effort = Some(e);
+                top_effort = Some(e);
             }
+        }
+        let effort_budget = match self.format {
+            ChatFormat::V41 => self.effort_v41(top_effort, kw_effort)?,
+            ChatFormat::V4 => 50,
+        };
+        if self.format == ChatFormat::V41 {
+            effort = None;
         }
         let effort_max = match effort {
             None | Some(Json::Null) => false,
@@ -563,10 +632,66 @@ impl Reader<'_> {
             tools,
             thinking,
             effort_max,
+            effort_budget,
+            format: self.format,
             notes: self.notes,
         };
         request.check()?;
         Ok(request)
+    }
+
+    /// DeepSeek-V4.1's effort budget as SGLang resolves it (docs/spec/v41.md 6): the top-level
+    /// `reasoning_effort` must be a tier or a number in [0, 0.99]; a non-null
+    /// `chat_template_kwargs.reasoning_effort` wins over it; an int in 1..=100 is the budget, a
+    /// float v is `min(100, max(1, round(100 v)))` (ties to even, as Python rounds), `low`,
+    /// `high`, `xhigh`, `max` are 25, 50, 75, 100, and anything else falls back to `high`.
+    fn effort_v41(&mut self, top: Option<&Json>, kw: Option<&Json>) -> Result<u32, ChatError> {
+        const TIERS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+        let expected = "a tier (none, minimal, low, medium, high, xhigh, max) or a number in \
+                        [0, 0.99]";
+        let top = match top {
+            None | Some(Json::Null) => None,
+            Some(Json::String(t)) if TIERS.contains(&t.as_str()) => top,
+            Some(v @ (Json::Int(_) | Json::Float(_))) => {
+                let f = match v {
+                    Json::Int(i) => *i as f64,
+                    Json::Float(f) => *f,
+                    _ => unreachable!("matched a number"),
+                };
+                if !(0.0..=0.99).contains(&f) {
+                    return Err(self.field("reasoning_effort", expected, v));
+                }
+                Some(v)
+            }
+            Some(other) => return Err(self.field("reasoning_effort", expected, other)),
+        };
+        let (chosen, top_level) = match kw {
+            Some(v) if *v != Json::Null => (Some(v), false),
+            _ => (top, true),
+        };
+        let budget = match chosen {
+            None | Some(Json::Null) | Some(Json::Bool(_)) => None,
+            Some(Json::Int(i)) if top_level => {
+                Some((*i as f64 * 100.0).round_ties_even().clamp(1.0, 100.0) as u32)
+            }
+            Some(Json::Int(i)) => (1..=100).contains(i).then_some(*i as u32),
+            Some(Json::Float(f)) => Some((f * 100.0).round_ties_even().clamp(1.0, 100.0) as u32),
+            Some(Json::String(t)) => EFFORT_TIERS_V41
+                .iter()
+                .find(|(name, _)| name == t)
+                .map(|&(_, b)| b),
+            Some(_) => None,
+        };
+        if budget.is_none() {
+            if let Some(v) = chosen.filter(|v| **v != Json::Null) {
+                self.notes.push(format!(
+                    "reasoning_effort {} renders as high (50): DeepSeek-V4.1 takes low, high, \
+                     xhigh, max, an int 1-100 or a fraction, and SGLang falls back to high",
+                    python_json(v)
+                ));
+            }
+        }
+        Ok(budget.unwrap_or(50))
     }
 
     fn string_or_null(&self, field: String, v: Option<&Json>) -> Result<Option<String>, ChatError> {
@@ -618,9 +743,15 @@ impl Reader<'_> {
                 task,
             });
         }
+        let mut parts_v41: Option<Vec<String>> = None;
         let content = match item.get("content") {
             None | Some(Json::Null) => String::new(),
             Some(Json::String(s)) => s.clone(),
+            Some(Json::Array(parts)) if self.format == ChatFormat::V41 => {
+                let (content, blocks) = self.parts_v41(i, role, parts)?;
+                parts_v41 = blocks;
+                content
+            }
             Some(Json::Array(parts)) => {
                 let mut texts = Vec::new();
                 for (j, part) in parts.iter().enumerate() {
@@ -684,7 +815,29 @@ impl Reader<'_> {
                             ))
                         }
                     };
-                    let arguments = function.get("arguments").cloned().unwrap_or(Json::Null);
+                    let mut arguments = function.get("arguments").cloned().unwrap_or(Json::Null);
+                    if self.format == ChatFormat::V41 {
+                        // SGLang's V4.1 request handling: a string must be a JSON object's
+                        // text, and the encoder takes nothing but an object.
+                        if let Json::String(text) = &arguments {
+                            arguments = serde_json::from_str::<Json>(text).map_err(|e| {
+                                ChatError::Field {
+                                    path: self.path.to_path_buf(),
+                                    field: format!("{f}.function.arguments"),
+                                    expected: "valid JSON (a JSON object's text)".into(),
+                                    found: format!("{e}"),
+                                }
+                            })?;
+                        }
+                        if !matches!(arguments, Json::Object(_)) {
+                            return Err(self.field(
+                                format!("{f}.function.arguments"),
+                                "a JSON object (DeepSeek-V4.1's encoder takes no other \
+                                 arguments)",
+                                &arguments,
+                            ));
+                        }
+                    }
                     // `id or function.id`, as the encoder looks it up.
                     let non_empty = |v: Option<&Json>| match v {
                         Some(Json::String(s)) if !s.is_empty() => Some(s.clone()),
@@ -704,6 +857,23 @@ impl Reader<'_> {
                 return Err(self.field(at("tool_calls"), "an array of tool calls", other))
             }
         }
+        if self.format == ChatFormat::V41 {
+            for (f, text) in [
+                ("content", Some(&content)),
+                ("reasoning_content", reasoning_content.as_ref()),
+            ] {
+                if text.is_some_and(|t| t.contains(IMAGE_PLACEHOLDER)) {
+                    return Err(ChatError::Field {
+                        path: self.path.to_path_buf(),
+                        field: at(f),
+                        expected: "text without the image placeholder (images come as image \
+                                   parts, which needlescope does not run)"
+                            .into(),
+                        found: format!("the text {IMAGE_PLACEHOLDER}"),
+                    });
+                }
+            }
+        }
         if role == ChatRole::Developer && content.is_empty() {
             return Err(ChatError::Field {
                 path: self.path.to_path_buf(),
@@ -715,11 +885,98 @@ impl Reader<'_> {
         Ok(ChatMessage {
             role,
             content,
+            parts: parts_v41,
             reasoning_content,
             tool_calls,
             tool_call_id,
         })
     }
+
+    /// DeepSeek-V4.1's content parts of message `i` (docs/spec/v41.md 6): the message text is
+    /// its `text` parts joined by `\n\n`; a user message keeps one block per part (another
+    /// type renders as `[Unsupported TYPE]`), and so does a tool result, whose text is then its
+    /// blocks joined. Image parts are refused: needlescope runs no vision path.
+    fn parts_v41(
+        &mut self,
+        i: usize,
+        role: ChatRole,
+        parts: &[Json],
+    ) -> Result<(String, Option<Vec<String>>), ChatError> {
+        let mut texts = Vec::new();
+        let mut blocks = Vec::new();
+        for (j, part) in parts.iter().enumerate() {
+            let at = format!("messages[{i}].content[{j}]");
+            let kind = match part.get("type") {
+                Some(Json::String(t)) => t.as_str(),
+                other => {
+                    return Err(self.field(
+                        format!("{at}.type"),
+                        "a content part type (text, ...)",
+                        other.unwrap_or(&Json::Null),
+                    ))
+                }
+            };
+            match (kind, part.get("text")) {
+                ("image" | "image_url", _) => {
+                    return Err(ChatError::Field {
+                        path: self.path.to_path_buf(),
+                        field: at,
+                        expected: "text parts (needlescope runs DeepSeek-V4.1's text path only)"
+                            .into(),
+                        found: format!("an {kind} part"),
+                    })
+                }
+                ("text", Some(Json::String(t))) => {
+                    texts.push(t.clone());
+                    blocks.push(t.clone());
+                }
+                ("text", other) => {
+                    return Err(self.field(
+                        format!("{at}.text"),
+                        "a string",
+                        other.unwrap_or(&Json::Null),
+                    ))
+                }
+                (other, _) => blocks.push(format!("[Unsupported {other}]")),
+            }
+        }
+        Ok(match role {
+            ChatRole::User => (texts.join("\n\n"), Some(blocks)),
+            ChatRole::Tool => (blocks.join("\n\n"), None),
+            _ => (texts.join("\n\n"), None),
+        })
+    }
+}
+
+/// DeepSeek-V4.1's tool payload (SGLang's request handling): the `function` fields the encoder
+/// knows (name, description, parameters, strict, defer_loading), nulls dropped, `name`,
+/// `description`, `parameters` first, the rest in their order.
+fn v41_function(f: &Json) -> Json {
+    const FIELDS: [&str; 5] = [
+        "description",
+        "name",
+        "parameters",
+        "strict",
+        "defer_loading",
+    ];
+    let Json::Object(entries) = f else {
+        return f.clone();
+    };
+    let kept: Vec<&(String, Json)> = entries
+        .iter()
+        .filter(|(k, v)| FIELDS.contains(&k.as_str()) && *v != Json::Null)
+        .collect();
+    let first = ["name", "description", "parameters"];
+    let mut out: Vec<(String, Json)> = first
+        .iter()
+        .filter_map(|n| kept.iter().find(|(k, _)| k == n).map(|&e| e.clone()))
+        .collect();
+    out.extend(
+        kept.into_iter()
+            .filter(|(k, _)| !first.contains(&k.as_str()))
+            .cloned(),
+    );
+    Json::Object(out)
 }
 
 impl ChatRequest {
@@ -836,26 +1093,38 @@ impl ChatRequest {
         let mut turns = self.merged_turns();
         let has_tools = turns.iter().any(|t| t.tools);
         let drop_thinking = !has_tools;
+        let v41 = self.format == ChatFormat::V41;
         if self.thinking && drop_thinking {
-            turns = drop_earlier_thinking(turns);
+            turns = drop_earlier_thinking(turns, self.format);
         }
-        let last_user = turns
-            .iter()
-            .rposition(|t| matches!(t.role, ChatRole::User | ChatRole::Developer));
+        let last_user = last_user_turn(&turns, self.format);
+        let effort_v41 = if v41 && self.thinking {
+            effort_line_v41(self.effort_budget)
+        } else {
+            String::new()
+        };
+        let names = DsmlNames::of(self.format);
         let mut text = String::from(BOS);
         let mut spans = Vec::with_capacity(turns.len());
         let mut question = None;
         for (i, turn) in turns.iter().enumerate() {
             let start = text.len();
-            if i == 0 && self.thinking && self.effort_max {
+            if i == 0 && self.thinking && self.effort_max && !v41 {
                 text.push_str(REASONING_EFFORT_MAX);
+            }
+            if v41 && i == 0 && (!effort_v41.is_empty() || turn.role == ChatRole::System) {
+                text.push_str(SYSTEM);
+                text.push_str(&effort_v41);
             }
             match turn.role {
                 ChatRole::System => {
+                    if v41 && i > 0 {
+                        text.push_str(SYSTEM);
+                    }
                     text.push_str(&turn.content);
                     if turn.tools {
                         text.push_str("\n\n");
-                        text.push_str(&render_tools(&self.tools));
+                        text.push_str(&render_tools(&self.tools, names));
                     }
                 }
                 ChatRole::Developer => {
@@ -866,7 +1135,7 @@ impl ChatRequest {
                     text.push_str(&turn.content);
                     if turn.tools {
                         text.push_str("\n\n");
-                        text.push_str(&render_tools(&self.tools));
+                        text.push_str(&render_tools(&self.tools, names));
                     }
                 }
                 ChatRole::User => {
@@ -899,7 +1168,7 @@ impl ChatRequest {
                     text.push_str(&turn.content);
                     if !turn.tool_calls.is_empty() {
                         text.push_str("\n\n");
-                        text.push_str(&render_tool_calls(&turn.tool_calls));
+                        text.push_str(&render_tool_calls(&turn.tool_calls, names));
                     }
                     text.push_str(EOS);
                 }
@@ -909,9 +1178,10 @@ impl ChatRequest {
                 .get(i + 1)
                 .is_some_and(|t| t.role == ChatRole::Assistant);
             let is_last = i + 1 == turns.len();
-            if (is_last || next_is_assistant)
-                && matches!(turn.role, ChatRole::User | ChatRole::Developer)
-            {
+            // V4.1 answers a system message after index 0 as it answers a user turn.
+            let asks = matches!(turn.role, ChatRole::User | ChatRole::Developer)
+                || (v41 && turn.role == ChatRole::System && i > 0);
+            if (is_last || next_is_assistant) && asks {
                 text.push_str(ASSISTANT);
                 let think = self.thinking && (!drop_thinking || last_user.is_some_and(|u| i >= u));
                 text.push_str(if think { THINK_START } else { THINK_END });
@@ -931,7 +1201,12 @@ impl ChatRequest {
     fn merged_turns(&self) -> Vec<Turn> {
         let mut turns: Vec<Turn> = Vec::new();
         let first_is_system = self.messages.first().map(|m| m.role) == Some(ChatRole::System);
-        if !first_is_system {
+        // V4's request handling always inserts it; V4.1's only when there are tools.
+        let insert = match self.format {
+            ChatFormat::V4 => !first_is_system,
+            ChatFormat::V41 => !first_is_system && !self.tools.is_empty(),
+        };
+        if insert {
             turns.push(Turn {
                 role: ChatRole::System,
                 content: String::new(),
@@ -943,6 +1218,26 @@ impl ChatRequest {
             });
         }
         for (i, m) in self.messages.iter().enumerate() {
+            // A V4.1 user message given as parts adds one block per part.
+            if let (ChatRole::User, Some(parts)) = (m.role, &m.parts) {
+                let blocks = parts.iter().map(|p| Block::Text(p.clone()));
+                match turns.last_mut() {
+                    Some(t) if t.role == ChatRole::User => {
+                        t.blocks.extend(blocks);
+                        t.sources.push(i);
+                    }
+                    _ => turns.push(Turn {
+                        role: ChatRole::User,
+                        content: String::new(),
+                        blocks: blocks.collect(),
+                        reasoning_content: None,
+                        tool_calls: Vec::new(),
+                        tools: false,
+                        sources: vec![i],
+                    }),
+                }
+                continue;
+            }
             let block = match m.role {
                 ChatRole::User => Some(Block::Text(m.content.clone())),
                 ChatRole::Tool => Some(Block::ToolResult {
@@ -976,7 +1271,7 @@ impl ChatRequest {
                 }),
             }
         }
-        if !self.tools.is_empty() {
+        if !self.tools.is_empty() && !turns.is_empty() {
             turns[0].tools = true;
         }
         // Tool results in the order of the calls of the assistant turn before them (a stable
@@ -1017,12 +1312,19 @@ impl ChatRequest {
     }
 }
 
+/// The last turn that asks for an answer: a user or developer turn, and for V4.1 also a
+/// system message after index 0.
+fn last_user_turn(turns: &[Turn], format: ChatFormat) -> Option<usize> {
+    turns.iter().enumerate().rposition(|(i, t)| {
+        matches!(t.role, ChatRole::User | ChatRole::Developer)
+            || (format == ChatFormat::V41 && t.role == ChatRole::System && i > 0)
+    })
+}
+
 /// Thinking mode without tools: before the last user (or developer) turn, assistant turns
 /// lose their reasoning and developer turns are dropped.
-fn drop_earlier_thinking(turns: Vec<Turn>) -> Vec<Turn> {
-    let last_user = turns
-        .iter()
-        .rposition(|t| matches!(t.role, ChatRole::User | ChatRole::Developer));
+fn drop_earlier_thinking(turns: Vec<Turn>, format: ChatFormat) -> Vec<Turn> {
+    let last_user = last_user_turn(&turns, format);
     turns
         .into_iter()
         .enumerate()
@@ -1043,21 +1345,58 @@ fn drop_earlier_thinking(turns: Vec<Turn>) -> Vec<Turn> {
         .collect()
 }
 
+/// The DSML tag names of a release: V4's `tool_calls`, `invoke`, `parameter`; V4.1's
+/// ` calls`, ` invoke`, ` parameter` (a leading space); and whether arguments given as a JSON
+/// object are used as they are (V4.1) or, not being a string, wrapped as one `arguments`
+/// parameter (V4's fallback).
+#[derive(Clone, Copy, Debug)]
+struct DsmlNames {
+    calls: &'static str,
+    invoke: &'static str,
+    parameter: &'static str,
+    object_arguments: bool,
+}
+
+impl DsmlNames {
+    fn of(format: ChatFormat) -> Self {
+        match format {
+            ChatFormat::V4 => DsmlNames {
+                calls: "tool_calls",
+                invoke: "invoke",
+                parameter: "parameter",
+                object_arguments: false,
+            },
+            ChatFormat::V41 => DsmlNames {
+                calls: " calls",
+                invoke: " invoke",
+                parameter: " parameter",
+                object_arguments: true,
+            },
+        }
+    }
+}
+
 /// The `## Tools` block: the instructions, then one schema per line.
-fn render_tools(tools: &[Json]) -> String {
+fn render_tools(tools: &[Json], names: DsmlNames) -> String {
     let schemas: Vec<String> = tools.iter().map(python_json).collect();
+    let DsmlNames {
+        calls,
+        invoke,
+        parameter,
+        ..
+    } = names;
     format!(
         "## Tools\n\n\
-You have access to a set of tools to help answer the user's question. You can invoke tools by writing a \"<{DSML}tool_calls>\" block like the following:\n\n\
-<{DSML}tool_calls>\n\
-<{DSML}invoke name=\"$TOOL_NAME\">\n\
-<{DSML}parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</{DSML}parameter>\n\
+You have access to a set of tools to help answer the user's question. You can invoke tools by writing a \"<{DSML}{calls}>\" block like the following:\n\n\
+<{DSML}{calls}>\n\
+<{DSML}{invoke} name=\"$TOOL_NAME\">\n\
+<{DSML}{parameter} name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</{DSML}{parameter}>\n\
 ...\n\
-</{DSML}invoke>\n\
-<{DSML}invoke name=\"$TOOL_NAME2\">\n\
+</{DSML}{invoke}>\n\
+<{DSML}{invoke} name=\"$TOOL_NAME2\">\n\
 ...\n\
-</{DSML}invoke>\n\
-</{DSML}tool_calls>\n\n\
+</{DSML}{invoke}>\n\
+</{DSML}{calls}>\n\n\
 String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n\
 If thinking_mode is enabled (triggered by {THINK_START}), you MUST output your complete reasoning inside {THINK_START}...{THINK_END} BEFORE any tool calls or final response.\n\n\
 Otherwise, output directly after {THINK_END} with tool calls or final response.\n\n\
@@ -1069,29 +1408,34 @@ You MUST strictly follow the above defined tool name and parameter schemas to in
 }
 
 /// The DSML block of an assistant turn's tool calls.
-fn render_tool_calls(calls: &[ToolCall]) -> String {
+fn render_tool_calls(calls: &[ToolCall], names: DsmlNames) -> String {
+    let DsmlNames {
+        calls: block,
+        invoke,
+        ..
+    } = names;
     let invokes: Vec<String> = calls
         .iter()
         .map(|c| {
             format!(
-                "<{DSML}invoke name=\"{}\">\n{}\n</{DSML}invoke>",
+                "<{DSML}{invoke} name=\"{}\">\n{}\n</{DSML}{invoke}>",
                 c.name,
-                render_arguments(&c.arguments)
+                render_arguments(&c.arguments, names)
             )
         })
         .collect();
-    format!(
-        "<{DSML}tool_calls>\n{}\n</{DSML}tool_calls>",
-        invokes.join("\n")
-    )
+    format!("<{DSML}{block}>\n{}\n</{DSML}{block}>", invokes.join("\n"))
 }
 
 /// One `parameter` line per argument: strings as they are (`string="true"`), anything else
 /// as JSON. Arguments that are not a JSON object string become one `arguments` parameter
 /// holding what was given, as the encoder's fallback does.
-fn render_arguments(arguments: &Json) -> String {
+fn render_arguments(arguments: &Json, names: DsmlNames) -> String {
+    let parameter = names.parameter;
     let parsed = match arguments {
         Json::String(s) => serde_json::from_str::<Json>(s).ok(),
+        // V4.1's arguments were checked to be an object when read.
+        object @ Json::Object(_) if names.object_arguments => Some(object.clone()),
         _ => None,
     };
     let entries: Vec<(String, Json)> = match parsed {
@@ -1105,7 +1449,9 @@ fn render_arguments(arguments: &Json) -> String {
                 Json::String(s) => ("true", s.clone()),
                 other => ("false", python_json(other)),
             };
-            format!("<{DSML}parameter name=\"{k}\" string=\"{is_str}\">{value}</{DSML}parameter>")
+            format!(
+                "<{DSML}{parameter} name=\"{k}\" string=\"{is_str}\">{value}</{DSML}{parameter}>"
+            )
         })
         .collect::<Vec<_>>()
         .join("\n")

@@ -2,7 +2,8 @@
 //! [`LayerRecord`] (layers.csv), [`AttentionRecord`] (attention.csv), [`ProbeRun`] (one
 //! (index, top-k) run of a probe, as `probe --json` prints it), [`RunInfo`] (run.json), the cell
 //! ids, the records built from a run ([`CellRecord::of_run`]), and the verdict of lost layers
-//! ([`verdict`]). The probe fills these records, the
+//! ([`verdict`]) and, for DeepSeek-V4.1, the stage of the two-level selection that lost a
+//! needle ([`stage`]). The probe fills these records, the
 //! report stores and renders them; neither the model nor a backend is visible from here. The `*_COLUMNS` constants are the CSV headers in the order of docs/architecture.md section 5; the serde field
 //! order of each record must equal them (a test checks it).
 //!
@@ -15,6 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use crate::numerics::modes::{IndexProfile, KvMode};
 
 pub mod engine;
+pub mod stage;
 pub mod verdict;
 
 /// One row of layers.csv (docs/outputs.md): exactly these fields, in this order.

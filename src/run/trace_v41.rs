@@ -21,8 +21,8 @@
 //!
 //! Header metadata as V4's (`profile`, `kv`, `topk`, `logits`, `model`, `model_config_sha256`,
 //! `backend`, `index_weight_scale`, `needlescope_version`) plus `family` (`deepseek_v41`) and
-//! `candidate_blocks`. V4.1 runs on the CPU reference only and takes `--tokens` (its chat
-//! encoder comes later); `--index` takes the profiles without a Hadamard rotation (exact,
+//! `candidate_blocks`. V4.1 runs on the CPU reference only; `--prompt` renders with its own
+//! chat encoder (`probe::chat`, `ChatFormat::V41`); `--index` takes the profiles without a Hadamard rotation (exact,
 //! bf16-qk, v41-fp4, vllm-fp8), `--kv` exact or release.
 
 use super::device::DeviceSpec;
@@ -40,6 +40,7 @@ use crate::config::{CandidateStage, LayerRole, V41Config};
 use crate::model::forward::LogitsRequest;
 use crate::model::v41::{ModelV41, V41Options};
 use crate::model::Observer;
+use crate::probe::chat::{ChatFormat, ChatRequest};
 use crate::record::BackendRecord;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -199,17 +200,29 @@ pub fn run_v41(
     let ckpt = Checkpoint::open_v41(plan.model)?;
     let cfg = ckpt.config().clone();
     let t = &cfg.text;
+    let tokenizer = load_tokenizer_v41(plan.model, &cfg)?;
     let tokens = match plan.input {
         TraceInput::Tokens(file) => parse_token_file(file, t.vocab_size)?,
-        TraceInput::Prompt(path) => anyhow::bail!(
-            "--prompt {}: DeepSeek-V4.1's chat encoder is not implemented yet; give the prompt's \
-             token ids with --tokens",
-            path.display()
-        ),
+        TraceInput::Prompt(path) => {
+            let request = ChatRequest::from_file_as(path, ChatFormat::V41)?;
+            for note in &request.notes {
+                eprintln!("note: --prompt {}: {note}", path.display());
+            }
+            let ids = tokenizer.encode(&request.render().text)?;
+            if ids.len() > t.max_position_embeddings {
+                return Err(crate::probe::PromptError::PromptTooLong {
+                    source_name: path.display().to_string(),
+                    tokens: ids.len(),
+                    plus: String::new(),
+                    max_positions: t.max_position_embeddings,
+                }
+                .into());
+            }
+            ids
+        }
     };
     let positions = plan.positions.resolve(tokens.len());
     check_inputs(&tokens, &positions)?;
-    let tokenizer = load_tokenizer_v41(plan.model, &cfg)?;
     let opts = V41Options {
         index: plan.index,
         kv: plan.kv,
@@ -359,8 +372,10 @@ fn opts_chunk<B: Backend>(model: &ModelV41<B>) -> usize {
     model.options().chunk.max(1)
 }
 
-/// The model directory's `tokenizer.json`, else the bundled one, checked for the special
-/// tokens and the vocabulary (the Engram classes come from it).
+/// The model directory's `tokenizer.json`, else DeepSeek-V4.1's as far as it is known (the
+/// bundled V4 one with `<｜System｜>` at 128799, `V4Tokenizer::builtin_v41`, with a note), checked
+/// for the special tokens and the vocabulary (the Engram classes come from it). A tokenizer
+/// without `<｜System｜>` as one token is warned about: V4.1 prompts would carry it as text.
 fn load_tokenizer_v41(
     model: &std::path::Path,
     cfg: &V41Config,
@@ -369,8 +384,21 @@ fn load_tokenizer_v41(
     let tok = if file.symlink_metadata().is_ok() {
         crate::tokenizer::V4Tokenizer::from_file(&file)?
     } else {
-        crate::tokenizer::V4Tokenizer::builtin()?
+        eprintln!(
+            "note: {} has no tokenizer.json: using the bundled DeepSeek-V4 tokenizer with \
+             <｜System｜> at id 128799, as third-party tables give it (DeepSeek's V4.1 \
+             tokenizer.json is not public; docs/spec/v41.md 6)",
+            model.display()
+        );
+        crate::tokenizer::V4Tokenizer::builtin_v41()?
     };
+    if !tok.has_v41_system_token() {
+        eprintln!(
+            "warning: tokenizer {}: <｜System｜> is not one token (id 128799): DeepSeek-V4.1 \
+             prompts with a system message or in thinking mode will carry it as text",
+            tok.source_name()
+        );
+    }
     tok.check_special_tokens()?;
     anyhow::ensure!(
         tok.vocab_size() <= cfg.text.vocab_size,

@@ -136,7 +136,7 @@ fn prepared_keys_and_queries_are_bit_identical_to_cpu_in_every_profile() {
         let mut w_raw = rng.values(n, 4.0);
         w_raw[0] = 1.0 + p2(-8); // a bf16 tie
         w_raw[1] = -(1.0 + 3.0 * p2(-8));
-        for p in IndexProfile::ALL {
+        for p in IndexProfile::EVERY {
             let (mut kc, mut sc) = (vec![0.0; raw.len()], vec![0.0; n]);
             let (mut kg, mut sg) = (vec![0.0; raw.len()], vec![0.0; n]);
             cpu.index_prepare_keys(p, &raw, dim, &mut kc, &mut sc);
@@ -266,7 +266,7 @@ fn prepared(
 fn scores_match_cpu_in_every_profile() {
     let (cpu, gpu) = (CpuBackend::new(), gpu());
     for (heads, dim, n) in [(64usize, 128usize, 300usize), (4, 64, 129)] {
-        for p in IndexProfile::ALL {
+        for p in IndexProfile::EVERY {
             let c = prepared(p, heads, dim, 2, n, 12);
             let mut worst = 0f32;
             for q in &c.queries {
@@ -350,7 +350,7 @@ fn batched_scores_with_ragged_visibility_equal_the_per_query_path() {
     let visible = [0usize, 1, 5, 37, 100, 100, 64];
     let stride = 110;
     let tokens = visible.len();
-    for p in IndexProfile::ALL {
+    for p in IndexProfile::EVERY {
         let c = prepared(p, heads, dim, tokens, n, 31);
         let flat_q: Vec<f32> = c.queries.iter().flat_map(|q| q.values.clone()).collect();
         let flat_w: Vec<f32> = c.queries.iter().flat_map(|q| q.weights.clone()).collect();

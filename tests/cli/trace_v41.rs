@@ -1,7 +1,7 @@
 //! `trace` on a DeepSeek-V4.1 checkpoint through the binary (run::trace_v41): the file holds
 //! every index source's scores and picks, the consumers' unconstrained ones, the candidate
 //! stage's blocks and the dumped inputs, and they agree with each other; what V4.1 cannot do
-//! yet (`--device cuda`, `--prompt`) or ever (V4's `--kv fp8`, rotating profiles) and a budget too small for
+//! yet (`--device cuda`) or ever (V4's `--kv fp8`, rotating profiles) and a budget too small for
 //! the top-k are refused by name before anything is written.
 
 use cli_support::run;
@@ -195,20 +195,6 @@ fn trace_v41_refuses_what_it_cannot_do_by_name() {
         "candidate-blocks is 4",
         "at least 8 blocks of 8 rows",
     ]);
-    let prompt = tmp.path().join("p.txt");
-    std::fs::write(&prompt, "hello").unwrap();
-    run(&[
-        "trace",
-        "--model",
-        &s(&model),
-        "--prompt",
-        &s(&prompt),
-        "--out",
-        &s(&out),
-    ])
-    .fails()
-    .stderr_has(&["--prompt", "chat encoder is not implemented yet"]);
-    assert!(!out.exists(), "nothing written");
     // --candidate-blocks on a DeepSeek-V4 model is refused by name.
     let v4 = tmp.path().join("tiny");
     cli_support::synth_tiny(&v4, &[]).ok();
@@ -247,4 +233,58 @@ fn trace_v41_refuses_what_it_cannot_do_by_name() {
         .stderr_has(&[needle]);
     }
     assert!(!out.exists(), "nothing written");
+}
+
+#[test]
+fn trace_v41_renders_a_prompt_with_the_v41_encoder_and_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, _) = setup(tmp.path(), 1);
+    let prompt = tmp.path().join("p.json");
+    std::fs::write(
+        &prompt,
+        r#"{"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "Where is the key?"}],
+            "chat_template_kwargs": {"thinking": true}, "reasoning_effort": "max"}"#,
+    )
+    .unwrap();
+    let out = tmp.path().join("t.safetensors");
+    let r = run(&[
+        "trace",
+        "--model",
+        &s(&model),
+        "--prompt",
+        &s(&prompt),
+        "--out",
+        &s(&out),
+    ])
+    .ok();
+    assert!(
+        r.stderr
+            .contains("using the bundled DeepSeek-V4 tokenizer with <｜System｜> at id 128799"),
+        "{}",
+        r.dump()
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids: Vec<i64> = st
+        .tensor("tokens")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // BOS, <｜System｜> (one id), then "Reasoning Effort: 100 ..." (thinking, effort max).
+    assert_eq!(&ids[..2], &[0, 128_799], "{ids:?}");
+    let tok = needlescope::tokenizer::V4Tokenizer::builtin_v41().unwrap();
+    let text = tok
+        .decode(&ids.iter().map(|&i| i as u32).collect::<Vec<_>>())
+        .unwrap();
+    assert!(
+        text.contains("Reasoning Effort: 100 (range 1-100"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("Where is the key?<｜Assistant｜><think>"),
+        "{text}"
+    );
 }

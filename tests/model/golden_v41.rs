@@ -355,3 +355,20 @@ fn v41_quantisers_match_the_reference_on_their_own_inputs() {
         }
     }
 }
+
+#[test]
+fn the_v41_tokenizer_has_its_system_token_and_the_same_engram_classes() {
+    // DeepSeek-V4.1's tokenizer as far as it is known: V4's with 128799 named <｜System｜>
+    // (docs/spec/v41.md 6). Renaming a unique special token keeps every Engram class id.
+    let (v4, v41) = (
+        V4Tokenizer::builtin().unwrap(),
+        V4Tokenizer::builtin_v41().unwrap(),
+    );
+    assert!(!v4.has_v41_system_token());
+    assert!(v41.has_v41_system_token());
+    assert_eq!(v41.encode("a<｜System｜>b").unwrap().len(), 3);
+    let (c4, n4) = v4.engram_classes().unwrap();
+    let (c41, n41) = v41.engram_classes().unwrap();
+    assert_eq!((n4, n41), (99_092, 99_092));
+    assert_eq!(c4, c41);
+}

@@ -52,3 +52,70 @@ fn every_golden_conversation_renders_byte_for_byte_and_id_for_id() {
         assert_eq!(ids, want_ids, "{}: token ids", case.display());
     }
 }
+
+/// The V4.1 encoder against SGLang's V4.1 port (tests/reference/make_chat_goldens_v41.py;
+/// tests/reference/chat_v41/README.md): the V4 conversations and the V4.1-only ones render
+/// byte for byte, encode id for id under the bundled tokenizer, and the one SGLang refuses is
+/// refused.
+#[test]
+fn every_v41_golden_conversation_renders_byte_for_byte_and_id_for_id() {
+    use needlescope::probe::chat::ChatFormat;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/reference");
+    let golden = root.join("chat_v41");
+    let mut cases = cases();
+    cases.extend(
+        std::fs::read_dir(&golden)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                name.ends_with(".json") && !name.ends_with(".ids.json")
+            }),
+    );
+    cases.sort_by_key(|p| p.file_name().unwrap().to_owned());
+    assert!(cases.len() >= 20, "{} conversations", cases.len());
+    let tok = V4Tokenizer::builtin().unwrap();
+    let (mut rendered, mut refused) = (0, 0);
+    for case in cases {
+        let stem = case
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .trim_end_matches(".json")
+            .to_string();
+        let got = ChatRequest::from_file_as(&case, ChatFormat::V41);
+        let error = golden.join(format!("{stem}.error.txt"));
+        if error.exists() {
+            let e = got
+                .expect_err(&format!("{stem}: SGLang refuses it"))
+                .to_string();
+            assert!(e.contains("arguments"), "{stem}: {e}");
+            refused += 1;
+            continue;
+        }
+        let request = got.unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let want_text =
+            std::fs::read_to_string(golden.join(format!("{stem}.rendered.txt"))).unwrap();
+        let want_ids: Vec<u32> = serde_json::from_str(
+            &std::fs::read_to_string(golden.join(format!("{stem}.ids.json"))).unwrap(),
+        )
+        .unwrap();
+        let got = request.render().text;
+        if got != want_text {
+            let at = got
+                .bytes()
+                .zip(want_text.bytes())
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want_text.len()));
+            panic!(
+                "{stem}: rendering differs from byte {at}:\n got: {:?}\nwant: {:?}",
+                &got[at.saturating_sub(40).min(got.len())..(at + 80).min(got.len())],
+                &want_text
+                    [at.saturating_sub(40).min(want_text.len())..(at + 80).min(want_text.len())]
+            );
+        }
+        assert_eq!(tok.encode(&got).unwrap(), want_ids, "{stem}: token ids");
+        rendered += 1;
+    }
+    assert_eq!((rendered, refused), (19, 1));
+}
