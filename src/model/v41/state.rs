@@ -7,7 +7,7 @@
 //!   raw after `k_norm` and RoPE, and prepared under the index profile with one multiplier
 //!   per row), and, at ratio 2, the one token of an unfinished pair (its `wkv` and `wgate`
 //!   projections, on the host: at most one row).
-//! - The Engram token classes of the last `max_ngram - 1` tokens ([`V41State::history`]).
+//! - The Engram token classes of the last `max_ngram - 1` tokens (`V41State::history`).
 
 use std::collections::BTreeMap;
 
