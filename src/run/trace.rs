@@ -46,6 +46,7 @@ use crate::devices::placement::Workload;
 use crate::model::forward::{LogitsRequest, Model, ModelOptions};
 use crate::model::{IndexerObservation, Observer};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+use crate::probe::chat::{ChatFormat, ChatRequest};
 use crate::record::BackendRecord;
 pub use crate::run::trace_logits::{top_logits, LogitsMode, TopLogits};
 use std::collections::{BTreeMap, BTreeSet};
@@ -537,6 +538,31 @@ pub fn parse_token_file(path: &Path, vocab: usize) -> anyhow::Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// `--prompt FILE`'s token ids: the conversation rendered by the release's encoder (its notes
+/// on stderr) and tokenised, refused past `max_positions`.
+pub(crate) fn prompt_tokens(
+    path: &Path,
+    format: ChatFormat,
+    tokenizer: &crate::tokenizer::V4Tokenizer,
+    max_positions: usize,
+) -> anyhow::Result<Vec<u32>> {
+    let request = ChatRequest::from_file_as(path, format)?;
+    for note in &request.notes {
+        eprintln!("note: --prompt {}: {note}", path.display());
+    }
+    let ids = tokenizer.encode(&request.render().text)?;
+    if ids.len() > max_positions {
+        return Err(crate::probe::PromptError::PromptTooLong {
+            source_name: path.display().to_string(),
+            tokens: ids.len(),
+            plus: String::new(),
+            max_positions,
+        }
+        .into());
+    }
+    Ok(ids)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The command: its plan, the checks before the model runs, the task on the loaded model, and
 // the outcome the CLI prints.
@@ -546,7 +572,7 @@ pub fn parse_token_file(path: &Path, vocab: usize) -> anyhow::Result<Vec<u32>> {
 pub enum TraceInput<'a> {
     /// `--tokens FILE`: token ids ([`parse_token_file`]).
     Tokens(&'a Path),
-    /// `--prompt FILE`: a conversation, rendered as DeepSeek-V4's encoder renders it and
+    /// `--prompt FILE`: a conversation, rendered by the encoder of the model's release and
     /// tokenised.
     Prompt(&'a Path),
 }
@@ -648,22 +674,8 @@ pub fn prepare<'a>(plan: &'a TracePlan<'a>) -> anyhow::Result<PreparedTrace<'a>>
     let tokens = match plan.input {
         TraceInput::Tokens(file) => parse_token_file(file, cfg.vocab_size)?,
         TraceInput::Prompt(path) => {
-            let request = crate::probe::chat::ChatRequest::from_file(path)?;
-            for note in &request.notes {
-                eprintln!("note: --prompt {}: {note}", path.display());
-            }
             let tok = super::target::load_tokenizer(plan.model, &cfg)?;
-            let ids = tok.encode(&request.render().text)?;
-            if ids.len() > cfg.max_position_embeddings {
-                return Err(crate::probe::PromptError::PromptTooLong {
-                    source_name: path.display().to_string(),
-                    tokens: ids.len(),
-                    plus: String::new(),
-                    max_positions: cfg.max_position_embeddings,
-                }
-                .into());
-            }
-            ids
+            prompt_tokens(path, ChatFormat::V4, &tok, cfg.max_position_embeddings)?
         }
     };
     let positions = plan.positions.resolve(tokens.len());

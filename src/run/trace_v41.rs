@@ -27,9 +27,9 @@
 
 use super::device::DeviceSpec;
 use super::trace::{
-    check_inputs, check_out_path, check_room_for, f32_bytes, parse_token_file, top_logits,
-    write_atomically, LogitsMode, RoomNeeded, TopLogits, TraceInput, TraceOutcome, TracePlan,
-    TOP_IDS, TOP_VALUES,
+    check_inputs, check_out_path, check_room_for, f32_bytes, parse_token_file, prompt_tokens,
+    top_logits, write_atomically, LogitsMode, RoomNeeded, TopLogits, TraceInput, TraceOutcome,
+    TracePlan, TOP_IDS, TOP_VALUES,
 };
 use crate::backend::Backend;
 use crate::checkpoint::dtype::Dtype;
@@ -40,7 +40,7 @@ use crate::config::{CandidateStage, LayerRole, V41Config};
 use crate::model::forward::LogitsRequest;
 use crate::model::v41::{ModelV41, V41Options};
 use crate::model::Observer;
-use crate::probe::chat::{ChatFormat, ChatRequest};
+use crate::probe::chat::ChatFormat;
 use crate::record::BackendRecord;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -204,21 +204,7 @@ pub fn run_v41(
     let tokens = match plan.input {
         TraceInput::Tokens(file) => parse_token_file(file, t.vocab_size)?,
         TraceInput::Prompt(path) => {
-            let request = ChatRequest::from_file_as(path, ChatFormat::V41)?;
-            for note in &request.notes {
-                eprintln!("note: --prompt {}: {note}", path.display());
-            }
-            let ids = tokenizer.encode(&request.render().text)?;
-            if ids.len() > t.max_position_embeddings {
-                return Err(crate::probe::PromptError::PromptTooLong {
-                    source_name: path.display().to_string(),
-                    tokens: ids.len(),
-                    plus: String::new(),
-                    max_positions: t.max_position_embeddings,
-                }
-                .into());
-            }
-            ids
+            prompt_tokens(path, ChatFormat::V41, &tokenizer, t.max_position_embeddings)?
         }
     };
     let positions = plan.positions.resolve(tokens.len());

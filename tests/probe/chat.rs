@@ -21,6 +21,32 @@ fn cases() -> Vec<PathBuf> {
     cases
 }
 
+/// Panics at the first differing byte of a rendering, showing both sides around it.
+fn assert_same_text(got: &str, want: &str, what: &str) {
+    if got == want {
+        return;
+    }
+    let at = got
+        .bytes()
+        .zip(want.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    let around = |t: &str| {
+        let (a, b) = (at.saturating_sub(40).min(t.len()), (at + 80).min(t.len()));
+        // Widen to char boundaries.
+        let a = (0..=a).rev().find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+        let b = (b..=t.len())
+            .find(|&i| t.is_char_boundary(i))
+            .unwrap_or(t.len());
+        t[a..b].to_string()
+    };
+    panic!(
+        "{what}: rendering differs from byte {at}:\n got: {:?}\nwant: {:?}",
+        around(got),
+        around(want)
+    );
+}
+
 #[test]
 fn every_golden_conversation_renders_byte_for_byte_and_id_for_id() {
     let tok = V4Tokenizer::builtin().unwrap();
@@ -34,20 +60,7 @@ fn every_golden_conversation_renders_byte_for_byte_and_id_for_id() {
                 .unwrap();
         let request = ChatRequest::from_file(&case).unwrap_or_else(|e| panic!("{e}"));
         let got = request.render().text;
-        if got != want_text {
-            let at = got
-                .bytes()
-                .zip(want_text.bytes())
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want_text.len()));
-            panic!(
-                "{}: rendering differs from byte {at}:\n got: {:?}\nwant: {:?}",
-                case.display(),
-                &got[at.saturating_sub(40).min(got.len())..(at + 80).min(got.len())],
-                &want_text
-                    [at.saturating_sub(40).min(want_text.len())..(at + 80).min(want_text.len())]
-            );
-        }
+        assert_same_text(&got, &want_text, &case.display().to_string());
         let ids = tok.encode(&got).unwrap();
         assert_eq!(ids, want_ids, "{}: token ids", case.display());
     }
@@ -101,19 +114,7 @@ fn every_v41_golden_conversation_renders_byte_for_byte_and_id_for_id() {
         )
         .unwrap();
         let got = request.render().text;
-        if got != want_text {
-            let at = got
-                .bytes()
-                .zip(want_text.bytes())
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want_text.len()));
-            panic!(
-                "{stem}: rendering differs from byte {at}:\n got: {:?}\nwant: {:?}",
-                &got[at.saturating_sub(40).min(got.len())..(at + 80).min(got.len())],
-                &want_text
-                    [at.saturating_sub(40).min(want_text.len())..(at + 80).min(want_text.len())]
-            );
-        }
+        assert_same_text(&got, &want_text, &stem);
         assert_eq!(tok.encode(&got).unwrap(), want_ids, "{stem}: token ids");
         rendered += 1;
     }
