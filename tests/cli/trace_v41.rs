@@ -4,7 +4,7 @@
 //! yet (`--device cuda`) or ever (V4's `--kv fp8`, rotating profiles) and a budget too small for
 //! the top-k are refused by name before anything is written.
 
-use cli_support::run;
+use cli_support::{run, tensor_f32 as tensor};
 use needlescope_testkit::cli as cli_support;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -32,26 +32,6 @@ fn setup(tmp: &Path, n: usize) -> (PathBuf, PathBuf) {
     let tokens = tmp.join("tokens.txt");
     std::fs::write(&tokens, ids.join(" ")).unwrap();
     (model, tokens)
-}
-
-fn tensor(st: &SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
-    let v = st
-        .tensor(name)
-        .unwrap_or_else(|_| panic!("trace lacks {name}"));
-    let d = v.data();
-    let vals = match v.dtype() {
-        safetensors::Dtype::F32 => d
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect(),
-        safetensors::Dtype::I32 => d
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
-            .collect(),
-        safetensors::Dtype::U8 => d.iter().map(|&b| b as f32).collect(),
-        other => panic!("{name}: dtype {other:?}"),
-    };
-    (v.shape().to_vec(), vals)
 }
 
 #[test]

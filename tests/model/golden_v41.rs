@@ -21,6 +21,7 @@ use needlescope::model::v41::{ModelV41, V41Options};
 use needlescope::synth::v41::synth_v41;
 use needlescope::synth::{Preset, SynthOptions};
 use needlescope::tokenizer::V4Tokenizer;
+use needlescope_testkit::cli::tensor_f32;
 use needlescope_testkit::engine::Recorder;
 use safetensors::SafeTensors;
 use sha2::{Digest, Sha256};
@@ -47,27 +48,11 @@ impl Fixture {
             .into_iter()
             .collect();
         let st = SafeTensors::deserialize(&bytes).expect("fixture parses");
-        let mut tensors = BTreeMap::new();
-        for (name, view) in st.tensors() {
-            let d = view.data();
-            let values: Vec<f32> = match view.dtype() {
-                safetensors::Dtype::F32 => d
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-                safetensors::Dtype::I32 => d
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
-                    .collect(),
-                safetensors::Dtype::I64 => d
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
-                    .collect(),
-                safetensors::Dtype::U8 => d.iter().map(|&b| b as f32).collect(),
-                other => panic!("fixture tensor {name} has unexpected dtype {other:?}"),
-            };
-            tensors.insert(name, (view.shape().to_vec(), values));
-        }
+        let tensors = st
+            .names()
+            .into_iter()
+            .map(|name| (name.to_string(), tensor_f32(&st, name)))
+            .collect();
         Fixture { tensors, metadata }
     }
 
@@ -325,14 +310,7 @@ fn v41_quantisers_match_the_reference_on_their_own_inputs() {
     ))
     .unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let get = |n: &str| -> Vec<f32> {
-        st.tensor(n)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let get = |n: &str| tensor_f32(&st, n).1;
     let x = get("x");
     type Quantiser<'a> = &'a dyn Fn(&mut [f32]);
     let cases: [(&str, Quantiser); 3] = [

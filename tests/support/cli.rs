@@ -253,3 +253,30 @@ pub fn rebuild(path: &Path, edit: impl FnOnce(&mut Vec<Entry>)) {
     }
     write_raw(path, &Raw { header, data });
 }
+
+/// Tensor `name` of a safetensors file as `(shape, values)`, F32 as it is and I32, I64 and U8
+/// converted to f32 (exact for the ids and flags the tests read). Panics naming a missing
+/// tensor or another dtype.
+pub fn tensor_f32(st: &safetensors::SafeTensors, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let v = st
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("no tensor {name}"));
+    let d = v.data();
+    let vals = match v.dtype() {
+        safetensors::Dtype::F32 => d
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        safetensors::Dtype::I32 => d
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        safetensors::Dtype::I64 => d
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        safetensors::Dtype::U8 => d.iter().map(|&b| b as f32).collect(),
+        other => panic!("{name}: unexpected dtype {other:?}"),
+    };
+    (v.shape().to_vec(), vals)
+}

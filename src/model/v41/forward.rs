@@ -350,7 +350,7 @@ fn checked_options(cfg: &V41Config, opts: &V41Options) -> Result<(usize, usize),
                 .into(),
         );
     }
-    if opts.kv == KvMode::Fp8 {
+    if !KvMode::V41.contains(&opts.kv) {
         return bad(
             "kv",
             opts.kv.name().into(),

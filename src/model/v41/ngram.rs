@@ -17,7 +17,6 @@ use crate::tokenizer::V4Tokenizer;
 #[derive(Clone, Debug)]
 pub struct TokenClasses {
     classes: Vec<u32>,
-    count: usize,
     pad: u32,
 }
 
@@ -59,21 +58,12 @@ impl TokenClasses {
                 format!("a token id below {}", classes.len()),
             ));
         };
-        Ok(TokenClasses {
-            classes,
-            count,
-            pad,
-        })
+        Ok(TokenClasses { classes, pad })
     }
 
     /// Classes of `tokens` (ids already validated against the vocabulary).
     pub fn of(&self, tokens: &[u32]) -> Vec<u32> {
         tokens.iter().map(|&t| self.classes[t as usize]).collect()
-    }
-
-    /// The number of classes.
-    pub fn count(&self) -> usize {
-        self.count
     }
 
     /// The pad class.

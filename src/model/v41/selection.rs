@@ -11,8 +11,6 @@
 //! too; the reference's top-k could pick one only when fewer than k rows are kept, which a
 //! valid config rules out beyond the newest block).
 
-use std::cmp::Ordering;
-
 /// The blocks one query keeps at the candidate source.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidates {
@@ -42,22 +40,28 @@ impl Candidates {
             })
             .collect();
         let pinned = visible.checked_sub(1).map(|v| v / block);
-        let mut order: Vec<usize> = (0..blocks).filter(|&b| Some(b) != pinned).collect();
-        order.sort_by(|&a, &b| {
-            block_scores[b]
-                .partial_cmp(&block_scores[a])
-                .unwrap_or(Ordering::Equal)
-                .then(a.cmp(&b))
-        });
         let mut kept = vec![false; blocks];
         let mut left = budget;
-        if let Some(p) = pinned {
-            if left > 0 {
-                kept[p] = true;
-                left -= 1;
-            }
+        if let Some(p) = pinned.filter(|_| budget > 0) {
+            kept[p] = true;
+            left -= 1;
         }
-        for b in order.into_iter().take(left) {
+        // The best `left` other blocks: a partial selection (blocks run to 16,384 a query at
+        // 128k tokens), descending score, ties to the lower block; NaN ranks last.
+        let mut order: Vec<usize> = (0..blocks).filter(|&b| Some(b) != pinned).collect();
+        let better = |&a: &usize, &b: &usize| {
+            block_scores[b]
+                .partial_cmp(&block_scores[a])
+                .unwrap_or_else(|| block_scores[a].is_nan().cmp(&block_scores[b].is_nan()))
+                .then(a.cmp(&b))
+        };
+        if left < order.len() {
+            if left > 0 {
+                order.select_nth_unstable_by(left - 1, better);
+            }
+            order.truncate(left);
+        }
+        for b in order {
             kept[b] = block_scores[b] > f32::NEG_INFINITY;
         }
         Candidates {
@@ -82,11 +86,6 @@ impl Candidates {
                 *s = f32::NEG_INFINITY;
             }
         }
-    }
-
-    /// Kept blocks.
-    pub fn kept_count(&self) -> usize {
-        self.kept.iter().filter(|&&k| k).count()
     }
 }
 
@@ -133,6 +132,37 @@ mod tests {
         // Blocks 0, 1, 2 tie at 0.7; block 3 is pinned; budget 3 keeps 3, 0 and 1.
         let c = Candidates::select(&scores, 8, 2, 3);
         assert_eq!(c.kept, vec![true, true, false, true]);
+    }
+
+    #[test]
+    fn the_partial_selection_keeps_what_a_full_sort_keeps() {
+        // 200 blocks of 1 row with many ties and a NaN: the kept set is the pinned block plus
+        // the first budget - 1 others of a stable descending sort (NaN last).
+        let mut scores: Vec<f32> = (0..200).map(|i| ((i * 37) % 23) as f32 * 0.5).collect();
+        scores[17] = f32::NAN;
+        scores[40] = f32::NEG_INFINITY;
+        for budget in [0, 1, 2, 50, 199, 200, 300] {
+            let c = Candidates::select(&scores, 200, 1, budget);
+            let mut order: Vec<usize> = (0..199).collect();
+            order.sort_by(|&a, &b| {
+                let key = |x: usize| {
+                    if scores[x].is_nan() {
+                        f32::MIN
+                    } else {
+                        scores[x]
+                    }
+                };
+                key(b).partial_cmp(&key(a)).unwrap().then(a.cmp(&b))
+            });
+            let mut want = vec![false; 200];
+            if budget > 0 {
+                want[199] = true;
+                for &b in order.iter().take(budget - 1) {
+                    want[b] = scores[b] > f32::NEG_INFINITY;
+                }
+            }
+            assert_eq!(c.kept, want, "budget {budget}");
+        }
     }
 
     #[test]

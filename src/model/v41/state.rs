@@ -87,11 +87,6 @@ impl<A> V41State<A> {
         self.len == 0
     }
 
-    /// Compressed rows of KV source `layer` so far (`None`: not a KV source).
-    pub fn source_rows(&self, layer: usize) -> Option<usize> {
-        self.sources.get(&layer).map(SourceState::rows)
-    }
-
     /// Drops old window rows no later query needs.
     pub(crate) fn forget<B: Backend<Act = A>>(&mut self, backend: &B, window: usize) {
         let keep_from = (self.len + 1).saturating_sub(window);
