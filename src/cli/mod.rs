@@ -221,6 +221,33 @@ fn name_refused_family(err: anyhow::Error, command: &str) -> anyhow::Error {
     }
 }
 
+/// `--index` and `--kv` of probe and sweep as given, else the defaults of the model's family:
+/// `fp8` / `fp8` on DeepSeek-V4 (what SGLang serves), `v41-fp4` / `release` on DeepSeek-V4.1
+/// (the release's). A config that cannot be read takes V4's; the run's own loader reports it.
+pub fn family_defaults(
+    model: &std::path::Path,
+    index: &[crate::numerics::profiles::IndexProfile],
+    kv: Option<crate::numerics::profiles::KvMode>,
+) -> (
+    Vec<crate::numerics::profiles::IndexProfile>,
+    crate::numerics::profiles::KvMode,
+) {
+    use crate::numerics::profiles::{IndexProfile, KvMode};
+    let v41 = matches!(
+        crate::config::load_any(model),
+        Ok(crate::config::ModelDescription::V41(_))
+    );
+    let (i, k) = match v41 {
+        true => (IndexProfile::V41Fp4, KvMode::Release),
+        false => (IndexProfile::SglangFp8, KvMode::Fp8),
+    };
+    let index = match index.is_empty() {
+        true => vec![i],
+        false => index.to_vec(),
+    };
+    (index, kv.unwrap_or(k))
+}
+
 /// `--generate` of probe and sweep: as given, else 24 tokens, or none on a model `synth` wrote
 /// (its LM path does not answer: generating would print noise and judge nothing, so the
 /// indexer judges, as `demo` does).

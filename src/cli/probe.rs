@@ -53,13 +53,8 @@ pub struct ProbeArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "PCT", value_parser = parse_depth, default_value = "50")]
     pub depth: f64,
 
-    /// Driving index profiles, comma list (one run each): exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k
-    #[arg(
-        long,
-        value_name = "PROFILES",
-        value_delimiter = ',',
-        default_value = "fp8"
-    )]
+    /// Driving index profiles, comma list (one run each): exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k; on DeepSeek-V4.1 exact, bf16-qk, v41-fp4, vllm-fp8 [default: fp8; v41-fp4 on DeepSeek-V4.1]
+    #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub index: Vec<IndexProfile>,
 
     /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
@@ -72,9 +67,13 @@ pub struct ProbeArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
     pub topk: Vec<usize>,
 
-    /// Main KV rounding: exact (f32) or fp8 (e4m3 blocks of 64 on the non-RoPE dims)
-    #[arg(long, value_name = "MODE", default_value = "fp8")]
-    pub kv: KvMode,
+    /// Main KV rounding: exact (f32) or fp8 (e4m3 blocks of 64 on the non-RoPE dims); on DeepSeek-V4.1 exact or release (the release's window FP8 and compressed FP4) [default: fp8; release on DeepSeek-V4.1]
+    #[arg(long, value_name = "MODE")]
+    pub kv: Option<KvMode>,
+
+    /// DeepSeek-V4.1 only: blocks the candidate stage keeps per query, for every run (a what-if: 2048 vs 4096) [default: the config's candidate_topk_blocks]
+    #[arg(long, allow_negative_numbers = true, value_name = "BLOCKS", value_parser = parse_positive)]
+    pub candidate_blocks: Option<usize>,
 
     #[arg(
         long = "generate",
@@ -126,6 +125,12 @@ pub struct ProbeArgs {
 /// the runs are recorded into `--out` and a stop by Ctrl-C is reported.
 pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     use crate::run::checks::refuse_duplicates;
+    let (index, kv) = super::family_defaults(&args.model, &args.index, args.kv);
+    let args = &ProbeArgs {
+        index,
+        kv: Some(kv),
+        ..args.clone()
+    };
     refuse_duplicates("--index", &args.index, |p| p.name())?;
     refuse_duplicates("--compare", &args.compare, |p| p.name())?;
     if let Some(note) = crate::run::checks::compare_of_index_note(&args.index, &args.compare) {
@@ -155,16 +160,25 @@ pub fn run(args: &ProbeArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         indexes: args.index.clone(),
         compare: args.compare.clone(),
         topks: args.topk.clone(),
-        kv: args.kv,
+        kv,
         generate: args.generate,
         chunk: args.chunk,
         device: args.device.choice(),
         probe_question: args.probe == ProbeSet::Question,
         out: args.out.as_deref(),
         engine: args.engine.plan(),
+        candidate_blocks: args.candidate_blocks,
     };
     let stderr = &mut std::io::stderr();
-    match crate::run::probe::run(&plan)? {
+    let v41 = matches!(
+        crate::config::load_any(&args.model),
+        Ok(crate::config::ModelDescription::V41(_))
+    );
+    let outcome = match v41 {
+        true => ProbeOutcome::Local(Box::new(crate::run::probe_v41::run_v41(&plan)?)),
+        false => crate::run::probe::run(&plan)?,
+    };
+    match outcome {
         // Stopped by Ctrl-C before any run finished: nothing to print or record.
         ProbeOutcome::Local(probe) if probe.runs.is_empty() => probe.finish(stderr),
         ProbeOutcome::Local(probe) => {
@@ -331,6 +345,52 @@ pub const PROBE_LEGEND: &str = "\nlegend: visible: compressed rows the query can
      trivial: n_t <= k, every visible row is kept, so the layer cannot lose the needle and \
      does not count.\n";
 
+/// The legend of DeepSeek-V4.1's stage columns, printed after [`PROBE_LEGEND`] when a run has
+/// them.
+pub const STAGE_LEGEND: &str = "DeepSeek-V4.1: visible counts the index source's rows (one \
+     per 2 tokens on ratio-2 layers, one per token on ratio 1); stage: index (ranks every \
+     row), candidate_source (its own top-k among every row; block: the rank of the needle's \
+     best block of candidate_block_size rows among the query's blocks, the newest pinned \
+     first, and whether it was kept), reindex (ranks only rows in the kept blocks: rank is \
+     inside them, a needle row outside ranks below every kept row; block: whether a needle \
+     row is in a kept block; unmasked: its rank without the mask); verdict: candidate_miss \
+     (the candidate stage dropped every needle block), topk_miss (kept but below the top-k), \
+     kept.\n";
+
+/// The header line naming the layers whose selections are ranked: V4's CSA layers, or
+/// V4.1's index sources with their stage and the layers that reuse each one's selection.
+fn index_layers_line(roles: &crate::config::LayerRoles) -> String {
+    use crate::config::CandidateStage;
+    let indexed = roles.indexed_layers();
+    if roles.iter().all(|r| {
+        r.candidate_stage == CandidateStage::None && r.kind != crate::config::LayerKind::Csa2
+    }) {
+        return format!("CSA layers: {indexed:?}");
+    }
+    let parts: Vec<String> = indexed
+        .iter()
+        .map(|&l| {
+            let role = roles.get(l);
+            let what = match role.candidate_stage {
+                CandidateStage::Source => "candidate source".to_string(),
+                CandidateStage::Consumer { source } => format!("reindex in {source}'s blocks"),
+                CandidateStage::None => format!("ratio {}", role.ratio),
+            };
+            let reusers: Vec<usize> = roles
+                .iter()
+                .filter(|r| r.index_source == Some(l) && r.layer != l)
+                .map(|r| r.layer)
+                .collect();
+            match reusers.as_slice() {
+                [] => format!("{l} ({what})"),
+                [one] => format!("{l} ({what}; reused by {one})"),
+                [first, .., last] => format!("{l} ({what}; reused by {first}-{last})"),
+            }
+        })
+        .collect();
+    format!("index layers: {}", parts.join(", "))
+}
+
 fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("-".to_string(), |x| x.to_string())
 }
@@ -340,7 +400,7 @@ fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
 /// engine's section with `--engine`.
 fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
     let LocalProbe {
-        cfg,
+        roles,
         scenario,
         prompt,
         opts,
@@ -395,8 +455,8 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "CSA layers: {:?}; ranks at the answer position (query {last}); rank 1 = best",
-        cfg.layers_of_kind(crate::config::LayerKind::Csa)
+        "{}; ranks at the answer position (query {last}); rank 1 = best",
+        index_layers_line(roles)
     )?;
     writeln!(out, "backend {backend}")?;
     for run in runs {
@@ -433,7 +493,16 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
         for p in &profiles {
             write!(out, " {:>14}", format!("rank[{p}]"))?;
         }
-        writeln!(out, " {:>10} {:>9} {:>7}", "margin", "selected", "trivial")?;
+        let staged = run.layers.iter().any(|r| r.stage.is_some());
+        write!(out, " {:>10} {:>9} {:>7}", "margin", "selected", "trivial")?;
+        if staged {
+            write!(
+                out,
+                " {:>16} {:>12} {:>9} {:>14}",
+                "stage", "block", "unmasked", "verdict"
+            )?;
+        }
+        writeln!(out)?;
         let here: Vec<&LayerRecord> = run.layers.iter().filter(|r| r.query_pos == last).collect();
         for driving in here.iter().filter(|r| r.driving) {
             write!(
@@ -453,13 +522,30 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
                     .and_then(|r| r.needle_rank);
                 write!(out, " {:>14}", fmt_opt(rank))?;
             }
-            writeln!(
+            write!(
                 out,
                 " {:>10} {:>9} {:>7}",
                 driving.margin.map_or("-".into(), |m| format!("{m:+.4}")),
                 if driving.selected { "yes" } else { "NO" },
                 if driving.trivial { "yes" } else { "no" }
             )?;
+            if staged {
+                let block = match (driving.block_rank, driving.block_kept) {
+                    (Some(r), Some(k)) => format!("{r} {}", if k { "kept" } else { "DROPPED" }),
+                    (None, Some(true)) => "in kept".into(),
+                    (None, Some(false)) => "NOT KEPT".into(),
+                    _ => "-".into(),
+                };
+                write!(
+                    out,
+                    " {:>16} {:>12} {:>9} {:>14}",
+                    driving.stage.map_or("-", |s| s.name()),
+                    block,
+                    fmt_opt(driving.unconstrained_rank),
+                    driving.stage_verdict.map_or("-", |v| v.name())
+                )?;
+            }
+            writeln!(out)?;
         }
         if let Some(why) = verdict::why(run, last) {
             writeln!(out, "why: {why}")?;
@@ -468,6 +554,12 @@ fn print_tables(out: &mut dyn Write, probe: &LocalProbe) -> anyhow::Result<()> {
     }
     if !runs.is_empty() {
         write!(out, "{PROBE_LEGEND}")?;
+    }
+    if runs
+        .iter()
+        .any(|r| r.layers.iter().any(|l| l.stage.is_some()))
+    {
+        write!(out, "{STAGE_LEGEND}")?;
     }
     if let Some(run) = runs.first() {
         writeln!(out)?;

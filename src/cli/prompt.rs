@@ -131,7 +131,8 @@ pub fn run(args: &PromptArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             needles: args.needles.count(),
         },
     };
-    let (scenario, prompt) = source.build(&tok, max_positions, 0)?;
+    let (scenario, prompt) =
+        source.build(&tok, crate::probe::chat::ChatFormat::V4, max_positions, 0)?;
     if let Some(path) = &args.ids_out {
         write_ids(path, &prompt.tokens)?;
     }

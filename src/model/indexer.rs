@@ -274,6 +274,8 @@ impl<M> Indexer<M> {
                 visible_rows: n_t,
                 scores,
                 selected: &selected[i * k..(i + 1) * k],
+                rows: crate::config::RowMapping::CSA,
+                stage: super::observer::IndexStage::Plain,
             });
         }
         let tokens = kept.len();

@@ -2,7 +2,9 @@
 //!
 //! The model knows nothing about needles; the probe knows nothing about backends. This trait is
 //! the only contact between them (docs/architecture.md section 3):
-//! - at every CSA layer and every probed query position, [`IndexerObservation`]: the raw index
+//! - at every CSA layer (DeepSeek-V4.1: every index source, with its row mapping and its part
+//!   in the candidate stage, [`IndexStage`]) and every probed query position,
+//!   [`IndexerObservation`]: the raw index
 //!   query of that position (after RoPE, before any Hadamard or rounding), the raw head weights
 //!   (the `weights_proj` output before the indexer scale, 2^-6.5 on Flash), a *view* of the
 //!   raw index keys of all visible rows (after norm and RoPE, before any Hadamard or rounding;
@@ -16,7 +18,8 @@
 //! Observation costs nothing when off: the model asks `wants_position` / `wants_intermediate`
 //! before building anything.
 
-use crate::config::LayerKind;
+use crate::config::{LayerKind, RowMapping};
+use crate::model::v41::selection::Candidates;
 
 /// One CSA layer's indexer state for one probed query position.
 pub struct IndexerObservation<'a> {
@@ -38,6 +41,33 @@ pub struct IndexerObservation<'a> {
     pub scores: &'a [f32],
     /// Rows the model selected, `[topk]`, descending score, ties to the lower row, -1 padding.
     pub selected: &'a [i32],
+    /// Which tokens the rows pool ([`RowMapping::CSA`] on DeepSeek-V4; the KV source's ratio
+    /// on DeepSeek-V4.1): `visible_rows` is `rows.visible_rows(query_pos)`.
+    pub rows: RowMapping,
+    /// The layer's part in a candidate stage (DeepSeek-V4.1; [`IndexStage::Plain`] on V4).
+    pub stage: IndexStage<'a>,
+}
+
+/// An index layer's part in DeepSeek-V4.1's two-level selection, as one observation sees it.
+/// `scores` are always the layer's own scores of every visible row (no candidate mask), so an
+/// observer can rank both with and without the mask.
+#[derive(Clone, Copy, Debug)]
+pub enum IndexStage<'a> {
+    /// Selects among every visible row (every V4 CSA layer; V4.1's ratio-2 index sources).
+    Plain,
+    /// The candidate source: `candidates` are the blocks it kept for this query under the
+    /// driving profile (`block_rows` rows a block, `budget` blocks kept, the newest pinned).
+    CandidateSource {
+        candidates: &'a Candidates,
+        block_rows: usize,
+        budget: usize,
+    },
+    /// A consumer of candidate source `source`: `selected` is its top-k inside `candidates`
+    /// (the source's kept blocks for this query, driving profile).
+    Consumer {
+        source: usize,
+        candidates: &'a Candidates,
+    },
 }
 
 /// One layer's attention for one probed query position.

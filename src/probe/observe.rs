@@ -33,10 +33,11 @@ use super::rank::{kth_scores, rank_needle, NeedleRank, RecordMeta};
 use crate::record::AttentionRecord;
 
 use super::capture::EngineCapture;
-use super::rows::RowKind;
-use crate::model::observer::{AttentionObservation, IndexerObservation, Observer};
+use crate::model::observer::{AttentionObservation, IndexStage, IndexerObservation, Observer};
+use crate::model::v41::selection::Candidates;
 use crate::numerics::profiles::{prepare_key_row, prepare_query, score, IndexProfile};
 use crate::record::engine::EngineLayerRecord;
+use crate::record::stage::{needle_block_rank, LayerStage, StageVerdict};
 use crate::record::{phase_label, LayerRecord};
 
 /// A cell scored by the observer: its id and top-k.
@@ -106,6 +107,21 @@ pub struct NeedleObserver {
     pub selection_checks: usize,
     pub disagreements: Vec<SelectionDisagreement>,
     pub errors: Vec<ObservationError>,
+    /// DeepSeek-V4.1: the blocks the candidate source kept per (query position, profile), for
+    /// its consumers later in the same forward.
+    candidates: std::collections::HashMap<(usize, IndexProfile), Candidates>,
+}
+
+/// The stage statistics of one profile's ranking at a DeepSeek-V4.1 index layer (module doc).
+enum StageRanks {
+    /// A V4 layer (no stage columns).
+    None,
+    Index,
+    /// The candidate source: per needle, its best block's rank and whether it was kept.
+    CandidateSource(Vec<Option<(usize, bool)>>),
+    /// A consumer: per needle, whether a needle row lies in a kept block and the rank without
+    /// the mask; `ranks` (the records' ranks) are those inside the mask.
+    Reindex(Vec<(bool, Option<usize>)>),
 }
 
 impl NeedleObserver {
@@ -120,6 +136,7 @@ impl NeedleObserver {
             selection_checks: 0,
             disagreements: Vec::new(),
             errors: Vec::new(),
+            candidates: Default::default(),
         }
     }
 
@@ -149,17 +166,20 @@ impl NeedleObserver {
         });
     }
 
-    /// One record per (cell, needle) from the needles' ranks under `profile`.
+    /// One record per (cell, needle) from the needles' ranks under `profile` (`scores`: the
+    /// scores the layer ranks, inside the candidate mask on a reindex layer).
     fn push_records(
         &mut self,
         obs: &IndexerObservation<'_>,
         profile: IndexProfile,
         ranks: &[NeedleRank],
         scores: &[f32],
+        stage: &StageRanks,
     ) {
         let ks: Vec<usize> = self.cfg.cells.iter().map(|c| c.topk).collect();
         let kth = kth_scores(scores, &ks);
         let phase = self.phase(obs.query_pos);
+        let rows = self.needle_rows(obs);
         for (cell, kth) in self.cfg.cells.iter().zip(kth) {
             for (needle, rank) in ranks.iter().enumerate() {
                 let meta = RecordMeta {
@@ -171,8 +191,119 @@ impl NeedleObserver {
                     driving: profile == self.cfg.driving,
                     needle,
                 };
-                self.layer_records
-                    .push(LayerRecord::new(&meta, rank, kth, cell.topk));
+                let mut record = LayerRecord::new(&meta, rank, kth, cell.topk);
+                match stage {
+                    StageRanks::None => {}
+                    StageRanks::Index => record.stage = Some(LayerStage::Index),
+                    StageRanks::CandidateSource(blocks) => {
+                        record.stage = Some(LayerStage::CandidateSource);
+                        record.block_rank = blocks[needle].map(|b| b.0);
+                        record.block_kept = blocks[needle].map(|b| b.1);
+                    }
+                    StageRanks::Reindex(per_needle) => {
+                        let (in_kept, free_rank) = per_needle[needle];
+                        let visible = rows[needle].start.min(obs.visible_rows)
+                            ..rows[needle].end.min(obs.visible_rows);
+                        let masked_rank = rank
+                            .needle_score
+                            .filter(|&s| s > f32::NEG_INFINITY)
+                            .and(rank.needle_rank);
+                        record.stage = Some(LayerStage::Reindex);
+                        record.block_kept = (!visible.is_empty()).then_some(in_kept);
+                        record.unconstrained_rank = free_rank;
+                        record.stage_verdict = Some(StageVerdict::at_consumer(
+                            visible,
+                            |_| in_kept,
+                            masked_rank,
+                            cell.topk,
+                        ));
+                    }
+                }
+                self.layer_records.push(record);
+            }
+        }
+    }
+
+    /// Ranks the needles under `profile` from its scores of every visible row, through the
+    /// layer's stage: the candidate source's blocks (kept for its consumers at this position),
+    /// a consumer's mask. Returns the ranks the records carry, the scores they come from and
+    /// the stage statistics; `None` (an error recorded) when a consumer's candidates are
+    /// missing.
+    fn stage_ranks(
+        &mut self,
+        obs: &IndexerObservation<'_>,
+        profile: IndexProfile,
+        scores: Vec<f32>,
+        rows: &[std::ops::Range<usize>],
+    ) -> Option<(Vec<NeedleRank>, Vec<f32>, StageRanks)> {
+        let rank_all = |s: &[f32]| -> Vec<NeedleRank> {
+            rows.iter().map(|r| rank_needle(s, r.clone())).collect()
+        };
+        let driving = profile == self.cfg.driving;
+        match obs.stage {
+            IndexStage::Plain => {
+                let stage = if obs.rows == crate::config::RowMapping::CSA {
+                    StageRanks::None
+                } else {
+                    StageRanks::Index
+                };
+                Some((rank_all(&scores), scores, stage))
+            }
+            IndexStage::CandidateSource {
+                candidates,
+                block_rows,
+                budget,
+            } => {
+                let c = match driving {
+                    true => candidates.clone(),
+                    false => Candidates::select(&scores, obs.visible_rows, block_rows, budget),
+                };
+                let blocks = rows
+                    .iter()
+                    .map(|r| {
+                        let r = r.start.min(obs.visible_rows)..r.end.min(obs.visible_rows);
+                        if r.is_empty() {
+                            return None;
+                        }
+                        let span = r.start / c.block..(r.end - 1) / c.block + 1;
+                        needle_block_rank(&c.block_scores, &c.kept, c.pinned, span)
+                            .map(|b| (b.rank, b.kept))
+                    })
+                    .collect();
+                self.candidates.insert((obs.query_pos, profile), c);
+                Some((
+                    rank_all(&scores),
+                    scores,
+                    StageRanks::CandidateSource(blocks),
+                ))
+            }
+            IndexStage::Consumer { source, candidates } => {
+                let kept = match driving {
+                    true => Some(candidates.clone()),
+                    false => self.candidates.get(&(obs.query_pos, profile)).cloned(),
+                };
+                let Some(kept) = kept else {
+                    self.error(
+                        obs.layer,
+                        obs.query_pos,
+                        "candidate blocks",
+                        format!("those candidate source {source} kept under {profile}"),
+                        "none (the source was not observed at this position)".into(),
+                    );
+                    return None;
+                };
+                let free = rank_all(&scores);
+                let mut masked = scores;
+                kept.mask(&mut masked);
+                let per_needle = rows
+                    .iter()
+                    .zip(&free)
+                    .map(|(r, f)| {
+                        let r = r.start.min(obs.visible_rows)..r.end.min(obs.visible_rows);
+                        (r.clone().any(|w| kept.keeps_row(w)), f.needle_rank)
+                    })
+                    .collect();
+                Some((rank_all(&masked), masked, StageRanks::Reindex(per_needle)))
             }
         }
     }
@@ -233,12 +364,12 @@ impl NeedleObserver {
         }
     }
 
-    /// Each needle's CSA rows.
-    fn needle_rows(&self) -> Vec<std::ops::Range<usize>> {
+    /// Each needle's rows of the observed layer's compressed series.
+    fn needle_rows(&self, obs: &IndexerObservation<'_>) -> Vec<std::ops::Range<usize>> {
         self.cfg
             .needles
             .iter()
-            .map(|&span| RowKind::Csa.span_rows(span))
+            .map(|&span| obs.rows.span_rows(span))
             .collect()
     }
 
@@ -273,9 +404,9 @@ impl NeedleObserver {
 
     fn check_indexer(&mut self, obs: &IndexerObservation<'_>) -> bool {
         let (l, t) = (obs.layer, obs.query_pos);
-        let n_t = RowKind::Csa.visible_rows(t);
+        let n_t = obs.rows.visible_rows(t);
         let checks: [(&'static str, usize, usize); 5] = [
-            ("visible_rows (floor((t+1)/4))", n_t, obs.visible_rows),
+            ("visible_rows (floor((t+1)/ratio))", n_t, obs.visible_rows),
             (
                 "q_raw length (heads*head_dim)",
                 obs.heads * obs.head_dim,
@@ -344,19 +475,20 @@ impl Observer for NeedleObserver {
         if !self.wants_position(obs.query_pos) || !self.check_indexer(obs) {
             return;
         }
-        let rows = self.needle_rows();
+        let rows = self.needle_rows(obs);
         let driving = self.cfg.driving;
         if !self.check_finite(obs, driving, obs.scores) {
             return;
         }
-        let ranks: Vec<NeedleRank> = rows
-            .iter()
-            .map(|r| rank_needle(obs.scores, r.clone()))
-            .collect();
-        self.push_records(obs, driving, &ranks, obs.scores);
+        let Some((ranks, scores, stage)) =
+            self.stage_ranks(obs, driving, obs.scores.to_vec(), &rows)
+        else {
+            return;
+        };
+        self.push_records(obs, driving, &ranks, &scores, &stage);
         let engine_set = self.served_set(obs);
         if let Some(set) = &engine_set {
-            self.push_engine_record(obs, driving, obs.scores, &rows, set);
+            self.push_engine_record(obs, driving, &scores, &rows, set);
         }
 
         // The engine's selection against the driving rank, needle by needle.
@@ -398,11 +530,10 @@ impl Observer for NeedleObserver {
             if !self.check_finite(obs, profile, &scores) {
                 continue;
             }
-            let ranks: Vec<NeedleRank> = rows
-                .iter()
-                .map(|r| rank_needle(&scores, r.clone()))
-                .collect();
-            self.push_records(obs, profile, &ranks, &scores);
+            let Some((ranks, scores, stage)) = self.stage_ranks(obs, profile, scores, &rows) else {
+                continue;
+            };
+            self.push_records(obs, profile, &ranks, &scores, &stage);
             if let Some(set) = &engine_set {
                 self.push_engine_record(obs, profile, &scores, &rows, set);
             }
@@ -433,13 +564,14 @@ impl Observer for NeedleObserver {
         // Attention on any needle (the union of the spans).
         let needles = self.cfg.needles.clone();
         let in_needle = |p: usize| needles.iter().any(|&(a, b)| p >= a && p < b);
-        let kind = RowKind::from_ratio(obs.ratio);
+        // V4's ratios (4 overlapping, 128) and V4.1's (2, 1), from the layer's kind.
+        let kind = obs.kind.rows().filter(|m| m.ratio == obs.ratio);
         if kind.is_none() && !obs.compressed_rows.is_empty() {
             self.error(
                 l,
                 t,
                 "ratio",
-                "4 or 128 with compressed rows".into(),
+                format!("the {} layer's ratio with compressed rows", obs.kind.name()),
                 obs.ratio.to_string(),
             );
             return;

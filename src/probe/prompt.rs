@@ -143,6 +143,7 @@ mod error {
 }
 use super::haystack::{fill, HaystackGen, HaystackLayout, Unit};
 use super::scenario::{Ask, Scenario};
+use crate::probe::chat::{ChatFormat, ChatRequest, ChatRole, SYSTEM};
 use crate::tokenizer::{TokenizerError, V4Tokenizer, ASSISTANT, BOS, THINK_END, THINK_START, USER};
 pub use error::PromptError;
 
@@ -248,6 +249,8 @@ pub(super) struct Rendered {
     /// Per needle: its value.
     pub(super) value_bytes: Vec<(usize, usize)>,
     pub(super) body_bytes: (usize, usize),
+    /// Bytes of the chat markers that open the text (the frame's `lead`).
+    pub(super) lead: usize,
 }
 
 /// Achieved depths within this many percentage points of the request are accepted at once.
@@ -314,6 +317,45 @@ pub fn build_prompt_with(
     max_positions: usize,
     needles: NeedleCount,
 ) -> Result<NeedlePrompt, PromptError> {
+    build_prompt_for(
+        &PromptSpec {
+            scenario: sc,
+            format: ChatFormat::V4,
+            target_tokens,
+            depth_pct,
+            seed,
+            max_positions,
+            needles,
+        },
+        tok,
+    )
+}
+
+/// Everything a scenario's prompt is built from.
+#[derive(Clone, Copy, Debug)]
+pub struct PromptSpec<'a> {
+    pub scenario: &'a Scenario,
+    /// Whose chat format frames it: DeepSeek-V4's, or DeepSeek-V4.1's (its system marker and
+    /// reasoning-effort line, exactly as `probe::chat` renders the same conversation).
+    pub format: ChatFormat,
+    pub target_tokens: usize,
+    pub depth_pct: f64,
+    pub seed: u64,
+    pub max_positions: usize,
+    pub needles: NeedleCount,
+}
+
+/// [`build_prompt_with`] in the chat format of `spec.format`.
+pub fn build_prompt_for(spec: &PromptSpec, tok: &V4Tokenizer) -> Result<NeedlePrompt, PromptError> {
+    let PromptSpec {
+        scenario: sc,
+        format,
+        target_tokens,
+        depth_pct,
+        seed,
+        max_positions,
+        needles,
+    } = *spec;
     if needles.count == 0 {
         return Err(PromptError::NeedleCount {
             found: 0,
@@ -325,7 +367,7 @@ pub fn build_prompt_with(
     for draw in 0..VALUE_DRAWS {
         let built = build_prompt_draw(
             tok,
-            sc,
+            (sc, format),
             target_tokens,
             (depth_pct, seed, draw),
             max_positions,
@@ -353,7 +395,7 @@ const VALUE_DRAWS: usize = 8;
 /// [`build_prompt`] with the `draw`-th values of the seed.
 fn build_prompt_draw(
     tok: &V4Tokenizer,
-    sc: &Scenario,
+    (sc, format): (&Scenario, ChatFormat),
     target_tokens: usize,
     (depth_pct, seed, draw): (f64, u64, usize),
     max_positions: usize,
@@ -364,7 +406,7 @@ fn build_prompt_draw(
     for _ in 0..DEPTH_ROUNDS {
         let placed = place_needle(
             tok,
-            sc,
+            (sc, format),
             target_tokens,
             (depth_pct, aim),
             (seed, draw),
@@ -432,7 +474,7 @@ fn question_for(
 /// needles' depths, size the far end to the exact length, check and span the final encoding.
 fn place_needle(
     tok: &V4Tokenizer,
-    sc: &Scenario,
+    (sc, format): (&Scenario, ChatFormat),
     target_tokens: usize,
     (depth_pct, aim_pct): (f64, f64),
     (seed, draw): (u64, usize),
@@ -449,7 +491,7 @@ fn place_needle(
     p.check_request(max_positions)?;
     let needles = p.draw_needles((seed, draw), plan)?;
     let mut gen = HaystackGen::new(sc, seed, &needles.keys, &needles.values)?;
-    let frame = Frame::new(sc, &needles, gen.layout());
+    let frame = Frame::new(sc, format, &needles, gen.layout());
     let minimum = p.minimum_tokens(&frame)?;
     let budget = target_tokens - minimum;
     let collected = p.collect_units(&mut gen, budget)?;
@@ -496,6 +538,8 @@ struct Frame<'a> {
     layout: HaystackLayout,
     /// BOS, the system prompt and the User marker.
     prefix: String,
+    /// Bytes of the chat markers that open `prefix` (BOS, and DeepSeek-V4.1's system marker).
+    lead: usize,
     /// The question, the Assistant marker and the thinking token.
     suffix: String,
 }
@@ -810,7 +854,12 @@ impl Placement<'_> {
 
 impl<'a> Frame<'a> {
     /// Phase 3: the chat frame around the body and the needle units in the haystack's `layout`.
-    fn new(sc: &Scenario, needles: &'a DrawnNeedles, layout: HaystackLayout) -> Self {
+    fn new(
+        sc: &Scenario,
+        format: ChatFormat,
+        needles: &'a DrawnNeedles,
+        layout: HaystackLayout,
+    ) -> Self {
         let units: Vec<Unit> = needles
             .texts
             .iter()
@@ -827,17 +876,24 @@ impl<'a> Frame<'a> {
                 },
             })
             .collect();
-        let prefix = format!("{BOS}{}{USER}", sc.system.as_deref().unwrap_or(""));
-        let suffix = format!(
-            "\n\n{}{ASSISTANT}{}",
-            needles.question,
-            if sc.thinking { THINK_START } else { THINK_END }
-        );
+        let (prefix, suffix, lead) = match format {
+            ChatFormat::V4 => (
+                format!("{BOS}{}{USER}", sc.system.as_deref().unwrap_or("")),
+                format!(
+                    "\n\n{}{ASSISTANT}{}",
+                    needles.question,
+                    if sc.thinking { THINK_START } else { THINK_END }
+                ),
+                BOS.len(),
+            ),
+            ChatFormat::V41 => v41_frame(sc, &needles.question),
+        };
         Frame {
             needles,
             units,
             layout,
             prefix,
+            lead,
             suffix,
         }
     }
@@ -902,6 +958,7 @@ impl<'a> Frame<'a> {
                 })
                 .collect(),
             body_bytes: (prefix.len(), prefix.len() + body.len()),
+            lead: self.lead,
             text,
         }
     }
@@ -988,6 +1045,37 @@ fn make_filler(
     Ok(None)
 }
 
+/// DeepSeek-V4.1's frame of a scenario prompt, rendered by its encoder (`probe::chat`) around a
+/// placeholder body so that prompt and conversation agree byte for byte: `(prefix, suffix,
+/// bytes of the opening markers)`. The system message (and, in thinking mode, the effort line)
+/// follows `<｜System｜>`; the user turn holds the body, `\n\n` and the question.
+fn v41_frame(sc: &Scenario, question: &str) -> (String, String, usize) {
+    const BODY: &str = "\u{0}";
+    let mut request = ChatRequest::from_text(
+        &format!("{BODY}\n\n{question}"),
+        std::path::Path::new(&sc.source),
+    );
+    request.format = ChatFormat::V41;
+    request.thinking = sc.thinking;
+    if let Some(system) = &sc.system {
+        let mut m = request.messages[0].clone();
+        m.role = ChatRole::System;
+        m.content = system.clone();
+        request.messages.insert(0, m);
+    }
+    let text = request.render().text;
+    let (prefix, suffix) = text
+        .split_once(BODY)
+        .expect("the body placeholder is rendered");
+    let lead = BOS.len()
+        + if prefix[BOS.len()..].starts_with(SYSTEM) {
+            SYSTEM.len()
+        } else {
+            0
+        };
+    (prefix.to_string(), suffix.to_string(), lead)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The exact token spans of a rendered needle prompt (the span convention of `prompt.rs`): the
 // needle and answer-value spans from the byte offsets of the final encoding, with the checks
@@ -1010,7 +1098,7 @@ fn check_control_tokens(
     let body = r.body_bytes;
     let tail = ASSISTANT.len() + if sc.thinking { THINK_START } else { THINK_END }.len();
     let structural = |(a, b): (usize, usize)| {
-        b <= BOS.len()
+        b <= r.lead
             || (a >= body.0.saturating_sub(USER.len()) && b <= body.0)
             || a >= r.text.len() - tail
     };

@@ -66,7 +66,10 @@ pub struct NeedleRank {
 impl NeedleRank {
     /// Selected at k: needle rank <= k, with a needle score that is not NaN.
     pub fn selected(&self, k: usize) -> bool {
-        self.needle_rank.is_some_and(|r| r <= k) && self.needle_score.is_some_and(|s| !s.is_nan())
+        self.needle_rank.is_some_and(|r| r <= k)
+            && self
+                .needle_score
+                .is_some_and(|s| !s.is_nan() && s != f32::NEG_INFINITY)
     }
 
     /// Whether the needle's tie group straddles the k-th place, so that an engine may
@@ -185,6 +188,11 @@ impl LayerRecord {
             margin: margin(rank.needle_score, kth),
             selected: rank.selected(k),
             trivial: trivial(rank.visible_rows, k),
+            stage: None,
+            block_rank: None,
+            block_kept: None,
+            unconstrained_rank: None,
+            stage_verdict: None,
         }
     }
 }

@@ -16,7 +16,10 @@ use super::observe::{CellTopk, NeedleObserver, NeedleObserverConfig};
 use super::prompt::NeedlePrompt;
 use super::scenario::Scenario;
 use crate::backend::Backend;
-use crate::model::forward::{LogitsRequest, Model, ModelOptions};
+use crate::model::forward::{ForwardOutput, LogitsRequest, Model, ModelOptions};
+use crate::model::observer::Observer;
+use crate::model::v41::{ModelV41, V41Options, V41State};
+use crate::model::{ModelError, SequenceState};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::record::ProbeRun;
 use crate::tokenizer::V4Tokenizer;
@@ -135,10 +138,98 @@ impl StopCheck<'_> {
     }
 }
 
-/// Runs every (index, top-k) combination of `inputs.opts` on `inputs.prompt`, on any backend;
-/// once `stop` says so only those finished so far.
-pub fn run_probe<B: Backend>(
-    model: &mut Model<B>,
+/// What a probe's run switches on a loaded model (the weights stay).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunSwitch {
+    pub index: IndexProfile,
+    pub kv: KvMode,
+    pub topk: usize,
+    pub chunk: usize,
+}
+
+/// A model a probe runs: DeepSeek-V4 ([`Model`]) or DeepSeek-V4.1 ([`ModelV41`]), on any
+/// backend. The probe needs only this: switch a run's options, start a sequence, append tokens
+/// with an observer, and the token that ends an answer.
+pub trait ProbeModel {
+    type State;
+    /// The token that ends an answer.
+    fn eos(&self) -> u32;
+    /// Switches the run's profile, KV rounding, top-k and chunk.
+    fn switch(&mut self, run: RunSwitch) -> Result<(), ModelError>;
+    fn new_sequence(&self) -> Self::State;
+    fn forward(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        observer: &mut dyn Observer,
+        logits: LogitsRequest,
+    ) -> Result<ForwardOutput, ModelError>;
+}
+
+impl<B: Backend> ProbeModel for Model<B> {
+    type State = SequenceState<B::Act>;
+    fn eos(&self) -> u32 {
+        self.config().eos_token_id
+    }
+    fn switch(&mut self, run: RunSwitch) -> Result<(), ModelError> {
+        self.set_options(ModelOptions {
+            index: run.index,
+            kv: run.kv,
+            topk: Some(run.topk),
+            chunk: run.chunk,
+        })
+    }
+    fn new_sequence(&self) -> Self::State {
+        Model::new_sequence(self)
+    }
+    fn forward(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        observer: &mut dyn Observer,
+        logits: LogitsRequest,
+    ) -> Result<ForwardOutput, ModelError> {
+        Model::forward(self, state, tokens, observer, logits)
+    }
+}
+
+/// DeepSeek-V4.1 keeps its candidate budget (`--candidate-blocks`) across runs.
+impl<B: Backend> ProbeModel for ModelV41<B> {
+    type State = V41State<B::Act>;
+    fn eos(&self) -> u32 {
+        crate::tokenizer::SPECIAL_TOKENS
+            .iter()
+            .find(|t| t.1 == crate::tokenizer::EOS)
+            .map_or(1, |t| t.2)
+    }
+    fn switch(&mut self, run: RunSwitch) -> Result<(), ModelError> {
+        let opts = V41Options {
+            index: run.index,
+            kv: run.kv,
+            topk: Some(run.topk),
+            chunk: run.chunk,
+            ..self.options().clone()
+        };
+        self.set_options(opts)
+    }
+    fn new_sequence(&self) -> Self::State {
+        ModelV41::new_sequence(self)
+    }
+    fn forward(
+        &self,
+        state: &mut Self::State,
+        tokens: &[u32],
+        observer: &mut dyn Observer,
+        logits: LogitsRequest,
+    ) -> Result<ForwardOutput, ModelError> {
+        ModelV41::forward(self, state, tokens, observer, logits)
+    }
+}
+
+/// Runs every (index, top-k) combination of `inputs.opts` on `inputs.prompt`, on any model
+/// and backend; once `stop` says so only those finished so far.
+pub fn run_probe<M: ProbeModel>(
+    model: &mut M,
     inputs: &ProbeInputs,
     progress: &mut dyn ProbeProgress,
     stop: StopCheck,
@@ -151,7 +242,7 @@ pub fn run_probe<B: Backend>(
         cell_suffix,
     } = *inputs;
     let abandon = || stop.within_runs && (stop.requested)();
-    let eos = model.config().eos_token_id;
+    let eos = model.eos();
     let last = prompt.tokens.len() - 1;
     let mut prompt_positions = vec![last];
     if opts.probe_question {
@@ -162,10 +253,10 @@ pub fn run_probe<B: Backend>(
     let mut runs = Vec::new();
     for &index in &opts.indexes {
         for &topk in &opts.topks {
-            model.set_options(ModelOptions {
+            model.switch(RunSwitch {
                 index,
                 kv: opts.kv,
-                topk: Some(topk),
+                topk,
                 chunk: opts.chunk,
             })?;
             let id = format!("{}{}", cell_id(prompt, index, topk), cell_suffix);

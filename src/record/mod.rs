@@ -20,7 +20,7 @@ pub mod stage;
 pub mod verdict;
 
 /// One row of layers.csv (docs/outputs.md): exactly these fields, in this order.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LayerRecord {
     pub cell_id: String,
     pub layer: usize,
@@ -46,6 +46,27 @@ pub struct LayerRecord {
     pub margin: Option<f32>,
     pub selected: bool,
     pub trivial: bool,
+    /// DeepSeek-V4.1: the layer's part in the two-level selection ([`stage::LayerStage`]);
+    /// empty on DeepSeek-V4 (and in files written before the column).
+    #[serde(default)]
+    pub stage: Option<stage::LayerStage>,
+    /// On the candidate source: the rank of the needle's best block among the query's blocks
+    /// (the pinned newest block first; [`stage::needle_block_rank`]); else empty.
+    #[serde(default)]
+    pub block_rank: Option<usize>,
+    /// On the candidate source: whether it kept the needle's best block; on a reindex layer:
+    /// whether a needle row lies in a kept block (the candidate stage passed it on); else
+    /// empty.
+    #[serde(default)]
+    pub block_kept: Option<bool>,
+    /// On a reindex layer: the needle's rank among every visible row, without the candidate
+    /// mask (where the layer alone would have ranked it); else empty.
+    #[serde(default)]
+    pub unconstrained_rank: Option<usize>,
+    /// On a reindex layer: where the needle was lost, if it was ([`stage::StageVerdict`]);
+    /// else empty.
+    #[serde(default)]
+    pub stage_verdict: Option<stage::StageVerdict>,
 }
 
 /// Over records of one position and profile (one per CSA layer and needle): the non-trivial
@@ -168,7 +189,7 @@ pub const CELLS_COLUMNS: [&str; 20] = [
 pub const CELLS_COLUMNS_BEFORE_DERIVED: &[&str] = CELLS_COLUMNS.split_at(17).0;
 
 /// layers.csv columns, in order.
-pub const LAYERS_COLUMNS: [&str; 16] = [
+pub const LAYERS_COLUMNS: [&str; 21] = [
     "cell_id",
     "layer",
     "query_pos",
@@ -185,7 +206,16 @@ pub const LAYERS_COLUMNS: [&str; 16] = [
     "margin",
     "selected",
     "trivial",
+    "stage",
+    "block_rank",
+    "block_kept",
+    "unconstrained_rank",
+    "stage_verdict",
 ];
+
+/// The layers.csv columns written before DeepSeek-V4.1's stage columns (needlescope 0.1 until
+/// 2026-12): such a file is still read, the stage columns empty (every row a V4 layer's).
+pub const LAYERS_COLUMNS_BEFORE_STAGE: &[&str] = LAYERS_COLUMNS.split_at(16).0;
 
 /// attention.csv columns, in order.
 pub const ATTENTION_COLUMNS: [&str; 9] = [

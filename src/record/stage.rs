@@ -17,11 +17,36 @@
 //! (it is kept first), so the needle's best block is kept when it is the pinned one or its rank
 //! is within the budget.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
+/// An index layer's part in DeepSeek-V4.1's selection (layers.csv `stage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerStage {
+    /// An index source that selects among every visible row (the release's ratio-2 layers
+    /// 2, 8 and 14).
+    Index,
+    /// The candidate source (layer 20): its own top-k among every row, and the blocks it keeps
+    /// for its consumers.
+    CandidateSource,
+    /// A consumer of the candidate source (24, 28, 32, 36): its top-k inside the kept blocks.
+    Reindex,
+}
+
+impl LayerStage {
+    /// The word tables and CSV use.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerStage::Index => "index",
+            LayerStage::CandidateSource => "candidate_source",
+            LayerStage::Reindex => "reindex",
+        }
+    }
+}
+
 /// What happened to a needle at one candidate consumer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StageVerdict {
     NotVisible,
@@ -68,7 +93,8 @@ impl StageVerdict {
 pub struct BlockRank {
     /// The needle block with the best rank (the lower block on a tie).
     pub block: usize,
-    /// 1 + blocks ranked strictly above it (the pinned block above every score).
+    /// Its place in the candidate source's order (the pinned block first, ties to the lower
+    /// block), from 1.
     pub rank: usize,
     /// Whether the candidate source kept it.
     pub kept: bool,
@@ -92,7 +118,13 @@ pub fn needle_block_rank(
             block_scores[b]
         }
     };
-    let rank_of = |b: usize| 1 + (0..block_scores.len()).filter(|&o| key(o) > key(b)).count();
+    // The candidate source's own order: ties go to the lower block, so a block's rank says
+    // whether it was kept (rank <= budget) even among the many exact ties of a small model.
+    let rank_of = |b: usize| {
+        1 + (0..block_scores.len())
+            .filter(|&o| key(o) > key(b) || (o < b && key(o) == key(b)))
+            .count()
+    };
     (needle_blocks.start..needle_blocks.end.min(block_scores.len()))
         .map(|b| (rank_of(b), b))
         .min()
@@ -150,6 +182,9 @@ mod tests {
                 pinned: false
             }
         );
+        // Block 2 ties block 1 and comes after it in the source's order.
+        let r = needle_block_rank(&scores, &kept, Some(3), 2..3).unwrap();
+        assert_eq!((r.block, r.rank), (2, 4));
         let r = needle_block_rank(&scores, &kept, Some(3), 3..4).unwrap();
         assert_eq!((r.rank, r.kept, r.pinned), (1, true, true));
         assert_eq!(needle_block_rank(&scores, &kept, Some(3), 4..6), None);

@@ -22,6 +22,7 @@
 //! produces the first answer token.
 
 use super::engine::EngineLayerRecord;
+use super::stage::StageVerdict;
 use super::{LayerRecord, ProbeRun};
 use serde::Serialize;
 
@@ -45,6 +46,10 @@ pub enum LossCause {
     /// No needle row is visible to the query yet (the needle ends in the last few tokens), so
     /// no profile can select it.
     NotVisible,
+    /// DeepSeek-V4.1: a reindex layer whose candidate stage dropped every needle block under
+    /// the driving profile, and `exact` does not keep it either: no top-k of this layer could
+    /// select it (`candidate_miss`).
+    CandidateStage,
 }
 
 /// A scored profile that selects the needle where the driving one does not.
@@ -70,6 +75,9 @@ pub struct LostLayer {
     /// The best rank over every scored profile, the driving one included.
     pub best_rank: Option<usize>,
     pub cause: LossCause,
+    /// DeepSeek-V4.1 reindex layers: the driving rank without the candidate mask.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unconstrained_rank: Option<usize>,
 }
 
 /// The lost layers of one run at the answer position (`last_prompt_pos`), in layer order.
@@ -167,6 +175,9 @@ pub fn lost_layers_of<'a>(
             let cause = match exact_rank {
                 _ if driving.needle_rows == 0 => LossCause::NotVisible,
                 _ if kept_by.iter().any(|k| k.profile == exact) => LossCause::ExactKeeps,
+                _ if driving.stage_verdict == Some(StageVerdict::CandidateMiss) => {
+                    LossCause::CandidateStage
+                }
                 Some(_) => LossCause::ExactLoses,
                 None if !kept_by.is_empty() => LossCause::KeptByOther,
                 None if !others.is_empty() => LossCause::NoProfileKeeps,
@@ -184,6 +195,7 @@ pub fn lost_layers_of<'a>(
                 exact_rank: exact_rank.flatten(),
                 best_rank,
                 cause,
+                unconstrained_rank: driving.unconstrained_rank,
             }
         })
         .collect();
@@ -301,6 +313,15 @@ pub fn why_of(
         parts.push(format!(
             "{} cannot select the needle: none of its rows is visible to the query yet",
             layers(&hidden)
+        ));
+    }
+    let dropped = of(LossCause::CandidateStage);
+    if !dropped.is_empty() {
+        parts.push(format!(
+            "{} cannot select the needle: the candidate stage dropped every block holding it \
+             (rank without the mask {})",
+            layers(&dropped),
+            ranks(&dropped, &|l| l.unconstrained_rank)
         ));
     }
     let unexplained = [
@@ -422,6 +443,77 @@ pub fn needles_lost(run: &ProbeRun, last_prompt_pos: usize, needles: &[String]) 
     Some(parts.join(", "))
 }
 
+/// What a run's ranked layers are called: DeepSeek-V4's CSA layers, or DeepSeek-V4.1's index
+/// layers (its records carry a stage).
+pub fn layer_word(run: &ProbeRun) -> &'static str {
+    match run.layers.iter().any(|r| r.stage.is_some()) {
+        true => "index layer",
+        false => "CSA layer",
+    }
+}
+
+/// DeepSeek-V4.1: which stage of the two-level selection lost the needle at the answer
+/// position (driving profile), e.g. `the candidate source (layer 20) drops the needle's blocks
+/// (best block rank 3100), so reindex layers 24, 28 cannot select it (candidate_miss)`; `None`
+/// when no reindex layer lost it.
+pub fn stage_clause(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
+    use super::stage::{LayerStage, StageVerdict};
+    let recs = answer_position_records(&run.layers, last_prompt_pos);
+    let lost_with = |verdict: StageVerdict| -> Vec<usize> {
+        let mut layers: Vec<usize> = recs
+            .iter()
+            .filter(|r| !r.trivial && !r.selected && r.stage_verdict == Some(verdict))
+            .map(|r| r.layer)
+            .collect();
+        layers.dedup();
+        layers
+    };
+    let (dropped, below) = (
+        lost_with(StageVerdict::CandidateMiss),
+        lost_with(StageVerdict::TopkMiss),
+    );
+    if dropped.is_empty() && below.is_empty() {
+        return None;
+    }
+    let source = recs
+        .iter()
+        .filter(|r| r.stage == Some(LayerStage::CandidateSource))
+        .min_by_key(|r| r.block_rank.unwrap_or(usize::MAX));
+    let list = |l: &[usize]| join_layers(l.iter().copied());
+    let mut parts = Vec::new();
+    if !dropped.is_empty() {
+        let at = match source {
+            Some(s) => format!(
+                "the candidate source (layer {}) drops the needle's blocks (best block rank {})",
+                s.layer,
+                s.block_rank.map_or("-".into(), |r| r.to_string())
+            ),
+            None => "the candidate stage drops every needle block".into(),
+        };
+        parts.push(format!(
+            "{at}, so reindex {} cannot select it (candidate_miss)",
+            plural("layer", &dropped, &list(&dropped))
+        ));
+    }
+    if !below.is_empty() {
+        parts.push(format!(
+            "reindex {} keep its block but rank it below top-{} inside the candidates \
+             (topk_miss)",
+            plural("layer", &below, &list(&below)),
+            run.topk
+        ));
+    }
+    Some(parts.join("; "))
+}
+
+/// `layer 3` or `layers 3, 7`.
+fn plural(word: &str, items: &[usize], list: &str) -> String {
+    match items.len() {
+        1 => format!("{word} {list}"),
+        _ => format!("{word}s {list}"),
+    }
+}
+
 /// The one-sentence diagnosis a probe's text starts with: for each run, which layers its
 /// profile and top-k lose the needle on and why, told apart by the exact math scored on the
 /// same hidden states (kept by exact: the profile's rounding; lost by exact too: the top-k is
@@ -444,17 +536,18 @@ pub fn diagnosis(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
         .map(|run| {
             let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
             let who = format!("{} at top-{}", run.index, run.topk);
+            let word = layer_word(run);
             if nontrivial == 0 {
                 return format!(
-                    "{who} cannot lose the needle: every CSA layer keeps every visible row \
+                    "{who} cannot lose the needle: every {word} keeps every visible row \
                      (n_t <= k on all {total})"
                 );
             }
             if lost == 0 {
                 let all = match nontrivial {
-                    1 => "the only non-trivial CSA layer".to_string(),
-                    2 => "both non-trivial CSA layers".to_string(),
-                    n => format!("all {n} non-trivial CSA layers"),
+                    1 => format!("the only non-trivial {word}"),
+                    2 => format!("both non-trivial {word}s"),
+                    n => format!("all {n} non-trivial {word}s"),
                 };
                 return format!("{who} keeps the needle on {all}");
             }
@@ -517,8 +610,10 @@ pub fn diagnosis(runs: &[ProbeRun], last_prompt_pos: usize) -> String {
                     layer_list(&unexplained)
                 ));
             }
+            let stages = stage_clause(run, last_prompt_pos)
+                .map_or(String::new(), |s| format!("; stages: {s}"));
             format!(
-                "{who} loses the needle on {} ({lost} of {nontrivial} non-trivial CSA layers): {}",
+                "{who} loses the needle on {} ({lost} of {nontrivial} non-trivial {word}s): {}{stages}",
                 layer_list(&all),
                 causes.join(" and ")
             )
@@ -545,6 +640,7 @@ pub fn conclusion(
         let each = needles_lost(run, last_prompt_pos, needles)
             .map_or(String::new(), |e| format!(" [{e}]"));
         let (lost, nontrivial, total) = layers_lost(run, last_prompt_pos);
+        let word = layer_word(run);
         let verdict = match run.answer_correct {
             Some(true) => "answer correct",
             Some(false) => "answer wrong",
@@ -557,7 +653,7 @@ pub fn conclusion(
         let what = if nontrivial == 0 {
             format!(
                 "needle trivially kept on {} (every visible row selected) under {} at top-{}",
-                all(total, "CSA layer"),
+                all(total, word),
                 run.index,
                 run.topk
             )
@@ -569,7 +665,7 @@ pub fn conclusion(
                 } else {
                     "needle"
                 },
-                all(nontrivial, "non-trivial CSA layer"),
+                all(nontrivial, &format!("non-trivial {word}")),
                 run.index,
                 run.topk
             )
@@ -585,7 +681,7 @@ pub fn conclusion(
                 "needle"
             };
             format!(
-                "{noun} lost on {lost}/{total} CSA layers under {} at top-{}{kept}",
+                "{noun} lost on {lost}/{total} {word}s under {} at top-{}{kept}",
                 run.index, run.topk
             )
         };
@@ -908,6 +1004,7 @@ mod tests {
             margin: None,
             selected: rank.is_some_and(|r| r <= 10),
             trivial: false,
+            ..Default::default()
         }
     }
 

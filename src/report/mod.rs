@@ -155,7 +155,7 @@ pub struct EngineConclusion {
 
 /// The engine's conclusion for each cell with engine.csv rows, in cells.csv order.
 pub fn engine_conclusions(records: &RunRecords) -> Vec<EngineConclusion> {
-    let order: Vec<&str> = crate::record::IndexProfile::ALL
+    let order: Vec<&str> = crate::record::IndexProfile::EVERY
         .iter()
         .map(|p| p.name())
         .collect();

@@ -61,7 +61,7 @@ pub struct GroupSummary {
 }
 
 fn profile_order(p: IndexProfile) -> usize {
-    IndexProfile::ALL
+    IndexProfile::EVERY
         .iter()
         .position(|q| *q == p)
         .unwrap_or(usize::MAX)

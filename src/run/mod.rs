@@ -2,7 +2,7 @@
 //! [`hub`] finds the model directory `--model` names (a path, or a repository of the Hugging Face
 //! cache); [`target`] decides the device and opens the model and tokenizer ([`device`] resolves
 //! the device spec); [`prompt`] turns prompt flags into a scenario and a prompt; [`probe`] runs
-//! one prompt's runs (or the serving engine alone, [`engine_only`] for a grid of them, through
+//! one prompt's runs ([`probe_v41`] on a DeepSeek-V4.1 checkpoint; or the serving engine alone, [`engine_only`] for a grid of them, through
 //! [`sglang`]); [`sweep`] runs a grid cell by cell into a report directory; [`trace`] dumps
 //! scores and logits ([`trace_logits`]: which logits it keeps); [`bench`](mod@bench) times prefills;
 //! [`parity`] holds two backends against each other; [`checks`] refuses
@@ -18,6 +18,7 @@ pub mod hub;
 pub mod interrupt;
 pub mod parity;
 pub mod probe;
+pub mod probe_v41;
 pub mod progress;
 pub mod prompt;
 pub mod sglang;

@@ -32,6 +32,7 @@ use crate::devices::placement::Workload;
 use crate::model::forward::{Model, ModelOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::capture::{CaptureExpect, EngineCapture};
+use crate::probe::chat::ChatFormat;
 use crate::probe::session::{run_probe, ProbeInputs, ProbeOptions, ProbeProgress, StopCheck};
 use crate::probe::{NeedlePrompt, Scenario};
 use crate::record::engine::EngineLayerRecord;
@@ -63,6 +64,9 @@ pub struct ProbePlan<'a> {
     pub out: Option<&'a Path>,
     /// `--engine URL` / `--engine-capture FILE`.
     pub engine: Option<EnginePlan>,
+    /// DeepSeek-V4.1's `--candidate-blocks` what-if (the config's `candidate_topk_blocks` when
+    /// `None`); refused on DeepSeek-V4.
+    pub candidate_blocks: Option<usize>,
 }
 
 impl ProbePlan<'_> {
@@ -86,7 +90,24 @@ impl ProbePlan<'_> {
         if self.engine.is_some() {
             shared["engine"] = serde_json::json!("sglang");
         }
+        // Likewise only where given (DeepSeek-V4.1).
+        if let Some(blocks) = self.candidate_blocks {
+            shared["candidate_blocks"] = serde_json::json!(blocks);
+        }
         shared
+    }
+
+    /// A conversation whose generated answer is to be judged needs `--answer`.
+    pub fn check_answer_judged(&self) -> anyhow::Result<()> {
+        if matches!(self.prompt, PromptSource::Conversation { answer: None, .. })
+            && self.generate > 0
+        {
+            anyhow::bail!(
+                "--prompt: expected --answer TEXT (what a correct reply contains) to judge the \
+                 generated answer, or --generate 0 to judge by the indexer alone"
+            );
+        }
+        Ok(())
     }
 
     /// Whether the engine runs alone: `--no-local`, or a model directory without weights.
@@ -114,7 +135,8 @@ pub struct EngineHeld {
 
 /// A probe with a local forward.
 pub struct LocalProbe {
-    pub cfg: ModelConfig,
+    /// The model's table of layer roles (which layers index, which reuse a selection).
+    pub roles: crate::config::LayerRoles,
     pub scenario: Scenario,
     pub prompt: NeedlePrompt,
     pub opts: ProbeOptions,
@@ -126,9 +148,9 @@ pub struct LocalProbe {
     pub judge_answers: bool,
     /// With `--engine`: the engine against the first run.
     pub engine: Option<EngineHeld>,
-    store: Option<RunDir>,
-    target_tokens: usize,
-    out_dir: Option<std::path::PathBuf>,
+    pub(super) store: Option<RunDir>,
+    pub(super) target_tokens: usize,
+    pub(super) out_dir: Option<std::path::PathBuf>,
 }
 
 /// A probe of the serving engine alone.
@@ -182,16 +204,19 @@ impl ModelTask for ProbeTask<'_> {
     }
 }
 
-/// Runs the probe of `plan`: the engine alone, or the local runs (with the engine held against
-/// them). Nothing is recorded yet: the caller prints, then calls `finish`.
+/// Runs the probe of `plan` on a DeepSeek-V4 checkpoint (`super::probe_v41` runs V4.1's): the
+/// engine alone, or the local runs (with the engine held against them). Nothing is recorded
+/// yet: the caller prints, then calls `finish`.
 pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
     if plan.engine_only() {
         return run_engine_only(plan).map(|p| ProbeOutcome::EngineOnly(Box::new(p)));
     }
-    if matches!(plan.prompt, PromptSource::Conversation { answer: None, .. }) && plan.generate > 0 {
+    plan.check_answer_judged()?;
+    if let Some(blocks) = plan.candidate_blocks {
         anyhow::bail!(
-            "--prompt: expected --answer TEXT (what a correct reply contains) to judge the \
-             generated answer, or --generate 0 to judge by the indexer alone"
+            "--candidate-blocks {blocks}: a DeepSeek-V4.1 what-if (its candidate stage); {} is \
+             not a DeepSeek-V4.1 model",
+            plan.model.display()
         );
     }
     let ckpt = super::target::open_model(plan.model)?;
@@ -216,6 +241,7 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
     let built = match plan.prompt {
         PromptSource::Conversation { .. } => Some(plan.prompt.build(
             &tok,
+            ChatFormat::V4,
             cfg.max_position_embeddings,
             plan.generate,
         )?),
@@ -241,9 +267,12 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
     let backend = target.record();
     let (scenario, prompt) = match built {
         Some(built) => built,
-        None => plan
-            .prompt
-            .build(&tok, cfg.max_position_embeddings, plan.generate)?,
+        None => plan.prompt.build(
+            &tok,
+            ChatFormat::V4,
+            cfg.max_position_embeddings,
+            plan.generate,
+        )?,
     };
     let marks = model_marks(plan.model);
     let judge_answers = marks.judges_answers(plan.generate);
@@ -283,7 +312,13 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
     };
     // The records directory is checked before the model runs.
     let store = match plan.out {
-        Some(dir) => Some(open_store(dir, plan, &ckpt, &scenario, backend.clone())?),
+        Some(dir) => Some(open_store(
+            dir,
+            plan,
+            (&ckpt, config_hash(&cfg)),
+            &scenario,
+            backend.clone(),
+        )?),
         None => None,
     };
     // Ctrl-C stops at the next chunk, dropping the run in flight; the finished runs are
@@ -320,7 +355,7 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
         PromptSource::Conversation { .. } => prompt.tokens.len(),
     };
     Ok(ProbeOutcome::Local(Box::new(LocalProbe {
-        cfg,
+        roles: cfg.layer_roles(),
         scenario,
         prompt,
         opts,
@@ -427,9 +462,12 @@ fn run_engine_only(plan: &ProbePlan) -> anyhow::Result<EngineOnlyProbe> {
     let cfg = ModelConfig::load(&config_path)?;
     cfg.require_csa_layer(&config_path)?;
     let tok = super::target::load_tokenizer(plan.model, &cfg)?;
-    let (scenario, prompt) = plan
-        .prompt
-        .build(&tok, cfg.max_position_embeddings, plan.generate)?;
+    let (scenario, prompt) = plan.prompt.build(
+        &tok,
+        ChatFormat::V4,
+        cfg.max_position_embeddings,
+        plan.generate,
+    )?;
     let started = Instant::now();
     let capture = engine.source.capture(
         &prompt.tokens,
@@ -525,16 +563,16 @@ impl EngineOnlyProbe {
 
 /// Opens (or joins) `dir` for this probe before anything runs: refused when it holds another
 /// command's report or one made with other shared arguments (see the module doc).
-fn open_store(
+pub(super) fn open_store<C: crate::checkpoint::CheckpointConfig>(
     dir: &Path,
     plan: &ProbePlan,
-    ckpt: &crate::checkpoint::Checkpoint,
+    (ckpt, config_hash): (&crate::checkpoint::Checkpoint<C>, String),
     scenario: &Scenario,
     backend: BackendRecord,
 ) -> anyhow::Result<RunDir> {
     let info = RunInfo::new(
         plan.model.display().to_string(),
-        config_hash(ckpt.config()),
+        config_hash,
         scenario.name.clone(),
         model_marks(plan.model).synthetic,
         plan.recorded_args(),

@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use crate::probe::chat::ChatRequest;
+use crate::probe::chat::{ChatFormat, ChatRequest};
 use crate::probe::conversation::conversation_prompt;
-use crate::probe::prompt::{build_prompt_with, NeedleCount};
+use crate::probe::prompt::{build_prompt_for, NeedleCount, PromptSpec};
 use crate::probe::{NeedlePrompt, Scenario};
 use crate::tokenizer::V4Tokenizer;
 
@@ -49,12 +49,13 @@ impl PromptSource<'_> {
         }
     }
 
-    /// The scenario and the prompt; `reserve` positions (tokens to generate) must fit after a
+    /// The scenario and the prompt in the chat format of `format`; `reserve` positions (tokens to generate) must fit after a
     /// conversation within `max_positions`. Notes (parts not rendered, a text file that looks
     /// like JSON, a haystack file holding numbers shaped like the answer) go to stderr.
     pub fn build(
         &self,
         tok: &V4Tokenizer,
+        format: ChatFormat,
         max_positions: usize,
         reserve: usize,
     ) -> anyhow::Result<(Scenario, NeedlePrompt)> {
@@ -64,7 +65,7 @@ impl PromptSource<'_> {
                 needles,
                 answer,
             } => {
-                let request = ChatRequest::from_file(path)?;
+                let request = ChatRequest::from_file_as(path, format)?;
                 for note in &request.notes {
                     eprintln!("note: --prompt {}: {note}", path.display());
                 }
@@ -86,8 +87,16 @@ impl PromptSource<'_> {
                 if let Some(note) = scenario.competing_answers_note() {
                     eprintln!("note: {note}");
                 }
-                let prompt =
-                    build_prompt_with(tok, &scenario, length, depth, seed, max_positions, needles)?;
+                let spec = PromptSpec {
+                    scenario: &scenario,
+                    format,
+                    target_tokens: length,
+                    depth_pct: depth,
+                    seed,
+                    max_positions,
+                    needles,
+                };
+                let prompt = build_prompt_for(&spec, tok)?;
                 Ok((scenario, prompt))
             }
         }

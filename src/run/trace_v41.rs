@@ -362,7 +362,7 @@ fn opts_chunk<B: Backend>(model: &ModelV41<B>) -> usize {
 /// bundled V4 one with `<｜System｜>` at 128799, `V4Tokenizer::builtin_v41`, with a note), checked
 /// for the special tokens and the vocabulary (the Engram classes come from it). A tokenizer
 /// without `<｜System｜>` as one token is warned about: V4.1 prompts would carry it as text.
-fn load_tokenizer_v41(
+pub(crate) fn load_tokenizer_v41(
     model: &std::path::Path,
     cfg: &V41Config,
 ) -> anyhow::Result<crate::tokenizer::V4Tokenizer> {

@@ -573,7 +573,6 @@ fn commands_that_run_refuse_a_v41_checkpoint_naming_themselves() {
     let sweep_out = tmp.path().join("sweep");
     let (tokens, trace_out) = (tokens.to_str().unwrap(), trace_out.to_str().unwrap());
     for (command, args) in [
-        ("probe", vec!["probe", "--model", d, "--length", "512"]),
         ("bench", vec!["bench", "--model", d, "--lengths", "256"]),
         (
             "sweep",
@@ -587,7 +586,11 @@ fn commands_that_run_refuse_a_v41_checkpoint_naming_themselves() {
             "DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command yet",
         ]);
     }
-    // trace runs DeepSeek-V4.1 (tests/cli/trace_v41.rs); a directory without weights is named.
+    // probe and trace run DeepSeek-V4.1 (tests/cli/probe_v41.rs, trace_v41.rs); a directory
+    // without weights is named.
+    run(&["probe", "--model", d, "--length", "512"])
+        .fails()
+        .stderr_has(&[d]);
     run(&[
         "trace", "--model", d, "--tokens", tokens, "--out", trace_out,
     ])

@@ -12,6 +12,7 @@ mod help;
 mod hub;
 mod inspect;
 mod inspect_verify;
+mod probe_v41;
 mod synth_v41;
 mod trace;
 mod trace_transfer;

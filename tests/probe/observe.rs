@@ -65,6 +65,8 @@ fn inputs(t: usize) -> Inputs {
         visible_rows: n_t,
         scores: &[],
         selected: &[],
+        rows: needlescope::config::RowMapping::CSA,
+        stage: needlescope::model::observer::IndexStage::Plain,
     };
     let scores = rescore(IndexProfile::SglangFp8, &obs);
     Inputs { q, w, keys, scores }
@@ -82,6 +84,8 @@ fn observe(o: &mut NeedleObserver, x: &Inputs, t: usize, selected: &[i32]) {
         visible_rows: (t + 1) / 4,
         scores: &x.scores,
         selected,
+        rows: needlescope::config::RowMapping::CSA,
+        stage: needlescope::model::observer::IndexStage::Plain,
     };
     o.indexer(&obs);
 }
@@ -224,6 +228,8 @@ fn malformed_observations_are_recorded_errors_not_panics() {
         visible_rows: 15,
         scores: &x.scores,
         selected: &[40],
+        rows: needlescope::config::RowMapping::CSA,
+        stage: needlescope::model::observer::IndexStage::Plain,
     };
     o.indexer(&bad);
     assert!(o.layer_records.is_empty());
@@ -442,6 +448,8 @@ fn every_record_field_follows_the_definitions_for_every_span_and_query() {
                         visible_rows: n_t,
                         scores: &scores,
                         selected,
+                        rows: needlescope::config::RowMapping::CSA,
+                        stage: needlescope::model::observer::IndexStage::Plain,
                     });
                     o
                 };

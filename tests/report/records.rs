@@ -19,7 +19,8 @@ const DESIGN_CELLS: &str = "cell_id, target_tokens, prompt_tokens, depth_pct, ne
     min_needle_rank, csa_layers_selected, csa_layers_nontrivial, wall_seconds, recalled, \
     exact_keeps, sample";
 const DESIGN_LAYERS: &str = "cell_id, layer, query_pos, phase, profile, driving, needle, \
-    visible_rows, needle_rows, needle_rank, rank_ties, needle_score, kth_score, margin, selected, trivial";
+    visible_rows, needle_rows, needle_rank, rank_ties, needle_score, kth_score, margin, selected, trivial, \
+    stage, block_rank, block_kept, unconstrained_rank, stage_verdict";
 const DESIGN_ATTENTION: &str = "cell_id, layer, layer_type, query_pos, phase, needle_mass_mean, \
     needle_mass_max_head, needle_in_window, sink_mass_mean";
 

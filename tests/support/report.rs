@@ -85,6 +85,7 @@ pub fn layer(
         margin: Some(0.75),
         selected: rank <= 512,
         trivial: false,
+        ..Default::default()
     }
 }
 

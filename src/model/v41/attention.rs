@@ -23,6 +23,7 @@ use super::state::V41State;
 use crate::backend::{AttentionBatch, AttentionProbs, Backend};
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerRole, V41Config};
+use crate::model::observer::{AttentionObservation, Observer};
 use crate::model::{load_matrix, ModelError};
 use crate::numerics::profiles::KvMode;
 use crate::numerics::rope::RopeTable;
@@ -190,7 +191,13 @@ impl<M> Attention<M> {
             }
             _ => None,
         };
-        let mut o = self.attend(backend, &q, first_pos, state, selected, run.topk);
+        let mut o = self.attend(
+            backend,
+            (&q, first_pos),
+            state,
+            (selected, run.topk),
+            &mut *run.observer,
+        );
         backend.rope(&self.rope, &mut o, hd, &positions, true);
         let (ro_total, _) = backend.matrix_shape(&self.wo_a);
         let mut z = backend.act_uninit(tokens * ro_total);
@@ -201,34 +208,41 @@ impl<M> Attention<M> {
         out
     }
 
-    /// Runs the sparse attention of every query: `o [T, H, d]` before the inverse RoPE.
+    /// Runs the sparse attention of every query: `o [T, H, d]` before the inverse RoPE; the
+    /// probabilities of the positions the observer wants go to it.
     fn attend<B: Backend<Matrix = M>>(
         &self,
         backend: &B,
-        q: &B::Act,
-        first_pos: usize,
+        (q, first_pos): (&B::Act, usize),
         state: &V41State<B::Act>,
-        selected: Option<&[i32]>,
-        k: usize,
+        (selected, k): (Option<&[i32]>, usize),
+        observer: &mut dyn Observer,
     ) -> B::Act {
         let tokens = backend.act_len(q) / (self.heads * self.head_dim);
         let window = &state.windows[self.role.layer];
         let window_rows = window.rows.rows() as u32;
-        let entries: Vec<Vec<u32>> = (0..tokens)
+        let per_query: Vec<(Vec<usize>, Vec<usize>)> = (0..tokens)
             .map(|i| {
                 let t = first_pos + i;
-                let mut e: Vec<u32> = ((t + 1).saturating_sub(self.window)..=t)
-                    .map(|p| (p - window.first_pos) as u32)
-                    .collect();
-                if let Some(sel) = selected {
-                    e.extend(
-                        sel[i * k..(i + 1) * k]
-                            .iter()
-                            .filter(|&&r| r >= 0)
-                            .map(|&r| window_rows + r as u32),
-                    );
-                }
-                e
+                let positions: Vec<usize> = ((t + 1).saturating_sub(self.window)..=t).collect();
+                let rows: Vec<usize> = selected.map_or_else(Vec::new, |sel| {
+                    sel[i * k..(i + 1) * k]
+                        .iter()
+                        .filter(|&&r| r >= 0)
+                        .map(|&r| r as usize)
+                        .collect()
+                });
+                (positions, rows)
+            })
+            .collect();
+        let entries: Vec<Vec<u32>> = per_query
+            .iter()
+            .map(|(positions, rows)| {
+                positions
+                    .iter()
+                    .map(|&p| (p - window.first_pos) as u32)
+                    .chain(rows.iter().map(|&r| window_rows + r as u32))
+                    .collect()
             })
             .collect();
         let empty = backend.act_zeros(0);
@@ -238,7 +252,9 @@ impl<M> Attention<M> {
             .and_then(|s| state.sources.get(&s))
             .and_then(|s| s.compressed.data())
             .unwrap_or(&empty);
-        let want = vec![false; tokens];
+        let want: Vec<bool> = (0..tokens)
+            .map(|i| observer.wants_attention(first_pos + i))
+            .collect();
         let batch = AttentionBatch {
             heads: self.heads,
             head_dim: self.head_dim,
@@ -252,6 +268,26 @@ impl<M> Attention<M> {
         let mut o = backend.act_uninit(backend.act_len(q));
         let mut probs: Vec<Option<AttentionProbs>> = vec![None; tokens];
         backend.sparse_attention(&batch, &mut o, &mut probs);
+        for (i, p) in probs.iter().enumerate() {
+            if let Some(p) = p {
+                let (positions, rows) = &per_query[i];
+                observer.attention(&AttentionObservation {
+                    layer: self.role.layer,
+                    kind: self.role.kind,
+                    query_pos: first_pos + i,
+                    heads: self.heads,
+                    window_positions: positions,
+                    compressed_rows: rows,
+                    ratio: if selected.is_some() {
+                        self.role.ratio
+                    } else {
+                        0
+                    },
+                    probs: &p.probs,
+                    sink_probs: &p.sink,
+                });
+            }
+        }
         o
     }
 }

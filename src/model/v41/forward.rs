@@ -141,6 +141,15 @@ impl<B: Backend> ModelV41<B> {
         &self.opts
     }
 
+    /// Switches profile, KV rounding, top-k, candidate budget and chunk without reloading the
+    /// weights; checked as at load. Sequences started under other options cannot continue
+    /// (their cached rows were rounded the old way): start new ones.
+    pub fn set_options(&mut self, opts: V41Options) -> Result<(), ModelError> {
+        (self.topk, self.candidate_blocks) = checked_options(&self.cfg, &opts)?;
+        self.opts = opts;
+        Ok(())
+    }
+
     /// The top-k in force.
     pub fn topk(&self) -> usize {
         self.topk

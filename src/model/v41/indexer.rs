@@ -20,7 +20,7 @@ use crate::backend::{Backend, IndexScoreBatch, RawIndexQueries, INDEX_SCORE_TOKE
 use crate::checkpoint::Checkpoint;
 use crate::config::{CandidateStage, LayerRole, V41Config};
 use crate::model::layer::{emit, emit_act};
-use crate::model::observer::Observer;
+use crate::model::observer::{IndexStage, IndexerObservation, Observer};
 use crate::model::{load_matrix, ModelError};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::numerics::rope::RopeTable;
@@ -190,6 +190,8 @@ impl<M> Indexer<M> {
         let mut selected = vec![-1i32; tokens * k];
         let empty = backend.act_zeros(0);
         let ratio = self.role.ratio;
+        // The raw key rows reach the host once per chunk, and only for a probed position.
+        let mut keys_raw: Option<Vec<f32>> = None;
         for b0 in (0..tokens).step_by(INDEX_SCORE_TOKENS) {
             let b1 = (b0 + INDEX_SCORE_TOKENS).min(tokens);
             let visible: Vec<usize> = (b0..b1).map(|i| (first_pos + i + 1) / ratio).collect();
@@ -211,9 +213,19 @@ impl<M> Indexer<M> {
             for (i, &n) in visible.iter().enumerate() {
                 let t = b0 + i;
                 let mut row = host[i * stride..i * stride + n].to_vec();
+                let probed = obs.wants_position(first_pos + t).then(|| row.clone());
                 let out = &mut selected[t * k..(t + 1) * k];
-                match stage {
-                    CandidateStage::Source => {
+                let consumed = match stage {
+                    CandidateStage::Consumer { .. } => Some(
+                        run.candidates
+                            .as_ref()
+                            .and_then(|c| c.get(t))
+                            .expect("the candidate source runs before its consumers"),
+                    ),
+                    _ => None,
+                };
+                match (stage, consumed) {
+                    (CandidateStage::Source, _) => {
                         new_candidates.push(Candidates::select(
                             &row,
                             n,
@@ -221,7 +233,7 @@ impl<M> Indexer<M> {
                             run.candidate_blocks,
                         ));
                     }
-                    CandidateStage::Consumer { .. } => {
+                    (CandidateStage::Consumer { .. }, Some(c)) => {
                         if want_free {
                             let mut free = vec![-1i32; k];
                             backend.topk(&row, &mut free);
@@ -229,17 +241,53 @@ impl<M> Indexer<M> {
                             free_topk.extend(free);
                             kept_free.push(row.clone());
                         }
-                        let c = run
-                            .candidates
-                            .as_ref()
-                            .and_then(|c| c.get(t))
-                            .expect("the candidate source runs before its consumers");
                         c.mask(&mut row);
                     }
-                    CandidateStage::None => {}
+                    _ => {}
                 }
                 backend.topk(&row, out);
                 drop_unscored(out, &row);
+                if let Some(scores) = probed {
+                    let index_stage = match (stage, consumed) {
+                        (CandidateStage::Source, _) => IndexStage::CandidateSource {
+                            candidates: new_candidates.last().expect("pushed above"),
+                            block_rows: run.block_rows,
+                            budget: run.candidate_blocks,
+                        },
+                        (CandidateStage::Consumer { source }, Some(c)) => IndexStage::Consumer {
+                            source,
+                            candidates: c,
+                        },
+                        _ => IndexStage::Plain,
+                    };
+                    let mut q_raw = vec![0.0f32; heads * dim];
+                    backend.act_read(&q, t * heads * dim, &mut q_raw);
+                    let mut weights_raw = vec![0.0f32; heads];
+                    backend.act_read(&w, t * heads, &mut weights_raw);
+                    let keys = keys_raw.get_or_insert_with(|| {
+                        source
+                            .keys_raw
+                            .data()
+                            .map_or_else(Vec::new, |a| backend.act_host(a).into_owned())
+                    });
+                    obs.indexer(&IndexerObservation {
+                        layer: l,
+                        query_pos: first_pos + t,
+                        heads,
+                        head_dim: dim,
+                        q_raw: &q_raw,
+                        weights_raw: &weights_raw,
+                        keys_raw: &keys[..n * dim],
+                        visible_rows: n,
+                        scores: &scores,
+                        selected: out,
+                        rows: self
+                            .role
+                            .rows()
+                            .expect("an index source reads compressed rows"),
+                        stage: index_stage,
+                    });
+                }
                 if want_scores {
                     kept_scores.push(row);
                 }

@@ -105,8 +105,11 @@ pub struct LayerPlot {
     pub subtitle: Vec<String>,
     /// The probed position drawn.
     pub query_pos: usize,
-    /// The CSA layers with rows, ascending.
+    /// The CSA layers with rows (DeepSeek-V4.1: the index sources), ascending.
     pub layers: Vec<usize>,
+    /// DeepSeek-V4.1: each layer's stage (`None` on V4), ticked as `6 cand` (the candidate
+    /// source) and `8 reidx` (ranked inside its kept blocks).
+    pub stages: Vec<Option<crate::record::stage::LayerStage>>,
     /// One per scored profile, the driving one first.
     pub series: Vec<ProfileSeries>,
     /// Profiles with equal ranks on every layer: groups of two or more, in series order.
@@ -186,7 +189,7 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let order = |name: &str| IndexProfile::ALL.iter().position(|p| p.name() == name);
+    let order = |name: &str| IndexProfile::EVERY.iter().position(|p| p.name() == name);
     profiles
         .sort_by_key(|(driving, name)| (!driving, order(name).unwrap_or(usize::MAX), name.clone()));
     profiles.dedup_by(|a, b| a.1 == b.1);
@@ -230,8 +233,16 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
     let max_rank = rows.iter().filter_map(|r| r.needle_rank).max().unwrap_or(1);
     let top = rank_axis_top((max_rank.max(visible).max(*topks.last().unwrap_or(&1))) as f64);
 
+    let stages: Vec<Option<crate::record::stage::LayerStage>> = layers
+        .iter()
+        .map(|&l| rows.iter().find(|r| r.layer == l).and_then(|r| r.stage))
+        .collect();
+    let word = match stages.iter().any(Option::is_some) {
+        true => "index",
+        false => "CSA",
+    };
     let title = format!(
-        "Needle rank per CSA layer: {} tokens, depth {}%",
+        "Needle rank per {word} layer: {} tokens, depth {}%",
         format_tokens(cell.target_tokens),
         cell.depth_pct
     );
@@ -254,6 +265,7 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
         subtitle: sub,
         query_pos: pos,
         layers,
+        stages,
         series,
         identical,
         needles,
@@ -324,8 +336,14 @@ fn layer_ticks(plot: &LayerPlot) -> Vec<LayerTick> {
     let all: Vec<LayerTick> = plot
         .layers
         .iter()
-        .map(|&layer| {
-            let label = layer.to_string();
+        .zip(&plot.stages)
+        .map(|(&layer, stage)| {
+            use crate::record::stage::LayerStage;
+            let label = match stage {
+                Some(LayerStage::CandidateSource) => format!("{layer} cand"),
+                Some(LayerStage::Reindex) => format!("{layer} reidx"),
+                _ => layer.to_string(),
+            };
             LayerTick {
                 layer,
                 x_px: plot.x_px(layer as f64),
@@ -447,10 +465,16 @@ pub(crate) fn render(
         .configure_mesh()
         .x_label_formatter(&tick_label)
         .y_label_formatter(&rank_label)
-        .x_desc(format!(
-            "model layer, CSA layers only (query position {}, the last prompt token)",
-            plot.query_pos
-        ))
+        .x_desc(match plot.stages.iter().any(Option::is_some) {
+            false => format!(
+                "model layer, CSA layers only (query position {}, the last prompt token)",
+                plot.query_pos
+            ),
+            true => format!(
+                "index sources (cand: candidate source, reidx: inside its blocks), query {}",
+                plot.query_pos
+            ),
+        })
         .y_desc("needle rank (log scale, 1 = best, at bottom)")
         .label_style((FONT, LABEL_PX))
         .axis_desc_style((FONT, AXIS_PX))

@@ -258,8 +258,8 @@ pub(crate) fn canvas<'a>(
     Ok((root, body))
 }
 
-/// Colours of the index profiles, in [`IndexProfile::ALL`] order, then one for a name outside
-/// it (colour-blind-friendly Tableau order without its grey: grey means a top-k cut-off line
+/// Colours of the index profiles, in [`IndexProfile::EVERY`] order (the last shared with a name
+/// outside it; colour-blind-friendly Tableau order without its grey: grey means a top-k cut-off line
 /// or a trivial heatmap tile).
 const PROFILE_COLOURS: [RGBColor; 9] = [
     RGBColor(31, 119, 180),
@@ -274,9 +274,9 @@ const PROFILE_COLOURS: [RGBColor; 9] = [
 ];
 
 /// The colour of index profile `name` in every plot (fp8 is orange in the layer plots and in
-/// rank_vs_length.png alike); fixed by its position in [`IndexProfile::ALL`], never grey.
+/// rank_vs_length.png alike); fixed by its position in [`IndexProfile::EVERY`], never grey.
 pub fn profile_colour(name: &str) -> RGBColor {
-    let i = IndexProfile::ALL
+    let i = IndexProfile::EVERY
         .iter()
         .position(|p| p.name() == name)
         .unwrap_or(PROFILE_COLOURS.len() - 1);

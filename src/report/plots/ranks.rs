@@ -65,7 +65,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     }
     let rank_of = |key: &(String, usize)| {
         let g = series[key][0];
-        let p = IndexProfile::ALL.iter().position(|p| *p == g.index);
+        let p = IndexProfile::EVERY.iter().position(|p| *p == g.index);
         (p, g.kv.name(), key.1)
     };
     let mut order: Vec<(String, usize)> = series.keys().cloned().collect();
@@ -101,7 +101,7 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
     let top = rank_axis_top(worst.max(*topks.last().unwrap_or(&1)) as f64);
 
     let mut profiles: Vec<IndexProfile> = groups.iter().map(|g| g.index).collect();
-    profiles.sort_by_key(|p| IndexProfile::ALL.iter().position(|q| q == p));
+    profiles.sort_by_key(|p| IndexProfile::EVERY.iter().position(|q| q == p));
     profiles.dedup();
     let names: Vec<&str> = profiles.iter().map(|p| p.name()).collect();
     let ks: Vec<String> = topks.iter().map(|k| k.to_string()).collect();

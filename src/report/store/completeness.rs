@@ -158,6 +158,7 @@ mod tests {
             margin: Some(0.5),
             selected: true,
             trivial: false,
+            ..Default::default()
         }
     }
 

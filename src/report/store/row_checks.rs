@@ -64,7 +64,12 @@ impl RowCheck for CellRecord {
     }
 }
 
+/// A layers.csv written before DeepSeek-V4.1's stage columns is read with them empty.
 impl RowCheck for LayerRecord {
+    fn older_columns() -> Option<&'static [&'static str]> {
+        Some(crate::record::LAYERS_COLUMNS_BEFORE_STAGE)
+    }
+
     fn inconsistency(&self) -> Option<Inconsistency> {
         let r = self;
         if r.needle_rows > r.visible_rows {
@@ -126,8 +131,13 @@ impl RowCheck for LayerRecord {
 impl RowCheck for AttentionRecord {
     fn inconsistency(&self) -> Option<Inconsistency> {
         let a = self;
-        if !["swa", "csa", "hca"].contains(&a.layer_type.as_str()) {
-            return wrong("layer_type", "swa, csa or hca".into(), &a.layer_type);
+        // V4's three kinds and DeepSeek-V4.1's ratio-2 and ratio-1 layers.
+        if !["swa", "csa", "hca", "csa2", "csa1"].contains(&a.layer_type.as_str()) {
+            return wrong(
+                "layer_type",
+                "swa, csa or hca (csa2 or csa1 on DeepSeek-V4.1)".into(),
+                &a.layer_type,
+            );
         }
         for (field, mass) in [
             ("needle_mass_mean", a.needle_mass_mean),

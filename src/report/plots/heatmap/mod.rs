@@ -71,7 +71,7 @@ pub(crate) fn render(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf
     let kvs: BTreeSet<&str> = keys.iter().map(|k| k.1).collect();
     let mut out = Vec::new();
     for (p, kv, topk) in keys {
-        let index = IndexProfile::ALL[p];
+        let index = IndexProfile::EVERY[p];
         let cells: Vec<&CellRecord> = records
             .cells
             .iter()
@@ -165,7 +165,10 @@ fn render_engine(records: &RunRecords, out_dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn order(p: IndexProfile) -> usize {
-    IndexProfile::ALL.iter().position(|q| *q == p).unwrap_or(0)
+    IndexProfile::EVERY
+        .iter()
+        .position(|q| *q == p)
+        .unwrap_or(0)
 }
 
 /// A category axis: category i spans `[i, i+1]` of an f64 axis over `[0, n]`, and the tick
