@@ -77,6 +77,11 @@ fn probe_json_has_design_fields_and_ranks_agree_with_selection() {
         "margin",
         "selected",
         "trivial",
+        "stage",
+        "block_rank",
+        "block_kept",
+        "unconstrained_rank",
+        "stage_verdict",
     ];
     for run in runs {
         assert!(

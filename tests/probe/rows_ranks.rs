@@ -283,11 +283,11 @@ fn layer_record_serialises_with_exactly_the_layers_csv_fields() {
     let mut lines = text.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "cell_id,layer,query_pos,phase,profile,driving,needle,visible_rows,needle_rows,needle_rank,rank_ties,needle_score,kth_score,margin,selected,trivial"
+        "cell_id,layer,query_pos,phase,profile,driving,needle,visible_rows,needle_rows,needle_rank,rank_ties,needle_score,kth_score,margin,selected,trivial,stage,block_rank,block_kept,unconstrained_rank,stage_verdict"
     );
     assert_eq!(
         lines.next().unwrap(),
-        "16k-40-fp8-512,7,16383,prompt,fp8,true,0,2,1,2,0,0.25,,,true,true"
+        "16k-40-fp8-512,7,16383,prompt,fp8,true,0,2,1,2,0,0.25,,,true,true,,,,,"
     );
 }
 
