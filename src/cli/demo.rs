@@ -140,6 +140,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         chunk: 4096,
         haystack_file: None,
         engine: None,
+        candidate_blocks: None,
     };
     clear_previous_report(&args.out)?;
     let started = std::time::Instant::now();

@@ -39,13 +39,8 @@ pub struct SweepArgs {
     )]
     pub depths: DepthList,
 
-    /// Driving index profiles, comma list: exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k
-    #[arg(
-        long,
-        value_name = "PROFILES",
-        value_delimiter = ',',
-        default_value = "fp8"
-    )]
+    /// Driving index profiles, comma list: exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k; on DeepSeek-V4.1 exact, bf16-qk, v41-fp4, vllm-fp8 [default: fp8; v41-fp4 on DeepSeek-V4.1]
+    #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub index: Vec<IndexProfile>,
 
     /// Extra profiles scored on the same hidden states (free counterfactuals), comma list; the
@@ -58,9 +53,13 @@ pub struct SweepArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_delimiter = ',', value_parser = parse_positive)]
     pub topk: Vec<usize>,
 
-    /// Main KV rounding: exact or fp8
-    #[arg(long, value_name = "MODE", default_value = "fp8")]
-    pub kv: KvMode,
+    /// Main KV rounding: exact or fp8; on DeepSeek-V4.1 exact or release [default: fp8; release on DeepSeek-V4.1]
+    #[arg(long, value_name = "MODE")]
+    pub kv: Option<KvMode>,
+
+    /// DeepSeek-V4.1 only: blocks the candidate stage keeps per query, for every cell [default: the config's candidate_topk_blocks]
+    #[arg(long, allow_negative_numbers = true, value_name = "BLOCKS", value_parser = parse_positive)]
+    pub candidate_blocks: Option<usize>,
 
     /// Prompts per cell (different haystack seeds)
     #[arg(long, allow_negative_numbers = true, value_name = "N", value_parser = parse_positive, default_value = "1")]
@@ -112,20 +111,24 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
              is not the config's index_topk)"
         );
     }
-    let cfg = crate::config::ModelConfig::load(&args.model)?;
+    let config_topk = match crate::config::load_any(&args.model)? {
+        crate::config::ModelDescription::V4(cfg) => cfg.index_topk,
+        crate::config::ModelDescription::V41(cfg) => cfg.text.index_topk,
+    };
+    let (index, kv) = super::family_defaults(&args.model, &args.index, args.kv);
     let plan = SweepPlan {
         scenario: args.scenario.clone(),
         lengths: args.lengths.clone(),
         depths: args.depths.0.clone(),
-        indexes: args.index.clone(),
+        indexes: index,
         compare: args.compare.clone(),
         topks: match (&args.engine.engine, args.topk.is_empty()) {
             // The engine's K is the top-k (checked against each capture).
-            (Some(_), _) => vec![args.engine.engine_topk.unwrap_or(cfg.index_topk)],
-            (None, true) => vec![cfg.index_topk],
+            (Some(_), _) => vec![args.engine.engine_topk.unwrap_or(config_topk)],
+            (None, true) => vec![config_topk],
             (None, false) => args.topk.clone(),
         },
-        kv: args.kv,
+        kv,
         samples: args.samples,
         seed: args.seed,
         generate: args.generate,
@@ -140,6 +143,7 @@ pub fn run(args: &SweepArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 timeout: std::time::Duration::from_secs(args.engine.engine_timeout as u64),
                 topk: args.engine.engine_topk,
             }),
+        candidate_blocks: args.candidate_blocks,
     };
     let dir = match &args.out {
         Some(d) => d.clone(),

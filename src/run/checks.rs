@@ -1,9 +1,9 @@
 //! Checks of a run's arguments that hold whatever command asks for the run (probe, sweep,
 //! trace, bench and a sweep's plan on resume): no value listed twice, no top-k past the
-//! model's rows, the positions a prompt takes.
+//! model's rows, the positions a prompt takes, DeepSeek-V4.1's profiles and KV rounding.
 
 use crate::config::ModelConfig;
-use crate::numerics::profiles::IndexProfile;
+use crate::numerics::profiles::{IndexProfile, KvMode};
 
 /// The positions a run of a `length`-token prompt generating `generate` tokens takes: the
 /// prompt's, then one per generated token but the last (which is never fed back).
@@ -62,6 +62,41 @@ pub fn refuse_topk_past_rows(
         );
     }
     Ok(())
+}
+
+/// Refuses profiles and a KV rounding DeepSeek-V4.1 does not have, naming the flag (probe and
+/// sweep).
+pub fn refuse_non_v41_numerics(
+    indexes: &[IndexProfile],
+    compare: &[IndexProfile],
+    kv: KvMode,
+) -> anyhow::Result<()> {
+    for (flag, profiles) in [("--index", indexes), ("--compare", compare)] {
+        if let Some(p) = profiles.iter().find(|p| !IndexProfile::V41.contains(p)) {
+            anyhow::bail!(
+                "{flag} {p}: DeepSeek-V4.1 rotates neither index queries nor keys; expected a \
+                 profile without a Hadamard rotation ({})",
+                names(&IndexProfile::V41)
+            );
+        }
+    }
+    if !KvMode::V41.contains(&kv) {
+        anyhow::bail!(
+            "--kv {}: expected exact or release on DeepSeek-V4.1 (fp8 is DeepSeek-V4's rounding \
+             of 448 nope dims in blocks of 64)",
+            kv
+        );
+    }
+    Ok(())
+}
+
+/// Profile names, comma-separated.
+fn names(profiles: &[IndexProfile]) -> String {
+    profiles
+        .iter()
+        .map(|p| p.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

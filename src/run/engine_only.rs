@@ -129,7 +129,14 @@ pub fn run_engine_only_sweep(
     let tok = super::target::load_tokenizer(model_dir, &cfg)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     let finished_hint = crate::report::store::finished_cell_ids(out_dir);
-    check_plan(plan, &tok, &scenario, &cfg, &finished_hint)?;
+    crate::run::checks::refuse_topk_past_rows("--topk", &plan.topks, &cfg)?;
+    check_plan(
+        plan,
+        &tok,
+        &scenario,
+        &crate::run::sweep::GridModel::v4(&cfg),
+        &finished_hint,
+    )?;
     let marks = model_marks(model_dir);
     let info = RunInfo::new(
         model_dir.display().to_string(),

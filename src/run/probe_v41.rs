@@ -19,7 +19,6 @@ use super::prompt::PromptSource;
 use super::target::model_marks;
 use crate::checkpoint::Checkpoint;
 use crate::model::v41::{ModelV41, V41Options};
-use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::chat::ChatFormat;
 use crate::probe::session::{run_probe, ProbeInputs, ProbeOptions, StopCheck};
 use crate::record::BackendRecord;
@@ -42,22 +41,7 @@ pub fn run_v41(plan: &ProbePlan) -> anyhow::Result<LocalProbe> {
             plan.device.device
         );
     }
-    for (flag, profiles) in [("--index", &plan.indexes), ("--compare", &plan.compare)] {
-        if let Some(p) = profiles.iter().find(|p| !IndexProfile::V41.contains(p)) {
-            anyhow::bail!(
-                "{flag} {p}: DeepSeek-V4.1 rotates neither index queries nor keys; expected a \
-                 profile without a Hadamard rotation ({})",
-                names(&IndexProfile::V41)
-            );
-        }
-    }
-    if !KvMode::V41.contains(&plan.kv) {
-        anyhow::bail!(
-            "--kv {}: expected exact or release on DeepSeek-V4.1 (fp8 is DeepSeek-V4's rounding \
-             of 448 nope dims in blocks of 64)",
-            plan.kv
-        );
-    }
+    super::checks::refuse_non_v41_numerics(&plan.indexes, &plan.compare, plan.kv)?;
     let ckpt = Checkpoint::open_v41(plan.model)?;
     let cfg = ckpt.config().clone();
     let t = &cfg.text;
@@ -171,13 +155,4 @@ pub fn run_v41(plan: &ProbePlan) -> anyhow::Result<LocalProbe> {
         target_tokens,
         out_dir: plan.out.map(Path::to_path_buf),
     })
-}
-
-/// Profile names, comma-separated.
-fn names(profiles: &[IndexProfile]) -> String {
-    profiles
-        .iter()
-        .map(|p| p.name())
-        .collect::<Vec<_>>()
-        .join(", ")
 }

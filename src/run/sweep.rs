@@ -32,11 +32,10 @@
 //! ([`super::target::ModelMarks::judges_answers`]).
 
 use crate::backend::Backend;
-use crate::config::ModelConfig;
 use crate::devices::placement::Workload;
 use crate::model::forward::{Model, ModelOptions};
 use crate::numerics::profiles::{IndexProfile, KvMode};
-use crate::probe::session::{run_probe, ProbeInputs, ProbeOptions, StopCheck};
+use crate::probe::session::{run_probe, ProbeInputs, ProbeModel, ProbeOptions, StopCheck};
 use crate::probe::{NeedlePrompt, Scenario};
 use crate::record::verdict::CellVerdict;
 use crate::record::ProbeRun;
@@ -82,6 +81,33 @@ pub struct SweepPlan {
         serialize_with = "engine_kind"
     )]
     pub engine: Option<SweepEngine>,
+    /// DeepSeek-V4.1's `--candidate-blocks` what-if; recorded only when given, refused on V4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_blocks: Option<usize>,
+}
+
+/// What a sweep needs to know of its model, whichever family it is.
+#[derive(Clone, Debug)]
+pub struct GridModel {
+    pub max_positions: usize,
+    /// The config's `index_topk`.
+    pub config_topk: usize,
+    /// The layers that run their own indexer (a serving engine's capture is checked on them).
+    pub indexed_layers: Vec<usize>,
+    /// The chat format of the model's release.
+    pub format: crate::probe::chat::ChatFormat,
+}
+
+impl GridModel {
+    /// A DeepSeek-V4 model's.
+    pub fn v4(cfg: &crate::config::ModelConfig) -> Self {
+        GridModel {
+            max_positions: cfg.max_position_embeddings,
+            config_topk: cfg.index_topk,
+            indexed_layers: cfg.layer_roles().indexed_layers(),
+            format: crate::probe::chat::ChatFormat::V4,
+        }
+    }
 }
 
 /// The serving engine of a sweep.
@@ -131,21 +157,22 @@ mod check {
     //! readable): list flags without repeats, lengths within the model's positions, and every
     //! prompt of the grid built once, so that no cell can fail midway.
 
-    use super::SweepPlan;
-    use crate::config::ModelConfig;
-    use crate::probe::{build_prompt, NeedlePrompt, Scenario};
+    use super::{GridModel, SweepPlan};
+    use crate::probe::prompt::{build_prompt_for, NeedleCount, PromptSpec};
+    use crate::probe::{NeedlePrompt, Scenario};
     use crate::record::cell_id_base;
     use crate::tokenizer::V4Tokenizer;
     use std::collections::HashSet;
 
     /// Refuses, before anything runs or is written, a plan that would fail or repeat cells midway:
     /// a value given twice in a list flag, a length (plus `--generate`) past the model's
-    /// positions, or any prompt of the grid that cannot be built (all are built here).
+    /// positions, or any prompt of the grid that cannot be built (all are built here). (A
+    /// top-k past the model's rows is refused by the caller, per family.)
     pub fn check_plan(
         plan: &SweepPlan,
         tok: &V4Tokenizer,
         scenario: &Scenario,
-        cfg: &ModelConfig,
+        model: &GridModel,
         finished: &HashSet<String>,
     ) -> anyhow::Result<()> {
         use crate::run::checks::refuse_duplicates;
@@ -154,8 +181,7 @@ mod check {
         refuse_duplicates("--index", &plan.indexes, |p| p.name())?;
         refuse_duplicates("--compare", &plan.compare, |p| p.name())?;
         refuse_duplicates("--topk", &plan.topks, |&k| k)?;
-        crate::run::checks::refuse_topk_past_rows("--topk", &plan.topks, cfg)?;
-        let max = cfg.max_position_embeddings;
+        let max = model.max_positions;
         for &length in &plan.lengths {
             let taken = crate::run::checks::positions_taken(length, plan.generate);
             if taken > max {
@@ -166,7 +192,7 @@ mod check {
                 );
             }
         }
-        check_prompts(plan, tok, scenario, max, finished)
+        check_prompts(plan, tok, scenario, model, finished)
     }
 
     /// Builds every prompt of the grid that still has a cell to run (each length, depth and
@@ -178,7 +204,7 @@ mod check {
         plan: &SweepPlan,
         tok: &V4Tokenizer,
         scenario: &Scenario,
-        max_positions: usize,
+        model: &GridModel,
         finished: &HashSet<String>,
     ) -> anyhow::Result<()> {
         use rayon::prelude::*;
@@ -210,7 +236,7 @@ mod check {
             .par_iter()
             .map(|&(length, depth, sample)| {
                 let seed = plan.seed.wrapping_add(sample as u64);
-                let built = sweep_prompt(tok, scenario, length, depth, seed, max_positions);
+                let built = sweep_prompt(tok, scenario, model, (length, depth, seed));
                 bar.inc(1);
                 built.err().map(|e| {
                     let samples = if plan.samples > 1 {
@@ -231,16 +257,24 @@ mod check {
         }
     }
 
-    /// [`build_prompt`] for a sweep cell: a length error names `--lengths`.
+    /// The prompt of a sweep cell in the model's chat format: a length error names
+    /// `--lengths`.
     pub(super) fn sweep_prompt(
         tok: &V4Tokenizer,
         scenario: &Scenario,
-        length: usize,
-        depth: f64,
-        seed: u64,
-        max_positions: usize,
+        model: &GridModel,
+        (length, depth, seed): (usize, f64, u64),
     ) -> anyhow::Result<NeedlePrompt> {
-        build_prompt(tok, scenario, length, depth, seed, max_positions).map_err(|e| {
+        let spec = PromptSpec {
+            scenario,
+            format: model.format,
+            target_tokens: length,
+            depth_pct: depth,
+            seed,
+            max_positions: model.max_positions,
+            needles: NeedleCount::default(),
+        };
+        build_prompt_for(&spec, tok).map_err(|e| {
             let msg = e.to_string();
             match msg.strip_prefix("--length ") {
                 Some(rest) => anyhow::anyhow!("--lengths {rest}"),
@@ -291,6 +325,147 @@ pub fn run_sweep_locked(
     sweep_into(model_dir, plan, lock.dir(), Some(lock), device, out)
 }
 
+/// A sweep's model, opened and checked, not loaded yet.
+enum Opened {
+    /// DeepSeek-V4 on the backend `--device` chose.
+    V4 {
+        ckpt: Box<crate::checkpoint::Checkpoint>,
+        target: Box<Target>,
+    },
+    /// DeepSeek-V4.1 on the CPU reference.
+    V41 {
+        ckpt: Box<crate::checkpoint::Checkpoint<crate::config::V41Config>>,
+        chunk: usize,
+    },
+}
+
+/// Opens the model of a sweep, its tokenizer and what the grid needs of it; the device is
+/// decided (and the layers placed) for a V4 model, a V4.1 model runs on the CPU reference.
+fn open(
+    model_dir: &Path,
+    plan: &SweepPlan,
+    device: &DeviceChoice,
+) -> anyhow::Result<(Opened, V4Tokenizer, GridModel, String)> {
+    let v41 = matches!(
+        crate::config::load_any(model_dir),
+        Ok(crate::config::ModelDescription::V41(_))
+    );
+    if v41 {
+        if plan.engine.is_some() {
+            anyhow::bail!(
+                "--engine: needlescope does not read a serving engine's DeepSeek-V4.1 selections \
+                 yet (its two-level selection has no capture format here)"
+            );
+        }
+        if !matches!(
+            device.device,
+            super::device::DeviceSpec::Cpu | super::device::DeviceSpec::Auto
+        ) {
+            anyhow::bail!(
+                "--device {}: DeepSeek-V4.1 runs on the CPU reference only for now (--device \
+                 cpu or auto); its CUDA backend is a later issue",
+                device.device
+            );
+        }
+        super::checks::refuse_non_v41_numerics(&plan.indexes, &plan.compare, plan.kv)?;
+        let ckpt = crate::checkpoint::Checkpoint::open_v41(model_dir)?;
+        let cfg = ckpt.config().clone();
+        let t = &cfg.text;
+        if let Some(&k) = plan.topks.iter().find(|&&k| k > t.max_position_embeddings) {
+            anyhow::bail!(
+                "--topk {k}: expected at most the model's max_position_embeddings ({})",
+                t.max_position_embeddings
+            );
+        }
+        let tok = super::trace_v41::load_tokenizer_v41(model_dir, &cfg)?;
+        let model = GridModel {
+            max_positions: t.max_position_embeddings,
+            config_topk: t.index_topk,
+            indexed_layers: cfg.layer_roles().indexed_layers(),
+            format: crate::probe::chat::ChatFormat::V41,
+        };
+        let chunk = match plan.chunk {
+            0 => crate::devices::placement::CPU_AUTO_CHUNK,
+            c => c,
+        };
+        let hash = format!("sha256:{}", cfg.hash_hex());
+        let opened = Opened::V41 {
+            ckpt: Box::new(ckpt),
+            chunk,
+        };
+        return Ok((opened, tok, model, hash));
+    }
+    if let Some(blocks) = plan.candidate_blocks {
+        anyhow::bail!(
+            "--candidate-blocks {blocks}: a DeepSeek-V4.1 what-if (its candidate stage); {} is \
+             not a DeepSeek-V4.1 model",
+            model_dir.display()
+        );
+    }
+    let ckpt = crate::run::target::open_model(model_dir)?;
+    let cfg = ckpt.config().clone();
+    cfg.require_csa_layer(&model_dir.join("config.json"))?;
+    crate::run::checks::refuse_topk_past_rows("--topk", &plan.topks, &cfg)?;
+    let work = Workload {
+        context: plan.lengths.iter().copied().max().unwrap_or(0) + plan.generate,
+        chunk: plan.chunk,
+        topk: plan.topks.iter().copied().max().unwrap_or(cfg.index_topk),
+    };
+    let tok = crate::run::target::load_tokenizer(model_dir, &cfg)?;
+    let model = GridModel::v4(&cfg);
+    let target = Target::prepare(device, &ckpt, &work)?;
+    let opened = Opened::V4 {
+        ckpt: Box::new(ckpt),
+        target: Box::new(target),
+    };
+    Ok((opened, tok, model, config_hash(&cfg)))
+}
+
+impl Opened {
+    fn chunk(&self) -> usize {
+        match self {
+            Opened::V4 { target, .. } => target.chunk(),
+            Opened::V41 { chunk, .. } => *chunk,
+        }
+    }
+
+    fn backend(&self) -> crate::record::BackendRecord {
+        match self {
+            Opened::V4 { target, .. } => target.record(),
+            Opened::V41 { .. } => crate::record::BackendRecord::cpu(),
+        }
+    }
+
+    fn fingerprint(&self) -> String {
+        match self {
+            Opened::V4 { ckpt, .. } => ckpt.fingerprint(),
+            Opened::V41 { ckpt, .. } => ckpt.fingerprint(),
+        }
+    }
+
+    /// Loads the model and runs the grid on it.
+    fn run(self, task: SweepTask<'_>) -> anyhow::Result<(usize, usize)> {
+        match self {
+            Opened::V4 { ckpt, target } => target.run(&ckpt, ModelOptions::default(), task),
+            Opened::V41 { ckpt, chunk } => {
+                let plan = task.plan;
+                let mut model = crate::model::v41::ModelV41::load(
+                    &ckpt,
+                    task.tok,
+                    crate::model::v41::V41Options {
+                        index: plan.indexes[0],
+                        kv: plan.kv,
+                        topk: plan.topks.first().copied(),
+                        candidate_blocks: plan.candidate_blocks,
+                        chunk,
+                    },
+                )?;
+                task.run_grid(&mut model)
+            }
+        }
+    }
+}
+
 fn sweep_into(
     model_dir: &Path,
     plan: &SweepPlan,
@@ -299,19 +474,11 @@ fn sweep_into(
     device: &DeviceChoice,
     out: &mut dyn Write,
 ) -> anyhow::Result<SweepOutcome> {
-    let ckpt = crate::run::target::open_model(model_dir)?;
-    let cfg = ckpt.config().clone();
-    cfg.require_csa_layer(&model_dir.join("config.json"))?;
-    let work = Workload {
-        context: plan.lengths.iter().copied().max().unwrap_or(0) + plan.generate,
-        chunk: plan.chunk,
-        topk: plan.topks.iter().copied().max().unwrap_or(cfg.index_topk),
-    };
-    let tok = crate::run::target::load_tokenizer(model_dir, &cfg)?;
+    let (opened, tok, model, hash) = open(model_dir, plan, device)?;
     let scenario = Scenario::load_with(&plan.scenario, plan.haystack_file.as_deref())?;
     // Prompts of cells already finished (a resume) need no check.
     let finished = crate::report::store::finished_cell_ids(out_dir);
-    check_plan(plan, &tok, &scenario, &cfg, &finished)?;
+    check_plan(plan, &tok, &scenario, &model, &finished)?;
     if let Some(note) = scenario.competing_answers_note() {
         writeln!(out, "note: {note}")?;
     }
@@ -325,21 +492,20 @@ fn sweep_into(
     if let Some(note) = crate::run::checks::compare_of_index_note(&plan.indexes, &plan.compare) {
         writeln!(out, "note: {note}")?;
     }
-    let target = Target::prepare(device, &ckpt, &work)?;
     // `--chunk auto` resolved with the backend (the chunk is not part of the results).
     let plan = &SweepPlan {
-        chunk: target.chunk(),
+        chunk: opened.chunk(),
         ..plan.clone()
     };
     let info = RunInfo::new(
         model_dir.display().to_string(),
-        config_hash(&cfg),
+        hash,
         scenario.name.clone(),
         marks.synthetic,
         serde_json::to_value(plan)?,
     )
-    .with_fingerprints(ckpt.fingerprint(), scenario.fingerprint()?)
-    .with_backend(target.record());
+    .with_fingerprints(opened.fingerprint(), scenario.fingerprint()?)
+    .with_backend(opened.backend());
     let (run_dir, finished) = match lock {
         Some(lock) => RunDir::create_or_resume_locked(lock.clone(), info)?,
         None => RunDir::create_or_resume(out_dir, info)?,
@@ -377,7 +543,7 @@ fn sweep_into(
     let task = SweepTask {
         plan,
         grid_indexes,
-        cfg: &cfg,
+        model: &model,
         tok: &tok,
         scenario: &scenario,
         judge_by_answer: marks.judges_answers(plan.generate),
@@ -391,7 +557,7 @@ fn sweep_into(
         total,
         out,
     };
-    let (cells_run, cells_skipped) = target.run(&ckpt, ModelOptions::default(), task)?;
+    let (cells_run, cells_skipped) = opened.run(task)?;
     resumable.rendering();
     Ok(SweepOutcome {
         dir: out_dir.to_path_buf(),
@@ -417,7 +583,7 @@ struct SweepTask<'a> {
     plan: &'a SweepPlan,
     /// run.json's `indexes` (the plan's, or more when the grid grew): scored on every cell.
     grid_indexes: Vec<IndexProfile>,
-    cfg: &'a ModelConfig,
+    model: &'a GridModel,
     tok: &'a V4Tokenizer,
     scenario: &'a Scenario,
     judge_by_answer: bool,
@@ -430,7 +596,14 @@ struct SweepTask<'a> {
 impl ModelTask for SweepTask<'_> {
     type Output = (usize, usize);
 
-    fn run<B: Backend>(mut self, model: &mut Model<B>) -> anyhow::Result<(usize, usize)> {
+    fn run<B: Backend>(self, model: &mut Model<B>) -> anyhow::Result<(usize, usize)> {
+        self.run_grid(model)
+    }
+}
+
+impl SweepTask<'_> {
+    /// The grid on a loaded model of either family and any backend.
+    fn run_grid<M: ProbeModel>(mut self, model: &mut M) -> anyhow::Result<(usize, usize)> {
         // Drawn once the model is loaded (its own bar is gone then).
         self.bars.show();
         let plan = self.plan;
@@ -458,14 +631,8 @@ impl ModelTask for SweepTask<'_> {
                     if todo.is_empty() {
                         continue;
                     }
-                    let prompt = sweep_prompt(
-                        self.tok,
-                        self.scenario,
-                        length,
-                        depth,
-                        seed,
-                        self.cfg.max_position_embeddings,
-                    )?;
+                    let prompt =
+                        sweep_prompt(self.tok, self.scenario, self.model, (length, depth, seed))?;
                     let grid_prompt = GridPrompt {
                         capture: self.engine_capture(&prompt)?,
                         prompt: &prompt,
@@ -483,9 +650,7 @@ impl ModelTask for SweepTask<'_> {
         self.bars.cells.finish_and_clear();
         Ok((run_count, skipped))
     }
-}
 
-impl SweepTask<'_> {
     /// Ends the sweep with [`Interrupted`](crate::run::interrupt::Interrupted) when Ctrl-C asked
     /// for it and cells remain (checked after each committed cell, so the cell in flight at
     /// the press, its prompt building included, is finished first).
@@ -538,8 +703,8 @@ impl SweepTask<'_> {
         let expect = crate::probe::capture::CaptureExpect {
             source: e.url.clone(),
             prompt_tokens: prompt.tokens.len(),
-            csa_layers: self.cfg.layer_roles().indexed_layers(),
-            config_topk: self.cfg.index_topk,
+            csa_layers: self.model.indexed_layers.clone(),
+            config_topk: self.model.config_topk,
             engine_topk: e.topk,
             prompt_positions: Vec::new(),
         };
@@ -572,9 +737,9 @@ impl SweepTask<'_> {
 
     /// Runs one (index, top-k) combination of a prompt and commits its cell; returns the
     /// number of cells written.
-    fn cell<B: Backend>(
+    fn cell<M: ProbeModel>(
         &mut self,
-        model: &mut Model<B>,
+        model: &mut M,
         grid_prompt: &GridPrompt,
         index: IndexProfile,
         topk: usize,

@@ -570,27 +570,25 @@ fn commands_that_run_refuse_a_v41_checkpoint_naming_themselves() {
     let tokens = tmp.path().join("tokens.json");
     std::fs::write(&tokens, "[1, 2, 3]").unwrap();
     let trace_out = tmp.path().join("t.safetensors");
-    let sweep_out = tmp.path().join("sweep");
     let (tokens, trace_out) = (tokens.to_str().unwrap(), trace_out.to_str().unwrap());
-    for (command, args) in [
-        ("bench", vec!["bench", "--model", d, "--lengths", "256"]),
-        (
-            "sweep",
-            vec!["sweep", "--model", d, "--out", sweep_out.to_str().unwrap()],
-        ),
-    ] {
-        let r = run(&args).fails();
-        r.stderr_has(&[
-            &format!("needlescope {command} does not run DeepSeek-V4.1 checkpoints yet"),
+    // bench still runs DeepSeek-V4 only.
+    run(&["bench", "--model", d, "--lengths", "256"])
+        .fails()
+        .stderr_has(&[
+            "needlescope bench does not run DeepSeek-V4.1 checkpoints yet",
             &config,
             "DeepSeek-V4.1 (model_type deepseek_v41) is not supported by this command yet",
         ]);
-    }
-    // probe and trace run DeepSeek-V4.1 (tests/cli/probe_v41.rs, trace_v41.rs); a directory
-    // without weights is named.
+    // probe, sweep and trace run DeepSeek-V4.1 (tests/cli/probe_v41.rs, trace_v41.rs); a
+    // directory without weights is named, and nothing is written.
     run(&["probe", "--model", d, "--length", "512"])
         .fails()
         .stderr_has(&[d]);
+    let sweep_out = tmp.path().join("sweep");
+    run(&["sweep", "--model", d, "--out", sweep_out.to_str().unwrap()])
+        .fails()
+        .stderr_has(&[d]);
+    assert!(!sweep_out.exists(), "sweep wrote nothing");
     run(&[
         "trace", "--model", d, "--tokens", tokens, "--out", trace_out,
     ])

@@ -1,4 +1,5 @@
-//! `probe` on a DeepSeek-V4.1 checkpoint through the binary (run::probe_v41): every index
+//! `probe` and `sweep` on a DeepSeek-V4.1 checkpoint through the binary (run::probe_v41,
+//! run::sweep): every index
 //! source's records carry their stage, and the ranks they report are recomputed here from an
 //! independent `trace` of the same prompt (the scores each layer ranks, the unconstrained
 //! scores and the candidate blocks); `--out` writes a report directory whose layers.csv has the
@@ -335,6 +336,65 @@ fn probe_v41_refuses_what_it_cannot_run_by_name() {
         "300",
         "--candidate-blocks",
         "16",
+    ])
+    .fails()
+    .stderr_has(&["--candidate-blocks 16", "not a DeepSeek-V4.1 model"]);
+}
+
+#[test]
+fn sweep_v41_records_a_resumable_grid_with_the_stage_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = v41(tmp.path());
+    let dir = tmp.path().join("grid");
+    let sweep = |blocks: &str| {
+        run(&[
+            "sweep",
+            "--model",
+            &s(&model),
+            "--lengths",
+            "300,600",
+            "--depths",
+            "10,60",
+            "--candidate-blocks",
+            blocks,
+            "--chunk",
+            "128",
+            "--out",
+            &s(&dir),
+        ])
+    };
+    sweep("10")
+        .ok()
+        .stdout_has(&["4 cells run, 0 already finished", "v41-fp4"]);
+    let cells = std::fs::read_to_string(dir.join("cells.csv")).unwrap();
+    assert_eq!(cells.lines().count(), 5, "{cells}");
+    assert!(cells.contains(",v41-fp4,release,64,"), "{cells}");
+    let layers = std::fs::read_to_string(dir.join("layers.csv")).unwrap();
+    for stage in [",index,", ",candidate_source,", ",reindex,"] {
+        assert!(layers.contains(stage), "{stage}");
+    }
+    let info: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(info["sweep_args"]["candidate_blocks"], 10);
+    assert!(dir.join("heatmap_v41-fp4_64.png").exists());
+    // Resumed: nothing to run; another budget shapes other records and is refused.
+    sweep("10")
+        .ok()
+        .stdout_has(&["0 cells run, 4 already finished"]);
+    sweep("16").fails().stderr_has(&["candidate_blocks"]);
+    // DeepSeek-V4 has no candidate stage.
+    let tiny = tmp.path().join("tiny");
+    cli_support::synth_tiny(&tiny, &[]).ok();
+    run(&[
+        "sweep",
+        "--model",
+        &s(&tiny),
+        "--lengths",
+        "300",
+        "--candidate-blocks",
+        "16",
+        "--out",
+        &s(&tmp.path().join("v4grid")),
     ])
     .fails()
     .stderr_has(&["--candidate-blocks 16", "not a DeepSeek-V4.1 model"]);
