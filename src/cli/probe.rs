@@ -53,7 +53,7 @@ pub struct ProbeArgs {
     #[arg(long, allow_negative_numbers = true, value_name = "PCT", value_parser = parse_depth, default_value = "50")]
     pub depth: f64,
 
-    /// Driving index profiles, comma list (one run each): exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k; on DeepSeek-V4.1 exact, bf16-qk, v41-fp4, vllm-fp8 [default: fp8; v41-fp4 on DeepSeek-V4.1]
+    /// Driving index profiles, comma list (one run each): exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k; on DeepSeek-V4.1 exact, bf16-qk, v41-fp4, sglang-v41-fp4, vllm-fp8 [default: fp8; v41-fp4 on DeepSeek-V4.1]
     #[arg(long, value_name = "PROFILES", value_delimiter = ',')]
     pub index: Vec<IndexProfile>,
 

@@ -27,6 +27,8 @@ pub enum IndexProfile {
     Fp8NoHadamardK,
     #[serde(rename = "v41-fp4")]
     V41Fp4,
+    #[serde(rename = "sglang-v41-fp4")]
+    SglangV41Fp4,
 }
 
 impl IndexProfile {
@@ -44,7 +46,7 @@ impl IndexProfile {
 
     /// Every profile of either family: [`Self::ALL`] (DeepSeek-V4's, the order of reports) then
     /// the DeepSeek-V4.1-only ones.
-    pub const EVERY: [IndexProfile; 9] = [
+    pub const EVERY: [IndexProfile; 10] = [
         IndexProfile::Exact,
         IndexProfile::SglangFp8,
         IndexProfile::SglangBf16Keys,
@@ -54,14 +56,16 @@ impl IndexProfile {
         IndexProfile::VllmFp8,
         IndexProfile::Fp8NoHadamardK,
         IndexProfile::V41Fp4,
+        IndexProfile::SglangV41Fp4,
     ];
 
     /// The profiles of DeepSeek-V4.1, which rotates nothing: the un-rotated ones of [`Self::ALL`]
     /// and its release's own ([`IndexProfile::V41Fp4`]).
-    pub const V41: [IndexProfile; 4] = [
+    pub const V41: [IndexProfile; 5] = [
         IndexProfile::Exact,
         IndexProfile::Bf16Qk,
         IndexProfile::V41Fp4,
+        IndexProfile::SglangV41Fp4,
         IndexProfile::VllmFp8,
     ];
 
@@ -73,7 +77,7 @@ impl IndexProfile {
 
     /// Whether the profile models DeepSeek-V4.1's indexer only (a V4 model refuses it).
     pub fn v41_only(&self) -> bool {
-        *self == IndexProfile::V41Fp4
+        matches!(self, IndexProfile::V41Fp4 | IndexProfile::SglangV41Fp4)
     }
 
     /// Canonical name (CLI, CSV, JSON).
@@ -88,6 +92,7 @@ impl IndexProfile {
             IndexProfile::VllmFp8 => "vllm-fp8",
             IndexProfile::Fp8NoHadamardK => "fp8-no-hadamard-k",
             IndexProfile::V41Fp4 => "v41-fp4",
+            IndexProfile::SglangV41Fp4 => "sglang-v41-fp4",
         }
     }
 
@@ -108,6 +113,10 @@ impl IndexProfile {
                 "DeepSeek-V4.1 release: no Hadamard, e2m1 per 32 with power-of-two scales, bf16 \
                  scores"
             }
+            IndexProfile::SglangV41Fp4 => {
+                "SGLang on DeepSeek-V4.1: the release's e2m1, keys packed again with scale \
+                 floor 1e-4 (ties down), f32 scores"
+            }
         }
     }
 
@@ -119,6 +128,7 @@ impl IndexProfile {
                 | IndexProfile::Bf16Qk
                 | IndexProfile::VllmFp8
                 | IndexProfile::V41Fp4
+                | IndexProfile::SglangV41Fp4
         )
     }
 
@@ -166,7 +176,7 @@ impl FromStr for IndexProfile {
                 kind: "index profile",
                 given: s.to_string(),
                 valid: "exact, fp8 (sglang-fp8), bf16 (sglang-bf16-keys), bf16-qk, sglang-fp4, \
-                        official-fp4, vllm-fp8, fp8-no-hadamard-k; DeepSeek-V4.1: v41-fp4",
+                        official-fp4, vllm-fp8, fp8-no-hadamard-k; DeepSeek-V4.1: v41-fp4, sglang-v41-fp4",
             })
     }
 }

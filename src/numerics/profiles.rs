@@ -42,7 +42,8 @@
 use super::codecs::{bf16_round, bf16_round_slice};
 use super::hadamard::hadamard_inplace;
 use super::quant::{
-    fp4_sim_pow2_rne, fp4_sim_sglang, fp8_row_scale_fp32_inplace, fp8_row_scale_pow2_inplace,
+    fp4_pack_sglang_v41, fp4_sim_pow2_rne, fp4_sim_sglang, fp8_row_scale_fp32_inplace,
+    fp8_row_scale_pow2_inplace,
 };
 use rayon::prelude::*;
 
@@ -123,7 +124,9 @@ fn prepare_query_head(profile: IndexProfile, v: &mut [f32]) -> f32 {
             bf16_round_slice(v);
             fp8_row_scale_pow2_inplace(v)
         }
-        V41Fp4 => {
+        // SGLang's V4.1 query: the release's quantiser (DeepGEMM re-quantises it with the
+        // same scale, docs/spec/v41.md 5.8).
+        V41Fp4 | SglangV41Fp4 => {
             bf16_round_slice(v);
             fp4_sim_pow2_rne(v, INDEX_FP4_BLOCK);
             1.0
@@ -137,7 +140,7 @@ fn head_weight(profile: IndexProfile, w_raw: f32, s: f32, s_q: f32) -> f32 {
     match profile {
         Exact => w_raw * s,
         Bf16Qk | SglangFp4 => bf16_round(w_raw) * s,
-        OfficialFp4 | V41Fp4 => bf16_round(bf16_round(w_raw) * s),
+        OfficialFp4 | V41Fp4 | SglangV41Fp4 => bf16_round(bf16_round(w_raw) * s),
         SglangFp8 | SglangBf16Keys | Fp8NoHadamardK | VllmFp8 => (bf16_round(w_raw) * s) * s_q,
     }
 }
@@ -227,6 +230,13 @@ pub fn prepare_key_row(profile: IndexProfile, row: &[f32], out: &mut [f32]) -> f
         V41Fp4 => {
             bf16_round_slice(out);
             fp4_sim_pow2_rne(out, INDEX_FP4_BLOCK);
+            1.0
+        }
+        // The release's quantiser, then SGLang's pack into its FP4 pool.
+        SglangV41Fp4 => {
+            bf16_round_slice(out);
+            fp4_sim_pow2_rne(out, INDEX_FP4_BLOCK);
+            fp4_pack_sglang_v41(out, INDEX_FP4_BLOCK);
             1.0
         }
     }
@@ -520,6 +530,45 @@ mod tests {
         let got = score(IndexProfile::V41Fp4, &pq, &pk, 1.0);
         assert_eq!(got, bf16_round(by_hand));
         assert!(!IndexProfile::V41Fp4.rotates_query() && !IndexProfile::V41Fp4.rotates_key());
+    }
+
+    /// SGLang's V4.1 profile: the release's query and head weights, keys packed once more
+    /// (equal to the release's on normal magnitudes, coarser in a tiny block), f32 scores.
+    #[test]
+    fn sglang_v41_fp4_is_the_release_with_the_key_pack_and_f32_scores() {
+        let k: Vec<f32> = (0..64)
+            .map(|i| {
+                let v = ((i * 7 % 13) as f32 - 6.0) * 0.37;
+                if i >= 32 {
+                    v * 1e-5
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let q: Vec<f32> = (0..64)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.21)
+            .collect();
+        let w = [0.9f32];
+        let (ours, release) = (IndexProfile::SglangV41Fp4, IndexProfile::V41Fp4);
+        let pq = prepare_query(ours, &q, &w, 1, 64);
+        assert_eq!(pq, prepare_query(release, &q, &w, 1, 64));
+        let (mut pk, mut rk) = (vec![0.0; 64], vec![0.0; 64]);
+        assert_eq!(prepare_key_row(ours, &k, &mut pk), 1.0);
+        prepare_key_row(release, &k, &mut rk);
+        assert_eq!(
+            pk[..32],
+            rk[..32],
+            "a normal block is unchanged by the pack"
+        );
+        let mut want = rk[32..].to_vec();
+        fp4_pack_sglang_v41(&mut want, 32);
+        assert_eq!(pk[32..], want[..]);
+        assert_ne!(pk[32..], rk[32..], "the tiny block is coarser");
+        let d: f32 = pq.values.iter().zip(&pk).map(|(a, b)| a * b).sum();
+        assert_eq!(score(ours, &pq, &pk, 1.0), pq.weights[0] * relu(d));
+        assert!(!ours.bf16_scores() && !ours.rotates_query() && !ours.rotates_key());
+        assert!(ours.v41_only());
     }
 
     #[test]

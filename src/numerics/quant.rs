@@ -128,6 +128,21 @@ pub fn fp4_sim_sglang(x: &mut [f32], block: usize) {
     }
 }
 
+/// SGLang's pack of DeepSeek-V4.1 index keys into its FP4 pool (`fp4_indexer.py`, 64 bytes of
+/// e2m1 plus four UE8M0 scales per 128-wide row), in place, per block of `block`: the scale is
+/// the power of two at or above `max(amax / 6, 1e-4)` (the floor on `amax / 6`, not on amax as
+/// in [`fp4_sim_sglang`]), codes e2m1 with ties to the smaller magnitude. Applied after the
+/// release's quantiser ([`fp4_sim_pow2_rne`]) it changes only blocks whose amax is below
+/// `6e-4`, where the floor makes the scale coarser.
+pub fn fp4_pack_sglang_v41(x: &mut [f32], block: usize) {
+    for chunk in x.chunks_mut(block.max(1)) {
+        let s = pow2_ceil_bits((amax(chunk) / E2M1_MAX).max(FP8_AMAX_FLOOR));
+        for v in chunk.iter_mut() {
+            *v = e2m1_to_f32(f32_to_e2m1_sglang(*v / s)) * s;
+        }
+    }
+}
+
 /// SGLang's per-row (per-head) fp8 quantiser into `out`: returns the fp32 scale
 /// `fp32(max(amax, 1e-4) / 448)`; `out` holds the e4m3 values `e4m3(clamp(x · fp32(1/scale)))`
 /// (in units of the scale).
@@ -186,6 +201,32 @@ mod tests {
 
     fn p2(e: i32) -> f32 {
         2f32.powi(e)
+    }
+
+    /// SGLang's V4.1 key pack (`fp4_indexer.py`): a block of normal magnitude already on the
+    /// release's grid is unchanged; a tiny block gets the 1e-4 scale floor (here 2^-13 where the
+    /// release's quantiser used 2^-15) and ties round to the smaller magnitude (0.75 -> 0.5,
+    /// where ties-to-even would give 1.0).
+    #[test]
+    fn sglang_v41_pack_floors_the_scale_and_ties_down() {
+        let mut normal = [3.0f32, -1.5, 0.5, 0.0];
+        let before = normal;
+        fp4_pack_sglang_v41(&mut normal, 4);
+        assert_eq!(normal, before, "amax 3: scale 0.5, every value on the grid");
+        let s = p2(-13); // pow2_ceil(max(amax/6, 1e-4)) = pow2_ceil(1e-4) = 2^-13
+        let mut tiny = [0.75 * s, 2.5 * s, -1.25 * s, 0.2 * s];
+        fp4_pack_sglang_v41(&mut tiny, 4);
+        assert_eq!(tiny, [0.5 * s, 2.0 * s, -s, 0.0]);
+        // The release's quantiser keeps a finer scale there (floor 6 * 2^-126 on amax).
+        let mut release = [3.0 * p2(-15), p2(-15)];
+        fp4_sim_pow2_rne(&mut release, 2);
+        assert_eq!(release, [3.0 * p2(-15), p2(-15)]);
+        fp4_pack_sglang_v41(&mut release, 2);
+        assert_eq!(
+            release,
+            [0.5 * s, 0.0],
+            "coarser after the pack: 0.75 -> 0.5 (ties down), 0.25 -> 0"
+        );
     }
 
     #[test]

@@ -496,8 +496,12 @@ pub fn stage_clause(run: &ProbeRun, last_prompt_pos: usize) -> Option<String> {
         ));
     }
     if !below.is_empty() {
+        let (keep, rank) = match below.len() {
+            1 => ("keeps", "ranks"),
+            _ => ("keep", "rank"),
+        };
         parts.push(format!(
-            "reindex {} keep its block but rank it below top-{} inside the candidates \
+            "reindex {} {keep} its block but {rank} it below top-{} inside the candidates \
              (topk_miss)",
             plural("layer", &below, &list(&below)),
             run.topk

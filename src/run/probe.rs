@@ -212,6 +212,16 @@ pub fn run(plan: &ProbePlan) -> anyhow::Result<ProbeOutcome> {
         return run_engine_only(plan).map(|p| ProbeOutcome::EngineOnly(Box::new(p)));
     }
     plan.check_answer_judged()?;
+    if let Some((flag, p)) = [("--index", &plan.indexes), ("--compare", &plan.compare)]
+        .into_iter()
+        .find_map(|(flag, ps)| ps.iter().find(|p| p.v41_only()).map(|p| (flag, p)))
+    {
+        anyhow::bail!(
+            "{flag} {p}: a DeepSeek-V4.1 index profile; {} is a DeepSeek-V4 model (its profiles: \
+             exact, fp8, bf16, bf16-qk, sglang-fp4, official-fp4, vllm-fp8, fp8-no-hadamard-k)",
+            plan.model.display()
+        );
+    }
     if let Some(blocks) = plan.candidate_blocks {
         anyhow::bail!(
             "--candidate-blocks {blocks}: a DeepSeek-V4.1 what-if (its candidate stage); {} is \

@@ -23,7 +23,7 @@
 //! `backend`, `index_weight_scale`, `needlescope_version`) plus `family` (`deepseek_v41`) and
 //! `candidate_blocks`. V4.1 runs on the CPU reference only; `--prompt` renders with its own
 //! chat encoder (`probe::chat`, `ChatFormat::V41`); `--index` takes the profiles without a Hadamard rotation (exact,
-//! bf16-qk, v41-fp4, vllm-fp8), `--kv` exact or release.
+//! bf16-qk, v41-fp4, sglang-v41-fp4, vllm-fp8), `--kv` exact or release.
 
 use super::device::DeviceSpec;
 use super::trace::{

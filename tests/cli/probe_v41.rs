@@ -241,7 +241,7 @@ fn probe_v41_compares_profiles_through_their_own_candidate_stage_and_records_a_r
         (20, 16),
         &[
             "--compare",
-            "bf16-qk",
+            "bf16-qk,sglang-v41-fp4",
             "--topk",
             "64,128",
             "--out",
@@ -254,7 +254,7 @@ fn probe_v41_compares_profiles_through_their_own_candidate_stage_and_records_a_r
     assert_eq!(run0["kv"], "release");
     assert_eq!(json["runs"].as_array().unwrap().len(), 2);
     let layers = run0["layers"].as_array().unwrap();
-    for profile in ["v41-fp4", "exact", "bf16-qk"] {
+    for profile in ["v41-fp4", "exact", "bf16-qk", "sglang-v41-fp4"] {
         let n = layers
             .iter()
             .filter(|r| r["profile"] == profile && r["stage"] == "reindex")
@@ -339,6 +339,18 @@ fn probe_v41_refuses_what_it_cannot_run_by_name() {
     ])
     .fails()
     .stderr_has(&["--candidate-blocks 16", "not a DeepSeek-V4.1 model"]);
+    // Nor DeepSeek-V4.1's index profiles.
+    run(&[
+        "probe",
+        "--model",
+        &s(&tiny),
+        "--length",
+        "300",
+        "--index",
+        "sglang-v41-fp4",
+    ])
+    .fails()
+    .stderr_has(&["sglang-v41-fp4"]);
 }
 
 #[test]

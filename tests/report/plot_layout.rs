@@ -416,7 +416,9 @@ fn write_flash_shaped(dir: &Path) -> CellRecord {
                 IndexProfile::OfficialFp4 => exact * 3 + 7,
                 IndexProfile::VllmFp8 => exact + 40,
                 IndexProfile::Fp8NoHadamardK => exact * 9,
-                IndexProfile::V41Fp4 => unreachable!("not a DeepSeek-V4 profile"),
+                IndexProfile::V41Fp4 | IndexProfile::SglangV41Fp4 => {
+                    unreachable!("not a DeepSeek-V4 profile")
+                }
             };
             let mut r = layer(id, l, p.name(), p == IndexProfile::SglangFp8, rank);
             r.visible_rows = 16384;

@@ -354,7 +354,7 @@ fn checked_options(cfg: &V41Config, opts: &V41Options) -> Result<(usize, usize),
         return bad(
             "index",
             opts.index.name().into(),
-            "a profile without a Hadamard rotation (exact, bf16-qk, v41-fp4, vllm-fp8): \
+            "a profile without a Hadamard rotation (exact, bf16-qk, v41-fp4, sglang-v41-fp4, vllm-fp8): \
              DeepSeek-V4.1 rotates neither index queries nor keys"
                 .into(),
         );

@@ -261,7 +261,7 @@ pub(crate) fn canvas<'a>(
 /// Colours of the index profiles, in [`IndexProfile::EVERY`] order (the last shared with a name
 /// outside it; colour-blind-friendly Tableau order without its grey: grey means a top-k cut-off line
 /// or a trivial heatmap tile).
-const PROFILE_COLOURS: [RGBColor; 9] = [
+const PROFILE_COLOURS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -271,6 +271,7 @@ const PROFILE_COLOURS: [RGBColor; 9] = [
     RGBColor(227, 119, 194),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(0, 92, 49),
 ];
 
 /// The colour of index profile `name` in every plot (fp8 is orange in the layer plots and in
