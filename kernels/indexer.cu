@@ -25,6 +25,7 @@
 #define IDX_Q_FP8_POW2 2
 #define IDX_Q_FP4_SGLANG 3
 #define IDX_Q_FP4_RNE 4
+#define IDX_Q_FP4_RNE_PACK_V41 5
 
 static __device__ __forceinline__ float idx_abs(float x) { return ns_bits_f32(ns_f32_bits(x) & 0x7FFFFFFFu); }
 
@@ -165,6 +166,17 @@ static __device__ void idx_fp4_sglang(float* x, i64 n, i64 block) {
     }
 }
 
+// quant::fp4_pack_sglang_v41 per block: s = pow2ceil(max(fp32(amax / 6), 1e-4)),
+// e2m1_sglang(x / s) * s (SGLang's DeepSeek-V4.1 index-key pool).
+static __device__ void idx_fp4_pack_v41(float* x, i64 n, i64 block) {
+    for (i64 b0 = 0; b0 < n; b0 += block) {
+        i64 len = n - b0 < block ? n - b0 : block;
+        float* c = x + b0;
+        float s = idx_pow2_ceil(idx_at_least(idx_amax(c, len) / 6.0f, 1e-4f));
+        for (i64 i = 0; i < len; ++i) c[i] = ns_e2m1_to_f32(idx_f32_to_e2m1_sglang(c[i] / s)) * s;
+    }
+}
+
 // One row (a key row or a query head) through a recipe, in place; returns its scale (1 unless
 // an fp8 quantiser gives one).
 static __device__ float idx_prepare_vec(float* x, i64 n, int recipe, i64 block, float had_scale) {
@@ -176,6 +188,10 @@ static __device__ float idx_prepare_vec(float* x, i64 n, int recipe, i64 block, 
     case IDX_Q_FP8_POW2: return idx_fp8_pow2(x, n);
     case IDX_Q_FP4_SGLANG: idx_fp4_sglang(x, n, block); return 1.0f;
     case IDX_Q_FP4_RNE: idx_fp4_rne(x, n, block); return 1.0f;
+    case IDX_Q_FP4_RNE_PACK_V41:
+        idx_fp4_rne(x, n, block);
+        idx_fp4_pack_v41(x, n, block);
+        return 1.0f;
     default: return 1.0f;
     }
 }

@@ -45,8 +45,8 @@ const Q_FP8_FP32: i32 = 1 << 4;
 const Q_FP8_POW2: i32 = 2 << 4;
 const Q_FP4_SGLANG: i32 = 3 << 4;
 const Q_FP4_RNE: i32 = 4 << 4;
-/// A profile without a GPU recipe (refused by [`check_rotation`]'s caller with its name).
-const NO_RECIPE: i32 = -1;
+/// The release's fp4, then SGLang's DeepSeek-V4.1 key pack (`quant::fp4_pack_sglang_v41`).
+const Q_FP4_RNE_PACK_V41: i32 = 5 << 4;
 
 /// The steps of `profiles::prepare_key_row` for `profile`.
 pub fn key_recipe(profile: IndexProfile) -> i32 {
@@ -61,8 +61,7 @@ pub fn key_recipe(profile: IndexProfile) -> i32 {
         VllmFp8 => BF_PRE | Q_FP8_POW2,
         Fp8NoHadamardK => Q_FP8_FP32,
         V41Fp4 => BF_PRE | Q_FP4_RNE,
-        // SGLang's second key pack has no kernel yet; DeepSeek-V4.1 runs on the CPU reference.
-        SglangV41Fp4 => NO_RECIPE,
+        SglangV41Fp4 => BF_PRE | Q_FP4_RNE_PACK_V41,
     }
 }
 
@@ -78,18 +77,12 @@ pub fn query_recipe(profile: IndexProfile) -> (i32, i32) {
         OfficialFp4 => (BF_PRE | ROTATE | BF_POST | Q_FP4_RNE, 2),
         VllmFp8 => (BF_PRE | Q_FP8_POW2, 3),
         V41Fp4 => (BF_PRE | Q_FP4_RNE, 2),
-        SglangV41Fp4 => (NO_RECIPE, 2),
+        SglangV41Fp4 => (BF_PRE | Q_FP4_RNE, 2),
     }
 }
 
-/// Rotating recipes need a power-of-two dim (the CPU panics; here it is a recorded error), and a
-/// profile without a recipe is an error naming it.
+/// Rotating recipes need a power-of-two dim (the CPU panics; here it is a recorded error).
 fn check_rotation(profile: IndexProfile, recipe: i32, dim: usize) -> Result<(), GpuError> {
-    if recipe == NO_RECIPE {
-        return Err(GpuError::Other(format!(
-            "index profile {profile} has no GPU recipe yet (it runs on the CPU reference)"
-        )));
-    }
     if recipe & ROTATE != 0 && !dim.is_power_of_two() {
         return Err(GpuError::Other(format!(
             "index profile {profile}: the Hadamard rotation needs a power-of-two dim, got {dim}"
