@@ -335,7 +335,7 @@ fn prompt_source(args: &ProbeArgs) -> PromptSource<'_> {
 // probed positions (question tokens, generated tokens) grouped into ranges.
 
 /// What the columns of a probe's per-layer tables mean (docs/architecture.md section 4), printed
-/// under them as the sweep's summary prints [`crate::report::summary::SUMMARY_LEGEND`].
+/// under them as the sweep's summary prints [`crate::report::summary::summary_legend`].
 pub const PROBE_LEGEND: &str = "\nlegend: visible: compressed rows the query can see, n_t = \
      floor((query + 1) / 4) (one row per 4 tokens); needle: those holding a needle token.\n\
      rank[p]: the needle's best row under profile p, 1 + rows scoring strictly higher (-: no \
@@ -619,9 +619,10 @@ fn print_other_positions(out: &mut dyn Write, run: &ProbeRun, last: usize) -> an
     }
     writeln!(
         out,
-        "other probed positions ({} under {}): worst needle rank over the CSA layers",
+        "other probed positions ({} under {}): worst needle rank over the {}s",
         positions.len(),
-        run.index
+        run.index,
+        crate::record::verdict::layer_word(run)
     )?;
     writeln!(
         out,

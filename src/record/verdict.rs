@@ -443,13 +443,52 @@ pub fn needles_lost(run: &ProbeRun, last_prompt_pos: usize, needles: &[String]) 
     Some(parts.join(", "))
 }
 
-/// What a run's ranked layers are called: DeepSeek-V4's CSA layers, or DeepSeek-V4.1's index
-/// layers (its records carry a stage).
-pub fn layer_word(run: &ProbeRun) -> &'static str {
-    match run.layers.iter().any(|r| r.stage.is_some()) {
-        true => "index layer",
-        false => "CSA layer",
+/// What the ranked layers of a run or directory are called in text: DeepSeek-V4's CSA layers,
+/// or DeepSeek-V4.1's index layers (the index sources; their records carry a stage). Records
+/// carry no family, so the word is read off them: V4 records never have a stage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LayerWord {
+    #[default]
+    Csa,
+    Index,
+}
+
+impl LayerWord {
+    /// The word for these layer records.
+    pub fn of(layers: &[LayerRecord]) -> Self {
+        match layers.iter().any(|r| r.stage.is_some()) {
+            true => LayerWord::Index,
+            false => LayerWord::Csa,
+        }
     }
+
+    /// `CSA` or `index`, as in "worst CSA rank" / "worst index rank".
+    pub fn short(self) -> &'static str {
+        match self {
+            LayerWord::Csa => "CSA",
+            LayerWord::Index => "index",
+        }
+    }
+
+    /// `CSA layer` or `index layer`.
+    pub fn noun(self) -> &'static str {
+        match self {
+            LayerWord::Csa => "CSA layer",
+            LayerWord::Index => "index layer",
+        }
+    }
+}
+
+impl std::fmt::Display for LayerWord {
+    /// [`Self::short`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.short())
+    }
+}
+
+/// What a run's ranked layers are called ([`LayerWord::noun`]).
+pub fn layer_word(run: &ProbeRun) -> &'static str {
+    LayerWord::of(&run.layers).noun()
 }
 
 /// DeepSeek-V4.1: which stage of the two-level selection lost the needle at the answer

@@ -28,7 +28,8 @@ use html_escape::{encode_double_quoted_attribute as attr, encode_text as text};
 use super::error::{ReportError, Result};
 use super::store::EngineOnlyRecords;
 use super::store::RunRecords;
-use super::summary::{self, RECALL_COLUMN, SUMMARY_HEAD, SUMMARY_LEGEND};
+use super::summary::{self, RECALL_COLUMN};
+use crate::record::verdict::LayerWord;
 use crate::record::{file_stem, CellRecord, LayerRecord, RunInfo};
 use crate::units::{format_tokens, percent_label};
 
@@ -284,8 +285,9 @@ fn summary_section(records: &RunRecords) -> String {
     let mut out = String::from(
         "<section id=\"summary\">\n<h2>Summary</h2>\n<table class=\"summary\">\n<thead><tr>",
     );
-    for head in SUMMARY_HEAD {
-        let _ = write!(out, "<th>{}</th>", text(head));
+    let word = LayerWord::of(&records.layers);
+    for head in summary::summary_head(word) {
+        let _ = write!(out, "<th>{}</th>", text(&head));
     }
     out.push_str("</tr></thead>\n<tbody>\n");
     for (row, tone) in summary::table_rows(&groups) {
@@ -307,7 +309,7 @@ fn summary_section(records: &RunRecords) -> String {
         out.push_str("</tr>\n");
     }
     out.push_str("</tbody>\n</table>\n<ul class=\"legend\">\n");
-    for line in SUMMARY_LEGEND.lines() {
+    for line in summary::summary_legend(word).lines() {
         let _ = writeln!(out, "<li>{}</li>", text(line));
     }
     out.push_str("</ul>\n</section>\n");
@@ -392,10 +394,11 @@ fn verdict(cell: &CellRecord) -> (&'static str, &'static str) {
 
 /// One row per finished cell.
 fn cells_table(records: &RunRecords) -> String {
-    let mut out = String::from(
+    let word = LayerWord::of(&records.layers);
+    let mut out = format!(
         "<section id=\"cells\">\n<h2>Cells</h2>\n<table class=\"cells\">\n<thead><tr>\
          <th>cell</th><th>length</th><th>prompt tokens</th><th>depth</th><th>index</th>\
-         <th>kv</th><th>top-k</th><th>verdict</th><th>worst rank</th><th>CSA lost</th>\
+         <th>kv</th><th>top-k</th><th>verdict</th><th>worst rank</th><th>{word} lost</th>\
          <th>exact keeps</th><th>answer</th><th>seconds</th></tr></thead>\n<tbody>\n",
     );
     for cell in &records.cells {
@@ -425,13 +428,15 @@ fn cells_table(records: &RunRecords) -> String {
             cell.wall_seconds
         );
     }
-    out.push_str(
+    let layer = word.noun();
+    let _ = write!(
+        out,
         "</tbody>\n</table>\n<ul class=\"legend\">\n<li>verdict: the answer when the model \
-         answered, else indexer recall (idx: needle selected on every non-trivial CSA layer at \
-         the answer position); trivial: every CSA layer had n_t &lt;= k.</li>\n<li>worst rank: \
-         the needle rank on the CSA layer where it ranked worst (rank 1 = best).</li>\n\
-         <li>CSA lost: non-trivial CSA layers that did not select the needle / non-trivial CSA \
-         layers.</li>\n<li>exact keeps: of those lost, the layers the exact profile selects on \
+         answered, else indexer recall (idx: needle selected on every non-trivial {layer} at \
+         the answer position); trivial: every {layer} had n_t &lt;= k.</li>\n<li>worst rank: \
+         the needle rank on the {layer} where it ranked worst (rank 1 = best).</li>\n\
+         <li>{word} lost: non-trivial {layer}s that did not select the needle / non-trivial \
+         {layer}s.</li>\n<li>exact keeps: of those lost, the layers the exact profile selects on \
          the same hidden states (lost to rounding; the rest the exact math loses too: the top-k \
          is too small there); -: exact not scored.</li>\n</ul>\n</section>\n",
     );

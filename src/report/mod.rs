@@ -11,7 +11,7 @@
 //!   values, cells outside run.json's grid).
 //! - [`lock`]: [`DirLock`], the directory lock every writer (sweep, demo, probe --out, report)
 //!   holds while it writes.
-//! - [`summary`]: per (length, profile, top-k) recall, median / worst rank, CSA layers lost; the
+//! - [`summary`]: per (length, profile, top-k) recall, median / worst rank, CSA (V4.1: index) layers lost; the
 //!   terminal table and summary.json.
 //! - [`plots`]: the PNGs ([`render_all`]: heatmaps, per-layer ranks, rank vs length) through the
 //!   embedded DejaVu Sans font.
@@ -90,7 +90,8 @@ pub fn table_only(dir: &std::path::Path, colour: bool) -> Result<Rerendered> {
 
 fn tabulate(records: RunRecords, files: Vec<std::path::PathBuf>, colour: bool) -> Rerendered {
     let exact_keeps_by = crate::record::verdict::exact_keeps_by_cell(&records.cells);
-    let mut table = render_table(&summarize(&records.cells, &exact_keeps_by), colour);
+    let word = crate::record::verdict::LayerWord::of(&records.layers);
+    let mut table = render_table(&summarize(&records.cells, &exact_keeps_by), colour, word);
     if records.info.synthetic {
         table.insert_str(0, SYNTHETIC_LINE);
     }

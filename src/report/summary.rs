@@ -22,7 +22,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
-use crate::record::verdict::ExactKeepsByCell;
+use crate::record::verdict::{ExactKeepsByCell, LayerWord};
 use crate::record::{CellRecord, IndexProfile, KvMode, RunInfo};
 use crate::units::format_tokens;
 
@@ -167,37 +167,46 @@ const YELLOW: &str = "\x1b[33m";
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 
-/// The summary table's column heads, as the terminal table and `report.html` write them.
-pub const SUMMARY_HEAD: [&str; 11] = [
-    "length",
-    "index",
-    "kv",
-    "top-k",
-    "cells",
-    "recall",
-    "median rank",
-    "worst rank",
-    "CSA lost (worst cell)",
-    "CSA lost (sum)",
-    "exact keeps",
-];
+/// The summary table's column heads, as the terminal table and `report.html` write them, with
+/// `word` naming the ranked layers (`CSA` on DeepSeek-V4, `index` on DeepSeek-V4.1).
+pub fn summary_head(word: LayerWord) -> [String; 11] {
+    [
+        "length".into(),
+        "index".into(),
+        "kv".into(),
+        "top-k".into(),
+        "cells".into(),
+        "recall".into(),
+        "median rank".into(),
+        "worst rank".into(),
+        format!("{word} lost (worst cell)"),
+        format!("{word} lost (sum)"),
+        "exact keeps".into(),
+    ]
+}
 
-/// The column of [`SUMMARY_HEAD`] that [`RecallTone`] colours.
+/// The column of [`summary_head`] that [`RecallTone`] colours.
 pub const RECALL_COLUMN: usize = 5;
 
-/// What the summary table says under itself (terminal table and `report.html`).
-pub const SUMMARY_LEGEND: &str = "recall: answer correct; \"idx\": no answer verdict, judged by \
-     indexer recall (needle selected on every non-trivial CSA layer at the answer position), \
-     over the cells that count (an indexer-judged cell with only trivial CSA layers does not).\n\
-     rank: min_needle_rank (the needle rank on the worst CSA layer of a cell), median and worst over cells.\n\
-     CSA lost: non-trivial CSA layers (n_t > k) that did not select the needle, as \
-     lost/non-trivial in the worst cell and summed over cells;\n\
-     exact keeps: of the CSA layers lost (sum), those the exact profile selects on the same \
-     hidden states: lost to the index profile's rounding (the exact math loses the rest \
-     too: the top-k is too small there); -: exact not scored in every cell of the group \
-     (probes and sweeps score it by themselves whenever a rounding profile drives; cells of \
-     directories written before sweeps did, or grids driven by exact alone, lack it).\n\
-     trivial: n_t <= k on every CSA layer of every cell (no evidence).\n";
+/// What the summary table says under itself (terminal table and `report.html`), with `word`
+/// naming the ranked layers.
+pub fn summary_legend(word: LayerWord) -> String {
+    let layer = word.noun();
+    format!(
+        "recall: answer correct; \"idx\": no answer verdict, judged by \
+         indexer recall (needle selected on every non-trivial {layer} at the answer position), \
+         over the cells that count (an indexer-judged cell with only trivial {layer}s does not).\n\
+         rank: min_needle_rank (the needle rank on the worst {layer} of a cell), median and worst over cells.\n\
+         {word} lost: non-trivial {layer}s (n_t > k) that did not select the needle, as \
+         lost/non-trivial in the worst cell and summed over cells;\n\
+         exact keeps: of the {layer}s lost (sum), those the exact profile selects on the same \
+         hidden states: lost to the index profile's rounding (the exact math loses the rest \
+         too: the top-k is too small there); -: exact not scored in every cell of the group \
+         (probes and sweeps score it by themselves whenever a rounding profile drives; cells of \
+         directories written before sweeps did, or grids driven by exact alone, lack it).\n\
+         trivial: n_t <= k on every {layer} of every cell (no evidence).\n"
+    )
+}
 
 /// How a group's recall reads at a glance: all, some or none of its evidence cells recalled,
 /// or no evidence at all.
@@ -230,7 +239,7 @@ impl RecallTone {
     }
 }
 
-/// The rows of the summary table, one per group, as text in [`SUMMARY_HEAD`]'s order, with the
+/// The rows of the summary table, one per group, as text in [`summary_head`]'s order, with the
 /// tone of the recall cell.
 pub fn table_rows(groups: &[GroupSummary]) -> Vec<(Vec<String>, RecallTone)> {
     let mut rows = Vec::new();
@@ -291,10 +300,11 @@ pub fn table_rows(groups: &[GroupSummary]) -> Vec<(Vec<String>, RecallTone)> {
 
 /// The terminal table of `groups` ([`table_rows`]): columns padded by their plain-text width
 /// (colour codes, when asked for, wrap the padded recall cell so alignment holds), followed by
-/// [`SUMMARY_LEGEND`].
-pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
+/// [`summary_legend`]; `word` names the ranked layers.
+pub fn render_table(groups: &[GroupSummary], colour: bool, word: LayerWord) -> String {
+    let head = summary_head(word);
     let rows = table_rows(groups);
-    let mut width: Vec<usize> = SUMMARY_HEAD.iter().map(|h| h.chars().count()).collect();
+    let mut width: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
     for (r, _) in &rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -310,11 +320,7 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
         }
     };
     let mut out = String::new();
-    let head: Vec<String> = SUMMARY_HEAD
-        .iter()
-        .enumerate()
-        .map(|(i, h)| pad(i, h))
-        .collect();
+    let head: Vec<String> = head.iter().enumerate().map(|(i, h)| pad(i, h)).collect();
     out.push_str(head.join("  ").trim_end());
     out.push('\n');
     let rule: Vec<String> = width.iter().map(|w| "-".repeat(*w)).collect();
@@ -336,7 +342,7 @@ pub fn render_table(groups: &[GroupSummary], colour: bool) -> String {
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
-    out.push_str(SUMMARY_LEGEND);
+    out.push_str(&summary_legend(word));
     out
 }
 

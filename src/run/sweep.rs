@@ -844,8 +844,9 @@ impl SweepTask<'_> {
                     v.nontrivial_layers
                 )
             };
+            let word = crate::record::verdict::LayerWord::of(&run.layers);
             let line = format!(
-                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst CSA rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{engine_part}{landed}",
+                "{:>7} tokens  depth {:>4}{sample}  {:<12} top-{:<5} {:<20} worst {word} rank {:>6}  lost {}/{} layers  {:.1} s{rounding}{engine_part}{landed}",
                 cell.prompt_tokens,
                 crate::units::percent_label(cell.depth_pct),
                 cell.index.name(),

@@ -375,9 +375,18 @@ fn sweep_v41_records_a_resumable_grid_with_the_stage_columns() {
             &s(&dir),
         ])
     };
-    sweep("10")
-        .ok()
-        .stdout_has(&["4 cells run, 0 already finished", "v41-fp4"]);
+    let first = sweep("10").ok().stdout_has(&[
+        "4 cells run, 0 already finished",
+        "v41-fp4",
+        "worst index rank",
+        "index lost (worst cell)",
+        "non-trivial index layers (n_t > k)",
+    ]);
+    // The text names V4.1's index layers, never V4's CSA layers.
+    assert!(!first.stdout.contains("CSA"), "{}", first.stdout);
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("<th>index lost</th>"), "{html}");
+    assert!(!html.contains("CSA"), "{html}");
     let cells = std::fs::read_to_string(dir.join("cells.csv")).unwrap();
     assert_eq!(cells.lines().count(), 5, "{cells}");
     assert!(cells.contains(",v41-fp4,release,64,"), "{cells}");

@@ -5,7 +5,7 @@
 use needlescope_testkit::report as report_support;
 
 use needlescope::numerics::modes::IndexProfile;
-use needlescope::record::verdict::exact_keeps_by_cell;
+use needlescope::record::verdict::{exact_keeps_by_cell, LayerWord};
 use needlescope::record::CellRecord;
 use needlescope::report::{render_table, summarize};
 use report_support::*;
@@ -80,7 +80,7 @@ fn trivial_cells_are_not_evidence_for_recall() {
 
     let only = summarize(std::slice::from_ref(&trivial), &Default::default());
     assert_eq!((only[0].evidence_cells, only[0].recall_rate), (0, None));
-    let table = render_table(&only, false);
+    let table = render_table(&only, false, LayerWord::Csa);
     let row = table.lines().nth(2).unwrap();
     assert!(row.contains("trivial") && !row.contains('%'), "{table}");
 }
@@ -125,7 +125,11 @@ fn groups_split_by_length_profile_and_topk_in_order() {
 fn table_is_aligned_plain_text_without_colour() {
     let sweep = sample_sweep(&[2048, 8192], &[0.0, 50.0, 100.0], true, 1);
     let cells: Vec<CellRecord> = sweep.into_iter().map(|c| c.0).collect();
-    let table = render_table(&summarize(&cells, &Default::default()), false);
+    let table = render_table(
+        &summarize(&cells, &Default::default()),
+        false,
+        LayerWord::Csa,
+    );
     println!("{table}");
     assert!(!table.contains('\x1b'), "colour codes in a plain table");
     let lines: Vec<&str> = table.lines().collect();
@@ -140,7 +144,11 @@ fn table_is_aligned_plain_text_without_colour() {
             "{row}"
         );
     }
-    let coloured = render_table(&summarize(&cells, &Default::default()), true);
+    let coloured = render_table(
+        &summarize(&cells, &Default::default()),
+        true,
+        LayerWord::Csa,
+    );
     assert!(coloured.contains("\x1b[3"));
 }
 
@@ -157,7 +165,11 @@ fn recall_percentage_says_100_only_when_all_and_0_only_when_none() {
         let cells: Vec<CellRecord> = (0..200)
             .map(|i| with(&format!("c{i}"), 4096, Some(10), Some(i < recalled)))
             .collect();
-        let table = render_table(&summarize(&cells, &Default::default()), false);
+        let table = render_table(
+            &summarize(&cells, &Default::default()),
+            false,
+            LayerWord::Csa,
+        );
         let row = table.lines().nth(2).unwrap();
         assert!(
             row.contains(shown),
@@ -206,7 +218,7 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.layers_lost_total, 3);
     assert_eq!(g.exact_keeps, Some(2));
-    let table = render_table(std::slice::from_ref(g), false);
+    let table = render_table(std::slice::from_ref(g), false, LayerWord::Csa);
     let head = table.lines().next().unwrap();
     assert!(head.ends_with("exact keeps"), "{table}");
     assert!(
@@ -226,7 +238,7 @@ fn layers_lost_to_rounding_need_exact_in_every_cell() {
     assert!(!rounding.contains_key("b"));
     let g = &summarize(&cells, &rounding)[0];
     assert_eq!(g.exact_keeps, None);
-    let table = render_table(std::slice::from_ref(g), false);
+    let table = render_table(std::slice::from_ref(g), false, LayerWord::Csa);
     assert!(
         table.lines().nth(2).unwrap().ends_with("  3            -"),
         "{table}"

@@ -6,6 +6,9 @@
 //! only cut-off (the run's other top-k values belong to other cells and are not drawn; the rank
 //! axis still spans them, so a run's layer plots share one scale); dotted: the number of
 //! visible rows n_t (no rank can exceed it; a top-k at or above it makes the layer trivial).
+//! DeepSeek-V4.1: the x axis holds its index sources (ticked `6 cand`, `8 reidx`), and a diamond
+//! at the candidate source shows the candidate stage, the needle's best block ranked among
+//! blocks under the driving profile ([`CandidateMark`]: filled kept, hollow dropped).
 //!
 //! Nothing hides: every profile has its colour of every plot ([`profile_colour`]) and a marker
 //! shape of its own, and sits in a lane of its own a few pixels beside the layer ([`lanes`]), so
@@ -89,6 +92,20 @@ pub struct ProfileSeries {
     pub(crate) stroke: Stroke,
 }
 
+/// DeepSeek-V4.1's candidate stage on a layer plot: the needle's best block at the candidate
+/// source, ranked among blocks (not rows) by the driving profile, drawn as a diamond on the
+/// rank axis at that layer (filled: kept for the reindex layers; hollow: dropped) and named in
+/// the legend. With several needles, the worst of their best blocks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CandidateMark {
+    /// The candidate source.
+    pub layer: usize,
+    /// `block_rank` (None: no needle block visible).
+    pub block_rank: Option<usize>,
+    /// `block_kept` of that needle.
+    pub kept: bool,
+}
+
 /// A labelled tick of the layer axis.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerTick {
@@ -110,6 +127,9 @@ pub struct LayerPlot {
     /// DeepSeek-V4.1: each layer's stage (`None` on V4), ticked as `6 cand` (the candidate
     /// source) and `8 reidx` (ranked inside its kept blocks).
     pub stages: Vec<Option<crate::record::stage::LayerStage>>,
+    /// DeepSeek-V4.1: the candidate stage under the driving profile (`None` on V4 or without
+    /// a candidate-source row).
+    pub candidate: Option<CandidateMark>,
     /// One per scored profile, the driving one first.
     pub series: Vec<ProfileSeries>,
     /// Profiles with equal ranks on every layer: groups of two or more, in series order.
@@ -241,6 +261,7 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
         true => "index",
         false => "CSA",
     };
+    let candidate = candidate_mark(&rows);
     let title = format!(
         "Needle rank per {word} layer: {} tokens, depth {}%",
         format_tokens(cell.target_tokens),
@@ -266,6 +287,7 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
         query_pos: pos,
         layers,
         stages,
+        candidate,
         series,
         identical,
         needles,
@@ -289,6 +311,20 @@ fn plan(records: &RunRecords, index: &LayerPlotIndex, cell: &CellRecord) -> Opti
     plot.rows = legend_rows(&plot, cell);
     plot.legend_layout = legend_layout(plot.rows.len(), legend_height);
     Some(plot)
+}
+
+/// The driving profile's candidate stage among `rows` (one position's): the candidate source's
+/// needle with the worst best block (no block visible counting as worst).
+fn candidate_mark(rows: &[&LayerRecord]) -> Option<CandidateMark> {
+    use crate::record::stage::LayerStage;
+    rows.iter()
+        .filter(|r| r.driving && r.stage == Some(LayerStage::CandidateSource))
+        .max_by_key(|r| r.block_rank.map_or(usize::MAX, |b| b))
+        .map(|r| CandidateMark {
+            layer: r.layer,
+            block_rank: r.block_rank,
+            kept: r.block_kept == Some(true),
+        })
 }
 
 /// Groups of profiles whose ranks are equal on every layer (no rank counting as a value), two
@@ -363,6 +399,8 @@ fn layer_ticks(plot: &LayerPlot) -> Vec<LayerTick> {
 /// Cut-off lines' colours: the cell's top-k, n_t.
 const OWN_TOPK: RGBColor = RGBColor(40, 40, 40);
 const VISIBLE: RGBColor = RGBColor(110, 110, 110);
+/// The candidate stage's diamond.
+const CANDIDATE: RGBColor = RGBColor(140, 70, 20);
 
 /// The legend column, top-down: the cut-off lines, the driving profile, the profiles scored
 /// alongside, then notes on what is drawn together, side by side, without a rank.
@@ -388,6 +426,29 @@ fn legend_rows(plot: &LayerPlot, cell: &CellRecord) -> Vec<LegendRow> {
     if !others.is_empty() {
         rows.push(LegendRow::Heading("scored alongside".into()));
         rows.extend(others.into_iter().map(profile_key));
+    }
+    if let Some(c) = &plot.candidate {
+        let verdict = match (c.block_rank, c.kept) {
+            (None, _) => "no needle block visible".to_string(),
+            (Some(b), true) => format!("block rank {b}, kept"),
+            (Some(b), false) => format!("block rank {b}, dropped"),
+        };
+        rows.push(LegendRow::Heading(format!(
+            "candidate stage, layer {}",
+            c.layer
+        )));
+        rows.push(key(
+            CANDIDATE,
+            2,
+            Stroke::Solid,
+            Mark::Diamond,
+            c.kept,
+            verdict,
+        ));
+        rows.extend(note_rows(
+            "diamond: the needle's best block ranked among blocks (not rows); hollow: dropped, \
+             so no reindex layer can select it",
+        ));
     }
     if !plot.identical.is_empty() {
         rows.push(LegendRow::Note("identical on every layer (dashed):".into()));
@@ -539,6 +600,11 @@ pub(crate) fn render(
             draw_mark(&root, c, s.mark, colour, filled, r, path)?;
         }
     }
+    if let Some(c) = &plot.candidate {
+        let y = c.block_rank.map_or(plot.no_rank_y(), |b| b as f64);
+        let at = chart.backend_coord(&(c.layer as f64, y));
+        draw_mark(&root, at, Mark::Diamond, CANDIDATE, c.kept, 8, path)?;
+    }
     draw_rows(&legend_area, &plot.rows, path)?;
     root.present().map_err(&err)?;
     Ok(Some(path.to_path_buf()))
@@ -640,6 +706,80 @@ mod tests {
             legend.contains("the worst rank of the 2 needles"),
             "{legend}"
         );
+    }
+
+    /// DeepSeek-V4.1: the candidate stage is drawn at the candidate source from the driving
+    /// profile's block rank (the worse needle's), kept or dropped as the records say, the
+    /// ticks name the stages, and V4 records get no candidate mark.
+    #[test]
+    fn a_v41_plot_shows_the_candidate_stage_of_the_driving_profile() {
+        use crate::record::stage::LayerStage;
+        let c = cell("a", 4);
+        let mut rows = Vec::new();
+        for (layer, stage) in [
+            (2, LayerStage::Index),
+            (6, LayerStage::CandidateSource),
+            (8, LayerStage::Reindex),
+        ] {
+            for (profile, needle, block) in [
+                ("fp8", 0, Some(3)),
+                ("fp8", 1, Some(26)),
+                ("exact", 0, Some(1)),
+            ] {
+                let mut r = ranked("a", layer, "prompt", profile, needle, Some(5));
+                r.stage = Some(stage);
+                if stage == LayerStage::CandidateSource {
+                    r.block_rank = block;
+                    r.block_kept = block.map(|b| b <= 10);
+                }
+                rows.push(r);
+            }
+        }
+        let records = records_of(vec![c.clone()], rows.clone());
+        let plot = layer_plot(&records, &c).unwrap();
+        assert_eq!(
+            plot.candidate,
+            Some(CandidateMark {
+                layer: 6,
+                block_rank: Some(26),
+                kept: false
+            })
+        );
+        let labels: Vec<&str> = plot.ticks.iter().map(|t| t.label.as_str()).collect();
+        assert_eq!(labels, ["2", "6 cand", "8 reidx"]);
+        let legend = plot.legend();
+        assert!(
+            legend.iter().any(|r| r == "candidate stage, layer 6"),
+            "{legend:?}"
+        );
+        assert!(
+            legend.iter().any(|r| r == "block rank 26, dropped"),
+            "{legend:?}"
+        );
+        assert!(plot.title.starts_with("Needle rank per index layer"));
+        super::super::ensure_font().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layers_a.png");
+        let index = LayerPlotIndex::new(&records);
+        assert!(render(&records, &index, &c, &path).unwrap().is_some());
+
+        // Only the kept needle: kept; V4 rows: no mark.
+        let kept: Vec<LayerRecord> = rows.iter().filter(|r| r.needle == 0).cloned().collect();
+        let plot = layer_plot(&records_of(vec![c.clone()], kept), &c).unwrap();
+        assert_eq!(plot.candidate.as_ref().map(|m| m.kept), Some(true));
+        assert!(plot.legend().iter().any(|r| r == "block rank 3, kept"));
+        let v4: Vec<LayerRecord> = rows
+            .into_iter()
+            .map(|mut r| {
+                r.stage = None;
+                r.block_rank = None;
+                r.block_kept = None;
+                r
+            })
+            .collect();
+        let plot = layer_plot(&records_of(vec![c.clone()], v4), &c).unwrap();
+        assert_eq!(plot.candidate, None);
+        assert!(plot.title.starts_with("Needle rank per CSA layer"));
     }
 
     /// A layer where a profile has no rank (no needle row visible) is drawn (a hollow marker

@@ -159,7 +159,10 @@ pub(crate) fn render(records: &RunRecords, path: &Path) -> Result<()> {
         .x_label_formatter(&tick_label)
         .y_label_formatter(&rank_label)
         .x_desc("context length (tokens, log scale)")
-        .y_desc("needle rank on the worst CSA layer (log, 1 = best)")
+        .y_desc(format!(
+            "needle rank on the worst {} (log, 1 = best)",
+            crate::record::verdict::LayerWord::of(&records.layers).noun()
+        ))
         .label_style((FONT, LABEL_PX))
         .axis_desc_style((FONT, AXIS_PX))
         .light_line_style(RGBColor(238, 238, 238))

@@ -217,7 +217,11 @@ fn draw(
     topk: usize,
     path: &Path,
 ) -> Result<()> {
-    let grid = Grid::new(&records.info, cells);
+    let grid = Grid::new(
+        &records.info,
+        cells,
+        crate::record::verdict::LayerWord::of(&records.layers),
+    );
     let (lengths, depths) = (&grid.lengths, &grid.depths);
     let (nx, ny) = (lengths.len(), depths.len());
     let mut parts = vec![
@@ -397,25 +401,28 @@ impl LegendBand {
     /// `(recalled/samples)` means, shown on the first tile that has it, what `[n/m]` means when
     /// a tile is partial, and what "recalled" means when judging is mixed.
     fn notes(grid: &Grid, numbers: bool) -> Vec<String> {
+        let layer = grid.word.noun();
         let mut out = vec![if numbers {
-            "number in a tile: min_needle_rank (needle rank on the worst CSA layer at the answer \
-             position), worst over samples"
+            format!(
+                "number in a tile: min_needle_rank (needle rank on the worst {layer} at the \
+                 answer position), worst over samples"
+            )
         } else {
             "no numbers: the tiles are too small (min_needle_rank is in cells.csv and summary.json)"
-        }
-        .to_string()];
+                .to_string()
+        }];
         if let Some(t) = grid.first_split() {
             let (recalled, n) = t.split.unwrap_or_default();
             let worst = t.worst.map_or_else(|| "-".to_string(), |w| w.to_string());
             let judged = match grid.judging {
-                Judging::Answer => "answered correctly",
-                Judging::Indexer => "kept the needle on every non-trivial CSA layer",
-                Judging::Mixed => "recalled",
+                Judging::Answer => "answered correctly".to_string(),
+                Judging::Indexer => format!("kept the needle on every non-trivial {layer}"),
+                Judging::Mixed => "recalled".to_string(),
             };
             let trivial = if grid.judging == Judging::Answer {
-                ""
+                String::new()
             } else {
-                " (samples with every CSA layer trivial not counted)"
+                format!(" (samples with every {layer} trivial not counted)")
             };
             out.push(if numbers {
                 format!(
@@ -436,11 +443,10 @@ impl LegendBand {
             .to_string());
         }
         if grid.judging == Judging::Mixed {
-            out.push(
-                "recalled: the generated answer is right where a cell has one, else the needle \
-                 is selected on every non-trivial CSA layer"
-                    .to_string(),
-            );
+            out.push(format!(
+                "recalled: the generated answer is right where a cell has one, else the \
+                     needle is selected on every non-trivial {layer}"
+            ));
         }
         out
     }
@@ -589,7 +595,7 @@ mod tests {
         let refs: Vec<&CellRecord> = cells.iter().collect();
         let info =
             crate::record::RunInfo::new("m", "sha256:0", "passkey", false, serde_json::json!({}));
-        let grid = Grid::new(&info, &refs);
+        let grid = Grid::new(&info, &refs, crate::record::verdict::LayerWord::Csa);
         assert_eq!(grid.tiles[&(0, 0)].text, "146 (2/3)");
         let notes = LegendBand::notes(&grid, true);
         let want = "146 (2/3): worst rank 146 over the tile's samples; 2 of its 3 samples \
@@ -601,7 +607,7 @@ mod tests {
             c.answer_correct = None;
         }
         let refs: Vec<&CellRecord> = indexer.iter().collect();
-        let grid = Grid::new(&info, &refs);
+        let grid = Grid::new(&info, &refs, crate::record::verdict::LayerWord::Csa);
         let notes = LegendBand::notes(&grid, true).join(" ");
         assert!(
             notes.contains("2 of its 3 samples kept the needle on every non-trivial CSA layer"),

@@ -13,6 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use plotters::style::RGBColor;
 use serde::Deserialize;
 
+use crate::record::verdict::LayerWord;
 use crate::record::{CellRecord, Judge, RunInfo};
 
 pub(super) const GREEN: RGBColor = RGBColor(122, 198, 126);
@@ -87,11 +88,15 @@ pub(super) struct Grid {
     pub finished: usize,
     pub planned: Option<usize>,
     pub judging: Judging,
+    /// What the legend calls the ranked layers (CSA layers on DeepSeek-V4, index layers on
+    /// DeepSeek-V4.1).
+    pub word: LayerWord,
 }
 
 impl Grid {
-    /// The grid of `cells` (one heatmap's) in a run recorded by `info`.
-    pub fn new(info: &RunInfo, cells: &[&CellRecord]) -> Grid {
+    /// The grid of `cells` (one heatmap's) in a run recorded by `info`, whose ranked layers
+    /// are called `word`.
+    pub fn new(info: &RunInfo, cells: &[&CellRecord], word: LayerWord) -> Grid {
         let plan: Option<Plan> = info
             .cells_planned()
             .and_then(|_| serde_json::from_value(info.sweep_args.clone()).ok());
@@ -148,6 +153,7 @@ impl Grid {
             tiles,
             finished: cells.len(),
             judging: Judging::of(cells),
+            word,
         }
     }
 
@@ -172,9 +178,18 @@ impl Grid {
             Judging::Indexer => vec![
                 (
                     Fill::Colour(GREEN),
-                    "selected on every non-trivial CSA layer",
+                    match self.word {
+                        LayerWord::Csa => "selected on every non-trivial CSA layer",
+                        LayerWord::Index => "selected on every non-trivial index layer",
+                    },
                 ),
-                (Fill::Colour(RED), "lost on a CSA layer"),
+                (
+                    Fill::Colour(RED),
+                    match self.word {
+                        LayerWord::Csa => "lost on a CSA layer",
+                        LayerWord::Index => "lost on an index layer",
+                    },
+                ),
                 (Fill::Colour(AMBER), "some samples lost"),
             ],
             Judging::Mixed => vec![
@@ -345,7 +360,7 @@ mod tests {
     fn mixed_judging_is_named_and_its_trivial_grey_has_a_legend_entry() {
         let cells = [sample(0.0, Some(3), Some(true)), trivial(50.0)];
         let refs: Vec<&CellRecord> = cells.iter().collect();
-        let grid = Grid::new(&sweep(&[0.0, 50.0], 1), &refs);
+        let grid = Grid::new(&sweep(&[0.0, 50.0], 1), &refs, LayerWord::Csa);
         assert_eq!(grid.judging, Judging::Mixed);
         assert!(grid
             .judging
@@ -360,7 +375,7 @@ mod tests {
         }
         let answer_only = [sample(0.0, Some(3), Some(true))];
         let refs: Vec<&CellRecord> = answer_only.iter().collect();
-        let grid = Grid::new(&sweep(&[0.0], 1), &refs);
+        let grid = Grid::new(&sweep(&[0.0], 1), &refs, LayerWord::Csa);
         assert_eq!(grid.judging, Judging::Answer);
         assert!(!grid.legend().iter().any(|e| e.0 == Fill::Colour(GREY)));
     }
@@ -374,7 +389,7 @@ mod tests {
             sample(0.0, Some(4), Some(true)),
         ];
         let refs: Vec<&CellRecord> = cells.iter().collect();
-        let grid = Grid::new(&sweep(&[0.0, 50.0, 100.0], 3), &refs);
+        let grid = Grid::new(&sweep(&[0.0, 50.0, 100.0], 3), &refs, LayerWord::Csa);
         assert_eq!(grid.depths, vec![0.0, 50.0, 100.0]);
         assert_eq!(grid.tiles[&(0, 0)].text, "4 [2/3]");
         assert!(grid.tiles[&(0, 0)].partial);
@@ -385,7 +400,7 @@ mod tests {
         // A directory without a plan (a probe's) shows what it has.
         let mut probe = sweep(&[0.0], 1);
         probe.sweep_args = serde_json::json!({"command": "probe"});
-        let grid = Grid::new(&probe, &refs);
+        let grid = Grid::new(&probe, &refs, LayerWord::Csa);
         assert_eq!((grid.tiles.len(), grid.completeness()), (1, None));
         assert!(!grid.tiles[&(0, 0)].partial);
     }
@@ -400,7 +415,7 @@ mod tests {
         let refs: Vec<&CellRecord> = cells.iter().collect();
         let mut probe = sweep(&[0.0], 1);
         probe.sweep_args = serde_json::json!({"command": "probe"});
-        let grid = Grid::new(&probe, &refs);
+        let grid = Grid::new(&probe, &refs, LayerWord::Csa);
         assert_eq!(grid.tiles.len(), 4);
         assert_eq!(grid.tiles[&(0, 1)].fill, Fill::NoCell);
         assert_eq!(grid.tiles[&(1, 0)].fill, Fill::NoCell);
@@ -408,7 +423,7 @@ mod tests {
             .legend()
             .contains(&(Fill::NoCell, "no cell at this length and depth")));
         // A full grid has none, and no legend entry for it.
-        let full = Grid::new(&probe, &refs[..1]);
+        let full = Grid::new(&probe, &refs[..1], LayerWord::Csa);
         assert!(!full.legend().iter().any(|e| e.0 == Fill::NoCell));
     }
 }
