@@ -37,6 +37,10 @@ pub mod trace;
 #[derive(Parser, Debug)]
 #[command(name = "needlescope", version, propagate_version = true)]
 pub struct Cli {
+    /// Threads for the CPU work (the CPU backend's GEMMs, attention, decoding; accepted before
+    /// or after the subcommand) [default: RAYON_NUM_THREADS when set, else one per core]
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -120,6 +124,13 @@ impl Cli {
 
 /// Runs a parsed command line, printing to stdout.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    crate::backend::cpu::tune_allocator();
+    if let Some(n) = cli.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(usize::from(n))
+            .build_global()
+            .map_err(|e| anyhow::anyhow!("--threads {n}: the thread pool could not start: {e}"))?;
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     run_to(cli, &mut out)?;

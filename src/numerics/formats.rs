@@ -135,8 +135,12 @@ pub fn dequant_fp8_block_rect(
     fill_rows(&mut out, cols, |r, row| {
         let srow = &scale[(r / bo) * sc..(r / bo + 1) * sc];
         let wrow = &w[r * cols..(r + 1) * cols];
-        for (c, (o, &b)) in row.iter_mut().zip(wrow).enumerate() {
-            *o = e4m3_to_f32(b) * e8m0_to_f32(srow[c / bi]);
+        // One scale per block of `bi` columns, decoded once.
+        for ((o, wb), &s) in row.chunks_mut(bi).zip(wrow.chunks(bi)).zip(srow) {
+            let s = e8m0_to_f32(s);
+            for (o, &b) in o.iter_mut().zip(wb) {
+                *o = e4m3_to_f32(b) * s;
+            }
         }
     });
     Ok(out)
@@ -216,8 +220,21 @@ pub fn dequant_fp4_group(
     fill_rows(&mut out, cols, |r, row| {
         let prow = &packed[r * cols / 2..(r + 1) * cols / 2];
         let srow = &scale[r * sc..(r + 1) * sc];
-        for (c, o) in row.iter_mut().enumerate() {
-            *o = e2m1_to_f32(packed_fp4_code(prow, c)) * e8m0_to_f32(srow[c / group]);
+        if group.is_multiple_of(2) {
+            // Whole bytes per group: two codes per byte, one scale per group decoded once.
+            for ((o, pb), &s) in row.chunks_mut(group).zip(prow.chunks(group / 2)).zip(srow) {
+                let s = e8m0_to_f32(s);
+                for (o2, &b) in o.chunks_mut(2).zip(pb) {
+                    o2[0] = e2m1_to_f32(b & 0x0F) * s;
+                    if let Some(hi) = o2.get_mut(1) {
+                        *hi = e2m1_to_f32(b >> 4) * s;
+                    }
+                }
+            }
+        } else {
+            for (c, o) in row.iter_mut().enumerate() {
+                *o = e2m1_to_f32(packed_fp4_code(prow, c)) * e8m0_to_f32(srow[c / group]);
+            }
         }
     });
     Ok(out)

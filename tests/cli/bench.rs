@@ -266,3 +266,30 @@ fn bench_holds_the_device_memory_peak_to_the_plan() {
     }
     assert!(!bench("cpu", "0").contains("device memory:"));
 }
+
+/// `--threads N` sizes the CPU thread pool before or after the subcommand (bench prints the
+/// count and the GEMM kernels' instruction set); 0 is a usage error naming the flag.
+#[test]
+fn threads_sizes_the_pool_and_bench_names_the_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    synth_tiny(&model, &["--layers", "2"]);
+    let m = model.to_string_lossy().to_string();
+    let base = ["bench", "--model", &m, "--lengths", "64", "--device", "cpu"];
+    let mut before = vec!["--threads", "1"];
+    before.extend_from_slice(&base);
+    run(&before)
+        .ok()
+        .stdout_has(&["1 rayon threads", "kernels, 1 threads)"]);
+    let mut after = base.to_vec();
+    after.extend_from_slice(&["--threads", "3"]);
+    run(&after)
+        .ok()
+        .stdout_has(&["3 rayon threads", "kernels, 3 threads)"]);
+    run(&["doctor", "--threads", "2"])
+        .ok()
+        .stdout_has(&["2 threads (rayon)"]);
+    let r = run(&["--threads", "0", "doctor"]).fails();
+    assert_eq!(r.code, Some(2), "{}", r.dump());
+    r.stderr_has(&["--threads"]);
+}
