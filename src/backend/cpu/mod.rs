@@ -72,8 +72,8 @@ pub fn simd_level() -> &'static str {
     "baseline"
 }
 
-/// Tunes glibc's allocator for the CPU backend's temporaries (call once, before any thread
-/// starts): products decode and pack weights in bands of a few MiB and layers allocate
+/// Tunes glibc's allocator for the CPU backend's temporaries (call once at start-up, before
+/// the work): products decode and pack weights in bands of a few MiB and layers allocate
 /// activations of tens of MiB, each freed soon after. Above glibc's default 128 KiB-and-up
 /// mapping threshold every such buffer is a fresh mapping whose pages fault in one by one on
 /// first touch (measured: page faults and their zeroing took about 8 % of a Flash prefill);
