@@ -1,8 +1,8 @@
 //! Numbers as text, shared by the library's messages, the reports and the CLI's tables: digit
 //! grouping (`1,234,567`), byte sizes in binary units (`1.50 GiB`), counts with their noun,
 //! token counts as users write them (`16k`), percentages that keep every decimal (`50.04%`),
-//! figures with at least three significant digits (`0.123`, `2.35e-4`), and f32 fields in JSON
-//! as the CSVs write them. Pure formatting, no I/O; the bottom layer: it imports nothing of the
+//! figures with at least three significant digits (`0.123`, `2.35e-4`), f32 fields in JSON
+//! as the CSVs write them, and memory sizes as users write them (`96G`, `80GiB`, `94GB`). Pure formatting, no I/O; the bottom layer: it imports nothing of the
 //! crate.
 
 /// `1234567` -> `1,234,567`.
@@ -16,6 +16,37 @@ pub fn group_digits(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// A memory size as users write it -> bytes: a number (decimals allowed) and a unit in any
+/// case, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` binary (2^20, 2^30, 2^40), `MB`, `GB`, `TB` decimal;
+/// `Err` says what is wrong with it.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("the size is missing".into());
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{t:?} has no unit"))?;
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{t:?} is not a memory size"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "m" | "mib" => (1u64 << 20) as f64,
+        "g" | "gib" => (1u64 << 30) as f64,
+        "t" | "tib" => (1u64 << 40) as f64,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(format!("unknown unit {:?}", unit.trim())),
+    };
+    let bytes = v * mult;
+    if !(1.0..1e18).contains(&bytes) {
+        return Err(format!("{t:?} is not a usable memory size"));
+    }
+    Ok(bytes as u64)
 }
 
 /// Bytes in binary units: `1.50 GiB`, `12.00 MiB`, `512 B`.

@@ -9,6 +9,7 @@
 use super::device::DeviceArgs;
 use super::flags::parse_token_count;
 use crate::backend::{DeviceMemoryUse, OpTime, WeightResidency};
+use crate::config::ModelConfig;
 use crate::devices::plan::{DevicePlan, FIXED_WORKSPACE};
 use crate::model::bench::PrefillProfile;
 use crate::numerics::profiles::{IndexProfile, KvMode};
@@ -63,10 +64,13 @@ pub struct BenchArgs {
 struct Printer<'a> {
     args: &'a BenchArgs,
     out: &'a mut dyn Write,
+    /// The CPU backend's worker threads, for the projection per core (`None` on GPUs).
+    cpu_threads: Option<usize>,
 }
 
 impl BenchProgress for Printer<'_> {
     fn setup(&mut self, setup: &BenchSetup) -> anyhow::Result<()> {
+        self.cpu_threads = (setup.backend.kind == "cpu").then_some(setup.threads);
         if setup.profile_on_cpu {
             writeln!(
                 self.out,
@@ -125,7 +129,7 @@ impl BenchProgress for Printer<'_> {
             row.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}")),
             start.weights
         )?;
-        layer_breakdown(row, start.reference.as_ref(), self.out)?;
+        layer_breakdown(row, start.reference.as_ref(), self.cpu_threads, self.out)?;
         for line in memory_lines(&start.loaded, &f.device_memory, &start.plans) {
             writeln!(self.out, "{:>14} {line}", "device memory:")?;
         }
@@ -142,6 +146,7 @@ impl BenchProgress for Printer<'_> {
 fn layer_breakdown(
     row: &BenchRow,
     reference: Option<&(String, f64)>,
+    cpu_threads: Option<usize>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let p = &row.prefill;
@@ -176,11 +181,32 @@ fn layer_breakdown(
         writeln!(out, "{:>14} {note}", "kept decoded:")?;
     }
     match row.projection {
-        Projection::TokensPerS(t) => writeln!(
-            out,
-            "{:>14} {t:.0} tok/s for the 43-layer Flash prefill at {} tokens",
-            "projected:", p.tokens
-        )?,
+        Projection::TokensPerS {
+            tokens_per_s: t,
+            routed_experts,
+        } => {
+            let per_core = cpu_threads.map_or(String::new(), |n| {
+                format!(
+                    ", {} tok/s per core ({n} threads)",
+                    three_significant(t / n.max(1) as f64)
+                )
+            });
+            let experts = if routed_experts == ModelConfig::flash().n_routed_experts {
+                String::new()
+            } else {
+                format!(
+                    " (measured with {routed_experts} routed experts: the same arithmetic per \
+                     token; a streamed prefill decodes more expert weight per chunk with all 256)"
+                )
+            };
+            writeln!(
+                out,
+                "{:>14} {} tok/s for the 43-layer Flash prefill at {} tokens{per_core}{experts}",
+                "projected:",
+                three_significant(t),
+                p.tokens
+            )?
+        }
         Projection::NotFlashSized {
             field,
             found,
@@ -217,11 +243,12 @@ pub fn run(args: &BenchArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         &mut Printer {
             args,
             out: &mut *out,
+            cpu_threads: None,
         },
     )?;
     writeln!(
         out,
-        "per type: mean wall ms per layer and counted TFLOP/s (linear, attention and indexer arithmetic, model::bench); projected = tokens / (embed + head + the 43 Flash layers at the measured per-type times), for models with Flash's dimensions (all 256 experts) where every layer type was measured"
+        "per type: mean wall ms per layer and counted TFLOP/s (linear, attention and indexer arithmetic, model::bench); projected = tokens / (embed + head + the 43 Flash layers at the measured per-type times), for models with Flash's dimensions (any routed expert count) where every layer type was measured; per core = that / the CPU's worker threads"
     )?;
     writeln!(
         out,
@@ -383,5 +410,57 @@ mod bench_device_tests {
         assert!(lines[0].ends_with("is OVER THE PLAN"), "{}", lines[0]);
         let bare = memory_lines(&loaded, &over, &[]);
         assert!(!bare[0].contains("plan"), "{}", bare[0]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(projection: Projection) -> BenchRow {
+        BenchRow {
+            prefill: PrefillProfile {
+                tokens: 1000,
+                seconds: 10.0,
+                site_seconds: Vec::new(),
+                transfer_bytes: (0, 0),
+                resident_notes: Vec::new(),
+                device_memory: Vec::new(),
+            },
+            peak_rss_mib: None,
+            types: Vec::new(),
+            projection,
+            ops: None,
+        }
+    }
+
+    fn printed(projection: Projection, cpu_threads: Option<usize>) -> String {
+        let mut out = Vec::new();
+        layer_breakdown(&row(projection), None, cpu_threads, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_projection_names_its_rate_per_core_and_a_smaller_expert_count() {
+        let eight = Projection::TokensPerS {
+            tokens_per_s: 12.5,
+            routed_experts: 8,
+        };
+        let text = printed(eight.clone(), Some(2));
+        assert!(
+            text.contains("12.500 tok/s for the 43-layer Flash prefill at 1000 tokens, 6.250 tok/s per core (2 threads)"),
+            "{text}"
+        );
+        assert!(text.contains("measured with 8 routed experts"), "{text}");
+        // A GPU backend has no per-core rate; all 256 experts need no remark.
+        let all = Projection::TokensPerS {
+            tokens_per_s: 12.5,
+            routed_experts: 256,
+        };
+        let text = printed(all, None);
+        assert!(
+            !text.contains("per core") && !text.contains("routed experts"),
+            "{text}"
+        );
     }
 }

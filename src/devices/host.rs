@@ -1,6 +1,8 @@
-//! Room on the host: memory (`/proc/meminfo`) and free space on a path's filesystem
-//! (`statvfs`), and the check that refuses a run whose output cannot fit before it starts; and
-//! the process's own peak resident set size (`/proc/self/status`), which `bench` reports.
+//! Room on the host: memory (`/proc/meminfo`; what this process may take, lowered to its cgroup
+//! limit or set by `NEEDLESCOPE_HOST_MEMORY`, for the host memory plan) and free space on a
+//! path's filesystem (`statvfs`), and the check that refuses a run whose output cannot fit
+//! before it starts; and the process's own peak resident set size (`/proc/self/status`), which
+//! `bench` reports.
 //!
 //! The readings are `None` where the platform does not tell (no /proc, a failed `statvfs`):
 //! the room check then passes, since refusing on a guess would block runs that fit.
@@ -14,6 +16,66 @@ pub fn meminfo_bytes(field: &str) -> Option<u64> {
     let line = info.lines().find(|l| l.split(':').next() == Some(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// The environment variable that sets the memory a CPU run plans against (a size such as
+/// `64G`, `512M`), instead of what [`host_memory_available`] reads: for a host whose limits
+/// the kernel does not show, or to rehearse a smaller one.
+pub const HOST_MEMORY_ENV: &str = "NEEDLESCOPE_HOST_MEMORY";
+
+/// The memory this process may still take, and where the figure comes from: the
+/// [`HOST_MEMORY_ENV`] size when set (`Err` naming it when it is not a size); else
+/// `MemAvailable`, lowered to the room left under the process's cgroup limit (v2
+/// `memory.max` - `memory.current`, v1 `memory.limit_in_bytes` - `memory.usage_in_bytes`)
+/// when there is one: inside a container /proc/meminfo shows the whole machine. `Ok(None)`
+/// where neither can be read.
+pub fn host_memory_available() -> Result<Option<(u64, &'static str)>, String> {
+    if let Ok(v) = std::env::var(HOST_MEMORY_ENV) {
+        let bytes =
+            crate::units::parse_size(&v).map_err(|e| format!("{HOST_MEMORY_ENV}={v:?}: {e}"))?;
+        return Ok(Some((bytes, HOST_MEMORY_ENV)));
+    }
+    let available = meminfo_bytes("MemAvailable");
+    Ok(match (available, cgroup_room()) {
+        (Some(a), Some(c)) if c < a => Some((c, "cgroup memory limit")),
+        (Some(a), _) => Some((a, "MemAvailable")),
+        (None, Some(c)) => Some((c, "cgroup memory limit")),
+        (None, None) => None,
+    })
+}
+
+/// Bytes left under this process's cgroup memory limit, if it has one (module doc of
+/// [`host_memory_available`]); `None` without a limit or where it cannot be read.
+fn cgroup_room() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read =
+        |path: String| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let (limit, usage) = if controllers.is_empty() {
+            let dir = format!("/sys/fs/cgroup{path}");
+            (
+                read(format!("{dir}/memory.max")),
+                read(format!("{dir}/memory.current")),
+            )
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let dir = format!("/sys/fs/cgroup/memory{path}");
+            (
+                read(format!("{dir}/memory.limit_in_bytes")),
+                read(format!("{dir}/memory.usage_in_bytes")),
+            )
+        } else {
+            continue;
+        };
+        // v1 writes "no limit" as a page-rounded i64::MAX; v2 as "max" (no number).
+        if let (Some(limit), Some(usage)) = (limit, usage) {
+            if limit < (1u64 << 62) {
+                return Some(limit.saturating_sub(usage));
+            }
+        }
+    }
+    None
 }
 
 /// The process's peak resident set size in MiB (Linux `VmHWM`), if readable.

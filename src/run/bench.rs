@@ -87,8 +87,14 @@ pub struct BenchRow {
 /// The prefill speed of the 43-layer Flash model projected from one length's per-type times.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Projection {
-    /// Tokens/s.
-    TokensPerS(f64),
+    /// Tokens/s of the 43 layers. `routed_experts` is the measured model's count: a Flash-sized
+    /// model with fewer routed experts (`synth --preset flash --experts 8`) does the same
+    /// arithmetic per token (each token runs its top-k and the shared expert), so it projects
+    /// too; only a streamed prefill's expert decoding per chunk grows with the count.
+    TokensPerS {
+        tokens_per_s: f64,
+        routed_experts: usize,
+    },
     /// The model's layers are not Flash-sized: the first dimension that differs.
     NotFlashSized {
         field: &'static str,
@@ -243,15 +249,23 @@ impl ModelTask for BenchTask<'_> {
 }
 
 /// The projection of one length to the 43-layer Flash schedule: only from layers of Flash's
-/// own size (the first dimension that differs, if any, is what it says instead).
+/// own size, its routed expert count aside (the first dimension that differs, if any, is what
+/// it says instead).
 fn projection(cfg: &ModelConfig, types: &[LayerTypeFigures], p: &PrefillProfile) -> Projection {
     let flash = ModelConfig::flash();
+    // Every dimension but the routed expert count (see `Projection::TokensPerS`); a token
+    // must still pick as many of them.
     let differs = [
         ("hidden_size", cfg.hidden_size, flash.hidden_size),
         (
-            "n_routed_experts",
-            cfg.n_routed_experts,
-            flash.n_routed_experts,
+            "num_experts_per_tok",
+            cfg.num_experts_per_tok,
+            flash.num_experts_per_tok,
+        ),
+        (
+            "n_shared_experts",
+            cfg.n_shared_experts,
+            flash.n_shared_experts,
         ),
         (
             "num_attention_heads",
@@ -272,7 +286,10 @@ fn projection(cfg: &ModelConfig, types: &[LayerTypeFigures], p: &PrefillProfile)
     .into_iter()
     .find(|(_, a, b)| a != b);
     match (differs, projected_tokens_per_s(&flash, types, p)) {
-        (None, Some(t)) => Projection::TokensPerS(t),
+        (None, Some(t)) => Projection::TokensPerS {
+            tokens_per_s: t,
+            routed_experts: cfg.n_routed_experts,
+        },
         (Some((field, found, flash)), _) => Projection::NotFlashSized {
             field,
             found,
@@ -301,4 +318,71 @@ fn profile_since(before: &[OpTime], now: &[OpTime]) -> Vec<OpTime> {
         .collect();
     rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LayerKind;
+
+    /// One measured layer of each type, 1 s each, and a 1-token prefill with a free embed and
+    /// head.
+    fn measured() -> (Vec<LayerTypeFigures>, PrefillProfile) {
+        let types = [LayerKind::Swa, LayerKind::Csa, LayerKind::Hca]
+            .into_iter()
+            .map(|kind| LayerTypeFigures {
+                kind,
+                layers: 1,
+                seconds_per_layer: 1.0,
+                flops_per_layer: 1e9,
+            })
+            .collect();
+        let profile = PrefillProfile {
+            tokens: 43,
+            seconds: 3.0,
+            site_seconds: vec![0.0, 1.0, 1.0, 1.0, 0.0],
+            transfer_bytes: (0, 0),
+            resident_notes: Vec::new(),
+            device_memory: Vec::new(),
+        };
+        (types, profile)
+    }
+
+    #[test]
+    fn a_flash_sized_model_with_fewer_routed_experts_projects_and_says_so() {
+        let (types, profile) = measured();
+        let mut cfg = ModelConfig::flash();
+        cfg.num_hidden_layers = 4;
+        cfg.n_routed_experts = 8;
+        // 43 layers at 1 s each: 1 token/s.
+        assert_eq!(
+            projection(&cfg, &types, &profile),
+            Projection::TokensPerS {
+                tokens_per_s: 1.0,
+                routed_experts: 8
+            }
+        );
+        cfg.num_experts_per_tok = 4;
+        assert_eq!(
+            projection(&cfg, &types, &profile),
+            Projection::NotFlashSized {
+                field: "num_experts_per_tok",
+                found: 4,
+                flash: 6
+            }
+        );
+        let mut cfg = ModelConfig::flash();
+        cfg.hidden_size = 1024;
+        assert!(matches!(
+            projection(&cfg, &types, &profile),
+            Projection::NotFlashSized {
+                field: "hidden_size",
+                ..
+            }
+        ));
+        assert_eq!(
+            projection(&ModelConfig::flash(), &types[..2], &profile),
+            Projection::NotEveryType
+        );
+    }
 }

@@ -2,8 +2,52 @@
 //! trace, bench and a sweep's plan on resume): no value listed twice, no top-k past the
 //! model's rows, the positions a prompt takes, DeepSeek-V4.1's profiles and KV rounding.
 
+use crate::backend::WeightResidency;
 use crate::config::ModelConfig;
+use crate::devices::plan::{host_plan, AsPlanModel, Footprint, HostMemory, HostPlanInput};
 use crate::numerics::profiles::{IndexProfile, KvMode};
+
+/// Refuses a CPU run this host cannot hold, before a weight is read: the host memory plan
+/// ([`crate::devices::plan::host_plan`]) of `model` at `context` tokens in chunks of `chunk`
+/// with `weights` (resolved) on rayon's threads, against what the process may take
+/// ([`crate::devices::host::host_memory_available`]: `NEEDLESCOPE_HOST_MEMORY`, else
+/// `MemAvailable` under any cgroup limit). Passes where neither can be read (refusing on a
+/// guess would block runs that fit).
+pub fn refuse_host_shortfall(
+    model: &(impl AsPlanModel + ?Sized),
+    footprint: &Footprint,
+    context: usize,
+    chunk: usize,
+    weights: WeightResidency,
+) -> anyhow::Result<()> {
+    let Some((capacity, source)) =
+        crate::devices::host::host_memory_available().map_err(anyhow::Error::msg)?
+    else {
+        return Ok(());
+    };
+    let memory = HostMemory {
+        capacity,
+        source,
+        spec: "cpu".into(),
+    };
+    let run = HostPlanInput {
+        context,
+        chunk,
+        weights,
+        threads: rayon::current_num_threads(),
+    };
+    let plan = host_plan(model, footprint, run, &memory);
+    if !plan.fits {
+        anyhow::bail!(
+            "{}; before loading anything (see it part by part: needlescope inspect --model DIR \
+             --devices cpu --context {}; a shorter prompt, a smaller --chunk or fewer --threads \
+             need less)",
+            plan.refusal(),
+            plan.context
+        );
+    }
+    Ok(())
+}
 
 /// The positions a run of a `length`-token prompt generating `generate` tokens takes: the
 /// prompt's, then one per generated token but the last (which is never fed back).

@@ -107,6 +107,13 @@ pub fn run_v41(plan: &ProbePlan) -> anyhow::Result<LocalProbe> {
         )?),
         None => None,
     };
+    super::checks::refuse_host_shortfall(
+        ckpt.config(),
+        &crate::devices::plan::Footprint::of_checkpoint(&ckpt),
+        positions,
+        chunk,
+        crate::backend::WeightResidency::Decoded,
+    )?;
     let mut model = ModelV41::load(
         &ckpt,
         &tok,

@@ -103,6 +103,8 @@ pub enum Target {
         weights: WeightResidency,
         /// The prefill chunk (`auto` resolved).
         chunk: usize,
+        /// The most tokens the run holds (its host memory plan's context).
+        context: usize,
     },
     Cuda(GpuTarget<CudaExecutor>),
     Emu(GpuTarget<EmuExecutor>),
@@ -201,6 +203,7 @@ impl Target {
                 AUTO_CHUNK => CPU_AUTO_CHUNK,
                 c => c,
             },
+            context: work.context,
         })
     }
 
@@ -260,7 +263,18 @@ impl Target {
         task: T,
     ) -> anyhow::Result<T::Output> {
         match self {
-            Target::Cpu { weights, .. } => {
+            Target::Cpu {
+                weights,
+                chunk,
+                context,
+            } => {
+                super::checks::refuse_host_shortfall(
+                    ckpt.config(),
+                    &Footprint::of_checkpoint(ckpt),
+                    context,
+                    chunk,
+                    weights,
+                )?;
                 let backend = CpuBackend::with_weights(weights);
                 task.run(&mut load_with_bar(backend, ckpt, opts)?)
             }

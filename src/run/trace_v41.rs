@@ -241,6 +241,13 @@ pub fn run_v41(
     )?;
     announce(layout.file_bytes());
     let started = std::time::Instant::now();
+    super::checks::refuse_host_shortfall(
+        ckpt.config(),
+        &crate::devices::plan::Footprint::of_checkpoint(&ckpt),
+        tokens.len(),
+        opts.chunk,
+        crate::backend::WeightResidency::Decoded,
+    )?;
     let model = ModelV41::load(&ckpt, &tokenizer, opts)?;
     let recorded: BTreeSet<usize> = positions.iter().copied().collect();
     let mut names = BTreeSet::new();

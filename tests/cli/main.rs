@@ -9,6 +9,7 @@ mod device;
 mod edges;
 mod emu_combos;
 mod help;
+mod host_plan;
 mod hub;
 mod inspect;
 mod inspect_verify;

@@ -10,10 +10,15 @@ use super::report::{
     Dims, InspectReport, InventoryEntry, InventoryReport, LayerRoleRow, LayerRow, Source,
 };
 use super::InspectArgs;
+use crate::backend::WeightResidency;
 use crate::checkpoint::verify::VerifyReport;
 use crate::checkpoint::{audit, Checkpoint, Dtype, InventoryDiff, WeightFormat};
 use crate::config::{Family, LayerRoles, ModelConfig, RouterKind};
-use crate::devices::plan::Footprint;
+use crate::devices::placement::{plan_over, AUTO_CHUNK, CPU_AUTO_CHUNK};
+use crate::devices::plan::{
+    auto_residency, host_plan, AsPlanModel, Footprint, HostPlan, HostPlanInput, MemoryPlan,
+    PlanDevices,
+};
 
 /// Entries of each inventory category listed in full.
 const LIST_LIMIT: usize = 20;
@@ -37,9 +42,7 @@ pub fn build_v4(args: &InspectArgs) -> anyhow::Result<InspectReport> {
             cfg.max_position_embeddings
         );
     }
-    let plan = args.devices.as_ref().map(|d| {
-        crate::devices::placement::plan_over(&cfg, &footprint, d, args.context, args.chunk)
-    });
+    let (plan, host_plan) = plans(args, &cfg, &footprint)?;
     Ok(InspectReport {
         source,
         family: Family::V4.name(),
@@ -59,7 +62,41 @@ pub fn build_v4(args: &InspectArgs) -> anyhow::Result<InspectReport> {
         inventory,
         verify,
         plan,
+        host_plan,
     })
+}
+
+/// The memory plan `--devices` asks for: over GPUs, or a CPU run on the host (`cpu`,
+/// `cpu:SIZE`; `--weights` and `--threads` say how it runs, `--chunk auto` is the CPU's).
+pub(super) fn plans(
+    args: &InspectArgs,
+    model: &(impl AsPlanModel + ?Sized),
+    footprint: &Footprint,
+) -> anyhow::Result<(Option<MemoryPlan>, Option<HostPlan>)> {
+    let Some(devices) = &args.devices else {
+        return Ok((None, None));
+    };
+    let Some((memory, memory_total)) = devices.host_memory().map_err(anyhow::Error::msg)? else {
+        let PlanDevices::Gpus(set) = devices else {
+            unreachable!("host_memory is None only for GPUs")
+        };
+        let plan = plan_over(model, footprint, set, args.context, args.chunk);
+        return Ok((Some(plan), None));
+    };
+    let weights = match args.weights {
+        WeightResidency::Auto => auto_residency(model, footprint, memory_total),
+        w => w,
+    };
+    let run = HostPlanInput {
+        context: args.context,
+        chunk: match args.chunk {
+            AUTO_CHUNK => CPU_AUTO_CHUNK,
+            c => c,
+        },
+        weights,
+        threads: rayon::current_num_threads(),
+    };
+    Ok((None, Some(host_plan(model, footprint, run, &memory))))
 }
 
 /// The layer-role table as `inspect` prints it.

@@ -40,9 +40,7 @@ pub fn build_v41(args: &InspectArgs) -> anyhow::Result<InspectReport> {
     }
     // The Engram rows the host reads are as wide as the format stores them.
     let model = PlanModel::v41_stored(&cfg, format);
-    let plan = args.devices.as_ref().map(|d| {
-        crate::devices::placement::plan_over(&model, &footprint, d, args.context, args.chunk)
-    });
+    let (plan, host_plan) = super::build::plans(args, &model, &footprint)?;
     let roles = cfg.layer_roles();
     Ok(InspectReport {
         source,
@@ -64,6 +62,7 @@ pub fn build_v41(args: &InspectArgs) -> anyhow::Result<InspectReport> {
         inventory,
         verify,
         plan,
+        host_plan,
     })
 }
 

@@ -21,9 +21,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use super::flags::parse_token_count;
+use crate::backend::WeightResidency;
 use crate::checkpoint::WeightFormat;
 use crate::config::Family;
-use crate::devices::plan::DeviceSet;
+use crate::devices::plan::PlanDevices;
 use crate::units::{group_digits, human_bytes};
 
 mod build;
@@ -59,9 +60,9 @@ pub struct InspectArgs {
     #[arg(long, value_name = "bf16|official|nvfp4", requires = "config")]
     pub format: Option<WeightFormat>,
 
-    /// Plan memory over these devices: COUNTxSIZE, e.g. 8x96G or 2x80GiB (G = GiB = 2^30 B, GB = 10^9 B)
-    #[arg(long, value_name = "COUNTxSIZE")]
-    pub devices: Option<DeviceSet>,
+    /// Plan memory over these devices: GPUs as COUNTxSIZE, e.g. 8x96G or 2x80GiB (G = GiB = 2^30 B, GB = 10^9 B); or cpu: a CPU run on this host against its available memory (cpu:SIZE: a host of that size, e.g. cpu:768G)
+    #[arg(long, value_name = "COUNTxSIZE|cpu|cpu:SIZE")]
+    pub devices: Option<PlanDevices>,
 
     /// With --devices: context length the memory plan provisions state for (k = 1024, m = 1048576), at most the config's max_position_embeddings
     #[arg(long, value_name = "TOKENS", value_parser = parse_token_count, default_value = "128k", requires = "devices")]
@@ -70,6 +71,15 @@ pub struct InspectArgs {
     /// With --devices: prefill chunk the memory plan provisions workspace for, or auto: the largest of 8192, 4096 and 2048 that fits, as a GPU run chooses
     #[arg(long, value_name = "TOKENS|auto", value_parser = super::flags::parse_chunk, default_value = "auto", requires = "devices")]
     pub chunk: usize,
+
+    /// With --devices cpu: the weights of the planned CPU run: decoded (f32 at load), streamed (stored format, decoded on use) or auto (decoded when the f32 model takes at most a quarter of the host's memory), as `bench --weights` and every CPU run decide
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "auto",
+        requires = "devices"
+    )]
+    pub weights: WeightResidency,
 
     /// With --model: also read every stored value of every shard (a progress bar over the bytes) and name each tensor holding NaN or infinite values, or only zeros; non-zero exit on any
     #[arg(long, conflicts_with = "config")]
@@ -162,6 +172,9 @@ pub fn run(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             p.context,
             crate::units::bytes_and_count(p.shortfall)
         ));
+    }
+    if let Some(p) = report.host_plan.as_ref().filter(|p| !p.fits) {
+        problems.push(p.refusal());
     }
     if !problems.is_empty() {
         bail!(problems.join("; "));

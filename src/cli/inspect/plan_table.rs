@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use crate::devices::plan::MemoryPlan;
+use crate::devices::plan::{HostPlan, MemoryPlan};
 use crate::units::{group_digits, human_bytes};
 
 pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -135,6 +135,72 @@ pub(super) fn print_plan(p: &MemoryPlan, out: &mut dyn Write) -> anyhow::Result<
     for n in &p.placement_notes {
         writeln!(out, "  where: {n}")?;
     }
+    for a in &p.assumptions {
+        writeln!(out, "  assumes: {a}")?;
+    }
+    Ok(())
+}
+
+/// The CPU host's plan: one line per part (mapped weights, decoded copies, state, workspace),
+/// the total against the host's memory, the shortfall when it does not fit, its assumptions.
+pub(super) fn print_host_plan(p: &HostPlan, out: &mut dyn Write) -> anyhow::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "host memory plan {} at context {} tokens (prefill chunk {}, weights {}, {} threads): {}",
+        p.devices_spec,
+        group_digits(p.context as u64),
+        p.chunk,
+        p.weights,
+        p.threads,
+        if p.fits {
+            "fits"
+        } else {
+            "REFUSED, does not fit"
+        }
+    )?;
+    let rows = [
+        ("mapped weights", p.mapped_weights),
+        ("decoded copies", p.decoded_weights),
+        ("state", p.state),
+        ("workspace", p.workspace),
+        ("total", p.total),
+    ];
+    for (what, bytes) in rows {
+        writeln!(out, "  {what:<16} {:>11}", human_bytes(bytes))?;
+    }
+    writeln!(
+        out,
+        "  {:<16} {:>11} ({})",
+        "host memory",
+        human_bytes(p.capacity),
+        p.capacity_source
+    )?;
+    if p.fits {
+        writeln!(
+            out,
+            "  {:<16} {:>11}",
+            "free",
+            human_bytes(p.capacity - p.total)
+        )?;
+    } else {
+        writeln!(
+            out,
+            "shortfall   {} ({} bytes) more than the host has",
+            human_bytes(p.shortfall),
+            group_digits(p.shortfall)
+        )?;
+    }
+    writeln!(
+        out,
+        "  not read: {} (MTP{})",
+        human_bytes(p.excluded_bytes),
+        if p.assumptions.iter().any(|a| a.contains("vision")) {
+            ", vision tower"
+        } else {
+            ""
+        }
+    )?;
     for a in &p.assumptions {
         writeln!(out, "  assumes: {a}")?;
     }

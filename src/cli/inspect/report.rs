@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 use crate::checkpoint::verify::VerifyReport;
-use crate::devices::plan::{Footprint, MemoryPlan};
+use crate::devices::plan::{Footprint, HostPlan, MemoryPlan};
 
 /// Where the numbers come from.
 #[derive(Clone, Debug, Serialize)]
@@ -164,5 +164,9 @@ pub struct InspectReport {
     pub inventory: Option<InventoryReport>,
     /// With `--verify`: the tensors read and those holding NaN, infinite or only zero values.
     pub verify: Option<VerifyReport>,
+    /// `--devices COUNTxSIZE`: the GPU memory plan.
     pub plan: Option<MemoryPlan>,
+    /// `--devices cpu`: the CPU host's memory plan (absent from the JSON otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_plan: Option<HostPlan>,
 }

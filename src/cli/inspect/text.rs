@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-use super::plan_table::print_plan;
+use super::plan_table::{print_host_plan, print_plan};
 use super::report::{Dims, InspectReport, LayerRoleRow, V41Facts};
 use crate::config::LayerKind;
 use crate::devices::plan;
@@ -303,6 +303,9 @@ pub(super) fn print_text(r: &InspectReport, out: &mut dyn Write) -> anyhow::Resu
     // Memory plan.
     if let Some(p) = &r.plan {
         print_plan(p, out)?;
+    }
+    if let Some(p) = &r.host_plan {
+        print_host_plan(p, out)?;
     }
     Ok(())
 }

@@ -43,34 +43,89 @@ impl std::str::FromStr for DeviceSet {
     }
 }
 
-/// `96G`, `80GiB`, `94GB`, `1.5T`, `512M` -> bytes.
+/// What `inspect --devices` plans over: GPUs ([`DeviceSet`]), or the CPU host (`cpu`: its
+/// `MemAvailable` now; `cpu:SIZE`: a host of that size, e.g. `cpu:768G`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanDevices {
+    Gpus(DeviceSet),
+    Host {
+        /// `cpu:SIZE`'s size; `None`: this host's memory.
+        size: Option<u64>,
+        spec: String,
+    },
+}
+
+impl std::str::FromStr for PlanDevices {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let lower = t.to_ascii_lowercase();
+        if lower == "cpu" {
+            return Ok(PlanDevices::Host {
+                size: None,
+                spec: "cpu".into(),
+            });
+        }
+        if let Some(size) = lower.strip_prefix("cpu:") {
+            let bytes = parse_bytes(size).map_err(|e| {
+                format!(
+                    "cpu:SIZE plans for a host of SIZE bytes (cpu:768G); {}",
+                    e.strip_prefix(DEVICE_FORM)
+                        .unwrap_or(&e)
+                        .trim_start_matches("; ")
+                )
+            })?;
+            return Ok(PlanDevices::Host {
+                size: Some(bytes),
+                spec: t.to_string(),
+            });
+        }
+        t.parse().map(PlanDevices::Gpus).map_err(|e: String| {
+            format!("{e}; or cpu for this host's memory, cpu:SIZE for another host's")
+        })
+    }
+}
+
+impl PlanDevices {
+    /// The host's memory for a `cpu` plan and the total the `auto` residency rule reads: the
+    /// size given (both), or what this process may take now
+    /// ([`crate::devices::host::host_memory_available`]) and `MemTotal`; `Err` when neither can
+    /// be read. `None` for GPUs.
+    pub fn host_memory(&self) -> Result<Option<(super::HostMemory, u64)>, String> {
+        let PlanDevices::Host { size, spec } = self else {
+            return Ok(None);
+        };
+        let (capacity, total, source) = match size {
+            Some(b) => (*b, *b, "given"),
+            None => {
+                let (available, source) = crate::devices::host::host_memory_available()?
+                    .ok_or_else(|| {
+                        "--devices cpu: cannot read the host's available memory (/proc/meminfo, \
+                         the cgroup limit); give it instead, e.g. --devices cpu:512G"
+                            .to_string()
+                    })?;
+                let total = match source {
+                    crate::devices::host::HOST_MEMORY_ENV => available,
+                    _ => crate::devices::host::meminfo_bytes("MemTotal").unwrap_or(available),
+                };
+                (available, total, source)
+            }
+        };
+        Ok(Some((
+            super::HostMemory {
+                capacity,
+                source,
+                spec: spec.clone(),
+            },
+            total,
+        )))
+    }
+}
+
+/// `96G`, `80GiB`, `94GB`, `1.5T`, `512M` -> bytes ([`crate::units::parse_size`]), errors
+/// prefixed with the `--devices` form.
 fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(format!("{DEVICE_FORM}; the size after the `x` is missing"));
-    }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("{DEVICE_FORM}; {t:?} has no unit"))?;
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{DEVICE_FORM}; {t:?} is not a memory size"))?;
-    // Units in any case: `G`, `GiB`, `gib` are 2^30 bytes, `GB`, `gb` 10^9.
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "m" | "mib" => (1u64 << 20) as f64,
-        "g" | "gib" => (1u64 << 30) as f64,
-        "t" | "tib" => (1u64 << 40) as f64,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return Err(format!("{DEVICE_FORM}; unknown unit {:?}", unit.trim())),
-    };
-    let bytes = v * mult;
-    if !(1.0..1e18).contains(&bytes) {
-        return Err(format!("{DEVICE_FORM}; {t:?} is not a usable memory size"));
-    }
-    Ok(bytes as u64)
+    crate::units::parse_size(s).map_err(|e| format!("{DEVICE_FORM}; {e}"))
 }
 
 // ---------------------------------------------------------------------------------------------

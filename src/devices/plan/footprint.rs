@@ -259,6 +259,9 @@ pub struct Footprint {
     /// and their scales); part of `main`, on no device. Absent from the JSON when 0 (V4).
     #[serde(skip_serializing_if = "is_zero")]
     pub host_bytes: u64,
+    /// Logical parameters of those host-resident tables (absent from the JSON when 0: V4).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_params: u64,
 }
 
 /// Serde's test for the figures a V4 plan or footprint leaves out of its JSON.
@@ -278,6 +281,7 @@ impl Footprint {
         let mut vision = Tally::default();
         let mut layer_bytes = vec![0u64; layers];
         let (mut first_bytes, mut last_bytes, mut host_bytes) = (0u64, 0u64, 0u64);
+        let mut host_params = 0u64;
         for t in tensors {
             let params = logical_params(t.name, t.dtype, t.numel);
             comps
@@ -298,7 +302,10 @@ impl Footprint {
                         Slot::First => first_bytes = first_bytes.saturating_add(t.bytes),
                         Slot::Layer(l) => layer_bytes[l] = layer_bytes[l].saturating_add(t.bytes),
                         Slot::Last => last_bytes = last_bytes.saturating_add(t.bytes),
-                        Slot::Host => host_bytes = host_bytes.saturating_add(t.bytes),
+                        Slot::Host => {
+                            host_bytes = host_bytes.saturating_add(t.bytes);
+                            host_params = host_params.saturating_add(params);
+                        }
                         Slot::Excluded | Slot::Vision => unreachable!(),
                     }
                 }
@@ -336,6 +343,7 @@ impl Footprint {
             first_bytes,
             last_bytes,
             host_bytes,
+            host_params,
         }
     }
 

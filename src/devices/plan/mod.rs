@@ -112,6 +112,7 @@ pub const PROBED_LOGIT_ROWS: u64 = 256;
 
 mod devices;
 mod footprint;
+mod host_plan;
 mod model;
 mod search;
 mod state;
@@ -125,6 +126,7 @@ mod ledger_tests;
 
 pub use devices::*;
 pub use footprint::*;
+pub use host_plan::*;
 pub use model::*;
 pub use search::*;
 pub use state::*;
