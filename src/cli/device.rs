@@ -43,20 +43,20 @@ impl TypedValueParser for DeviceParser {
     }
 }
 
-/// `--gpu-gemm`: operand precision of the GPU backend's matrix products.
+/// `--gpu-gemm`, `--cpu-gemm`: operand precision of the linear products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum GpuGemm {
-    /// f32 operands: matches the CPU reference up to summation order (the default)
+pub enum GemmOperands {
+    /// f32 operands: the reference's values (up to summation order on a GPU); the default
     F32,
     /// bf16 operands, f32 accumulation: the serving engines' numerics, and the fast path
     Bf16,
 }
 
-impl From<GpuGemm> for GemmType {
-    fn from(g: GpuGemm) -> GemmType {
+impl From<GemmOperands> for GemmType {
+    fn from(g: GemmOperands) -> GemmType {
         match g {
-            GpuGemm::Bf16 => GemmType::Bf16,
-            GpuGemm::F32 => GemmType::F32,
+            GemmOperands::Bf16 => GemmType::Bf16,
+            GemmOperands::F32 => GemmType::F32,
         }
     }
 }
@@ -79,10 +79,17 @@ pub struct DeviceArgs {
 
     /// GEMM operands on the GPU: f32 (the CPU reference's values up to summation order) or bf16
     /// (f32 accumulation; the serving engines' numerics and much faster, but ranks near the
-    /// top-k cut-off may differ from the reference) [default: f32]; ignored on the CPU, which
-    /// computes in f32 throughout
+    /// top-k cut-off may differ from the reference) [default: f32]; ignored on the CPU (see
+    /// --cpu-gemm)
     #[arg(long, value_name = "bf16|f32")]
-    pub gpu_gemm: Option<GpuGemm>,
+    pub gpu_gemm: Option<GemmOperands>,
+
+    /// GEMM operands of the linear products on the CPU: f32 (the reference) or bf16 (f32
+    /// accumulation, AMX tiles where the CPU has them: the serving engines' numerics and
+    /// faster, but ranks near the top-k cut-off may differ from the reference; the mHC mixes,
+    /// the router and the attention stay f32) [default: f32]; ignored on a GPU (see --gpu-gemm)
+    #[arg(long, value_name = "bf16|f32")]
+    pub cpu_gemm: Option<GemmOperands>,
 }
 
 impl DeviceArgs {
@@ -91,6 +98,7 @@ impl DeviceArgs {
         DeviceChoice {
             device: self.device.clone(),
             gpu_gemm: self.gpu_gemm.map(GemmType::from),
+            cpu_gemm: self.cpu_gemm.map(GemmType::from),
         }
     }
 }

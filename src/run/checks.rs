@@ -7,6 +7,27 @@ use crate::config::ModelConfig;
 use crate::devices::plan::{host_plan, AsPlanModel, Footprint, HostMemory, HostPlanInput};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 
+/// Refuses a device choice DeepSeek-V4.1 cannot run with yet: a GPU (`--device cuda`, its
+/// CUDA backend is a later issue) or bf16 products on the CPU (`--cpu-gemm bf16`: its CPU model
+/// computes in f32 only). `--gpu-gemm` is ignored on the CPU, as for V4.
+pub fn refuse_v41_device(device: &crate::run::device::DeviceChoice) -> anyhow::Result<()> {
+    use crate::run::device::DeviceSpec;
+    if !matches!(device.device, DeviceSpec::Cpu | DeviceSpec::Auto) {
+        anyhow::bail!(
+            "--device {}: DeepSeek-V4.1 runs on the CPU reference only for now (--device cpu or \
+             auto); its CUDA backend is a later issue",
+            device.device
+        );
+    }
+    if device.cpu_gemm == Some(crate::backend::gpu::GemmType::Bf16) {
+        anyhow::bail!(
+            "--cpu-gemm bf16: DeepSeek-V4.1 runs on the CPU reference in f32 only for now \
+             (leave out --cpu-gemm, or give f32)"
+        );
+    }
+    Ok(())
+}
+
 /// Refuses a CPU run this host cannot hold, before a weight is read: the host memory plan
 /// ([`crate::devices::plan::host_plan`]) of `model` at `context` tokens in chunks of `chunk`
 /// with `weights` (resolved) on rayon's threads, against what the process may take

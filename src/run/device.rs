@@ -118,6 +118,8 @@ pub struct DeviceChoice {
     /// The GEMM operands asked for; `None`: not asked (f32 on a GPU, nothing to ignore on the
     /// CPU).
     pub gpu_gemm: Option<GemmType>,
+    /// `--cpu-gemm`: the CPU backend's linear products; `None`: not asked (f32).
+    pub cpu_gemm: Option<GemmType>,
 }
 
 impl DeviceChoice {
@@ -126,6 +128,7 @@ impl DeviceChoice {
         DeviceChoice {
             device: DeviceSpec::Cpu,
             gpu_gemm: None,
+            cpu_gemm: None,
         }
     }
 
@@ -386,6 +389,7 @@ mod tests {
         let a = DeviceChoice {
             device: DeviceSpec::Auto,
             gpu_gemm: Some(GemmType::Bf16),
+            cpu_gemm: None,
         };
         assert_eq!(a.gemm(), GemmType::Bf16);
     }

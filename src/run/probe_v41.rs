@@ -13,7 +13,6 @@
 
 use std::path::Path;
 
-use super::device::DeviceSpec;
 use super::probe::{LocalProbe, ProbePlan};
 use super::prompt::PromptSource;
 use super::target::model_marks;
@@ -34,13 +33,7 @@ pub fn run_v41(plan: &ProbePlan) -> anyhow::Result<LocalProbe> {
             plan.model.display()
         );
     }
-    if !matches!(plan.device.device, DeviceSpec::Cpu | DeviceSpec::Auto) {
-        anyhow::bail!(
-            "--device {}: DeepSeek-V4.1 runs on the CPU reference only for now (--device cpu or \
-             auto); its CUDA backend is a later issue",
-            plan.device.device
-        );
-    }
+    super::checks::refuse_v41_device(&plan.device)?;
     super::checks::refuse_non_v41_numerics(&plan.indexes, &plan.compare, plan.kv)?;
     let ckpt = Checkpoint::open_v41(plan.model)?;
     let cfg = ckpt.config().clone();

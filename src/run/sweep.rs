@@ -357,16 +357,7 @@ fn open(
                  yet (its two-level selection has no capture format here)"
             );
         }
-        if !matches!(
-            device.device,
-            super::device::DeviceSpec::Cpu | super::device::DeviceSpec::Auto
-        ) {
-            anyhow::bail!(
-                "--device {}: DeepSeek-V4.1 runs on the CPU reference only for now (--device \
-                 cpu or auto); its CUDA backend is a later issue",
-                device.device
-            );
-        }
+        super::checks::refuse_v41_device(device)?;
         super::checks::refuse_non_v41_numerics(&plan.indexes, &plan.compare, plan.kv)?;
         let ckpt = crate::checkpoint::Checkpoint::open_v41(model_dir)?;
         let cfg = ckpt.config().clone();

@@ -105,6 +105,8 @@ pub enum Target {
         chunk: usize,
         /// The most tokens the run holds (its host memory plan's context).
         context: usize,
+        /// The linear products' operands (`--cpu-gemm`; f32 unless asked).
+        gemm: GemmType,
     },
     Cuda(GpuTarget<CudaExecutor>),
     Emu(GpuTarget<EmuExecutor>),
@@ -171,7 +173,16 @@ impl Target {
             },
         };
         match target {
-            Some(t) => Ok(t),
+            Some(t) => {
+                if let Some(g) = args.cpu_gemm {
+                    writeln!(
+                        notes,
+                        "note: --cpu-gemm {} is ignored on a GPU backend (its products: --gpu-gemm)",
+                        gemm_name(g)
+                    )?;
+                }
+                Ok(t)
+            }
             None => Self::cpu_with_note(args, ckpt, work, note, notes),
         }
     }
@@ -186,11 +197,13 @@ impl Target {
         notes: &mut dyn Write,
     ) -> anyhow::Result<Self> {
         let ignored = args.gpu_gemm.map(gemm_name);
+        let gemm = args.cpu_gemm.unwrap_or(GemmType::F32);
         let line = match (note, ignored) {
             (Some(n), Some(g)) => Some(format!("{n} (--gpu-gemm {g} ignored)")),
             (Some(n), None) => Some(n),
             (None, Some(g)) => Some(format!(
-                "note: --gpu-gemm {g} is ignored on the CPU reference backend (f32 throughout)"
+                "note: --gpu-gemm {g} is ignored on the CPU reference backend (its products: \
+                 --cpu-gemm)"
             )),
             (None, None) => None,
         };
@@ -204,6 +217,7 @@ impl Target {
                 c => c,
             },
             context: work.context,
+            gemm,
         })
     }
 
@@ -249,7 +263,11 @@ impl Target {
     /// What run.json and the outputs record about the backend.
     pub fn record(&self) -> BackendRecord {
         match self {
-            Target::Cpu { .. } => BackendRecord::cpu(),
+            Target::Cpu { gemm, .. } => BackendRecord {
+                // The reference's f32 leaves no mark (the records of every earlier CPU run).
+                gemm: (*gemm == GemmType::Bf16).then(|| gemm_name(*gemm).to_string()),
+                ..BackendRecord::cpu()
+            },
             Target::Cuda(t) => t.record(),
             Target::Emu(t) => t.record(),
         }
@@ -267,6 +285,7 @@ impl Target {
                 weights,
                 chunk,
                 context,
+                gemm,
             } => {
                 super::checks::refuse_host_shortfall(
                     ckpt.config(),
@@ -275,7 +294,7 @@ impl Target {
                     chunk,
                     weights,
                 )?;
-                let backend = CpuBackend::with_weights(weights);
+                let backend = CpuBackend::with_weights(weights).with_gemm(gemm);
                 task.run(&mut load_with_bar(backend, ckpt, opts)?)
             }
             Target::Cuda(t) => t.run(ckpt, opts, task),
@@ -414,6 +433,7 @@ mod tests {
         let args = DeviceChoice {
             device: spec.parse::<DeviceSpec>().unwrap(),
             gpu_gemm: gemm,
+            cpu_gemm: None,
         };
         let mut notes = Vec::new();
         let t = Target::prepare_with(&args, &ckpt, &WORK, no_gpu, &mut notes);
@@ -448,6 +468,7 @@ mod tests {
             let args = DeviceChoice {
                 device: spec.parse::<DeviceSpec>().unwrap(),
                 gpu_gemm: None,
+                cpu_gemm: None,
             };
             let work = Workload { chunk, ..WORK };
             Target::prepare_with(&args, &ckpt, &work, no_gpu, &mut Vec::new())

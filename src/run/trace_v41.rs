@@ -25,7 +25,6 @@
 //! chat encoder (`probe::chat`, `ChatFormat::V41`); `--index` takes the profiles without a Hadamard rotation (exact,
 //! bf16-qk, v41-fp4, sglang-v41-fp4, vllm-fp8), `--kv` exact or release.
 
-use super::device::DeviceSpec;
 use super::trace::{
     check_inputs, check_out_path, check_room_for, f32_bytes, parse_token_file, prompt_tokens,
     top_logits, write_atomically, LogitsMode, RoomNeeded, TopLogits, TraceInput, TraceOutcome,
@@ -190,13 +189,7 @@ pub fn run_v41(
     announce: &mut dyn FnMut(u64),
 ) -> anyhow::Result<TraceOutcome> {
     check_out_path(plan)?;
-    if !matches!(plan.device.device, DeviceSpec::Cpu | DeviceSpec::Auto) {
-        anyhow::bail!(
-            "--device {}: DeepSeek-V4.1 runs on the CPU reference only for now (--device cpu or \
-             auto); its CUDA backend is a later issue",
-            plan.device.device
-        );
-    }
+    super::checks::refuse_v41_device(&plan.device)?;
     let ckpt = Checkpoint::open_v41(plan.model)?;
     let cfg = ckpt.config().clone();
     let t = &cfg.text;

@@ -5,6 +5,7 @@
 
 mod bad_checkpoint;
 mod bench;
+mod cpu_gemm;
 mod device;
 mod edges;
 mod emu_combos;

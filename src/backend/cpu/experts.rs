@@ -10,7 +10,9 @@
 //!   deterministic whatever the thread schedule or chunking. Only experts that some token of
 //!   the chunk picked are multiplied, so a streamed expert is decoded only when it is routed.
 
+use super::bf16_gemm::matmul_as;
 use super::linalg::{matmul, CpuMatrix};
+use crate::backend::gpu::GemmType;
 use crate::backend::{FfnWeights, Routes};
 use rayon::prelude::*;
 
@@ -41,6 +43,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32], limit: f32) {
 /// `out [rows, D]` = FFN(x [rows, D]); `row_weights`, when given, scales each row of the
 /// activation before the down projection.
 fn ffn_rows(
+    gemm: GemmType,
     x: &[f32],
     w: &FfnWeights<CpuMatrix>,
     limit: f32,
@@ -51,22 +54,24 @@ fn ffn_rows(
     let rows = x.len() / w.w1.cols();
     let mut g = vec![0.0f32; rows * inter];
     let mut v = vec![0.0f32; rows * inter];
-    matmul(x, &w.w1, &mut g);
-    matmul(x, &w.w3, &mut v);
+    matmul_as(gemm, x, &w.w1, &mut g);
+    matmul_as(gemm, x, &w.w3, &mut v);
     swiglu(&mut g, &v, limit);
     if let Some(rw) = row_weights {
         for (a, &s) in g.chunks_exact_mut(inter).zip(rw) {
             a.iter_mut().for_each(|x| *x *= s);
         }
     }
-    matmul(&g, &w.w2, out);
+    matmul_as(gemm, &g, &w.w2, out);
 }
 
-pub fn ffn(u: &[f32], w: &FfnWeights<CpuMatrix>, limit: f32, out: &mut [f32]) {
-    ffn_rows(u, w, limit, None, out);
+/// The shared expert (or a dense FFN) on every row, products of operand type `gemm`.
+pub fn ffn(gemm: GemmType, u: &[f32], w: &FfnWeights<CpuMatrix>, limit: f32, out: &mut [f32]) {
+    ffn_rows(gemm, u, w, limit, None, out);
 }
 
 pub fn moe_experts(
+    gemm: GemmType,
     u: &[f32],
     routes: &Routes<'_>,
     experts: &[FfnWeights<CpuMatrix>],
@@ -98,7 +103,7 @@ pub fn moe_experts(
             }
             let weights: Vec<f32> = slots.iter().map(|&s| routes.weights[s]).collect();
             let mut y = vec![0.0f32; slots.len() * d];
-            ffn_rows(&x, &experts[e], limit, Some(&weights), &mut y);
+            ffn_rows(gemm, &x, &experts[e], limit, Some(&weights), &mut y);
             (e, y)
         })
         .collect();
@@ -158,14 +163,14 @@ mod tests {
             weights: &[0.25, 0.75, 1.0, 0.5],
         };
         let mut out = vec![0.0; 4];
-        moe_experts(&u, &routes, &experts, 10.0, &mut out);
+        moe_experts(GemmType::F32, &u, &routes, &experts, 10.0, &mut out);
         for t in 0..2 {
             let x = &u[t * 2..t * 2 + 2];
             let mut want = [0.0f32; 2];
             for s in 0..2 {
                 let e = routes.experts[t * 2 + s];
                 let mut y = vec![0.0; 2];
-                ffn(x, &experts[e], 10.0, &mut y);
+                ffn(GemmType::F32, x, &experts[e], 10.0, &mut y);
                 for c in 0..2 {
                     want[c] += routes.weights[t * 2 + s] * y[c];
                 }

@@ -116,7 +116,7 @@ impl CpuMatrix {
 }
 
 /// The product bands of `rows` weight rows starting at row `first`.
-fn bands(first: usize, rows: usize) -> impl Iterator<Item = Range<usize>> {
+pub(super) fn bands(first: usize, rows: usize) -> impl Iterator<Item = Range<usize>> {
     (0..rows)
         .step_by(BAND_ROWS)
         .map(move |b| first + b..first + (b + BAND_ROWS).min(rows))

@@ -1,13 +1,15 @@
 //! The CPU backend: the numerical reference implementation of [`Backend`].
 //!
-//! f32 compute throughout, rayon across rows / heads / experts, the `gemm` crate for every
-//! matrix product. The pieces live in sibling files by op family:
-//! [`linalg`] (resident weights, banded GEMM, grouped GEMM, dot), [`hyper`] (mHC),
+//! f32 compute throughout (the linear products optionally with bf16 operands, `--cpu-gemm`),
+//! rayon across rows / heads / experts, the `gemm` crate for every f32 matrix product. The
+//! pieces live in sibling files by op family: [`linalg`] (resident weights, banded GEMM, grouped GEMM, dot), [`bf16_gemm`] (the products
+//! with bf16 operands of `--cpu-gemm bf16`, on AMX tiles where present), [`hyper`] (mHC),
 //! [`attention`] (sparse attention with sink, compressor pooling), [`selection`] (indexer
 //! scoring through `numerics::profiles`, top-k) and [`experts`] (router, SwiGLU, MoE).
 //! [`norm`] holds RMS norm (f64 lanes, one rounding) and RoPE (cos / sin in f64).
 
 pub mod attention;
+pub mod bf16_gemm;
 pub mod experts;
 pub mod hyper;
 pub mod linalg;
@@ -17,6 +19,7 @@ pub mod selection;
 pub use linalg::CpuMatrix;
 pub use norm::{rms_norm, rms_scale, rope, RMS_LANES};
 
+use crate::backend::gpu::GemmType;
 use crate::backend::{
     AttentionBatch, AttentionProbs, Backend, FfnWeights, HcParams, HcWeights, IndexScoreBatch,
     PoolLayout, RawIndexQueries, Routes, WeightResidency,
@@ -32,9 +35,19 @@ use rayon::prelude::*;
 /// `Decoded` (f32 at load) or `Streamed` (stored format, decoded per use; see
 /// [`linalg::CpuMatrix`]); `Auto` is resolved by the engine before it builds the backend and
 /// means `Decoded` here.
-#[derive(Clone, Copy, Debug, Default)]
+/// `gemm` is the operand type of the linear products: `F32` (the reference, the default) or
+/// `Bf16` (`--cpu-gemm bf16`: [`bf16_gemm`], bf16 operands, f32 accumulation, as
+/// `--gpu-gemm bf16`); the mHC mixes and the router stay f32 either way, as on the GPU.
+#[derive(Clone, Copy, Debug)]
 pub struct CpuBackend {
     weights: WeightResidency,
+    gemm: GemmType,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::with_weights(WeightResidency::Auto)
+    }
 }
 
 impl CpuBackend {
@@ -44,7 +57,20 @@ impl CpuBackend {
     }
 
     pub fn with_weights(weights: WeightResidency) -> Self {
-        CpuBackend { weights }
+        CpuBackend {
+            weights,
+            gemm: GemmType::F32,
+        }
+    }
+
+    /// This backend with linear products of operand type `gemm`.
+    pub fn with_gemm(self, gemm: GemmType) -> Self {
+        CpuBackend { gemm, ..self }
+    }
+
+    /// The operand type of the linear products.
+    pub fn gemm(&self) -> GemmType {
+        self.gemm
     }
 
     /// The residency of linears uploaded to this backend (`Decoded` or `Streamed`).
@@ -103,19 +129,26 @@ impl Backend for CpuBackend {
         let w = self.upload_matrix(vec![0.5f32; n * k], n, k);
         let x = vec![0.25f32; m * k];
         let mut y = vec![0f32; m * n];
-        linalg::matmul(&x, &w, &mut y);
+        bf16_gemm::matmul_as(self.gemm, &x, &w, &mut y);
         let secs = (0..3)
             .map(|_| {
                 let t0 = std::time::Instant::now();
-                linalg::matmul(&x, &w, &mut y);
+                bf16_gemm::matmul_as(self.gemm, &x, &w, &mut y);
                 t0.elapsed().as_secs_f64()
             })
             .fold(f64::INFINITY, f64::min)
             .max(1e-12);
         Some((
             format!(
-                "f32 GEMM {m}x{n}x{k} (gemm crate, {} kernels, {} threads)",
-                simd_level(),
+                "{} GEMM {m}x{n}x{k} ({} kernels, {} threads)",
+                match self.gemm {
+                    GemmType::F32 => "f32",
+                    GemmType::Bf16 => "bf16",
+                },
+                match self.gemm {
+                    GemmType::F32 => format!("gemm crate, {}", simd_level()),
+                    GemmType::Bf16 => bf16_gemm::bf16_kernels().to_string(),
+                },
                 rayon::current_num_threads()
             ),
             2.0 * (m * n * k) as f64 / secs / 1e12,
@@ -182,11 +215,11 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &Vec<f32>, w: &CpuMatrix, y: &mut Vec<f32>) {
-        linalg::matmul(x, w, y)
+        bf16_gemm::matmul_as(self.gemm, x, w, y)
     }
 
     fn matmul_grouped(&self, x: &Vec<f32>, groups: usize, w: &CpuMatrix, y: &mut Vec<f32>) {
-        linalg::matmul_grouped(x, groups, w, y)
+        bf16_gemm::matmul_grouped_as(self.gemm, x, groups, w, y)
     }
 
     fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>) {
@@ -362,7 +395,7 @@ impl Backend for CpuBackend {
         swiglu_limit: f32,
         out: &mut Vec<f32>,
     ) {
-        experts::moe_experts(u, routes, experts, swiglu_limit, out)
+        experts::moe_experts(self.gemm, u, routes, experts, swiglu_limit, out)
     }
 
     fn ffn(
@@ -372,7 +405,7 @@ impl Backend for CpuBackend {
         swiglu_limit: f32,
         out: &mut Vec<f32>,
     ) {
-        experts::ffn(u, ffn, swiglu_limit, out)
+        experts::ffn(self.gemm, u, ffn, swiglu_limit, out)
     }
 
     fn swiglu(&self, gate: &mut Vec<f32>, up: &Vec<f32>, limit: f32) {
