@@ -8,7 +8,8 @@
 #      logits: `trace --positions all`) against transformers' float32 forward alone (ratio;
 #      target >= 1.5x), and needlescope's prefill at 1 and 2 threads;
 #   3. the f32 GEMM rates: needlescope's kernel (`bench`'s reference line) and torch's matmul
-#      (oneDNN / MKL) at the same shape, the attainable f32 rate of these cores.
+#      (oneDNN / MKL) at the same shape, the attainable f32 rate of these cores; and the bf16
+#      product of `--cpu-gemm bf16` (AMX where present), with that mode's prefill in section 2.
 # Usage: scripts/bench-cpu.sh [PYTHON]   (PYTHON: a venv with torch + transformers>=5.24 +
 #        accelerate, default /opt/refvenv/bin/python; the transformers lines are skipped if it
 #        is missing). Repeats: REPEATS=3 (best of, for every timed figure).
@@ -63,6 +64,9 @@ for t in 1 2; do
   $BIN --threads $t bench --model "$WORK/flash4" --lengths 1000 --device cpu | grep -E '^ +1000 ' | head -1 \
     | awk -v t=$t '{printf "needlescope prefill at %d thread(s): %s s, %s tokens/s (weights %s)\n", t, $2, $3, $6}'
 done
+# The fast mode (not the reference numerics): bf16 operands, f32 accumulation, AMX where present.
+$BIN bench --model "$WORK/flash4" --lengths 1000 --device cpu --cpu-gemm bf16 | grep -E '^ +1000 ' | head -1 \
+  | awk '{printf "needlescope prefill with --cpu-gemm bf16 (2 threads): %s s, %s tokens/s\n", $2, $3}'
 if [ $HAVE_HF = 1 ]; then
   for _ in $(seq "$REPEATS"); do
     "$PY" tests/reference/bench_transformers.py --model "$WORK/flash4" --tokens 1000 2>/dev/null | tail -1 | awk '{print $3}'
@@ -72,8 +76,9 @@ if [ $HAVE_HF = 1 ]; then
   awk -v a="$HF_S" -v b="$NS_S" 'BEGIN { printf "speed ratio needlescope (whole process) / transformers (forward) at Flash dimensions: %.2fx (target 1.5x)\n", a / b }'
 fi
 
-echo "== 3. f32 GEMM rates"
+echo "== 3. GEMM rates (f32, and bf16 for --cpu-gemm bf16)"
 $BIN bench --model "$WORK/tiny" --lengths 64 --device cpu | grep '^reference' || true
+$BIN bench --model "$WORK/tiny" --lengths 64 --device cpu --cpu-gemm bf16 | grep '^reference' || true
 if [ $HAVE_HF = 1 ]; then
   "$PY" - <<'EOF'
 import time, torch

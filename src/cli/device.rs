@@ -32,7 +32,7 @@ impl TypedValueParser for DeviceParser {
                 PossibleValue::new("auto").help(
                     "every visible GPU when the CUDA driver sees one, else the CPU (one note on stderr)",
                 ),
-                PossibleValue::new("cpu").help("the CPU reference backend (f32 throughout)"),
+                PossibleValue::new("cpu").help("the CPU reference backend (f32 throughout; --cpu-gemm bf16 for bf16 products)"),
                 PossibleValue::new("cuda")
                     .help("every visible GPU; an error without a CUDA driver or a GPU"),
                 PossibleValue::new("cuda:N,...").help("these GPU ordinals, e.g. cuda:0,2"),

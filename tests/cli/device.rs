@@ -247,7 +247,7 @@ fn gpu_gemm_on_the_cpu_is_noted_once() {
     .ok();
     assert_eq!(
         notes(&r.stderr),
-        ["note: --gpu-gemm f32 is ignored on the CPU reference backend (f32 throughout)"]
+        ["note: --gpu-gemm f32 is ignored on the CPU reference backend (its products: --cpu-gemm)"]
     );
 }
 

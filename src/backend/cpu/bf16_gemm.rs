@@ -22,7 +22,7 @@
 //! [`super::linalg::Strided`] rows, `w` `[n, k]` row-major f32 (a decoded band). The summation order along k depends only on k (whole tiles of 32, then
 //! pairs inside the instruction), never on m or the threads.
 
-use super::linalg::{bands, matmul_strided, CpuMatrix, Strided};
+use super::linalg::{for_each_band, matmul_strided, CpuMatrix, Grouping, Strided};
 use crate::backend::gpu::GemmType;
 use rayon::prelude::*;
 
@@ -89,33 +89,7 @@ pub fn amx_ready() -> bool {
 /// `y[T, out] = x[T, in] · Wᵀ` with operands of `gemm`: f32 ([`super::linalg::matmul`], the
 /// reference) or bf16, `x` packed once for all the bands of `w` ([`Bf16Rows`]).
 pub fn matmul_as(gemm: GemmType, x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
-    if gemm == GemmType::F32 {
-        return super::linalg::matmul(x, w, y);
-    }
-    let (n, k) = (w.rows(), w.cols());
-    assert_eq!(x.len() % k.max(1), 0, "matmul: x is not [T, {k}]");
-    let m = x.len().checked_div(k).unwrap_or(0);
-    assert_eq!(y.len(), m * n, "matmul: y is not [T, {n}]");
-    if m == 0 {
-        return;
-    }
-    let rows = Bf16Rows::pack(
-        Strided {
-            data: x,
-            row_stride: k,
-        },
-        m,
-        k,
-    );
-    for band in bands(0, n) {
-        w.with_rows(band.clone(), |wb| {
-            let y = Strided {
-                data: &mut y[band.start..],
-                row_stride: n,
-            };
-            matmul_rows(&rows, wb, band.len(), k, y)
-        });
-    }
+    matmul_grouped_as(gemm, x, 1, w, y)
 }
 
 /// The grouped product (`x [T, G·in]`, `w [G·out, in]`, `y [T, G·out]`) with operands of
@@ -124,42 +98,16 @@ pub fn matmul_grouped_as(gemm: GemmType, x: &[f32], groups: usize, w: &CpuMatrix
     if gemm == GemmType::F32 {
         return super::linalg::matmul_grouped(x, groups, w, y);
     }
-    assert_eq!(
-        w.rows() % groups,
-        0,
-        "grouped matmul: rows not divisible by groups"
+    let shape = Grouping::of(x.len(), groups, w);
+    let (m, k) = (shape.m, shape.k);
+    for_each_band(
+        shape,
+        x,
+        w,
+        y,
+        |rows| Bf16Rows::pack(rows, m, k),
+        |rows, wb, n, y| matmul_rows(rows, wb, n, k, y),
     );
-    let (k, out) = (w.cols(), w.rows() / groups);
-    let x_rs = groups * k;
-    let m = x.len() / x_rs;
-    assert_eq!(x.len(), m * x_rs, "grouped matmul: x is not [T, G·in]");
-    assert_eq!(
-        y.len(),
-        m * groups * out,
-        "grouped matmul: y is not [T, G·out]"
-    );
-    if m == 0 {
-        return;
-    }
-    for g in 0..groups {
-        let rows = Bf16Rows::pack(
-            Strided {
-                data: &x[g * k..],
-                row_stride: x_rs,
-            },
-            m,
-            k,
-        );
-        for band in bands(g * out, out) {
-            w.with_rows(band.clone(), |wb| {
-                let y = Strided {
-                    data: &mut y[band.start..],
-                    row_stride: groups * out,
-                };
-                matmul_rows(&rows, wb, band.len(), k, y)
-            });
-        }
-    }
 }
 
 /// `x`'s rows with bf16 operands, packed once for every band of a product: AMX rows (bf16,

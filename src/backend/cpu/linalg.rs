@@ -116,7 +116,7 @@ impl CpuMatrix {
 }
 
 /// The product bands of `rows` weight rows starting at row `first`.
-pub(super) fn bands(first: usize, rows: usize) -> impl Iterator<Item = Range<usize>> {
+fn bands(first: usize, rows: usize) -> impl Iterator<Item = Range<usize>> {
     (0..rows)
         .step_by(BAND_ROWS)
         .map(move |b| first + b..first + (b + BAND_ROWS).min(rows))
@@ -193,64 +193,94 @@ pub fn matmul_strided(
     }
 }
 
-/// `y[T, out] = x[T, in] · Wᵀ`, in bands of weight rows.
-pub fn matmul(x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
-    let (n, k) = (w.rows, w.cols);
-    assert_eq!(x.len() % k.max(1), 0, "matmul: x is not [T, {k}]");
-    let m = x.len().checked_div(k).unwrap_or(0);
-    assert_eq!(y.len(), m * n, "matmul: y is not [T, {n}]");
+/// The shape of a banded product: `m` rows of `x [m, groups·k]` through `w [groups·out, k]`
+/// (group `g`'s rows `g·out..` see `x`'s columns `g·k..`) into `y [m, groups·out]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Grouping {
+    pub m: usize,
+    pub groups: usize,
+    pub k: usize,
+    pub out: usize,
+}
+
+impl Grouping {
+    /// The shape of `x` (`x_len` values) in `groups` groups through `w`, checked.
+    pub fn of(x_len: usize, groups: usize, w: &CpuMatrix) -> Self {
+        assert!(
+            groups > 0 && w.rows.is_multiple_of(groups),
+            "matmul: {} weight rows in {groups} groups",
+            w.rows
+        );
+        let (k, out) = (w.cols, w.rows / groups);
+        let x_rs = groups * k;
+        assert_eq!(x_len % x_rs.max(1), 0, "matmul: x is not [T, {groups}·{k}]");
+        let m = x_len.checked_div(x_rs).unwrap_or(0);
+        Grouping { m, groups, k, out }
+    }
+}
+
+/// The band loop of every product with `w`: per group, `prepare` its rows of `x` once, then
+/// `band(rows, w_band, band_rows, y_band)` for each band of [`BAND_ROWS`] weight rows (decoded
+/// on the spot when streamed). `y` must be `[m, groups·out]`.
+pub fn for_each_band<'x, P>(
+    shape: Grouping,
+    x: &'x [f32],
+    w: &CpuMatrix,
+    y: &mut [f32],
+    prepare: impl Fn(Strided<&'x [f32]>) -> P,
+    band: impl Fn(&P, &[f32], usize, Strided<&mut [f32]>),
+) {
+    let Grouping { m, groups, k, out } = shape;
+    assert_eq!(
+        y.len(),
+        m * groups * out,
+        "matmul: y is not [T, {}]",
+        groups * out
+    );
     if m == 0 {
         return;
     }
-    for band in bands(0, n) {
-        w.with_rows(band.clone(), |wb| {
-            let x = Strided {
-                data: x,
-                row_stride: k,
-            };
-            let y = Strided {
-                data: &mut y[band.start..],
-                row_stride: n,
-            };
-            matmul_strided(x, wb, band.len(), k, y, m)
+    let (x_rs, y_rs) = (groups * k, groups * out);
+    for g in 0..groups {
+        let rows = prepare(Strided {
+            data: &x[g * k..],
+            row_stride: x_rs,
         });
+        for b in bands(g * out, out) {
+            w.with_rows(b.clone(), |wb| {
+                let y = Strided {
+                    data: &mut y[b.start..],
+                    row_stride: y_rs,
+                };
+                band(&rows, wb, b.len(), y)
+            });
+        }
     }
+}
+
+/// `y[T, out] = x[T, in] · Wᵀ`, in bands of weight rows.
+pub fn matmul(x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
+    matmul_grouped(x, 1, w, y)
 }
 
 /// Grouped product: `x [T, G·in]`, `w [G·out, in]`, `y [T, G·out]`.
 pub fn matmul_grouped(x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
-    assert_eq!(
-        w.rows % groups,
-        0,
-        "grouped matmul: rows not divisible by groups"
+    let shape = Grouping::of(x.len(), groups, w);
+    let (m, k) = (shape.m, shape.k);
+    for_each_band(
+        shape,
+        x,
+        w,
+        y,
+        |rows| rows,
+        |rows, wb, n, y| {
+            let x = Strided {
+                data: rows.data,
+                row_stride: rows.row_stride,
+            };
+            matmul_strided(x, wb, n, k, y, m)
+        },
     );
-    let (k, out) = (w.cols, w.rows / groups);
-    let x_rs = groups * k;
-    let m = x.len() / x_rs;
-    assert_eq!(x.len(), m * x_rs, "grouped matmul: x is not [T, G·in]");
-    assert_eq!(
-        y.len(),
-        m * groups * out,
-        "grouped matmul: y is not [T, G·out]"
-    );
-    if m == 0 {
-        return;
-    }
-    for g in 0..groups {
-        for band in bands(g * out, out) {
-            w.with_rows(band.clone(), |wb| {
-                let x = Strided {
-                    data: &x[g * k..],
-                    row_stride: x_rs,
-                };
-                let y = Strided {
-                    data: &mut y[band.start..],
-                    row_stride: groups * out,
-                };
-                matmul_strided(x, wb, band.len(), k, y, m)
-            });
-        }
-    }
 }
 
 /// `out[i] = table.row(rows[i])` (a streamed table decodes only the rows asked for).
