@@ -417,7 +417,8 @@ impl CellRecord {
 pub struct BackendRecord {
     /// `cpu`, `cuda` or `cuda-emu` (the GPU backend on host-emulated devices).
     pub kind: String,
-    /// GEMM operand precision of a GPU backend (`bf16`, `f32`); absent on the CPU.
+    /// GEMM operand precision of a GPU backend (`bf16`, `f32`); on the CPU `bf16` with
+    /// `--cpu-gemm bf16`, absent for its f32 reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm: Option<String>,
     /// The devices and what each held, e.g. `cuda:0 layers 0-21 +embed`; informational (a
