@@ -47,7 +47,7 @@ use super::observer::Observer;
 use super::state::SequenceState;
 use super::ModelError;
 use crate::backend::{Backend, CpuBackend, HcParams, Site, WeightResidency};
-use crate::checkpoint::{Checkpoint, Dtype};
+use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::numerics::profiles::{IndexProfile, KvMode};
 
@@ -132,34 +132,13 @@ impl Model<CpuBackend> {
     }
 }
 
-/// `Decoded` when the decoded model ([`decoded_weight_bytes`]) takes at most a quarter of
-/// physical memory (`MemTotal`; 16 GiB assumed where /proc/meminfo is unreadable), else
-/// `Streamed`.
+/// The residency `auto` picks for `ckpt` on this host
+/// ([`crate::devices::plan::auto_residency`] against `MemTotal`; 16 GiB assumed where
+/// /proc/meminfo is unreadable).
 pub fn auto_residency(ckpt: &Checkpoint) -> WeightResidency {
-    let budget = crate::devices::host::meminfo_bytes("MemTotal").unwrap_or(16 << 30) / 4;
-    if decoded_weight_bytes(ckpt) <= budget {
-        WeightResidency::Decoded
-    } else {
-        WeightResidency::Streamed
-    }
-}
-
-/// Bytes of the main model's tensors decoded to f32 (packed FP4 holds two values per byte;
-/// `mtp.*` excluded, scales included: a slight overestimate).
-pub fn decoded_weight_bytes(ckpt: &Checkpoint) -> u64 {
-    ckpt.names()
-        .filter(|n| !n.starts_with("mtp."))
-        .filter_map(|n| ckpt.info(n))
-        .map(|t| {
-            let numel = t.shape.iter().product::<usize>() as u64;
-            let per_elem = if matches!(t.dtype, Dtype::I8 | Dtype::U8) {
-                2
-            } else {
-                1
-            };
-            numel * per_elem * 4
-        })
-        .sum()
+    let total = crate::devices::host::meminfo_bytes("MemTotal").unwrap_or(16 << 30);
+    let footprint = crate::devices::plan::Footprint::of_checkpoint(ckpt);
+    crate::devices::plan::auto_residency(ckpt.config(), &footprint, total)
 }
 
 impl<B: Backend> Model<B> {

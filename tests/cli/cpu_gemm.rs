@@ -117,16 +117,7 @@ fn bench_names_the_bf16_kernels_and_a_gpu_ignores_the_flag() {
 fn deepseek_v41_refuses_bf16_products() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("v41");
-    run(&[
-        "synth",
-        "--preset",
-        "v41-tiny",
-        "--format",
-        "bf16",
-        "--out",
-        &s(&model),
-    ])
-    .ok();
+    synth_v41_tiny(&model);
     run(&[
         "probe",
         "--model",

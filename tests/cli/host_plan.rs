@@ -219,16 +219,7 @@ fn a_cpu_run_the_host_cannot_hold_is_refused_before_it_loads() {
 
     // DeepSeek-V4.1 (always decoded on the CPU) too.
     let v41 = tmp.path().join("v41");
-    run(&[
-        "synth",
-        "--preset",
-        "v41-tiny",
-        "--format",
-        "bf16",
-        "--out",
-        &s(&v41),
-    ])
-    .ok();
+    synth_v41_tiny(&v41);
     let mut small = bin();
     small.env("NEEDLESCOPE_HOST_MEMORY", "64M");
     run_in(

@@ -6,7 +6,7 @@
 //! stage columns and `report` renders it; what V4.1 cannot do yet (`--engine`, `--device
 //! cuda`) or ever (rotating profiles) is refused by name, and V4 refuses `--candidate-blocks`.
 
-use cli_support::{run, tensor_f32 as tensor};
+use cli_support::{run, synth_v41_tiny, tensor_f32 as tensor};
 use needlescope_testkit::cli as cli_support;
 use safetensors::SafeTensors;
 use serde_json::Value;
@@ -18,16 +18,7 @@ fn s(p: &Path) -> String {
 
 fn v41(tmp: &Path) -> PathBuf {
     let model = tmp.join("v41");
-    run(&[
-        "synth",
-        "--preset",
-        "v41-tiny",
-        "--format",
-        "bf16",
-        "--out",
-        &s(&model),
-    ])
-    .ok();
+    synth_v41_tiny(&model);
     model
 }
 

@@ -4,7 +4,7 @@
 //! yet (`--device cuda`) or ever (V4's `--kv fp8`, rotating profiles) and a budget too small for
 //! the top-k are refused by name before anything is written.
 
-use cli_support::{run, tensor_f32 as tensor};
+use cli_support::{run, synth_v41_tiny, tensor_f32 as tensor};
 use needlescope_testkit::cli as cli_support;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -16,16 +16,7 @@ fn s(p: &Path) -> String {
 /// A bf16 v41-tiny and a token file of `n` ids in `tmp`.
 fn setup(tmp: &Path, n: usize) -> (PathBuf, PathBuf) {
     let model = tmp.join("v41");
-    run(&[
-        "synth",
-        "--preset",
-        "v41-tiny",
-        "--format",
-        "bf16",
-        "--out",
-        &s(&model),
-    ])
-    .ok();
+    synth_v41_tiny(&model);
     let ids: Vec<String> = (0..n)
         .map(|i| (3 + (i * 7919 + 17) % 129_000).to_string())
         .collect();

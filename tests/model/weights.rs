@@ -109,7 +109,9 @@ fn auto_decodes_a_model_that_fits() {
     let model = tiny();
     let engine = Model::load(&model.ckpt, opts()).unwrap();
     assert_eq!(engine.backend().weights(), WeightResidency::Decoded);
-    let bytes = needlescope::model::forward::decoded_weight_bytes(&model.ckpt);
+    let bytes = needlescope::devices::plan::decoded_weight_bytes(
+        &needlescope::devices::plan::Footprint::of_checkpoint(&model.ckpt),
+    );
     assert!(
         bytes > 0 && bytes < 1 << 30,
         "tiny decodes to {bytes} bytes"

@@ -110,6 +110,20 @@ pub fn synth_tiny_as(dir: &Path, format: &str, extra: &[&str]) -> Run {
     run(&args).ok()
 }
 
+/// `synth --preset v41-tiny --format bf16 --out DIR` (DeepSeek-V4.1 at toy size).
+pub fn synth_v41_tiny(dir: &Path) -> Run {
+    run(&[
+        "synth".as_ref(),
+        "--preset".as_ref(),
+        "v41-tiny".as_ref(),
+        "--format".as_ref(),
+        "bf16".as_ref(),
+        "--out".as_ref(),
+        dir.as_os_str(),
+    ])
+    .ok()
+}
+
 /// `synth --preset planted --format bf16 --out DIR` (real vocabulary).
 pub fn synth_planted(dir: &Path) -> Run {
     run(&[

@@ -18,9 +18,9 @@
 //!
 //! Entry points: [`matmul_as`] / [`matmul_grouped_as`] (the backend's products, either operand
 //! type: f32 goes to `linalg`, bf16 packs `x` once and runs each band of weight rows through
-//! [`matmul_rows`]), [`matmul_bf16`] (one strided product). Shapes: `x` and `y` strided as
-//! [`super::linalg::Strided`] rows, `w` `[n, k]` row-major f32 (a decoded band). The summation order along k depends only on k (whole tiles of 32, then
-//! pairs inside the instruction), never on m or the threads.
+//! [`matmul_rows`]). Shapes: `x` and `y` strided as [`super::linalg::Strided`] rows, `w`
+//! `[n, k]` row-major f32 (a decoded band). The summation order along k depends only on k
+//! (whole tiles of 32, then pairs inside the instruction), never on m or the threads.
 
 use super::linalg::{for_each_band, matmul_strided, CpuMatrix, Grouping, Strided};
 use crate::backend::gpu::GemmType;
@@ -196,31 +196,6 @@ pub fn matmul_rows(x: &Bf16Rows, w: &[f32], n: usize, k: usize, y: Strided<&mut 
             );
         }
     }
-}
-
-/// `y = bf16(x) · bf16(w)ᵀ`, f32 accumulation (module doc): [`Bf16Rows::pack`] then
-/// [`matmul_rows`].
-pub fn matmul_bf16(
-    x: Strided<&[f32]>,
-    w: &[f32],
-    n: usize,
-    k: usize,
-    y: Strided<&mut [f32]>,
-    m: usize,
-) {
-    matmul_rows(&Bf16Rows::pack(x, m, k), w, n, k, y)
-}
-
-/// The portable path on any CPU (the tests compare the two).
-pub fn matmul_portable(
-    x: Strided<&[f32]>,
-    w: &[f32],
-    n: usize,
-    k: usize,
-    y: Strided<&mut [f32]>,
-    m: usize,
-) {
-    matmul_rows(&Bf16Rows::pack_portable(x, m, k), w, n, k, y)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -429,8 +404,32 @@ mod tests {
     use super::*;
     use crate::numerics::codecs::bf16_round;
 
-    /// A product with [`matmul_bf16`]'s arguments.
+    /// A strided product (`x`, `w`, n, k, `y`, m).
     type Product = fn(Strided<&[f32]>, &[f32], usize, usize, Strided<&mut [f32]>, usize);
+
+    /// `y = bf16(x) · bf16(w)ᵀ` on this CPU's path.
+    fn matmul_bf16(
+        x: Strided<&[f32]>,
+        w: &[f32],
+        n: usize,
+        k: usize,
+        y: Strided<&mut [f32]>,
+        m: usize,
+    ) {
+        matmul_rows(&Bf16Rows::pack(x, m, k), w, n, k, y)
+    }
+
+    /// The same on the portable path, whatever the CPU.
+    fn matmul_portable(
+        x: Strided<&[f32]>,
+        w: &[f32],
+        n: usize,
+        k: usize,
+        y: Strided<&mut [f32]>,
+        m: usize,
+    ) {
+        matmul_rows(&Bf16Rows::pack_portable(x, m, k), w, n, k, y)
+    }
 
     fn ramp(len: usize, seed: f32) -> Vec<f32> {
         (0..len)

@@ -68,11 +68,6 @@ impl CpuBackend {
         CpuBackend { gemm, ..self }
     }
 
-    /// The operand type of the linear products.
-    pub fn gemm(&self) -> GemmType {
-        self.gemm
-    }
-
     /// The residency of linears uploaded to this backend (`Decoded` or `Streamed`).
     pub fn weights(&self) -> WeightResidency {
         match self.weights {

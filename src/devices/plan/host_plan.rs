@@ -125,23 +125,25 @@ impl HostPlan {
 }
 
 /// The residency `auto` picks on a host of `memory_total` bytes: `Decoded` when the decoded
-/// weights take at most a quarter of it, else `Streamed` (`model::forward::auto_residency`
-/// applies the same rule to an opened checkpoint). DeepSeek-V4.1 always decodes.
+/// weights ([`decoded_weight_bytes`]) take at most a quarter of it, else `Streamed`; the one
+/// rule of `inspect --devices cpu` and of every CPU run (`model::forward::auto_residency`).
+/// DeepSeek-V4.1 always decodes.
 pub fn auto_residency(
     cfg: &(impl AsPlanModel + ?Sized),
     footprint: &Footprint,
     memory_total: u64,
 ) -> WeightResidency {
     let m = cfg.plan_model();
-    if m.family == Family::V41 || decoded_bytes(footprint) <= memory_total / 4 {
+    if m.family == Family::V41 || decoded_weight_bytes(footprint) <= memory_total / 4 {
         WeightResidency::Decoded
     } else {
         WeightResidency::Streamed
     }
 }
 
-/// f32 bytes of the main model's decoded tensors (host-resident tables excluded).
-fn decoded_bytes(footprint: &Footprint) -> u64 {
+/// f32 bytes of the main model's decoded tensors: 4 B per logical parameter (packed FP4 two
+/// per byte, scales none; MTP, V4.1's vision tower and host-resident tables excluded).
+pub fn decoded_weight_bytes(footprint: &Footprint) -> u64 {
     sat_product([
         4,
         footprint.main.params.saturating_sub(footprint.host_params),
@@ -169,7 +171,7 @@ pub fn host_plan(
     let (mapped_weights, decoded_weights) = if streamed {
         (footprint.main.bytes, 0)
     } else {
-        (footprint.host_bytes, decoded_bytes(footprint))
+        (footprint.host_bytes, decoded_weight_bytes(footprint))
     };
     let state = sat_sum(
         (0..m.layers())
