@@ -359,19 +359,20 @@ fn check_width(what: &'static str, len: usize, width: usize) -> Result<(), Forma
 /// bf16 little-endian bytes -> f32 values (exact).
 pub fn bf16_bytes_to_f32(bytes: &[u8]) -> Result<Vec<f32>, FormatError> {
     check_width("bf16 tensor", bytes.len(), 2)?;
-    Ok(bytes
-        .chunks_exact(2)
-        .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+    // Fixed-size pairs (not `chunks_exact`) so the conversion vectorises: this decodes every
+    // band of a streamed bf16 weight (the LM head) on every product.
+    let (pairs, _) = bytes.as_chunks::<2>();
+    Ok(pairs
+        .iter()
+        .map(|&b| f32::from_bits((u16::from_le_bytes(b) as u32) << 16))
         .collect())
 }
 
 /// f32 little-endian bytes -> f32 values.
 pub fn f32_bytes_to_f32(bytes: &[u8]) -> Result<Vec<f32>, FormatError> {
     check_width("f32 tensor", bytes.len(), 4)?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    let (words, _) = bytes.as_chunks::<4>();
+    Ok(words.iter().map(|&b| f32::from_le_bytes(b)).collect())
 }
 
 /// i32 little-endian bytes -> values.

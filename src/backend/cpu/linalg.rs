@@ -4,14 +4,18 @@
 //! Numerics: f32 inputs, f32 accumulation. `gemm` keeps the summation order along K the same
 //! for every row, so a token's result does not depend on how many tokens share the chunk (up to
 //! the m = 1 / n = 1 vector paths, which differ in the last bits; the chunk-invariance tests
-//! allow 1e-5 relative). Products large enough to amortise threads run with
-//! `Parallelism::Rayon`, tiny ones single-threaded.
+//! allow 1e-5 relative). Products large enough to amortise threads use every worker: with at
+//! least two bands per thread the bands themselves are spread over the threads (one
+//! single-threaded `gemm` each, decoding its own rows when streamed), narrower products split
+//! each band's `gemm` over the threads (`Parallelism::Rayon`), tiny ones run on the calling
+//! thread. `gemm` splits rows and columns over threads, never the sum over k, so all three give
+//! the same bits (a unit test checks the first two against each other).
 //!
 //! Weights ([`CpuMatrix`]) are decoded f32 (`Decoded` residency) or the stored bytes
 //! (`Streamed`), which decode the rows a product needs into a scratch buffer right before it,
 //! with the same per-element decode as a decoded matrix got at load. Every product runs in bands
 //! of [`BAND_ROWS`] weight rows (one `gemm` per band, the band split depending only on the
-//! shape), so a streamed matrix holds one band of f32 at a time and decoded and streamed weights
+//! shape), so a streamed matrix holds one band of f32 per busy thread and decoded and streamed weights
 //! give bit-identical results: the same `gemm` calls on the same values.
 
 use crate::checkpoint::linear::SharedLinear;
@@ -152,28 +156,60 @@ pub fn matmul_strided(
     y: Strided<&mut [f32]>,
     m: usize,
 ) {
-    let ((x, x_rs), (y, y_rs)) = ((x.data, x.row_stride), (y.data, y.row_stride));
+    if m == 0 || n == 0 {
+        return;
+    }
+    let y_rs = y.row_stride;
+    assert!(y.data.len() >= (m - 1) * y_rs + n, "matmul: y too short");
+    // SAFETY: y is an exclusive borrow covering rows r < m, columns < n at stride y_rs
+    // (asserted just above).
+    unsafe {
+        gemm_into(
+            x,
+            w,
+            (m, n, k),
+            (y.data.as_mut_ptr(), y_rs),
+            parallelism(m, n, k),
+        )
+    }
+}
+
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ` through the `gemm` crate into rows `r < m` of `y` at
+/// `y.0 + r · y.1`, columns `< n`; `y`'s previous contents are never read.
+///
+/// # Safety
+/// Those elements of `y` are valid for writes and nothing else reads or writes them during the
+/// call.
+unsafe fn gemm_into(
+    x: Strided<&[f32]>,
+    w: &[f32],
+    (m, n, k): (usize, usize, usize),
+    (y, y_rs): (*mut f32, usize),
+    parallelism: Parallelism,
+) {
+    let (x, x_rs) = (x.data, x.row_stride);
     if m == 0 || n == 0 {
         return;
     }
     assert!(x.len() >= (m - 1) * x_rs + k, "matmul: x too short");
-    assert!(y.len() >= (m - 1) * y_rs + n, "matmul: y too short");
     assert_eq!(w.len(), n * k, "matmul: weight shape");
     if k == 0 {
         for r in 0..m {
-            y[r * y_rs..r * y_rs + n].fill(0.0);
+            // SAFETY: the caller's contract covers row r's first n elements.
+            unsafe { std::slice::from_raw_parts_mut(y.add(r * y_rs), n) }.fill(0.0);
         }
         return;
     }
-    // SAFETY: the asserts above bound every element gemm touches: rows r < m of x span
-    // [r·x_rs, r·x_rs + k), of y [r·y_rs, r·y_rs + n); w is exactly n·k. `read_dst` is false so
-    // y's previous contents are never read; x, w and y do not alias (y is &mut).
+    // SAFETY: the assert above bounds every element of x gemm reads (rows r < m span
+    // [r·x_rs, r·x_rs + k)); w is exactly n·k; y's elements are the caller's to write.
+    // `read_dst` is false so y's previous contents are never read; x and w are shared borrows
+    // y cannot alias (the caller owns y's elements).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            y.as_mut_ptr(),
+            y,
             1,
             y_rs as isize,
             false,
@@ -188,7 +224,7 @@ pub fn matmul_strided(
             false,
             false,
             false,
-            parallelism(m, n, k),
+            parallelism,
         );
     }
 }
@@ -267,6 +303,11 @@ pub fn matmul(x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
 pub fn matmul_grouped(x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
     let shape = Grouping::of(x.len(), groups, w);
     let (m, k) = (shape.m, shape.k);
+    let bands = groups * shape.out.div_ceil(BAND_ROWS);
+    let threaded = matches!(parallelism(m, groups * shape.out, k), Parallelism::Rayon(_));
+    if threaded && bands >= 2 * rayon::current_num_threads() {
+        return bands_in_parallel(shape, x, w, y);
+    }
     for_each_band(
         shape,
         x,
@@ -281,6 +322,50 @@ pub fn matmul_grouped(x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
             matmul_strided(x, wb, n, k, y, m)
         },
     );
+}
+
+/// [`matmul_grouped`] with its bands spread over the worker threads, each band one
+/// single-threaded `gemm` (decoding its own rows when streamed): the same calls on the same
+/// values as the band loop, so the same bits (`gemm` splits a product's rows and columns over
+/// threads, never its sum over k), without a synchronisation per band or a decode that leaves
+/// the other threads idle.
+fn bands_in_parallel(shape: Grouping, x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
+    use rayon::prelude::*;
+    let Grouping { m, groups, k, out } = shape;
+    let (x_rs, y_rs) = (groups * k, groups * out);
+    assert_eq!(y.len(), m * y_rs, "matmul: y is not [T, {y_rs}]");
+    if m == 0 {
+        return;
+    }
+    /// `y`'s first element, shared by the bands (each writes only its own columns).
+    struct Out(*mut f32);
+    // SAFETY: the bands write disjoint columns of y (below); y outlives the parallel loop.
+    unsafe impl Sync for Out {}
+    let y = Out(y.as_mut_ptr());
+    let jobs: Vec<(usize, Range<usize>)> = (0..groups)
+        .flat_map(|g| bands(g * out, out).map(move |b| (g, b)))
+        .collect();
+    jobs.into_par_iter().for_each(|(g, b)| {
+        let y = &y;
+        let x = Strided {
+            data: &x[g * k..],
+            row_stride: x_rs,
+        };
+        w.with_rows(b.clone(), |wb| {
+            // SAFETY: band b writes rows r < m, columns b.start..b.end of y [m, y_rs] (b.end
+            // <= groups·out = y_rs); the bands of all groups partition those columns, so no
+            // two jobs touch the same element, and y is exclusively borrowed for the call.
+            unsafe {
+                gemm_into(
+                    x,
+                    wb,
+                    (m, b.len(), k),
+                    (y.0.add(b.start), y_rs),
+                    Parallelism::None,
+                )
+            }
+        });
+    });
 }
 
 /// `out[i] = table.row(rows[i])` (a streamed table decodes only the rows asked for).
@@ -383,5 +468,46 @@ mod tests {
         let b = ramp(13, 0.7);
         let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!((dot(&a, &b) - want).abs() < 1e-5);
+    }
+
+    /// Bands spread over the threads give the bits of the band loop (each band one `gemm`
+    /// split over the threads), grouped or not, for shapes with a partial last band.
+    #[test]
+    fn bands_in_parallel_equal_the_band_loop_bit_for_bit() {
+        for &(m, groups, out, k) in &[
+            (37, 1, 9 * BAND_ROWS + 17, 70),
+            (64, 2, 5 * BAND_ROWS + 3, 96),
+        ] {
+            let x = ramp(m * groups * k, 0.173);
+            let w = CpuMatrix::new(ramp(groups * out * k, 0.311), groups * out, k);
+            let shape = Grouping::of(x.len(), groups, &w);
+            let mut serial = vec![f32::NAN; m * groups * out];
+            for_each_band(
+                shape,
+                &x,
+                &w,
+                &mut serial,
+                |rows| rows,
+                |rows, wb, n, y| {
+                    let x = Strided {
+                        data: rows.data,
+                        row_stride: rows.row_stride,
+                    };
+                    matmul_strided(x, wb, n, k, y, m)
+                },
+            );
+            let mut parallel = vec![f32::NAN; m * groups * out];
+            bands_in_parallel(shape, &x, &w, &mut parallel);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&parallel),
+                bits(&serial),
+                "{m} x {groups} x {out} x {k}"
+            );
+            // And matmul_grouped takes one of the two.
+            let mut y = vec![f32::NAN; m * groups * out];
+            matmul_grouped(&x, groups, &w, &mut y);
+            assert_eq!(bits(&y), bits(&serial));
+        }
     }
 }

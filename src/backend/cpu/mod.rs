@@ -2,11 +2,13 @@
 //!
 //! f32 compute throughout (the linear products optionally with bf16 operands, `--cpu-gemm`),
 //! rayon across rows / heads / experts, the `gemm` crate for every f32 matrix product. The
-//! pieces live in sibling files by op family: [`linalg`] (resident weights, banded GEMM, grouped GEMM, dot), [`bf16_gemm`] (the products
-//! with bf16 operands of `--cpu-gemm bf16`, on AMX tiles where present), [`hyper`] (mHC),
-//! [`attention`] (sparse attention with sink, compressor pooling), [`selection`] (indexer
-//! scoring through `numerics::profiles`, top-k) and [`experts`] (router, SwiGLU, MoE).
-//! [`norm`] holds RMS norm (f64 lanes, one rounding) and RoPE (cos / sin in f64).
+//! pieces live in sibling files by op family: [`linalg`] (resident weights, banded GEMM,
+//! grouped GEMM, dot), [`bf16_gemm`] (the products with bf16 operands of
+//! `--cpu-gemm bf16`, on AMX tiles where present), [`hyper`] (mHC), [`attention`] (sparse
+//! attention with sink, compressor pooling), [`selection`] (indexer scoring through
+//! `numerics::profiles`, top-k) and [`experts`] (router, SwiGLU, MoE). [`norm`] holds RMS norm
+//! (f64 lanes, one rounding) and RoPE (cos / sin in f64); [`peak`] measures the cores' f32 FMA
+//! peak for `bench`.
 
 pub mod attention;
 pub mod bf16_gemm;
@@ -14,6 +16,7 @@ pub mod experts;
 pub mod hyper;
 pub mod linalg;
 pub mod norm;
+pub mod peak;
 pub mod selection;
 
 pub use linalg::CpuMatrix;
@@ -133,9 +136,19 @@ impl Backend for CpuBackend {
             })
             .fold(f64::INFINITY, f64::min)
             .max(1e-12);
+        let tflops = 2.0 * (m * n * k) as f64 / secs / 1e12;
+        // What fraction of these cores' f32 arithmetic the product reached (the f32 product
+        // only: bf16 runs on other units).
+        let peak_note = match (self.gemm, peak::fma_peak_tflops()) {
+            (GemmType::F32, Some((peak, vectors))) => format!(
+                "; {:.0}% of the threads' measured f32 FMA peak, {peak:.3} TFLOP/s on {vectors}",
+                100.0 * tflops / peak
+            ),
+            _ => String::new(),
+        };
         Some((
             format!(
-                "{} GEMM {m}x{n}x{k} ({} kernels, {} threads)",
+                "{} GEMM {m}x{n}x{k} ({} kernels, {} threads{peak_note})",
                 match self.gemm {
                     GemmType::F32 => "f32",
                     GemmType::Bf16 => "bf16",
@@ -146,7 +159,7 @@ impl Backend for CpuBackend {
                 },
                 rayon::current_num_threads()
             ),
-            2.0 * (m * n * k) as f64 / secs / 1e12,
+            tflops,
         ))
     }
 
