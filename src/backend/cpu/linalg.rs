@@ -308,6 +308,13 @@ pub fn matmul_grouped(x: &[f32], groups: usize, w: &CpuMatrix, y: &mut [f32]) {
     if threaded && bands >= 2 * rayon::current_num_threads() {
         return bands_in_parallel(shape, x, w, y);
     }
+    band_by_band(shape, x, w, y)
+}
+
+/// [`matmul_grouped`] one band after another, each band's `gemm` split over the threads when
+/// large enough.
+fn band_by_band(shape: Grouping, x: &[f32], w: &CpuMatrix, y: &mut [f32]) {
+    let (m, k) = (shape.m, shape.k);
     for_each_band(
         shape,
         x,
@@ -482,20 +489,7 @@ mod tests {
             let w = CpuMatrix::new(ramp(groups * out * k, 0.311), groups * out, k);
             let shape = Grouping::of(x.len(), groups, &w);
             let mut serial = vec![f32::NAN; m * groups * out];
-            for_each_band(
-                shape,
-                &x,
-                &w,
-                &mut serial,
-                |rows| rows,
-                |rows, wb, n, y| {
-                    let x = Strided {
-                        data: rows.data,
-                        row_stride: rows.row_stride,
-                    };
-                    matmul_strided(x, wb, n, k, y, m)
-                },
-            );
+            band_by_band(shape, &x, &w, &mut serial);
             let mut parallel = vec![f32::NAN; m * groups * out];
             bands_in_parallel(shape, &x, &w, &mut parallel);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
