@@ -12,8 +12,8 @@
 //! logit is [`dot`]'s (eight interleaved partial sums, a fixed pairwise finish, then the tail),
 //! the denominator sums the entries in order and then the sink, and `o` accumulates the entries
 //! in order ([`axpy`]) before one multiplication by the inverse denominator. Every head of a
-//! query attends the same rows, so the logits are computed [`HEAD_BLOCK`] heads at a time with
-//! one head per vector lane (the query transposed to `[d, heads]`): each lane performs exactly
+//! query attends the same rows, so the logits are computed 16 heads at a time with one head
+//! per vector lane (the query transposed to `[d, heads]`): each lane performs exactly
 //! [`dot`]'s operations for its head, a multiply and an add, never fused, so the bits are
 //! those of one dot per head.
 //!
