@@ -82,6 +82,9 @@ struct TraceObserver<'a> {
     recorded: &'a BTreeSet<usize>,
     last: usize,
     dump: bool,
+    /// `Some(N)` under `--logits top:N`: each recorded position's row of logits is reduced to
+    /// its top N as the model hands it over (see [`run_trace`]).
+    top: Option<usize>,
     result: &'a mut TraceResult,
 }
 
@@ -92,6 +95,19 @@ impl Observer for TraceObserver<'_> {
     /// A trace records indexer scores and logits, never attention probabilities.
     fn wants_attention(&self, _pos: usize) -> bool {
         false
+    }
+    fn wants_intermediate(&self, name: &str) -> bool {
+        name == "logits" && self.top.is_some()
+    }
+    fn intermediate(&mut self, name: &str, first_pos: usize, shape: &[usize], data: &[f32]) {
+        if let (Some(n), "logits") = (self.top, name) {
+            let per = data.len() / shape[0].max(1);
+            for (i, row) in data.chunks_exact(per.max(1)).enumerate() {
+                if self.recorded.contains(&(first_pos + i)) {
+                    self.result.top_logits.push(top_logits(row, n));
+                }
+            }
+        }
     }
     fn indexer(&mut self, obs: &IndexerObservation<'_>) {
         if self.dump && obs.query_pos == self.last {
@@ -150,8 +166,10 @@ pub fn check_inputs(tokens: &[u32], positions: &[usize]) -> anyhow::Result<()> {
 /// inside the token list ([`check_inputs`]); `logits` says which logits to keep (a `top:N` past
 /// the vocabulary keeps them all, sorted). The forward goes one model chunk at a time (the
 /// chunks the model would cut anyway, so the results are the same), calling
-/// `prefilled(done, total)` after each, for a progress bar. A chunk's whole rows of logits are
-/// reduced to their top N as soon as it is done, so memory holds no more than one chunk's rows.
+/// `prefilled(done, total)` after each, for a progress bar. Under `top:N` the model hands each
+/// group of rows of logits to the observer, which keeps their top N, so memory holds no more
+/// than one group of whole rows ([`crate::devices::plan::PROBED_LOGIT_ROWS`], where a chunk's
+/// rows at once were 4.2 GB at Flash's vocabulary and chunk 8,192).
 pub fn run_trace<B: Backend>(
     model: &Model<B>,
     tokens: &[u32],
@@ -177,12 +195,15 @@ pub fn run_trace<B: Backend>(
     };
     let mut state = model.new_sequence();
     let mut logits = Vec::new();
-    let mut top = Vec::new();
     {
         let mut observer = TraceObserver {
             recorded: &recorded,
             last: tokens.len() - 1,
             dump: dump_indexer_inputs,
+            top: match logits_mode {
+                LogitsMode::Top(n) => Some(n),
+                _ => None,
+            },
             result: &mut result,
         };
         let mut done = 0;
@@ -193,22 +214,18 @@ pub fn run_trace<B: Backend>(
                 .copied()
                 .filter(|p| (done..end).contains(p))
                 .collect();
+            // `top:N` takes its rows through the observer (above), `all` keeps them whole.
             let request = match logits_mode {
-                LogitsMode::None => LogitsRequest::None,
-                _ => LogitsRequest::Positions(here),
+                LogitsMode::All => LogitsRequest::Positions(here),
+                _ => LogitsRequest::None,
             };
             let out = model.forward(&mut state, piece, &mut observer, request)?;
-            match logits_mode {
-                LogitsMode::None => {}
-                LogitsMode::Top(n) => top.extend(out.logits.iter().map(|(_, l)| top_logits(l, n))),
-                LogitsMode::All => logits.extend(out.logits.into_iter().map(|(_, l)| l)),
-            }
+            logits.extend(out.logits.into_iter().map(|(_, l)| l));
             done = end;
             prefilled(done, tokens.len());
         }
     }
     result.logits = logits;
-    result.top_logits = top;
     Ok(result)
 }
 

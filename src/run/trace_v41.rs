@@ -153,11 +153,14 @@ impl V41TraceLayout {
     }
 }
 
-/// Records the wanted intermediates at the recorded positions.
+/// Records the wanted intermediates at the recorded positions; under `--logits top:N` (`top`)
+/// reduces each recorded position's row of logits to its top N as the model hands it over.
 struct V41TraceObserver<'a> {
     recorded: &'a BTreeSet<usize>,
     names: BTreeSet<String>,
     rows: BTreeMap<String, BTreeMap<usize, Vec<f32>>>,
+    top: Option<usize>,
+    top_rows: Vec<TopLogits>,
 }
 
 impl Observer for V41TraceObserver<'_> {
@@ -168,10 +171,21 @@ impl Observer for V41TraceObserver<'_> {
         false
     }
     fn wants_intermediate(&self, name: &str) -> bool {
-        self.names.contains(name)
+        self.names.contains(name) || (name == "logits" && self.top.is_some())
     }
     fn intermediate(&mut self, name: &str, first_pos: usize, shape: &[usize], data: &[f32]) {
         let per = data.len() / shape[0].max(1);
+        if let (Some(n), "logits") = (self.top, name) {
+            for i in 0..shape[0] {
+                if self.recorded.contains(&(first_pos + i)) {
+                    self.top_rows
+                        .push(top_logits(&data[i * per..(i + 1) * per], n));
+                }
+            }
+        }
+        if !self.names.contains(name) {
+            return;
+        }
         let map = self.rows.entry(name.to_string()).or_default();
         for i in 0..shape[0] {
             if self.recorded.contains(&(first_pos + i)) {
@@ -266,6 +280,11 @@ pub fn run_v41(
         recorded: &recorded,
         names,
         rows: BTreeMap::new(),
+        top: match layout.logits {
+            LogitsMode::Top(n) => Some(n),
+            _ => None,
+        },
+        top_rows: Vec::new(),
     };
     let mut state = model.new_sequence();
     let bar = indicatif::ProgressBar::with_draw_target(
@@ -275,7 +294,6 @@ pub fn run_v41(
     bar.set_style(super::progress::style(super::progress::PROBE_PREFILL));
     bar.set_message("trace prefill");
     let mut kept_logits: Vec<Vec<f32>> = Vec::new();
-    let mut top: Vec<TopLogits> = Vec::new();
     let mut done = 0;
     for piece in tokens.chunks(opts_chunk(&model)) {
         let end = done + piece.len();
@@ -284,16 +302,14 @@ pub fn run_v41(
             .copied()
             .filter(|p| (done..end).contains(p))
             .collect();
+        // `top:N` takes its rows through the observer (one group of whole rows at a time),
+        // `all` keeps them whole.
         let request = match layout.logits {
-            LogitsMode::None => LogitsRequest::None,
-            _ => LogitsRequest::Positions(here),
+            LogitsMode::All => LogitsRequest::Positions(here),
+            _ => LogitsRequest::None,
         };
         let out = model.forward(&mut state, piece, &mut observer, request)?;
-        match layout.logits {
-            LogitsMode::None => {}
-            LogitsMode::Top(n) => top.extend(out.logits.iter().map(|(_, l)| top_logits(l, n))),
-            LogitsMode::All => kept_logits.extend(out.logits.into_iter().map(|(_, l)| l)),
-        }
+        kept_logits.extend(out.logits.into_iter().map(|(_, l)| l));
         done = end;
         bar.set_position(done as u64);
     }
@@ -339,7 +355,7 @@ pub fn run_v41(
         rows: &observer.rows,
         keys: &keys,
         logits: &kept_logits,
-        top: &top,
+        top: &observer.top_rows,
     };
     write_atomically(plan.out, layout.tensors(), &metadata, |w| written.write(w))?;
     Ok(TraceOutcome {

@@ -271,7 +271,9 @@ fn three_way() -> String {
     cfg.index_topk = work.topk;
     let ws =
         needlescope::devices::plan::workspace_bytes(&cfg, work.context, work.chunk, false) / 1000;
-    for c in (0..40).map(|i| ws + 4_000 + i * 200) {
+    // The last device also holds the logits of PROBED_LOGIT_ROWS positions.
+    let logits = needlescope::devices::plan::PROBED_LOGIT_ROWS * cfg.vocab_size as u64 * 4 / 1000;
+    for c in (0..40).map(|i| ws + logits + i * 200) {
         for a in (0..40).map(|i| ws + i * 50) {
             for b in (0..40).map(|i| ws + i * 50) {
                 let caps = [a, b, c];

@@ -107,8 +107,13 @@ use crate::config::ModelConfig;
 pub const FIXED_WORKSPACE: u64 = 1 << 30;
 /// Default prefill chunk (tokens) when none is given.
 pub const DEFAULT_CHUNK: usize = 2048;
-/// Positions whose logits the last device keeps (probed prompt positions plus generated ones).
-pub const PROBED_LOGIT_ROWS: u64 = 256;
+/// Positions whose logits the last device keeps (probed prompt positions plus generated ones),
+/// and so the rows of one LM-head product when more are asked for (`trace --positions all`
+/// computes a chunk's logits this many rows at a time: 0.5 GiB at Flash's 129,280 words). A
+/// streamed head decodes its whole weight once per group and larger products run closer to the
+/// cores' peak, so fewer, larger groups are faster: the 1,000-token Flash-dimension trace of
+/// `scripts/bench-cpu.sh` took 25.0 s with 256-row groups, 21.5 s with 1,024-row ones).
+pub const PROBED_LOGIT_ROWS: u64 = 1024;
 
 mod devices;
 mod footprint;

@@ -295,10 +295,10 @@ fn v41_workspace_by_hand() {
     let live = indexer + scratch;
     assert_eq!(m.activation_peak_bytes(M1, 2048), live + live.div_ceil(8));
     // The workspace: 1 GiB + the peak + the largest cache (+ logits on the last device:
-    // 256 x 129,280 x 4).
+    // 1,024 x 129,280 x 4).
     assert_eq!(
         workspace_bytes(&m, M1, 2048, true),
-        GIB + live + live.div_ceil(8) + 4_294_967_296 + 256 * 129_280 * 4
+        GIB + live + live.div_ceil(8) + 4_294_967_296 + 1_024 * 129_280 * 4
     );
 }
 
@@ -419,11 +419,19 @@ fn v4_plans_are_unchanged() {
     }
     let fj = serde_json::to_value(&f).unwrap();
     assert!(fj.get("host_bytes").is_none() && fj.get("vision").is_none());
-    // Recorded with the V4-only code (commit f076e86): state, workspace and totals.
+    // Recorded with the V4-only code (commit f076e86): state, workspace and totals; since then
+    // only the last device's logit rows grew, from 256 to PROBED_LOGIT_ROWS (1,024) of 129,280
+    // f32 values.
+    let logits_grew = (PROBED_LOGIT_ROWS - 256) * 129_280 * 4;
+    // The placement balances the devices' totals: with the last device that much heavier,
+    // devices 5 and 6 trade their loads (the same two totals, the other way round).
+    let mut recorded = V4_FLASH_8X96G_128K_TOTALS;
+    recorded[7] += logits_grew;
+    recorded.swap(5, 6);
     let totals: Vec<u64> = p.devices.iter().map(|d| d.total).collect();
-    assert_eq!(totals, V4_FLASH_8X96G_128K_TOTALS, "{p:#?}");
+    assert_eq!(totals, recorded, "{p:#?}");
     assert_eq!(p.state, V4_FLASH_8X96G_128K_STATE);
-    assert_eq!(p.workspace, V4_FLASH_8X96G_128K_WORKSPACE);
+    assert_eq!(p.workspace, V4_FLASH_8X96G_128K_WORKSPACE + logits_grew);
 }
 
 /// `inspect --config flash.json --devices 8x96G --context 128k --chunk 2048` before V4.1 was
