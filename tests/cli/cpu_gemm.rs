@@ -91,7 +91,9 @@ fn bench_names_the_bf16_kernels_and_a_gpu_ignores_the_flag() {
         "reference: bf16 GEMM 512x4096x2048 (",
     ]);
     assert!(
-        r.stdout.contains("(amx-bf16 kernels") || r.stdout.contains("(portable kernels"),
+        r.stdout.contains("(amx-bf16 kernels")
+            || r.stdout.contains("(avx512-bf16 kernels")
+            || r.stdout.contains("(portable kernels"),
         "{}",
         r.dump()
     );

@@ -13,6 +13,15 @@
 //!   over the whole of k (TDPBF16PS, 16 x 16 x 32 per instruction), then stores it; tasks run
 //!   on rayon's threads, each loading its tile configuration. Inline assembly: Rust has no
 //!   stable AMX intrinsics.
+//! - **AVX512-BF16** (AMD Zen 4 and later, Intel Cooper Lake; CPUs with the AVX512_BF16
+//!   extension and no AMX): VDPBF16PS, per 32-bit lane one output column `j` and one pair of k:
+//!   `acc += x[2p + 1]·w[j][2p + 1]`, then `acc += x[2p]·w[j][2p]`, each an exact product
+//!   added with one f32 rounding (to nearest even; bf16 subnormal inputs and f32 subnormal
+//!   results flushed to zero, as on AMX). x is packed once per product as bf16 pairs in tiles
+//!   of 12 rows (`[pairs][12]`, one pair broadcast per row and step), each band of weight rows
+//!   as panels of 32 rows (`[pairs][32]`, two vectors per step); a task keeps a 12 x 32 block of
+//!   y in 24 registers over the whole of k, so every element's order is the same chain over
+//!   the pairs whatever m, the band or the threads.
 //! - **portable** (every other CPU): the rounded operands through the f32 `gemm` crate, exact
 //!   products summed in f32 (no speed-up; the same numerics).
 //!
@@ -44,13 +53,27 @@ fn bf16_bits(x: f32) -> u16 {
     ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
 }
 
-/// Which path this CPU takes: `amx-bf16` or `portable` (the name `bench` prints).
+/// Which path this CPU takes: `amx-bf16`, `avx512-bf16` or `portable` (the name `bench`
+/// prints).
 pub fn bf16_kernels() -> &'static str {
     if amx_ready() {
         "amx-bf16"
+    } else if avx512_bf16_ready() {
+        "avx512-bf16"
     } else {
         "portable"
     }
+}
+
+/// Whether the AVX512-BF16 path may run (AVX512F and AVX512_BF16 reported).
+pub fn avx512_bf16_ready() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether the AMX path may run: the CPU reports AMX-TILE and AMX-BF16 (CPUID leaf 7) and the
@@ -119,6 +142,12 @@ pub enum Bf16Rows {
         m: usize,
         kp: usize,
     },
+    #[cfg(target_arch = "x86_64")]
+    Avx512 {
+        data: Vec<u32>,
+        m: usize,
+        pairs: usize,
+    },
     Portable {
         data: Vec<f32>,
         m: usize,
@@ -142,7 +171,19 @@ impl Bf16Rows {
             );
             return Bf16Rows::Amx { data, m, kp };
         }
+        #[cfg(target_arch = "x86_64")]
+        if avx512_bf16_ready() && k > 0 {
+            return Self::pack_avx512(x, m, k);
+        }
         Self::pack_portable(x, m, k)
+    }
+
+    /// The AVX512-BF16 path's rows (x86-64; the kernel needs [`avx512_bf16_ready`]).
+    #[cfg(target_arch = "x86_64")]
+    fn pack_avx512(x: Strided<&[f32]>, m: usize, k: usize) -> Self {
+        let pairs = k.div_ceil(2);
+        let data = avx512::pack_x(x.data, (m, x.row_stride, k));
+        Bf16Rows::Avx512 { data, m, pairs }
     }
 
     /// The portable path's rows, whatever the CPU.
@@ -159,6 +200,8 @@ impl Bf16Rows {
         match self {
             #[cfg(target_arch = "x86_64")]
             Bf16Rows::Amx { m, .. } => *m,
+            #[cfg(target_arch = "x86_64")]
+            Bf16Rows::Avx512 { m, .. } => *m,
             Bf16Rows::Portable { m, .. } => *m,
         }
     }
@@ -178,6 +221,8 @@ pub fn matmul_rows(x: &Bf16Rows, w: &[f32], n: usize, k: usize, y: Strided<&mut 
     match x {
         #[cfg(target_arch = "x86_64")]
         Bf16Rows::Amx { data, kp, .. } => amx::matmul(data, m, *kp, w, n, k, y),
+        #[cfg(target_arch = "x86_64")]
+        Bf16Rows::Avx512 { data, pairs, .. } => avx512::matmul(data, m, *pairs, w, n, k, y),
         Bf16Rows::Portable { data, .. } => {
             let wr: Vec<f32> = w
                 .par_iter()
@@ -399,6 +444,203 @@ mod amx {
     }
 }
 
+/// The AVX512-BF16 path (module doc).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// x rows per tile (a task's block of y is `ROWS x COLS`, 24 accumulator registers).
+    pub(super) const ROWS: usize = 12;
+    /// Weight rows per panel: two 16-lane vectors.
+    pub(super) const COLS: usize = 32;
+
+    /// The pair of bf16 values `v[2p], v[2p + 1]` of a row (the second 0 past its end) as the
+    /// 32-bit lane VDPBF16PS reads: the even element in the low half.
+    #[inline(always)]
+    fn pair(row: &[f32], p: usize) -> u32 {
+        let lo = bf16_bits(row[2 * p]) as u32;
+        let hi = row.get(2 * p + 1).map_or(0, |&h| bf16_bits(h) as u32);
+        lo | (hi << 16)
+    }
+
+    /// x `[m, k]` (row stride `stride`) as tiles of [`ROWS`] rows, each `[pairs][ROWS]` (rows
+    /// past m zero): tile `t`'s pair `p` of row `r` at `(t · pairs + p) · ROWS + r`.
+    pub(super) fn pack_x(src: &[f32], (m, stride, k): (usize, usize, usize)) -> Vec<u32> {
+        let pairs = k.div_ceil(2);
+        let mut out = vec![0u32; m.div_ceil(ROWS) * pairs * ROWS];
+        out.par_chunks_mut(pairs * ROWS)
+            .enumerate()
+            .for_each(|(t, tile)| {
+                for r in 0..ROWS.min(m - t * ROWS) {
+                    let row = &src[(t * ROWS + r) * stride..(t * ROWS + r) * stride + k];
+                    for p in 0..pairs {
+                        tile[p * ROWS + r] = pair(row, p);
+                    }
+                }
+            });
+        out
+    }
+
+    /// A band `w [n, k]` as panels of [`COLS`] rows, each `[pairs][COLS]` (rows past n zero).
+    fn pack_w(w: &[f32], n: usize, k: usize) -> Vec<u32> {
+        let pairs = k.div_ceil(2);
+        let mut out = vec![0u32; n.div_ceil(COLS) * pairs * COLS];
+        out.par_chunks_mut(pairs * COLS)
+            .enumerate()
+            .for_each(|(panel, dst)| {
+                for c in 0..COLS.min(n - panel * COLS) {
+                    let row = &w[(panel * COLS + c) * k..(panel * COLS + c + 1) * k];
+                    for p in 0..pairs {
+                        dst[p * COLS + c] = pair(row, p);
+                    }
+                }
+            });
+        out
+    }
+
+    /// A raw pointer rayon's tasks may share (each writes disjoint rows).
+    #[derive(Clone, Copy)]
+    struct SendPtr(*mut f32);
+    // SAFETY: the tasks write disjoint rows of y (see `matmul`).
+    unsafe impl Send for SendPtr {}
+    unsafe impl Sync for SendPtr {}
+    impl SendPtr {
+        fn get(self) -> *mut f32 {
+            self.0
+        }
+    }
+
+    /// `y[m, n] = x · wᵀ` for `x` packed by [`pack_x`] and a band `w [n, k]`: the band's
+    /// panels packed once, then the row tiles spread over the threads, each passing over every
+    /// panel.
+    pub(super) fn matmul(
+        xs: &[u32],
+        m: usize,
+        pairs: usize,
+        w: &[f32],
+        n: usize,
+        k: usize,
+        y: Strided<&mut [f32]>,
+    ) {
+        debug_assert!(avx512_bf16_ready());
+        let ws = pack_w(w, n, k);
+        let y_rs = y.row_stride;
+        let y_ptr = SendPtr(y.data.as_mut_ptr());
+        let tiles = m.div_ceil(ROWS);
+        // Enough tiles per task that a panel is reused from cache, enough tasks to share out.
+        let per_task = tiles.div_ceil(4 * rayon::current_num_threads()).clamp(1, 8);
+        (0..tiles.div_ceil(per_task))
+            .into_par_iter()
+            .for_each(|task| {
+                let first = task * per_task;
+                for panel in 0..n.div_ceil(COLS) {
+                    let cols = COLS.min(n - panel * COLS);
+                    for t in first..(first + per_task).min(tiles) {
+                        let rows = ROWS.min(m - t * ROWS);
+                        let block = Block {
+                            x: xs[t * pairs * ROWS..].as_ptr(),
+                            w: ws[panel * pairs * COLS..].as_ptr(),
+                            pairs,
+                            // SAFETY: row t·ROWS, column panel·COLS is inside y (the caller
+                            // asserted y holds m rows of n at stride y_rs).
+                            y: unsafe { y_ptr.get().add(t * ROWS * y_rs + panel * COLS) },
+                            y_rs,
+                            cols,
+                        };
+                        // SAFETY: AVX512F + AVX512_BF16 (the path is only taken where ready); the
+                        // tile holds pairs x ROWS values, the panel pairs x COLS, and each task
+                        // writes only its own tiles' rows of y.
+                        unsafe { block_dispatch(rows, &block) };
+                    }
+                }
+            });
+    }
+
+    /// One block's operands.
+    struct Block {
+        /// The x tile, `[pairs][ROWS]`.
+        x: *const u32,
+        /// The weight panel, `[pairs][COLS]`.
+        w: *const u32,
+        pairs: usize,
+        y: *mut f32,
+        y_rs: usize,
+        /// Valid columns (1..=COLS).
+        cols: usize,
+    }
+
+    /// [`block`] for `rows` (1..=ROWS) valid rows.
+    ///
+    /// # Safety
+    /// As [`block`].
+    unsafe fn block_dispatch(rows: usize, b: &Block) {
+        // SAFETY: forwarded.
+        unsafe {
+            match rows {
+                12 => block::<12>(b),
+                11 => block::<11>(b),
+                10 => block::<10>(b),
+                9 => block::<9>(b),
+                8 => block::<8>(b),
+                7 => block::<7>(b),
+                6 => block::<6>(b),
+                5 => block::<5>(b),
+                4 => block::<4>(b),
+                3 => block::<3>(b),
+                2 => block::<2>(b),
+                1 => block::<1>(b),
+                _ => unreachable!("bf16 gemm: {rows} rows in a tile"),
+            }
+        }
+    }
+
+    /// `R` rows of the x tile times one panel over all pairs of k, the sums in registers, then
+    /// stored to y (masked past `cols`).
+    ///
+    /// # Safety
+    /// AVX512F + AVX512_BF16; `b.x` valid for `pairs · ROWS` values, `b.w` for `pairs · COLS`,
+    /// `b.y` rows `r < R` at stride `y_rs`, `cols` values each, valid for writes.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn block<const R: usize>(b: &Block) {
+        let lo: __mmask16 = if b.cols >= 16 {
+            0xffff
+        } else {
+            ((1u32 << b.cols) - 1) as u16
+        };
+        let hi: __mmask16 = if b.cols >= COLS {
+            0xffff
+        } else if b.cols > 16 {
+            ((1u32 << (b.cols - 16)) - 1) as u16
+        } else {
+            0
+        };
+        // SAFETY: every pointer stays inside the regions of the function's contract; the
+        // transmutes reinterpret 512 bits of bf16 pairs as the intrinsics' bf16 vector type.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 2]; R];
+            for p in 0..b.pairs {
+                let w0: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(b.w.add(p * COLS) as *const __m512i));
+                let w1: __m512bh = std::mem::transmute(_mm512_loadu_si512(
+                    b.w.add(p * COLS + 16) as *const __m512i
+                ));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xv: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*b.x.add(p * ROWS + r) as i32));
+                    a[0] = _mm512_dpbf16_ps(a[0], w0, xv);
+                    a[1] = _mm512_dpbf16_ps(a[1], w1, xv);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let y = b.y.add(r * b.y_rs);
+                _mm512_mask_storeu_ps(y, lo, a[0]);
+                _mm512_mask_storeu_ps(y.add(16), hi, a[1]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,6 +745,76 @@ mod tests {
                         bf16_kernels()
                     );
                 }
+            }
+        }
+    }
+
+    /// The AVX512-BF16 path (where the CPU has it, AMX or not) gives every element exactly the
+    /// chain of its module doc, emulated here in f32 (each bf16 product is exact in f32, so one
+    /// rounded add per product), whatever the shape's edges, and a row's values do not depend
+    /// on how many rows share the product (first 5 rows alone = the same rows among 70).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_bf16_is_the_pair_chain_bit_for_bit() {
+        if !avx512_bf16_ready() {
+            eprintln!("no AVX512_BF16 here: skipped");
+            return;
+        }
+        let chain = |x: &[f32], w: &[f32]| -> f32 {
+            let (x, w): (Vec<f32>, Vec<f32>) = (
+                x.iter().map(|&v| bf16_round(v)).collect(),
+                w.iter().map(|&v| bf16_round(v)).collect(),
+            );
+            let mut acc = 0.0f32;
+            for p in 0..x.len().div_ceil(2) {
+                if 2 * p + 1 < x.len() {
+                    acc += x[2 * p + 1] * w[2 * p + 1];
+                }
+                acc += x[2 * p] * w[2 * p];
+            }
+            acc
+        };
+        for (m, n, k) in [
+            (1, 1, 1),
+            (13, 33, 7),
+            (70, 65, 300),
+            (5, 300, 1024),
+            (25, 40, 4096),
+        ] {
+            let (x, w) = (ramp(m * k, 0.3), ramp(n * k, 1.1));
+            let product = |rows: usize| {
+                let mut y = vec![f32::NAN; rows * (n + 1)];
+                let packed = Bf16Rows::pack_avx512(
+                    Strided {
+                        data: &x,
+                        row_stride: k,
+                    },
+                    rows,
+                    k,
+                );
+                matmul_rows(
+                    &packed,
+                    &w,
+                    n,
+                    k,
+                    Strided {
+                        data: &mut y,
+                        row_stride: n + 1,
+                    },
+                );
+                y
+            };
+            let (all, few) = (product(m), product(m.min(5)));
+            for r in 0..m {
+                for j in 0..n {
+                    let want = chain(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
+                    let got = all[r * (n + 1) + j];
+                    assert_eq!(got.to_bits(), want.to_bits(), "({m}, {n}, {k}) [{r}, {j}]");
+                    if r < 5 {
+                        assert_eq!(few[r * (n + 1) + j].to_bits(), got.to_bits());
+                    }
+                }
+                assert!(all[r * (n + 1) + n].is_nan(), "column n written");
             }
         }
     }
