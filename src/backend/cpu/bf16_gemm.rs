@@ -182,7 +182,7 @@ impl Bf16Rows {
     #[cfg(target_arch = "x86_64")]
     fn pack_avx512(x: Strided<&[f32]>, m: usize, k: usize) -> Self {
         let pairs = k.div_ceil(2);
-        let data = avx512::pack_x(x.data, (m, x.row_stride, k));
+        let data = avx512::pack_pairs(x.data, (m, x.row_stride, k), avx512::ROWS);
         Bf16Rows::Avx512 { data, m, pairs }
     }
 
@@ -240,6 +240,23 @@ pub fn matmul_rows(x: &Bf16Rows, w: &[f32], n: usize, k: usize, y: Strided<&mut 
                 m,
             );
         }
+    }
+}
+
+/// `y`'s first element, shared by rayon's tasks of the AMX and AVX512-BF16 products (each task
+/// writes its own elements of y: see their `matmul`).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the tasks that share it write disjoint elements.
+#[cfg(target_arch = "x86_64")]
+unsafe impl Send for SendPtr {}
+#[cfg(target_arch = "x86_64")]
+unsafe impl Sync for SendPtr {}
+#[cfg(target_arch = "x86_64")]
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
 
@@ -370,18 +387,6 @@ mod amx {
         });
     }
 
-    /// A raw pointer rayon's tasks may share (each writes a disjoint block).
-    #[derive(Clone, Copy)]
-    struct SendPtr(*mut f32);
-    // SAFETY: the tasks write disjoint elements (see `matmul`).
-    unsafe impl Send for SendPtr {}
-    unsafe impl Sync for SendPtr {}
-    impl SendPtr {
-        fn get(self) -> *mut f32 {
-            self.0
-        }
-    }
-
     /// One 32 x 32 block of yᵀ (weight rows x x rows) over the whole of k into `acc` (row
     /// stride 32).
     ///
@@ -464,54 +469,31 @@ mod avx512 {
         lo | (hi << 16)
     }
 
-    /// x `[m, k]` (row stride `stride`) as tiles of [`ROWS`] rows, each `[pairs][ROWS]` (rows
-    /// past m zero): tile `t`'s pair `p` of row `r` at `(t · pairs + p) · ROWS + r`.
-    pub(super) fn pack_x(src: &[f32], (m, stride, k): (usize, usize, usize)) -> Vec<u32> {
+    /// Rows `[rows, k]` (row stride `stride`) interleaved in groups of `width` rows as bf16
+    /// pairs, each group `[pairs][width]` (rows past `rows` zero): group `g`'s pair `p` of row
+    /// `r` at `(g · pairs + p) · width + r`. x in tiles of [`ROWS`] (one broadcast per row and
+    /// step), a band of weights in panels of [`COLS`] (two vectors per step).
+    pub(super) fn pack_pairs(
+        src: &[f32],
+        (rows, stride, k): (usize, usize, usize),
+        width: usize,
+    ) -> Vec<u32> {
         let pairs = k.div_ceil(2);
-        let mut out = vec![0u32; m.div_ceil(ROWS) * pairs * ROWS];
-        out.par_chunks_mut(pairs * ROWS)
+        let mut out = vec![0u32; rows.div_ceil(width) * pairs * width];
+        out.par_chunks_mut(pairs * width)
             .enumerate()
-            .for_each(|(t, tile)| {
-                for r in 0..ROWS.min(m - t * ROWS) {
-                    let row = &src[(t * ROWS + r) * stride..(t * ROWS + r) * stride + k];
+            .for_each(|(g, group)| {
+                for r in 0..width.min(rows - g * width) {
+                    let row = &src[(g * width + r) * stride..(g * width + r) * stride + k];
                     for p in 0..pairs {
-                        tile[p * ROWS + r] = pair(row, p);
+                        group[p * width + r] = pair(row, p);
                     }
                 }
             });
         out
     }
 
-    /// A band `w [n, k]` as panels of [`COLS`] rows, each `[pairs][COLS]` (rows past n zero).
-    fn pack_w(w: &[f32], n: usize, k: usize) -> Vec<u32> {
-        let pairs = k.div_ceil(2);
-        let mut out = vec![0u32; n.div_ceil(COLS) * pairs * COLS];
-        out.par_chunks_mut(pairs * COLS)
-            .enumerate()
-            .for_each(|(panel, dst)| {
-                for c in 0..COLS.min(n - panel * COLS) {
-                    let row = &w[(panel * COLS + c) * k..(panel * COLS + c + 1) * k];
-                    for p in 0..pairs {
-                        dst[p * COLS + c] = pair(row, p);
-                    }
-                }
-            });
-        out
-    }
-
-    /// A raw pointer rayon's tasks may share (each writes disjoint rows).
-    #[derive(Clone, Copy)]
-    struct SendPtr(*mut f32);
-    // SAFETY: the tasks write disjoint rows of y (see `matmul`).
-    unsafe impl Send for SendPtr {}
-    unsafe impl Sync for SendPtr {}
-    impl SendPtr {
-        fn get(self) -> *mut f32 {
-            self.0
-        }
-    }
-
-    /// `y[m, n] = x · wᵀ` for `x` packed by [`pack_x`] and a band `w [n, k]`: the band's
+    /// `y[m, n] = x · wᵀ` for `x` packed by [`pack_pairs`] in tiles of [`ROWS`] and a band `w [n, k]`: the band's
     /// panels packed once, then the row tiles spread over the threads, each passing over every
     /// panel.
     pub(super) fn matmul(
@@ -524,7 +506,7 @@ mod avx512 {
         y: Strided<&mut [f32]>,
     ) {
         debug_assert!(avx512_bf16_ready());
-        let ws = pack_w(w, n, k);
+        let ws = pack_pairs(w, (n, k, k), COLS);
         let y_rs = y.row_stride;
         let y_ptr = SendPtr(y.data.as_mut_ptr());
         let tiles = m.div_ceil(ROWS);
