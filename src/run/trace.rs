@@ -48,7 +48,7 @@ use crate::model::{IndexerObservation, Observer};
 use crate::numerics::profiles::{IndexProfile, KvMode};
 use crate::probe::chat::{ChatFormat, ChatRequest};
 use crate::record::BackendRecord;
-pub use crate::run::trace_logits::{top_logits, LogitsMode, TopLogits};
+pub use crate::run::trace_logits::{top_logits, LogitsMode, TopLogits, TopRows};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -82,9 +82,9 @@ struct TraceObserver<'a> {
     recorded: &'a BTreeSet<usize>,
     last: usize,
     dump: bool,
-    /// `Some(N)` under `--logits top:N`: each recorded position's row of logits is reduced to
-    /// its top N as the model hands it over (see [`run_trace`]).
-    top: Option<usize>,
+    /// Under `--logits top:N`: each recorded position's row of logits reduced to its top N as
+    /// the model hands it over (see [`run_trace`]).
+    top: Option<TopRows>,
     result: &'a mut TraceResult,
 }
 
@@ -100,13 +100,8 @@ impl Observer for TraceObserver<'_> {
         name == "logits" && self.top.is_some()
     }
     fn intermediate(&mut self, name: &str, first_pos: usize, shape: &[usize], data: &[f32]) {
-        if let (Some(n), "logits") = (self.top, name) {
-            let per = data.len() / shape[0].max(1);
-            for (i, row) in data.chunks_exact(per.max(1)).enumerate() {
-                if self.recorded.contains(&(first_pos + i)) {
-                    self.result.top_logits.push(top_logits(row, n));
-                }
-            }
+        if let (Some(top), "logits") = (self.top.as_mut(), name) {
+            top.keep(self.recorded, first_pos, shape, data);
         }
     }
     fn indexer(&mut self, obs: &IndexerObservation<'_>) {
@@ -195,15 +190,13 @@ pub fn run_trace<B: Backend>(
     };
     let mut state = model.new_sequence();
     let mut logits = Vec::new();
+    let mut top = Vec::new();
     {
         let mut observer = TraceObserver {
             recorded: &recorded,
             last: tokens.len() - 1,
             dump: dump_indexer_inputs,
-            top: match logits_mode {
-                LogitsMode::Top(n) => Some(n),
-                _ => None,
-            },
+            top: TopRows::for_mode(logits_mode),
             result: &mut result,
         };
         let mut done = 0;
@@ -224,8 +217,12 @@ pub fn run_trace<B: Backend>(
             done = end;
             prefilled(done, tokens.len());
         }
+        if let Some(kept) = observer.top.take() {
+            top = kept.rows;
+        }
     }
     result.logits = logits;
+    result.top_logits = top;
     Ok(result)
 }
 

@@ -137,6 +137,46 @@ pub struct TopLogits {
     pub ids: Vec<u32>,
 }
 
+/// The top N of the recorded positions' rows of logits, kept as a trace's observer receives
+/// them (`intermediate("logits")`, a group of rows at a time), so no whole row outlives its
+/// group ([`TopRows::for_mode`] makes one under [`LogitsMode::Top`] only).
+#[derive(Debug, Default)]
+pub struct TopRows {
+    n: usize,
+    /// One per recorded position, ascending.
+    pub rows: Vec<TopLogits>,
+}
+
+impl TopRows {
+    /// A keeper for `mode`, if it keeps a top N.
+    pub fn for_mode(mode: LogitsMode) -> Option<TopRows> {
+        match mode {
+            LogitsMode::Top(n) => Some(TopRows {
+                n,
+                rows: Vec::new(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Keeps the top N of each row of `data` (`shape[0]` rows for positions `first_pos..`)
+    /// whose position `recorded` holds.
+    pub fn keep(
+        &mut self,
+        recorded: &std::collections::BTreeSet<usize>,
+        first_pos: usize,
+        shape: &[usize],
+        data: &[f32],
+    ) {
+        let per = data.len() / shape[0].max(1);
+        for (i, row) in data.chunks_exact(per.max(1)).enumerate() {
+            if recorded.contains(&(first_pos + i)) {
+                self.rows.push(top_logits(row, self.n));
+            }
+        }
+    }
+}
+
 /// Descending value (NaN largest, `-0.0 == 0.0`), then ascending token id.
 fn order(logits: &[f32], a: u32, b: u32) -> Ordering {
     let (x, y) = (logits[a as usize], logits[b as usize]);
@@ -263,5 +303,36 @@ mod tests {
         let top = top_logits(&[1.0, f32::NAN, f32::INFINITY], 2);
         assert!(top.values[0].is_nan() && top.values[1] == f32::INFINITY);
         assert_eq!(top.ids, [1, 2]);
+    }
+
+    /// A keeper exists under `top:N` only, keeps the recorded positions' rows of each group
+    /// (and no other), in order, each its top N.
+    #[test]
+    fn top_rows_keep_the_recorded_rows_of_each_group() {
+        assert!(TopRows::for_mode(LogitsMode::All).is_none());
+        assert!(TopRows::for_mode(LogitsMode::None).is_none());
+        let mut keep = TopRows::for_mode(LogitsMode::Top(2)).unwrap();
+        let recorded: std::collections::BTreeSet<usize> = [10, 12, 13].into();
+        // Positions 10..13 (3 rows of 3), then 13 alone.
+        keep.keep(
+            &recorded,
+            10,
+            &[3, 3],
+            &[1.0, 3.0, 2.0, 9.0, 9.0, 9.0, 0.0, -1.0, 5.0],
+        );
+        keep.keep(&recorded, 13, &[1, 3], &[7.0, 8.0, 6.0]);
+        let got: Vec<(Vec<f32>, Vec<u32>)> = keep
+            .rows
+            .iter()
+            .map(|t| (t.values.clone(), t.ids.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (vec![3.0, 2.0], vec![1, 2]),
+                (vec![5.0, 0.0], vec![2, 0]),
+                (vec![8.0, 7.0], vec![1, 0]),
+            ]
+        );
     }
 }

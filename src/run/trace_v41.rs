@@ -27,7 +27,7 @@
 
 use super::trace::{
     check_inputs, check_out_path, check_room_for, f32_bytes, parse_token_file, prompt_tokens,
-    top_logits, write_atomically, LogitsMode, RoomNeeded, TopLogits, TraceInput, TraceOutcome,
+    write_atomically, LogitsMode, RoomNeeded, TopLogits, TopRows, TraceInput, TraceOutcome,
     TracePlan, TOP_IDS, TOP_VALUES,
 };
 use crate::backend::Backend;
@@ -159,8 +159,7 @@ struct V41TraceObserver<'a> {
     recorded: &'a BTreeSet<usize>,
     names: BTreeSet<String>,
     rows: BTreeMap<String, BTreeMap<usize, Vec<f32>>>,
-    top: Option<usize>,
-    top_rows: Vec<TopLogits>,
+    top: Option<TopRows>,
 }
 
 impl Observer for V41TraceObserver<'_> {
@@ -174,18 +173,13 @@ impl Observer for V41TraceObserver<'_> {
         self.names.contains(name) || (name == "logits" && self.top.is_some())
     }
     fn intermediate(&mut self, name: &str, first_pos: usize, shape: &[usize], data: &[f32]) {
-        let per = data.len() / shape[0].max(1);
-        if let (Some(n), "logits") = (self.top, name) {
-            for i in 0..shape[0] {
-                if self.recorded.contains(&(first_pos + i)) {
-                    self.top_rows
-                        .push(top_logits(&data[i * per..(i + 1) * per], n));
-                }
-            }
+        if let (Some(top), "logits") = (self.top.as_mut(), name) {
+            top.keep(self.recorded, first_pos, shape, data);
         }
         if !self.names.contains(name) {
             return;
         }
+        let per = data.len() / shape[0].max(1);
         let map = self.rows.entry(name.to_string()).or_default();
         for i in 0..shape[0] {
             if self.recorded.contains(&(first_pos + i)) {
@@ -280,11 +274,7 @@ pub fn run_v41(
         recorded: &recorded,
         names,
         rows: BTreeMap::new(),
-        top: match layout.logits {
-            LogitsMode::Top(n) => Some(n),
-            _ => None,
-        },
-        top_rows: Vec::new(),
+        top: TopRows::for_mode(layout.logits),
     };
     let mut state = model.new_sequence();
     let bar = indicatif::ProgressBar::with_draw_target(
@@ -355,7 +345,7 @@ pub fn run_v41(
         rows: &observer.rows,
         keys: &keys,
         logits: &kept_logits,
-        top: &observer.top_rows,
+        top: observer.top.as_ref().map_or(&[][..], |t| &t.rows),
     };
     write_atomically(plan.out, layout.tensors(), &metadata, |w| written.write(w))?;
     Ok(TraceOutcome {
